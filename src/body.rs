@@ -1,0 +1,160 @@
+//! The response body type of the dedup layer.
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pin_project! {
+    /// Body of the responses that pass through [`Dedup`](crate::dedup::Dedup).
+    ///
+    /// A guarded response is buffered (the dedup layer has to store it), so it is
+    /// either a complete buffer with optional trailers, or, for requests that are
+    /// not guarded and for failures, the inner service's body streamed untouched.
+    #[derive(Debug)]
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<B> {
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
+        Stream { #[pin] body: B },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// A buffered body followed by optional trailers.
+    pub fn full(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let data = if data.is_empty() { None } else { Some(data) };
+        Self {
+            kind: Kind::Full { data, trailers },
+        }
+    }
+
+    /// The inner service's body, streamed untouched.
+    pub fn stream(body: B) -> Self {
+        Self {
+            kind: Kind::Stream { body },
+        }
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        Self::full(Bytes::new(), None)
+    }
+}
+
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+impl<B> From<Bytes> for ResponseBody<B> {
+    fn from(data: Bytes) -> Self {
+        Self::full(data, None)
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Full { data, trailers } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            KindProj::Stream { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Stream { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Stream { body } => body.size_hint(),
+        }
+    }
+}
+
+/// Builds a small text response with the given status; used for our own answers.
+pub(crate) fn text_response<B: From<Bytes>>(
+    status: http::StatusCode,
+    message: &'static str,
+) -> http::Response<B> {
+    text_response_owned(status, Bytes::from_static(message.as_bytes()))
+}
+
+pub(crate) fn text_response_owned<B: From<Bytes>>(
+    status: http::StatusCode,
+    message: Bytes,
+) -> http::Response<B> {
+    let mut res = http::Response::new(B::from(message));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+/// Accumulates data frames; a body of one frame is kept without a copy.
+#[derive(Debug, Default)]
+pub(crate) struct BodyBuffer {
+    first: Option<Bytes>,
+    rest: Option<BytesMut>,
+    len: usize,
+}
+
+impl BodyBuffer {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn push(&mut self, data: Bytes) {
+        self.len += data.len();
+        match (&self.first, &mut self.rest) {
+            (None, _) => self.first = Some(data),
+            (Some(first), None) => {
+                let mut buf = BytesMut::with_capacity(first.len() + data.len());
+                buf.extend_from_slice(first);
+                buf.extend_from_slice(&data);
+                self.rest = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match (self.first, self.rest) {
+            (_, Some(buf)) => buf.freeze(),
+            (Some(first), None) => first,
+            (None, None) => Bytes::new(),
+        }
+    }
+}

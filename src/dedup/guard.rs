@@ -1,0 +1,128 @@
+//! Releasing a claim on every exit path, and finishing work whose caller left.
+
+use crate::store::{OwnerToken, Store};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Owns a claim until it is completed or released; dropped while still armed
+/// (a cancelled call, a panic in our own code) it releases the claim in a
+/// spawned task.
+pub(super) struct ClaimGuard<St: Store> {
+    pub(super) store: St,
+    pub(super) key: Arc<str>,
+    pub(super) token: OwnerToken,
+    pub(super) store_timeout: Duration,
+    armed: bool,
+}
+
+impl<St: Store> ClaimGuard<St> {
+    pub(super) fn new(
+        store: St,
+        key: Arc<str>,
+        token: OwnerToken,
+        store_timeout: Duration,
+    ) -> Self {
+        Self {
+            store,
+            key,
+            token,
+            store_timeout,
+            armed: true,
+        }
+    }
+
+    /// The claim was completed: nothing to release.
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Releases the claim now.
+    pub(super) async fn release(mut self) {
+        self.armed = false;
+        let fut = self.store.release(&self.key, self.token);
+        // A failed release is not fatal: the lease runs out by itself.
+        let _ = tokio::time::timeout(self.store_timeout, fut).await;
+    }
+}
+
+impl<St: Store> Drop for ClaimGuard<St> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, key, token, timeout) = (
+            self.store.clone(),
+            self.key.clone(),
+            self.token,
+            self.store_timeout,
+        );
+        // Without a runtime the lease runs out by itself.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = tokio::time::timeout(timeout, store.release(&key, token)).await;
+            });
+        }
+    }
+}
+
+/// Drives a future; if dropped before it finished and `detach` is set, hands
+/// the rest of it to a spawned task instead of cancelling it.
+pub(super) struct Detach<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    fut: Option<Pin<Box<F>>>,
+    detach: bool,
+}
+
+impl<F> Detach<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    pub(super) fn new(fut: F, detach: bool) -> Self {
+        Self {
+            fut: Some(Box::pin(fut)),
+            detach,
+        }
+    }
+}
+
+impl<F> Future for Detach<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let fut = self.fut.as_mut().expect("polled after completion");
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        self.fut = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F> Drop for Detach<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            if self.detach {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        let _ = fut.await;
+                    });
+                }
+                // Without a runtime `fut` drops here, and its guard can only
+                // leave the claim to its lease.
+            }
+        }
+    }
+}

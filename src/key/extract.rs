@@ -1,0 +1,394 @@
+//! Where a key and a fingerprint come from: headers, JSON pointers, form
+//! fields, XML elements, composites of those, or a closure.
+
+use super::Fingerprint;
+use bytes::Bytes;
+use http::request::Parts;
+use http::HeaderName;
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+/// A key and fingerprint taken from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extracted {
+    /// The key as the sender gave it (before scoping).
+    pub key: String,
+    /// The fingerprint of the request's meaning.
+    pub fingerprint: Fingerprint,
+}
+
+/// Why no key could be read from a request that should carry one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    message: Cow<'static, str>,
+}
+
+impl KeyError {
+    /// A new error with a message for the client.
+    pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+
+    /// The message sent back in the 400 response.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// Reads the key and fingerprint of a request.
+///
+/// `Ok(None)` means the request carries no key (a 400 on routes where the key
+/// is required, a pass-through elsewhere); `Err` means the body is not what
+/// was expected. Implemented by [`KeySpec`] and by closures
+/// `Fn(&Parts, &Bytes) -> Result<Option<Extracted>, KeyError>`.
+pub trait ExtractKey: Send + Sync + 'static {
+    /// Reads the key of one request.
+    fn extract(&self, parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError>;
+}
+
+impl<F> ExtractKey for F
+where
+    F: Fn(&Parts, &Bytes) -> Result<Option<Extracted>, KeyError> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
+        self(parts, body)
+    }
+}
+
+/// One field of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Field {
+    /// A header.
+    Header(HeaderName),
+    /// A value in a JSON body, by [JSON pointer](https://www.rfc-editor.org/rfc/rfc6901) (`/id`).
+    Json(Cow<'static, str>),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(Cow<'static, str>),
+    /// A child element of the root of an XML body (`<xml><transaction_id>…`).
+    Xml(Cow<'static, str>),
+}
+
+impl Field {
+    /// A header field.
+    pub fn header(name: HeaderName) -> Self {
+        Self::Header(name)
+    }
+
+    /// A JSON pointer field.
+    pub fn json(pointer: impl Into<Cow<'static, str>>) -> Self {
+        Self::Json(pointer.into())
+    }
+
+    /// A form field.
+    pub fn form(name: impl Into<Cow<'static, str>>) -> Self {
+        Self::Form(name.into())
+    }
+
+    /// An XML element.
+    pub fn xml(name: impl Into<Cow<'static, str>>) -> Self {
+        Self::Xml(name.into())
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Header(name) => format!("header `{name}`"),
+            Self::Json(p) => format!("JSON value at `{p}`"),
+            Self::Form(n) => format!("form field `{n}`"),
+            Self::Xml(n) => format!("XML element `{n}`"),
+        }
+    }
+}
+
+/// What the fingerprint of a request covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FingerprintSpec {
+    /// Method, path and the raw body: for client APIs.
+    Request,
+    /// The named business fields: for channels, whose retries are re-signed
+    /// and re-timestamped so the raw body differs between copies.
+    Fields(Vec<Field>),
+    /// Nothing: every request with the key matches.
+    None,
+}
+
+/// A declarative key source: the fields that make the key (joined with `:`
+/// when there are several) and what the fingerprint covers.
+///
+/// ```
+/// use tower_idempotency::key::{ExtractKey, Field, FingerprintSpec, KeySpec};
+/// let spec = KeySpec::new([Field::json("/id")], FingerprintSpec::Fields(vec![Field::json("/type")]));
+/// let req = http::Request::post("/").body(()).unwrap();
+/// let (parts, _) = req.into_parts();
+/// let body = bytes::Bytes::from_static(br#"{"id":"evt_1","type":"charge.succeeded"}"#);
+/// let got = spec.extract(&parts, &body).unwrap().unwrap();
+/// assert_eq!(got.key, "evt_1");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec {
+    key: Vec<Field>,
+    fingerprint: FingerprintSpec,
+}
+
+impl KeySpec {
+    /// A spec from the key fields and the fingerprint.
+    pub fn new(key: impl IntoIterator<Item = Field>, fingerprint: FingerprintSpec) -> Self {
+        Self {
+            key: key.into_iter().collect(),
+            fingerprint,
+        }
+    }
+
+    /// The fields of the key.
+    pub fn key_fields(&self) -> &[Field] {
+        &self.key
+    }
+
+    /// What the fingerprint covers.
+    pub fn fingerprint_spec(&self) -> &FingerprintSpec {
+        &self.fingerprint
+    }
+
+    fn fields(&self) -> impl Iterator<Item = &Field> {
+        let fp: &[Field] = match &self.fingerprint {
+            FingerprintSpec::Fields(f) => f,
+            _ => &[],
+        };
+        self.key.iter().chain(fp)
+    }
+
+    /// What the key is expected to be, for error messages.
+    pub fn describe(&self) -> String {
+        self.key
+            .iter()
+            .map(Field::describe)
+            .collect::<Vec<_>>()
+            .join(" + ")
+    }
+}
+
+impl ExtractKey for KeySpec {
+    fn extract(&self, parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
+        let doc = Document::parse(self, body)?;
+        let mut key = String::new();
+        for (i, field) in self.key.iter().enumerate() {
+            let Some(value) = doc.get(parts, field) else {
+                return Ok(None);
+            };
+            if value.is_empty() {
+                return Ok(None);
+            }
+            if i > 0 {
+                key.push(':');
+            }
+            key.push_str(&value);
+        }
+        let fingerprint = match &self.fingerprint {
+            FingerprintSpec::Request => Fingerprint::of_request(parts, body),
+            FingerprintSpec::None => Fingerprint::of(b""),
+            FingerprintSpec::Fields(fields) => {
+                let mut h = Sha256::new();
+                for field in fields {
+                    match doc.get(parts, field) {
+                        // Length-prefixed so that ("ab","c") and ("a","bc") differ.
+                        Some(v) => {
+                            h.update((v.len() as u64).to_le_bytes());
+                            h.update(v.as_bytes());
+                        }
+                        None => h.update(u64::MAX.to_le_bytes()),
+                    }
+                }
+                Fingerprint::from_digest(h)
+            }
+        };
+        Ok(Some(Extracted { key, fingerprint }))
+    }
+}
+
+impl<T: ExtractKey + ?Sized> ExtractKey for Arc<T> {
+    fn extract(&self, parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
+        (**self).extract(parts, body)
+    }
+}
+
+/// A body parsed once for every field a spec needs.
+struct Document {
+    json: Option<serde_json::Value>,
+    form: Option<Vec<(String, String)>>,
+    xml: Option<Vec<(String, String)>>,
+}
+
+impl Document {
+    fn parse(spec: &KeySpec, body: &Bytes) -> Result<Self, KeyError> {
+        let mut doc = Document {
+            json: None,
+            form: None,
+            xml: None,
+        };
+        let needs = |f: fn(&Field) -> bool| spec.fields().any(f);
+        if needs(|f| matches!(f, Field::Json(_))) {
+            doc.json = Some(serde_json::from_slice(body).map_err(|e| {
+                KeyError::new(format!(
+                    "expected a JSON body with the {}: {e}",
+                    spec.describe()
+                ))
+            })?);
+        }
+        if needs(|f| matches!(f, Field::Form(_))) {
+            if body.contains(&b'<') && body.trim_ascii_start().starts_with(b"<") {
+                return Err(KeyError::new(format!(
+                    "expected an application/x-www-form-urlencoded body with the {}",
+                    spec.describe()
+                )));
+            }
+            doc.form = Some(
+                form_urlencoded::parse(body)
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect(),
+            );
+        }
+        if needs(|f| matches!(f, Field::Xml(_))) {
+            doc.xml = Some(parse_flat_xml(body).map_err(|e| {
+                KeyError::new(format!(
+                    "expected an XML body with the {}: {e}",
+                    spec.describe()
+                ))
+            })?);
+        }
+        Ok(doc)
+    }
+
+    fn get<'a>(&'a self, parts: &'a Parts, field: &Field) -> Option<Cow<'a, str>> {
+        match field {
+            Field::Header(name) => parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| Cow::Borrowed(s.trim())),
+            Field::Json(pointer) => {
+                match self.json.as_ref()?.pointer(pointer)? {
+                    serde_json::Value::String(s) => Some(Cow::Borrowed(s.as_str())),
+                    serde_json::Value::Null => None,
+                    // Numbers, booleans, objects: their canonical JSON text.
+                    other => Some(Cow::Owned(other.to_string())),
+                }
+            }
+            Field::Form(name) => self
+                .form
+                .as_ref()?
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| Cow::Borrowed(v.as_str())),
+            Field::Xml(name) => self
+                .xml
+                .as_ref()?
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| Cow::Borrowed(v.as_str())),
+        }
+    }
+}
+
+/// Reads the children of the root element of a flat XML document (the shape
+/// of WeChat Pay v2 notifications), text and CDATA alike.
+fn parse_flat_xml(body: &[u8]) -> Result<Vec<(String, String)>, String> {
+    use quick_xml::events::Event;
+    let mut reader = quick_xml::Reader::from_reader(body);
+    let mut out = Vec::new();
+    let mut depth = 0usize;
+    let mut current: Option<(String, String)> = None;
+    let mut saw_root = false;
+    loop {
+        match reader.read_event().map_err(|e| e.to_string())? {
+            Event::Start(e) => {
+                depth += 1;
+                if depth == 1 {
+                    saw_root = true;
+                } else if depth == 2 {
+                    let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
+                    current = Some((name, String::new()));
+                }
+            }
+            Event::Empty(e) if depth == 1 => {
+                let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
+                out.push((name, String::new()));
+            }
+            Event::Empty(_) => {
+                if depth == 0 {
+                    saw_root = true;
+                }
+            }
+            Event::Text(t) if depth == 2 => {
+                if let Some((_, v)) = current.as_mut() {
+                    let text = t.decode().map_err(|e| e.to_string())?;
+                    let text = quick_xml::escape::unescape(&text).map_err(|e| e.to_string())?;
+                    v.push_str(&text);
+                }
+            }
+            Event::GeneralRef(r) if depth == 2 => {
+                if let Some((_, v)) = current.as_mut() {
+                    let name = r.decode().map_err(|e| e.to_string())?;
+                    let reference = format!("&{name};");
+                    let text =
+                        quick_xml::escape::unescape(&reference).map_err(|e| e.to_string())?;
+                    v.push_str(&text);
+                }
+            }
+            Event::CData(c) if depth == 2 => {
+                if let Some((_, v)) = current.as_mut() {
+                    v.push_str(&String::from_utf8_lossy(&c));
+                }
+            }
+            Event::End(_) => {
+                if depth == 2 {
+                    if let Some((name, value)) = current.take() {
+                        out.push((name, value.trim().to_string()));
+                    }
+                }
+                depth = depth.saturating_sub(1);
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if !saw_root || depth != 0 {
+        return Err("not a complete XML document".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_xml_reads_cdata_and_text() {
+        let xml = b"<xml><a><![CDATA[x y]]></a><b>12</b><c>a &amp; b</c></xml>";
+        let got = parse_flat_xml(xml).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("a".to_string(), "x y".to_string()),
+                ("b".to_string(), "12".to_string()),
+                ("c".to_string(), "a & b".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn flat_xml_rejects_truncated() {
+        assert!(parse_flat_xml(b"<xml><a>1</a>").is_err());
+        assert!(parse_flat_xml(b"").is_err());
+    }
+}

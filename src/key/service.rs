@@ -1,0 +1,417 @@
+use super::{ExtractKey, IdempotencyKey, KeyBody, NoPrincipal, Principal};
+use crate::body::BodyBuffer;
+use crate::body::{text_response, text_response_owned};
+use crate::outcome::{self, Outcome};
+use bytes::{Buf, Bytes};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::Full;
+use pin_project_lite::pin_project;
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// Applies [`Key`] to a service. See the [module docs](crate::key).
+#[derive(Clone)]
+pub struct KeyLayer {
+    config: KeyConfig,
+}
+
+#[derive(Clone)]
+pub(crate) struct KeyConfig {
+    pub(crate) extractor: Arc<dyn ExtractKey>,
+    pub(crate) principal: Arc<dyn Principal>,
+    pub(crate) prefix: Cow<'static, str>,
+    pub(crate) preset: Arc<str>,
+    pub(crate) route: Option<Arc<str>>,
+    pub(crate) max_body: usize,
+    pub(crate) max_key_len: usize,
+    pub(crate) required: bool,
+    pub(crate) describe: Arc<str>,
+}
+
+impl KeyLayer {
+    /// A key layer reading keys with `extractor`.
+    ///
+    /// Defaults: key required, body limit 1 MiB, key at most 256 bytes, no
+    /// principal, prefix `idem`, scope name `custom`, route = the request path.
+    pub fn new(extractor: impl ExtractKey) -> Self {
+        Self::from_arc(Arc::new(extractor), Arc::from("the idempotency key"))
+    }
+
+    pub(crate) fn from_arc(extractor: Arc<dyn ExtractKey>, describe: Arc<str>) -> Self {
+        Self {
+            config: KeyConfig {
+                extractor,
+                principal: Arc::new(NoPrincipal),
+                prefix: Cow::Borrowed("idem"),
+                preset: Arc::from("custom"),
+                route: None,
+                max_body: 1024 * 1024,
+                max_key_len: 256,
+                required: true,
+                describe,
+            },
+        }
+    }
+
+    /// The scope (and metrics) name of this key source. Defaults to `custom`.
+    pub fn preset(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.preset = name.into();
+        self
+    }
+
+    /// The first part of every stored key. Defaults to `idem`.
+    pub fn prefix(mut self, prefix: impl Into<Cow<'static, str>>) -> Self {
+        self.config.prefix = prefix.into();
+        self
+    }
+
+    /// The route part of the stored key. Defaults to the request path, so two
+    /// routes never share a record.
+    pub fn route(mut self, route: impl Into<Arc<str>>) -> Self {
+        self.config.route = Some(route.into());
+        self
+    }
+
+    /// Who is asking. Defaults to [`NoPrincipal`].
+    pub fn principal(mut self, principal: impl Principal) -> Self {
+        self.config.principal = Arc::new(principal);
+        self
+    }
+
+    /// The most body bytes to buffer; larger bodies get 413. Defaults to 1 MiB.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.config.max_body = bytes;
+        self
+    }
+
+    /// The longest key accepted; longer ones get 400. Defaults to 256 bytes.
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.config.max_key_len = bytes;
+        self
+    }
+
+    /// Whether a POST, PUT, PATCH or DELETE without a key gets 400 (`true`)
+    /// or passes through unguarded (`false`). Defaults to `true`.
+    pub fn required(mut self, required: bool) -> Self {
+        self.config.required = required;
+        self
+    }
+
+    /// Describes the expected key in 400 messages, e.g. "JSON value at `/id`".
+    pub fn describe(mut self, what: impl Into<Arc<str>>) -> Self {
+        self.config.describe = what.into();
+        self
+    }
+}
+
+impl fmt::Debug for KeyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl fmt::Debug for KeyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyConfig")
+            .field("preset", &self.preset)
+            .field("prefix", &self.prefix)
+            .field("route", &self.route)
+            .field("max_body", &self.max_body)
+            .field("max_key_len", &self.max_key_len)
+            .field("required", &self.required)
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for KeyLayer {
+    type Service = Key<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Key {
+            inner,
+            config: Arc::new(self.config.clone()),
+        }
+    }
+}
+
+/// Buffers the body, reads the key, passes `Request<Full<Bytes>>` on.
+#[derive(Clone)]
+pub struct Key<S> {
+    inner: S,
+    config: Arc<KeyConfig>,
+}
+
+impl<S> Key<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, layer: &KeyLayer) -> Self {
+        layer.layer(inner)
+    }
+
+    /// A layer for this service.
+    pub fn layer(extractor: impl ExtractKey) -> KeyLayer {
+        KeyLayer::new(extractor)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Key<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+pub(crate) fn is_guarded_method(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    )
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Key<S>
+where
+    S: Service<Request<KeyBody>, Response = Response<ResBody>> + Clone,
+    ReqBody: Body,
+    ResBody: From<Bytes>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ReqBody, S, ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.config.max_body as u64) {
+            outcome::record(&self.config.preset, Outcome::RejectedBadInput);
+            return ResponseFuture::done(too_large());
+        }
+        ResponseFuture {
+            state: State::Collecting {
+                body,
+                buf: BodyBuffer::default(),
+                parts: Some(parts),
+                inner: Some(inner),
+                config: self.config.clone(),
+            },
+        }
+    }
+}
+
+fn too_large<B: From<Bytes>>() -> Response<B> {
+    text_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+}
+
+pin_project! {
+    /// Response future of [`Key`].
+    pub struct ResponseFuture<ReqBody, S, ResBody>
+    where
+        S: Service<Request<KeyBody>>,
+    {
+        #[pin]
+        state: State<ReqBody, S, ResBody>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<ReqBody, S, ResBody>
+    where
+        S: Service<Request<KeyBody>>,
+    {
+        Collecting {
+            #[pin]
+            body: ReqBody,
+            buf: BodyBuffer,
+            parts: Option<Parts>,
+            inner: Option<S>,
+            config: Arc<KeyConfig>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+        },
+        Done {
+            res: Option<Response<ResBody>>,
+        },
+    }
+}
+
+impl<ReqBody, S, ResBody> ResponseFuture<ReqBody, S, ResBody>
+where
+    S: Service<Request<KeyBody>>,
+{
+    fn done(res: Response<ResBody>) -> Self {
+        Self {
+            state: State::Done { res: Some(res) },
+        }
+    }
+}
+
+impl<ReqBody, S, ResBody> fmt::Debug for ResponseFuture<ReqBody, S, ResBody>
+where
+    S: Service<Request<KeyBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("key::ResponseFuture")
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with a buffered request.
+fn admit<B: From<Bytes>>(
+    config: &KeyConfig,
+    parts: &mut Parts,
+    body: &Bytes,
+) -> Result<(), Response<B>> {
+    let guarded = is_guarded_method(&parts.method);
+    match config.extractor.extract(parts, body) {
+        Ok(Some(found)) => {
+            if found.key.len() > config.max_key_len {
+                outcome::record(&config.preset, Outcome::RejectedBadInput);
+                return Err(text_response_owned(
+                    StatusCode::BAD_REQUEST,
+                    Bytes::from(format!(
+                        "idempotency key longer than {} bytes\n",
+                        config.max_key_len
+                    )),
+                ));
+            }
+            let principal = config.principal.principal(parts);
+            let route = match &config.route {
+                Some(r) => r,
+                None => parts.uri.path(),
+            };
+            let key = IdempotencyKey::new(
+                &config.prefix,
+                config.preset.clone(),
+                route,
+                principal.as_deref(),
+                &found.key,
+                found.fingerprint,
+            );
+            parts.extensions.insert(key);
+            Ok(())
+        }
+        Ok(None) if guarded && config.required => {
+            outcome::record(&config.preset, Outcome::KeyMissing);
+            Err(text_response_owned(
+                StatusCode::BAD_REQUEST,
+                Bytes::from(format!(
+                    "missing idempotency key: expected the {}\n",
+                    config.describe
+                )),
+            ))
+        }
+        Err(e) if guarded && config.required => {
+            outcome::record(&config.preset, Outcome::RejectedBadInput);
+            Err(text_response_owned(
+                StatusCode::BAD_REQUEST,
+                Bytes::from(format!("malformed request: {e}\n")),
+            ))
+        }
+        // Optional key, or a safe method: pass through untouched.
+        Ok(None) | Err(_) => Ok(()),
+    }
+}
+
+impl<ReqBody, S, ResBody> Future for ResponseFuture<ReqBody, S, ResBody>
+where
+    S: Service<Request<KeyBody>, Response = Response<ResBody>>,
+    ReqBody: Body,
+    ResBody: From<Bytes>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let mut this = self.as_mut().project();
+            let next = match this.state.as_mut().project() {
+                StateProj::Collecting {
+                    mut body,
+                    buf,
+                    parts,
+                    inner,
+                    config,
+                } => {
+                    // Read frames until the end, the limit or an error.
+                    let failure = loop {
+                        match ready!(body.as_mut().poll_frame(cx)) {
+                            None => break None,
+                            Some(Ok(frame)) => {
+                                if let Ok(mut data) = frame.into_data() {
+                                    let data = data.copy_to_bytes(data.remaining());
+                                    if buf.len() + data.len() > config.max_body {
+                                        break Some(too_large());
+                                    }
+                                    buf.push(data);
+                                }
+                            }
+                            Some(Err(_)) => {
+                                break Some(text_response(
+                                    StatusCode::BAD_REQUEST,
+                                    "could not read the request body\n",
+                                ))
+                            }
+                        }
+                    };
+                    let mut parts = parts.take().expect("polled after completion");
+                    let mut inner = inner.take().expect("polled after completion");
+                    match failure {
+                        Some(res) => {
+                            outcome::record(&config.preset, Outcome::RejectedBadInput);
+                            State::Done { res: Some(res) }
+                        }
+                        None => {
+                            let body = std::mem::take(buf).into_bytes();
+                            match admit(config, &mut parts, &body) {
+                                Err(res) => State::Done { res: Some(res) },
+                                Ok(()) => State::Calling {
+                                    fut: inner.call(Request::from_parts(parts, Full::new(body))),
+                                },
+                            }
+                        }
+                    }
+                }
+                StateProj::Calling { fut } => return fut.poll(cx),
+                StateProj::Done { res } => {
+                    return Poll::Ready(Ok(res.take().expect("polled after completion")))
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! [`IdempotencyLayer`]: the three layers composed for one preset.
+
+use crate::dedup::{Dedup, DedupLayer, OnStoreError};
+use crate::key::{AuthorizationHash, Key, KeyLayer, Principal};
+use crate::normalize::{Normalize, NormalizeLayer};
+use crate::store::{MemoryStore, Store};
+use crate::Preset;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_layer::Layer;
+
+/// The full stack for one route: [`Normalize`] → [`Key`] → [`Dedup`] → inner.
+pub type Idempotency<S, St = MemoryStore> = Normalize<Key<Dedup<S, St>>>;
+
+/// The normalize, key and dedup layers composed for one [`Preset`].
+///
+/// Adding WeChat Pay v3 to an axum route is one line:
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use tower_idempotency::IdempotencyLayer;
+///
+/// async fn on_paid(body: String) -> &'static str {
+///     // verify, decrypt, mark the order paid…
+///     "ok"
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/notify/wechat", post(on_paid).layer(IdempotencyLayer::wechatpay_v3()));
+/// ```
+///
+/// Each builder method documents its default; the preset sets the window,
+/// wait and body limit. Clones share the store, so one layer value (or one
+/// store passed to several layers) protects every instance of a route.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer<St = MemoryStore> {
+    key: KeyLayer,
+    dedup: DedupLayer<St>,
+    normalize: NormalizeLayer,
+}
+
+impl IdempotencyLayer<MemoryStore> {
+    /// The stack for `preset` with its own in-memory store.
+    pub fn new(preset: Preset) -> Self {
+        Self::with_store(preset, MemoryStore::new())
+    }
+
+    /// WeChat Pay API v3.
+    pub fn wechatpay_v3() -> Self {
+        Self::new(Preset::wechatpay_v3())
+    }
+
+    /// WeChat Pay API v2.
+    pub fn wechatpay_v2() -> Self {
+        Self::new(Preset::wechatpay_v2())
+    }
+
+    /// Alipay.
+    pub fn alipay() -> Self {
+        Self::new(Preset::alipay())
+    }
+
+    /// Stripe.
+    pub fn stripe() -> Self {
+        Self::new(Preset::stripe())
+    }
+
+    /// PayPal.
+    pub fn paypal() -> Self {
+        Self::new(Preset::paypal())
+    }
+
+    /// Adyen.
+    pub fn adyen() -> Self {
+        Self::new(Preset::adyen())
+    }
+
+    /// Standard Webhooks.
+    pub fn standard_webhooks() -> Self {
+        Self::new(Preset::standard_webhooks())
+    }
+
+    /// Client APIs with the `Idempotency-Key` header.
+    pub fn idempotency_key() -> Self {
+        Self::new(Preset::idempotency_key())
+    }
+}
+
+impl<St: Store> IdempotencyLayer<St> {
+    /// The stack for `preset` over `store`.
+    pub fn with_store(preset: Preset, store: St) -> Self {
+        let mut key = KeyLayer::from_arc(preset.extractor().clone(), preset.describe().clone())
+            .preset(Arc::<str>::from(preset.name()))
+            .max_body(preset.max_body());
+        if preset.is_client_api() {
+            key = key.principal(AuthorizationHash);
+        }
+        let dedup = DedupLayer::new(store)
+            .window(preset.window())
+            .wait(preset.wait());
+        Self {
+            key,
+            dedup,
+            normalize: NormalizeLayer::new(preset.reply().clone()),
+        }
+    }
+
+    /// Uses another store (e.g. one shared by several routes).
+    pub fn store<St2: Store>(self, store: St2) -> IdempotencyLayer<St2> {
+        IdempotencyLayer {
+            key: self.key,
+            dedup: self.dedup.with_store(store),
+            normalize: self.normalize,
+        }
+    }
+
+    /// How long a success is replayed. Defaults to the preset's (25 h for
+    /// channels, 24 h for client keys).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.dedup = self.dedup.window(window);
+        self
+    }
+
+    /// The claim's lease, renewed every `lease/3`. Defaults to 30 seconds.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.dedup = self.dedup.lease(lease);
+        self
+    }
+
+    /// How long a duplicate waits for the first. Defaults to 4 seconds.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.dedup = self.dedup.wait(wait);
+        self
+    }
+
+    /// The timeout of every store call. Defaults to 1 second.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.dedup = self.dedup.store_timeout(timeout);
+        self
+    }
+
+    /// What to do when the store fails. Defaults to [`OnStoreError::FailClosed`].
+    pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
+        self.dedup = self.dedup.on_store_error(policy);
+        self
+    }
+
+    /// Finish the inner call when the caller hangs up. Defaults to `true`.
+    pub fn finish_on_disconnect(mut self, finish: bool) -> Self {
+        self.dedup = self.dedup.finish_on_disconnect(finish);
+        self
+    }
+
+    /// The largest response body kept for replay. Defaults to 1 MiB.
+    pub fn max_cached_body(mut self, bytes: usize) -> Self {
+        self.dedup = self.dedup.max_cached_body(bytes);
+        self
+    }
+
+    /// The request body limit (413 past it). Defaults to the preset's
+    /// (64 KiB for channels, 1 MiB for client keys).
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.key = self.key.max_body(bytes);
+        self
+    }
+
+    /// The longest key accepted (400 past it). Defaults to 256 bytes.
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.key = self.key.max_key_len(bytes);
+        self
+    }
+
+    /// Whether a request without a key gets 400. Defaults to `true`.
+    pub fn required(mut self, required: bool) -> Self {
+        self.key = self.key.required(required);
+        self
+    }
+
+    /// Who is asking. Defaults to nobody for channels and a hash of
+    /// `Authorization` for client keys.
+    pub fn principal(mut self, principal: impl Principal) -> Self {
+        self.key = self.key.principal(principal);
+        self
+    }
+
+    /// The route part of stored keys. Defaults to the request path.
+    pub fn route(mut self, route: impl Into<Arc<str>>) -> Self {
+        self.key = self.key.route(route);
+        self
+    }
+
+    /// The first part of stored keys. Defaults to `idem`.
+    pub fn prefix(mut self, prefix: impl Into<Cow<'static, str>>) -> Self {
+        self.key = self.key.prefix(prefix);
+        self
+    }
+
+    /// The store.
+    pub fn get_store(&self) -> &St {
+        self.dedup.store()
+    }
+}
+
+impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.normalize
+            .layer(self.key.layer(self.dedup.layer(inner)))
+    }
+}

@@ -1,0 +1,102 @@
+//! Tower layers that make payment-channel callbacks and client submissions
+//! idempotent.
+//!
+//! A retry storm of WeChat Pay, Alipay or Stripe notifications, or a
+//! triple-clicked "submit order", runs the business logic exactly once; every
+//! copy gets the channel's proper reply, and nothing is lost.
+//!
+//! # Quick start
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use tower_idempotency::IdempotencyLayer;
+//!
+//! async fn on_wechat_paid(body: String) -> &'static str { "ok" }
+//! async fn on_alipay_paid(body: String) -> &'static str { "ok" }
+//! async fn create_order(body: String) -> String { format!("created from {body}") }
+//!
+//! let app: Router = Router::new()
+//!     .route("/notify/wechat", post(on_wechat_paid).layer(IdempotencyLayer::wechatpay_v3()))
+//!     .route("/notify/alipay", post(on_alipay_paid).layer(IdempotencyLayer::alipay()))
+//!     .route("/orders", post(create_order).layer(IdempotencyLayer::idempotency_key()));
+//! ```
+//!
+//! # The stack
+//!
+//! ```text
+//! request ─▶ Normalize ─▶ Key ─▶ Dedup ─▶ inner service
+//! response ◀─ channel reply ◀──── replay / record ◀────
+//! ```
+//!
+//! - [`key`]: buffers the body (413 past the limit), reads the key and the
+//!   fingerprint, scopes the key.
+//! - [`dedup`]: claims the key in a [`store`], runs the inner service once,
+//!   replays the first success, makes duplicates wait.
+//! - [`normalize`]: writes the channel's exact success and failure replies.
+//! - [`IdempotencyLayer`]: all three for one [`Preset`].
+//!
+//! # Promises
+//!
+//! P1 once per key within the window; P2 no success reply before the inner
+//! service succeeded; P3 failures release the claim (never cached); P4
+//! faithful replay with `idempotent-replayed: true`; P5 another payload under
+//! the same key is never replayed (422 / channel failure); P6 bounded bodies,
+//! keys, store and store calls; P7 a store outage is handled by policy
+//! ([`OnStoreError`]). `tests/` proves each one.
+//!
+//! # Presets
+//!
+//! | preset | key | success reply |
+//! |---|---|---|
+//! | `wechatpay-v3` | JSON `/id` | 200 `{"code":"SUCCESS","message":"成功"}` |
+//! | `wechatpay-v2` | XML `transaction_id` | 200 XML `SUCCESS` / `OK` |
+//! | `alipay` | form `notify_id` | 200 `success` |
+//! | `stripe` | JSON `/id` | 200 `{"received":true}` |
+//! | `paypal` | JSON `/id` | 200 |
+//! | `adyen` | `pspReference:eventCode:success` | 200 `[accepted]` |
+//! | `standard-webhooks` | header `webhook-id` | 204 |
+//! | `idempotency-key` | header `Idempotency-Key` | the inner response |
+//!
+//! See [`channel`] for fingerprints and failure replies.
+//!
+//! # What no layer can close
+//!
+//! An instance that dies after handing a request to a remote upstream cannot
+//! know whether the upstream acted: after the lease runs out, the retry is
+//! forwarded again. Keep a unique index in the business database (for
+//! example on the channel's transaction id) as the backstop. Keep the lease
+//! short enough for retries and long enough for the handler: renewal every
+//! `lease/3` makes both possible.
+//!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `axum` | nothing more than compatibility checks (the layers work with axum as they are) |
+//! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
+//! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+pub mod channel;
+pub mod dedup;
+pub mod key;
+mod layer;
+pub mod normalize;
+mod outcome;
+pub mod store;
+
+pub use body::ResponseBody;
+pub use channel::Preset;
+pub use dedup::OnStoreError;
+pub use key::{Fingerprint, IdempotencyKey};
+pub use layer::{Idempotency, IdempotencyLayer};
+pub use outcome::Outcome;

@@ -1,0 +1,261 @@
+//! The normalize layer: turns the inner result and the other layers' own
+//! answers into the exact reply a channel expects.
+//!
+//! A handler answers any 2xx for success; this layer replaces it with the
+//! channel's success reply (WeChat Pay's `{"code":"SUCCESS","message":"成功"}`,
+//! Alipay's `success`, …), keeping `idempotent-replayed`. Anything else becomes
+//! the channel's failure reply, so the channel retries. Client errors that
+//! retrying cannot fix (400, 401, 403, 404, 413) keep their status.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_idempotency::normalize::NormalizeLayer;
+//! use tower_idempotency::Preset;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let svc = ServiceBuilder::new()
+//!     .layer(NormalizeLayer::new(Preset::alipay().reply().clone()))
+//!     .service(service_fn(|_req: Request<Full<Bytes>>| async {
+//!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"order paid"))))
+//!     }));
+//! let res = svc.oneshot(Request::post("/").body(Full::default()).unwrap()).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "success");
+//! # }
+//! ```
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// One fixed reply: status, content type and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedReply {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: Option<Bytes>,
+}
+
+impl FixedReply {
+    /// A reply with this status and body (`None` keeps the body it replaces).
+    pub const fn new(
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        body: Option<Bytes>,
+    ) -> Self {
+        Self {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The body, if fixed.
+    pub fn body(&self) -> Option<&Bytes> {
+        self.body.as_ref()
+    }
+}
+
+/// How a channel wants to be answered.
+///
+/// `None` for success or failure passes that kind of response through as the
+/// inner service answered it (client APIs pass both through).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reply {
+    success: Option<FixedReply>,
+    failure: Option<FixedReply>,
+}
+
+impl Reply {
+    /// A reply format from a success and a failure reply.
+    pub const fn new(success: Option<FixedReply>, failure: Option<FixedReply>) -> Self {
+        Self { success, failure }
+    }
+
+    /// Pass every response through unchanged.
+    pub const fn pass_through() -> Self {
+        Self {
+            success: None,
+            failure: None,
+        }
+    }
+
+    /// The success reply.
+    pub fn success(&self) -> Option<&FixedReply> {
+        self.success.as_ref()
+    }
+
+    /// The failure reply.
+    pub fn failure(&self) -> Option<&FixedReply> {
+        self.failure.as_ref()
+    }
+
+    /// Rewrites one response into the channel's form.
+    pub fn apply<B: From<Bytes>>(&self, res: Response<B>) -> Response<B> {
+        let success = res.status().is_success();
+        let fixed = if success {
+            &self.success
+        } else {
+            &self.failure
+        };
+        let Some(fixed) = fixed else {
+            return res;
+        };
+        let (mut parts, body) = res.into_parts();
+        parts.status = if success || !is_final_client_error(parts.status) {
+            fixed.status
+        } else {
+            parts.status
+        };
+        let body = match &fixed.body {
+            Some(bytes) => {
+                drop(body);
+                parts.headers.remove(header::CONTENT_LENGTH);
+                parts.headers.remove(header::CONTENT_ENCODING);
+                parts.headers.remove(header::RETRY_AFTER);
+                match &fixed.content_type {
+                    Some(ct) => parts.headers.insert(header::CONTENT_TYPE, ct.clone()),
+                    None => parts.headers.remove(header::CONTENT_TYPE),
+                };
+                B::from(bytes.clone())
+            }
+            None => body,
+        };
+        Response::from_parts(parts, body)
+    }
+}
+
+/// Client errors that a retry cannot fix: reported with their own status.
+fn is_final_client_error(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 400 | 401 | 403 | 404 | 413)
+}
+
+/// Applies [`Normalize`] to a service.
+#[derive(Debug, Clone)]
+pub struct NormalizeLayer {
+    reply: Arc<Reply>,
+}
+
+impl NormalizeLayer {
+    /// A normalize layer answering in `reply`'s form.
+    pub fn new(reply: Reply) -> Self {
+        Self {
+            reply: Arc::new(reply),
+        }
+    }
+}
+
+impl<S> Layer<S> for NormalizeLayer {
+    type Service = Normalize<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Normalize {
+            inner,
+            reply: self.reply.clone(),
+        }
+    }
+}
+
+/// Rewrites responses into a channel's reply form. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Normalize<S> {
+    inner: S,
+    reply: Arc<Reply>,
+}
+
+impl<S> Normalize<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, reply: Reply) -> Self {
+        Self {
+            inner,
+            reply: Arc::new(reply),
+        }
+    }
+
+    /// A layer answering in `reply`'s form.
+    pub fn layer(reply: Reply) -> NormalizeLayer {
+        NormalizeLayer::new(reply)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Normalize<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: From<Bytes>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        ResponseFuture {
+            fut: self.inner.call(req),
+            reply: self.reply.clone(),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Normalize`].
+    pub struct ResponseFuture<F> {
+        #[pin]
+        fut: F,
+        reply: Arc<Reply>,
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("normalize::ResponseFuture")
+            .field("reply", &self.reply)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: From<Bytes>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let res = ready!(this.fut.poll(cx))?;
+        Poll::Ready(Ok(this.reply.apply(res)))
+    }
+}

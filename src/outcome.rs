@@ -1,0 +1,98 @@
+//! What happened to a request, counted through the `metrics` facade.
+
+use std::fmt;
+
+/// The outcome of one request at the idempotency layers.
+///
+/// Guarded responses carry their outcome in the response extensions, and with
+/// the `metrics` feature every outcome is counted as
+/// `idempotency_requests_total{preset, outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The inner service ran for this request and succeeded (the record completed).
+    Executed,
+    /// The inner service ran and failed; the claim was released.
+    Failed,
+    /// A stored response was replayed at once.
+    Replayed,
+    /// A duplicate waited for the first request and then replayed its response.
+    Waited,
+    /// A duplicate found the key in flight and waiting was off or ran out.
+    InFlightRejected,
+    /// The key was reused with another payload.
+    Mismatch,
+    /// A guarded request carried no key.
+    KeyMissing,
+    /// The request was refused: body too large, key too long, malformed body.
+    RejectedBadInput,
+    /// The store failed or timed out.
+    StoreError,
+    /// The owner's lease ran out before it completed (the handler ran longer
+    /// than the lease and renewals failed).
+    LeaseLost,
+    /// The request passed through unguarded because the store failed and the
+    /// policy is fail-open.
+    PassedThrough,
+}
+
+impl Outcome {
+    /// The label used in metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Failed => "failed",
+            Self::Replayed => "replayed",
+            Self::Waited => "waited",
+            Self::InFlightRejected => "in_flight_rejected",
+            Self::Mismatch => "mismatch",
+            Self::KeyMissing => "key_missing",
+            Self::RejectedBadInput => "rejected_bad_input",
+            Self::StoreError => "store_error",
+            Self::LeaseLost => "lease_lost",
+            Self::PassedThrough => "passed_through",
+        }
+    }
+
+    /// Whether this request was a copy of an earlier one.
+    pub const fn is_duplicate(self) -> bool {
+        matches!(
+            self,
+            Self::Replayed | Self::Waited | Self::InFlightRejected | Self::Mismatch
+        )
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Counts one outcome.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn record(preset: &str, outcome: Outcome) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_requests_total",
+        "preset" => preset.to_owned(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+}
+
+/// Records the latency of one store call.
+#[cfg(feature = "metrics")]
+pub(crate) fn store_latency(op: &'static str, seconds: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("idempotency_store_seconds", "op" => op).record(seconds);
+}
+
+/// Logs at warn level when the `tracing` feature is on.
+macro_rules! log_warn {
+    ($($t:tt)*) => {
+        #[cfg(feature = "tracing")]
+        tracing::warn!($($t)*);
+    };
+}
+pub(crate) use log_warn;

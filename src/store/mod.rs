@@ -1,0 +1,297 @@
+//! Where records live: the [`Store`] trait and its backends.
+//!
+//! A record goes through the life cycle of DESIGN §4:
+//!
+//! ```text
+//! absent ──claim──▶ in-flight{owner, fingerprint, lease} ──complete──▶ completed{fingerprint, response}
+//!                      ├─ release (owner only) ──▶ absent
+//!                      └─ lease expired ──▶ claimable again
+//! ```
+//!
+//! Every operation but `claim` is checked against the owner token, so an owner
+//! whose lease ran out can never overwrite or delete a newer owner's record.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::store::{Claim, MemoryStore, OwnerToken, Store};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new();
+//! let fp = Fingerprint::of(b"order 42");
+//! let first = OwnerToken::new();
+//! let claim = store.claim("k", fp, first, Duration::from_secs(30)).await.unwrap();
+//! assert!(matches!(claim, Claim::Acquired(t) if t == first));
+//! // A second claim while the first runs sees it in flight.
+//! let second = store.claim("k", fp, OwnerToken::new(), Duration::from_secs(30)).await.unwrap();
+//! assert!(matches!(second, Claim::InFlight { .. }));
+//! # }
+//! ```
+
+mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+
+use crate::Fingerprint;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The token that identifies the owner of an in-flight claim.
+///
+/// Unique per claim attempt: 64 random bits per process and a 64-bit counter.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(u128);
+
+impl OwnerToken {
+    /// A fresh token, distinct from every other token of this process and,
+    /// with overwhelming probability, of every other process.
+    pub fn new() -> Self {
+        static PROCESS: OnceLock<u64> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(1);
+        let process = *PROCESS.get_or_init(|| {
+            let mut buf = [0u8; 8];
+            // Falls back to the time and pid if the OS has no randomness to give.
+            if getrandom::fill(&mut buf).is_err() {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                buf = (nanos ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+            }
+            u64::from_le_bytes(buf)
+        });
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Self((u128::from(process) << 64) | u128::from(n))
+    }
+
+    /// The token as a number, for stores that persist it.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// Rebuilds a token from [`as_u128`](Self::as_u128).
+    pub const fn from_u128(v: u128) -> Self {
+        Self(v)
+    }
+}
+
+impl Default for OwnerToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({:032x})", self.0)
+    }
+}
+
+/// A response as it was first answered, kept for replay.
+#[derive(Clone, Debug)]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: StatusCode,
+    /// The headers, without hop-by-hop headers.
+    pub headers: HeaderMap,
+    /// The body. Empty when [`body_omitted`](Self::body_omitted) is set.
+    pub body: Bytes,
+    /// Trailers, if the response had any (gRPC's `grpc-status` lives here).
+    pub trailers: Option<HeaderMap>,
+    /// The body was larger than the cache limit and was not kept: a replay
+    /// answers the status and headers with an empty body and the header
+    /// `idempotent-body-omitted: true`.
+    pub body_omitted: bool,
+}
+
+/// A completed record: the first success and the fingerprint of its request.
+#[derive(Clone, Debug)]
+pub struct CompletedRecord {
+    /// Fingerprint of the request that produced the response.
+    pub fingerprint: Fingerprint,
+    /// The response to replay.
+    pub response: StoredResponse,
+}
+
+/// What a claim found.
+#[derive(Debug)]
+pub enum Claim {
+    /// The caller now owns the key: run the inner service.
+    Acquired(OwnerToken),
+    /// Someone else is running it.
+    InFlight {
+        /// Fingerprint of the request that is running.
+        fingerprint: Fingerprint,
+        /// Resolves when the record may have changed.
+        watch: Watch,
+    },
+    /// It already succeeded; replay it.
+    Completed(Arc<CompletedRecord>),
+}
+
+/// Tells a waiting duplicate when to look at the record again.
+///
+/// Stores that see changes (the memory store) hand out a subscription to one
+/// shared channel per key; others hand out a poll interval.
+#[derive(Debug)]
+pub struct Watch {
+    kind: WatchKind,
+}
+
+#[derive(Debug)]
+enum WatchKind {
+    Channel(watch::Receiver<()>),
+    Poll(Duration),
+}
+
+/// The sending side of a [`Watch`]: dropping it (or calling
+/// [`notify`](Self::notify)) wakes every waiter.
+#[derive(Debug)]
+pub struct WatchSender(watch::Sender<()>);
+
+impl WatchSender {
+    /// A new channel with no subscribers.
+    pub fn new() -> Self {
+        Self(watch::Sender::new(()))
+    }
+
+    /// A new subscription.
+    pub fn subscribe(&self) -> Watch {
+        Watch {
+            kind: WatchKind::Channel(self.0.subscribe()),
+        }
+    }
+
+    /// Wakes every subscriber.
+    pub fn notify(&self) {
+        self.0.send_replace(());
+    }
+}
+
+impl Default for WatchSender {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Watch {
+    /// A watch that only waits for `interval` (for stores that must be polled).
+    pub fn poll(interval: Duration) -> Self {
+        Self {
+            kind: WatchKind::Poll(interval),
+        }
+    }
+
+    /// Waits until the record may have changed.
+    pub async fn changed(self) {
+        match self.kind {
+            // Err means the sender is gone: the owner finished one way or another.
+            WatchKind::Channel(mut rx) => {
+                let _ = rx.changed().await;
+            }
+            WatchKind::Poll(interval) => tokio::time::sleep(interval).await,
+        }
+    }
+}
+
+/// Why a store call failed.
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: Arc<str>,
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The call did not answer within the store timeout.
+    Timeout,
+    /// The backend answered with an error or could not be reached.
+    Backend,
+    /// The backend answered something this crate cannot read.
+    Corrupt,
+}
+
+impl StoreError {
+    /// A new error.
+    pub fn new(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// A timeout error.
+    pub(crate) fn timeout(op: &str, after: Duration) -> Self {
+        Self::new(
+            StoreErrorKind::Timeout,
+            format!("store {op} timed out after {after:?}"),
+        )
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// The storage behind the dedup layer.
+///
+/// Cheap to clone (an `Arc` inside). Implementations must make
+/// [`claim`](Self::claim) atomic and check the owner token in
+/// [`complete`](Self::complete), [`renew`](Self::renew) and
+/// [`release`](Self::release) (compare-and-set / compare-and-delete).
+/// The conformance suite in `tests/store_conformance.rs` runs against every store.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Atomically: if `key` is absent (or its lease ran out), claim it for
+    /// `token` with a lease of `lease`; otherwise return what is there.
+    fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Turns `token`'s claim into a completed record kept for `window`.
+    /// Returns `false` when `token` no longer owns the key (its lease ran out
+    /// and another owner claimed it); the record is then left alone.
+    fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extends `token`'s lease to `lease` from now. `false` if it lost the key.
+    fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes `token`'s claim so that the next request runs the inner service.
+    /// `false` if `token` did not own the key.
+    fn release(
+        &self,
+        key: &str,
+        token: OwnerToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
