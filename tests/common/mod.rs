@@ -108,7 +108,11 @@ pub async fn post(
 }
 
 /// A request for `oneshot` tests.
-pub fn request(path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+pub fn request(
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Request<Full<Bytes>> {
     let mut req = Request::post(path);
     for (k, v) in headers {
         req = req.header(*k, *v);
