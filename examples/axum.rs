@@ -1,0 +1,126 @@
+//! An axum app with a WeChat Pay v3 notification route, an Alipay
+//! notification route and an `Idempotency-Key` client API, sharing one
+//! in-memory store.
+//!
+//! ```sh
+//! cargo run --example axum            # listens on 127.0.0.1:3000 (or $ADDR)
+//! curl -s -XPOST localhost:3000/orders -H 'idempotency-key: k1' -d '{"sku":"tea","qty":2}'
+//! curl -s -XPOST localhost:3000/orders -H 'idempotency-key: k1' -d '{"sku":"tea","qty":2}' -i  # replayed
+//! ```
+//!
+//! The handlers know nothing of idempotency or of the channels' reply
+//! formats: they answer 2xx on success, and the layers do the rest.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tower_idempotency::store::MemoryStore;
+use tower_idempotency::{IdempotencyLayer, Preset};
+
+/// The business side: orders and how often the "after pay" side effects ran.
+#[derive(Clone, Default)]
+pub struct Shop {
+    paid: Arc<Mutex<HashMap<String, u32>>>,
+    orders: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Shop {
+    /// How often the side effects of a payment ran for `order`.
+    pub fn after_pay_runs(&self, order: &str) -> u32 {
+        self.paid.lock().unwrap().get(order).copied().unwrap_or(0)
+    }
+
+    /// How many orders were created.
+    pub fn orders_created(&self) -> usize {
+        self.orders.lock().unwrap().len()
+    }
+
+    fn do_after_pay(&self, order: &str) {
+        *self
+            .paid
+            .lock()
+            .unwrap()
+            .entry(order.to_owned())
+            .or_default() += 1;
+    }
+}
+
+/// WeChat Pay v3: verify the signature and decrypt `resource` here (elided),
+/// then act on the transaction.
+async fn wechat_notify(
+    State(shop): State<Shop>,
+    Json(notification): Json<serde_json::Value>,
+) -> StatusCode {
+    let Some(id) = notification["id"].as_str() else {
+        return StatusCode::BAD_REQUEST;
+    };
+    shop.do_after_pay(id);
+    StatusCode::OK
+}
+
+/// Alipay: verify `sign` here (elided), then act on `out_trade_no`.
+async fn alipay_notify(State(shop): State<Shop>, body: String) -> StatusCode {
+    let out_trade_no = form_urlencoded::parse(body.as_bytes())
+        .find(|(k, _)| k == "out_trade_no")
+        .map(|(_, v)| v.into_owned());
+    match out_trade_no {
+        Some(order) => {
+            shop.do_after_pay(&order);
+            StatusCode::OK
+        }
+        None => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// A client API: create an order. A double click sends the same key twice.
+async fn create_order(
+    State(shop): State<Shop>,
+    Json(order): Json<serde_json::Value>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let mut orders = shop.orders.lock().unwrap();
+    orders.push(order.clone());
+    let id = orders.len();
+    (
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "order_id": id, "order": order })),
+    )
+}
+
+/// The app: one store shared by every route (keys are scoped by route).
+pub fn app(shop: Shop, store: MemoryStore) -> Router {
+    Router::new()
+        .route(
+            "/notify/wechatpay",
+            post(wechat_notify).layer(IdempotencyLayer::with_store(
+                Preset::wechatpay_v3(),
+                store.clone(),
+            )),
+        )
+        .route(
+            "/notify/alipay",
+            post(alipay_notify).layer(IdempotencyLayer::with_store(
+                Preset::alipay(),
+                store.clone(),
+            )),
+        )
+        .route(
+            "/orders",
+            post(create_order).layer(IdempotencyLayer::with_store(
+                Preset::idempotency_key(),
+                store,
+            )),
+        )
+        .with_state(shop)
+}
+
+#[allow(dead_code)] // unused when this file is included by tests/axum_example.rs
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, app(Shop::default(), MemoryStore::new())).await
+}

@@ -1,0 +1,117 @@
+//! The axum example, served on a real loopback server and hit with storms.
+
+mod common;
+#[path = "../examples/axum.rs"]
+mod example;
+
+use common::{all_at_once, client, post};
+use example::{app, Shop};
+use std::time::Duration;
+use tower_idempotency::store::MemoryStore;
+
+async fn start() -> (std::net::SocketAddr, Shop) {
+    let shop = Shop::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = app(shop.clone(), MemoryStore::new());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (addr, shop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechat_storm_runs_after_pay_once_and_every_copy_gets_success() {
+    let (addr, shop) = start().await;
+    let client = client();
+    let body = r#"{"id":"EV-2018022511223320873","create_time":"2015-05-20T13:29:35+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"","associated_data":"","nonce":""}}"#;
+    let answers = all_at_once(7, |_| {
+        let client = client.clone();
+        async move {
+            post(
+                &client,
+                addr,
+                "/notify/wechatpay",
+                &[("content-type", "application/json")],
+                body,
+            )
+            .await
+        }
+    })
+    .await;
+    for a in &answers {
+        assert_eq!(a.status, 200);
+        assert_eq!(a.text(), r#"{"code":"SUCCESS","message":"成功"}"#);
+    }
+    assert_eq!(shop.after_pay_runs("EV-2018022511223320873"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alipay_retries_get_the_seven_bytes() {
+    let (addr, shop) = start().await;
+    let client = client();
+    let body = "notify_id=2019081500222155624068450559358070&out_trade_no=20190815155618536-564-57&trade_no=2019081522001468450512505578&trade_status=TRADE_SUCCESS&total_amount=0.10";
+    for _ in 0..3 {
+        let a = post(
+            &client,
+            addr,
+            "/notify/alipay",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            body,
+        )
+        .await;
+        assert_eq!((a.status, a.text().as_str()), (200, "success"));
+    }
+    assert_eq!(shop.after_pay_runs("20190815155618536-564-57"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triple_click_creates_one_order() {
+    let (addr, shop) = start().await;
+    let client = client();
+    let headers = [
+        ("idempotency-key", "click-1"),
+        ("content-type", "application/json"),
+        ("authorization", "Bearer u1"),
+    ];
+    let answers = all_at_once(3, |i| {
+        let client = client.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(i as u64 * 30)).await;
+            post(
+                &client,
+                addr,
+                "/orders",
+                &headers,
+                r#"{"sku":"tea","qty":2}"#,
+            )
+            .await
+        }
+    })
+    .await;
+    for a in &answers {
+        assert_eq!(a.status, 201);
+        assert_eq!(a.body, answers[0].body);
+    }
+    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 2);
+    assert_eq!(shop.orders_created(), 1);
+    // Another payload under the same key is refused.
+    let a = post(
+        &client,
+        addr,
+        "/orders",
+        &headers,
+        r#"{"sku":"tea","qty":200}"#,
+    )
+    .await;
+    assert_eq!(a.status, 422);
+    // A missing key is a clear 400.
+    let a = post(
+        &client,
+        addr,
+        "/orders",
+        &[("content-type", "application/json")],
+        "{}",
+    )
+    .await;
+    assert_eq!(a.status, 400);
+    assert!(a.text().contains("Idempotency-Key"));
+}
