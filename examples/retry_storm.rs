@@ -1,0 +1,760 @@
+//! A WeChat Pay v3 retry storm against a naive "check status, then act"
+//! handler, with and without the dedup stack in front of it.
+//!
+//! ```text
+//! cargo run --release --example retry_storm                      # with IdempotencyLayer
+//! cargo run --release --example retry_storm -- --baseline none   # the handler alone
+//! cargo run --release --example retry_storm -- --failure-rate 0.2 --json
+//! ```
+//!
+//! The upstream keeps an in-memory order table (one `UNPAID` order per
+//! notification `id`, standing in for the decrypted `out_trade_no`). Its
+//! handler reads the order's status, sleeps `--handler-ms` of simulated
+//! work, and then, if the status it read was `UNPAID`, runs `doAfterPay`:
+//! it counts one execution for the transaction and sets the order `PAID`.
+//! The handler is racy on purpose: concurrent copies of one notification all
+//! read `UNPAID` and all run `doAfterPay`, which is the bug this crate exists
+//! to prevent. With `--failure-rate F` the handler answers 500 before touching
+//! the table, with probability `F` (a deterministic xorshift PRNG seeded by the
+//! request counter, so runs are repeatable).
+//!
+//! The upstream is served over a real loopback hyper server (HTTP/1 and
+//! HTTP/2 on `127.0.0.1:0`), either as
+//! `ServiceBuilder::new().layer(IdempotencyLayer::wechatpay_v3()).service(handler)`
+//! (`--baseline dedup`, the default) or as the bare handler (`--baseline
+//! none`), which answers WeChat's `{"code":"SUCCESS","message":"成功"}` itself.
+//!
+//! The storm client behaves like the channel: a pooled hyper-util client
+//! sends each transaction's notification `--duplicates` times at once, every
+//! copy with a fresh `resource.nonce` (real retries are re-encrypted and
+//! re-signed). A copy answered with anything but a 2xx whose body is exactly
+//! the success JSON (or not answered within WeChat's 5 s) is retried after
+//! 20 ms, up to 15 attempts. At most `--concurrency` transactions are in
+//! flight at a time.
+//!
+//! # Flags
+//!
+//! | flag | default | meaning |
+//! |---|---|---|
+//! | `--transactions N` | 2000 | distinct notifications (orders) |
+//! | `--duplicates K` | 7 | copies of each notification sent at the same instant |
+//! | `--concurrency C` | 64 | transactions in flight at most |
+//! | `--handler-ms MS` | 5 | simulated work between reading and writing the status (0: a bare yield) |
+//! | `--failure-rate F` | 0 | probability in `[0, 1]` that one handler call answers 500 |
+//! | `--baseline none\|dedup` | dedup | the handler alone, or behind `IdempotencyLayer::wechatpay_v3()` |
+//! | `--json` | off | also print one JSON object as the last line |
+//!
+//! # Output
+//!
+//! A table, and with `--json` a last line with the keys `requests`,
+//! `transactions`, `handler_executions`, `duplicate_executions`, `lost`,
+//! `throughput_rps`, `p50_ms`, `p99_ms`, `max_ms` and `peak_rss_mb`.
+//!
+//! - `requests`: HTTP requests sent, retries included.
+//! - `handler_executions`: `doAfterPay` runs over all transactions.
+//! - `duplicate_executions`: the sum over transactions of `executions - 1`
+//!   where a transaction ran more than once. With the dedup stack it must be 0.
+//! - `lost`: transactions that no copy ever saw acknowledged with success, or
+//!   whose `doAfterPay` never ran. With the dedup stack it must be 0.
+//! - latencies are per HTTP request; `peak_rss_mb` is `VmHWM` from
+//!   `/proc/self/status` (0 where that file does not exist).
+//!
+//! Bad flags print a message to stderr and exit with status 2.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tower::ServiceBuilder;
+use tower_idempotency::IdempotencyLayer;
+
+/// WeChat Pay v3's success reply: the only answer that stops its retries.
+const SUCCESS_BODY: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
+/// WeChat Pay v3's failure reply.
+const FAIL_BODY: &str = r#"{"code":"FAIL","message":"失败"}"#;
+/// The route the notifications are posted to.
+const NOTIFY_PATH: &str = "/notify/wechatpay/v3";
+/// Attempts per delivered copy (WeChat's schedule has 15 retries).
+const MAX_ATTEMPTS: u32 = 15;
+/// Pause between two attempts of one copy (WeChat's is 15 s and up).
+const BACKOFF: Duration = Duration::from_millis(20);
+/// How long the channel waits for an answer.
+const CHANNEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+const USAGE: &str = "\
+usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
+                   [--handler-ms MS] [--failure-rate F] [--baseline none|dedup] [--json]";
+
+// ---------------------------------------------------------------- flags --
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Baseline {
+    /// The handler alone.
+    None,
+    /// The handler behind `IdempotencyLayer::wechatpay_v3()`.
+    Dedup,
+}
+
+impl Baseline {
+    fn name(self) -> &'static str {
+        match self {
+            Baseline::None => "none",
+            Baseline::Dedup => "dedup",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Args {
+    transactions: usize,
+    duplicates: usize,
+    concurrency: usize,
+    handler_ms: u64,
+    failure_rate: f64,
+    baseline: Baseline,
+    json: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            transactions: 2000,
+            duplicates: 7,
+            concurrency: 64,
+            handler_ms: 5,
+            failure_rate: 0.0,
+            baseline: Baseline::Dedup,
+            json: false,
+        }
+    }
+}
+
+/// What the command line asked for.
+enum Parsed {
+    Run(Args),
+    Help,
+}
+
+fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
+    let mut args = Args::default();
+    while let Some(arg) = argv.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg, None),
+        };
+        if flag == "--help" || flag == "-h" {
+            return Ok(Parsed::Help);
+        }
+        if flag == "--json" {
+            if inline.is_some() {
+                return Err("--json takes no value".into());
+            }
+            args.json = true;
+            continue;
+        }
+        let known = [
+            "--transactions",
+            "--duplicates",
+            "--concurrency",
+            "--handler-ms",
+            "--failure-rate",
+            "--baseline",
+        ];
+        if !known.contains(&flag.as_str()) {
+            return Err(format!("unknown flag `{flag}`"));
+        }
+        let value = match inline {
+            Some(value) => value,
+            None => argv.next().ok_or_else(|| format!("{flag} needs a value"))?,
+        };
+        match flag.as_str() {
+            "--transactions" => args.transactions = positive(&flag, &value)?,
+            "--duplicates" => args.duplicates = positive(&flag, &value)?,
+            "--concurrency" => {
+                args.concurrency = positive(&flag, &value)?;
+                if args.concurrency > Semaphore::MAX_PERMITS {
+                    return Err(format!("{flag}: {value} is too large"));
+                }
+            }
+            "--handler-ms" => {
+                args.handler_ms = value.parse().map_err(|_| {
+                    format!("{flag}: `{value}` is not a whole number of milliseconds")
+                })?;
+            }
+            "--failure-rate" => {
+                let rate: f64 = value
+                    .parse()
+                    .map_err(|_| format!("{flag}: `{value}` is not a number"))?;
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(format!("{flag}: {value} is not in [0, 1]"));
+                }
+                args.failure_rate = rate;
+            }
+            "--baseline" => {
+                args.baseline = match value.as_str() {
+                    "none" => Baseline::None,
+                    "dedup" => Baseline::Dedup,
+                    _ => return Err(format!("{flag}: `{value}` is neither `none` nor `dedup`")),
+                }
+            }
+            _ => unreachable!("checked against `known` above"),
+        }
+    }
+    Ok(Parsed::Run(args))
+}
+
+fn positive(flag: &str, value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag}: `{value}` is not a positive whole number")),
+    }
+}
+
+// ------------------------------------------------------------- upstream --
+
+/// A deterministic PRNG step (xorshift64*), seeded through splitmix64 so
+/// that consecutive seeds give unrelated outputs.
+fn xorshift(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let mut x = (z ^ (z >> 31)) | 1;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+/// A uniform number in `[0, 1)` for `seed`.
+fn unit(seed: u64) -> f64 {
+    (xorshift(seed) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Unpaid,
+    Paid,
+}
+
+#[derive(Debug)]
+struct Order {
+    status: Status,
+    /// How many times `doAfterPay` ran for this order.
+    executions: u32,
+}
+
+/// The shared state of the upstream: the order table and a request counter.
+#[derive(Debug)]
+struct Upstream {
+    orders: Mutex<HashMap<String, Order>>,
+    calls: AtomicU64,
+    handler_ms: u64,
+    failure_rate: f64,
+}
+
+impl Upstream {
+    fn new(ids: &[String], handler_ms: u64, failure_rate: f64) -> Self {
+        let orders = ids
+            .iter()
+            .map(|id| {
+                let order = Order {
+                    status: Status::Unpaid,
+                    executions: 0,
+                };
+                (id.clone(), order)
+            })
+            .collect();
+        Self {
+            orders: Mutex::new(orders),
+            calls: AtomicU64::new(0),
+            handler_ms,
+            failure_rate,
+        }
+    }
+
+    fn status(&self, id: &str) -> Option<Status> {
+        let orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        orders.get(id).map(|order| order.status)
+    }
+
+    /// `doAfterPay`: credit points, send the coupon, ship… here: count it.
+    fn do_after_pay(&self, id: &str) {
+        let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(order) = orders.get_mut(id) {
+            order.executions += 1;
+            order.status = Status::Paid;
+        }
+    }
+
+    fn executions(&self, id: &str) -> u32 {
+        let orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        orders.get(id).map_or(0, |order| order.executions)
+    }
+
+    /// The naive notification handler: read the status, work, then act if
+    /// it was unpaid. Racy on purpose.
+    async fn handle(&self, body: Bytes) -> Response<Full<Bytes>> {
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.failure_rate > 0.0 && unit(call) < self.failure_rate {
+            return reply(StatusCode::INTERNAL_SERVER_ERROR, FAIL_BODY);
+        }
+        let notification: serde_json::Value = match serde_json::from_slice(&body) {
+            Ok(value) => value,
+            Err(_) => return reply(StatusCode::BAD_REQUEST, FAIL_BODY),
+        };
+        let Some(id) = notification.get("id").and_then(|id| id.as_str()) else {
+            return reply(StatusCode::BAD_REQUEST, FAIL_BODY);
+        };
+        let Some(status) = self.status(id) else {
+            return reply(StatusCode::NOT_FOUND, FAIL_BODY);
+        };
+        if self.handler_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.handler_ms)).await;
+        } else {
+            // Keep the read-then-write window open even without work.
+            tokio::task::yield_now().await;
+        }
+        if status == Status::Unpaid {
+            self.do_after_pay(id);
+        }
+        reply(StatusCode::OK, SUCCESS_BODY)
+    }
+}
+
+fn reply(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// The upstream handler as a tower service over any request body (hyper's
+/// `Incoming` when alone, the key layer's buffered body behind the stack).
+#[derive(Debug, Clone)]
+struct Handler(Arc<Upstream>);
+
+impl<B> tower::Service<Request<B>> for Handler
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let upstream = self.0.clone();
+        Box::pin(async move {
+            let body = match req.into_body().collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(_) => return Ok(reply(StatusCode::BAD_REQUEST, FAIL_BODY)),
+            };
+            Ok(upstream.handle(body).await)
+        })
+    }
+}
+
+/// Serves `svc` on 127.0.0.1:0 (HTTP/1 and HTTP/2) and returns the address.
+async fn serve<S, B>(svc: S) -> std::io::Result<SocketAddr>
+where
+    S: tower::Service<Request<hyper::body::Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    eprintln!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let svc = hyper_util::service::TowerToHyperService::new(svc.clone());
+            tokio::spawn(async move {
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+// --------------------------------------------------------------- client --
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The notification id of transaction `i`, shaped like WeChat's UUIDs.
+fn notification_id(run: u64, i: usize) -> String {
+    format!(
+        "{:08x}-{:04x}-5eec-ab1e-{:012x}",
+        run as u32,
+        (run >> 32) as u16,
+        i
+    )
+}
+
+/// One delivery of the notification `id`: same business fields, a fresh
+/// nonce and ciphertext every time, as WeChat re-encrypts each retry.
+/// (`id` is hex and dashes, so it needs no JSON escaping.)
+fn notification(id: &str, nonce: u64) -> Bytes {
+    let ciphertext = format!("{:016x}{:016x}", xorshift(nonce), xorshift(!nonce));
+    let nonce = format!("{:012x}", nonce & 0xFFFF_FFFF_FFFF);
+    Bytes::from(format!(
+        concat!(
+            r#"{{"id":"{id}","create_time":"2021-06-24T16:37:26+08:00","#,
+            r#""resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","#,
+            r#""summary":"支付成功","resource":{{"original_type":"transaction","#,
+            r#""algorithm":"AEAD_AES_256_GCM","ciphertext":"{ciphertext}","#,
+            r#""associated_data":"transaction","nonce":"{nonce}"}}}}"#,
+        ),
+        id = id,
+        ciphertext = ciphertext,
+        nonce = nonce,
+    ))
+}
+
+/// What one transaction's storm produced.
+#[derive(Debug, Default)]
+struct TxReport {
+    /// At least one copy was acknowledged with the success reply.
+    acked: bool,
+    /// Copies that used up every attempt without a success reply.
+    gave_up: usize,
+    /// Latency of every HTTP request sent for this transaction.
+    latencies: Vec<Duration>,
+}
+
+/// Sends one copy until it is acknowledged or out of attempts. Returns
+/// whether it was acknowledged and the latency of each attempt.
+async fn deliver(
+    client: HttpClient,
+    uri: http::Uri,
+    id: Arc<str>,
+    seed: u64,
+) -> (bool, Vec<Duration>) {
+    let mut latencies = Vec::with_capacity(1);
+    for attempt in 0..MAX_ATTEMPTS {
+        let body = notification(&id, seed.wrapping_add(u64::from(attempt)));
+        let req = Request::post(uri.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(
+                "wechatpay-serial",
+                "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
+            )
+            .body(Full::new(body));
+        let Ok(req) = req else {
+            return (false, latencies);
+        };
+        let start = Instant::now();
+        let answer = tokio::time::timeout(CHANNEL_TIMEOUT, async {
+            let res = client.request(req).await.ok()?;
+            let ok = res.status().is_success();
+            let body = res.into_body().collect().await.ok()?.to_bytes();
+            Some(ok && body == SUCCESS_BODY.as_bytes())
+        })
+        .await;
+        latencies.push(start.elapsed());
+        if let Ok(Some(true)) = answer {
+            return (true, latencies);
+        }
+        tokio::time::sleep(BACKOFF).await;
+    }
+    (false, latencies)
+}
+
+/// Sends `duplicates` copies of transaction `id` at once.
+async fn storm(
+    client: HttpClient,
+    uri: http::Uri,
+    id: Arc<str>,
+    duplicates: usize,
+    seed: u64,
+) -> TxReport {
+    let mut copies = JoinSet::new();
+    for copy in 0..duplicates {
+        let seed = xorshift(seed ^ ((copy as u64) << 48));
+        copies.spawn(deliver(client.clone(), uri.clone(), id.clone(), seed));
+    }
+    let mut report = TxReport::default();
+    while let Some(done) = copies.join_next().await {
+        match done {
+            Ok((acked, latencies)) => {
+                report.acked |= acked;
+                report.gave_up += usize::from(!acked);
+                report.latencies.extend(latencies);
+            }
+            Err(_) => report.gave_up += 1,
+        }
+    }
+    report
+}
+
+// -------------------------------------------------------------- results --
+
+/// The client's view of the storm so far.
+#[derive(Debug)]
+struct Tally {
+    /// Per transaction: whether any copy was acknowledged with success.
+    acked: Vec<bool>,
+    /// Latency of every HTTP request sent.
+    latencies: Vec<Duration>,
+    /// Copies that used up every attempt.
+    gave_up_copies: usize,
+}
+
+impl Tally {
+    fn add(&mut self, (i, report): (usize, TxReport)) {
+        self.acked[i] = report.acked;
+        self.gave_up_copies += report.gave_up;
+        self.latencies.extend(report.latencies);
+    }
+}
+
+#[derive(Debug)]
+struct Summary {
+    requests: usize,
+    transactions: usize,
+    handler_executions: u64,
+    duplicate_executions: u64,
+    lost: usize,
+    gave_up_copies: usize,
+    elapsed: Duration,
+    throughput_rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    peak_rss_mb: f64,
+}
+
+fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[rank.min(sorted.len() - 1)].as_secs_f64() * 1e3
+}
+
+/// Peak resident set size (`VmHWM`) in MiB, or 0 where unknown.
+fn peak_rss_mb() -> f64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0.0;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1e3).round() / 1e3
+}
+
+fn print_table(args: &Args, s: &Summary) {
+    println!(
+        "retry storm: baseline={} transactions={} duplicates={} concurrency={} handler_ms={} failure_rate={}",
+        args.baseline.name(),
+        args.transactions,
+        args.duplicates,
+        args.concurrency,
+        args.handler_ms,
+        args.failure_rate
+    );
+    let rows: [(&str, String); 12] = [
+        ("requests", s.requests.to_string()),
+        ("transactions", s.transactions.to_string()),
+        ("handler_executions", s.handler_executions.to_string()),
+        ("duplicate_executions", s.duplicate_executions.to_string()),
+        ("lost", s.lost.to_string()),
+        ("copies_given_up", s.gave_up_copies.to_string()),
+        ("elapsed_s", format!("{:.3}", s.elapsed.as_secs_f64())),
+        ("throughput_rps", format!("{:.1}", s.throughput_rps)),
+        ("p50_ms", format!("{:.3}", s.p50_ms)),
+        ("p99_ms", format!("{:.3}", s.p99_ms)),
+        ("max_ms", format!("{:.3}", s.max_ms)),
+        ("peak_rss_mb", format!("{:.1}", s.peak_rss_mb)),
+    ];
+    println!("  {:<22} {:>14}", "metric", "value");
+    println!("  {:-<22} {:->14}", "", "");
+    for (name, value) in rows {
+        println!("  {name:<22} {value:>14}");
+    }
+}
+
+// ----------------------------------------------------------------- main --
+
+async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
+    let run_seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x5eed, |d| d.as_nanos() as u64);
+    let ids: Vec<String> = (0..args.transactions)
+        .map(|i| notification_id(run_seed, i))
+        .collect();
+    let upstream = Arc::new(Upstream::new(&ids, args.handler_ms, args.failure_rate));
+    let handler = Handler(upstream.clone());
+
+    let addr = match args.baseline {
+        Baseline::None => serve(handler).await?,
+        Baseline::Dedup => {
+            serve(
+                ServiceBuilder::new()
+                    .layer(IdempotencyLayer::wechatpay_v3())
+                    .service(handler),
+            )
+            .await?
+        }
+    };
+    let uri: http::Uri = format!("http://{addr}{NOTIFY_PATH}").parse()?;
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector);
+
+    let permits = Arc::new(Semaphore::new(args.concurrency));
+    let mut transactions = JoinSet::new();
+    let mut tally = Tally {
+        acked: vec![false; ids.len()],
+        latencies: Vec::with_capacity(ids.len().saturating_mul(args.duplicates).min(1 << 20)),
+        gave_up_copies: 0,
+    };
+    let start = Instant::now();
+    for (i, id) in ids.iter().enumerate() {
+        let permit = permits.clone().acquire_owned().await?;
+        let fut = storm(
+            client.clone(),
+            uri.clone(),
+            Arc::from(id.as_str()),
+            args.duplicates,
+            run_seed ^ (i as u64).wrapping_mul(0x9E37_79B9),
+        );
+        transactions.spawn(async move {
+            let report = fut.await;
+            drop(permit);
+            (i, report)
+        });
+        // Collect finished transactions as we go, so their results do not
+        // pile up in the join set.
+        while let Some(done) = transactions.try_join_next() {
+            tally.add(done?);
+        }
+    }
+    while let Some(done) = transactions.join_next().await {
+        tally.add(done?);
+    }
+    let Tally {
+        acked,
+        mut latencies,
+        gave_up_copies,
+    } = tally;
+    let elapsed = start.elapsed();
+
+    let mut handler_executions = 0u64;
+    let mut duplicate_executions = 0u64;
+    let mut lost = 0usize;
+    for (id, acked) in ids.iter().zip(&acked) {
+        let executions = upstream.executions(id);
+        handler_executions += u64::from(executions);
+        duplicate_executions += u64::from(executions.saturating_sub(1));
+        if !acked || executions == 0 {
+            lost += 1;
+        }
+    }
+
+    latencies.sort_unstable();
+    let requests = latencies.len();
+    Ok(Summary {
+        requests,
+        transactions: ids.len(),
+        handler_executions,
+        duplicate_executions,
+        lost,
+        gave_up_copies,
+        elapsed,
+        throughput_rps: requests as f64 / elapsed.as_secs_f64().max(f64::EPSILON),
+        p50_ms: percentile_ms(&latencies, 0.50),
+        p99_ms: percentile_ms(&latencies, 0.99),
+        max_ms: latencies.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Parsed::Run(args)) => args,
+        Ok(Parsed::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("retry_storm: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let summary = match run(&args).await {
+        Ok(summary) => summary,
+        Err(e) => {
+            eprintln!("retry_storm: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print_table(&args, &summary);
+    if args.json {
+        let line = serde_json::json!({
+            "requests": summary.requests,
+            "transactions": summary.transactions,
+            "handler_executions": summary.handler_executions,
+            "duplicate_executions": summary.duplicate_executions,
+            "lost": summary.lost,
+            "throughput_rps": round3(summary.throughput_rps),
+            "p50_ms": round3(summary.p50_ms),
+            "p99_ms": round3(summary.p99_ms),
+            "max_ms": round3(summary.max_ms),
+            "peak_rss_mb": round3(summary.peak_rss_mb),
+        });
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
+}
