@@ -130,11 +130,12 @@ async fn p1_handler_slower_than_three_leases_still_runs_once() {
                 .wait(Duration::from_secs(3)),
         )
         .service(counting(runs.clone(), 600));
+    let start = tokio::time::Instant::now();
     let first = tokio::spawn(svc.clone().oneshot(key_req("slow", "{}")));
     let mut later = Vec::new();
     // Copies arrive after the first lease would have run out without renewal.
-    for delay in [200u64, 350, 500] {
-        tokio::time::sleep(Duration::from_millis(delay - later.len() as u64 * 0)).await;
+    for at in [200u64, 350, 500] {
+        tokio::time::sleep_until(start + Duration::from_millis(at)).await;
         later.push(tokio::spawn(svc.clone().oneshot(key_req("slow", "{}"))));
     }
     let (s, b, _) = text(first.await.unwrap().unwrap()).await;

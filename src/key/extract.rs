@@ -222,44 +222,44 @@ impl<T: ExtractKey + ?Sized> ExtractKey for Arc<T> {
     }
 }
 
-/// A body parsed once for every field a spec needs.
-struct Document {
-    json: Option<serde_json::Value>,
-    form: Option<Vec<(String, String)>>,
-    xml: Option<Vec<(String, String)>>,
+/// A body read once for the fields a spec needs; values borrow from it.
+struct Document<'a> {
+    body: &'a [u8],
+    json: Option<&'a serde_json::value::RawValue>,
+    xml: Option<Vec<(&'a str, String)>>,
 }
 
-impl Document {
-    fn parse(spec: &KeySpec, body: &Bytes) -> Result<Self, KeyError> {
+impl<'a> Document<'a> {
+    fn parse(spec: &'a KeySpec, body: &'a Bytes) -> Result<Self, KeyError> {
         let mut doc = Document {
+            body,
             json: None,
-            form: None,
             xml: None,
         };
         let needs = |f: fn(&Field) -> bool| spec.fields().any(f);
         if needs(|f| matches!(f, Field::Json(_))) {
-            doc.json = Some(serde_json::from_slice(body).map_err(|e| {
+            doc.json = Some(super::json::parse(body).map_err(|e| {
                 KeyError::new(format!(
                     "expected a JSON body with the {}: {e}",
                     spec.describe()
                 ))
             })?);
         }
-        if needs(|f| matches!(f, Field::Form(_))) {
-            if body.contains(&b'<') && body.trim_ascii_start().starts_with(b"<") {
-                return Err(KeyError::new(format!(
-                    "expected an application/x-www-form-urlencoded body with the {}",
-                    spec.describe()
-                )));
-            }
-            doc.form = Some(
-                form_urlencoded::parse(body)
-                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                    .collect(),
-            );
+        if needs(|f| matches!(f, Field::Form(_))) && body.trim_ascii_start().starts_with(b"<") {
+            return Err(KeyError::new(format!(
+                "expected an application/x-www-form-urlencoded body with the {}",
+                spec.describe()
+            )));
         }
         if needs(|f| matches!(f, Field::Xml(_))) {
-            doc.xml = Some(parse_flat_xml(body).map_err(|e| {
+            let wanted: Vec<&str> = spec
+                .fields()
+                .filter_map(|f| match f {
+                    Field::Xml(name) => Some(name.as_ref()),
+                    _ => None,
+                })
+                .collect();
+            doc.xml = Some(parse_flat_xml(body, &wanted).map_err(|e| {
                 KeyError::new(format!(
                     "expected an XML body with the {}: {e}",
                     spec.describe()
@@ -269,27 +269,17 @@ impl Document {
         Ok(doc)
     }
 
-    fn get<'a>(&'a self, parts: &'a Parts, field: &Field) -> Option<Cow<'a, str>> {
+    fn get<'b>(&'b self, parts: &'b Parts, field: &Field) -> Option<Cow<'b, str>> {
         match field {
             Field::Header(name) => parts
                 .headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(|s| Cow::Borrowed(s.trim())),
-            Field::Json(pointer) => {
-                match self.json.as_ref()?.pointer(pointer)? {
-                    serde_json::Value::String(s) => Some(Cow::Borrowed(s.as_str())),
-                    serde_json::Value::Null => None,
-                    // Numbers, booleans, objects: their canonical JSON text.
-                    other => Some(Cow::Owned(other.to_string())),
-                }
-            }
-            Field::Form(name) => self
-                .form
-                .as_ref()?
-                .iter()
+            Field::Json(pointer) => super::json::text_at(self.json?, pointer),
+            Field::Form(name) => form_urlencoded::parse(self.body)
                 .find(|(k, _)| k == name)
-                .map(|(_, v)| Cow::Borrowed(v.as_str())),
+                .map(|(_, v)| v),
             Field::Xml(name) => self
                 .xml
                 .as_ref()?
@@ -300,46 +290,42 @@ impl Document {
     }
 }
 
-/// Reads the children of the root element of a flat XML document (the shape
-/// of WeChat Pay v2 notifications), text and CDATA alike.
-fn parse_flat_xml(body: &[u8]) -> Result<Vec<(String, String)>, String> {
+/// Reads the `wanted` children of the root element of a flat XML document
+/// (the shape of WeChat Pay v2 notifications), text and CDATA alike; checks
+/// that the whole document is well formed.
+fn parse_flat_xml<'w>(body: &[u8], wanted: &[&'w str]) -> Result<Vec<(&'w str, String)>, String> {
     use quick_xml::events::Event;
     let mut reader = quick_xml::Reader::from_reader(body);
     let mut out = Vec::new();
     let mut depth = 0usize;
-    let mut current: Option<(String, String)> = None;
+    let mut current: Option<(&'w str, String)> = None;
     let mut saw_root = false;
+    let find = |name: &[u8]| wanted.iter().copied().find(|w| w.as_bytes() == name);
     loop {
         match reader.read_event().map_err(|e| e.to_string())? {
             Event::Start(e) => {
                 depth += 1;
-                if depth == 1 {
-                    saw_root = true;
-                } else if depth == 2 {
-                    let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
-                    current = Some((name, String::new()));
+                saw_root = true;
+                if depth == 2 {
+                    current = find(e.name().as_ref()).map(|name| (name, String::new()));
                 }
             }
-            Event::Empty(e) if depth == 1 => {
-                let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
-                out.push((name, String::new()));
-            }
-            Event::Empty(_) => {
-                if depth == 0 {
-                    saw_root = true;
+            Event::Empty(e) => {
+                saw_root = true;
+                if depth == 1 {
+                    if let Some(name) = find(e.name().as_ref()) {
+                        out.push((name, String::new()));
+                    }
                 }
             }
             Event::Text(t) if depth == 2 => {
                 if let Some((_, v)) = current.as_mut() {
-                    let text = t.decode().map_err(|e| e.to_string())?;
-                    let text = quick_xml::escape::unescape(&text).map_err(|e| e.to_string())?;
-                    v.push_str(&text);
+                    v.push_str(&t.decode().map_err(|e| e.to_string())?);
                 }
             }
             Event::GeneralRef(r) if depth == 2 => {
                 if let Some((_, v)) = current.as_mut() {
-                    let name = r.decode().map_err(|e| e.to_string())?;
-                    let reference = format!("&{name};");
+                    let reference = format!("&{};", r.decode().map_err(|e| e.to_string())?);
                     let text =
                         quick_xml::escape::unescape(&reference).map_err(|e| e.to_string())?;
                     v.push_str(&text);
@@ -374,21 +360,21 @@ mod tests {
 
     #[test]
     fn flat_xml_reads_cdata_and_text() {
-        let xml = b"<xml><a><![CDATA[x y]]></a><b>12</b><c>a &amp; b</c></xml>";
-        let got = parse_flat_xml(xml).unwrap();
+        let xml = b"<xml><a><![CDATA[x y]]></a><skip>1</skip><b>12</b><c>a &amp; b</c></xml>";
+        let got = parse_flat_xml(xml, &["a", "b", "c"]).unwrap();
         assert_eq!(
             got,
             vec![
-                ("a".to_string(), "x y".to_string()),
-                ("b".to_string(), "12".to_string()),
-                ("c".to_string(), "a & b".to_string()),
+                ("a", "x y".to_string()),
+                ("b", "12".to_string()),
+                ("c", "a & b".to_string()),
             ]
         );
     }
 
     #[test]
     fn flat_xml_rejects_truncated() {
-        assert!(parse_flat_xml(b"<xml><a>1</a>").is_err());
-        assert!(parse_flat_xml(b"").is_err());
+        assert!(parse_flat_xml(b"<xml><a>1</a>", &["a"]).is_err());
+        assert!(parse_flat_xml(b"", &["a"]).is_err());
     }
 }

@@ -39,6 +39,7 @@
 //! ```
 
 mod extract;
+mod json;
 mod service;
 
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};

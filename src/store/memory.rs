@@ -36,9 +36,11 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+type Shard = Mutex<HashMap<Arc<str>, InFlight>>;
+
 struct Inner {
     hasher: RandomState,
-    shards: Box<[Mutex<HashMap<Arc<str>, InFlight>>]>,
+    shards: Box<[Shard]>,
     completed: moka::sync::Cache<Arc<str>, Completed>,
     evictions: Arc<AtomicU64>,
 }
@@ -47,7 +49,8 @@ struct InFlight {
     token: OwnerToken,
     fingerprint: Fingerprint,
     deadline: Instant,
-    watch: WatchSender,
+    /// Created when the first duplicate waits; dropping it wakes them all.
+    watch: Option<WatchSender>,
 }
 
 #[derive(Clone)]
@@ -183,11 +186,14 @@ impl MemoryStore {
     ) -> Claim {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        if let Some(current) = shard.get(key) {
+        if let Some(current) = shard.get_mut(key) {
             if current.deadline > now {
                 return Claim::InFlight {
                     fingerprint: current.fingerprint,
-                    watch: current.watch.subscribe(),
+                    watch: current
+                        .watch
+                        .get_or_insert_with(WatchSender::new)
+                        .subscribe(),
                 };
             }
             // The owner's lease ran out: the key is claimable again. Dropping
@@ -203,7 +209,7 @@ impl MemoryStore {
                 token,
                 fingerprint,
                 deadline: now + lease,
-                watch: WatchSender::new(),
+                watch: None,
             },
         );
         Claim::Acquired(token)
