@@ -224,16 +224,16 @@ impl<T: ExtractKey + ?Sized> ExtractKey for Arc<T> {
 
 /// A body read once for the fields a spec needs; values borrow from it.
 struct Document<'a> {
-    body: &'a [u8],
     json: Option<&'a serde_json::value::RawValue>,
+    form: Option<Vec<(&'a str, Cow<'a, str>)>>,
     xml: Option<Vec<(&'a str, String)>>,
 }
 
 impl<'a> Document<'a> {
     fn parse(spec: &'a KeySpec, body: &'a Bytes) -> Result<Self, KeyError> {
         let mut doc = Document {
-            body,
             json: None,
+            form: None,
             xml: None,
         };
         let needs = |f: fn(&Field) -> bool| spec.fields().any(f);
@@ -245,11 +245,21 @@ impl<'a> Document<'a> {
                 ))
             })?);
         }
-        if needs(|f| matches!(f, Field::Form(_))) && body.trim_ascii_start().starts_with(b"<") {
-            return Err(KeyError::new(format!(
-                "expected an application/x-www-form-urlencoded body with the {}",
-                spec.describe()
-            )));
+        if needs(|f| matches!(f, Field::Form(_))) {
+            if body.trim_ascii_start().starts_with(b"<") {
+                return Err(KeyError::new(format!(
+                    "expected an application/x-www-form-urlencoded body with the {}",
+                    spec.describe()
+                )));
+            }
+            let wanted: Vec<&str> = spec
+                .fields()
+                .filter_map(|f| match f {
+                    Field::Form(name) => Some(name.as_ref()),
+                    _ => None,
+                })
+                .collect();
+            doc.form = Some(parse_form(body, &wanted));
         }
         if needs(|f| matches!(f, Field::Xml(_))) {
             let wanted: Vec<&str> = spec
@@ -277,9 +287,12 @@ impl<'a> Document<'a> {
                 .and_then(|v| v.to_str().ok())
                 .map(|s| Cow::Borrowed(s.trim())),
             Field::Json(pointer) => super::json::text_at(self.json?, pointer),
-            Field::Form(name) => form_urlencoded::parse(self.body)
+            Field::Form(name) => self
+                .form
+                .as_ref()?
+                .iter()
                 .find(|(k, _)| k == name)
-                .map(|(_, v)| v),
+                .map(|(_, v)| Cow::Borrowed(v.as_ref())),
             Field::Xml(name) => self
                 .xml
                 .as_ref()?
@@ -288,6 +301,53 @@ impl<'a> Document<'a> {
                 .map(|(_, v)| Cow::Borrowed(v.as_str())),
         }
     }
+}
+
+/// Reads the `wanted` fields of a form body in one pass; only their values
+/// are decoded. The first occurrence of a name wins.
+fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
+    let mut out: Vec<(&'a str, Cow<'a, str>)> = Vec::with_capacity(wanted.len());
+    for pair in body.split(|&b| b == b'&') {
+        let (name, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &pair[..0]),
+        };
+        let name = decode_form(name);
+        let Some(hit) = wanted.iter().copied().find(|w| *w == name) else {
+            continue;
+        };
+        if out.iter().all(|(k, _)| *k != hit) {
+            out.push((hit, decode_form(value)));
+        }
+    }
+    out
+}
+
+/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte.
+fn decode_form(raw: &[u8]) -> Cow<'_, str> {
+    if !raw.iter().any(|&b| b == b'+' || b == b'%') {
+        return String::from_utf8_lossy(raw);
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < raw.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(raw[i + 1]), hex(raw[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Reads the `wanted` children of the root element of a flat XML document
@@ -370,6 +430,29 @@ mod tests {
                 ("c", "a & b".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn form_decodes_only_wanted_fields_like_form_urlencoded() {
+        let body = b"a=1&sign=x%2By%3D&subject=%E8%AF%AD+%E9%9B%80&a=2&flag&bad=%zz%4";
+        let got = parse_form(body, &["a", "subject", "flag", "bad", "absent"]);
+        let expected: Vec<(String, String)> = form_urlencoded::parse(body)
+            .filter(|(k, _)| ["a", "subject", "flag", "bad"].contains(&k.as_ref()))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let got: Vec<(String, String)> = got
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.into_owned()))
+            .collect();
+        assert_eq!(
+            got[0],
+            ("a".to_owned(), "1".to_owned()),
+            "first occurrence wins"
+        );
+        assert_eq!(got[1], expected[1]);
+        assert_eq!(got[2], expected[3]);
+        assert_eq!(got[3], expected[4]);
+        assert_eq!(got.len(), 4);
     }
 
     #[test]
