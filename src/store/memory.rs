@@ -4,7 +4,8 @@ use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError, WatchSender};
 use crate::Fingerprint;
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
+use foldhash::fast::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -36,12 +37,12 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
-type Shard = Mutex<HashMap<Arc<str>, InFlight>>;
+type Shard = Mutex<HashMap<Arc<str>, InFlight, RandomState>>;
 
 struct Inner {
     hasher: RandomState,
     shards: Box<[Shard]>,
-    completed: moka::sync::Cache<Arc<str>, Completed>,
+    completed: moka::sync::Cache<Arc<str>, Completed, RandomState>,
     evictions: Arc<AtomicU64>,
 }
 
@@ -109,11 +110,13 @@ impl MemoryStoreBuilder {
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
             })
-            .build();
-        let shards = (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect();
+            .build_with_hasher(RandomState::default());
+        let shards = (0..SHARDS)
+            .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
+            .collect();
         MemoryStore {
             inner: Arc::new(Inner {
-                hasher: RandomState::new(),
+                hasher: RandomState::default(),
                 shards,
                 completed,
                 evictions,
@@ -168,7 +171,7 @@ impl MemoryStore {
         self.inner.completed.entry_count()
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, InFlight>> {
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, InFlight, RandomState>> {
         let i = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
         // A poisoned shard only means a panic elsewhere while it was held; the
         // map itself is always left consistent by the code below.
