@@ -57,36 +57,14 @@ struct InFlight {
 #[derive(Clone)]
 struct Completed {
     record: Arc<CompletedRecord>,
-    ttl: Duration,
-}
-
-struct PerEntryTtl;
-
-impl moka::Expiry<Arc<str>, Completed> for PerEntryTtl {
-    fn expire_after_create(
-        &self,
-        _key: &Arc<str>,
-        value: &Completed,
-        _created_at: Instant,
-    ) -> Option<Duration> {
-        Some(value.ttl)
-    }
-
-    fn expire_after_update(
-        &self,
-        _key: &Arc<str>,
-        value: &Completed,
-        _updated_at: Instant,
-        _duration_until_expiry: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(value.ttl)
-    }
+    expires: Instant,
 }
 
 /// Builds a [`MemoryStore`].
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
+    max_window: Duration,
 }
 
 impl MemoryStoreBuilder {
@@ -97,6 +75,14 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// The longest window any layer over this store uses: records are dropped
+    /// from memory at the latest this long after they were written (each
+    /// record also ends at its own layer's window). Defaults to 25 hours.
+    pub const fn max_window(mut self, window: Duration) -> Self {
+        self.max_window = window;
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let evictions = Arc::new(AtomicU64::new(0));
@@ -104,7 +90,10 @@ impl MemoryStoreBuilder {
         let completed = moka::sync::Cache::builder()
             .max_capacity(self.max_bytes)
             .weigher(|key: &Arc<str>, value: &Completed| weight(key, &value.record))
-            .expire_after(PerEntryTtl)
+            // One TTL for the cache (cheap) and each record's own window
+            // checked on read: moka's per-entry expiry costs a timer-wheel
+            // update on every insert.
+            .time_to_live(self.max_window)
             .eviction_listener(move |_key, _value, cause| {
                 if cause == moka::notification::RemovalCause::Size {
                     counter.fetch_add(1, Ordering::Relaxed);
@@ -129,6 +118,7 @@ impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
             max_bytes: 256 * 1024 * 1024,
+            max_window: Duration::from_secs(25 * 3600),
         }
     }
 }
@@ -204,7 +194,10 @@ impl MemoryStore {
             shard.remove(key);
         }
         if let Some(done) = self.inner.completed.get(key) {
-            return Claim::Completed(done.record);
+            if done.expires > now {
+                return Claim::Completed(done.record);
+            }
+            self.inner.completed.invalidate(key);
         }
         shard.insert(
             Arc::from(key),
@@ -235,7 +228,7 @@ impl MemoryStore {
             key,
             Completed {
                 record,
-                ttl: window,
+                expires: Instant::now() + window,
             },
         );
         // `_in_flight` (and its watch sender) drops after the record is
