@@ -29,7 +29,12 @@
 //! ```
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::{RedisClusterStore, RedisStore};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 use crate::Fingerprint;

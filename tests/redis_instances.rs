@@ -1,0 +1,383 @@
+//! Several gateway instances sharing one Redis (DESIGN P1, P2, P7): three
+//! independent WeChat Pay v3 stacks, each behind its own loopback hyper
+//! server, take a retry storm together.
+#![cfg(feature = "redis")]
+
+mod common;
+mod support_redis;
+
+use bytes::Bytes;
+use common::{client, post, serve, Answer, HttpClient};
+use http::{Request, Response};
+use http_body_util::Full;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support_redis::{redis_available, shared_cluster, RedisServer};
+use tower::{service_fn, ServiceBuilder};
+use tower_idempotency::store::{Claim, CompletedRecord, OwnerToken, RedisStore, Store, StoreError};
+use tower_idempotency::IdempotencyLayer;
+
+const SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
+const FAILURE: &str = r#"{"code":"FAIL","message":"失败"}"#;
+
+/// Executions per notification id.
+#[derive(Clone, Default)]
+struct Executions(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Executions {
+    fn get(&self, id: &str) -> usize {
+        self.0.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+    fn total(&self) -> usize {
+        self.0.lock().unwrap().values().sum()
+    }
+    fn max(&self) -> usize {
+        self.0.lock().unwrap().values().copied().max().unwrap_or(0)
+    }
+}
+
+fn notification(id: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","create_time":"2015-05-20T13:29:35+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"","associated_data":"","nonce":""}}}}"#
+    )
+}
+
+/// Delegates to a store and keeps the errors it returns, for diagnostics.
+#[derive(Clone)]
+struct Recording<St> {
+    inner: St,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl<St: Store> Recording<St> {
+    fn new(inner: St) -> Self {
+        Self {
+            inner,
+            errors: Arc::default(),
+        }
+    }
+
+    fn note<T>(&self, op: &str, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &r {
+            self.errors
+                .lock()
+                .unwrap()
+                .push(format!("{op}: {e} ({:?})", e.kind()));
+        }
+        r
+    }
+}
+
+/// Notes a claim cancelled by the layer's store timeout.
+struct Unfinished(Arc<Mutex<Vec<String>>>, Instant, bool);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if self.2 {
+            let msg = format!("claim cancelled after {:?}", self.1.elapsed());
+            self.0.lock().unwrap().push(msg);
+        }
+    }
+}
+
+impl<St: Store> Store for Recording<St> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: tower_idempotency::Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let mut guard = Unfinished(self.errors.clone(), Instant::now(), true);
+        let r = self.inner.claim(key, fingerprint, token, lease).await;
+        guard.2 = false;
+        self.note("claim", r)
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let r = self.inner.complete(key, token, record, window).await;
+        self.note("complete", r)
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let r = self.inner.renew(key, token, lease).await;
+        self.note("renew", r)
+    }
+
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        let r = self.inner.release(key, token).await;
+        self.note("release", r)
+    }
+}
+
+/// One instance: the WeChat Pay v3 stack over `store` in front of a handler
+/// that takes `work` and counts its executions per `/id`.
+async fn instance<St: Store>(
+    store: St,
+    executions: Executions,
+    work: Duration,
+    configure: impl FnOnce(IdempotencyLayer<St>) -> IdempotencyLayer<St>,
+) -> SocketAddr {
+    let layer = configure(IdempotencyLayer::wechatpay_v3().store(store));
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(move |req: Request<Full<Bytes>>| {
+                let executions = executions.clone();
+                async move {
+                    use http_body_util::BodyExt;
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let id = json["id"].as_str().unwrap().to_owned();
+                    *executions.0.lock().unwrap().entry(id).or_default() += 1;
+                    tokio::time::sleep(work).await;
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"credited"))))
+                }
+            }));
+    serve(svc).await.0
+}
+
+/// Sends `copies` copies of each id at the same instant, spread round-robin
+/// over `addrs`; returns every answer per id.
+async fn storm(
+    http: &HttpClient,
+    addrs: &[SocketAddr],
+    ids: &[String],
+    copies: usize,
+) -> HashMap<String, Vec<Answer>> {
+    let mut tasks = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let barrier = Arc::new(tokio::sync::Barrier::new(copies));
+        for c in 0..copies {
+            let (http, barrier, id) = (http.clone(), barrier.clone(), id.clone());
+            let addr = addrs[(n + c) % addrs.len()];
+            tasks.push(tokio::spawn(async move {
+                let body = notification(&id);
+                barrier.wait().await;
+                let answer = post(
+                    &http,
+                    addr,
+                    "/notify/wechat",
+                    &[("content-type", "application/json")],
+                    body,
+                )
+                .await;
+                (id, answer)
+            }));
+        }
+    }
+    let mut out: HashMap<String, Vec<Answer>> = HashMap::new();
+    for t in tasks {
+        let (id, answer) = t.await.unwrap();
+        out.entry(id).or_default().push(answer);
+    }
+    out
+}
+
+fn is_success(a: &Answer) -> bool {
+    a.status == 200 && a.body == SUCCESS.as_bytes()
+}
+
+fn is_retryable_failure(a: &Answer) -> bool {
+    a.status == 500 && a.body == FAILURE.as_bytes()
+}
+
+fn ids(tag: &str, n: usize) -> Vec<String> {
+    let run = tower_idempotency::store::OwnerToken::new().as_u128();
+    (0..n).map(|i| format!("EV-{tag}-{run:x}-{i:04}")).collect()
+}
+
+async fn storm_over_three_instances<St: Store>(stores: [St; 3]) {
+    const TRANSACTIONS: usize = 300;
+    const COPIES: usize = 7;
+    let executions = Executions::default();
+    let mut addrs = Vec::new();
+    let mut recorders = Vec::new();
+    for store in stores {
+        let store = Recording::new(store);
+        recorders.push(store.clone());
+        addrs.push(instance(store, executions.clone(), Duration::from_millis(50), |l| l).await);
+    }
+    let http = client();
+    let ids = ids("storm", TRANSACTIONS);
+    let start = Instant::now();
+    // Waves of 50 transactions (350 requests at once): 2100 connections at
+    // the same instant would overflow the listeners' accept backlog and
+    // measure SYN retransmits, not the store.
+    let mut answers = HashMap::new();
+    for wave in ids.chunks(50) {
+        answers.extend(storm(&http, &addrs, wave, COPIES).await);
+    }
+    eprintln!(
+        "{} requests over 3 instances in {:?}",
+        TRANSACTIONS * COPIES,
+        start.elapsed()
+    );
+    for id in &ids {
+        assert_eq!(
+            executions.get(id),
+            1,
+            "{id} ran {} times",
+            executions.get(id)
+        );
+        let got = &answers[id];
+        assert_eq!(got.len(), COPIES);
+        for a in got {
+            assert!(
+                is_success(a),
+                "{id}: {} {}; store errors: {:?}",
+                a.status,
+                a.text(),
+                recorders
+                    .iter()
+                    .flat_map(|r| r.errors.lock().unwrap().clone())
+                    .take(10)
+                    .collect::<Vec<_>>()
+            );
+        }
+        // One copy executed, the others were replayed (after waiting).
+        assert_eq!(got.iter().filter(|a| !a.replayed()).count(), 1, "{id}");
+    }
+    assert_eq!(executions.total(), TRANSACTIONS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_one_standalone_redis_run_each_transaction_once() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        // Independent connections, as three processes would have.
+        stores.push(RedisStore::standalone(server.url()).await.unwrap());
+    }
+    let stores: [RedisStore; 3] = stores.try_into().unwrap();
+    storm_over_three_instances(stores).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_one_redis_cluster_run_each_transaction_once() {
+    let Some(cluster) = shared_cluster() else {
+        return;
+    };
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(RedisStore::cluster(cluster.urls()).await.unwrap());
+    }
+    let stores: [_; 3] = stores.try_into().unwrap();
+    storm_over_three_instances(stores).await;
+}
+
+/// Redis stops in the middle of a storm and comes back on the same port:
+/// copies that meet the outage get the retryable failure reply (FailClosed),
+/// nothing runs twice, and the same stacks recover without a restart.
+///
+/// The server is stopped with `SHUTDOWN SAVE` and restarted on its data set,
+/// as a Redis with persistence would be: without persistence a restart
+/// forgets every record, and retries of completed keys run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_outage_mid_storm_fails_closed_and_recovers() {
+    const COPIES: usize = 7;
+    if !redis_available() {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let executions = Executions::default();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        // The owner whose completion met the outage keeps retrying it for
+        // one lease; a claim orphaned by the outage frees after one lease.
+        let addr = instance(store, executions.clone(), Duration::from_millis(300), |l| {
+            l.lease(Duration::from_secs(10))
+        })
+        .await;
+        addrs.push(addr);
+    }
+    let http = client();
+
+    // Before the outage.
+    let before = ids("before", 50);
+    let answers = storm(&http, &addrs, &before, COPIES).await;
+    assert!(answers.values().flatten().all(is_success));
+
+    // During: Redis stops 150 ms into the storm, while handlers run.
+    let during = ids("during", 100);
+    let storm_task = {
+        let (http, addrs, during) = (http.clone(), addrs.clone(), during.clone());
+        tokio::spawn(async move { storm(&http, &addrs, &during, COPIES).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let stopped_at = Instant::now();
+    tokio::task::block_in_place(|| server.stop());
+
+    // While Redis is down every new copy fails closed and runs nothing.
+    let probe = ids("down", 10);
+    let down = storm(&http, &addrs, &probe, 3).await;
+    for a in down.values().flatten() {
+        assert!(is_retryable_failure(a), "{} {}", a.status, a.text());
+    }
+    for id in &probe {
+        assert_eq!(executions.get(id), 0, "{id} ran while the store was down");
+    }
+
+    // Back on the same port.
+    tokio::task::block_in_place(|| server.restart());
+    eprintln!("redis was down for {:?}", stopped_at.elapsed());
+
+    let answers = storm_task.await.unwrap();
+    let mut failures = 0;
+    for a in answers.values().flatten() {
+        assert!(
+            is_success(a) || is_retryable_failure(a),
+            "{} {}",
+            a.status,
+            a.text()
+        );
+        failures += usize::from(is_retryable_failure(a));
+    }
+    eprintln!("{failures} copies got the failure reply during the outage");
+
+    // The channel retries everything until it gets its success reply.
+    let mut pending: Vec<String> = before.iter().chain(&during).cloned().collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut rounds = 0;
+    while !pending.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never succeeded",
+            pending.len()
+        );
+        rounds += 1;
+        let answers = storm(&http, &addrs, &pending, COPIES).await;
+        pending.retain(|id| !answers[id].iter().all(is_success));
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    eprintln!("recovered after {rounds} retry round(s)");
+    for id in before.iter().chain(&during) {
+        assert_eq!(
+            executions.get(id),
+            1,
+            "{id} ran {} times",
+            executions.get(id)
+        );
+    }
+    assert_eq!(executions.max(), 1);
+}

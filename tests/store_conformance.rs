@@ -1,0 +1,560 @@
+//! One conformance suite for every store (DESIGN §4): the same cases run
+//! against the memory store, a standalone Redis and a 3-master Redis Cluster
+//! (feature `redis`; the servers are started here, see `support_redis`).
+
+#[cfg(feature = "redis")]
+mod support_redis;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::store::{
+    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoredResponse,
+};
+use tower_idempotency::Fingerprint;
+
+/// Keeps whatever the store needs (a server) alive for one test.
+type Guard = Option<Arc<dyn Any + Send + Sync>>;
+
+/// A key no other test (or earlier run against the same server) uses.
+fn unique_key(case: &str) -> String {
+    format!(
+        "idem:conformance:{case}:{:032x}",
+        OwnerToken::new().as_u128()
+    )
+}
+
+fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of(s.as_bytes())
+}
+
+fn record(fingerprint: Fingerprint, omitted: bool, trailers: bool) -> Arc<CompletedRecord> {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.append("set-cookie", HeaderValue::from_static("a=1"));
+    headers.append("set-cookie", HeaderValue::from_static("b=2"));
+    headers.insert("x-request-id", HeaderValue::from_static("r-42"));
+    let trailers = trailers.then(|| {
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("0"));
+        t.insert("grpc-message", HeaderValue::from_static("ok"));
+        t
+    });
+    Arc::new(CompletedRecord {
+        fingerprint,
+        response: StoredResponse {
+            status: StatusCode::CREATED,
+            headers,
+            body: if omitted {
+                Bytes::new()
+            } else {
+                Bytes::from(r#"{"code":"SUCCESS","message":"成功"}"#)
+            },
+            trailers,
+            body_omitted: omitted,
+        },
+    })
+}
+
+fn assert_same(got: &CompletedRecord, want: &CompletedRecord) {
+    assert_eq!(got.fingerprint, want.fingerprint);
+    assert_eq!(got.response.status, want.response.status);
+    assert_eq!(got.response.headers, want.response.headers);
+    assert_eq!(got.response.body, want.response.body);
+    assert_eq!(got.response.trailers, want.response.trailers);
+    assert_eq!(got.response.body_omitted, want.response.body_omitted);
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+const WINDOW: Duration = Duration::from_secs(3600);
+
+async fn claim<S: Store>(store: &S, key: &str, f: Fingerprint, lease: Duration) -> Claim {
+    store
+        .claim(key, f, OwnerToken::new(), lease)
+        .await
+        .expect("claim")
+}
+
+#[track_caller]
+fn assert_acquired(claim: &Claim) {
+    assert!(
+        matches!(claim, Claim::Acquired(_)),
+        "expected Acquired, got {claim:?}"
+    );
+}
+
+#[track_caller]
+fn assert_in_flight(claim: &Claim, want: Fingerprint) {
+    match claim {
+        Claim::InFlight { fingerprint, .. } => assert_eq!(*fingerprint, want),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn completed(claim: Claim) -> Arc<CompletedRecord> {
+    match claim {
+        Claim::Completed(rec) => rec,
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+/// The cases, each generic over the store.
+mod cases {
+    use super::*;
+
+    pub(super) async fn claim_on_absent_acquires<S: Store>(store: S) {
+        let key = unique_key("absent");
+        let token = OwnerToken::new();
+        let got = store.claim(&key, fp("a"), token, LEASE).await.unwrap();
+        assert!(matches!(got, Claim::Acquired(t) if t == token), "{got:?}");
+        // Other keys are independent.
+        assert_acquired(&claim(&store, &unique_key("absent-other"), fp("a"), LEASE).await);
+    }
+
+    pub(super) async fn second_claim_sees_in_flight<S: Store>(store: S) {
+        let key = unique_key("in-flight");
+        assert_acquired(&claim(&store, &key, fp("first"), LEASE).await);
+        // The second brings another fingerprint: it must see the first one.
+        assert_in_flight(&claim(&store, &key, fp("second"), LEASE).await, fp("first"));
+        assert_in_flight(&claim(&store, &key, fp("first"), LEASE).await, fp("first"));
+    }
+
+    pub(super) async fn complete_by_owner_replays_faithfully<S: Store>(store: S) {
+        for (omitted, trailers) in [(false, false), (false, true), (true, false), (true, true)] {
+            let key = unique_key("complete");
+            let token = OwnerToken::new();
+            store.claim(&key, fp("p"), token, LEASE).await.unwrap();
+            let rec = record(fp("p"), omitted, trailers);
+            assert!(store
+                .complete(&key, token, rec.clone(), WINDOW)
+                .await
+                .unwrap());
+            let got = completed(claim(&store, &key, fp("p"), LEASE).await);
+            assert_same(&got, &rec);
+            // A repeat with another payload still gets the record (the layer
+            // compares fingerprints) and never a claim.
+            let got = completed(claim(&store, &key, fp("other"), LEASE).await);
+            assert_same(&got, &rec);
+        }
+    }
+
+    pub(super) async fn non_owner_changes_nothing<S: Store>(store: S) {
+        let key = unique_key("non-owner");
+        let owner = OwnerToken::new();
+        let stranger = OwnerToken::new();
+        store.claim(&key, fp("o"), owner, LEASE).await.unwrap();
+        let rec = record(fp("o"), false, false);
+        assert!(!store
+            .complete(&key, stranger, rec.clone(), WINDOW)
+            .await
+            .unwrap());
+        assert!(!store.renew(&key, stranger, LEASE).await.unwrap());
+        assert!(!store.release(&key, stranger).await.unwrap());
+        assert_in_flight(&claim(&store, &key, fp("x"), LEASE).await, fp("o"));
+        // The owner still owns it.
+        assert!(store.renew(&key, owner, LEASE).await.unwrap());
+        assert!(store
+            .complete(&key, owner, rec.clone(), WINDOW)
+            .await
+            .unwrap());
+        // A completed record is left alone by everyone's complete, renew and
+        // release, the former owner's included.
+        let other = record(fp("evil"), false, false);
+        for token in [stranger, owner] {
+            assert!(!store
+                .complete(&key, token, other.clone(), WINDOW)
+                .await
+                .unwrap());
+            assert!(!store.renew(&key, token, LEASE).await.unwrap());
+            assert!(!store.release(&key, token).await.unwrap());
+        }
+        assert_same(&completed(claim(&store, &key, fp("o"), LEASE).await), &rec);
+    }
+
+    pub(super) async fn release_by_owner_frees_the_key<S: Store>(store: S) {
+        let key = unique_key("release");
+        let owner = OwnerToken::new();
+        store.claim(&key, fp("r"), owner, LEASE).await.unwrap();
+        assert!(store.release(&key, owner).await.unwrap());
+        assert!(!store.release(&key, owner).await.unwrap(), "released twice");
+        let next = OwnerToken::new();
+        let got = store.claim(&key, fp("r"), next, LEASE).await.unwrap();
+        assert!(matches!(got, Claim::Acquired(t) if t == next), "{got:?}");
+        // The former owner can no longer touch the new claim.
+        assert!(!store.release(&key, owner).await.unwrap());
+        assert!(!store.renew(&key, owner, LEASE).await.unwrap());
+        assert_in_flight(&claim(&store, &key, fp("r"), LEASE).await, fp("r"));
+    }
+
+    pub(super) async fn lease_expiry_makes_it_claimable<S: Store>(store: S) {
+        let key = unique_key("lease");
+        let old = OwnerToken::new();
+        store
+            .claim(&key, fp("old"), old, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert_in_flight(&claim(&store, &key, fp("new"), LEASE).await, fp("old"));
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let new = OwnerToken::new();
+        let got = store.claim(&key, fp("new"), new, LEASE).await.unwrap();
+        assert!(matches!(got, Claim::Acquired(t) if t == new), "{got:?}");
+        // The late owner can never overwrite or delete the new claim.
+        let late = record(fp("old"), false, false);
+        assert!(!store.complete(&key, old, late, WINDOW).await.unwrap());
+        assert!(!store.renew(&key, old, LEASE).await.unwrap());
+        assert!(!store.release(&key, old).await.unwrap());
+        assert_in_flight(&claim(&store, &key, fp("x"), LEASE).await, fp("new"));
+    }
+
+    pub(super) async fn renew_extends_the_lease<S: Store>(store: S) {
+        let key = unique_key("renew");
+        let owner = OwnerToken::new();
+        store
+            .claim(&key, fp("n"), owner, Duration::from_millis(300))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(store
+            .renew(&key, owner, Duration::from_millis(1000))
+            .await
+            .unwrap());
+        // Past the original expiry (300 ms), well before the renewed one.
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_in_flight(&claim(&store, &key, fp("n"), LEASE).await, fp("n"));
+        // And the renewed lease runs out too.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_acquired(&claim(&store, &key, fp("n"), LEASE).await);
+    }
+
+    pub(super) async fn window_expiry_forgets_the_record<S: Store>(store: S) {
+        let key = unique_key("window");
+        let owner = OwnerToken::new();
+        store.claim(&key, fp("w"), owner, LEASE).await.unwrap();
+        let rec = record(fp("w"), false, false);
+        assert!(store
+            .complete(&key, owner, rec, Duration::from_millis(300))
+            .await
+            .unwrap());
+        completed(claim(&store, &key, fp("w"), LEASE).await);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_acquired(&claim(&store, &key, fp("w"), LEASE).await);
+    }
+
+    pub(super) async fn concurrent_claims_have_one_winner<S: Store>(store: S) {
+        const N: usize = 100;
+        let key: Arc<str> = unique_key("storm").into();
+        let barrier = Arc::new(tokio::sync::Barrier::new(N));
+        let tasks: Vec<_> = (0..N)
+            .map(|i| {
+                let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let mine = fp(&format!("copy {i}"));
+                    barrier.wait().await;
+                    let got = store
+                        .claim(&key, mine, OwnerToken::new(), LEASE)
+                        .await
+                        .unwrap();
+                    (mine, got)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        let mut seen = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                (mine, Claim::Acquired(_)) => winners.push(mine),
+                (_, Claim::InFlight { fingerprint, .. }) => seen.push(fingerprint),
+                (_, other) => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one claim wins");
+        assert_eq!(seen.len(), N - 1);
+        assert!(seen.iter().all(|f| *f == winners[0]), "all see the winner");
+    }
+
+    pub(super) async fn waiters_wake_on_complete_and_release<S: Store>(store: S) {
+        for finish_with_complete in [true, false] {
+            let key = unique_key("wake");
+            let owner = OwnerToken::new();
+            store.claim(&key, fp("k"), owner, LEASE).await.unwrap();
+            let mut waiters = Vec::new();
+            for _ in 0..5 {
+                let Claim::InFlight { watch, .. } = claim(&store, &key, fp("k"), LEASE).await
+                else {
+                    panic!("expected InFlight");
+                };
+                waiters.push(tokio::spawn(watch.changed()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let start = std::time::Instant::now();
+            if finish_with_complete {
+                let rec = record(fp("k"), false, false);
+                assert!(store.complete(&key, owner, rec, WINDOW).await.unwrap());
+            } else {
+                assert!(store.release(&key, owner).await.unwrap());
+            }
+            for w in waiters {
+                tokio::time::timeout(Duration::from_secs(2), w)
+                    .await
+                    .expect("waiter woke")
+                    .unwrap();
+            }
+            assert!(start.elapsed() < Duration::from_secs(1));
+            let again = claim(&store, &key, fp("k"), LEASE).await;
+            if finish_with_complete {
+                completed(again);
+            } else {
+                assert_acquired(&again);
+            }
+        }
+    }
+}
+
+/// Generates the suite for one store: `store_tests!(module, setup_fn)`, where
+/// `setup_fn().await` yields `Option<(store, guard)>` (`None` skips).
+macro_rules! store_tests {
+    ($name:ident, $setup:path) => {
+        mod $name {
+            use super::*;
+            store_tests!(@cases $setup;
+                claim_on_absent_acquires,
+                second_claim_sees_in_flight,
+                complete_by_owner_replays_faithfully,
+                non_owner_changes_nothing,
+                release_by_owner_frees_the_key,
+                lease_expiry_makes_it_claimable,
+                renew_extends_the_lease,
+                window_expiry_forgets_the_record,
+                concurrent_claims_have_one_winner,
+                waiters_wake_on_complete_and_release,
+            );
+        }
+    };
+    (@cases $setup:path; $($case:ident,)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some((store, _guard)) = $setup().await else {
+                    return;
+                };
+                cases::$case(store).await;
+            }
+        )*
+    };
+}
+
+async fn memory() -> Option<(MemoryStore, Guard)> {
+    Some((MemoryStore::new(), None))
+}
+
+store_tests!(memory_store, memory);
+
+#[cfg(feature = "redis")]
+mod redis_setup {
+    use super::support_redis::{shared_cluster, shared_standalone};
+    use super::*;
+    use tower_idempotency::store::{RedisClusterStore, RedisStore};
+
+    pub(super) async fn standalone() -> Option<(RedisStore, Guard)> {
+        let server = shared_standalone()?;
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        Some((store, Some(server)))
+    }
+
+    pub(super) async fn cluster() -> Option<(RedisClusterStore, Guard)> {
+        let cluster = shared_cluster()?;
+        let store = RedisStore::cluster(cluster.urls()).await.unwrap();
+        Some((store, Some(cluster)))
+    }
+
+    /// Standalone with a key prefix: the same cases hold.
+    pub(super) async fn prefixed() -> Option<(RedisStore, Guard)> {
+        let (store, guard) = standalone().await?;
+        Some((store.key_prefix("tenant-a:"), guard))
+    }
+}
+
+#[cfg(feature = "redis")]
+use redis_setup::standalone as redis_standalone_setup;
+#[cfg(feature = "redis")]
+use redis_setup::{cluster as redis_cluster_setup, prefixed as redis_prefixed_setup};
+
+#[cfg(feature = "redis")]
+store_tests!(redis_standalone, redis_standalone_setup);
+#[cfg(feature = "redis")]
+store_tests!(redis_prefixed, redis_prefixed_setup);
+#[cfg(feature = "redis")]
+store_tests!(redis_cluster, redis_cluster_setup);
+
+/// What only the Redis store does.
+#[cfg(feature = "redis")]
+mod redis_only {
+    use super::support_redis::{redis_available, shared_cluster, shared_standalone, RedisServer};
+    use super::*;
+    use tower_idempotency::store::{RedisStore, StoreErrorKind};
+
+    #[tokio::test]
+    async fn complete_after_lease_ran_out_unclaimed_still_records() {
+        let Some((store, _g)) = redis_setup::standalone().await else {
+            return;
+        };
+        let key = unique_key("late-complete");
+        let owner = OwnerToken::new();
+        store
+            .claim(&key, fp("l"), owner, Duration::from_millis(100))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rec = record(fp("l"), false, true);
+        assert!(store
+            .complete(&key, owner, rec.clone(), WINDOW)
+            .await
+            .unwrap());
+        assert_same(&completed(claim(&store, &key, fp("l"), LEASE).await), &rec);
+    }
+
+    #[tokio::test]
+    async fn key_prefix_is_applied() {
+        let Some(server) = shared_standalone() else {
+            return;
+        };
+        let store = RedisStore::standalone(server.url())
+            .await
+            .unwrap()
+            .key_prefix("shop:");
+        let key = unique_key("prefix");
+        assert_acquired(&claim(&store, &key, fp("p"), LEASE).await);
+        let mut conn = store.connection().clone();
+        let exists: (bool, bool) = redis::pipe()
+            .exists(format!("shop:{key}"))
+            .exists(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(exists, (true, false));
+        // Ttl of the claim is the lease.
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("shop:{key}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 29_000 && ttl <= 30_000, "pttl {ttl}");
+    }
+
+    #[tokio::test]
+    async fn foreign_values_are_corrupt() {
+        let Some((store, _g)) = redis_setup::standalone().await else {
+            return;
+        };
+        let mut conn = store.connection().clone();
+        for junk in [&b"hello"[..], &[0xF1, 1, 2][..], &[1, 2, 3][..]] {
+            let key = unique_key("junk");
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg(junk)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let err = store
+                .claim(&key, fp("j"), OwnerToken::new(), LEASE)
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+        }
+        // A key of another type is a backend error, not a panic.
+        let key = unique_key("hash");
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg("f")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let err = store
+            .claim(&key, fp("j"), OwnerToken::new(), LEASE)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Backend, "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_paused_server_times_out_and_recovers() {
+        if !redis_available() {
+            return;
+        }
+        // Its own server: the pause would stall every other test.
+        let server = RedisServer::start();
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        let key = unique_key("pause");
+        assert_acquired(&claim(&store, &key, fp("t"), LEASE).await);
+        let reply =
+            super::support_redis::raw_command(server.port(), "CLIENT PAUSE 1500 ALL").unwrap();
+        assert!(reply.starts_with("+OK"), "{reply}");
+        let err = store
+            .claim(&key, fp("t"), OwnerToken::new(), LEASE)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err}");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_in_flight(&claim(&store, &key, fp("t"), LEASE).await, fp("t"));
+    }
+
+    #[tokio::test]
+    async fn a_restarted_server_is_reconnected() {
+        if !redis_available() {
+            return;
+        }
+        let mut server = RedisServer::start();
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        let key = unique_key("restart");
+        let owner = OwnerToken::new();
+        store.claim(&key, fp("s"), owner, LEASE).await.unwrap();
+        server.stop();
+        let err = store
+            .claim(&key, fp("s"), OwnerToken::new(), LEASE)
+            .await
+            .unwrap_err();
+        assert_ne!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+        server.restart();
+        // The first command after the restart may still meet the old
+        // connection; the next ones succeed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let claim = loop {
+            match store.claim(&key, fp("s"), OwnerToken::new(), LEASE).await {
+                Ok(claim) => break claim,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // SHUTDOWN SAVE kept the claim.
+        assert_in_flight(&claim, fp("s"));
+        assert!(store.release(&key, owner).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn cluster_spreads_keys_over_every_master() {
+        let Some(cluster) = shared_cluster() else {
+            return;
+        };
+        let store = RedisStore::cluster(cluster.urls()).await.unwrap();
+        let mut owners = Vec::new();
+        for i in 0..60 {
+            let key = unique_key(&format!("spread-{i}"));
+            let owner = OwnerToken::new();
+            let got = store.claim(&key, fp("c"), owner, LEASE).await.unwrap();
+            assert!(matches!(got, Claim::Acquired(_)));
+            owners.push((key, owner));
+        }
+        for node in cluster.nodes() {
+            let reply = super::support_redis::raw_command(node.port(), "DBSIZE").unwrap();
+            let n: i64 = reply.trim().trim_start_matches(':').parse().unwrap();
+            assert!(n > 0, "node {} holds no key", node.port());
+        }
+        for (key, owner) in owners {
+            assert!(store.release(&key, owner).await.unwrap());
+        }
+    }
+}
