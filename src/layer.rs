@@ -85,6 +85,12 @@ impl IdempotencyLayer<MemoryStore> {
     pub fn idempotency_key() -> Self {
         Self::new(Preset::idempotency_key())
     }
+
+    /// Client APIs with one-time tokens in `Idempotency-Token`. Issue the
+    /// tokens with [`IssueToken`](crate::token::IssueToken) over the same store.
+    pub fn client_token() -> Self {
+        Self::new(Preset::client_token())
+    }
 }
 
 impl<St: Store> IdempotencyLayer<St> {
@@ -95,6 +101,9 @@ impl<St: Store> IdempotencyLayer<St> {
             .max_body(preset.max_body());
         if preset.is_client_api() {
             key = key.principal(AuthorizationHash);
+        }
+        if preset.consumes_token() {
+            key = key.consume_token(true);
         }
         let dedup = DedupLayer::new(store)
             .window(preset.window())
@@ -149,6 +158,20 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Finish the inner call when the caller hangs up. Defaults to `true`.
     pub fn finish_on_disconnect(mut self, finish: bool) -> Self {
         self.dedup = self.dedup.finish_on_disconnect(finish);
+        self
+    }
+
+    /// Strict mode: copies get 409 "duplicate submission" instead of waiting
+    /// for and replaying the first response. Defaults to `false`.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.dedup = self.dedup.strict(strict);
+        self
+    }
+
+    /// How long a consumed client token lives again when its request fails,
+    /// so that the client can retry with it. Defaults to 5 minutes.
+    pub fn token_ttl(mut self, ttl: Duration) -> Self {
+        self.dedup = self.dedup.token_ttl(ttl);
         self
     }
 

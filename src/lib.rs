@@ -56,6 +56,7 @@
 //! | `adyen` | `pspReference:eventCode:success` | 200 `[accepted]` |
 //! | `standard-webhooks` | header `webhook-id` | 204 |
 //! | `idempotency-key` | header `Idempotency-Key` | the inner response |
+//! | `client-token` | header `Idempotency-Token`, issued by [`token::IssueToken`] and consumed once | the inner response |
 //!
 //! See [`channel`] for fingerprints and failure replies.
 //!
@@ -93,6 +94,7 @@ mod layer;
 pub mod normalize;
 mod outcome;
 pub mod store;
+pub mod token;
 
 pub use body::ResponseBody;
 pub use channel::Preset;

@@ -11,6 +11,7 @@
 //! | `adyen` | `pspReference:eventCode:success` of the first item | `amount` | 200 `[accepted]` | 500 |
 //! | `standard-webhooks` | header `webhook-id` | — | 204 | 500 |
 //! | `idempotency-key` | header `Idempotency-Key` | method, path, body | inner response | 400 missing, 409 in flight, 422 mismatch |
+//! | `client-token` | header `Idempotency-Token` (issued, consumed once) | method, path, body | inner response | 400 missing/unknown/used token, 409 in flight or strict, 422 mismatch |
 //!
 //! Channel fingerprints never hash the raw body: retries are re-signed and
 //! re-timestamped. Channel defaults: window 25 h, wait 4 s, lease 30 s, body
@@ -26,12 +27,15 @@
 
 mod adyen;
 mod alipay;
+mod client_token;
 mod idempotency_key;
 mod paypal;
 mod standard_webhooks;
 mod stripe;
 mod wechatpay_v2;
 mod wechatpay_v3;
+
+pub use client_token::TOKEN_HEADER;
 
 use crate::key::{ExtractKey, KeySpec};
 use crate::normalize::{FixedReply, Reply};
@@ -52,6 +56,7 @@ pub struct Preset {
     wait: Duration,
     max_body: usize,
     client_api: bool,
+    consume_token: bool,
 }
 
 impl fmt::Debug for Preset {
@@ -77,6 +82,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "adyen",
     "standard-webhooks",
     "idempotency-key",
+    "client-token",
 ];
 
 const CHANNEL_WINDOW: Duration = Duration::from_secs(25 * 3600);
@@ -99,6 +105,7 @@ impl Preset {
             wait: DEFAULT_WAIT,
             max_body: CHANNEL_MAX_BODY,
             client_api: false,
+            consume_token: false,
         }
     }
 
@@ -118,6 +125,7 @@ impl Preset {
             wait: DEFAULT_WAIT,
             max_body: CLIENT_MAX_BODY,
             client_api: true,
+            consume_token: false,
         }
     }
 
@@ -132,6 +140,7 @@ impl Preset {
             "adyen" => Self::adyen(),
             "standard-webhooks" => Self::standard_webhooks(),
             "idempotency-key" => Self::idempotency_key(),
+            "client-token" => Self::client_token(),
             _ => return None,
         })
     }
@@ -176,6 +185,12 @@ impl Preset {
         idempotency_key::preset()
     }
 
+    /// Client APIs with one-time tokens in `Idempotency-Token`, issued by
+    /// [`IssueToken`](crate::token::IssueToken).
+    pub fn client_token() -> Self {
+        client_token::preset()
+    }
+
     /// The preset's name (the scope part of its keys and its metrics label).
     pub fn name(&self) -> &str {
         &self.name
@@ -209,6 +224,11 @@ impl Preset {
     /// Whether this preset serves client APIs (keys scoped to the principal).
     pub fn is_client_api(&self) -> bool {
         self.client_api
+    }
+
+    /// Whether requests must consume a one-time client token.
+    pub fn consumes_token(&self) -> bool {
+        self.consume_token
     }
 
     pub(crate) fn describe(&self) -> &Arc<str> {

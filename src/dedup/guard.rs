@@ -15,6 +15,8 @@ pub(super) struct ClaimGuard<St: Store> {
     pub(super) key: Arc<str>,
     pub(super) token: OwnerToken,
     pub(super) store_timeout: Duration,
+    /// A consumed client token to put back if the claim is released.
+    restore_token: Option<(Arc<str>, Duration)>,
     armed: bool,
 }
 
@@ -24,12 +26,14 @@ impl<St: Store> ClaimGuard<St> {
         key: Arc<str>,
         token: OwnerToken,
         store_timeout: Duration,
+        restore_token: Option<(Arc<str>, Duration)>,
     ) -> Self {
         Self {
             store,
             key,
             token,
             store_timeout,
+            restore_token,
             armed: true,
         }
     }
@@ -39,12 +43,17 @@ impl<St: Store> ClaimGuard<St> {
         self.armed = false;
     }
 
-    /// Releases the claim now.
+    /// Releases the claim now (and gives back a consumed client token).
     pub(super) async fn release(mut self) {
         self.armed = false;
-        let fut = self.store.release(&self.key, self.token);
-        // A failed release is not fatal: the lease runs out by itself.
-        let _ = tokio::time::timeout(self.store_timeout, fut).await;
+        release(
+            &self.store,
+            &self.key,
+            self.token,
+            self.store_timeout,
+            self.restore_token.take(),
+        )
+        .await;
     }
 }
 
@@ -53,18 +62,33 @@ impl<St: Store> Drop for ClaimGuard<St> {
         if !self.armed {
             return;
         }
-        let (store, key, token, timeout) = (
+        let (store, key, token, timeout, restore) = (
             self.store.clone(),
             self.key.clone(),
             self.token,
             self.store_timeout,
+            self.restore_token.take(),
         );
         // Without a runtime the lease runs out by itself.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = tokio::time::timeout(timeout, store.release(&key, token)).await;
-            });
+            handle.spawn(async move { release(&store, &key, token, timeout, restore).await });
         }
+    }
+}
+
+/// Deletes `token`'s claim and puts a consumed client token back. Failures
+/// are not fatal: the lease runs out by itself, and a lost token only means
+/// the client asks for a new one.
+pub(super) async fn release<St: Store>(
+    store: &St,
+    key: &str,
+    token: OwnerToken,
+    timeout: Duration,
+    restore_token: Option<(Arc<str>, Duration)>,
+) {
+    let _ = tokio::time::timeout(timeout, store.release(key, token)).await;
+    if let Some((token_key, ttl)) = restore_token {
+        let _ = tokio::time::timeout(timeout, store.put_token(&token_key, ttl)).await;
     }
 }
 

@@ -26,6 +26,8 @@ pub(crate) struct DedupConfig {
     pub(crate) on_store_error: OnStoreError,
     pub(crate) finish_on_disconnect: bool,
     pub(crate) max_cached_body: usize,
+    pub(crate) strict: bool,
+    pub(crate) token_ttl: Duration,
 }
 
 impl DedupConfig {
@@ -38,6 +40,8 @@ impl DedupConfig {
             on_store_error: OnStoreError::FailClosed,
             finish_on_disconnect: true,
             max_cached_body: 1024 * 1024,
+            strict: false,
+            token_ttl: Duration::from_secs(300),
         }
     }
 }
@@ -115,6 +119,21 @@ impl<St: Store> DedupLayer<St> {
             store,
             config: self.config,
         }
+    }
+
+    /// Strict mode: a copy of a request that is running or done gets 409
+    /// "duplicate submission" instead of waiting for and replaying the first
+    /// response. Defaults to `false` (wait and replay).
+    pub const fn strict(mut self, strict: bool) -> Self {
+        self.config.strict = strict;
+        self
+    }
+
+    /// How long a client token lives again when the request that consumed it
+    /// fails, so that the client can retry with it. Defaults to 5 minutes.
+    pub const fn token_ttl(mut self, ttl: Duration) -> Self {
+        self.config.token_ttl = ttl;
+        self
     }
 
     /// The store.

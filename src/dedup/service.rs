@@ -1,4 +1,4 @@
-use super::guard::{ClaimGuard, Detach};
+use super::guard::{release, ClaimGuard, Detach};
 use super::layer::{DedupConfig, DedupLayer, OnStoreError};
 use super::{BODY_OMITTED_HEADER, REPLAYED_HEADER};
 use crate::body::{text_response, BodyBuffer, ResponseBody};
@@ -249,6 +249,9 @@ where
                     if record.fingerprint != fingerprint {
                         return Ok(self.mismatch());
                     }
+                    if self.config.strict {
+                        return Ok(self.duplicate_submission());
+                    }
                     let outcome = if waited {
                         Outcome::Waited
                     } else {
@@ -264,6 +267,9 @@ where
                     if running != fingerprint {
                         return Ok(self.mismatch());
                     }
+                    if self.config.strict {
+                        return Ok(self.duplicate_submission());
+                    }
                     if Instant::now() >= deadline {
                         outcome::record(&preset, Outcome::InFlightRejected);
                         return Ok(in_flight());
@@ -271,7 +277,26 @@ where
                     waited = true;
                     let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
                 }
-                Claim::Acquired(token) => return self.execute(req, token).await,
+                Claim::Acquired(token) => {
+                    if let Some(token_key) = self.key.token_key().cloned() {
+                        let taken = store_call(
+                            self.config.store_timeout,
+                            "take_token",
+                            self.store.take_token(&token_key),
+                        )
+                        .await;
+                        if !matches!(taken, Ok(true)) {
+                            let key = self.key.as_str();
+                            release(&self.store, key, token, self.config.store_timeout, None).await;
+                        }
+                        match taken {
+                            Ok(true) => {}
+                            Ok(false) => return Ok(self.unknown_token()),
+                            Err(e) => return self.store_failed(e, req).await,
+                        }
+                    }
+                    return self.execute(req, token).await;
+                }
             }
         }
     }
@@ -330,6 +355,26 @@ where
         }
     }
 
+    fn duplicate_submission<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
+        outcome::record(self.key.preset(), Outcome::InFlightRejected);
+        let mut res = text_response(
+            StatusCode::CONFLICT,
+            "duplicate submission: this request was already received\n",
+        );
+        res.extensions_mut().insert(Outcome::InFlightRejected);
+        res
+    }
+
+    fn unknown_token<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
+        outcome::record(self.key.preset(), Outcome::RejectedBadInput);
+        let mut res = text_response(
+            StatusCode::BAD_REQUEST,
+            "unknown, expired or already used idempotency token\n",
+        );
+        res.extensions_mut().insert(Outcome::RejectedBadInput);
+        res
+    }
+
     fn mismatch<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
         outcome::record(self.key.preset(), Outcome::Mismatch);
         log_warn!(
@@ -375,7 +420,14 @@ where
             config,
             key,
         } = self;
-        let mut guard = ClaimGuard::new(store, key.as_arc().clone(), token, config.store_timeout);
+        let restore_token = key.token_key().map(|k| (k.clone(), config.token_ttl));
+        let mut guard = ClaimGuard::new(
+            store,
+            key.as_arc().clone(),
+            token,
+            config.store_timeout,
+            restore_token,
+        );
         let work = async move {
             let res = inner.call(req).await?;
             let (parts, body) = res.into_parts();

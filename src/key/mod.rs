@@ -112,6 +112,7 @@ pub struct IdempotencyKey {
     scoped: Arc<str>,
     fingerprint: Fingerprint,
     preset: Arc<str>,
+    token: Option<Arc<str>>,
 }
 
 impl IdempotencyKey {
@@ -142,7 +143,31 @@ impl IdempotencyKey {
             scoped: Arc::from(scoped),
             fingerprint,
             preset,
+            token: None,
         }
+    }
+
+    /// Marks the key as a one-time client token that the dedup layer must
+    /// consume from the store (under `token_key`) before the first run.
+    pub fn with_token(mut self, token_key: impl Into<Arc<str>>) -> Self {
+        self.token = Some(token_key.into());
+        self
+    }
+
+    /// The store key of the client token this request must consume, if any.
+    pub fn token_key(&self) -> Option<&Arc<str>> {
+        self.token.as_ref()
+    }
+
+    /// The store key of a client token: `prefix:token:principal:token`.
+    pub fn token_store_key(prefix: &str, principal: Option<&str>, token: &str) -> String {
+        let mut out = String::with_capacity(prefix.len() + token.len() + 16);
+        for part in [prefix, "token", principal.unwrap_or("")] {
+            escape_into(&mut out, part);
+            out.push(':');
+        }
+        out.push_str(token);
+        out
     }
 
     /// The stored (scoped) key.

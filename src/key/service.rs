@@ -34,6 +34,7 @@ pub(crate) struct KeyConfig {
     pub(crate) max_key_len: usize,
     pub(crate) required: bool,
     pub(crate) describe: Arc<str>,
+    pub(crate) consume_token: bool,
 }
 
 impl KeyLayer {
@@ -57,6 +58,7 @@ impl KeyLayer {
                 max_key_len: 256,
                 required: true,
                 describe,
+                consume_token: false,
             },
         }
     }
@@ -102,6 +104,14 @@ impl KeyLayer {
     /// or passes through unguarded (`false`). Defaults to `true`.
     pub fn required(mut self, required: bool) -> Self {
         self.config.required = required;
+        self
+    }
+
+    /// Whether the key is a one-time client token issued by
+    /// [`IssueToken`](crate::token::IssueToken), which the first request must
+    /// consume. Defaults to `false`.
+    pub fn consume_token(mut self, consume: bool) -> Self {
+        self.config.consume_token = consume;
         self
     }
 
@@ -315,7 +325,7 @@ fn admit<B: From<Bytes>>(
                 Some(r) => r,
                 None => parts.uri.path(),
             };
-            let key = IdempotencyKey::new(
+            let mut key = IdempotencyKey::new(
                 &config.prefix,
                 config.preset.clone(),
                 route,
@@ -323,6 +333,13 @@ fn admit<B: From<Bytes>>(
                 &found.key,
                 found.fingerprint,
             );
+            if config.consume_token {
+                key = key.with_token(IdempotencyKey::token_store_key(
+                    &config.prefix,
+                    principal.as_deref(),
+                    &found.key,
+                ));
+            }
             parts.extensions.insert(key);
             Ok(())
         }

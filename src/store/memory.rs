@@ -2,9 +2,9 @@
 
 use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError, WatchSender};
 use crate::Fingerprint;
+use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::fmt;
-use foldhash::fast::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +43,8 @@ struct Inner {
     hasher: RandomState,
     shards: Box<[Shard]>,
     completed: moka::sync::Cache<Arc<str>, Completed, RandomState>,
+    /// Client tokens and when each expires.
+    tokens: moka::sync::Cache<Arc<str>, Instant, RandomState>,
     evictions: Arc<AtomicU64>,
 }
 
@@ -64,6 +66,7 @@ struct Completed {
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
+    max_tokens: u64,
     max_window: Duration,
 }
 
@@ -72,6 +75,13 @@ impl MemoryStoreBuilder {
     /// overhead per record). Defaults to 256 MiB.
     pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The most unconsumed client tokens to keep (tokens live at most 24 h).
+    /// Defaults to 1,000,000.
+    pub const fn max_tokens(mut self, tokens: u64) -> Self {
+        self.max_tokens = tokens;
         self
     }
 
@@ -100,6 +110,10 @@ impl MemoryStoreBuilder {
                 }
             })
             .build_with_hasher(RandomState::default());
+        let tokens = moka::sync::Cache::builder()
+            .max_capacity(self.max_tokens)
+            .time_to_live(Duration::from_secs(24 * 3600))
+            .build_with_hasher(RandomState::default());
         let shards = (0..SHARDS)
             .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
             .collect();
@@ -108,6 +122,7 @@ impl MemoryStoreBuilder {
                 hasher: RandomState::default(),
                 shards,
                 completed,
+                tokens,
                 evictions,
             }),
         }
@@ -118,6 +133,7 @@ impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
             max_bytes: 256 * 1024 * 1024,
+            max_tokens: 1_000_000,
             max_window: Duration::from_secs(25 * 3600),
         }
     }
@@ -311,5 +327,29 @@ impl Store for MemoryStore {
         token: OwnerToken,
     ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
         std::future::ready(Ok(self.release_now(key, token)))
+    }
+
+    fn put_token(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner
+            .tokens
+            .insert(Arc::from(key), Instant::now() + ttl);
+        std::future::ready(Ok(()))
+    }
+
+    fn take_token(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
+        // moka's remove is atomic: of two concurrent takes, one gets the value.
+        let taken = self
+            .inner
+            .tokens
+            .remove(key)
+            .is_some_and(|expires| expires > Instant::now());
+        std::future::ready(Ok(taken))
     }
 }

@@ -222,6 +222,8 @@ pub enum StoreErrorKind {
     Backend,
     /// The backend answered something this crate cannot read.
     Corrupt,
+    /// The store does not implement this operation.
+    Unsupported,
 }
 
 impl StoreError {
@@ -299,4 +301,29 @@ pub trait Store: Clone + Send + Sync + 'static {
         key: &str,
         token: OwnerToken,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Stores a one-time client token (see [`IssueToken`](crate::token::IssueToken))
+    /// for `ttl`. The default answers [`StoreErrorKind::Unsupported`].
+    fn put_token(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (key, ttl);
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store does not keep client tokens",
+        )))
+    }
+
+    /// Atomically removes a token: `true` if it existed and had not expired,
+    /// so exactly one caller can consume it. The default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn take_token(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store does not keep client tokens",
+        )))
+    }
 }

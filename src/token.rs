@@ -1,0 +1,149 @@
+//! Issuing one-time client tokens (the seed's "anti-resubmit token").
+//!
+//! Before a user submits an order, the page asks [`IssueToken`] for a token;
+//! the submit carries it in `Idempotency-Token` to a route guarded by
+//! [`IdempotencyLayer::client_token`](crate::IdempotencyLayer::client_token)
+//! over the same store. The first submit consumes the token atomically and
+//! becomes a dedup record: copies that arrive while it runs wait and get its
+//! response replayed, later copies get the replay too (or 409 in strict
+//! mode). An unknown, expired, used, or other user's token gets 400 and the
+//! handler is not called. A token whose submit fails is given back, so the
+//! client can retry with it.
+//!
+//! ```
+//! use axum::{routing::{get, post}, Router};
+//! use tower_idempotency::store::MemoryStore;
+//! use tower_idempotency::token::IssueToken;
+//! use tower_idempotency::{IdempotencyLayer, Preset};
+//!
+//! async fn create_order(body: String) -> String { format!("created {body}") }
+//!
+//! let store = MemoryStore::new();
+//! let app: Router = Router::new()
+//!     .route_service("/orders/token", IssueToken::new(store.clone()))
+//!     .route(
+//!         "/orders",
+//!         post(create_order).layer(IdempotencyLayer::with_store(Preset::client_token(), store)),
+//!     );
+//! ```
+
+use crate::key::{AuthorizationHash, IdempotencyKey, Principal};
+use crate::store::Store;
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_service::Service;
+
+/// A tower service that issues one-time tokens: answers
+/// `{"token":"…","expires_in":300}` (128 random bits, hex) and stores the
+/// token for its lifetime, scoped to the caller's principal.
+///
+/// Mount it on any method (e.g. `GET /orders/token` or
+/// `POST /idempotency-tokens`). The principal and prefix must match the
+/// consuming route's: both default to a hash of `Authorization` and `idem`.
+#[derive(Clone)]
+pub struct IssueToken<St> {
+    store: St,
+    ttl: Duration,
+    principal: Arc<dyn Principal>,
+    prefix: Cow<'static, str>,
+}
+
+impl<St: Store> IssueToken<St> {
+    /// An issuer over `store`: tokens live 5 minutes, scoped to a hash of
+    /// `Authorization`, prefix `idem`.
+    pub fn new(store: St) -> Self {
+        Self {
+            store,
+            ttl: Duration::from_secs(300),
+            principal: Arc::new(AuthorizationHash),
+            prefix: Cow::Borrowed("idem"),
+        }
+    }
+
+    /// How long a token can be used. Defaults to 5 minutes.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Who the token belongs to. Defaults to [`AuthorizationHash`].
+    pub fn principal(mut self, principal: impl Principal) -> Self {
+        self.principal = Arc::new(principal);
+        self
+    }
+
+    /// The key prefix (as on the consuming layer). Defaults to `idem`.
+    pub fn prefix(mut self, prefix: impl Into<Cow<'static, str>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+}
+
+impl<St> fmt::Debug for IssueToken<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IssueToken")
+            .field("ttl", &self.ttl)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// 128 random bits as 32 hex digits.
+fn new_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl<St: Store, B> Service<Request<B>> for IssueToken<St> {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (parts, _body) = req.into_parts();
+        let principal = self.principal.principal(&parts);
+        let (store, ttl, prefix) = (self.store.clone(), self.ttl, self.prefix.clone());
+        Box::pin(async move {
+            let Ok(token) = new_token() else {
+                return Ok(unavailable());
+            };
+            let key = IdempotencyKey::token_store_key(&prefix, principal.as_deref(), &token);
+            if store.put_token(&key, ttl).await.is_err() {
+                return Ok(unavailable());
+            }
+            let body = format!(r#"{{"token":"{token}","expires_in":{}}}"#, ttl.as_secs());
+            let mut res = Response::new(Full::new(Bytes::from(body)));
+            let headers = res.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            Ok(res)
+        })
+    }
+}
+
+fn unavailable() -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from_static(
+        b"could not issue a token; retry later\n",
+    )));
+    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res
+}
