@@ -503,6 +503,32 @@ mod redis_only {
     }
 
     #[tokio::test]
+    async fn a_cancelled_claim_leaves_no_orphan() {
+        if !redis_available() {
+            return;
+        }
+        let server = RedisServer::start();
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        let key = unique_key("cancelled");
+        // Warm the script cache, so the claim below is one EVALSHA.
+        assert_acquired(&claim(&store, &unique_key("warm"), fp("w"), LEASE).await);
+        let reply =
+            super::support_redis::raw_command(server.port(), "CLIENT PAUSE 500 ALL").unwrap();
+        assert!(reply.starts_with("+OK"), "{reply}");
+        // The layer's store timeout gives up while the server holds the claim
+        // back; the server runs it afterwards.
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(100),
+            store.claim(&key, fp("c"), OwnerToken::new(), LEASE),
+        )
+        .await;
+        assert!(cancelled.is_err(), "the claim was not cancelled");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Nobody owns that claim: it was released, not left for the lease.
+        assert_acquired(&claim(&store, &key, fp("c"), LEASE).await);
+    }
+
+    #[tokio::test]
     async fn a_restarted_server_is_reconnected() {
         if !redis_available() {
             return;
@@ -532,6 +558,40 @@ mod redis_only {
         // SHUTDOWN SAVE kept the claim.
         assert_in_flight(&claim, fp("s"));
         assert!(store.release(&key, owner).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_long_outage_fails_fast_and_recovers() {
+        if !redis_available() {
+            return;
+        }
+        let mut server = RedisServer::start();
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        let key = unique_key("outage");
+        assert_acquired(&claim(&store, &key, fp("o"), LEASE).await);
+        server.stop();
+        // Longer than the connection's reconnect budget; every call fails
+        // well within the layer's one-second store timeout.
+        let down = std::time::Instant::now();
+        while down.elapsed() < Duration::from_secs(4) {
+            let start = std::time::Instant::now();
+            let err = store
+                .claim(&key, fp("o"), OwnerToken::new(), LEASE)
+                .await
+                .unwrap_err();
+            assert_ne!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+            assert!(start.elapsed() < Duration::from_millis(900), "{err}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        server.restart();
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            match store.claim(&key, fp("o"), OwnerToken::new(), LEASE).await {
+                Ok(claim) => break assert_in_flight(&claim, fp("o")),
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]

@@ -213,15 +213,22 @@ impl RedisStore<ConnectionManager> {
     /// with TLS features of the `redis` crate, `redis+unix://`).
     ///
     /// The connection is a [`ConnectionManager`]: one multiplexed connection
-    /// that reconnects by itself after a drop. Connecting and each command
-    /// time out after one second. Fails if the server cannot be reached now.
+    /// that reconnects by itself after a drop (a command that meets the drop
+    /// fails after a few quick attempts; later commands reconnect again, for
+    /// as long as the outage lasts). Connecting and each command time out
+    /// after one second. Fails if the server cannot be reached now.
     pub async fn standalone(url: impl IntoConnectionInfo) -> Result<Self, StoreError> {
         let client = ::redis::Client::open(url).map_err(|e| map_err("connect", e))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            // A command that meets a dropped connection waits for the
+            // reconnection attempts (50 + 100 + 200 ms when the server
+            // refuses): fail within the layer's store timeout, and try again
+            // on the next command.
+            .set_number_of_retries(3)
             .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(1));
+            .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| map_err("connect", e))?;
@@ -377,6 +384,29 @@ async fn poll<C: ConnectionLike + Send>(
     poller.sender.notify();
 }
 
+/// Releases a claim that may have been made by a call that did not return
+/// it. Safe whatever happened: the release compares the owner token, and it
+/// is queued behind the claim on the same connection.
+struct Undo<C: ConnectionLike + Send + 'static>(Option<(C, String, [u8; OWNER_LEN])>);
+
+impl<C: ConnectionLike + Send + 'static> Drop for Undo<C> {
+    fn drop(&mut self) {
+        let Some((mut conn, key, owner)) = self.0.take() else {
+            return;
+        };
+        // Without a runtime the lease runs out by itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _: Result<i64, RedisError> = RELEASE
+                    .key(&key)
+                    .arg(&owner[..])
+                    .invoke_async(&mut conn)
+                    .await;
+            });
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Never poisoned in a way that matters: every critical section is a few
     // map operations.
@@ -432,6 +462,10 @@ where
     ) -> Result<Claim, StoreError> {
         let key = self.full_key(key);
         let mut conn = self.conn.clone();
+        // If this call is cancelled (the layer's store timeout) or fails after
+        // the script may have run, nobody would own the claim it may have
+        // made: release it, so it does not block the key for a whole lease.
+        let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
         let found: Option<Vec<u8>> = CLAIM
             .key(&key)
             .arg(&in_flight_value(token, fingerprint)[..])
@@ -439,6 +473,7 @@ where
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("claim", e))?;
+        undo.0 = None;
         let Some(found) = found else {
             return Ok(Claim::Acquired(token));
         };
