@@ -1,11 +1,16 @@
 //! An axum app with a WeChat Pay v3 notification route, an Alipay
-//! notification route and an `Idempotency-Key` client API, sharing one
-//! in-memory store.
+//! notification route, an `Idempotency-Key` client API, and the one-time
+//! token flow (`GET /orders/token`, then `POST /orders` with the token), all
+//! sharing one in-memory store.
 //!
 //! ```sh
 //! cargo run --example axum            # listens on 127.0.0.1:3000 (or $ADDR)
-//! curl -s -XPOST localhost:3000/orders -H 'idempotency-key: k1' -d '{"sku":"tea","qty":2}'
-//! curl -s -XPOST localhost:3000/orders -H 'idempotency-key: k1' -d '{"sku":"tea","qty":2}' -i  # replayed
+//! # Idempotency-Key: a double click sends the same key twice.
+//! curl -s -XPOST localhost:3000/api/orders -H 'idempotency-key: k1' -H 'content-type: application/json' -d '{"sku":"tea","qty":2}'
+//! curl -si -XPOST localhost:3000/api/orders -H 'idempotency-key: k1' -H 'content-type: application/json' -d '{"sku":"tea","qty":2}'  # replayed
+//! # One-time token: ask for one, then submit with it.
+//! T=$(curl -s -H 'authorization: Bearer u1' localhost:3000/orders/token | sed 's/.*"token":"\([0-9a-f]*\)".*/\1/')
+//! curl -s -XPOST localhost:3000/orders -H "idempotency-token: $T" -H 'authorization: Bearer u1' -H 'content-type: application/json' -d '{"sku":"tea"}'
 //! ```
 //!
 //! The handlers know nothing of idempotency or of the channels' reply
@@ -13,11 +18,13 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::routing::get_service;
 use axum::routing::post;
 use axum::{Json, Router};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tower_idempotency::store::MemoryStore;
+use tower_idempotency::token::IssueToken;
 use tower_idempotency::{IdempotencyLayer, Preset};
 
 /// The business side: orders and how often the "after pay" side effects ran.
@@ -107,11 +114,16 @@ pub fn app(shop: Shop, store: MemoryStore) -> Router {
             )),
         )
         .route(
-            "/orders",
+            "/api/orders",
             post(create_order).layer(IdempotencyLayer::with_store(
                 Preset::idempotency_key(),
-                store,
+                store.clone(),
             )),
+        )
+        .route("/orders/token", get_service(IssueToken::new(store.clone())))
+        .route(
+            "/orders",
+            post(create_order).layer(IdempotencyLayer::with_store(Preset::client_token(), store)),
         )
         .with_state(shop)
 }

@@ -79,7 +79,7 @@ async fn triple_click_creates_one_order() {
             post(
                 &client,
                 addr,
-                "/orders",
+                "/api/orders",
                 &headers,
                 r#"{"sku":"tea","qty":2}"#,
             )
@@ -97,7 +97,7 @@ async fn triple_click_creates_one_order() {
     let a = post(
         &client,
         addr,
-        "/orders",
+        "/api/orders",
         &headers,
         r#"{"sku":"tea","qty":200}"#,
     )
@@ -107,11 +107,51 @@ async fn triple_click_creates_one_order() {
     let a = post(
         &client,
         addr,
-        "/orders",
+        "/api/orders",
         &[("content-type", "application/json")],
         "{}",
     )
     .await;
     assert_eq!(a.status, 400);
     assert!(a.text().contains("Idempotency-Key"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_flow_three_submits_one_order() {
+    let (addr, shop) = start().await;
+    let client = client();
+    let req = http::Request::get(format!("http://{addr}/orders/token"))
+        .header("authorization", "Bearer u7")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let issued = common::read(client.request(req).await.unwrap()).await;
+    assert_eq!(issued.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&issued.body).unwrap();
+    let token = v["token"].as_str().unwrap().to_owned();
+    let answers = all_at_once(3, |_| {
+        let (client, token) = (client.clone(), token.clone());
+        async move {
+            let headers = [
+                ("idempotency-token", token.as_str()),
+                ("authorization", "Bearer u7"),
+                ("content-type", "application/json"),
+            ];
+            post(&client, addr, "/orders", &headers, r#"{"sku":"tea"}"#).await
+        }
+    })
+    .await;
+    for a in &answers {
+        assert_eq!(a.status, 201, "{}", a.text());
+        assert_eq!(a.body, answers[0].body);
+    }
+    assert_eq!(shop.orders_created(), 1);
+    // The same token from another user is refused.
+    let headers = [
+        ("idempotency-token", token.as_str()),
+        ("authorization", "Bearer mallory"),
+        ("content-type", "application/json"),
+    ];
+    let a = post(&client, addr, "/orders", &headers, r#"{"sku":"tea"}"#).await;
+    assert_eq!(a.status, 400);
+    assert_eq!(shop.orders_created(), 1);
 }
