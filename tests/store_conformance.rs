@@ -311,6 +311,52 @@ mod cases {
             }
         }
     }
+
+    pub(super) async fn client_tokens_are_consumed_once<S: Store>(store: S) {
+        let key = unique_key("token");
+        store
+            .put_token(&key, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(store.take_token(&key).await.unwrap());
+        assert!(!store.take_token(&key).await.unwrap(), "taken twice");
+        assert!(!store.take_token(&unique_key("unknown")).await.unwrap());
+        // Given back (a failed submit), it can be taken again.
+        store
+            .put_token(&key, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(store.take_token(&key).await.unwrap());
+        // An expired token is gone.
+        let short = unique_key("token-short");
+        store
+            .put_token(&short, Duration::from_millis(200))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!store.take_token(&short).await.unwrap());
+        // Of 50 simultaneous takes, exactly one wins.
+        let raced: Arc<str> = unique_key("token-race").into();
+        store
+            .put_token(&raced, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let barrier = Arc::new(tokio::sync::Barrier::new(50));
+        let takes: Vec<_> = (0..50)
+            .map(|_| {
+                let (store, key, barrier) = (store.clone(), raced.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.take_token(&key).await.unwrap()
+                })
+            })
+            .collect();
+        let mut won = 0;
+        for t in takes {
+            won += usize::from(t.await.unwrap());
+        }
+        assert_eq!(won, 1);
+    }
 }
 
 /// Generates the suite for one store: `store_tests!(module, setup_fn)`, where
@@ -330,6 +376,7 @@ macro_rules! store_tests {
                 window_expiry_forgets_the_record,
                 concurrent_claims_have_one_winner,
                 waiters_wake_on_complete_and_release,
+                client_tokens_are_consumed_once,
             );
         }
     };
@@ -414,6 +461,18 @@ mod redis_only {
             .await
             .unwrap());
         assert_same(&completed(claim(&store, &key, fp("l"), LEASE).await), &rec);
+    }
+
+    #[tokio::test]
+    async fn take_token_deletes_only_tokens() {
+        let Some((store, _g)) = redis_setup::standalone().await else {
+            return;
+        };
+        let key = unique_key("not-a-token");
+        let owner = OwnerToken::new();
+        store.claim(&key, fp("t"), owner, LEASE).await.unwrap();
+        assert!(!store.take_token(&key).await.unwrap());
+        assert_in_flight(&claim(&store, &key, fp("t"), LEASE).await, fp("t"));
     }
 
     #[tokio::test]

@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT: u8 = 0xF1;
 /// First byte of a completed record (its format version).
 const VERSION: u8 = 0x01;
+/// The value of an issued client token (only its existence matters).
+const TOKEN_VALUE: &[u8] = b"\x7etoken";
 /// Tag + owner token: what complete, renew and release compare.
 const OWNER_LEN: usize = 17;
 /// Tag + owner token + fingerprint.
@@ -96,6 +98,19 @@ return 0
     )
 });
 
+/// A client token → absent; never deletes anything else.
+static TAKE_TOKEN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+",
+    )
+});
+
 /// A [`Store`] in Redis, standalone or Cluster.
 ///
 /// Each record is **one Redis string** under one key, so every command and
@@ -113,6 +128,7 @@ return 0
 /// | first copy (runs the inner service) | 1 `EVALSHA` to claim, 1 `EVALSHA` to complete (or release), plus 1 `EVALSHA` per renewal (every `lease/3` while it runs) |
 /// | repeat of a completed record | 1 `EVALSHA` (the claim returns the record) |
 /// | duplicate of a running request | 1 `EVALSHA` to claim, then 1 `EVALSHA` each time the record changes |
+/// | client token: issue / consume | 1 `SET … PX` / 1 `EVALSHA` (compare and delete) |
 ///
 /// Waiting duplicates on one instance share **one poller per key**: it sends
 /// one `GETRANGE key 0 16` (17 bytes back) every
@@ -545,6 +561,34 @@ where
             .await
             .map_err(|e| map_err("release", e))?;
         Ok(done == 1)
+    }
+
+    /// `SET key PX ttl`: one command.
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        ::redis::cmd("SET")
+            .arg(&key)
+            .arg(TOKEN_VALUE)
+            .arg("PX")
+            .arg(millis(ttl))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| map_err("put_token", e))
+    }
+
+    /// One script: deletes the key if it holds a token. Of concurrent takes
+    /// exactly one sees `1`; an expired token is already gone.
+    async fn take_token(&self, key: &str) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        let taken: i64 = TAKE_TOKEN
+            .key(&key)
+            .arg(TOKEN_VALUE)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("take_token", e))?;
+        Ok(taken == 1)
     }
 }
 
