@@ -381,3 +381,76 @@ async fn redis_outage_mid_storm_fails_closed_and_recovers() {
     }
     assert_eq!(executions.max(), 1);
 }
+
+/// `calls=` of one command in `INFO commandstats`.
+fn calls(port: u16, command: &str) -> u64 {
+    let info = support_redis::raw_command(port, "INFO commandstats").unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// The costs the Redis store documents, counted by the server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commands_per_request_are_as_documented() {
+    use tower::ServiceExt;
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let port = server.port();
+    let store = RedisStore::standalone(server.url()).await.unwrap();
+    let executions = Executions::default();
+    let layer = IdempotencyLayer::wechatpay_v3().store(store);
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(move |req: Request<Full<Bytes>>| {
+                let executions = executions.clone();
+                async move {
+                    use http_body_util::BodyExt;
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let id = json["id"].as_str().unwrap().to_owned();
+                    *executions.0.lock().unwrap().entry(id).or_default() += 1;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                }
+            }));
+    let send = |id: String| {
+        let svc = svc.clone();
+        async move {
+            let req = common::request(
+                "/notify/wechat",
+                &[("content-type", "application/json")],
+                notification(&id),
+            );
+            common::read(svc.oneshot(req).await.unwrap()).await
+        }
+    };
+    // Load the scripts, then count from zero.
+    assert!(is_success(&send("warm-up".into()).await));
+    let reset = support_redis::raw_command(port, "CONFIG RESETSTAT").unwrap();
+    assert!(reset.starts_with("+OK"), "{reset}");
+
+    // First copy: claim + complete.
+    assert!(is_success(&send("EV-1".into()).await));
+    assert_eq!(calls(port, "evalsha"), 2);
+    // A repeat of a completed record: one claim that returns it.
+    let again = send("EV-1".into()).await;
+    assert!(is_success(&again) && again.replayed());
+    assert_eq!(calls(port, "evalsha"), 3);
+
+    // One copy runs for 300 ms while 9 duplicates wait on this instance.
+    let _ = support_redis::raw_command(port, "CONFIG RESETSTAT").unwrap();
+    let answers = common::all_at_once(10, |_| send("EV-2".into())).await;
+    assert!(answers.iter().all(is_success));
+    let evalsha = calls(port, "evalsha");
+    let getrange = calls(port, "getrange");
+    eprintln!("10 simultaneous copies: {evalsha} EVALSHA, {getrange} GETRANGE");
+    // 10 claims, 1 complete, at most one more claim per waiter once woken.
+    assert!((11..=20).contains(&evalsha), "{evalsha} EVALSHA");
+    // One shared poller (300 ms / 25 ms), not one per waiter (9 × 12).
+    assert!((1..=24).contains(&getrange), "{getrange} GETRANGE");
+}
