@@ -494,6 +494,16 @@ mod redis_only {
             .await
             .unwrap();
         assert_eq!(exists, (true, false));
+        // Client text cannot choose a Cluster hash tag.
+        let braces = format!("{key}:{{tag}}%");
+        assert_acquired(&claim(&store, &braces, fp("p"), LEASE).await);
+        let stored: bool = redis::cmd("EXISTS")
+            .arg(format!("shop:{key}:%7Btag%7D%25"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(stored);
+        assert_in_flight(&claim(&store, &braces, fp("q"), LEASE).await, fp("p"));
         // Ttl of the claim is the lease.
         let ttl: i64 = redis::cmd("PTTL")
             .arg(format!("shop:{key}"))

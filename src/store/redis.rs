@@ -293,9 +293,13 @@ where
         }
     }
 
-    /// Prepended to every key. The keys the dedup layer passes are already
-    /// scoped (`idem:preset:route:…`), so this is only needed to share a
-    /// Redis with other users. Defaults to none.
+    /// Prepended to every key, as it is. The keys the dedup layer passes are
+    /// already scoped (`idem:preset:route:…`), so this is only needed to
+    /// share a Redis with other users. Defaults to none.
+    ///
+    /// In the layer's keys `%`, `{` and `}` are stored as `%25`, `%7B` and
+    /// `%7D`, so that a client cannot choose a Cluster hash tag; a hash tag
+    /// in this prefix (`"{idem}:"`) is kept, and puts every key in one slot.
     pub fn key_prefix(mut self, prefix: impl Into<Cow<'static, str>>) -> Self {
         self.prefix = prefix.into();
         self
@@ -315,9 +319,19 @@ where
     }
 
     fn full_key(&self, key: &str) -> String {
-        let mut k = String::with_capacity(self.prefix.len() + key.len());
+        let mut k = String::with_capacity(self.prefix.len() + key.len() + 8);
         k.push_str(&self.prefix);
-        k.push_str(key);
+        // Keys carry client-chosen text; escape braces so that no client can
+        // pick a Cluster hash tag (`{…}`) and pile its keys on one slot.
+        // `%` is escaped too, so the mapping stays one-to-one.
+        for c in key.chars() {
+            match c {
+                '%' => k.push_str("%25"),
+                '{' => k.push_str("%7B"),
+                '}' => k.push_str("%7D"),
+                c => k.push(c),
+            }
+        }
         k
     }
 
