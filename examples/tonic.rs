@@ -94,7 +94,8 @@ impl Default for Shop {
 }
 
 impl Shop {
-    /// A shop whose order creation takes `latency` (reserving stock, say).
+    /// A shop whose handler takes `latency` (reserving stock, say) before it
+    /// answers, successfully or not.
     pub fn new(latency: Duration) -> Self {
         Self {
             inner: Arc::new(ShopInner {
@@ -124,6 +125,7 @@ impl Shop {
     ) -> Result<Response<OrderReply>, Status> {
         self.inner.runs.fetch_add(1, Ordering::SeqCst);
         let req = request.into_inner();
+        tokio::time::sleep(self.inner.latency).await;
         let failing = self
             .inner
             .fail_next
@@ -135,7 +137,6 @@ impl Shop {
         if req.qty == 0 {
             return Err(Status::invalid_argument("qty must be at least 1"));
         }
-        tokio::time::sleep(self.inner.latency).await;
         let n = self.inner.next_order.fetch_add(1, Ordering::SeqCst);
         Ok(Response::new(OrderReply {
             order_id: format!("ord-{n:06}"),
