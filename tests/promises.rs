@@ -931,3 +931,69 @@ async fn p7_every_store_call_has_a_timeout() {
     assert_eq!(res.status(), 503);
     assert!(started.elapsed() < Duration::from_secs(1));
 }
+
+/// Claims in the memory store, then answers too late (the store acted, the
+/// layer timed out): the layer must release the orphaned claim.
+#[derive(Clone, Default)]
+struct LateClaim {
+    inner: MemoryStore,
+    late: Arc<AtomicBool>,
+}
+
+impl Store for LateClaim {
+    async fn claim(
+        &self,
+        key: &str,
+        fp: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.inner.claim(key, fp, token, lease).await;
+        if self.late.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        claim
+    }
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.complete(key, token, record, window).await
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        self.inner.release(key, token).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3_a_claim_that_timed_out_is_released_not_left_for_a_lease() {
+    let store = LateClaim::default();
+    store.late.store(true, Ordering::SeqCst);
+    let runs = Counter::default();
+    let svc = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::idempotency_key()
+                .store(store.clone())
+                .store_timeout(Duration::from_millis(100))
+                .wait(Duration::ZERO),
+        )
+        .service(counting(runs.clone(), 0));
+    let res = svc.clone().oneshot(key_req("late", "{}")).await.unwrap();
+    assert_eq!(res.status(), 503);
+    store.late.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Without the release this would be 409 for the whole 30 s lease.
+    let (s, b, _) = text(svc.clone().oneshot(key_req("late", "{}")).await.unwrap()).await;
+    assert_eq!((s, b.as_str()), (200, "order 1"));
+}

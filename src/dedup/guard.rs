@@ -26,16 +26,21 @@ impl<St: Store> ClaimGuard<St> {
         key: Arc<str>,
         token: OwnerToken,
         store_timeout: Duration,
-        restore_token: Option<(Arc<str>, Duration)>,
     ) -> Self {
         Self {
             store,
             key,
             token,
             store_timeout,
-            restore_token,
+            restore_token: None,
             armed: true,
         }
+    }
+
+    /// A client token this claim consumed: it is put back (for `ttl`) if the
+    /// claim is released.
+    pub(super) fn restore_token(&mut self, token_key: Arc<str>, ttl: Duration) {
+        self.restore_token = Some((token_key, ttl));
     }
 
     /// The claim was completed: nothing to release.
@@ -79,7 +84,7 @@ impl<St: Store> Drop for ClaimGuard<St> {
 /// Deletes `token`'s claim and puts a consumed client token back. Failures
 /// are not fatal: the lease runs out by itself, and a lost token only means
 /// the client asks for a new one.
-pub(super) async fn release<St: Store>(
+async fn release<St: Store>(
     store: &St,
     key: &str,
     token: OwnerToken,

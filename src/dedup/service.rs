@@ -1,4 +1,4 @@
-use super::guard::{release, ClaimGuard, Detach};
+use super::guard::{ClaimGuard, Detach};
 use super::layer::{DedupConfig, DedupLayer, OnStoreError};
 use super::{BODY_OMITTED_HEADER, REPLAYED_HEADER};
 use crate::body::{text_response, BodyBuffer, ResponseBody};
@@ -233,6 +233,16 @@ where
         let mut waited = false;
         loop {
             let token = OwnerToken::new();
+            // Owns whatever claim the call below makes: if the call times out,
+            // fails in transport after the store acted, or this future is
+            // dropped, the claim is released (owner-checked, so harmless when
+            // there was none) instead of blocking the key for a whole lease.
+            let mut guard = ClaimGuard::new(
+                self.store.clone(),
+                self.key.as_arc().clone(),
+                token,
+                self.config.store_timeout,
+            );
             let claim = store_call(
                 self.config.store_timeout,
                 "claim",
@@ -242,8 +252,14 @@ where
             .await;
             let claim = match claim {
                 Ok(claim) => claim,
-                Err(e) => return self.store_failed(e, req).await,
+                Err(e) => {
+                    drop(guard);
+                    return self.store_failed(e, req).await;
+                }
             };
+            if !matches!(claim, Claim::Acquired(_)) {
+                guard.disarm();
+            }
             match claim {
                 Claim::Completed(record) => {
                     if record.fingerprint != fingerprint {
@@ -277,7 +293,7 @@ where
                     waited = true;
                     let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
                 }
-                Claim::Acquired(token) => {
+                Claim::Acquired(_) => {
                     if let Some(token_key) = self.key.token_key().cloned() {
                         let taken = store_call(
                             self.config.store_timeout,
@@ -285,17 +301,22 @@ where
                             self.store.take_token(&token_key),
                         )
                         .await;
-                        if !matches!(taken, Ok(true)) {
-                            let key = self.key.as_str();
-                            release(&self.store, key, token, self.config.store_timeout, None).await;
-                        }
                         match taken {
-                            Ok(true) => {}
-                            Ok(false) => return Ok(self.unknown_token()),
-                            Err(e) => return self.store_failed(e, req).await,
+                            // Only a token known to be taken is given back on
+                            // failure: restoring an unconfirmed one could mint
+                            // a guessed token.
+                            Ok(true) => guard.restore_token(token_key, self.config.token_ttl),
+                            Ok(false) => {
+                                guard.release().await;
+                                return Ok(self.unknown_token());
+                            }
+                            Err(e) => {
+                                guard.release().await;
+                                return self.store_failed(e, req).await;
+                            }
                         }
                     }
-                    return self.execute(req, token).await;
+                    return self.execute(req, guard).await;
                 }
             }
         }
@@ -393,7 +414,7 @@ where
     async fn execute<ReqBody, ResBody>(
         self,
         req: Request<ReqBody>,
-        token: OwnerToken,
+        guard: ClaimGuard<St>,
     ) -> Result<Response<ResponseBody<ResBody>>, S::Err>
     where
         S: Inner<ReqBody, ResBody>,
@@ -401,13 +422,13 @@ where
         ResBody: Body<Data = Bytes> + Send + 'static,
     {
         let detach = self.config.finish_on_disconnect;
-        Detach::new(self.execute_owned(req, token), detach).await
+        Detach::new(self.execute_owned(req, guard), detach).await
     }
 
     async fn execute_owned<ReqBody, ResBody>(
         self,
         req: Request<ReqBody>,
-        token: OwnerToken,
+        mut guard: ClaimGuard<St>,
     ) -> Result<Response<ResponseBody<ResBody>>, S::Err>
     where
         S: Inner<ReqBody, ResBody>,
@@ -416,18 +437,10 @@ where
     {
         let Run {
             mut inner,
-            store,
             config,
             key,
+            ..
         } = self;
-        let restore_token = key.token_key().map(|k| (k.clone(), config.token_ttl));
-        let mut guard = ClaimGuard::new(
-            store,
-            key.as_arc().clone(),
-            token,
-            config.store_timeout,
-            restore_token,
-        );
         let work = async move {
             let res = inner.call(req).await?;
             let (parts, body) = res.into_parts();
