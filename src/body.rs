@@ -102,6 +102,11 @@ where
     }
 }
 
+/// The message of one of our own refusals, kept so that the normalize layer
+/// can answer it in another form (a gRPC status).
+#[derive(Debug, Clone)]
+pub(crate) struct Rejection(pub(crate) Bytes);
+
 /// Builds a small text response with the given status; used for our own answers.
 pub(crate) fn text_response<B: From<Bytes>>(
     status: http::StatusCode,
@@ -114,8 +119,9 @@ pub(crate) fn text_response_owned<B: From<Bytes>>(
     status: http::StatusCode,
     message: Bytes,
 ) -> http::Response<B> {
-    let mut res = http::Response::new(B::from(message));
+    let mut res = http::Response::new(B::from(message.clone()));
     *res.status_mut() = status;
+    res.extensions_mut().insert(Rejection(message));
     res.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -229,7 +229,6 @@ async fn refusals_never_reach_the_handler() {
 /// (400, 422). Un-ignore once the library answers gRPC requests with a
 /// trailers-only gRPC status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "library: refusals to gRPC requests are not gRPC statuses"]
 async fn refusals_are_grpc_statuses() {
     let shop = Shop::default();
     let addr = start(shop.clone()).await;
@@ -239,9 +238,9 @@ async fn refusals_are_grpc_statuses() {
         .create_order(Some("k-422"), tea(9))
         .await
         .unwrap_err();
-    assert_ne!(mismatch.code(), Code::Internal, "{mismatch:?}");
+    assert_eq!(mismatch.code(), Code::FailedPrecondition, "{mismatch:?}");
     assert!(mismatch.message().contains("idempotency"), "{mismatch:?}");
     let missing = client.create_order(None, tea(1)).await.unwrap_err();
-    assert_ne!(missing.code(), Code::Internal, "{missing:?}");
+    assert_eq!(missing.code(), Code::InvalidArgument, "{missing:?}");
     assert!(missing.message().contains("idempotency"), "{missing:?}");
 }

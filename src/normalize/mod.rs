@@ -7,6 +7,12 @@
 //! the channel's failure reply, so the channel retries. Client errors that
 //! retrying cannot fix (400, 401, 403, 404, 413) keep their status.
 //!
+//! gRPC requests (`content-type: application/grpc…`) that the layers refuse
+//! (400, 409, 413, 422, 503, …) get a trailers-only gRPC answer instead of a
+//! text body, so that gRPC clients can read it: 400 → `INVALID_ARGUMENT`,
+//! 409 and 503 → `UNAVAILABLE` (retryable), 413 → `RESOURCE_EXHAUSTED`,
+//! 422 → `FAILED_PRECONDITION`, with the reason in `grpc-message`.
+//!
 //! ```
 //! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
@@ -27,6 +33,7 @@
 //! # }
 //! ```
 
+use crate::body::Rejection;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
@@ -140,6 +147,65 @@ impl Reply {
     }
 }
 
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A refusal as a trailers-only gRPC response.
+fn grpc_refusal<B: From<Bytes>>(res: Response<B>) -> Response<B> {
+    let (parts, _body) = res.into_parts();
+    let code: u16 = match parts.status.as_u16() {
+        400 => 3,                    // INVALID_ARGUMENT
+        401 => 16,                   // UNAUTHENTICATED
+        403 => 7,                    // PERMISSION_DENIED
+        404 => 12,                   // UNIMPLEMENTED
+        409 | 429 | 502..=504 => 14, // UNAVAILABLE: retry later
+        413 => 8,                    // RESOURCE_EXHAUSTED
+        422 => 9,                    // FAILED_PRECONDITION
+        500 => 13,                   // INTERNAL
+        _ => 2,                      // UNKNOWN
+    };
+    let message = match parts.extensions.get::<Rejection>() {
+        Some(r) => String::from_utf8_lossy(&r.0).trim().to_owned(),
+        None => parts
+            .status
+            .canonical_reason()
+            .unwrap_or("refused")
+            .to_owned(),
+    };
+    let mut out = Response::new(B::from(Bytes::new()));
+    *out.extensions_mut() = parts.extensions;
+    let headers = out.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from(code));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(&message)) {
+        headers.insert("grpc-message", v);
+    }
+    if let Some(retry) = parts.headers.get(header::RETRY_AFTER) {
+        headers.insert(header::RETRY_AFTER, retry.clone());
+    }
+    out
+}
+
+/// gRPC's `grpc-message` encoding: bytes outside printable ASCII and `%`
+/// are percent-encoded.
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Client errors that a retry cannot fix: reported with their own status.
 fn is_final_client_error(status: StatusCode) -> bool {
     matches!(status.as_u16(), 400 | 401 | 403 | 404 | 413)
@@ -222,9 +288,11 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let grpc = is_grpc(req.headers());
         ResponseFuture {
             fut: self.inner.call(req),
             reply: self.reply.clone(),
+            grpc,
         }
     }
 }
@@ -235,6 +303,7 @@ pin_project! {
         #[pin]
         fut: F,
         reply: Arc<Reply>,
+        grpc: bool,
     }
 }
 
@@ -256,6 +325,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let res = ready!(this.fut.poll(cx))?;
+        if *this.grpc && !res.status().is_success() && !is_grpc(res.headers()) {
+            return Poll::Ready(Ok(grpc_refusal(res)));
+        }
         Poll::Ready(Ok(this.reply.apply(res)))
     }
 }
