@@ -60,6 +60,17 @@
 //!
 //! See [`channel`] for fingerprints and failure replies.
 //!
+//! # Many instances
+//!
+//! Instances that share a [`store::RedisStore`] share their records: a copy
+//! that reaches instance B while instance A runs the first waits and replays
+//! A's response, or takes over if A fails or dies (its lease runs out). Give
+//! every instance the same scope: the route part of keys defaults to the
+//! request path, so instances mounted under different paths (proxy prefixes,
+//! trailing slashes) must set [`IdempotencyLayer::route`] to one name. A claim
+//! survives a store outage only as long as its lease: keep the lease longer
+//! than the outages you expect while a handler runs.
+//!
 //! # What no layer can close
 //!
 //! An instance that dies after handing a request to a remote upstream cannot
@@ -73,6 +84,7 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
+//! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances) |
 //! | `axum` | nothing more than compatibility checks (the layers work with axum as they are) |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
