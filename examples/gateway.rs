@@ -78,12 +78,19 @@
 //! reply, and the dedup layer never caches them: the channel's next retry is
 //! forwarded again.
 //!
+//! A request that is not guarded (a safe method such as GET, a path under no
+//! route, or a request `auto` does not recognize) is forwarded every time. On
+//! a route with a preset, a POST, PUT, PATCH or DELETE without the preset's
+//! key gets 400 in the channel's failure form (DESIGN §3).
+//!
 //! **What no gateway can close**: an upstream that acted but answered too late
-//! (or a gateway killed after forwarding) looks like a failure, and the retry
-//! is forwarded again. Keep a unique index in the upstream's database (for
-//! example on the channel's transaction id) as the backstop, and keep
-//! `--upstream-timeout` below the channel's own timeout (5 s for WeChat Pay)
-//! only if the upstream can take a second copy.
+//! (past `--upstream-timeout`), or a gateway killed after forwarding, looks
+//! like a failure: the claim is released (or its lease runs out) and the next
+//! retry is forwarded again. Keep a unique index in the upstream's database
+//! (for example on the channel's transaction id) as the backstop, and keep
+//! `--upstream-timeout` above the upstream's slowest honest answer. The
+//! channel's own timeout (5 s for WeChat Pay) need not bound it: copies that
+//! arrive meanwhile wait for the first (`--wait`) or get a retryable answer.
 //!
 //! # Shutdown
 //!
@@ -735,6 +742,9 @@ impl Forward {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // Answer in the client's protocol, not the upstream's (an
+                // HTTP/1.0 upstream must not turn the reply into HTTP/1.0).
+                parts.version = Version::default();
                 let body = Deadline {
                     body,
                     sleep: Box::pin(tokio::time::sleep_until(deadline)),

@@ -712,6 +712,75 @@ async fn auto_detects_every_channel_and_passes_the_rest_through() {
     assert_eq!(up.last("/plain/get").method, "GET");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_the_limits_get_413_and_never_reach_the_upstream() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up.url(), &[]);
+    let client = client();
+    // An Alipay notification padded past the channel limit (64 KiB): `auto`
+    // detects it, the alipay stack refuses it.
+    let v = &VECTORS[5];
+    assert_eq!(v.preset, "alipay");
+    let mut padded = v.body().to_vec();
+    padded.extend_from_slice(b"&pad=");
+    padded.resize(65 * 1024, b'x');
+    let a = send(&client, &gw.url("/big/alipay"), &v.headers(), padded).await;
+    assert_eq!(a.status, 413, "{}", a.text());
+    // Anything past the largest limit (1 MiB) is refused before detection.
+    let a = send(
+        &client,
+        &gw.url("/big/plain"),
+        &[],
+        vec![b'x'; (1 << 20) + 1],
+    )
+    .await;
+    assert_eq!(a.status, 413, "{}", a.text());
+    assert_eq!(up.calls("/big/alipay") + up.calls("/big/plain"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn principal_header_max_body_and_window_shape_the_stack() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--route",
+            "/t=idempotency-key",
+            "--principal-header",
+            "x-tenant",
+            "--max-body",
+            "2KiB",
+            "--window",
+            "1s",
+        ],
+    );
+    let client = client();
+    let headers = |tenant: &str| -> Headers {
+        vec![
+            ("idempotency-key".into(), "order-1".into()),
+            ("x-tenant".into(), tenant.into()),
+        ]
+    };
+    let body = r#"{"sku":"tea"}"#;
+    // One key, two tenants: two records.
+    let a = send(&client, &gw.url("/t"), &headers("a"), body).await;
+    assert_eq!(a.text(), "upstream call 1 for /t");
+    let b = send(&client, &gw.url("/t"), &headers("b"), body).await;
+    assert_eq!(b.text(), "upstream call 2 for /t");
+    let again = send(&client, &gw.url("/t"), &headers("a"), body).await;
+    assert_eq!(again.text(), "upstream call 1 for /t");
+    assert!(again.replayed());
+    // 2 KiB limit.
+    let big = send(&client, &gw.url("/t"), &headers("c"), vec![b'x'; 3 * 1024]).await;
+    assert_eq!(big.status, 413);
+    assert_eq!(up.calls("/t"), 2);
+    // After the 1 s window the key runs again.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let later = send(&client, &gw.url("/t"), &headers("a"), body).await;
+    assert_eq!(later.text(), "upstream call 3 for /t");
+    assert!(!later.replayed());
+}
+
 /// Sends raw HTTP/1.1 and reads until the server closes.
 fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -725,7 +794,7 @@ fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_keeps_bytes_path_query_and_drops_hop_by_hop_headers() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&up.url(), &["--route", "/fwd=auto"]);
+    let gw = Gateway::start(&format!("{}/base/", up.url()), &["--route", "/fwd=auto"]);
     let body: &[u8] = b"raw \x00\x01 bytes\r\nsecond line";
     let mut req = Vec::new();
     req.extend_from_slice(
@@ -756,10 +825,13 @@ async fn forwarding_keeps_bytes_path_query_and_drops_hop_by_hop_headers() {
         .await
         .unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(reply.contains("upstream call 1 for /fwd/x%20y"), "{reply}");
+    assert!(
+        reply.contains("upstream call 1 for /base/fwd/x%20y"),
+        "{reply}"
+    );
 
-    let seen = up.last("/fwd/x%20y");
-    assert_eq!(seen.uri, "/fwd/x%20y?q=1&r=two%3D");
+    let seen = up.last("/base/fwd/x%20y");
+    assert_eq!(seen.uri, "/base/fwd/x%20y?q=1&r=two%3D");
     assert_eq!(seen.body, body);
     let h = &seen.headers;
     assert_eq!(h["host"], up.addr.to_string().as_str());
@@ -782,6 +854,38 @@ async fn forwarding_keeps_bytes_path_query_and_drops_hop_by_hop_headers() {
     if let Some(c) = h.get("connection") {
         assert!(!c.to_str().unwrap().contains("X-Hop"), "{c:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_upstream_does_not_downgrade_the_reply() {
+    // An upstream that answers every request in HTTP/1.0 and closes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let mut len = 0;
+            while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf[len..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => len += n,
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await;
+        }
+    });
+    let gw = Gateway::start(&format!("http://{addr}"), &[]);
+    let res = client()
+        .request(Request::get(gw.url("/old")).body(Full::default()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.version(), http::Version::HTTP_11);
+    let a = common::read(res).await;
+    assert_eq!((a.status, a.text().as_str()), (200, "ok"));
+    task.abort();
 }
 
 /// A loopback port nobody listens on (bound, then released).
@@ -1289,6 +1393,47 @@ mod redis {
         let a = Gateway::start(&up.url(), &["--store", &store]);
         let b = Gateway::start(&up.url(), &["--store", &store]);
         storm_over(&a, &b, &up, "/cluster/two").await;
+    }
+
+    /// Redis goes down: `closed` answers the channel's failure reply (the
+    /// upstream is not called), `open` passes through; when Redis is back,
+    /// `closed` recovers by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_down_fails_closed_or_open_as_told_and_recovers() {
+        if !support_redis::redis_available() {
+            return;
+        }
+        let mut redis = support_redis::RedisServer::start();
+        let up = Upstream::start().await;
+        let store = format!("redis://127.0.0.1:{}", redis.port());
+        let closed = Gateway::start(&up.url(), &["--store", &store]);
+        let open = Gateway::start(&up.url(), &["--store", &store, "--on-store-error", "open"]);
+        let client = client();
+        let v = &VECTORS[0];
+        redis.stop();
+        let a = send(&client, &closed.url("/p7/closed"), &v.headers(), v.body()).await;
+        assert_eq!((a.status, a.text().as_str()), (500, WECHAT_FAIL));
+        assert_eq!(up.calls("/p7/closed"), 0);
+        let a = send(&client, &open.url("/p7/open"), &v.headers(), v.body()).await;
+        assert_eq!((a.status, a.text().as_str()), (200, WECHAT_SUCCESS));
+        assert_eq!(up.calls("/p7/open"), 1);
+
+        redis.restart();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let a = send(&client, &closed.url("/p7/closed"), &v.headers(), v.body()).await;
+            if a.status == 200 {
+                assert_eq!(a.text(), WECHAT_SUCCESS);
+                break;
+            }
+            assert_eq!((a.status, a.text().as_str()), (500, WECHAT_FAIL));
+            assert!(
+                Instant::now() < deadline,
+                "no recovery after Redis came back"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(up.calls("/p7/closed"), 1);
     }
 
     /// SIGTERM while the only copy runs and its caller has hung up: the
