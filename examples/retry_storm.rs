@@ -42,6 +42,8 @@
 //! | `--handler-ms MS` | 5 | simulated work between reading and writing the status (0: a bare yield) |
 //! | `--failure-rate F` | 0 | probability in `[0, 1]` that one handler call answers 500 |
 //! | `--baseline none\|dedup` | dedup | the handler alone, or behind `IdempotencyLayer::wechatpay_v3()` |
+//! | `--store S` | memory | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` |
+//! | `--instances N` | 1 | independent stacks (each on its own server) sharing the store; copies and retries spread over them |
 //! | `--json` | off | also print one JSON object as the last line |
 //!
 //! # Output
@@ -81,7 +83,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::ServiceBuilder;
-use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::store::{MemoryStore, RedisStore, Store};
+use tower_idempotency::{IdempotencyLayer, Preset};
 
 /// WeChat Pay v3's success reply: the only answer that stops its retries.
 const SUCCESS_BODY: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
@@ -98,7 +101,9 @@ const CHANNEL_TIMEOUT: Duration = Duration::from_secs(5);
 
 const USAGE: &str = "\
 usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
-                   [--handler-ms MS] [--failure-rate F] [--baseline none|dedup] [--json]";
+                   [--handler-ms MS] [--failure-rate F] [--baseline none|dedup]
+                   [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]]
+                   [--instances N] [--json]";
 
 // ---------------------------------------------------------------- flags --
 
@@ -119,6 +124,38 @@ impl Baseline {
     }
 }
 
+/// Where the dedup records live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoreArg {
+    Memory,
+    Redis(String),
+    Cluster(Vec<String>),
+}
+
+impl StoreArg {
+    fn parse(value: &str) -> Result<Self, String> {
+        if value == "memory" {
+            return Ok(Self::Memory);
+        }
+        if value.starts_with("redis://") || value.starts_with("rediss://") {
+            return Ok(Self::Redis(value.to_owned()));
+        }
+        if let Some(nodes) = value.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = nodes
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if !nodes.is_empty() {
+                return Ok(Self::Cluster(nodes));
+            }
+        }
+        Err(format!(
+            "--store: `{value}` is not `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]`"
+        ))
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Args {
     transactions: usize,
@@ -127,6 +164,8 @@ struct Args {
     handler_ms: u64,
     failure_rate: f64,
     baseline: Baseline,
+    store: StoreArg,
+    instances: usize,
     json: bool,
 }
 
@@ -139,6 +178,8 @@ impl Default for Args {
             handler_ms: 5,
             failure_rate: 0.0,
             baseline: Baseline::Dedup,
+            store: StoreArg::Memory,
+            instances: 1,
             json: false,
         }
     }
@@ -176,6 +217,8 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
             "--handler-ms",
             "--failure-rate",
             "--baseline",
+            "--store",
+            "--instances",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown flag `{flag}`"));
@@ -214,6 +257,8 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
                     _ => return Err(format!("{flag}: `{value}` is neither `none` nor `dedup`")),
                 }
             }
+            "--store" => args.store = StoreArg::parse(&value)?,
+            "--instances" => args.instances = positive(&flag, &value)?,
             _ => unreachable!("checked against `known` above"),
         }
     }
@@ -462,13 +507,16 @@ struct TxReport {
 /// whether it was acknowledged and the latency of each attempt.
 async fn deliver(
     client: HttpClient,
-    uri: http::Uri,
+    uris: Arc<[http::Uri]>,
+    first: usize,
     id: Arc<str>,
     seed: u64,
 ) -> (bool, Vec<Duration>) {
     let mut latencies = Vec::with_capacity(1);
     for attempt in 0..MAX_ATTEMPTS {
         let body = notification(&id, seed.wrapping_add(u64::from(attempt)));
+        // Each retry may land on another instance, as behind a load balancer.
+        let uri = &uris[(first + attempt as usize) % uris.len()];
         let req = Request::post(uri.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(
@@ -499,7 +547,7 @@ async fn deliver(
 /// Sends `duplicates` copies of transaction `id` at once.
 async fn storm(
     client: HttpClient,
-    uri: http::Uri,
+    uris: Arc<[http::Uri]>,
     id: Arc<str>,
     duplicates: usize,
     seed: u64,
@@ -507,7 +555,15 @@ async fn storm(
     let mut copies = JoinSet::new();
     for copy in 0..duplicates {
         let seed = xorshift(seed ^ ((copy as u64) << 48));
-        copies.spawn(deliver(client.clone(), uri.clone(), id.clone(), seed));
+        // Copies spread over the instances.
+        let first = copy + (seed as usize % uris.len());
+        copies.spawn(deliver(
+            client.clone(),
+            uris.clone(),
+            first,
+            id.clone(),
+            seed,
+        ));
     }
     let mut report = TxReport::default();
     while let Some(done) = copies.join_next().await {
@@ -623,6 +679,26 @@ fn print_table(args: &Args, s: &Summary) {
 
 // ----------------------------------------------------------------- main --
 
+/// `instances` independent dedup stacks (each its own layer and server, as
+/// separate gateway processes would be) sharing `store`.
+async fn serve_stacks<St: Store>(
+    store: St,
+    handler: &Handler,
+    instances: usize,
+) -> std::io::Result<Vec<SocketAddr>> {
+    let mut addrs = Vec::with_capacity(instances);
+    for _ in 0..instances {
+        let stack = ServiceBuilder::new()
+            .layer(IdempotencyLayer::with_store(
+                Preset::wechatpay_v3(),
+                store.clone(),
+            ))
+            .service(handler.clone());
+        addrs.push(serve(stack).await?);
+    }
+    Ok(addrs)
+}
+
 async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
     let run_seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -633,18 +709,39 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
     let upstream = Arc::new(Upstream::new(&ids, args.handler_ms, args.failure_rate));
     let handler = Handler(upstream.clone());
 
-    let addr = match args.baseline {
-        Baseline::None => serve(handler).await?,
-        Baseline::Dedup => {
-            serve(
-                ServiceBuilder::new()
-                    .layer(IdempotencyLayer::wechatpay_v3())
-                    .service(handler),
+    let addrs = match (args.baseline, &args.store) {
+        (Baseline::None, _) => {
+            let mut addrs = Vec::with_capacity(args.instances);
+            for _ in 0..args.instances {
+                addrs.push(serve(handler.clone()).await?);
+            }
+            addrs
+        }
+        (Baseline::Dedup, StoreArg::Memory) => {
+            serve_stacks(MemoryStore::new(), &handler, args.instances).await?
+        }
+        (Baseline::Dedup, StoreArg::Redis(url)) => {
+            serve_stacks(
+                RedisStore::standalone(url.as_str()).await?,
+                &handler,
+                args.instances,
+            )
+            .await?
+        }
+        (Baseline::Dedup, StoreArg::Cluster(nodes)) => {
+            serve_stacks(
+                RedisStore::cluster(nodes.clone()).await?,
+                &handler,
+                args.instances,
             )
             .await?
         }
     };
-    let uri: http::Uri = format!("http://{addr}{NOTIFY_PATH}").parse()?;
+    let uris: Arc<[http::Uri]> = addrs
+        .iter()
+        .map(|addr| format!("http://{addr}{NOTIFY_PATH}").parse())
+        .collect::<Result<Vec<_>, _>>()?
+        .into();
 
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
@@ -664,7 +761,7 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
         let permit = permits.clone().acquire_owned().await?;
         let fut = storm(
             client.clone(),
-            uri.clone(),
+            uris.clone(),
             Arc::from(id.as_str()),
             args.duplicates,
             run_seed ^ (i as u64).wrapping_mul(0x9E37_79B9),
