@@ -410,6 +410,15 @@ async fn commands_per_request_are_as_documented() {
     let store = RedisStore::standalone(server.url()).await.unwrap();
     let executions = Executions::default();
     let layer = IdempotencyLayer::wechatpay_v3().store(store);
+    // Another instance, with a local tier of its own.
+    let other = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::wechatpay_v3()
+                .store(RedisStore::standalone(server.url()).await.unwrap()),
+        )
+        .service(service_fn(|_req: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }));
     let svc =
         ServiceBuilder::new()
             .layer(layer)
@@ -444,9 +453,26 @@ async fn commands_per_request_are_as_documented() {
     // First copy: claim + complete.
     assert!(is_success(&send("EV-1".into()).await));
     assert_eq!(calls(port, "evalsha"), 2);
-    // A repeat of a completed record: one claim that returns it.
+    // A repeat on the instance that completed it: its local tier answers.
     let again = send("EV-1".into()).await;
     assert!(is_success(&again) && again.replayed());
+    assert_eq!(calls(port, "evalsha"), 2);
+    // A repeat on another instance: one claim that returns the record...
+    let on_other = |id: &str| {
+        let req = common::request(
+            "/notify/wechat",
+            &[("content-type", "application/json")],
+            notification(id),
+        );
+        let other = other.clone();
+        async move { common::read(other.oneshot(req).await.unwrap()).await }
+    };
+    let replay = on_other("EV-1").await;
+    assert!(is_success(&replay) && replay.replayed());
+    assert_eq!(calls(port, "evalsha"), 3);
+    // ...and none after that: it is in that instance's local tier now.
+    let replay = on_other("EV-1").await;
+    assert!(is_success(&replay) && replay.replayed());
     assert_eq!(calls(port, "evalsha"), 3);
 
     // One copy runs for 300 ms while 9 duplicates wait on this instance.

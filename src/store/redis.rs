@@ -7,7 +7,7 @@
 //! | path | commands |
 //! |---|---|
 //! | first copy (runs the inner service) | 1 `EVALSHA` to claim, 1 `EVALSHA` to complete (or release), 1 `EVALSHA` per renewal (every `lease/3`) |
-//! | repeat of a completed record | 1 `EVALSHA` |
+//! | repeat of a completed record | 0 commands when this instance holds it in its local tier, else 1 `EVALSHA` |
 //! | duplicate of a running request | 1 `EVALSHA` to claim, 1 more each time the record changes; plus, per instance and key (not per waiter), 1 `GETRANGE` per poll interval while anyone waits |
 
 use super::{
@@ -39,7 +39,8 @@ const OWNER_LEN: usize = 17;
 const IN_FLIGHT_LEN: usize = 33;
 
 /// Claims an absent key, or returns what is there: nil when acquired, the
-/// in-flight value, or the completed record.
+/// in-flight value, or the completed record with its remaining time to live
+/// (for the local tier).
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -48,7 +49,7 @@ if v then
   if string.byte(v, 1) == 241 then
     return string.sub(v, 1, 33)
   end
-  return v
+  return {v, redis.call('PTTL', KEYS[1])}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
@@ -126,7 +127,7 @@ return 0
 /// | path | commands |
 /// |---|---|
 /// | first copy (runs the inner service) | 1 `EVALSHA` to claim, 1 `EVALSHA` to complete (or release), plus 1 `EVALSHA` per renewal (every `lease/3` while it runs) |
-/// | repeat of a completed record | 1 `EVALSHA` (the claim returns the record) |
+/// | repeat of a completed record | none when this instance holds it in its [local tier](RedisStore::local_tier) (it completed or replayed it before), else 1 `EVALSHA` (the claim returns the record and its remaining window) |
 /// | duplicate of a running request | 1 `EVALSHA` to claim, then 1 `EVALSHA` each time the record changes |
 /// | client token: issue / consume | 1 `SET … PX` / 1 `EVALSHA` (compare and delete) |
 ///
@@ -193,6 +194,21 @@ pub struct RedisStore<C = ConnectionManager> {
     prefix: Cow<'static, str>,
     poll_interval: Duration,
     pollers: Arc<Mutex<HashMap<String, Arc<Poller>>>>,
+    local: Option<LocalTier>,
+}
+
+/// Completed records this instance has seen, until their window ends.
+type LocalTier =
+    moka::sync::Cache<String, (Arc<CompletedRecord>, Instant), foldhash::fast::RandomState>;
+
+/// The default size of the local tier, in records.
+const LOCAL_TIER_RECORDS: u64 = 100_000;
+
+fn local_tier(records: u64) -> LocalTier {
+    moka::sync::Cache::builder()
+        .max_capacity(records)
+        .time_to_live(Duration::from_secs(25 * 3600))
+        .build_with_hasher(foldhash::fast::RandomState::default())
 }
 
 /// A [`RedisStore`] over a Redis Cluster.
@@ -205,6 +221,7 @@ impl<C: Clone> Clone for RedisStore<C> {
             prefix: self.prefix.clone(),
             poll_interval: self.poll_interval,
             pollers: self.pollers.clone(),
+            local: self.local.clone(),
         }
     }
 }
@@ -290,7 +307,17 @@ where
             prefix: Cow::Borrowed(""),
             poll_interval: Duration::from_millis(25),
             pollers: Arc::default(),
+            local: Some(local_tier(LOCAL_TIER_RECORDS)),
         }
+    }
+
+    /// The local tier: completed records are immutable, so this instance
+    /// keeps up to `records` of them (for the rest of their window) and
+    /// answers repeats without a Redis round trip. `0` turns it off.
+    /// Defaults to 100,000 records.
+    pub fn local_tier(mut self, records: u64) -> Self {
+        self.local = (records > 0).then(|| local_tier(records));
+        self
     }
 
     /// Prepended to every key, as it is. The keys the dedup layer passes are
@@ -491,12 +518,20 @@ where
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let key = self.full_key(key);
+        if let Some(local) = &self.local {
+            if let Some((record, expires)) = local.get(&key) {
+                if expires > Instant::now() {
+                    return Ok(Claim::Completed(record));
+                }
+                local.invalidate(&key);
+            }
+        }
         let mut conn = self.conn.clone();
         // If this call is cancelled (the layer's store timeout) or fails after
         // the script may have run, nobody would own the claim it may have
         // made: release it, so it does not block the key for a whole lease.
         let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
-        let found: Option<Vec<u8>> = CLAIM
+        let found: ::redis::Value = CLAIM
             .key(&key)
             .arg(&in_flight_value(token, fingerprint)[..])
             .arg(millis(lease))
@@ -504,8 +539,23 @@ where
             .await
             .map_err(|e| map_err("claim", e))?;
         undo.0 = None;
-        let Some(found) = found else {
-            return Ok(Claim::Acquired(token));
+        let found = match found {
+            ::redis::Value::Nil => return Ok(Claim::Acquired(token)),
+            ::redis::Value::BulkString(found) => found,
+            ::redis::Value::Array(mut parts) if parts.len() == 2 => {
+                let (::redis::Value::BulkString(found), ::redis::Value::Int(ttl)) =
+                    (parts.swap_remove(0), parts.swap_remove(0))
+                else {
+                    return Err(corrupt("claim answer of an unexpected shape"));
+                };
+                let record = Arc::new(decode(&found)?);
+                if let (Some(local), Ok(ttl)) = (&self.local, u64::try_from(ttl)) {
+                    let expires = Instant::now() + Duration::from_millis(ttl);
+                    local.insert(key, (record.clone(), expires));
+                }
+                return Ok(Claim::Completed(record));
+            }
+            other => return Err(corrupt(format_args!("claim answered {other:?}"))),
         };
         match found.first() {
             Some(&IN_FLIGHT) if found.len() == IN_FLIGHT_LEN => {
@@ -544,6 +594,11 @@ where
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("complete", e))?;
+        if done == 1 {
+            if let Some(local) = &self.local {
+                local.insert(key, (record, Instant::now() + window));
+            }
+        }
         Ok(done == 1)
     }
 
