@@ -679,8 +679,8 @@ fn print_table(args: &Args, s: &Summary) {
 
 // ----------------------------------------------------------------- main --
 
-/// `instances` independent dedup stacks (each its own layer and server, as
-/// separate gateway processes would be) sharing `store`.
+/// `instances` dedup stacks (each its own layer and server) over one store:
+/// for the memory store, the one store all instances of a process share.
 async fn serve_stacks<St: Store>(
     store: St,
     handler: &Handler,
@@ -720,21 +720,23 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
         (Baseline::Dedup, StoreArg::Memory) => {
             serve_stacks(MemoryStore::new(), &handler, args.instances).await?
         }
+        // Each instance gets its own connection, local tier and pollers, as
+        // separate processes would.
         (Baseline::Dedup, StoreArg::Redis(url)) => {
-            serve_stacks(
-                RedisStore::standalone(url.as_str()).await?,
-                &handler,
-                args.instances,
-            )
-            .await?
+            let mut addrs = Vec::with_capacity(args.instances);
+            for _ in 0..args.instances {
+                let store = RedisStore::standalone(url.as_str()).await?;
+                addrs.extend(serve_stacks(store, &handler, 1).await?);
+            }
+            addrs
         }
         (Baseline::Dedup, StoreArg::Cluster(nodes)) => {
-            serve_stacks(
-                RedisStore::cluster(nodes.clone()).await?,
-                &handler,
-                args.instances,
-            )
-            .await?
+            let mut addrs = Vec::with_capacity(args.instances);
+            for _ in 0..args.instances {
+                let store = RedisStore::cluster(nodes.clone()).await?;
+                addrs.extend(serve_stacks(store, &handler, 1).await?);
+            }
+            addrs
         }
     };
     let uris: Arc<[http::Uri]> = addrs

@@ -138,7 +138,9 @@ return 0
 /// releases or loses the claim. Each woken duplicate then claims again (one
 /// `EVALSHA`), replays the record or takes over. So a storm of *n* copies of
 /// one key on one instance costs about `n` claims plus one small read per
-/// interval, not `n` reads per interval. Scripts are sent as `EVALSHA`; the
+/// interval, not `n` reads per interval. When the owner runs on the same
+/// instance, its complete or release wakes the waiters at once. Scripts are
+/// sent as `EVALSHA`; the
 /// first call after a server (re)start costs one extra `SCRIPT LOAD`.
 ///
 /// # Failure behaviour
@@ -360,6 +362,16 @@ where
             }
         }
         k
+    }
+
+    /// The owner on this instance completed or released `key`: wake this
+    /// instance's waiters now instead of at the poller's next look. (The
+    /// poller itself stops at its next look, when it sees the change.)
+    fn wake_local_waiters(&self, key: &str) {
+        let poller = lock(&self.pollers).remove(key);
+        if let Some(poller) = poller {
+            poller.sender.notify();
+        }
     }
 
     /// A watch shared by every waiter of this instance on `key` while it is
@@ -596,8 +608,9 @@ where
             .map_err(|e| map_err("complete", e))?;
         if done == 1 {
             if let Some(local) = &self.local {
-                local.insert(key, (record, Instant::now() + window));
+                local.insert(key.clone(), (record, Instant::now() + window));
             }
+            self.wake_local_waiters(&key);
         }
         Ok(done == 1)
     }
@@ -629,6 +642,9 @@ where
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("release", e))?;
+        if done == 1 {
+            self.wake_local_waiters(&key);
+        }
         Ok(done == 1)
     }
 
