@@ -23,7 +23,7 @@
 //! | `--listen ADDR` | where to accept connections (`127.0.0.1:0` picks a free port) | required |
 //! | `--upstream URL` | `http://HOST:PORT[/BASE]` of the service behind the gateway | required |
 //! | `--store STORE` | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` | `memory` |
-//! | `--route PREFIX=PRESET` | repeatable; `PRESET` is a DESIGN §6 preset name or `auto` | `/=auto` |
+//! | `--route PREFIX=PRESET` | repeatable; `PRESET` is a DESIGN §6 preset name (`wechatpay-v3`, `wechatpay-v2`, `alipay`, `stripe`, `paypal`, `adyen`, `standard-webhooks`, `idempotency-key`, `client-token`) or `auto` | `/=auto` |
 //! | `--window DUR` | how long a success is replayed | the preset's: 25h channels, 24h `idempotency-key` |
 //! | `--lease DUR` | the claim's lease, renewed every `lease/3` | `30s` |
 //! | `--wait DUR` | how long a duplicate waits for the first copy | `4s` |
@@ -46,6 +46,11 @@
 //! `/notify` and `/notify/wechat`, not `/notifyx`; `/` matches everything. A
 //! request that matches no route is forwarded untouched. The key's scope is
 //! `idem:PRESET:PATH:PRINCIPAL`, so two paths never share a record.
+//!
+//! A `client-token` route also issues the one-time tokens its submits carry
+//! in `Idempotency-Token`: `GET` or `POST PREFIX/idempotency-token` answers
+//! `{"token":"…","expires_in":300}` from the gateway itself, scoped like the
+//! route's keys (a hash of `Authorization`, or `--principal-header`).
 //!
 //! `auto` detects the sender of each request, in this order:
 //!
@@ -172,6 +177,7 @@ use tower_idempotency::key::HeaderPrincipal;
 use tower_idempotency::store::{
     Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError,
 };
+use tower_idempotency::token::IssueToken;
 use tower_idempotency::{
     Fingerprint, Idempotency, IdempotencyLayer, OnStoreError, Outcome, Preset, ResponseBody,
 };
@@ -235,7 +241,8 @@ usage: gateway --listen ADDR --upstream URL [options]
                             | redis+cluster://HOST:PORT[,HOST:PORT...]
   --route PREFIX=PRESET     repeatable; longest prefix wins; default /=auto
                             PRESET: auto, wechatpay-v3, wechatpay-v2, alipay, stripe,
-                            paypal, adyen, standard-webhooks, idempotency-key
+                            paypal, adyen, standard-webhooks, idempotency-key,
+                            client-token (GET PREFIX/idempotency-token issues tokens)
   --window DUR              how long a success is replayed (default: the preset's)
   --lease DUR               claim lease, renewed every lease/3 (default 30s)
   --wait DUR                how long a duplicate waits for the first (default 4s)
@@ -410,15 +417,14 @@ impl Config {
         }))
     }
 
-    /// The route for `path`: the longest prefix that matches it.
-    fn route(routes: &[(String, Target)], path: &str) -> Option<Target> {
-        routes
-            .iter()
-            .find(|(prefix, _)| {
-                path.strip_prefix(prefix.as_str())
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-            })
-            .map(|(_, target)| *target)
+    /// The route for `path`: the longest prefix that matches it, and the
+    /// rest of the path after that prefix.
+    fn route<'p>(routes: &[(String, Target)], path: &'p str) -> Option<(Target, &'p str)> {
+        routes.iter().find_map(|(prefix, target)| {
+            path.strip_prefix(prefix.as_str())
+                .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+                .map(|rest| (*target, rest))
+        })
     }
 }
 
@@ -677,6 +683,14 @@ impl Store for GatewayStore {
     async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
         on_backend!(self, s => s.release(key, token).await)
     }
+
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        on_backend!(self, s => s.put_token(key, ttl).await)
+    }
+
+    async fn take_token(&self, key: &str) -> Result<bool, StoreError> {
+        on_backend!(self, s => s.take_token(key).await)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -923,7 +937,13 @@ struct Shared {
     forward: Forward,
     /// The largest body limit of all stacks (what `auto` buffers).
     auto_limit: usize,
+    /// The index of `client-token` in `PRESET_NAMES`, and its token issuer.
+    client_token: Option<usize>,
+    issuer: IssueToken<GatewayStore>,
 }
+
+/// Under a `client-token` route, the path that issues tokens.
+const TOKEN_PATH: &str = "/idempotency-token";
 
 /// The service each connection gets.
 #[derive(Clone)]
@@ -960,6 +980,10 @@ impl Gateway {
                 Some(tower::Layer::layer(&layer, forward.clone()))
             })
             .collect();
+        let mut issuer = IssueToken::new(store.clone());
+        if let Some(name) = &config.principal_header {
+            issuer = issuer.principal(HeaderPrincipal(name.clone()));
+        }
         Self {
             shared: Arc::new(Shared {
                 routes: config.routes.clone(),
@@ -967,6 +991,8 @@ impl Gateway {
                 ratios: PRESET_NAMES.iter().map(|_| Ratio::default()).collect(),
                 forward,
                 auto_limit,
+                client_token: PRESET_NAMES.iter().position(|n| *n == "client-token"),
+                issuer,
             }),
             peer: None,
         }
@@ -1005,8 +1031,13 @@ impl Shared {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let (preset, res) = match Config::route(&self.routes, &path) {
-            Some(Target::Preset(i)) => (Some(i), self.guarded(i, req).await),
-            Some(Target::Auto) => match buffer(req, self.auto_limit).await {
+            Some((Target::Preset(i), rest))
+                if rest == TOKEN_PATH && Some(i) == self.client_token =>
+            {
+                (None, self.issue_token(req).await)
+            }
+            Some((Target::Preset(i), _)) => (Some(i), self.guarded(i, req).await),
+            Some((Target::Auto, _)) => match buffer(req, self.auto_limit).await {
                 Err(res) => (None, res),
                 Ok(req) => match detect(req.headers(), req.body()) {
                     Some(i) if self.stacks[i].is_some() => {
@@ -1056,6 +1087,23 @@ impl Shared {
             Ok(res) => res,
             Err(never) => match never {},
         }
+    }
+
+    /// A one-time token for a `client-token` route (`GET|POST PREFIX/idempotency-token`).
+    async fn issue_token(&self, req: Request<Incoming>) -> GatewayResponse {
+        if !matches!(*req.method(), Method::GET | Method::POST) {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST\n");
+        }
+        let res = match self.issuer.clone().oneshot(req).await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        };
+        res.map(|body| {
+            ResponseBody::stream(
+                body.map_err(|never: Infallible| match never {})
+                    .boxed_unsync(),
+            )
+        })
     }
 
     async fn pass_through(&self, req: Request<Full<Bytes>>) -> GatewayResponse {

@@ -781,6 +781,47 @@ async fn principal_header_max_body_and_window_shape_the_stack() {
     assert!(!later.replayed());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_token_route_issues_tokens_and_runs_each_once() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up.url(), &["--route", "/orders=client-token"]);
+    let client = client();
+    let auth = ("authorization".to_owned(), "Bearer user-1".to_owned());
+    let res = client
+        .request(
+            Request::get(gw.url("/orders/idempotency-token"))
+                .header("authorization", "Bearer user-1")
+                .body(Full::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let issued = common::read(res).await;
+    assert_eq!(issued.status, 200, "{}", issued.text());
+    let json: serde_json::Value = serde_json::from_slice(&issued.body).unwrap();
+    let token = json["token"].as_str().unwrap().to_owned();
+    assert_eq!(up.calls("/orders/idempotency-token"), 0);
+
+    let headers: Headers = vec![auth.clone(), ("idempotency-token".into(), token)];
+    let answers = all_at_once(K, |_| {
+        let (client, url, headers) = (client.clone(), gw.url("/orders"), headers.clone());
+        async move { send(&client, &url, &headers, r#"{"sku":"tea"}"#).await }
+    })
+    .await;
+    for a in &answers {
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (200, "upstream call 1 for /orders")
+        );
+    }
+    assert_eq!(up.calls("/orders"), 1);
+    // A token nobody issued is refused before the upstream.
+    let forged: Headers = vec![auth, ("idempotency-token".into(), "00ff".repeat(8))];
+    let a = send(&client, &gw.url("/orders"), &forged, r#"{"sku":"tea"}"#).await;
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert_eq!(up.calls("/orders"), 1);
+}
+
 /// Sends raw HTTP/1.1 and reads until the server closes.
 fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
