@@ -822,6 +822,27 @@ async fn client_token_route_issues_tokens_and_runs_each_once() {
     assert_eq!(up.calls("/orders"), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_too() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up.url(), &[]);
+    // h2c with prior knowledge: every copy on one multiplexed connection.
+    let h2: HttpClient = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let v = &VECTORS[7];
+    assert_eq!(v.preset, "stripe");
+    let answers = all_at_once(K, |_| {
+        let (client, url, headers, body) = (h2.clone(), gw.url("/h2"), v.headers(), v.body());
+        async move { send(&client, &url, &headers, body).await }
+    })
+    .await;
+    for a in &answers {
+        assert_success("stripe", a, "/h2", "h2");
+    }
+    assert_eq!(up.calls("/h2"), 1);
+}
+
 /// Sends raw HTTP/1.1 and reads until the server closes.
 fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
