@@ -10,8 +10,8 @@
 //!     --route /api=idempotency-key --principal-header x-tenant-id --metrics-listen 127.0.0.1:9100
 //! ```
 //!
-//! (The `redis` store and the library's own metrics and warnings need the
-//! crate features `redis`, `metrics` and `tracing`, e.g. `--all-features`.)
+//! (Examples are built with every crate feature: the `redis` store and the
+//! library's metrics and warnings are always there.)
 //!
 //! When it accepts connections it prints exactly one line, `listening on
 //! IP:PORT`, to stdout; everything else (logs) goes to stderr.

@@ -40,6 +40,7 @@ fn outcomes_and_store_latency_are_recorded_by_preset() {
     });
     let mut counts: HashMap<String, u64> = HashMap::new();
     let mut latency_samples = 0;
+    let mut timed_ops = std::collections::BTreeSet::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         match (key.name(), value) {
@@ -51,7 +52,10 @@ fn outcomes_and_store_latency_are_recorded_by_preset() {
                 assert_eq!(labels["preset"], "stripe");
                 *counts.entry(labels["outcome"].clone()).or_default() += n;
             }
-            ("idempotency_store_seconds", DebugValue::Histogram(v)) => latency_samples += v.len(),
+            ("idempotency_store_seconds", DebugValue::Histogram(v)) => {
+                latency_samples += v.len();
+                timed_ops.extend(key.labels().map(|l| l.value().to_owned()));
+            }
             _ => {}
         }
     }
@@ -59,5 +63,12 @@ fn outcomes_and_store_latency_are_recorded_by_preset() {
     assert_eq!(counts.get("replayed"), Some(&2), "{counts:?}");
     assert_eq!(counts.get("mismatch"), Some(&1), "{counts:?}");
     assert_eq!(counts.get("key_missing"), Some(&1), "{counts:?}");
-    assert!(latency_samples >= 4, "claims are timed: {latency_samples}");
+    assert!(
+        latency_samples >= 5,
+        "store calls are timed: {latency_samples}"
+    );
+    assert!(
+        timed_ops.contains("claim") && timed_ops.contains("complete"),
+        "{timed_ops:?}"
+    );
 }

@@ -1,5 +1,6 @@
 //! Releasing a claim on every exit path, and finishing work whose caller left.
 
+use super::service::store_call;
 use crate::store::{OwnerToken, Store};
 use std::future::Future;
 use std::pin::Pin;
@@ -91,9 +92,9 @@ async fn release<St: Store>(
     timeout: Duration,
     restore_token: Option<(Arc<str>, Duration)>,
 ) {
-    let _ = tokio::time::timeout(timeout, store.release(key, token)).await;
+    let _ = store_call(timeout, "release", store.release(key, token)).await;
     if let Some((token_key, ttl)) = restore_token {
-        let _ = tokio::time::timeout(timeout, store.put_token(&token_key, ttl)).await;
+        let _ = store_call(timeout, "put_token", store.put_token(&token_key, ttl)).await;
     }
 }
 

@@ -323,7 +323,7 @@ where
     }
 }
 
-async fn store_call<T>(
+pub(super) async fn store_call<T>(
     timeout: Duration,
     op: &'static str,
     fut: impl Future<Output = Result<T, StoreError>>,
@@ -548,20 +548,21 @@ async fn renewing<F: Future, St: Store>(
         if let Some(out) = ready {
             return out;
         }
-        let renewed = tokio::time::timeout(
+        let renewed = store_call(
             config.store_timeout,
+            "renew",
             guard.store.renew(&guard.key, guard.token, config.lease),
         )
         .await;
         match renewed {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
+            Ok(true) => {}
+            Ok(false) => {
                 lost = true;
                 outcome::record(key.preset(), Outcome::LeaseLost);
                 log_warn!(key = %key.redacted(), "lease lost while the inner service ran");
             }
             // The store is down: keep trying; the lease may still hold.
-            Ok(Err(_)) | Err(_) => {}
+            Err(_) => {}
         }
         tick.as_mut().reset(Instant::now() + period);
     }
@@ -575,17 +576,18 @@ async fn complete<St: Store>(
     config: &DedupConfig,
     record: Arc<CompletedRecord>,
 ) -> Outcome {
-    let first = tokio::time::timeout(
+    let first = store_call(
         config.store_timeout,
+        "complete",
         guard
             .store
             .complete(&guard.key, guard.token, record.clone(), config.window),
     )
     .await;
     match first {
-        Ok(Ok(true)) => Outcome::Executed,
-        Ok(Ok(false)) => Outcome::LeaseLost,
-        Ok(Err(_)) | Err(_) => {
+        Ok(true) => Outcome::Executed,
+        Ok(false) => Outcome::LeaseLost,
+        Err(_) => {
             let (store, key, token) = (guard.store.clone(), guard.key.clone(), guard.token);
             let (window, timeout, lease) = (config.window, config.store_timeout, config.lease);
             tokio::spawn(async move {
