@@ -201,8 +201,7 @@ fn ids(tag: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("EV-{tag}-{run:x}-{i:04}")).collect()
 }
 
-async fn storm_over_three_instances<St: Store>(stores: [St; 3]) {
-    const TRANSACTIONS: usize = 300;
+async fn storm_over_three_instances<St: Store>(stores: [St; 3], transactions: usize) {
     const COPIES: usize = 7;
     let executions = Executions::default();
     let mut addrs = Vec::new();
@@ -220,7 +219,7 @@ async fn storm_over_three_instances<St: Store>(stores: [St; 3]) {
         addrs.push(addr);
     }
     let http = client();
-    let ids = ids("storm", TRANSACTIONS);
+    let ids = ids("storm", transactions);
     let start = Instant::now();
     // Waves of 50 transactions (350 requests at once): 2100 connections at
     // the same instant would overflow the listeners' accept backlog and
@@ -231,7 +230,7 @@ async fn storm_over_three_instances<St: Store>(stores: [St; 3]) {
     }
     eprintln!(
         "{} requests over 3 instances in {:?}",
-        TRANSACTIONS * COPIES,
+        transactions * COPIES,
         start.elapsed()
     );
     for id in &ids {
@@ -259,7 +258,7 @@ async fn storm_over_three_instances<St: Store>(stores: [St; 3]) {
         // One copy executed, the others were replayed (after waiting).
         assert_eq!(got.iter().filter(|a| !a.replayed()).count(), 1, "{id}");
     }
-    assert_eq!(executions.total(), TRANSACTIONS);
+    assert_eq!(executions.total(), transactions);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -274,7 +273,7 @@ async fn three_instances_one_standalone_redis_run_each_transaction_once() {
         stores.push(RedisStore::standalone(server.url()).await.unwrap());
     }
     let stores: [RedisStore; 3] = stores.try_into().unwrap();
-    storm_over_three_instances(stores).await;
+    storm_over_three_instances(stores, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -287,7 +286,7 @@ async fn three_instances_one_redis_cluster_run_each_transaction_once() {
         stores.push(RedisStore::cluster(cluster.urls()).await.unwrap());
     }
     let stores: [_; 3] = stores.try_into().unwrap();
-    storm_over_three_instances(stores).await;
+    storm_over_three_instances(stores, 300).await;
 }
 
 /// Redis stops in the middle of a storm and comes back on the same port:
@@ -486,4 +485,199 @@ async fn commands_per_request_are_as_documented() {
     assert!((11..=20).contains(&evalsha), "{evalsha} EVALSHA");
     // One shared poller (300 ms / 25 ms), not one per waiter (9 × 12).
     assert!((1..=24).contains(&getrange), "{getrange} GETRANGE");
+}
+
+/// Three instances whose handler fails (500, before any side effect) on
+/// about one call in five: the channel retries every copy until it gets its
+/// success reply, and every transaction succeeds exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_percent_failures_every_transaction_succeeds_exactly_once() {
+    use tower::ServiceBuilder;
+    const TRANSACTIONS: usize = 300;
+    const COPIES: usize = 7;
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let succeeded = Executions::default();
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        let (succeeded, calls) = (succeeded.clone(), calls.clone());
+        let svc = ServiceBuilder::new()
+            .layer(
+                IdempotencyLayer::wechatpay_v3()
+                    .store(store)
+                    .store_timeout(Duration::from_secs(3)),
+            )
+            .service(service_fn(move |req: Request<Full<Bytes>>| {
+                let (succeeded, calls) = (succeeded.clone(), calls.clone());
+                async move {
+                    use http_body_util::BodyExt;
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let id = json["id"].as_str().unwrap().to_owned();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // A fixed pattern: every fifth call fails.
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let mut res = Response::new(Full::new(Bytes::from_static(b"done")));
+                    if n % 5 == 4 {
+                        *res.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                    } else {
+                        *succeeded.0.lock().unwrap().entry(id).or_default() += 1;
+                    }
+                    Ok::<_, Infallible>(res)
+                }
+            }));
+        addrs.push(serve(svc).await.0);
+    }
+    let http = client();
+    let mut pending = ids("fail20", TRANSACTIONS);
+    let all = pending.clone();
+    let mut rounds = 0;
+    while !pending.is_empty() {
+        rounds += 1;
+        assert!(
+            rounds <= 15,
+            "{} transactions never acknowledged",
+            pending.len()
+        );
+        let mut answers = HashMap::new();
+        for wave in pending.chunks(50) {
+            answers.extend(storm(&http, &addrs, wave, COPIES).await);
+        }
+        for a in answers.values().flatten() {
+            assert!(
+                is_success(a) || is_retryable_failure(a),
+                "{} {}",
+                a.status,
+                a.text()
+            );
+        }
+        // The channel stops retrying a notification once a copy succeeded.
+        pending.retain(|id| !answers[id].iter().any(is_success));
+    }
+    let failed = calls.load(std::sync::atomic::Ordering::SeqCst) as usize - succeeded.total();
+    eprintln!("{failed} failed handler calls, {rounds} rounds");
+    assert!(failed > 0, "the handler never failed");
+    for id in &all {
+        assert_eq!(
+            succeeded.get(id),
+            1,
+            "{id} succeeded {} times",
+            succeeded.get(id)
+        );
+    }
+}
+
+/// The instance holding a claim dies mid-handler (its claim stays in Redis,
+/// nobody releases it): a copy on another instance waits, takes over when
+/// the lease runs out, and runs the handler once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_owners_claim_runs_out_and_another_instance_runs_it_once() {
+    use tower_idempotency::key::ExtractKey;
+    use tower_idempotency::{IdempotencyKey, Preset};
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let executions = Executions::default();
+    let store = RedisStore::standalone(server.url()).await.unwrap();
+    let addr = instance(store, executions.clone(), Duration::from_millis(10), |l| l).await;
+
+    // What the dead instance left: its claim on the key the layer uses, with
+    // a 600 ms lease that nobody renews.
+    let id = ids("dead", 1).remove(0);
+    let body = notification(&id);
+    let (parts, _) = Request::post("/notify/wechat")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let found = Preset::wechatpay_v3()
+        .extractor()
+        .extract(&parts, &Bytes::from(body.clone()))
+        .unwrap()
+        .unwrap();
+    let key = IdempotencyKey::new(
+        "idem",
+        Arc::from("wechatpay-v3"),
+        "/notify/wechat",
+        None,
+        &found.key,
+        found.fingerprint,
+    );
+    let dead = RedisStore::standalone(server.url())
+        .await
+        .unwrap()
+        .local_tier(0);
+    let claim = dead
+        .claim(
+            key.as_str(),
+            found.fingerprint,
+            OwnerToken::new(),
+            Duration::from_millis(600),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired(_)));
+    drop(dead);
+
+    let started = Instant::now();
+    let a = post(
+        &client(),
+        addr,
+        "/notify/wechat",
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert!(is_success(&a), "{} {}", a.status, a.text());
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "did not wait for the lease"
+    );
+    assert_eq!(executions.get(&id), 1);
+}
+
+/// A handler that runs 3× the lease: renewal keeps the claim, copies on the
+/// other instances wait and replay, nobody else runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_three_times_the_lease_runs_once_across_instances() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let executions = Executions::default();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        let addr = instance(store, executions.clone(), Duration::from_millis(900), |l| {
+            l.lease(Duration::from_millis(300))
+                .wait(Duration::from_secs(3))
+        })
+        .await;
+        addrs.push(addr);
+    }
+    let http = client();
+    let id = ids("slow", 1);
+    let first = {
+        let (http, addrs, id) = (http.clone(), addrs.clone(), id.clone());
+        tokio::spawn(async move { storm(&http, &addrs[..1], &id, 1).await })
+    };
+    // Copies arrive on the other instances after one and two leases.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let second = storm(&http, &addrs[1..], &id, 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let third = storm(&http, &addrs[1..], &id, 2).await;
+    let first = first.await.unwrap();
+    for a in first
+        .values()
+        .chain(second.values())
+        .chain(third.values())
+        .flatten()
+    {
+        assert!(is_success(a), "{} {}", a.status, a.text());
+    }
+    assert_eq!(executions.get(&id[0]), 1);
 }
