@@ -281,37 +281,49 @@ macro_rules! token_tests {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn three_simultaneous_submits_create_one_order() {
-                let Some((store, _guard)) = $make else { return };
+                let Some((store, _guard)) = ($make) else {
+                    return;
+                };
                 super::three_simultaneous_submits_create_one_order(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn strict_mode_answers_copies_409() {
-                let Some((store, _guard)) = $make else { return };
+                let Some((store, _guard)) = ($make) else {
+                    return;
+                };
                 super::strict_mode_answers_copies_409(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn other_principals_unknown_and_expired_tokens_are_refused() {
-                let Some((store, _guard)) = $make else { return };
+                let Some((store, _guard)) = ($make) else {
+                    return;
+                };
                 super::other_principals_unknown_and_expired_tokens_are_refused(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn tokens_cannot_be_replayed_across_routes() {
-                let Some((store, _guard)) = $make else { return };
+                let Some((store, _guard)) = ($make) else {
+                    return;
+                };
                 super::tokens_cannot_be_replayed_across_routes(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_failed_submit_gives_the_token_back() {
-                let Some((store, _guard)) = $make else { return };
+                let Some((store, _guard)) = ($make) else {
+                    return;
+                };
                 super::a_failed_submit_gives_the_token_back(store).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn tokens_are_distinct() {
-                let Some((store, _guard)) = $make else { return };
+                let Some((store, _guard)) = ($make) else {
+                    return;
+                };
                 super::tokens_are_distinct(store).await;
             }
         }
@@ -319,3 +331,25 @@ macro_rules! token_tests {
 }
 
 token_tests!(memory: Some((MemoryStore::new(), ())));
+
+#[cfg(feature = "redis")]
+token_tests!(redis: match support_redis::shared_standalone() {
+    Some(server) => {
+        let store = tower_idempotency::store::RedisStore::standalone(server.url())
+            .await
+            .unwrap();
+        Some((store, server))
+    }
+    None => None,
+});
+
+#[cfg(feature = "redis")]
+token_tests!(redis_cluster: match support_redis::shared_cluster() {
+    Some(cluster) => {
+        let store = tower_idempotency::store::RedisStore::cluster(cluster.urls())
+            .await
+            .unwrap();
+        Some((store, cluster))
+    }
+    None => None,
+});
