@@ -770,11 +770,14 @@ async fn p6_keys_are_scoped_by_route_and_principal() {
 
 // ------------------------------------------------------- P7 Store down
 
-/// The memory store behind a switch that makes every call fail.
+/// The memory store behind switches: `down` makes every call fail; `late`
+/// makes a claim answer 500 ms after the store acted (the layer times out,
+/// the claim is made).
 #[derive(Clone, Default)]
 struct Switchable {
     inner: MemoryStore,
     down: Arc<AtomicBool>,
+    late: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
 }
 
@@ -801,7 +804,11 @@ impl Store for Switchable {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         self.check()?;
-        self.inner.claim(key, fp, token, lease).await
+        let claim = self.inner.claim(key, fp, token, lease).await;
+        if self.late.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        claim
     }
     async fn complete(
         &self,
@@ -932,53 +939,9 @@ async fn p7_every_store_call_has_a_timeout() {
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
-/// Claims in the memory store, then answers too late (the store acted, the
-/// layer timed out): the layer must release the orphaned claim.
-#[derive(Clone, Default)]
-struct LateClaim {
-    inner: MemoryStore,
-    late: Arc<AtomicBool>,
-}
-
-impl Store for LateClaim {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let claim = self.inner.claim(key, fp, token, lease).await;
-        if self.late.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        claim
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p3_a_claim_that_timed_out_is_released_not_left_for_a_lease() {
-    let store = LateClaim::default();
+    let store = Switchable::default();
     store.late.store(true, Ordering::SeqCst);
     let runs = Counter::default();
     let svc = ServiceBuilder::new()

@@ -227,7 +227,6 @@ where
         ReqBody: Send + 'static,
         ResBody: Body<Data = Bytes> + Send + 'static,
     {
-        let preset = self.key.preset().to_owned();
         let fingerprint = self.key.fingerprint();
         let deadline = Instant::now() + self.config.wait;
         let mut waited = false;
@@ -273,7 +272,7 @@ where
                     } else {
                         Outcome::Replayed
                     };
-                    outcome::record(&preset, outcome);
+                    outcome::record(self.key.preset(), outcome);
                     return Ok(replay(&record, outcome));
                 }
                 Claim::InFlight {
@@ -287,7 +286,7 @@ where
                         return Ok(self.duplicate_submission());
                     }
                     if Instant::now() >= deadline {
-                        outcome::record(&preset, Outcome::InFlightRejected);
+                        outcome::record(self.key.preset(), Outcome::InFlightRejected);
                         return Ok(in_flight());
                     }
                     waited = true;
