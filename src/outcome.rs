@@ -71,11 +71,11 @@ impl fmt::Display for Outcome {
 
 /// Counts one outcome.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn record(preset: &str, outcome: Outcome) {
+pub(crate) fn record(preset: &std::sync::Arc<str>, outcome: Outcome) {
     #[cfg(feature = "metrics")]
     metrics::counter!(
         "idempotency_requests_total",
-        "preset" => preset.to_owned(),
+        "preset" => metrics::SharedString::from(preset.clone()),
         "outcome" => outcome.as_str()
     )
     .increment(1);

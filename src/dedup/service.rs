@@ -272,7 +272,7 @@ where
                     } else {
                         Outcome::Replayed
                     };
-                    outcome::record(self.key.preset(), outcome);
+                    outcome::record(self.key.preset_arc(), outcome);
                     return Ok(replay(&record, outcome));
                 }
                 Claim::InFlight {
@@ -286,7 +286,7 @@ where
                         return Ok(self.duplicate_submission());
                     }
                     if Instant::now() >= deadline {
-                        outcome::record(self.key.preset(), Outcome::InFlightRejected);
+                        outcome::record(self.key.preset_arc(), Outcome::InFlightRejected);
                         return Ok(in_flight());
                     }
                     waited = true;
@@ -352,7 +352,7 @@ where
         ReqBody: Send + 'static,
         ResBody: Body<Data = Bytes> + Send + 'static,
     {
-        outcome::record(self.key.preset(), Outcome::StoreError);
+        outcome::record(self.key.preset_arc(), Outcome::StoreError);
         log_warn!(key = %self.key.redacted(), error = %error, "idempotency store failed");
         let _ = &error;
         match self.config.on_store_error {
@@ -367,7 +367,7 @@ where
                 Ok(res)
             }
             OnStoreError::FailOpen => {
-                outcome::record(self.key.preset(), Outcome::PassedThrough);
+                outcome::record(self.key.preset_arc(), Outcome::PassedThrough);
                 let mut res = self.inner.call(req).await?.map(ResponseBody::stream);
                 res.extensions_mut().insert(Outcome::PassedThrough);
                 Ok(res)
@@ -376,7 +376,7 @@ where
     }
 
     fn duplicate_submission<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
-        outcome::record(self.key.preset(), Outcome::InFlightRejected);
+        outcome::record(self.key.preset_arc(), Outcome::InFlightRejected);
         let mut res = text_response(
             StatusCode::CONFLICT,
             "duplicate submission: this request was already received\n",
@@ -386,7 +386,7 @@ where
     }
 
     fn unknown_token<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
-        outcome::record(self.key.preset(), Outcome::RejectedBadInput);
+        outcome::record(self.key.preset_arc(), Outcome::RejectedBadInput);
         let mut res = text_response(
             StatusCode::BAD_REQUEST,
             "unknown, expired or already used idempotency token\n",
@@ -396,7 +396,7 @@ where
     }
 
     fn mismatch<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
-        outcome::record(self.key.preset(), Outcome::Mismatch);
+        outcome::record(self.key.preset_arc(), Outcome::Mismatch);
         log_warn!(
             key = %self.key.redacted(),
             "idempotency key reused with a different payload: possible tampering"
@@ -456,7 +456,7 @@ where
             })
         };
         let result = renewing(AssertUnwindSafe(work).catch_unwind(), &guard, &config, &key).await;
-        let preset = key.preset();
+        let preset = key.preset_arc();
         match result {
             Err(_panic) => {
                 outcome::record(preset, Outcome::Failed);
@@ -557,7 +557,7 @@ async fn renewing<F: Future, St: Store>(
             Ok(true) => {}
             Ok(false) => {
                 lost = true;
-                outcome::record(key.preset(), Outcome::LeaseLost);
+                outcome::record(key.preset_arc(), Outcome::LeaseLost);
                 log_warn!(key = %key.redacted(), "lease lost while the inner service ran");
             }
             // The store is down: keep trying; the lease may still hold.

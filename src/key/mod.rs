@@ -190,6 +190,10 @@ impl IdempotencyKey {
         &self.preset
     }
 
+    pub(crate) fn preset_arc(&self) -> &Arc<str> {
+        &self.preset
+    }
+
     /// A redacted form for logs: the scope and a short hash of the key.
     pub fn redacted(&self) -> String {
         let fp = Fingerprint::of(self.scoped.as_bytes()).to_bytes();
