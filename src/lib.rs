@@ -85,7 +85,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances) |
-//! | `axum` | nothing more than compatibility checks (the layers work with axum as they are) |
+//! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 

@@ -155,3 +155,43 @@ async fn token_flow_three_submits_one_order() {
     assert_eq!(a.status, 400);
     assert_eq!(shop.orders_created(), 1);
 }
+
+#[tokio::test]
+async fn handlers_can_take_the_key_as_an_extractor() {
+    use axum::routing::post;
+    use tower::ServiceExt;
+    use tower_idempotency::{IdempotencyKey, IdempotencyLayer};
+    async fn with_key(key: IdempotencyKey) -> String {
+        key.as_str().to_owned()
+    }
+    async fn maybe(key: Option<IdempotencyKey>) -> String {
+        format!("{}", key.is_some())
+    }
+    let app = axum::Router::new()
+        .route(
+            "/a",
+            post(with_key).layer(IdempotencyLayer::idempotency_key()),
+        )
+        .route("/b", post(maybe))
+        .route("/c", post(with_key));
+    let req = common::request("/a", &[("idempotency-key", "k-9")], "{}");
+    let a = common::read(app.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(a.status, 200);
+    assert!(
+        a.text().starts_with("idem:idempotency-key:/a:"),
+        "{}",
+        a.text()
+    );
+    assert!(a.text().ends_with(":k-9"), "{}", a.text());
+    let b = common::read(
+        app.clone()
+            .oneshot(common::request("/b", &[], "{}"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(b.text(), "false");
+    // A route without the layers has no key: a clear 400.
+    let c = common::read(app.oneshot(common::request("/c", &[], "{}")).await.unwrap()).await;
+    assert_eq!(c.status, 400);
+}

@@ -283,3 +283,51 @@ impl Principal for AuthorizationHash {
 
 /// The body bytes handed on by the key layer.
 pub type KeyBody = http_body_util::Full<Bytes>;
+
+#[cfg(feature = "axum")]
+mod axum_extract {
+    use super::IdempotencyKey;
+    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+    use http::request::Parts;
+    use http::StatusCode;
+    use std::convert::Infallible;
+
+    /// With the `axum` feature, a handler behind the layers can take the
+    /// request's key: `async fn h(key: IdempotencyKey)` (400 when the request
+    /// has none) or `Option<IdempotencyKey>`.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use tower_idempotency::{IdempotencyKey, IdempotencyLayer};
+    ///
+    /// async fn create(key: IdempotencyKey) -> String {
+    ///     format!("order for {}", key.redacted())
+    /// }
+    /// let app: Router = Router::new()
+    ///     .route("/orders", post(create).layer(IdempotencyLayer::idempotency_key()));
+    /// ```
+    impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+        type Rejection = (StatusCode, &'static str);
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Self, Self::Rejection> {
+            parts.extensions.get::<IdempotencyKey>().cloned().ok_or((
+                StatusCode::BAD_REQUEST,
+                "this route needs an idempotency key\n",
+            ))
+        }
+    }
+
+    impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
+        type Rejection = Infallible;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Option<Self>, Self::Rejection> {
+            Ok(parts.extensions.get::<IdempotencyKey>().cloned())
+        }
+    }
+}
