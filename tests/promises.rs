@@ -126,15 +126,15 @@ async fn p1_handler_slower_than_three_leases_still_runs_once() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .lease(Duration::from_millis(150))
+                .lease(Duration::from_millis(250))
                 .wait(Duration::from_secs(3)),
         )
-        .service(counting(runs.clone(), 600));
+        .service(counting(runs.clone(), 900));
     let start = tokio::time::Instant::now();
     let first = tokio::spawn(svc.clone().oneshot(key_req("slow", "{}")));
     let mut later = Vec::new();
     // Copies arrive after the first lease would have run out without renewal.
-    for at in [200u64, 350, 500] {
+    for at in [300u64, 550, 800] {
         tokio::time::sleep_until(start + Duration::from_millis(at)).await;
         later.push(tokio::spawn(svc.clone().oneshot(key_req("slow", "{}"))));
     }
