@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# The idempotency gateway (examples/gateway.rs) against nginx `proxy_pass`,
+# both in front of the same trivial upstream (examples/proxy_bench.rs), for
+# WeChat Pay v3 notifications:
+#
+#   first   every request carries a new notification id: both forward all;
+#   repeat  the same few ids again and again: the gateway replays them from
+#           its store without touching the upstream, nginx forwards each.
+#
+# Usage (from the crate root; needs nginx on PATH, e.g. `apt-get install nginx`):
+#
+#   benches/gateway_vs_nginx.sh
+#   REQUESTS=100000 CONNECTIONS=64 RUNS=3 NGINX_WORKERS=auto benches/gateway_vs_nginx.sh
+#
+# Per target and mode: one warm-up run (WARMUP requests, not reported), then
+# RUNS measured runs, interleaved nginx / gateway so that drift on the
+# machine hits both alike. The table shows the median run (by throughput)
+# and the upstream hits summed over the measured runs. A `direct` row (the
+# load generator straight at the upstream) shows the ceiling.
+#
+# Both proxies log no access lines (nginx `access_log off`, gateway
+# RUST_LOG=warn): this compares proxying, not log writing.
+#
+# Everything it starts (upstream, nginx, gateway) is killed on exit.
+set -euo pipefail
+
+REQUESTS=${REQUESTS:-100000}
+WARMUP=${WARMUP:-20000}
+CONNECTIONS=${CONNECTIONS:-64}
+RUNS=${RUNS:-3}
+KEYS=${KEYS:-8}
+# nginx worker processes: `auto` is one per core (2 here), which matches the
+# gateway's tokio runtime (one worker thread per core). Set 1 to compare a
+# single nginx worker.
+NGINX_WORKERS=${NGINX_WORKERS:-auto}
+
+cd "$(dirname "$0")/.."
+command -v nginx >/dev/null || { echo "nginx not found (apt-get install -y nginx)" >&2; exit 1; }
+
+echo "# building (release)" >&2
+cargo build --release --quiet --example gateway --example proxy_bench
+BIN=target/release/examples
+
+TMP=$(mktemp -d /tmp/gateway_vs_nginx.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_line FILE PREFIX: the rest of the first line of FILE starting with
+# PREFIX, waiting up to 10 s for it.
+wait_line() {
+    local i
+    for i in $(seq 100); do
+        if grep -q "^$2" "$1" 2>/dev/null; then
+            sed -n "s/^$2//p" "$1" | head -n1
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "timed out waiting for '$2' in $1" >&2
+    return 1
+}
+
+# A free loopback port for nginx (it cannot report one picked by the kernel).
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# --- upstream
+"$BIN/proxy_bench" upstream --listen 127.0.0.1:0 >"$TMP/upstream.out" &
+PIDS+=($!)
+UPSTREAM=$(wait_line "$TMP/upstream.out" "upstream on ")
+
+# --- nginx
+NGINX_PORT=$(free_port)
+mkdir -p "$TMP/nginx"
+cat >"$TMP/nginx/nginx.conf" <<EOF
+$( [ "$(id -u)" = 0 ] && echo "user root;" )
+worker_processes $NGINX_WORKERS;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events {
+    worker_connections 4096;
+}
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/client_body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    # No limit on requests per client connection (the gateway has none).
+    keepalive_requests 1000000;
+    upstream app {
+        server $UPSTREAM;
+        keepalive 128;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
+PIDS+=($!)
+
+# --- gateway
+RUST_LOG=warn "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
+    --route /=wechatpay-v3 >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
+PIDS+=($!)
+GATEWAY=$(wait_line "$TMP/gateway.out" "listening on ")
+
+# nginx is ready when it answers.
+for i in $(seq 100); do
+    if "$BIN/proxy_bench" load --target "http://127.0.0.1:$NGINX_PORT" --upstream "$UPSTREAM" \
+        --requests 1 --connections 1 >/dev/null 2>&1; then
+        break
+    fi
+    [ "$i" = 100 ] && { echo "nginx did not start:" >&2; cat "$TMP/nginx/stderr" "$TMP/nginx/error.log" >&2; exit 1; }
+    sleep 0.1
+done
+
+echo "# upstream $UPSTREAM, nginx 127.0.0.1:$NGINX_PORT (worker_processes $NGINX_WORKERS), gateway $GATEWAY" >&2
+echo "# $(nproc) cores; load: $(uptime)" >&2
+echo "# requests/run $REQUESTS, connections $CONNECTIONS, runs $RUNS, repeat keys $KEYS" >&2
+
+declare -A TARGET=(
+    [direct]="http://$UPSTREAM"
+    [nginx]="http://127.0.0.1:$NGINX_PORT"
+    [gateway]="http://$GATEWAY"
+)
+
+# run TARGET MODE N: one load run, its key=value line on stdout.
+run() {
+    "$BIN/proxy_bench" load --target "${TARGET[$1]}" --upstream "$UPSTREAM" --mode "$2" \
+        --requests "$3" --connections "$CONNECTIONS" --keys "$KEYS"
+}
+
+: >"$TMP/results"
+for mode in first repeat; do
+    for t in direct nginx gateway; do
+        run "$t" "$mode" "$WARMUP" >/dev/null
+    done
+    for r in $(seq "$RUNS"); do
+        for t in direct nginx gateway; do
+            line=$(run "$t" "$mode" "$REQUESTS")
+            echo "$t run=$r $line" >&2
+            echo "$t $line" >>"$TMP/results"
+        done
+    done
+done
+
+# The median run by throughput per target and mode; upstream hits summed.
+summary() {
+    awk -v want_t="$1" -v want_m="$2" '
+        $1 == want_t {
+            delete f
+            for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+            if (f["mode"] != want_m) next
+            n++; rps[n] = f["rps"]; p50[n] = f["p50_ms"]; p99[n] = f["p99_ms"]
+            hits += f["upstream_hits"]; reqs += f["requests"]; errs += f["errors"]
+        }
+        END {
+            # sort indices by rps
+            for (i = 1; i <= n; i++) idx[i] = i
+            for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+                if (rps[idx[j]] < rps[idx[i]]) { t = idx[i]; idx[i] = idx[j]; idx[j] = t }
+            m = idx[int((n + 1) / 2)]
+            printf "%s %s %d %.2f %.2f %d %d %d\n", want_t, want_m, rps[m], p50[m], p99[m], hits, reqs, errs
+        }' "$TMP/results"
+}
+
+echo
+echo "| mode | target | rps | p50 ms | p99 ms | upstream hits / requests | errors | rps vs nginx |"
+echo "|---|---|---|---|---|---|---|---|"
+for mode in first repeat; do
+    nginx_rps=$(summary nginx "$mode" | awk '{print $3}')
+    for t in direct nginx gateway; do
+        read -r _ _ rps p50 p99 hits reqs errs < <(summary "$t" "$mode")
+        ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.2f×", a / b }')
+        echo "| $mode | $t | $rps | $p50 | $p99 | $hits / $reqs | $errs | $ratio |"
+    done
+done
