@@ -658,7 +658,7 @@ fn grpc_failed(headers: &HeaderMap, trailers: Option<Option<&HeaderMap>>) -> boo
 
 /// The headers kept for replay: end-to-end headers only.
 fn end_to_end(headers: &HeaderMap, omitted: bool) -> HeaderMap {
-    let mut out = headers.clone();
+    // Headers that `Connection` names are hop-by-hop too.
     let named: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -667,23 +667,30 @@ fn end_to_end(headers: &HeaderMap, omitted: bool) -> HeaderMap {
         .map(|s| s.trim().to_ascii_lowercase())
         .filter(|s| !s.is_empty())
         .collect();
-    for name in named {
-        out.remove(name.as_str());
-    }
-    for name in [
-        header::CONNECTION,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        out.remove(name);
-    }
-    out.remove("keep-alive");
-    if omitted {
-        out.remove(header::CONTENT_LENGTH);
+    let dropped = |name: &header::HeaderName| {
+        matches!(
+            *name,
+            header::CONNECTION
+                | header::PROXY_AUTHENTICATE
+                | header::PROXY_AUTHORIZATION
+                | header::TE
+                | header::TRAILER
+                | header::TRANSFER_ENCODING
+                | header::UPGRADE
+        ) || name.as_str() == "keep-alive"
+            || (omitted && *name == header::CONTENT_LENGTH)
+            || named.iter().any(|n| n == name.as_str())
+    };
+    let keep = |name: &header::HeaderName| !dropped(name);
+    // A fresh map sized for what is kept: a stored record lives for the
+    // whole window, and a clone of the handler's map would keep its spare
+    // capacity (hundreds of bytes) that long.
+    let kept = headers.iter().filter(|(name, _)| keep(name)).count();
+    let mut out = HeaderMap::with_capacity(kept);
+    for (name, value) in headers.iter() {
+        if keep(name) {
+            out.append(name.clone(), value.clone());
+        }
     }
     out
 }
