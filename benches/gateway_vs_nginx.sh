@@ -39,7 +39,7 @@ command -v nginx >/dev/null || { echo "nginx not found (apt-get install -y nginx
 
 echo "# building (release)" >&2
 cargo build --release --quiet --example gateway --example proxy_bench
-BIN=target/release/examples
+BIN=${CARGO_TARGET_DIR:-target}/release/examples
 
 TMP=$(mktemp -d /tmp/gateway_vs_nginx.XXXXXX)
 PIDS=()
