@@ -4,6 +4,8 @@
 //! ```text
 //! cargo run --release --example retry_storm                      # with IdempotencyLayer
 //! cargo run --release --example retry_storm -- --baseline none   # the handler alone
+//! cargo run --release --example retry_storm -- --baseline axum-idempotent          # the Rust peer
+//! cargo run --release --example retry_storm -- --baseline axum-idempotent-nocookie # … as a channel sees it
 //! cargo run --release --example retry_storm -- --failure-rate 0.2 --json
 //! ```
 //!
@@ -24,6 +26,27 @@
 //! (`--baseline dedup`, the default) or as the bare handler (`--baseline
 //! none`), which answers WeChat's `{"code":"SUCCESS","message":"成功"}` itself.
 //!
+//! For comparison, `--baseline axum-idempotent` serves the same handler in
+//! an axum `Router` behind the published Rust peer, [axum-idempotent] 0.6:
+//! `IdempotentLayer` inside ruts' `SessionLayer` (an in-memory `MokaStore`)
+//! inside tower-cookies' `CookieManagerLayer`, as its README prescribes.
+//! axum-idempotent keeps its cache in the client's session, and caches nothing
+//! for a request without one, so this mode gives it its best case: the storm
+//! client sends one session cookie per transaction, shared by every copy and
+//! retry of that notification. ruts accepts any well-formed id a client
+//! presents, so the client makes one with `ruts::Id::default()` instead of
+//! asking the server first. Its default key hashes the body, which WeChat
+//! re-encrypts for every copy (a fresh `nonce` and `ciphertext`), so no two
+//! copies would ever share a key; the mode therefore keys on method and path
+//! only (`ignore_body(true)`, `ignore_all_headers()`), which within one
+//! transaction's session names exactly that transaction. Window 25 h, as the
+//! channel presets. `--baseline axum-idempotent-nocookie` is the same stack
+//! with no cookie, which is what a payment channel sends: it never returns
+//! cookies. (axum-idempotent does not coordinate copies in flight: a cached
+//! response only helps copies that arrive after the first one completed.)
+//!
+//! [axum-idempotent]: https://crates.io/crates/axum-idempotent
+//!
 //! The storm client behaves like the channel: a pooled hyper-util client
 //! sends each transaction's notification `--duplicates` times at once, every
 //! copy with a fresh `resource.nonce` (real retries are re-encrypted and
@@ -41,8 +64,8 @@
 //! | `--concurrency C` | 64 | transactions in flight at most |
 //! | `--handler-ms MS` | 5 | simulated work between reading and writing the status (0: a bare yield) |
 //! | `--failure-rate F` | 0 | probability in `[0, 1]` that one handler call answers 500 |
-//! | `--baseline none\|dedup` | dedup | the handler alone, or behind `IdempotencyLayer::wechatpay_v3()` |
-//! | `--store S` | memory | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` |
+//! | `--baseline B` | dedup | `none` (the handler alone), `dedup` (behind `IdempotencyLayer::wechatpay_v3()`), `axum-idempotent` (behind axum-idempotent 0.6, one session cookie per transaction) or `axum-idempotent-nocookie` (the same, no cookie) |
+//! | `--store S` | memory | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` (`dedup` only; the axum-idempotent modes keep their sessions in memory) |
 //! | `--instances N` | 1 | independent stacks (each on its own server) sharing the store; copies and retries spread over them |
 //! | `--json` | off | also print one JSON object as the last line |
 //!
@@ -86,6 +109,11 @@ use tower::ServiceBuilder;
 use tower_idempotency::store::{MemoryStore, RedisStore, Store};
 use tower_idempotency::{IdempotencyLayer, Preset};
 
+use axum_idempotent::{IdempotentLayer, IdempotentOptions};
+use ruts::store::moka::MokaStore;
+use ruts::{CookieOptions, SessionLayer};
+use tower_cookies::CookieManagerLayer;
+
 /// WeChat Pay v3's success reply: the only answer that stops its retries.
 const SUCCESS_BODY: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
 /// WeChat Pay v3's failure reply.
@@ -98,10 +126,15 @@ const MAX_ATTEMPTS: u32 = 15;
 const BACKOFF: Duration = Duration::from_millis(20);
 /// How long the channel waits for an answer.
 const CHANNEL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The channel presets' dedup window, given to axum-idempotent too.
+const WINDOW_SECS: u64 = 25 * 3600;
+/// The session cookie's name in the axum-idempotent modes.
+const SESSION_COOKIE: &str = "session";
 
 const USAGE: &str = "\
 usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
-                   [--handler-ms MS] [--failure-rate F] [--baseline none|dedup]
+                   [--handler-ms MS] [--failure-rate F]
+                   [--baseline none|dedup|axum-idempotent|axum-idempotent-nocookie]
                    [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]]
                    [--instances N] [--json]";
 
@@ -113,6 +146,11 @@ enum Baseline {
     None,
     /// The handler behind `IdempotencyLayer::wechatpay_v3()`.
     Dedup,
+    /// The handler in an axum `Router` behind axum-idempotent 0.6, the client
+    /// sending one session cookie per transaction.
+    AxumIdempotent,
+    /// The same, the client sending no cookie (as a payment channel does).
+    AxumIdempotentNoCookie,
 }
 
 impl Baseline {
@@ -120,7 +158,16 @@ impl Baseline {
         match self {
             Baseline::None => "none",
             Baseline::Dedup => "dedup",
+            Baseline::AxumIdempotent => "axum-idempotent",
+            Baseline::AxumIdempotentNoCookie => "axum-idempotent-nocookie",
         }
+    }
+
+    fn is_axum_idempotent(self) -> bool {
+        matches!(
+            self,
+            Baseline::AxumIdempotent | Baseline::AxumIdempotentNoCookie
+        )
     }
 }
 
@@ -254,13 +301,25 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
                 args.baseline = match value.as_str() {
                     "none" => Baseline::None,
                     "dedup" => Baseline::Dedup,
-                    _ => return Err(format!("{flag}: `{value}` is neither `none` nor `dedup`")),
+                    "axum-idempotent" => Baseline::AxumIdempotent,
+                    "axum-idempotent-nocookie" => Baseline::AxumIdempotentNoCookie,
+                    _ => {
+                        return Err(format!(
+                            "{flag}: `{value}` is not `none`, `dedup`, `axum-idempotent` or `axum-idempotent-nocookie`"
+                        ))
+                    }
                 }
             }
             "--store" => args.store = StoreArg::parse(&value)?,
             "--instances" => args.instances = positive(&flag, &value)?,
             _ => unreachable!("checked against `known` above"),
         }
+    }
+    if args.baseline.is_axum_idempotent() && args.store != StoreArg::Memory {
+        return Err(format!(
+            "--store: `{}` keeps its sessions in memory; --store applies to `dedup` only",
+            args.baseline.name()
+        ));
     }
     Ok(Parsed::Run(args))
 }
@@ -503,27 +562,32 @@ struct TxReport {
     latencies: Vec<Duration>,
 }
 
-/// Sends one copy until it is acknowledged or out of attempts. Returns
-/// whether it was acknowledged and the latency of each attempt.
+/// Sends one copy until it is acknowledged or out of attempts, with
+/// `cookie` (if any) on every attempt. Returns whether it was acknowledged
+/// and the latency of each attempt.
 async fn deliver(
     client: HttpClient,
     uris: Arc<[http::Uri]>,
     first: usize,
     id: Arc<str>,
     seed: u64,
+    cookie: Option<http::HeaderValue>,
 ) -> (bool, Vec<Duration>) {
     let mut latencies = Vec::with_capacity(1);
     for attempt in 0..MAX_ATTEMPTS {
         let body = notification(&id, seed.wrapping_add(u64::from(attempt)));
         // Each retry may land on another instance, as behind a load balancer.
         let uri = &uris[(first + attempt as usize) % uris.len()];
-        let req = Request::post(uri.clone())
+        let mut req = Request::post(uri.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(
                 "wechatpay-serial",
                 "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
-            )
-            .body(Full::new(body));
+            );
+        if let Some(cookie) = &cookie {
+            req = req.header(http::header::COOKIE, cookie.clone());
+        }
+        let req = req.body(Full::new(body));
         let Ok(req) = req else {
             return (false, latencies);
         };
@@ -544,13 +608,15 @@ async fn deliver(
     (false, latencies)
 }
 
-/// Sends `duplicates` copies of transaction `id` at once.
+/// Sends `duplicates` copies of transaction `id` at once, all with `cookie`
+/// (if any).
 async fn storm(
     client: HttpClient,
     uris: Arc<[http::Uri]>,
     id: Arc<str>,
     duplicates: usize,
     seed: u64,
+    cookie: Option<http::HeaderValue>,
 ) -> TxReport {
     let mut copies = JoinSet::new();
     for copy in 0..duplicates {
@@ -563,6 +629,7 @@ async fn storm(
             first,
             id.clone(),
             seed,
+            cookie.clone(),
         ));
     }
     let mut report = TxReport::default();
@@ -699,6 +766,39 @@ async fn serve_stacks<St: Store>(
     Ok(addrs)
 }
 
+/// `instances` servers of the handler in an axum `Router` behind
+/// axum-idempotent 0.6, in the layer order its README prescribes
+/// (`CookieManagerLayer`, `SessionLayer`, `IdempotentLayer`), all sharing one
+/// in-memory session store (as the dedup stacks share one `MemoryStore`).
+///
+/// Its best case for a WeChat storm: the key is the method and path only, so
+/// that within one transaction's session every copy shares it (hashing the
+/// body, its default, would give every re-encrypted copy its own key).
+async fn serve_axum_idempotent(
+    handler: &Handler,
+    instances: usize,
+) -> std::io::Result<Vec<SocketAddr>> {
+    let store = Arc::new(MokaStore::builder().max_capacity(1 << 24).build());
+    let options = IdempotentOptions::default()
+        .ignore_body(true)
+        .ignore_all_headers()
+        .expire_after(WINDOW_SECS as i64);
+    let cookie_options = CookieOptions::build()
+        .name(SESSION_COOKIE)
+        .path("/")
+        .max_age(WINDOW_SECS);
+    let mut addrs = Vec::with_capacity(instances);
+    for _ in 0..instances {
+        let app = axum::Router::new()
+            .route(NOTIFY_PATH, axum::routing::post_service(handler.clone()))
+            .layer(IdempotentLayer::<MokaStore>::new(options.clone()))
+            .layer(SessionLayer::new(store.clone()).with_cookie_options(cookie_options.clone()))
+            .layer(CookieManagerLayer::new());
+        addrs.push(serve(app).await?);
+    }
+    Ok(addrs)
+}
+
 async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
     let run_seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -716,6 +816,9 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
                 addrs.push(serve(handler.clone()).await?);
             }
             addrs
+        }
+        (Baseline::AxumIdempotent | Baseline::AxumIdempotentNoCookie, _) => {
+            serve_axum_idempotent(&handler, args.instances).await?
         }
         (Baseline::Dedup, StoreArg::Memory) => {
             serve_stacks(MemoryStore::new(), &handler, args.instances).await?
@@ -761,12 +864,22 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
     let start = Instant::now();
     for (i, id) in ids.iter().enumerate() {
         let permit = permits.clone().acquire_owned().await?;
+        // axum-idempotent's best case: a fresh, well-formed session id per
+        // transaction, which ruts accepts as a (new) session.
+        let cookie = match args.baseline {
+            Baseline::AxumIdempotent => Some(http::HeaderValue::from_str(&format!(
+                "{SESSION_COOKIE}={}",
+                ruts::Id::default()
+            ))?),
+            _ => None,
+        };
         let fut = storm(
             client.clone(),
             uris.clone(),
             Arc::from(id.as_str()),
             args.duplicates,
             run_seed ^ (i as u64).wrapping_mul(0x9E37_79B9),
+            cookie,
         );
         transactions.spawn(async move {
             let report = fut.await;
