@@ -126,5 +126,105 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// The layers one at a time: key extraction per format, the store's claim
+/// (first and repeat), and writing the channel reply.
+fn per_layer(c: &mut Criterion) {
+    use tower_idempotency::key::ExtractKey;
+    use tower_idempotency::store::{
+        Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoredResponse,
+    };
+    let mut group = c.benchmark_group("layer");
+    for preset in [
+        "wechatpay-v3",
+        "wechatpay-v2",
+        "alipay",
+        "stripe",
+        "idempotency-key",
+    ] {
+        let (template, headers) = sample(preset);
+        let (parts, body) = build(preset, template, &headers, 7).into_parts();
+        let body = rt_body(body);
+        let extractor = tower_idempotency::Preset::from_name(preset)
+            .unwrap()
+            .extractor()
+            .clone();
+        group.bench_function(BenchmarkId::new("extract", preset), |b| {
+            b.iter(|| extractor.extract(&parts, &body).unwrap().unwrap())
+        });
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new();
+    let record = std::sync::Arc::new(CompletedRecord {
+        fingerprint: tower_idempotency::Fingerprint::of(b"x"),
+        response: StoredResponse {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: Bytes::from_static(b"ok"),
+            trailers: None,
+            body_omitted: false,
+        },
+    });
+    let fp = record.fingerprint;
+    let counter = AtomicU64::new(0);
+    group.bench_function("store/claim+complete", |b| {
+        b.iter(|| {
+            let key = format!("idem:bench:/n::{}", counter.fetch_add(1, Ordering::Relaxed));
+            let token = OwnerToken::new();
+            rt.block_on(async {
+                let claim = store
+                    .claim(&key, fp, token, std::time::Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert!(matches!(claim, Claim::Acquired(_)));
+                store
+                    .complete(
+                        &key,
+                        token,
+                        record.clone(),
+                        std::time::Duration::from_secs(3600),
+                    )
+                    .await
+                    .unwrap()
+            })
+        })
+    });
+    group.bench_function("store/claim-completed", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let claim = store
+                    .claim(
+                        "idem:bench:/n::7",
+                        fp,
+                        OwnerToken::new(),
+                        std::time::Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                assert!(matches!(claim, Claim::Completed(_) | Claim::Acquired(_)));
+            })
+        })
+    });
+
+    let reply = tower_idempotency::Preset::wechatpay_v3().reply().clone();
+    group.bench_function("normalize/wechatpay-v3", |b| {
+        b.iter(|| {
+            let res = Response::new(Full::new(Bytes::from_static(b"{\"order\":\"paid\"}")));
+            reply.apply(res)
+        })
+    });
+    group.finish();
+}
+
+/// The body bytes of a request built by `build`.
+fn rt_body(body: Full<Bytes>) -> Bytes {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(body.collect()).unwrap().to_bytes()
+}
+
+criterion_group!(benches, bench, per_layer);
 criterion_main!(benches);
