@@ -11,6 +11,7 @@
 #
 #   benches/gateway_vs_nginx.sh
 #   REQUESTS=100000 CONNECTIONS=64 RUNS=3 NGINX_WORKERS=auto benches/gateway_vs_nginx.sh
+#   NGINX_WORKERS=1 GATEWAY_WORKERS=1 benches/gateway_vs_nginx.sh   # one core each
 #
 # Per target and mode: one warm-up run (WARMUP requests, not reported), then
 # RUNS measured runs, interleaved nginx / gateway so that drift on the
@@ -33,6 +34,9 @@ KEYS=${KEYS:-8}
 # gateway's tokio runtime (one worker thread per core). Set 1 to compare a
 # single nginx worker.
 NGINX_WORKERS=${NGINX_WORKERS:-auto}
+# Gateway runtime worker threads (passed as TOKIO_WORKER_THREADS, which
+# tokio's default runtime reads); empty means tokio's default, one per core.
+GATEWAY_WORKERS=${GATEWAY_WORKERS:-}
 
 cd "$(dirname "$0")/.."
 command -v nginx >/dev/null || { echo "nginx not found (apt-get install -y nginx)" >&2; exit 1; }
@@ -119,7 +123,7 @@ nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
 PIDS+=($!)
 
 # --- gateway
-RUST_LOG=warn "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
+env RUST_LOG=warn ${GATEWAY_WORKERS:+TOKIO_WORKER_THREADS=$GATEWAY_WORKERS} "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
     --route /=wechatpay-v3 >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
 PIDS+=($!)
 GATEWAY=$(wait_line "$TMP/gateway.out" "listening on ")
@@ -134,7 +138,8 @@ for i in $(seq 100); do
     sleep 0.1
 done
 
-echo "# upstream $UPSTREAM, nginx 127.0.0.1:$NGINX_PORT (worker_processes $NGINX_WORKERS), gateway $GATEWAY" >&2
+echo "# upstream $UPSTREAM, nginx 127.0.0.1:$NGINX_PORT (worker_processes $NGINX_WORKERS)," \
+    "gateway $GATEWAY (worker threads ${GATEWAY_WORKERS:-one per core})" >&2
 echo "# $(nproc) cores; load: $(uptime)" >&2
 echo "# requests/run $REQUESTS, connections $CONNECTIONS, runs $RUNS, repeat keys $KEYS" >&2
 
