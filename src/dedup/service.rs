@@ -506,8 +506,15 @@ where
                     response: StoredResponse {
                         status: parts.status,
                         headers: end_to_end(&parts.headers, omitted),
-                        body: if omitted { Bytes::new() } else { body.clone() },
-                        trailers: trailers.clone(),
+                        // Copied: the response's bytes may be slices of a
+                        // connection's read buffer, which the record would
+                        // otherwise keep alive for the whole window.
+                        body: if omitted {
+                            Bytes::new()
+                        } else {
+                            Bytes::copy_from_slice(&body)
+                        },
+                        trailers: trailers.as_ref().map(|t| end_to_end(t, false)),
                         body_omitted: omitted,
                     },
                 });
@@ -689,10 +696,22 @@ fn end_to_end(headers: &HeaderMap, omitted: bool) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(kept);
     for (name, value) in headers.iter() {
         if keep(name) {
-            out.append(name.clone(), value.clone());
+            out.append(name.clone(), owned(value));
         }
     }
     out
+}
+
+/// A header value that owns its bytes (a parsed value may be a slice of a
+/// connection's read buffer).
+fn owned(value: &HeaderValue) -> HeaderValue {
+    match HeaderValue::from_bytes(value.as_bytes()) {
+        Ok(mut copy) => {
+            copy.set_sensitive(value.is_sensitive());
+            copy
+        }
+        Err(_) => value.clone(),
+    }
 }
 
 /// A replay of a completed record.
