@@ -66,6 +66,7 @@
 //! | `--failure-rate F` | 0 | probability in `[0, 1]` that one handler call answers 500 |
 //! | `--baseline B` | dedup | `none` (the handler alone), `dedup` (behind `IdempotencyLayer::wechatpay_v3()`), `axum-idempotent` (behind axum-idempotent 0.6, one session cookie per transaction) or `axum-idempotent-nocookie` (the same, no cookie) |
 //! | `--store S` | memory | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` (`dedup` only; the axum-idempotent modes keep their sessions in memory) |
+//! | `--scenario burst\|double-submit` | burst | a channel's storm (copies at once, WeChat Pay v3), or a client's double click (copies of one request with `Idempotency-Key` spread over 100 ms, route `/orders`) |
 //! | `--instances N` | 1 | independent stacks (each on its own server) sharing the store; copies and retries spread over them |
 //! | `--json` | off | also print one JSON object as the last line |
 //!
@@ -120,6 +121,8 @@ const SUCCESS_BODY: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
 const FAIL_BODY: &str = r#"{"code":"FAIL","message":"失败"}"#;
 /// The route the notifications are posted to.
 const NOTIFY_PATH: &str = "/notify/wechatpay/v3";
+/// The client API route of `--scenario double-submit`.
+const ORDERS_PATH: &str = "/orders";
 /// Attempts per delivered copy (WeChat's schedule has 15 retries).
 const MAX_ATTEMPTS: u32 = 15;
 /// Pause between two attempts of one copy (WeChat's is 15 s and up).
@@ -136,7 +139,7 @@ usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
                    [--handler-ms MS] [--failure-rate F]
                    [--baseline none|dedup|axum-idempotent|axum-idempotent-nocookie]
                    [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]]
-                   [--instances N] [--json]";
+                   [--instances N] [--scenario burst|double-submit] [--json]";
 
 // ---------------------------------------------------------------- flags --
 
@@ -169,6 +172,18 @@ impl Baseline {
             Baseline::AxumIdempotent | Baseline::AxumIdempotentNoCookie
         )
     }
+}
+
+/// What the client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    /// A channel's notification storm: copies at the same instant, each
+    /// re-encrypted (WeChat Pay v3 preset).
+    Burst,
+    /// A client double-clicking "submit order": copies of one request
+    /// spread over 100 ms, same bytes, `Idempotency-Key` header
+    /// (idempotency-key preset, route `/orders`).
+    DoubleSubmit,
 }
 
 /// Where the dedup records live.
@@ -213,6 +228,7 @@ struct Args {
     baseline: Baseline,
     store: StoreArg,
     instances: usize,
+    scenario: Scenario,
     json: bool,
 }
 
@@ -227,6 +243,7 @@ impl Default for Args {
             baseline: Baseline::Dedup,
             store: StoreArg::Memory,
             instances: 1,
+            scenario: Scenario::Burst,
             json: false,
         }
     }
@@ -266,6 +283,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
             "--baseline",
             "--store",
             "--instances",
+            "--scenario",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown flag `{flag}`"));
@@ -312,6 +330,17 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> 
             }
             "--store" => args.store = StoreArg::parse(&value)?,
             "--instances" => args.instances = positive(&flag, &value)?,
+            "--scenario" => {
+                args.scenario = match value.as_str() {
+                    "burst" => Scenario::Burst,
+                    "double-submit" => Scenario::DoubleSubmit,
+                    _ => {
+                        return Err(format!(
+                            "{flag}: `{value}` is neither `burst` nor `double-submit`"
+                        ))
+                    }
+                }
+            }
             _ => unreachable!("checked against `known` above"),
         }
     }
@@ -572,18 +601,30 @@ async fn deliver(
     id: Arc<str>,
     seed: u64,
     cookie: Option<http::HeaderValue>,
+    scenario: Scenario,
 ) -> (bool, Vec<Duration>) {
     let mut latencies = Vec::with_capacity(1);
     for attempt in 0..MAX_ATTEMPTS {
-        let body = notification(&id, seed.wrapping_add(u64::from(attempt)));
         // Each retry may land on another instance, as behind a load balancer.
         let uri = &uris[(first + attempt as usize) % uris.len()];
-        let mut req = Request::post(uri.clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(
-                "wechatpay-serial",
-                "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
-            );
+        let mut req =
+            Request::post(uri.clone()).header(http::header::CONTENT_TYPE, "application/json");
+        let body = match scenario {
+            Scenario::Burst => {
+                req = req.header(
+                    "wechatpay-serial",
+                    "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
+                );
+                notification(&id, seed.wrapping_add(u64::from(attempt)))
+            }
+            // A client resends the same bytes under the same key.
+            Scenario::DoubleSubmit => {
+                req = req
+                    .header("idempotency-key", &*id)
+                    .header(http::header::AUTHORIZATION, "Bearer shopper");
+                Bytes::from(format!(r#"{{"id":"{id}","sku":"tea","qty":1}}"#))
+            }
+        };
         if let Some(cookie) = &cookie {
             req = req.header(http::header::COOKIE, cookie.clone());
         }
@@ -617,20 +658,33 @@ async fn storm(
     duplicates: usize,
     seed: u64,
     cookie: Option<http::HeaderValue>,
+    scenario: Scenario,
 ) -> TxReport {
     let mut copies = JoinSet::new();
     for copy in 0..duplicates {
         let seed = xorshift(seed ^ ((copy as u64) << 48));
         // Copies spread over the instances.
         let first = copy + (seed as usize % uris.len());
-        copies.spawn(deliver(
+        let deliver = deliver(
             client.clone(),
             uris.clone(),
             first,
             id.clone(),
             seed,
             cookie.clone(),
-        ));
+            scenario,
+        );
+        // Double clicks: the copies spread evenly over 100 ms.
+        let delay = match scenario {
+            Scenario::Burst => Duration::ZERO,
+            Scenario::DoubleSubmit => {
+                Duration::from_millis(100) * copy as u32 / (duplicates.max(2) - 1) as u32
+            }
+        };
+        copies.spawn(async move {
+            tokio::time::sleep(delay).await;
+            deliver.await
+        });
     }
     let mut report = TxReport::default();
     while let Some(done) = copies.join_next().await {
@@ -752,14 +806,16 @@ async fn serve_stacks<St: Store>(
     store: St,
     handler: &Handler,
     instances: usize,
+    scenario: Scenario,
 ) -> std::io::Result<Vec<SocketAddr>> {
+    let preset = match scenario {
+        Scenario::Burst => Preset::wechatpay_v3(),
+        Scenario::DoubleSubmit => Preset::idempotency_key(),
+    };
     let mut addrs = Vec::with_capacity(instances);
     for _ in 0..instances {
         let stack = ServiceBuilder::new()
-            .layer(IdempotencyLayer::with_store(
-                Preset::wechatpay_v3(),
-                store.clone(),
-            ))
+            .layer(IdempotencyLayer::with_store(preset.clone(), store.clone()))
             .service(handler.clone());
         addrs.push(serve(stack).await?);
     }
@@ -791,6 +847,7 @@ async fn serve_axum_idempotent(
     for _ in 0..instances {
         let app = axum::Router::new()
             .route(NOTIFY_PATH, axum::routing::post_service(handler.clone()))
+            .route(ORDERS_PATH, axum::routing::post_service(handler.clone()))
             .layer(IdempotentLayer::<MokaStore>::new(options.clone()))
             .layer(SessionLayer::new(store.clone()).with_cookie_options(cookie_options.clone()))
             .layer(CookieManagerLayer::new());
@@ -821,7 +878,7 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
             serve_axum_idempotent(&handler, args.instances).await?
         }
         (Baseline::Dedup, StoreArg::Memory) => {
-            serve_stacks(MemoryStore::new(), &handler, args.instances).await?
+            serve_stacks(MemoryStore::new(), &handler, args.instances, args.scenario).await?
         }
         // Each instance gets its own connection, local tier and pollers, as
         // separate processes would.
@@ -829,7 +886,7 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
             let mut addrs = Vec::with_capacity(args.instances);
             for _ in 0..args.instances {
                 let store = RedisStore::standalone(url.as_str()).await?;
-                addrs.extend(serve_stacks(store, &handler, 1).await?);
+                addrs.extend(serve_stacks(store, &handler, 1, args.scenario).await?);
             }
             addrs
         }
@@ -837,14 +894,18 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
             let mut addrs = Vec::with_capacity(args.instances);
             for _ in 0..args.instances {
                 let store = RedisStore::cluster(nodes.clone()).await?;
-                addrs.extend(serve_stacks(store, &handler, 1).await?);
+                addrs.extend(serve_stacks(store, &handler, 1, args.scenario).await?);
             }
             addrs
         }
     };
+    let path = match args.scenario {
+        Scenario::Burst => NOTIFY_PATH,
+        Scenario::DoubleSubmit => ORDERS_PATH,
+    };
     let uris: Arc<[http::Uri]> = addrs
         .iter()
-        .map(|addr| format!("http://{addr}{NOTIFY_PATH}").parse())
+        .map(|addr| format!("http://{addr}{path}").parse())
         .collect::<Result<Vec<_>, _>>()?
         .into();
 
@@ -880,6 +941,7 @@ async fn run(args: &Args) -> Result<Summary, Box<dyn std::error::Error>> {
             args.duplicates,
             run_seed ^ (i as u64).wrapping_mul(0x9E37_79B9),
             cookie,
+            args.scenario,
         );
         transactions.spawn(async move {
             let report = fut.await;
