@@ -12,6 +12,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::IdempotencyLayer;
 
+/// The presets measured.
+const PRESETS: [&str; 5] = [
+    "wechatpay-v3",
+    "wechatpay-v2",
+    "alipay",
+    "stripe",
+    "idempotency-key",
+];
+
 /// A body and headers per preset; `{id}` is replaced by a unique id.
 fn sample(preset: &str) -> (&'static str, Vec<(&'static str, &'static str)>) {
     match preset {
@@ -69,13 +78,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let mut group = c.benchmark_group("stack");
-    for preset in [
-        "wechatpay-v3",
-        "wechatpay-v2",
-        "alipay",
-        "stripe",
-        "idempotency-key",
-    ] {
+    for preset in PRESETS {
         let (template, headers) = sample(preset);
         let layer = IdempotencyLayer::new(tower_idempotency::Preset::from_name(preset).unwrap());
         let counter = AtomicU64::new(0);
@@ -134,13 +137,7 @@ fn per_layer(c: &mut Criterion) {
         Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoredResponse,
     };
     let mut group = c.benchmark_group("layer");
-    for preset in [
-        "wechatpay-v3",
-        "wechatpay-v2",
-        "alipay",
-        "stripe",
-        "idempotency-key",
-    ] {
+    for preset in PRESETS {
         let (template, headers) = sample(preset);
         let (parts, body) = build(preset, template, &headers, 7).into_parts();
         let body = rt_body(body);

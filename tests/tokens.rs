@@ -276,56 +276,27 @@ async fn tokens_are_distinct<St: Store>(store: St) {
 
 macro_rules! token_tests {
     ($store:ident: $make:expr) => {
+        token_tests!(@cases $store: $make;
+            three_simultaneous_submits_create_one_order,
+            strict_mode_answers_copies_409,
+            other_principals_unknown_and_expired_tokens_are_refused,
+            tokens_cannot_be_replayed_across_routes,
+            a_failed_submit_gives_the_token_back,
+            tokens_are_distinct
+        );
+    };
+    (@cases $store:ident: $make:expr; $($case:ident),*) => {
         mod $store {
             use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn three_simultaneous_submits_create_one_order() {
-                let Some((store, _guard)) = ($make) else {
-                    return;
-                };
-                super::three_simultaneous_submits_create_one_order(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn strict_mode_answers_copies_409() {
-                let Some((store, _guard)) = ($make) else {
-                    return;
-                };
-                super::strict_mode_answers_copies_409(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn other_principals_unknown_and_expired_tokens_are_refused() {
-                let Some((store, _guard)) = ($make) else {
-                    return;
-                };
-                super::other_principals_unknown_and_expired_tokens_are_refused(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn tokens_cannot_be_replayed_across_routes() {
-                let Some((store, _guard)) = ($make) else {
-                    return;
-                };
-                super::tokens_cannot_be_replayed_across_routes(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_failed_submit_gives_the_token_back() {
-                let Some((store, _guard)) = ($make) else {
-                    return;
-                };
-                super::a_failed_submit_gives_the_token_back(store).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn tokens_are_distinct() {
-                let Some((store, _guard)) = ($make) else {
-                    return;
-                };
-                super::tokens_are_distinct(store).await;
-            }
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some((store, _guard)) = ($make) else {
+                        return;
+                    };
+                    super::$case(store).await;
+                }
+            )*
         }
     };
 }
