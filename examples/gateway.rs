@@ -688,8 +688,8 @@ impl Store for GatewayStore {
         on_backend!(self, s => s.put_token(key, ttl).await)
     }
 
-    async fn take_token(&self, key: &str) -> Result<bool, StoreError> {
-        on_backend!(self, s => s.take_token(key).await)
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        on_backend!(self, s => s.take_token(key, owner).await)
     }
 }
 

@@ -312,21 +312,67 @@ mod cases {
         }
     }
 
+    /// A Redis Cluster client resends a script after a dropped connection:
+    /// a resent claim or token take must answer what the first one did.
+    pub(super) async fn resent_calls_answer_the_same<S: Store>(store: S) {
+        let key = unique_key("resend");
+        let owner = OwnerToken::new();
+        let first = store.claim(&key, fp("r"), owner, LEASE).await.unwrap();
+        assert!(
+            matches!(first, Claim::Acquired(t) if t == owner),
+            "{first:?}"
+        );
+        let again = store.claim(&key, fp("r"), owner, LEASE).await.unwrap();
+        assert!(
+            matches!(again, Claim::Acquired(t) if t == owner),
+            "a resent claim must find its own claim, got {again:?}"
+        );
+        // Anyone else still sees it in flight, and the owner still owns it.
+        assert_in_flight(&claim(&store, &key, fp("r"), LEASE).await, fp("r"));
+        let rec = record(fp("r"), false, false);
+        assert!(store
+            .complete(&key, owner, rec.clone(), WINDOW)
+            .await
+            .unwrap());
+        assert_same(&completed(claim(&store, &key, fp("r"), LEASE).await), &rec);
+        // A resent take of a client token by the request that took it.
+        let token = unique_key("resend-token");
+        store
+            .put_token(&token, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(store.take_token(&token, owner).await.unwrap());
+        assert!(
+            store.take_token(&token, owner).await.unwrap(),
+            "a resent take must still answer taken"
+        );
+        assert!(
+            !store.take_token(&token, OwnerToken::new()).await.unwrap(),
+            "another request must not take it"
+        );
+    }
+
     pub(super) async fn client_tokens_are_consumed_once<S: Store>(store: S) {
         let key = unique_key("token");
         store
             .put_token(&key, Duration::from_secs(60))
             .await
             .unwrap();
-        assert!(store.take_token(&key).await.unwrap());
-        assert!(!store.take_token(&key).await.unwrap(), "taken twice");
-        assert!(!store.take_token(&unique_key("unknown")).await.unwrap());
+        assert!(store.take_token(&key, OwnerToken::new()).await.unwrap());
+        assert!(
+            !store.take_token(&key, OwnerToken::new()).await.unwrap(),
+            "taken twice"
+        );
+        assert!(!store
+            .take_token(&unique_key("unknown"), OwnerToken::new())
+            .await
+            .unwrap());
         // Given back (a failed submit), it can be taken again.
         store
             .put_token(&key, Duration::from_secs(60))
             .await
             .unwrap();
-        assert!(store.take_token(&key).await.unwrap());
+        assert!(store.take_token(&key, OwnerToken::new()).await.unwrap());
         // An expired token is gone.
         let short = unique_key("token-short");
         store
@@ -334,7 +380,7 @@ mod cases {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert!(!store.take_token(&short).await.unwrap());
+        assert!(!store.take_token(&short, OwnerToken::new()).await.unwrap());
         // Of 50 simultaneous takes, exactly one wins.
         let raced: Arc<str> = unique_key("token-race").into();
         store
@@ -347,7 +393,7 @@ mod cases {
                 let (store, key, barrier) = (store.clone(), raced.clone(), barrier.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.take_token(&key).await.unwrap()
+                    store.take_token(&key, OwnerToken::new()).await.unwrap()
                 })
             })
             .collect();
@@ -377,6 +423,7 @@ macro_rules! store_tests {
                 concurrent_claims_have_one_winner,
                 waiters_wake_on_complete_and_release,
                 client_tokens_are_consumed_once,
+                resent_calls_answer_the_same,
             );
         }
     };
@@ -398,6 +445,46 @@ async fn memory() -> Option<(MemoryStore, Guard)> {
 }
 
 store_tests!(memory_store, memory);
+
+/// What only the memory store does.
+mod memory_only {
+    use super::*;
+
+    /// A store far smaller than the traffic keeps the newest records: the
+    /// ones a storm retries.
+    #[tokio::test]
+    async fn a_full_store_keeps_the_newest_records() {
+        let store = MemoryStore::builder().max_bytes(64 * 1024).build();
+        let keys: Vec<String> = (0..5_000)
+            .map(|i| unique_key(&format!("full-{i}")))
+            .collect();
+        for (i, key) in keys.iter().enumerate() {
+            let owner = OwnerToken::new();
+            let f = fp(&i.to_string());
+            assert_acquired(&store.claim(key, f, owner, LEASE).await.unwrap());
+            assert!(store
+                .complete(key, owner, record(f, false, false), WINDOW)
+                .await
+                .unwrap());
+        }
+        let newest = 20;
+        let mut ran_again = Vec::new();
+        for (i, key) in keys.iter().enumerate().skip(keys.len() - newest) {
+            let got = store
+                .claim(key, fp(&i.to_string()), OwnerToken::new(), LEASE)
+                .await
+                .unwrap();
+            if !matches!(got, Claim::Completed(_)) {
+                ran_again.push(i);
+            }
+        }
+        assert!(
+            ran_again.is_empty(),
+            "of the newest {newest}, these would run again: {ran_again:?}"
+        );
+        assert!(store.evictions() > 0, "the store must have been full");
+    }
+}
 
 #[cfg(feature = "redis")]
 mod redis_setup {
@@ -471,7 +558,7 @@ mod redis_only {
         let key = unique_key("not-a-token");
         let owner = OwnerToken::new();
         store.claim(&key, fp("t"), owner, LEASE).await.unwrap();
-        assert!(!store.take_token(&key).await.unwrap());
+        assert!(!store.take_token(&key, OwnerToken::new()).await.unwrap());
         assert_in_flight(&claim(&store, &key, fp("t"), LEASE).await, fp("t"));
     }
 

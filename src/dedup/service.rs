@@ -292,12 +292,12 @@ where
                     waited = true;
                     let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
                 }
-                Claim::Acquired(_) => {
+                Claim::Acquired(owner) => {
                     if let Some(token_key) = self.key.token_key().cloned() {
                         let taken = store_call(
                             self.config.store_timeout,
                             "take_token",
-                            self.store.take_token(&token_key),
+                            self.store.take_token(&token_key, owner),
                         )
                         .await;
                         match taken {

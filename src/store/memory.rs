@@ -43,8 +43,8 @@ struct Inner {
     hasher: RandomState,
     shards: Box<[Shard]>,
     completed: moka::sync::Cache<Arc<str>, Completed, RandomState>,
-    /// Client tokens and when each expires.
-    tokens: moka::sync::Cache<Arc<str>, Instant, RandomState>,
+    /// Client tokens: when each expires and which request took it.
+    tokens: moka::sync::Cache<Arc<str>, ClientToken, RandomState>,
     evictions: Arc<AtomicU64>,
 }
 
@@ -54,6 +54,14 @@ struct InFlight {
     deadline: Instant,
     /// Created when the first duplicate waits; dropping it wakes them all.
     watch: Option<WatchSender>,
+}
+
+/// An issued client token.
+#[derive(Clone, Copy)]
+struct ClientToken {
+    expires: Instant,
+    /// The request that consumed it: its own resent take still succeeds.
+    taken_by: Option<OwnerToken>,
 }
 
 #[derive(Clone)]
@@ -112,6 +120,8 @@ impl MemoryStoreBuilder {
             .build_with_hasher(RandomState::default());
         let tokens = moka::sync::Cache::builder()
             .max_capacity(self.max_tokens)
+            // Oldest first: a fresh token is never refused.
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
             .time_to_live(Duration::from_secs(24 * 3600))
             .build_with_hasher(RandomState::default());
         let shards = (0..SHARDS)
@@ -196,6 +206,11 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(key);
         if let Some(current) = shard.get_mut(key) {
+            if current.token == token {
+                // A resent claim finds its own claim: it is still the owner.
+                current.deadline = now + lease;
+                return Claim::Acquired(token);
+            }
             if current.deadline > now {
                 return Claim::InFlight {
                     fingerprint: current.fingerprint,
@@ -334,22 +349,48 @@ impl Store for MemoryStore {
         key: &str,
         ttl: Duration,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        self.inner
-            .tokens
-            .insert(Arc::from(key), Instant::now() + ttl);
+        self.inner.tokens.insert(
+            Arc::from(key),
+            ClientToken {
+                expires: Instant::now() + ttl,
+                taken_by: None,
+            },
+        );
         std::future::ready(Ok(()))
     }
 
     fn take_token(
         &self,
         key: &str,
+        owner: OwnerToken,
     ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
-        // moka's remove is atomic: of two concurrent takes, one gets the value.
-        let taken = self
-            .inner
+        use moka::ops::compute::Op;
+        // Calls on one key run one at a time: of two concurrent takes by
+        // different requests, one gets the token.
+        let mut taken = false;
+        self.inner
             .tokens
-            .remove(key)
-            .is_some_and(|expires| expires > Instant::now());
+            .entry(Arc::from(key))
+            .and_compute_with(|found| {
+                let Some(found) = found else { return Op::Nop };
+                let token = *found.value();
+                if token.expires <= Instant::now() {
+                    return Op::Remove;
+                }
+                match token.taken_by {
+                    None => {
+                        taken = true;
+                        Op::Put(ClientToken {
+                            taken_by: Some(owner),
+                            ..token
+                        })
+                    }
+                    Some(by) => {
+                        taken = by == owner;
+                        Op::Nop
+                    }
+                }
+            });
         std::future::ready(Ok(taken))
     }
 }

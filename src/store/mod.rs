@@ -316,11 +316,18 @@ pub trait Store: Clone + Send + Sync + 'static {
         )))
     }
 
-    /// Atomically removes a token: `true` if it existed and had not expired,
-    /// so exactly one caller can consume it. The default answers
-    /// [`StoreErrorKind::Unsupported`].
-    fn take_token(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = key;
+    /// Atomically consumes a token for the request that owns `owner`'s
+    /// claim: `true` if it existed, had not expired and was not consumed by
+    /// another request, so exactly one request can consume it. The same
+    /// request taking it again (a resent call) gets `true` again. A token
+    /// stored again with [`put_token`](Self::put_token) (given back) can be
+    /// consumed afresh. The default answers [`StoreErrorKind::Unsupported`].
+    fn take_token(
+        &self,
+        key: &str,
+        owner: OwnerToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (key, owner);
         std::future::ready(Err(StoreError::new(
             StoreErrorKind::Unsupported,
             "this store does not keep client tokens",

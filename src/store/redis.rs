@@ -31,14 +31,18 @@ use std::time::{Duration, Instant};
 const IN_FLIGHT: u8 = 0xF1;
 /// First byte of a completed record (its format version).
 const VERSION: u8 = 0x01;
-/// The value of an issued client token (only its existence matters).
+/// The value of an issued client token.
 const TOKEN_VALUE: &[u8] = b"\x7etoken";
+/// A consumed client token: this tag, then the owner token of the request
+/// that took it.
+const TOKEN_TAKEN: &[u8] = b"\x7etaken";
 /// Tag + owner token: what complete, renew and release compare.
 const OWNER_LEN: usize = 17;
 /// Tag + owner token + fingerprint.
 const IN_FLIGHT_LEN: usize = 33;
 
-/// Claims an absent key, or returns what is there: nil when acquired, the
+/// Claims an absent key, or returns what is there: nil when acquired (also
+/// when the key holds this very claim: a resent script), the
 /// in-flight value, or the completed record with its remaining time to live
 /// (for the local tier).
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
@@ -47,6 +51,10 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| {
 local v = redis.call('GET', KEYS[1])
 if v then
   if string.byte(v, 1) == 241 then
+    if string.sub(v, 1, 17) == string.sub(ARGV[1], 1, 17) then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      return false
+    end
     return string.sub(v, 1, 33)
   end
   return {v, redis.call('PTTL', KEYS[1])}
@@ -99,12 +107,17 @@ return 0
     )
 });
 
-/// A client token → absent; never deletes anything else.
+/// A client token → taken by this request (same expiry); never touches
+/// anything else. Taken by this request already (a resent script) → 1 again.
 static TAKE_TOKEN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+  return 1
+end
+if v == ARGV[2] then
   return 1
 end
 return 0
@@ -662,14 +675,18 @@ where
             .map_err(|e| map_err("put_token", e))
     }
 
-    /// One script: deletes the key if it holds a token. Of concurrent takes
-    /// exactly one sees `1`; an expired token is already gone.
-    async fn take_token(&self, key: &str) -> Result<bool, StoreError> {
+    /// One script: marks the token taken by `owner` (keeping its expiry).
+    /// Of concurrent takes exactly one sees `1`; an expired token is
+    /// already gone. Needs Redis 6 or newer (`KEEPTTL`).
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
         let key = self.full_key(key);
         let mut conn = self.conn.clone();
+        let mut taken_by = TOKEN_TAKEN.to_vec();
+        taken_by.extend_from_slice(&owner.as_u128().to_be_bytes());
         let taken: i64 = TAKE_TOKEN
             .key(&key)
             .arg(TOKEN_VALUE)
+            .arg(taken_by)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("take_token", e))?;
