@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod codec;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;

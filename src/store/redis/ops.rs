@@ -1,0 +1,177 @@
+//! The [`Store`] operations of [`RedisStore`]: one script call each.
+
+use super::scripts::{
+    in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, IN_FLIGHT, IN_FLIGHT_LEN,
+    OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN, TOKEN_VALUE,
+};
+use super::{corrupt, map_err, RedisStore};
+use crate::store::codec::{decode, encode};
+use crate::store::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use crate::Fingerprint;
+use ::redis::aio::ConnectionLike;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let key = self.full_key(key);
+        if let Some(local) = &self.local {
+            if let Some((record, expires)) = local.get(&key) {
+                if expires > Instant::now() {
+                    return Ok(Claim::Completed(record));
+                }
+                local.invalidate(&key);
+            }
+        }
+        let mut conn = self.conn.clone();
+        // If this call is cancelled (the layer's store timeout) or fails after
+        // the script may have run, nobody would own the claim it may have
+        // made: release it, so it does not block the key for a whole lease.
+        let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
+        let found: ::redis::Value = CLAIM
+            .key(&key)
+            .arg(&in_flight_value(token, fingerprint)[..])
+            .arg(millis(lease))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("claim", e))?;
+        undo.0 = None;
+        let found = match found {
+            ::redis::Value::Nil => return Ok(Claim::Acquired(token)),
+            ::redis::Value::BulkString(found) => found,
+            ::redis::Value::Array(mut parts) if parts.len() == 2 => {
+                let (::redis::Value::BulkString(found), ::redis::Value::Int(ttl)) =
+                    (parts.swap_remove(0), parts.swap_remove(0))
+                else {
+                    return Err(corrupt("claim answer of an unexpected shape"));
+                };
+                let record = Arc::new(decode(&Bytes::from(found))?);
+                if let (Some(local), Ok(ttl)) = (&self.local, u64::try_from(ttl)) {
+                    let expires = Instant::now() + Duration::from_millis(ttl);
+                    local.insert(key, (record.clone(), expires));
+                }
+                return Ok(Claim::Completed(record));
+            }
+            other => return Err(corrupt(format_args!("claim answered {other:?}"))),
+        };
+        match found.first() {
+            Some(&IN_FLIGHT) if found.len() == IN_FLIGHT_LEN => {
+                let mut owner = [0u8; OWNER_LEN];
+                owner.copy_from_slice(&found[..OWNER_LEN]);
+                let mut fp = [0u8; 16];
+                fp.copy_from_slice(&found[OWNER_LEN..]);
+                Ok(Claim::InFlight {
+                    fingerprint: Fingerprint::from_bytes(fp),
+                    watch: self.watch(key, owner),
+                })
+            }
+            Some(&IN_FLIGHT) => Err(corrupt(format_args!(
+                "in-flight value of {} bytes",
+                found.len()
+            ))),
+            _ => Ok(Claim::Completed(Arc::new(decode(&Bytes::from(found))?))),
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let value = encode(&record);
+        let mut conn = self.conn.clone();
+        let done: i64 = COMPLETE
+            .key(&key)
+            .arg(&owner_bytes(token)[..])
+            .arg(value)
+            .arg(millis(window))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("complete", e))?;
+        if done == 1 {
+            if let Some(local) = &self.local {
+                local.insert(key.clone(), (record, Instant::now() + window));
+            }
+            self.wake_local_waiters(&key);
+        }
+        Ok(done == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        let done: i64 = RENEW
+            .key(&key)
+            .arg(&owner_bytes(token)[..])
+            .arg(millis(lease))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("renew", e))?;
+        Ok(done == 1)
+    }
+
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        let done: i64 = RELEASE
+            .key(&key)
+            .arg(&owner_bytes(token)[..])
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("release", e))?;
+        if done == 1 {
+            self.wake_local_waiters(&key);
+        }
+        Ok(done == 1)
+    }
+
+    /// `SET key PX ttl`: one command.
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        ::redis::cmd("SET")
+            .arg(&key)
+            .arg(TOKEN_VALUE)
+            .arg("PX")
+            .arg(millis(ttl))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| map_err("put_token", e))
+    }
+
+    /// One script: marks the token taken by `owner` (keeping its expiry).
+    /// Of concurrent takes exactly one sees `1`; an expired token is
+    /// already gone. Needs Redis 6 or newer (`KEEPTTL`).
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        let mut taken_by = TOKEN_TAKEN.to_vec();
+        taken_by.extend_from_slice(&owner.as_u128().to_be_bytes());
+        let taken: i64 = TAKE_TOKEN
+            .key(&key)
+            .arg(TOKEN_VALUE)
+            .arg(taken_by)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("take_token", e))?;
+        Ok(taken == 1)
+    }
+}
