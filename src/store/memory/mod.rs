@@ -1,36 +1,60 @@
 //! The in-memory store: one process, nothing to start.
 
+mod completed;
+
+use self::completed::Completed;
 use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError, WatchSender};
 use crate::Fingerprint;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const SHARDS: usize = 64;
 
-/// The default store: in-flight claims in a sharded map, completed records in
-/// a [moka] cache bounded by bytes.
+/// The default store: in-flight claims in a sharded map, completed records
+/// in a byte-bounded map that evicts the oldest first.
 ///
 /// In-flight claims are never evicted (their number is bounded by the
-/// requests running now). Completed records are evicted when the cache is
-/// full, least useful first; a repeat of an evicted record runs the inner
-/// service again, so size the cache for a window's worth of responses
-/// ([`MemoryStoreBuilder::max_bytes`]). Evictions are counted
-/// ([`MemoryStore::evictions`]).
+/// requests running now). Each completed record is kept as **one buffer**
+/// (its key, status, headers and body, decoded on replay), and the budget
+/// [`max_bytes`](MemoryStoreBuilder::max_bytes) counts what records really
+/// occupy: the buffer as the allocator rounds it plus a measured per-record
+/// overhead (map node, hash table, allocator slack; about 140 bytes).
+///
+/// When the budget is full, the **least recently used** records go first
+/// (a replay counts as a use); a fresh record is never refused. A record
+/// pushed out before its window ended is counted in
+/// [`evicted_early`](MemoryStore::evicted_early) (and, with the `tracing`
+/// feature, warned about at most once a minute with the budget that would
+/// have held it): a retry of it runs the inner service again. Records whose
+/// window ended are counted in [`expired`](MemoryStore::expired).
+///
+/// # Sizing
+///
+/// A record costs its body plus about 300 bytes (key, headers and
+/// overhead); `benches/record_size.rs` measures it for your own responses.
+/// Budget for a whole window of traffic: `rate × window × (body + 300)`,
+/// e.g. 50 notifications a second kept 25 hours with 40-byte answers is
+/// 4.5 M records, about 1.5 GiB. The process's resident memory grows by
+/// about the budget once the store is full (within 15 %, measured by
+/// `benches/memory_budget.rs`), so size a container as its baseline plus
+/// the budget plus 15 %. With the `metrics` feature the store exports
+/// `idempotency_store_bytes`, `idempotency_store_records` and
+/// `idempotency_store_evictions_total{reason="early"|"expired"}`.
 ///
 /// Every operation holds one shard's lock for a few map operations and never
 /// awaits, so claim, complete, renew and release are atomic.
 ///
-/// [moka]: https://docs.rs/moka
-///
 /// ```
 /// use tower_idempotency::store::MemoryStore;
 /// let store = MemoryStore::builder().max_bytes(64 * 1024 * 1024).build();
-/// assert_eq!(store.evictions(), 0);
+/// assert_eq!(store.len(), 0);
+/// assert_eq!(store.bytes_used(), 0);
+/// assert_eq!(store.evicted_early(), 0);
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -42,10 +66,9 @@ type Shard = Mutex<HashMap<Arc<str>, InFlight, RandomState>>;
 struct Inner {
     hasher: RandomState,
     shards: Box<[Shard]>,
-    completed: moka::sync::Cache<Arc<str>, Completed, RandomState>,
+    completed: Completed,
     /// Client tokens: when each expires and which request took it.
     tokens: moka::sync::Cache<Arc<str>, ClientToken, RandomState>,
-    evictions: Arc<AtomicU64>,
 }
 
 struct InFlight {
@@ -64,12 +87,6 @@ struct ClientToken {
     taken_by: Option<OwnerToken>,
 }
 
-#[derive(Clone)]
-struct Completed {
-    record: Arc<CompletedRecord>,
-    expires: Instant,
-}
-
 /// Builds a [`MemoryStore`].
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
@@ -79,8 +96,9 @@ pub struct MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// The most bytes of completed records to keep (bodies, headers and a fixed
-    /// overhead per record). Defaults to 256 MiB.
+    /// The most memory completed records may occupy, in bytes: their keys,
+    /// headers and bodies as allocated, and the store's own overhead per
+    /// record. Defaults to 256 MiB.
     pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self
@@ -103,21 +121,7 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let evictions = Arc::new(AtomicU64::new(0));
-        let counter = evictions.clone();
-        let completed = moka::sync::Cache::builder()
-            .max_capacity(self.max_bytes)
-            .weigher(|key: &Arc<str>, value: &Completed| weight(key, &value.record))
-            // One TTL for the cache (cheap) and each record's own window
-            // checked on read: moka's per-entry expiry costs a timer-wheel
-            // update on every insert.
-            .time_to_live(self.max_window)
-            .eviction_listener(move |_key, _value, cause| {
-                if cause == moka::notification::RemovalCause::Size {
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-            .build_with_hasher(RandomState::default());
+        let completed = Completed::new(self.max_bytes);
         let tokens = moka::sync::Cache::builder()
             .max_capacity(self.max_tokens)
             // Oldest first: a fresh token is never refused.
@@ -133,7 +137,6 @@ impl MemoryStoreBuilder {
                 shards,
                 completed,
                 tokens,
-                evictions,
             }),
         }
     }
@@ -149,21 +152,6 @@ impl Default for MemoryStoreBuilder {
     }
 }
 
-/// Approximate bytes a completed record holds.
-fn weight(key: &str, record: &CompletedRecord) -> u32 {
-    let res = &record.response;
-    let headers: usize = res
-        .headers
-        .iter()
-        .map(|(k, v)| k.as_str().len() + v.len() + 32)
-        .sum();
-    let trailers: usize = res.trailers.as_ref().map_or(0, |t| {
-        t.iter().map(|(k, v)| k.as_str().len() + v.len() + 32).sum()
-    });
-    let total = 160 + key.len() + res.body.len() + headers + trailers;
-    u32::try_from(total).unwrap_or(u32::MAX)
-}
-
 impl MemoryStore {
     /// A store with the default capacity (256 MiB of completed records).
     pub fn new() -> Self {
@@ -175,16 +163,53 @@ impl MemoryStore {
         MemoryStoreBuilder::default()
     }
 
-    /// How many completed records were evicted because the store was full.
-    pub fn evictions(&self) -> u64 {
-        self.inner.completed.run_pending_tasks();
-        self.inner.evictions.load(Ordering::Relaxed)
+    /// How many completed records were pushed out by newer ones before
+    /// their window ended (a retry of one runs the inner service again).
+    pub fn evicted_early(&self) -> u64 {
+        self.stats().evicted_early.load(Ordering::Relaxed)
     }
 
-    /// How many completed records the store holds now (approximate).
+    /// How many completed records were dropped because their window ended.
+    pub fn expired(&self) -> u64 {
+        self.stats().expired.load(Ordering::Relaxed)
+    }
+
+    /// How many completed records were evicted because the store was full.
+    #[deprecated(since = "0.1.1", note = "use `evicted_early` (or `expired`)")]
+    pub fn evictions(&self) -> u64 {
+        self.evicted_early()
+    }
+
+    /// How many completed records the store holds now.
+    pub fn len(&self) -> u64 {
+        self.stats().records.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store holds no completed record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many completed records the store holds now.
+    #[deprecated(since = "0.1.1", note = "use `len`")]
     pub fn completed_len(&self) -> u64 {
-        self.inner.completed.run_pending_tasks();
-        self.inner.completed.entry_count()
+        self.len()
+    }
+
+    /// The memory the completed records occupy now, in bytes, by the same
+    /// measure as the budget: never more than
+    /// [`max_bytes`](Self::max_bytes).
+    pub fn bytes_used(&self) -> u64 {
+        self.stats().bytes.load(Ordering::Relaxed)
+    }
+
+    /// The budget set with [`MemoryStoreBuilder::max_bytes`].
+    pub fn max_bytes(&self) -> u64 {
+        self.inner.completed.max_bytes()
+    }
+
+    fn stats(&self) -> &completed::Stats {
+        &self.inner.completed.stats
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, InFlight, RandomState>> {
@@ -224,11 +249,8 @@ impl MemoryStore {
             // the old entry wakes its waiters.
             shard.remove(key);
         }
-        if let Some(done) = self.inner.completed.get(key) {
-            if done.expires > now {
-                return Claim::Completed(done.record);
-            }
-            self.inner.completed.invalidate(key);
+        if let Some(record) = self.inner.completed.get(key) {
+            return Claim::Completed(record);
         }
         shard.insert(
             Arc::from(key),
@@ -254,14 +276,8 @@ impl MemoryStore {
             Some(current) if current.token == token => {}
             _ => return false,
         }
-        let (key, _in_flight) = shard.remove_entry(key).expect("checked above");
-        self.inner.completed.insert(
-            key,
-            Completed {
-                record,
-                expires: Instant::now() + window,
-            },
-        );
+        let _in_flight = shard.remove(key).expect("checked above");
+        self.inner.completed.insert(key, &record, window);
         // `_in_flight` (and its watch sender) drops after the record is
         // visible, so woken waiters find it.
         drop(shard);
@@ -300,8 +316,9 @@ impl Default for MemoryStore {
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("completed", &self.inner.completed.entry_count())
-            .field("evictions", &self.inner.evictions.load(Ordering::Relaxed))
+            .field("completed", &self.len())
+            .field("bytes_used", &self.bytes_used())
+            .field("evicted_early", &self.evicted_early())
             .finish()
     }
 }

@@ -1,0 +1,336 @@
+//! The memory store's completed records: one buffer per record (key and
+//! encoded response together), in shards kept in least-recently-used order,
+//! bounded by the bytes the records really occupy.
+
+use crate::store::codec;
+use crate::store::CompletedRecord;
+use bytes::Bytes;
+use foldhash::fast::RandomState;
+use hashlink::LinkedHashMap;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// What each record costs beyond its buffer, measured with
+/// `benches/memory_budget.rs` (glibc, 64-bit): the map's node (key handle,
+/// expiry and list links: 64 bytes as allocated), its share of the hash
+/// table (9 bytes a bucket, at most 7/8 full, doubling as it grows), the
+/// buffer's shared header once the record has been replayed (32 bytes), and
+/// the allocator's slack.
+pub(super) const ENTRY_OVERHEAD: u64 = 136;
+
+/// A shard holds at least this many bytes (a small store has one shard), so
+/// that the newest records of a small store are never spread too thin.
+const MIN_SHARD_BYTES: u64 = 4 << 20;
+const MAX_SHARDS: u64 = 64;
+/// Buffer header: written (seconds since the store started), key length.
+const HEADER: usize = 8;
+
+/// The bytes a buffer of `len` bytes occupies in the allocator: glibc rounds
+/// a request plus its 8-byte header up to 16 (at least 32); above its mmap
+/// threshold it maps whole pages.
+fn alloc_size(len: usize) -> u64 {
+    let len = len as u64;
+    if len >= 128 * 1024 {
+        (len + 16).div_ceil(4096) * 4096
+    } else {
+        ((len + 8 + 15) & !15).max(32)
+    }
+}
+
+/// What a record of `len` buffer bytes is charged against the budget.
+pub(super) fn charge(len: usize) -> u64 {
+    alloc_size(len) + ENTRY_OVERHEAD
+}
+
+/// One record: `written u32 | key length u32 | key | encoded record`.
+struct Slot(Bytes);
+
+impl Slot {
+    fn key_len(&self) -> usize {
+        u32::from_be_bytes([self.0[4], self.0[5], self.0[6], self.0[7]]) as usize
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.0[HEADER..HEADER + self.key_len()]
+    }
+
+    fn written(&self) -> u32 {
+        u32::from_be_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
+    }
+
+    fn record(&self) -> Bytes {
+        self.0.slice(HEADER + self.key_len()..)
+    }
+}
+
+impl Borrow<[u8]> for Slot {
+    fn borrow(&self) -> &[u8] {
+        self.key()
+    }
+}
+
+impl PartialEq for Slot {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Slot {}
+
+impl Hash for Slot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The same as hashing the key as `[u8]`, so lookups by key work.
+        self.key().hash(state);
+    }
+}
+
+/// Milliseconds since the store started, when the record's window ends.
+type Expires = u64;
+
+struct Shard {
+    map: LinkedHashMap<Slot, Expires, RandomState>,
+    bytes: u64,
+}
+
+/// Counters shared by every shard.
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) bytes: AtomicU64,
+    pub(super) records: AtomicU64,
+    pub(super) evicted_early: AtomicU64,
+    pub(super) expired: AtomicU64,
+    /// When the last early-eviction warning was written (ms since start + 1).
+    last_warning: AtomicU64,
+}
+
+pub(super) struct Completed {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    max_bytes: u64,
+    shard_budget: u64,
+    origin: Instant,
+    pub(super) stats: Stats,
+}
+
+/// Why a record left the store.
+#[derive(Clone, Copy)]
+enum Reason {
+    /// Pushed out by newer records before its window ended.
+    Early,
+    /// Its window had ended.
+    Expired,
+}
+
+impl Completed {
+    pub(super) fn new(max_bytes: u64) -> Self {
+        let shards = (max_bytes / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS);
+        // A power of two below, so that shards are picked by a mask.
+        let shards = 1u64 << (63 - shards.leading_zeros());
+        Self {
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: LinkedHashMap::with_hasher(RandomState::default()),
+                        bytes: 0,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::default(),
+            max_bytes,
+            shard_budget: max_bytes / shards,
+            origin: Instant::now(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub(super) fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn shard(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+        let i = (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1);
+        // A poisoned shard only means a panic elsewhere while it was held;
+        // every critical section below leaves the map and its count in step.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The record under `key` if its window has not ended; a hit becomes the
+    /// newest record of its shard.
+    pub(super) fn get(&self, key: &str) -> Option<Arc<CompletedRecord>> {
+        let key = key.as_bytes();
+        let now = self.now_ms();
+        let buf = {
+            let mut shard = self.shard(key);
+            let expires = *shard.map.to_back(key)?;
+            if expires <= now {
+                let (slot, _) = shard.map.pop_back().expect("moved to the back above");
+                shard.bytes -= charge(slot.0.len());
+                drop(shard);
+                self.left(Reason::Expired, &slot, expires, now);
+                return None;
+            }
+            shard
+                .map
+                .back()
+                .expect("moved to the back above")
+                .0
+                .record()
+        };
+        // Our own encoding: it always decodes.
+        codec::decode(&buf).ok().map(Arc::new)
+    }
+
+    /// Keeps `record` under `key` for `window`, replacing what was there,
+    /// and evicts the oldest records of its shard past the budget.
+    pub(super) fn insert(&self, key: &str, record: &CompletedRecord, window: Duration) {
+        let now = self.now_ms();
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        let expires = now.saturating_add(window_ms);
+        let len = HEADER + key.len() + codec::encoded_len(record);
+        let mut buf = Vec::with_capacity(len);
+        let written = u32::try_from(now / 1000).unwrap_or(u32::MAX);
+        buf.extend_from_slice(&written.to_be_bytes());
+        buf.extend_from_slice(&u32::try_from(key.len()).unwrap_or(u32::MAX).to_be_bytes());
+        buf.extend_from_slice(key.as_bytes());
+        codec::encode_into(&mut buf, record);
+        debug_assert_eq!(buf.len(), len);
+        let slot = Slot(Bytes::from(buf));
+        let cost = charge(slot.0.len());
+        let mut shard = self.shard(key.as_bytes());
+        if let Some((old, _)) = shard.map.remove_entry(key.as_bytes()) {
+            shard.bytes -= charge(old.0.len());
+            self.stats.records.fetch_sub(1, Ordering::Relaxed);
+            self.stats
+                .bytes
+                .fetch_sub(charge(old.0.len()), Ordering::Relaxed);
+        }
+        if cost > self.shard_budget {
+            // Larger than the store can ever hold: dropped at once.
+            drop(shard);
+            self.stats.records.fetch_add(1, Ordering::Relaxed);
+            self.stats.bytes.fetch_add(cost, Ordering::Relaxed);
+            self.left_with(Reason::Early, cost, window_ms, 0, now);
+            return;
+        }
+        shard.map.insert(slot, expires);
+        shard.bytes += cost;
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(cost, Ordering::Relaxed);
+        let mut gone = Vec::new();
+        while shard.bytes > self.shard_budget {
+            let Some((oldest, ends)) = shard.map.pop_front() else {
+                break;
+            };
+            shard.bytes -= charge(oldest.0.len());
+            gone.push((oldest, ends));
+        }
+        // Records whose window ended go too, a few per insert.
+        while gone.len() < 4 && shard.map.front().is_some_and(|(_, &ends)| ends <= now) {
+            let (oldest, ends) = shard.map.pop_front().expect("checked above");
+            shard.bytes -= charge(oldest.0.len());
+            gone.push((oldest, ends));
+        }
+        drop(shard);
+        for (slot, ends) in gone {
+            let reason = if ends > now {
+                Reason::Early
+            } else {
+                Reason::Expired
+            };
+            self.left(reason, &slot, ends, now);
+        }
+        self.publish();
+    }
+
+    fn left(&self, reason: Reason, slot: &Slot, ends: Expires, now: u64) {
+        let written = u64::from(slot.written()) * 1000;
+        self.left_with(
+            reason,
+            charge(slot.0.len()),
+            ends.saturating_sub(written),
+            now.saturating_sub(written),
+            now,
+        );
+    }
+
+    /// Counts a record that left `age_ms` after it was written, of a window
+    /// of `window_ms`.
+    fn left_with(&self, reason: Reason, cost: u64, window_ms: u64, age_ms: u64, now: u64) {
+        self.stats.records.fetch_sub(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_sub(cost, Ordering::Relaxed);
+        let label = match reason {
+            Reason::Early => {
+                self.stats.evicted_early.fetch_add(1, Ordering::Relaxed);
+                self.warn_early(window_ms, age_ms, now);
+                "early"
+            }
+            Reason::Expired => {
+                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                "expired"
+            }
+        };
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idempotency_store_evictions_total", "reason" => label).increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = label;
+    }
+
+    /// At most once a minute: records are leaving before their window ends.
+    fn warn_early(&self, window_ms: u64, age_ms: u64, now: u64) {
+        let last = self.stats.last_warning.load(Ordering::Relaxed);
+        if last != 0 && now + 1 < last + 60_000 {
+            return;
+        }
+        if self
+            .stats
+            .last_warning
+            .compare_exchange(last, now + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        #[cfg(feature = "tracing")]
+        {
+            // A record written `age_ms` ago was pushed out: holding a whole
+            // window takes about window / age times the budget.
+            let window_ms = if window_ms > 0 {
+                window_ms
+            } else {
+                25 * 3_600_000
+            };
+            let needed = if age_ms == 0 {
+                None
+            } else {
+                let factor = window_ms as f64 / age_ms as f64;
+                Some((self.max_bytes as f64 * factor.max(1.0)) as u64)
+            };
+            tracing::warn!(
+                budget_bytes = self.max_bytes,
+                needed_bytes = needed,
+                evicted_early = self.stats.evicted_early.load(Ordering::Relaxed),
+                "idempotency store full: completed records are evicted before their window \
+                 ends (a retry of one runs again); a budget of about needed_bytes would hold them"
+            );
+        }
+        #[cfg(not(feature = "tracing"))]
+        let _ = (window_ms, age_ms);
+    }
+
+    /// Sets the gauges (feature `metrics`).
+    fn publish(&self) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("idempotency_store_bytes")
+                .set(self.stats.bytes.load(Ordering::Relaxed) as f64);
+            metrics::gauge!("idempotency_store_records")
+                .set(self.stats.records.load(Ordering::Relaxed) as f64);
+        }
+    }
+}
