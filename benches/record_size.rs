@@ -103,14 +103,19 @@ async fn main() {
         "  beyond the body:            {:.0}",
         per_record - BODY.len() as f64
     );
-    println!("held (completed_len):         {}", store.completed_len());
+    println!("held (len):                   {}", store.len());
+    println!(
+        "store's own measure:          {:.0} bytes per record",
+        store.bytes_used() as f64 / store.len() as f64
+    );
 
     // At capacity: 4 MiB for records of about 450 weighed bytes each.
     let small = MemoryStore::builder().max_bytes(4 << 20).build();
     fill(&small, 0, 100_000, false).await;
     println!(
-        "capacity 4 MiB, 100,000 writes: held {}, evicted {}",
-        small.completed_len(),
-        small.evictions()
+        "capacity 4 MiB, 100,000 writes: held {}, evicted early {}, bytes used {}",
+        small.len(),
+        small.evicted_early(),
+        small.bytes_used()
     );
 }

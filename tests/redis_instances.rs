@@ -610,7 +610,7 @@ async fn a_dead_owners_claim_runs_out_and_another_instance_runs_it_once() {
     let dead = RedisStore::standalone(server.url())
         .await
         .unwrap()
-        .local_tier(0);
+        .local_max_bytes(0);
     let claim = dead
         .claim(
             key.as_str(),

@@ -446,6 +446,19 @@ async fn memory() -> Option<(MemoryStore, Guard)> {
 
 store_tests!(memory_store, memory);
 
+/// A store picked at run time: `Either` of two stores is a store.
+async fn either_memory() -> Option<(
+    tower_idempotency::store::Either<MemoryStore, MemoryStore>,
+    Guard,
+)> {
+    Some((
+        tower_idempotency::store::Either::Right(MemoryStore::new()),
+        None,
+    ))
+}
+
+store_tests!(either_memory_store, either_memory);
+
 /// What only the memory store does.
 mod memory_only {
     use super::*;
@@ -484,6 +497,58 @@ mod memory_only {
         );
         assert!(store.evicted_early() > 0, "the store must have been full");
     }
+
+    /// By its own measure the store never holds more than its budget, for
+    /// small and large bodies alike, and the measure returns to zero.
+    #[tokio::test]
+    async fn the_budget_is_never_exceeded() {
+        let budget = 1 << 20;
+        let store = MemoryStore::builder().max_bytes(budget).build();
+        for i in 0..3_000usize {
+            let key = unique_key(&format!("budget-{i}"));
+            let owner = OwnerToken::new();
+            let mut rec = (*record(fp("b"), false, i % 3 == 0)).clone();
+            // 37 B to 64 KiB bodies, and now and then one larger than the budget.
+            let size = match i % 7 {
+                0 => 64 * 1024,
+                1 => 2 * budget as usize,
+                _ => 37,
+            };
+            rec.response.body = Bytes::from(vec![b'x'; size]);
+            assert_acquired(&store.claim(&key, fp("b"), owner, LEASE).await.unwrap());
+            assert!(store
+                .complete(&key, owner, Arc::new(rec), WINDOW)
+                .await
+                .unwrap());
+            assert!(
+                store.bytes_used() <= budget,
+                "after {i} records: {} bytes used of {budget}",
+                store.bytes_used()
+            );
+        }
+        assert!(store.len() > 0 && store.evicted_early() > 0);
+        assert_eq!(store.expired(), 0);
+    }
+
+    /// Records whose window ended are counted apart from early evictions.
+    #[tokio::test]
+    async fn expiry_is_not_an_early_eviction() {
+        let store = MemoryStore::new();
+        let key = unique_key("expires");
+        let owner = OwnerToken::new();
+        assert_acquired(&store.claim(&key, fp("e"), owner, LEASE).await.unwrap());
+        let rec = record(fp("e"), false, false);
+        assert!(store
+            .complete(&key, owner, rec, Duration::from_millis(50))
+            .await
+            .unwrap());
+        assert_eq!((store.len(), store.expired()), (1, 0));
+        assert!(store.bytes_used() > 0);
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        assert_acquired(&claim(&store, &key, fp("e"), LEASE).await);
+        assert_eq!((store.len(), store.bytes_used()), (0, 0));
+        assert_eq!((store.expired(), store.evicted_early()), (1, 0));
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -504,6 +569,15 @@ mod redis_setup {
         Some((store, Some(cluster)))
     }
 
+    /// Memory or Redis picked at run time: here Redis.
+    pub(super) async fn either() -> Option<(
+        tower_idempotency::store::Either<MemoryStore, RedisStore>,
+        Guard,
+    )> {
+        let (store, guard) = standalone().await?;
+        Some((tower_idempotency::store::Either::Right(store), guard))
+    }
+
     /// Standalone with a key prefix: the same cases hold.
     pub(super) async fn prefixed() -> Option<(RedisStore, Guard)> {
         let (store, guard) = standalone().await?;
@@ -522,11 +596,15 @@ store_tests!(redis_standalone, redis_standalone_setup);
 store_tests!(redis_prefixed, redis_prefixed_setup);
 #[cfg(feature = "redis")]
 store_tests!(redis_cluster, redis_cluster_setup);
+#[cfg(feature = "redis")]
+store_tests!(either_redis, redis_setup::either);
 
 /// What only the Redis store does.
 #[cfg(feature = "redis")]
 mod redis_only {
-    use super::support_redis::{redis_available, shared_cluster, shared_standalone, RedisServer};
+    use super::support_redis::{
+        self, redis_available, shared_cluster, shared_standalone, RedisServer,
+    };
     use super::*;
     use tower_idempotency::store::{RedisStore, StoreErrorKind};
 
@@ -548,6 +626,49 @@ mod redis_only {
             .await
             .unwrap());
         assert_same(&completed(claim(&store, &key, fp("l"), LEASE).await), &rec);
+    }
+
+    /// Claims until the store has counted `want` data losses (5 s at most).
+    async fn until_losses(store: &RedisStore, want: u64) -> u64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while store.data_loss_events() < want && std::time::Instant::now() < deadline {
+            // Errors while a server restarts are expected; the look goes on.
+            let _ = store
+                .claim(&unique_key("epoch"), fp("e"), OwnerToken::new(), LEASE)
+                .await;
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        store.data_loss_events()
+    }
+
+    #[tokio::test]
+    async fn a_redis_that_lost_its_data_is_noticed() {
+        if !redis_available() {
+            return;
+        }
+        let mut server = RedisServer::start();
+        let port = server.port();
+        let store = RedisStore::standalone(server.url())
+            .await
+            .unwrap()
+            .epoch_check_interval(Some(Duration::from_millis(50)));
+        // First use writes the marker; nothing lost yet.
+        assert_eq!(until_losses(&store, 1).await, 0);
+        let marker = |port| support_redis::raw_command(port, "GET idem:epoch").unwrap();
+        assert!(!marker(port).starts_with("$-1"), "no marker written");
+        // FLUSHALL is noticed, and the marker written again.
+        assert!(support_redis::raw_command(port, "FLUSHALL")
+            .unwrap()
+            .starts_with("+OK"));
+        assert_eq!(until_losses(&store, 1).await, 1, "FLUSHALL not noticed");
+        assert!(!marker(port).starts_with("$-1"), "marker not rewritten");
+        // A restart without persistence (this server has none) too.
+        server.stop();
+        server.restart();
+        assert_eq!(until_losses(&store, 2).await, 2, "restart not noticed");
+        // And a healthy server counts nothing more.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(until_losses(&store, 3).await, 2);
     }
 
     #[tokio::test]

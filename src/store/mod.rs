@@ -29,6 +29,8 @@
 //! ```
 
 mod codec;
+mod completed;
+mod either;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -36,6 +38,9 @@ mod redis;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisClusterStore, RedisStore};
+/// Two stores, one picked at run time, are a [`Store`] (re-exported from the
+/// [`either`](https://docs.rs/either) crate).
+pub use ::either::Either;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 use crate::Fingerprint;
@@ -207,10 +212,14 @@ impl Watch {
 }
 
 /// Why a store call failed.
+///
+/// Keeps the backend's own error, if there was one, as its
+/// [`source`](std::error::Error::source).
 #[derive(Debug, Clone)]
 pub struct StoreError {
     kind: StoreErrorKind,
     message: Arc<str>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 /// The kind of a [`StoreError`].
@@ -233,7 +242,15 @@ impl StoreError {
         Self {
             kind,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// The same error, caused by `source` (returned by
+    /// [`Error::source`](std::error::Error::source)).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     /// A timeout error.
@@ -256,7 +273,13 @@ impl fmt::Display for StoreError {
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// The storage behind the dedup layer.
 ///

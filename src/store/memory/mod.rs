@@ -1,8 +1,6 @@
 //! The in-memory store: one process, nothing to start.
 
-mod completed;
-
-use self::completed::Completed;
+use super::completed::{self, Completed};
 use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError, WatchSender};
 use crate::Fingerprint;
 use foldhash::fast::RandomState;
@@ -121,7 +119,7 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let completed = Completed::new(self.max_bytes);
+        let completed = Completed::new(self.max_bytes, true);
         let tokens = moka::sync::Cache::builder()
             .max_capacity(self.max_tokens)
             // Oldest first: a fresh token is never refused.

@@ -10,12 +10,16 @@
 //! | repeat of a completed record | 0 commands when this instance holds it in its local tier, else 1 `EVALSHA` |
 //! | duplicate of a running request | 1 `EVALSHA` to claim, 1 more each time the record changes; plus, per instance and key (not per waiter), 1 `GETRANGE` per poll interval while anyone waits |
 
+mod epoch;
 mod ops;
 mod poller;
 mod scripts;
 
+use self::epoch::{Epoch, EPOCH_INTERVAL};
+
 use self::poller::Poller;
-use super::{CompletedRecord, StoreError, StoreErrorKind};
+use super::completed::Completed;
+use super::{StoreError, StoreErrorKind};
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
@@ -24,7 +28,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A [`Store`] in Redis, standalone or Cluster.
 ///
@@ -41,7 +45,7 @@ use std::time::{Duration, Instant};
 /// | path | commands |
 /// |---|---|
 /// | first copy (runs the inner service) | 1 `EVALSHA` to claim, 1 `EVALSHA` to complete (or release), plus 1 `EVALSHA` per renewal (every `lease/3` while it runs) |
-/// | repeat of a completed record | none when this instance holds it in its [local tier](RedisStore::local_tier) (it completed or replayed it before), else 1 `EVALSHA` (the claim returns the record and its remaining window) |
+/// | repeat of a completed record | none when this instance holds it in its [local tier](RedisStore::local_max_bytes) (it completed or replayed it before), else 1 `EVALSHA` (the claim returns the record and its remaining window) |
 /// | duplicate of a running request | 1 `EVALSHA` to claim, then 1 `EVALSHA` each time the record changes |
 /// | client token: issue / consume | 1 `SET … PX` / 1 `EVALSHA` (compare and delete) |
 ///
@@ -73,9 +77,32 @@ use std::time::{Duration, Instant};
 /// did succeed, and recording that prevents a second execution. It never
 /// overwrites another owner's claim or a completed record.
 ///
-/// Keep Redis persistence (RDB or AOF) on if completed records must survive a
-/// Redis restart; without it, a restart forgets every record and the next
-/// retry of each key runs the inner service again.
+/// # Durability: exactly once across a Redis restart
+///
+/// A completed record must outlive a Redis restart, or the next retry of
+/// its key runs the inner service again. Turn on the append-only file and
+/// sync it on every write:
+///
+/// ```text
+/// appendonly yes
+/// appendfsync always     # or `everysec`, accepting the loss of up to a second
+/// ```
+///
+/// (`kill -9` of Redis in the middle of a storm lost nothing with
+/// `appendfsync always`.) RDB snapshots alone lose everything written since
+/// the last snapshot.
+///
+/// To notice a Redis that lost its data anyway (a `FLUSHALL`, a restart
+/// without persistence, a failover to an empty replica), the store writes an
+/// **epoch marker** on first use: the key `idem:epoch` (after the
+/// [prefix](RedisStore::key_prefix)), `SET NX`, without expiry. Each
+/// instance looks at it in the background about once a
+/// [second](RedisStore::epoch_check_interval) (one `GET`); when a marker it
+/// saw is gone or replaced it writes a new one, counts the event
+/// ([`data_loss_events`](RedisStore::data_loss_events), and the `metrics`
+/// counter `idempotency_store_data_loss_total`) and warns (feature
+/// `tracing`). On a Cluster the marker lives on one node: it tells of that
+/// node's loss only.
 ///
 /// ```no_run
 /// use tower_idempotency::store::RedisStore;
@@ -110,22 +137,14 @@ pub struct RedisStore<C = ConnectionManager> {
     prefix: Cow<'static, str>,
     poll_interval: Duration,
     pollers: Arc<Mutex<HashMap<String, Arc<Poller>>>>,
-    local: Option<LocalTier>,
+    /// Completed records this instance has seen, until their window ends.
+    local: Option<Arc<Completed>>,
+    epoch: Arc<Epoch>,
+    epoch_interval: Option<Duration>,
 }
 
-/// Completed records this instance has seen, until their window ends.
-type LocalTier =
-    moka::sync::Cache<String, (Arc<CompletedRecord>, Instant), foldhash::fast::RandomState>;
-
-/// The default size of the local tier, in records.
-const LOCAL_TIER_RECORDS: u64 = 100_000;
-
-fn local_tier(records: u64) -> LocalTier {
-    moka::sync::Cache::builder()
-        .max_capacity(records)
-        .time_to_live(Duration::from_secs(25 * 3600))
-        .build_with_hasher(foldhash::fast::RandomState::default())
-}
+/// The default budget of the local tier: 64 MiB.
+const LOCAL_TIER_BYTES: u64 = 64 << 20;
 
 /// A [`RedisStore`] over a Redis Cluster.
 pub type RedisClusterStore = RedisStore<ClusterConnection>;
@@ -138,6 +157,8 @@ impl<C: Clone> Clone for RedisStore<C> {
             poll_interval: self.poll_interval,
             pollers: self.pollers.clone(),
             local: self.local.clone(),
+            epoch: self.epoch.clone(),
+            epoch_interval: self.epoch_interval,
         }
     }
 }
@@ -223,17 +244,45 @@ where
             prefix: Cow::Borrowed(""),
             poll_interval: Duration::from_millis(25),
             pollers: Arc::default(),
-            local: Some(local_tier(LOCAL_TIER_RECORDS)),
+            local: Some(Arc::new(Completed::new(LOCAL_TIER_BYTES, false))),
+            epoch: Epoch::new(),
+            epoch_interval: Some(EPOCH_INTERVAL),
         }
     }
 
-    /// The local tier: completed records are immutable, so this instance
-    /// keeps up to `records` of them (for the rest of their window) and
-    /// answers repeats without a Redis round trip. `0` turns it off.
-    /// Defaults to 100,000 records.
-    pub fn local_tier(mut self, records: u64) -> Self {
-        self.local = (records > 0).then(|| local_tier(records));
+    /// How often this instance looks at the epoch marker (one `GET`, in the
+    /// background, on a claim once the interval has passed); `None` turns
+    /// the marker off. Defaults to one second.
+    pub fn epoch_check_interval(mut self, interval: Option<Duration>) -> Self {
+        self.epoch_interval = interval;
         self
+    }
+
+    /// How many times this instance (and its clones) found that Redis lost
+    /// its data: the epoch marker it saw before was gone or replaced.
+    pub fn data_loss_events(&self) -> u64 {
+        self.epoch.losses()
+    }
+
+    /// The local tier: completed records are immutable, so this instance
+    /// keeps those it completed or replayed (for the rest of their window,
+    /// the least recently used evicted first) in at most `max_bytes` of
+    /// memory, measured as the memory store measures its budget, and
+    /// answers repeats without a Redis round trip. `0` turns it off.
+    /// Defaults to 64 MiB.
+    pub fn local_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.local = (max_bytes > 0).then(|| Arc::new(Completed::new(max_bytes, false)));
+        self
+    }
+
+    /// The local tier, sized in records: `records` × 1 KiB of
+    /// [`local_max_bytes`](Self::local_max_bytes). `0` turns it off.
+    #[deprecated(
+        since = "0.1.1",
+        note = "use `local_max_bytes`: the tier is bounded by bytes"
+    )]
+    pub fn local_tier(self, records: u64) -> Self {
+        self.local_max_bytes(records.saturating_mul(1024))
     }
 
     /// Prepended to every key, as it is. The keys the dedup layer passes are
@@ -291,7 +340,7 @@ fn map_err(op: &str, e: RedisError) -> StoreError {
     } else {
         StoreErrorKind::Backend
     };
-    StoreError::new(kind, format!("redis {op} failed: {e}"))
+    StoreError::new(kind, format!("redis {op} failed: {e}")).with_source(e)
 }
 
 fn corrupt(what: impl fmt::Display) -> StoreError {

@@ -11,7 +11,7 @@ use crate::Fingerprint;
 use ::redis::aio::ConnectionLike;
 use bytes::Bytes;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 impl<C> Store for RedisStore<C>
 where
@@ -24,14 +24,10 @@ where
         token: OwnerToken,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
+        self.check_epoch_soon();
         let key = self.full_key(key);
-        if let Some(local) = &self.local {
-            if let Some((record, expires)) = local.get(&key) {
-                if expires > Instant::now() {
-                    return Ok(Claim::Completed(record));
-                }
-                local.invalidate(&key);
-            }
+        if let Some(record) = self.local.as_ref().and_then(|local| local.get(&key)) {
+            return Ok(Claim::Completed(record));
         }
         let mut conn = self.conn.clone();
         // If this call is cancelled (the layer's store timeout) or fails after
@@ -57,8 +53,7 @@ where
                 };
                 let record = Arc::new(decode(&Bytes::from(found))?);
                 if let (Some(local), Ok(ttl)) = (&self.local, u64::try_from(ttl)) {
-                    let expires = Instant::now() + Duration::from_millis(ttl);
-                    local.insert(key, (record.clone(), expires));
+                    local.insert(&key, &record, Duration::from_millis(ttl));
                 }
                 return Ok(Claim::Completed(record));
             }
@@ -103,7 +98,7 @@ where
             .map_err(|e| map_err("complete", e))?;
         if done == 1 {
             if let Some(local) = &self.local {
-                local.insert(key.clone(), (record, Instant::now() + window));
+                local.insert(&key, &record, window);
             }
             self.wake_local_waiters(&key);
         }

@@ -1,6 +1,7 @@
-//! The memory store's completed records: one buffer per record (key and
-//! encoded response together), in shards kept in least-recently-used order,
-//! bounded by the bytes the records really occupy.
+//! Completed records in memory (the memory store, and the Redis store's
+//! local tier): one buffer per record (key and encoded response together),
+//! in shards kept in least-recently-used order, bounded by the bytes the
+//! records really occupy.
 
 use crate::store::codec;
 use crate::store::CompletedRecord;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 /// table (9 bytes a bucket, at most 7/8 full, doubling as it grows), the
 /// buffer's shared header once the record has been replayed (32 bytes), and
 /// the allocator's slack.
-pub(super) const ENTRY_OVERHEAD: u64 = 136;
+pub(crate) const ENTRY_OVERHEAD: u64 = 136;
 
 /// A shard holds at least this many bytes (a small store has one shard), so
 /// that the newest records of a small store are never spread too thin.
@@ -41,7 +42,7 @@ fn alloc_size(len: usize) -> u64 {
 }
 
 /// What a record of `len` buffer bytes is charged against the budget.
-pub(super) fn charge(len: usize) -> u64 {
+pub(crate) fn charge(len: usize) -> u64 {
     alloc_size(len) + ENTRY_OVERHEAD
 }
 
@@ -97,22 +98,25 @@ struct Shard {
 
 /// Counters shared by every shard.
 #[derive(Default)]
-pub(super) struct Stats {
-    pub(super) bytes: AtomicU64,
-    pub(super) records: AtomicU64,
-    pub(super) evicted_early: AtomicU64,
-    pub(super) expired: AtomicU64,
+pub(crate) struct Stats {
+    pub(crate) bytes: AtomicU64,
+    pub(crate) records: AtomicU64,
+    pub(crate) evicted_early: AtomicU64,
+    pub(crate) expired: AtomicU64,
     /// When the last early-eviction warning was written (ms since start + 1).
     last_warning: AtomicU64,
 }
 
-pub(super) struct Completed {
+pub(crate) struct Completed {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     max_bytes: u64,
     shard_budget: u64,
     origin: Instant,
-    pub(super) stats: Stats,
+    /// Warn about early evictions and export metrics (not for a cache in
+    /// front of another store, whose evictions lose nothing).
+    report: bool,
+    pub(crate) stats: Stats,
 }
 
 /// Why a record left the store.
@@ -125,7 +129,7 @@ enum Reason {
 }
 
 impl Completed {
-    pub(super) fn new(max_bytes: u64) -> Self {
+    pub(crate) fn new(max_bytes: u64, report: bool) -> Self {
         let shards = (max_bytes / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS);
         // A power of two below, so that shards are picked by a mask.
         let shards = 1u64 << (63 - shards.leading_zeros());
@@ -142,11 +146,12 @@ impl Completed {
             max_bytes,
             shard_budget: max_bytes / shards,
             origin: Instant::now(),
+            report,
             stats: Stats::default(),
         }
     }
 
-    pub(super) fn max_bytes(&self) -> u64 {
+    pub(crate) fn max_bytes(&self) -> u64 {
         self.max_bytes
     }
 
@@ -163,7 +168,7 @@ impl Completed {
 
     /// The record under `key` if its window has not ended; a hit becomes the
     /// newest record of its shard.
-    pub(super) fn get(&self, key: &str) -> Option<Arc<CompletedRecord>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<CompletedRecord>> {
         let key = key.as_bytes();
         let now = self.now_ms();
         let buf = {
@@ -189,7 +194,7 @@ impl Completed {
 
     /// Keeps `record` under `key` for `window`, replacing what was there,
     /// and evicts the oldest records of its shard past the budget.
-    pub(super) fn insert(&self, key: &str, record: &CompletedRecord, window: Duration) {
+    pub(crate) fn insert(&self, key: &str, record: &CompletedRecord, window: Duration) {
         let now = self.now_ms();
         let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
         let expires = now.saturating_add(window_ms);
@@ -268,7 +273,9 @@ impl Completed {
         let label = match reason {
             Reason::Early => {
                 self.stats.evicted_early.fetch_add(1, Ordering::Relaxed);
-                self.warn_early(window_ms, age_ms, now);
+                if self.report {
+                    self.warn_early(window_ms, age_ms, now);
+                }
                 "early"
             }
             Reason::Expired => {
@@ -276,6 +283,9 @@ impl Completed {
                 "expired"
             }
         };
+        if !self.report {
+            return;
+        }
         #[cfg(feature = "metrics")]
         metrics::counter!("idempotency_store_evictions_total", "reason" => label).increment(1);
         #[cfg(not(feature = "metrics"))]
@@ -326,7 +336,7 @@ impl Completed {
     /// Sets the gauges (feature `metrics`).
     fn publish(&self) {
         #[cfg(feature = "metrics")]
-        {
+        if self.report {
             metrics::gauge!("idempotency_store_bytes")
                 .set(self.stats.bytes.load(Ordering::Relaxed) as f64);
             metrics::gauge!("idempotency_store_records")

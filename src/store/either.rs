@@ -1,0 +1,91 @@
+//! [`Store`] for [`Either`]: a program that picks its store at run time.
+//!
+//! ```
+//! use either::Either;
+//! use std::time::Duration;
+//! use tower_idempotency::store::{Claim, MemoryStore, OwnerToken, Store};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // Memory here; `Either::Right(RedisStore::standalone(url).await?)` when
+//! // a Redis URL is configured.
+//! let store: Either<MemoryStore, MemoryStore> = Either::Left(MemoryStore::new());
+//! let claim = store
+//!     .claim("k", Fingerprint::of(b"x"), OwnerToken::new(), Duration::from_secs(5))
+//!     .await
+//!     .unwrap();
+//! assert!(matches!(claim, Claim::Acquired(_)));
+//! # }
+//! ```
+//!
+//! `Either` rather than a boxed `dyn` store: the calls stay static (no
+//! boxed future and no allocation per store call, which a boxed object-safe
+//! store needs), the trait stays as it is, and choices nest
+//! (`Either<MemoryStore, Either<RedisStore, RedisClusterStore>>`).
+
+use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use crate::Fingerprint;
+use ::either::Either;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl<A: Store, B: Store> Store for Either<A, B> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        match self {
+            Either::Left(s) => s.claim(key, fingerprint, token, lease).await,
+            Either::Right(s) => s.claim(key, fingerprint, token, lease).await,
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Either::Left(s) => s.complete(key, token, record, window).await,
+            Either::Right(s) => s.complete(key, token, record, window).await,
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Either::Left(s) => s.renew(key, token, lease).await,
+            Either::Right(s) => s.renew(key, token, lease).await,
+        }
+    }
+
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        match self {
+            Either::Left(s) => s.release(key, token).await,
+            Either::Right(s) => s.release(key, token).await,
+        }
+    }
+
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        match self {
+            Either::Left(s) => s.put_token(key, ttl).await,
+            Either::Right(s) => s.put_token(key, ttl).await,
+        }
+    }
+
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        match self {
+            Either::Left(s) => s.take_token(key, owner).await,
+            Either::Right(s) => s.take_token(key, owner).await,
+        }
+    }
+}
