@@ -662,8 +662,17 @@ mod redis_only {
             .starts_with("+OK"));
         assert_eq!(until_losses(&store, 1).await, 1, "FLUSHALL not noticed");
         assert!(!marker(port).starts_with("$-1"), "marker not rewritten");
-        // A restart without persistence (this server has none) too.
+        // A restart that kept the data set is not a loss...
         server.stop();
+        server.restart();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            until_losses(&store, 2).await,
+            1,
+            "a kept data set is no loss"
+        );
+        // ...a restart without persistence is.
+        server.stop_without_saving();
         server.restart();
         assert_eq!(until_losses(&store, 2).await, 2, "restart not noticed");
         // And a healthy server counts nothing more.

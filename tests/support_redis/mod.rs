@@ -187,8 +187,20 @@ impl RedisServer {
     /// Stops the server after saving its data set (`SHUTDOWN SAVE`), as a
     /// restart of a Redis with persistence would.
     pub fn stop(&mut self) {
+        self.shutdown("SHUTDOWN SAVE");
+    }
+
+    /// Stops the server without saving (`SHUTDOWN NOSAVE`) and deletes any
+    /// data set saved before: a restart after it is a restart of a Redis
+    /// without persistence.
+    pub fn stop_without_saving(&mut self) {
+        self.shutdown("SHUTDOWN NOSAVE");
+        let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
+    }
+
+    fn shutdown(&mut self, command: &str) {
         self.kill_watchdog();
-        let _ = raw_command(self.port, "SHUTDOWN SAVE");
+        let _ = raw_command(self.port, command);
         if let Some(mut child) = self.child.take() {
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
