@@ -34,6 +34,13 @@ pub enum Outcome {
     /// The request passed through unguarded because the store failed and the
     /// policy is fail-open.
     PassedThrough,
+    /// The inner call ran past the run limit: it was cancelled, its claim
+    /// released, and the caller got the retryable failure.
+    RunLimitExceeded,
+    /// The inner call outlived the reply deadline: the caller got the
+    /// retryable failure while the call goes on in the background, its
+    /// success recorded for the next retry.
+    ReplyDeadline,
 }
 
 impl Outcome {
@@ -51,6 +58,8 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::LeaseLost => "lease_lost",
             Self::PassedThrough => "passed_through",
+            Self::RunLimitExceeded => "run_limit_exceeded",
+            Self::ReplyDeadline => "reply_deadline",
         }
     }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
 /// Runs the inner service at most once per key. See the [module docs](crate::dedup).
@@ -26,6 +27,7 @@ pub struct Dedup<S, St> {
     inner: S,
     store: St,
     config: Arc<DedupConfig>,
+    tasks: TaskTracker,
 }
 
 impl<S: Clone, St: Clone> Clone for Dedup<S, St> {
@@ -34,6 +36,7 @@ impl<S: Clone, St: Clone> Clone for Dedup<S, St> {
             inner: self.inner.clone(),
             store: self.store.clone(),
             config: self.config.clone(),
+            tasks: self.tasks.clone(),
         }
     }
 }
@@ -51,19 +54,30 @@ impl<S: fmt::Debug, St: fmt::Debug> fmt::Debug for Dedup<S, St> {
 impl<S, St: Store> Dedup<S, St> {
     /// Wraps `inner` with the default settings over `store`.
     pub fn new(inner: S, store: St) -> Self {
-        Self::from_parts(inner, store, Arc::new(DedupConfig::new()))
+        Self::from_parts(
+            inner,
+            store,
+            Arc::new(DedupConfig::new()),
+            TaskTracker::new(),
+        )
     }
 
-    pub(crate) fn from_parts(inner: S, store: St, config: Arc<DedupConfig>) -> Self {
+    pub(crate) fn from_parts(
+        inner: S,
+        store: St,
+        config: Arc<DedupConfig>,
+        tasks: TaskTracker,
+    ) -> Self {
         Self {
             inner,
             store,
             config,
+            tasks,
         }
     }
 
     /// A layer over `store`.
-    pub const fn layer(store: St) -> DedupLayer<St> {
+    pub fn layer(store: St) -> DedupLayer<St> {
         DedupLayer::new(store)
     }
 
