@@ -108,7 +108,7 @@ mod outcome;
 pub mod store;
 pub mod token;
 
-pub use body::ResponseBody;
+pub use body::{BoxError, ResponseBody};
 pub use channel::Preset;
 pub use dedup::OnStoreError;
 pub use key::{Fingerprint, IdempotencyKey};

@@ -41,6 +41,9 @@ pub enum Outcome {
     /// retryable failure while the call goes on in the background, its
     /// success recorded for the next retry.
     ReplyDeadline,
+    /// A completed record could not be stored, even after retrying in the
+    /// background for one lease: the next retry runs the inner service again.
+    CompletionAbandoned,
 }
 
 impl Outcome {
@@ -60,6 +63,7 @@ impl Outcome {
             Self::PassedThrough => "passed_through",
             Self::RunLimitExceeded => "run_limit_exceeded",
             Self::ReplyDeadline => "reply_deadline",
+            Self::CompletionAbandoned => "completion_abandoned",
         }
     }
 

@@ -58,9 +58,14 @@
 //! # }
 //! ```
 
+mod capture;
 mod guard;
 mod layer;
+mod owner;
+mod reply;
+mod run;
 mod service;
+mod store_call;
 
 pub use layer::{DedupLayer, OnStoreError};
 pub use service::{Dedup, ResponseFuture};
