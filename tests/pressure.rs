@@ -535,3 +535,19 @@ async fn background_work_is_tracked_and_awaited_at_shutdown() {
     );
     assert_eq!(runs.get(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issuing_a_token_is_bounded_by_the_store_timeout() {
+    let store = Slow {
+        put_token_delay: Some(Duration::from_secs(30)),
+        ..Slow::default()
+    };
+    let issuer = IssueToken::new(store).store_timeout(Duration::from_millis(100));
+    let req = Request::get("/orders/token").body(()).unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), issuer.oneshot(req))
+        .await
+        .expect("answered at the store timeout")
+        .unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
-/// What to do when the store fails or times out (DESIGN P7).
+/// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnStoreError {
     /// Answer a retryable failure (503 with `Retry-After`, or the channel's
@@ -104,18 +104,23 @@ impl<St: Store> DedupLayer<St> {
         self
     }
 
-    /// Whether an inner call whose caller hung up is finished in a spawned
-    /// task (so its result is recorded and the next retry replays it) rather
-    /// than cancelled (its claim released). Defaults to `true`.
+    /// Whether an inner call whose caller hung up is finished in the
+    /// background (so its result is recorded and the next retry replays it)
+    /// rather than cancelled (its claim released). This covers a caller that
+    /// stops reading a streamed success: the rest of the body is drained (up
+    /// to the run limit) and the record completed when it ends. A completion
+    /// already under way is finished either way. Defaults to `true`.
     pub const fn finish_on_disconnect(mut self, finish: bool) -> Self {
         self.config.finish_on_disconnect = finish;
         self
     }
 
-    /// The largest response body kept for replay. A larger success still
-    /// completes the record (the inner service is never run again), but its
-    /// replay carries the status and headers, an empty body and
-    /// `idempotent-body-omitted: true`. Defaults to 1 MiB.
+    /// The largest response body kept for replay. A success is streamed to
+    /// the caller as it is produced and copied into the record up to this
+    /// limit; a larger one still completes the record when its body ends (the
+    /// inner service is never run again), but its replay carries the status
+    /// and headers, an empty body and `idempotent-body-omitted: true`.
+    /// Defaults to 1 MiB.
     pub const fn max_cached_body(mut self, bytes: usize) -> Self {
         self.config.max_cached_body = bytes;
         self
