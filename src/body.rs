@@ -169,7 +169,7 @@ where
                 }
             }
             Kind::Stream { body } => body.size_hint(),
-            Kind::Channel { hint, .. } => hint.clone(),
+            Kind::Channel { hint, .. } => *hint,
         }
     }
 }

@@ -41,7 +41,7 @@ pub(super) enum Head<B, E> {
 /// How the inner call ended.
 enum Verdict<B, E> {
     /// A 2xx whose body ended; the trailers still to send.
-    Ended(Capture, Option<HeaderMap>),
+    Ended(Box<Capture>, Option<HeaderMap>),
     Failure(http::response::Parts, B),
     Error(E),
     BodyError(BoxError),
@@ -144,7 +144,7 @@ impl<S, St: Store> Owner<S, St> {
         match verdict {
             Verdict::Ended(capture, trailers) => {
                 if capture.succeeded() {
-                    let record = Arc::new(capture.into_record(key.fingerprint()));
+                    let record = Arc::new((*capture).into_record(key.fingerprint()));
                     // Always finished, even if the caller hangs up meanwhile.
                     let outcome = guard.complete(record, config.window, config.lease).await;
                     if outcome == Outcome::LeaseLost {
@@ -271,7 +271,7 @@ where
         // the run limit and cancellation in.
         tokio::task::coop::consume_budget().await;
     }
-    Verdict::Ended(capture, trailers)
+    Verdict::Ended(Box::new(capture), trailers)
 }
 
 /// Polls `work` and, alongside it, renews the claim every `lease/3` (sooner
