@@ -6,13 +6,21 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+use tokio_util::sync::DropGuard;
 
 pin_project! {
     /// Body of the responses that pass through [`Dedup`](crate::dedup::Dedup).
     ///
-    /// A guarded response is buffered (the dedup layer has to store it), so it is
-    /// either a complete buffer with optional trailers, or, for requests that are
-    /// not guarded and for failures, the inner service's body streamed untouched.
+    /// A replay or one of the layer's own answers is a complete buffer with
+    /// optional trailers; the first success of a guarded request is streamed
+    /// from the task that records it (a few frames at a time, so memory does
+    /// not grow with the response's size); requests that are not guarded and
+    /// failures stream the inner service's body untouched.
+    ///
+    /// Errors are boxed: a streamed success that is cut short (its body failed,
+    /// or it ran past the run limit) ends in an error, never in a clean end
+    /// that would pass a truncated body for a whole one.
     #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]
@@ -26,6 +34,7 @@ pin_project! {
     enum Kind<B> {
         Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         Stream { #[pin] body: B },
+        Channel { rx: mpsc::Receiver<Piece>, hint: SizeHint, done: bool, _cancel: Option<DropGuard> },
     }
 }
 
@@ -42,6 +51,23 @@ impl<B> ResponseBody<B> {
     pub fn stream(body: B) -> Self {
         Self {
             kind: Kind::Stream { body },
+        }
+    }
+
+    /// A body fed by the task that runs a guarded call. Dropping it drops
+    /// `cancel` (which cancels that call when finishing on disconnect is off).
+    pub(crate) fn channel(
+        rx: mpsc::Receiver<Piece>,
+        hint: SizeHint,
+        cancel: Option<DropGuard>,
+    ) -> Self {
+        Self {
+            kind: Kind::Channel {
+                rx,
+                hint,
+                done: false,
+                _cancel: cancel,
+            },
         }
     }
 
@@ -63,12 +89,27 @@ impl<B> From<Bytes> for ResponseBody<B> {
     }
 }
 
+/// The error of a [`ResponseBody`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the task that runs a guarded call sends to the caller's body.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    /// A data or trailers frame.
+    Frame(Frame<Bytes>),
+    /// The body ended and was recorded.
+    End,
+    /// The body was cut short.
+    Error(BoxError),
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -81,7 +122,27 @@ where
                 }
                 Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
             }
-            KindProj::Stream { body } => body.poll_frame(cx),
+            KindProj::Stream { body } => body.poll_frame(cx).map_err(Into::into),
+            KindProj::Channel { rx, done, .. } => {
+                if *done {
+                    return Poll::Ready(None);
+                }
+                match std::task::ready!(rx.poll_recv(cx)) {
+                    Some(Piece::Frame(frame)) => Poll::Ready(Some(Ok(frame))),
+                    Some(Piece::End) => {
+                        *done = true;
+                        Poll::Ready(None)
+                    }
+                    Some(Piece::Error(e)) => {
+                        *done = true;
+                        Poll::Ready(Some(Err(e)))
+                    }
+                    None => {
+                        *done = true;
+                        Poll::Ready(Some(Err("the response ended before its body".into())))
+                    }
+                }
+            }
         }
     }
 
@@ -89,15 +150,26 @@ where
         match &self.kind {
             Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Stream { body } => body.is_end_stream(),
+            Kind::Channel { done, .. } => *done,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            // With trailers the length is left open, so that HTTP/1.1 uses
+            // chunked framing, the only one that can carry them.
+            Kind::Full { data, trailers } => {
+                let len = data.as_ref().map_or(0, |d| d.len() as u64);
+                if trailers.is_some() {
+                    let mut hint = SizeHint::new();
+                    hint.set_lower(len);
+                    hint
+                } else {
+                    SizeHint::with_exact(len)
+                }
             }
             Kind::Stream { body } => body.size_hint(),
+            Kind::Channel { hint, .. } => *hint,
         }
     }
 }

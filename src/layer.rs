@@ -175,6 +175,38 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// The run limit: past it the inner call is cancelled, its claim
+    /// released, and the caller gets the retryable failure (the channel's
+    /// failure reply, or 503 with `Retry-After`). See
+    /// [`DedupLayer::max_run`]. Defaults to 5 minutes.
+    pub fn max_run(mut self, limit: Duration) -> Self {
+        self.dedup = self.dedup.max_run(limit);
+        self
+    }
+
+    /// The reply deadline: past it the caller gets the retryable failure
+    /// while the inner call goes on in the background, so that its success
+    /// is recorded and the next retry replays it. See
+    /// [`DedupLayer::reply_timeout`]. Defaults to none.
+    pub fn reply_timeout(mut self, timeout: Duration) -> Self {
+        self.dedup = self.dedup.reply_timeout(timeout);
+        self
+    }
+
+    /// The tracker that background work is spawned on; share one across
+    /// layers and wait for it at shutdown (`tracker.close();
+    /// tracker.wait().await`). See [`DedupLayer::task_tracker`]. Defaults to
+    /// a tracker of this layer's own.
+    pub fn task_tracker(mut self, tracker: crate::TaskTracker) -> Self {
+        self.dedup = self.dedup.task_tracker(tracker);
+        self
+    }
+
+    /// The tracker background work is spawned on.
+    pub fn tasks(&self) -> &crate::TaskTracker {
+        self.dedup.tasks()
+    }
+
     /// The largest response body kept for replay. Defaults to 1 MiB.
     pub fn max_cached_body(mut self, bytes: usize) -> Self {
         self.dedup = self.dedup.max_cached_body(bytes);

@@ -108,9 +108,12 @@ mod outcome;
 pub mod store;
 pub mod token;
 
-pub use body::ResponseBody;
+pub use body::{BoxError, ResponseBody};
 pub use channel::Preset;
 pub use dedup::OnStoreError;
 pub use key::{Fingerprint, IdempotencyKey};
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use outcome::Outcome;
+/// Tracks the background work of the dedup layers (see
+/// [`DedupLayer::task_tracker`](crate::dedup::DedupLayer::task_tracker)).
+pub use tokio_util::task::TaskTracker;

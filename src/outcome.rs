@@ -34,6 +34,16 @@ pub enum Outcome {
     /// The request passed through unguarded because the store failed and the
     /// policy is fail-open.
     PassedThrough,
+    /// The inner call ran past the run limit: it was cancelled, its claim
+    /// released, and the caller got the retryable failure.
+    RunLimitExceeded,
+    /// The inner call outlived the reply deadline: the caller got the
+    /// retryable failure while the call goes on in the background, its
+    /// success recorded for the next retry.
+    ReplyDeadline,
+    /// A completed record could not be stored, even after retrying in the
+    /// background for one lease: the next retry runs the inner service again.
+    CompletionAbandoned,
 }
 
 impl Outcome {
@@ -51,6 +61,9 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::LeaseLost => "lease_lost",
             Self::PassedThrough => "passed_through",
+            Self::RunLimitExceeded => "run_limit_exceeded",
+            Self::ReplyDeadline => "reply_deadline",
+            Self::CompletionAbandoned => "completion_abandoned",
         }
     }
 

@@ -55,6 +55,7 @@ pub struct IssueToken<St> {
     ttl: Duration,
     principal: Arc<dyn Principal>,
     prefix: Cow<'static, str>,
+    store_timeout: Duration,
 }
 
 impl<St: Store> IssueToken<St> {
@@ -66,7 +67,15 @@ impl<St: Store> IssueToken<St> {
             ttl: Duration::from_secs(300),
             principal: Arc::new(AuthorizationHash),
             prefix: Cow::Borrowed("idem"),
+            store_timeout: Duration::from_secs(1),
         }
+    }
+
+    /// The timeout of the store call that keeps a new token; past it the
+    /// caller gets 503 with `Retry-After`. Defaults to 1 second.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
     }
 
     /// How long a token can be used. Defaults to 5 minutes.
@@ -117,13 +126,15 @@ impl<St: Store, B> Service<Request<B>> for IssueToken<St> {
         let (parts, _body) = req.into_parts();
         let principal = self.principal.principal(&parts);
         let (store, ttl, prefix) = (self.store.clone(), self.ttl, self.prefix.clone());
+        let timeout = self.store_timeout;
         Box::pin(async move {
             let Ok(token) = new_token() else {
                 return Ok(unavailable());
             };
             let key = IdempotencyKey::token_store_key(&prefix, principal.as_deref(), &token);
-            if store.put_token(&key, ttl).await.is_err() {
-                return Ok(unavailable());
+            match tokio::time::timeout(timeout, store.put_token(&key, ttl)).await {
+                Ok(Ok(())) => {}
+                _ => return Ok(unavailable()),
             }
             let body = format!(r#"{{"token":"{token}","expires_in":{}}}"#, ttl.as_secs());
             let mut res = Response::new(Full::new(Bytes::from(body)));

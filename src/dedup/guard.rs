@@ -1,21 +1,24 @@
-//! Releasing a claim on every exit path, and finishing work whose caller left.
+//! The owner's side of a claim: renewing, completing and releasing it, and
+//! releasing it on every exit path that forgot to.
 
-use super::service::store_call;
-use crate::store::{OwnerToken, Store};
-use std::future::Future;
-use std::pin::Pin;
+use super::store_call::store_call;
+use crate::outcome::{self, log_warn, Outcome};
+use crate::store::{CompletedRecord, OwnerToken, Store, StoreError};
+use crate::IdempotencyKey;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 /// Owns a claim until it is completed or released; dropped while still armed
 /// (a cancelled call, a panic in our own code) it releases the claim in a
-/// spawned task.
+/// tracked background task.
 pub(super) struct ClaimGuard<St: Store> {
-    pub(super) store: St,
-    pub(super) key: Arc<str>,
-    pub(super) token: OwnerToken,
-    pub(super) store_timeout: Duration,
+    store: St,
+    key: IdempotencyKey,
+    token: OwnerToken,
+    store_timeout: Duration,
+    tasks: TaskTracker,
     /// A consumed client token to put back if the claim is released.
     restore_token: Option<(Arc<str>, Duration)>,
     armed: bool,
@@ -24,18 +27,25 @@ pub(super) struct ClaimGuard<St: Store> {
 impl<St: Store> ClaimGuard<St> {
     pub(super) fn new(
         store: St,
-        key: Arc<str>,
+        key: IdempotencyKey,
         token: OwnerToken,
         store_timeout: Duration,
+        tasks: TaskTracker,
     ) -> Self {
         Self {
             store,
             key,
             token,
             store_timeout,
+            tasks,
             restore_token: None,
             armed: true,
         }
+    }
+
+    /// The key this claim is for.
+    pub(super) fn key(&self) -> &IdempotencyKey {
+        &self.key
     }
 
     /// A client token this claim consumed: it is put back (for `ttl`) if the
@@ -44,20 +54,72 @@ impl<St: Store> ClaimGuard<St> {
         self.restore_token = Some((token_key, ttl));
     }
 
-    /// The claim was completed: nothing to release.
+    /// Nothing to release (the claim was not acquired, or was completed).
     pub(super) fn disarm(&mut self) {
         self.armed = false;
     }
 
-    /// Releases the claim now (and gives back a consumed client token).
+    /// Extends the lease. `Ok(false)`: another owner has the key now.
+    pub(super) async fn renew(&self, lease: Duration) -> Result<bool, StoreError> {
+        let fut = self.store.renew(self.key.as_str(), self.token, lease);
+        store_call(self.store_timeout, "renew", fut).await
+    }
+
+    /// Stores the completed record and disarms the guard. If the store fails,
+    /// keeps trying in a tracked background task for up to `lease`, so that
+    /// the claim does not lapse into a second execution; giving up is logged
+    /// and counted.
+    pub(super) async fn complete(
+        &mut self,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+        lease: Duration,
+    ) -> Outcome {
+        self.armed = false;
+        let fut = self
+            .store
+            .complete(self.key.as_str(), self.token, record.clone(), window);
+        match store_call(self.store_timeout, "complete", fut).await {
+            Ok(true) => Outcome::Executed,
+            Ok(false) => Outcome::LeaseLost,
+            Err(error) => {
+                log_warn!(key = %self.key.redacted(), error = %error, "completing the record failed; retrying in the background");
+                let _ = &error;
+                let (store, key, token) = (self.store.clone(), self.key.clone(), self.token);
+                let timeout = self.store_timeout;
+                self.tasks.spawn(async move {
+                    let give_up = Instant::now() + lease;
+                    let mut backoff = Duration::from_millis(50);
+                    while Instant::now() < give_up {
+                        tokio::time::sleep(backoff).await;
+                        let fut = store.complete(key.as_str(), token, record.clone(), window);
+                        if let Ok(res) = store_call(timeout, "complete", fut).await {
+                            if !res {
+                                outcome::record(key.preset_arc(), Outcome::LeaseLost);
+                            }
+                            return;
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                    }
+                    outcome::record(key.preset_arc(), Outcome::CompletionAbandoned);
+                    log_warn!(key = %key.redacted(), "gave up completing the record: the next retry runs again");
+                });
+                Outcome::StoreError
+            }
+        }
+    }
+
+    /// Releases the claim now: first gives back a consumed client token (so
+    /// that a copy waiting on this claim finds it), then deletes the claim.
     pub(super) async fn release(mut self) {
         self.armed = false;
+        let restore = self.restore_token.take();
         release(
             &self.store,
             &self.key,
             self.token,
             self.store_timeout,
-            self.restore_token.take(),
+            restore,
         )
         .await;
     }
@@ -76,83 +138,25 @@ impl<St: Store> Drop for ClaimGuard<St> {
             self.restore_token.take(),
         );
         // Without a runtime the lease runs out by itself.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move { release(&store, &key, token, timeout, restore).await });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.tasks
+                .spawn(async move { release(&store, &key, token, timeout, restore).await });
         }
     }
 }
 
-/// Deletes `token`'s claim and puts a consumed client token back. Failures
+/// Puts a consumed client token back, then deletes `token`'s claim. Failures
 /// are not fatal: the lease runs out by itself, and a lost token only means
 /// the client asks for a new one.
 async fn release<St: Store>(
     store: &St,
-    key: &str,
+    key: &IdempotencyKey,
     token: OwnerToken,
     timeout: Duration,
     restore_token: Option<(Arc<str>, Duration)>,
 ) {
-    let _ = store_call(timeout, "release", store.release(key, token)).await;
     if let Some((token_key, ttl)) = restore_token {
         let _ = store_call(timeout, "put_token", store.put_token(&token_key, ttl)).await;
     }
-}
-
-/// Drives a future; if dropped before it finished and `detach` is set, hands
-/// the rest of it to a spawned task instead of cancelling it.
-pub(super) struct Detach<F>
-where
-    F: Future + Send + 'static,
-    F::Output: Send,
-{
-    fut: Option<Pin<Box<F>>>,
-    detach: bool,
-}
-
-impl<F> Detach<F>
-where
-    F: Future + Send + 'static,
-    F::Output: Send,
-{
-    pub(super) fn new(fut: F, detach: bool) -> Self {
-        Self {
-            fut: Some(Box::pin(fut)),
-            detach,
-        }
-    }
-}
-
-impl<F> Future for Detach<F>
-where
-    F: Future + Send + 'static,
-    F::Output: Send,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let fut = self.fut.as_mut().expect("polled after completion");
-        let out = std::task::ready!(fut.as_mut().poll(cx));
-        self.fut = None;
-        Poll::Ready(out)
-    }
-}
-
-impl<F> Drop for Detach<F>
-where
-    F: Future + Send + 'static,
-    F::Output: Send,
-{
-    fn drop(&mut self) {
-        if let Some(fut) = self.fut.take() {
-            if self.detach {
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(async move {
-                        let _ = fut.await;
-                    });
-                }
-                // Without a runtime `fut` drops here, and its guard can only
-                // leave the claim to its lease.
-            }
-        }
-    }
+    let _ = store_call(timeout, "release", store.release(key.as_str(), token)).await;
 }

@@ -2,9 +2,10 @@ use super::service::Dedup;
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
-/// What to do when the store fails or times out (DESIGN P7).
+/// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnStoreError {
     /// Answer a retryable failure (503 with `Retry-After`, or the channel's
@@ -28,12 +29,14 @@ pub(crate) struct DedupConfig {
     pub(crate) max_cached_body: usize,
     pub(crate) strict: bool,
     pub(crate) token_ttl: Duration,
+    pub(crate) max_run: Duration,
+    pub(crate) reply_timeout: Option<Duration>,
 }
 
 impl DedupConfig {
     pub(crate) const fn new() -> Self {
         Self {
-            window: Duration::from_secs(24 * 3600),
+            window: Duration::from_secs(25 * 3600),
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(4),
             store_timeout: Duration::from_secs(1),
@@ -42,6 +45,8 @@ impl DedupConfig {
             max_cached_body: 1024 * 1024,
             strict: false,
             token_ttl: Duration::from_secs(300),
+            max_run: Duration::from_secs(300),
+            reply_timeout: None,
         }
     }
 }
@@ -51,18 +56,21 @@ impl DedupConfig {
 pub struct DedupLayer<St> {
     store: St,
     config: DedupConfig,
+    tasks: TaskTracker,
 }
 
 impl<St: Store> DedupLayer<St> {
     /// A dedup layer over `store` with the defaults below.
-    pub const fn new(store: St) -> Self {
+    pub fn new(store: St) -> Self {
         Self {
             store,
             config: DedupConfig::new(),
+            tasks: TaskTracker::new(),
         }
     }
 
-    /// How long a completed record is replayed. Defaults to 24 hours.
+    /// How long a completed record is replayed. Defaults to 25 hours (longer
+    /// than every payment channel's retry schedule).
     pub const fn window(mut self, window: Duration) -> Self {
         self.config.window = window;
         self
@@ -96,18 +104,23 @@ impl<St: Store> DedupLayer<St> {
         self
     }
 
-    /// Whether an inner call whose caller hung up is finished in a spawned
-    /// task (so its result is recorded and the next retry replays it) rather
-    /// than cancelled (its claim released). Defaults to `true`.
+    /// Whether an inner call whose caller hung up is finished in the
+    /// background (so its result is recorded and the next retry replays it)
+    /// rather than cancelled (its claim released). This covers a caller that
+    /// stops reading a streamed success: the rest of the body is drained (up
+    /// to the run limit) and the record completed when it ends. A completion
+    /// already under way is finished either way. Defaults to `true`.
     pub const fn finish_on_disconnect(mut self, finish: bool) -> Self {
         self.config.finish_on_disconnect = finish;
         self
     }
 
-    /// The largest response body kept for replay. A larger success still
-    /// completes the record (the inner service is never run again), but its
-    /// replay carries the status and headers, an empty body and
-    /// `idempotent-body-omitted: true`. Defaults to 1 MiB.
+    /// The largest response body kept for replay. A success is streamed to
+    /// the caller as it is produced and copied into the record up to this
+    /// limit; a larger one still completes the record when its body ends (the
+    /// inner service is never run again), but its replay carries the status
+    /// and headers, an empty body and `idempotent-body-omitted: true`.
+    /// Defaults to 1 MiB.
     pub const fn max_cached_body(mut self, bytes: usize) -> Self {
         self.config.max_cached_body = bytes;
         self
@@ -118,6 +131,7 @@ impl<St: Store> DedupLayer<St> {
         DedupLayer {
             store,
             config: self.config,
+            tasks: self.tasks,
         }
     }
 
@@ -136,6 +150,63 @@ impl<St: Store> DedupLayer<St> {
         self
     }
 
+    /// The run limit: the longest an inner call may run, its response body
+    /// included. Past it the inner future (or body) is dropped, the claim is
+    /// released so that the next retry runs again, the caller gets the
+    /// retryable failure (503 with `Retry-After`, or the channel's failure
+    /// reply) and the event is logged and counted as
+    /// [`Outcome::RunLimitExceeded`](crate::Outcome::RunLimitExceeded). No
+    /// key stays blocked longer than this by a hung handler or upstream.
+    /// Defaults to 5 minutes.
+    pub const fn max_run(mut self, limit: Duration) -> Self {
+        self.config.max_run = limit;
+        self
+    }
+
+    /// The reply deadline: the caller's patience. Past it the caller gets the
+    /// retryable failure (503 with `Retry-After`, or the channel's failure
+    /// reply) while the inner call goes on in the background, holding and
+    /// renewing its claim, until it answers or the run limit ends; its
+    /// success is recorded, so the next retry replays it instead of running
+    /// it again. Set it below the sender's timeout (WeChat Pay waits 5 s).
+    /// Defaults to no deadline: the caller waits as long as the inner call
+    /// runs (up to the run limit).
+    pub const fn reply_timeout(mut self, timeout: Duration) -> Self {
+        self.config.reply_timeout = Some(timeout);
+        self
+    }
+
+    /// The tracker that background work is spawned on: calls finished after
+    /// their caller hung up or after the reply deadline, completions retried
+    /// in the background, releases. Share one tracker across layers, and at
+    /// shutdown wait for it so that no recorded success is lost:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower_idempotency::dedup::DedupLayer;
+    /// use tower_idempotency::store::MemoryStore;
+    /// use tower_idempotency::TaskTracker;
+    ///
+    /// let tracker = TaskTracker::new();
+    /// let layer = DedupLayer::new(MemoryStore::new()).task_tracker(tracker.clone());
+    /// // … serve until a shutdown signal, stop accepting, then:
+    /// tracker.close();
+    /// tracker.wait().await;
+    /// assert!(layer.tasks().is_empty());
+    /// # }
+    /// ```
+    ///
+    /// Defaults to a tracker of this layer's own (see [`tasks`](Self::tasks)).
+    pub fn task_tracker(mut self, tracker: TaskTracker) -> Self {
+        self.tasks = tracker;
+        self
+    }
+
+    /// The tracker background work is spawned on.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
     /// The store.
     pub fn store(&self) -> &St {
         &self.store
@@ -146,6 +217,11 @@ impl<S, St: Store> Layer<S> for DedupLayer<St> {
     type Service = Dedup<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Dedup::from_parts(inner, self.store.clone(), Arc::new(self.config.clone()))
+        Dedup::from_parts(
+            inner,
+            self.store.clone(),
+            Arc::new(self.config.clone()),
+            self.tasks.clone(),
+        )
     }
 }

@@ -6,10 +6,14 @@
 //! one, or with a safe method (GET, HEAD, OPTIONS, TRACE), passes through.
 //! For a guarded request it claims the key in the [`Store`](crate::store::Store):
 //!
-//! - **acquired**: runs the inner service, renewing the lease every `lease/3`,
-//!   and on a 2xx (and, for gRPC, `grpc-status: 0`) stores the response for
-//!   the window; on any failure (non-2xx, `Err`, panic, body error) it releases
-//!   the claim so that the next retry runs again. Failures are never cached.
+//! - **acquired**: runs the inner service in a background task of the layer's
+//!   [`TaskTracker`](crate::TaskTracker), renewing the lease every `lease/3`
+//!   alongside it. A 2xx (and, for gRPC, `grpc-status: 0`) is streamed to the
+//!   caller and teed into the record (up to
+//!   [`max_cached_body`](DedupLayer::max_cached_body)); when its body ends the
+//!   record is completed for the window. On any failure (non-2xx, `Err`,
+//!   panic, body error) it releases the claim so that the next retry runs
+//!   again. Failures are never cached.
 //! - **completed**: replays the stored status, headers, body and trailers with
 //!   `idempotent-replayed: true`, or answers 422 if the fingerprint differs.
 //! - **in flight**: waits (up to `wait`) on one shared watch per key, then looks
@@ -17,9 +21,13 @@
 //!   `Retry-After` when the wait runs out.
 //!
 //! If the caller hangs up while the inner service runs, the call is finished
-//! in a spawned task so its result is recorded (on by default,
+//! in the background so its result is recorded (on by default,
 //! [`DedupLayer::finish_on_disconnect`]); a guard releases the claim on every
-//! other exit path, panics included.
+//! other exit path, panics included. Two clocks bound a call: past the
+//! [reply deadline](DedupLayer::reply_timeout) the caller gets the retryable
+//! failure while the call goes on and records its success; past the
+//! [run limit](DedupLayer::max_run) the call is cancelled and its claim
+//! released.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -58,9 +66,14 @@
 //! # }
 //! ```
 
+mod capture;
 mod guard;
 mod layer;
+mod owner;
+mod reply;
+mod run;
 mod service;
+mod store_call;
 
 pub use layer::{DedupLayer, OnStoreError};
 pub use service::{Dedup, ResponseFuture};

@@ -1,0 +1,312 @@
+//! The owner of a claim: runs the inner call in its own tracked task,
+//! renews the lease alongside it, bounds it by the run limit, streams a
+//! success to the caller while teeing it into the record, and completes or
+//! releases the claim when the answer ends.
+//!
+//! Running in its own task is what lets the call outlive its caller: past the
+//! reply deadline, or when the caller hangs up (finish on disconnect), the
+//! task goes on, so that a success is recorded and the next retry replays it.
+
+use super::capture::{grpc_failed, Capture};
+use super::guard::ClaimGuard;
+use super::layer::DedupConfig;
+use super::reply::{refusal, retry_later};
+use crate::body::{BoxError, Piece, ResponseBody};
+use crate::outcome::{self, log_warn, Outcome};
+use crate::store::Store;
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower_service::Service;
+
+/// How long past the run limit the end of a recorded body waits for its reader.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// What the owner sends its caller first.
+pub(super) enum Head<B, E> {
+    /// A success: its head; the body follows on the receiver.
+    Streamed(http::response::Parts, mpsc::Receiver<Piece>, SizeHint),
+    /// A whole answer: a failure, or the inner service's error.
+    Done(Result<Response<ResponseBody<B>>, E>),
+}
+
+/// How the inner call ended.
+enum Verdict<B, E> {
+    /// A 2xx whose body ended; the trailers still to send.
+    Ended(Box<Capture>, Option<HeaderMap>),
+    Failure(http::response::Parts, B),
+    Error(E),
+    BodyError(BoxError),
+    Panicked,
+    RunLimit,
+    Cancelled,
+}
+
+/// The way back to the caller; either end may be gone.
+struct Link<B, E> {
+    head: Option<oneshot::Sender<Head<B, E>>>,
+    body: Option<mpsc::Sender<Piece>>,
+    /// The end of the run limit: a caller that holds the body without
+    /// reading it is not waited for past it.
+    until: Instant,
+}
+
+impl<B, E> Link<B, E> {
+    fn answer(&mut self, head: Head<B, E>) {
+        if let Some(tx) = self.head.take() {
+            let _ = tx.send(head);
+        }
+    }
+
+    async fn send(&mut self, piece: Piece) {
+        if let Some(tx) = &self.body {
+            if tx.send(piece).await.is_err() {
+                // The caller stopped reading: go on without it.
+                self.body = None;
+            }
+        }
+    }
+
+    /// Sends the last pieces of a body, waiting for the caller to read them
+    /// no longer than the run limit.
+    async fn finish(&mut self, pieces: impl IntoIterator<Item = Piece>) {
+        for piece in pieces {
+            let Some(tx) = &self.body else { return };
+            match tokio::time::timeout_at(self.until, tx.send(piece)).await {
+                Ok(Ok(())) => {}
+                _ => self.body = None,
+            }
+        }
+    }
+
+    /// Ends the answer in error, whichever part of it the caller is at. A
+    /// body the caller is not reading is closed early, which it reads as an
+    /// error too.
+    fn fail(&mut self, early: Response<ResponseBody<B>>, error: BoxError) {
+        if self.head.is_some() {
+            self.answer(Head::Done(Ok(early)));
+        } else if let Some(tx) = self.body.take() {
+            let _ = tx.try_send(Piece::Error(error));
+        }
+    }
+}
+
+/// One claim's owner.
+pub(super) struct Owner<S, St: Store> {
+    pub(super) inner: S,
+    pub(super) guard: ClaimGuard<St>,
+    pub(super) config: Arc<DedupConfig>,
+}
+
+impl<S, St: Store> Owner<S, St> {
+    /// Runs the inner call to its end; `cancel` fires when the caller hung up
+    /// and the call is not to be finished.
+    pub(super) async fn run<ReqBody, B>(
+        self,
+        req: Request<ReqBody>,
+        head: oneshot::Sender<Head<B, S::Error>>,
+        cancel: CancellationToken,
+    ) where
+        S: Service<Request<ReqBody>, Response = Response<B>>,
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let Owner {
+            mut inner,
+            mut guard,
+            config,
+        } = self;
+        let mut link = Link {
+            head: Some(head),
+            body: None,
+            until: Instant::now() + config.max_run + GRACE,
+        };
+        let verdict = {
+            let work = AssertUnwindSafe(serve(&mut inner, req, &mut link, &config)).catch_unwind();
+            let work = renewing(work, &guard, &config);
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Verdict::Cancelled,
+                _ = tokio::time::sleep(config.max_run) => Verdict::RunLimit,
+                v = work => v.unwrap_or(Verdict::Panicked),
+            }
+        };
+        let key = guard.key().clone();
+        let preset = key.preset_arc();
+        match verdict {
+            Verdict::Ended(capture, trailers) => {
+                if capture.succeeded() {
+                    let record = Arc::new((*capture).into_record(key.fingerprint()));
+                    // Always finished, even if the caller hangs up meanwhile.
+                    let outcome = guard.complete(record, config.window, config.lease).await;
+                    if outcome == Outcome::LeaseLost {
+                        log_warn!(key = %key.redacted(), "the lease ran out before the record completed");
+                    }
+                    outcome::record(preset, outcome);
+                } else {
+                    outcome::record(preset, Outcome::Failed);
+                    guard.release().await;
+                }
+                let trailers = trailers.map(|t| Piece::Frame(Frame::trailers(t)));
+                link.finish(trailers.into_iter().chain([Piece::End])).await;
+            }
+            Verdict::Failure(parts, body) => {
+                outcome::record(preset, Outcome::Failed);
+                guard.release().await;
+                let mut res = Response::from_parts(parts, ResponseBody::stream(body));
+                res.extensions_mut().insert(Outcome::Failed);
+                link.answer(Head::Done(Ok(res)));
+            }
+            Verdict::Error(e) => {
+                outcome::record(preset, Outcome::Failed);
+                guard.release().await;
+                link.answer(Head::Done(Err(e)));
+            }
+            Verdict::BodyError(e) => {
+                outcome::record(preset, Outcome::Failed);
+                log_warn!(key = %key.redacted(), "the response body failed before it ended; claim released");
+                guard.release().await;
+                if let Some(tx) = link.body.take() {
+                    let _ = tx.try_send(Piece::Error(e));
+                }
+            }
+            Verdict::Panicked => {
+                outcome::record(preset, Outcome::Failed);
+                log_warn!(key = %key.redacted(), "inner service panicked; claim released");
+                guard.release().await;
+                let res = refusal(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error\n",
+                    Outcome::Failed,
+                );
+                link.fail(res, "the inner service panicked".into());
+            }
+            Verdict::RunLimit => {
+                outcome::record(preset, Outcome::RunLimitExceeded);
+                log_warn!(key = %key.redacted(), limit = ?config.max_run, "inner call ran past the run limit: cancelled, claim released");
+                guard.release().await;
+                let res = retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the request ran past its time limit; retry later\n",
+                    Outcome::RunLimitExceeded,
+                );
+                link.fail(res, "the response ran past the run limit".into());
+            }
+            Verdict::Cancelled => guard.release().await,
+        }
+    }
+}
+
+/// Calls the inner service and streams a success's body to the caller,
+/// teeing it into a [`Capture`].
+async fn serve<S, ReqBody, B>(
+    inner: &mut S,
+    req: Request<ReqBody>,
+    link: &mut Link<B, S::Error>,
+    config: &DedupConfig,
+) -> Verdict<B, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let res = match inner.call(req).await {
+        Ok(res) => res,
+        Err(e) => return Verdict::Error(e),
+    };
+    let (parts, body) = res.into_parts();
+    if !parts.status.is_success() || grpc_failed(&parts.headers, None) {
+        return Verdict::Failure(parts, body);
+    }
+    let mut capture = Capture::new(parts.status, &parts.headers, config.max_cached_body);
+    // A couple of frames in transit: the caller's pace is the handler's.
+    let (tx, rx) = mpsc::channel(2);
+    if let Some(head) = link.head.take() {
+        if head
+            .send(Head::Streamed(parts, rx, body.size_hint()))
+            .is_ok()
+        {
+            link.body = Some(tx);
+        }
+    }
+    let mut body = std::pin::pin!(body);
+    let mut trailers: Option<HeaderMap> = None;
+    // The body's own error never waits across an await (it need not be Send).
+    loop {
+        let frame = std::future::poll_fn(|cx| {
+            let polled = std::task::ready!(body.as_mut().poll_frame(cx));
+            std::task::Poll::Ready(polled.map(|r| r.map_err(Into::<BoxError>::into)))
+        })
+        .await;
+        let Some(frame) = frame else { break };
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => return Verdict::BodyError(e),
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                capture.data(&data);
+                link.send(Piece::Frame(Frame::data(data))).await;
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    capture.trailers(&t);
+                    match &mut trailers {
+                        Some(existing) => existing.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+            }
+        }
+        debug_assert!(capture.held() <= config.max_cached_body);
+        // A body that is always ready (and nobody reading it) must still let
+        // the run limit and cancellation in.
+        tokio::task::coop::consume_budget().await;
+    }
+    Verdict::Ended(Box::new(capture), trailers)
+}
+
+/// Polls `work` and, alongside it, renews the claim every `lease/3` (sooner
+/// after a failed renewal), until `work` finishes. A lost lease and a failed
+/// renewal are logged and counted.
+async fn renewing<F: Future, St: Store>(
+    work: F,
+    guard: &ClaimGuard<St>,
+    config: &DedupConfig,
+) -> F::Output {
+    let period = config.lease / 3;
+    let renew = async {
+        let mut next = period;
+        loop {
+            tokio::time::sleep(next).await;
+            let preset = guard.key().preset_arc();
+            match guard.renew(config.lease).await {
+                Ok(true) => next = period,
+                Ok(false) => {
+                    outcome::record(preset, Outcome::LeaseLost);
+                    log_warn!(key = %guard.key().redacted(), "lease lost while the inner service ran");
+                    return std::future::pending::<()>().await;
+                }
+                // The store is down: try again soon; the lease may still hold.
+                Err(error) => {
+                    outcome::record(preset, Outcome::StoreError);
+                    log_warn!(key = %guard.key().redacted(), error = %error, "renewing the lease failed; retrying");
+                    let _ = &error;
+                    next = period / 5;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        out = work => out,
+        () = renew => unreachable!("renewal never ends"),
+    }
+}

@@ -1,0 +1,286 @@
+//! The claim protocol of one guarded request: claim, then replay, wait, take
+//! over, or run the inner call as the claim's owner.
+
+use super::guard::ClaimGuard;
+use super::layer::{DedupConfig, OnStoreError};
+use super::owner::{Head, Owner};
+use super::reply::{in_flight, refusal, replay, retry_later};
+use super::store_call::store_call;
+use crate::body::{BoxError, ResponseBody};
+use crate::outcome::{self, log_warn, Outcome};
+use crate::store::{Claim, OwnerToken, Store, StoreError};
+use crate::IdempotencyKey;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower_service::Service;
+
+/// One guarded request.
+pub(super) struct Run<S, St> {
+    pub(super) inner: S,
+    pub(super) store: St,
+    pub(super) config: Arc<DedupConfig>,
+    pub(super) tasks: TaskTracker,
+    pub(super) key: IdempotencyKey,
+}
+
+/// The inner service as the owner's task needs it.
+pub(super) trait Inner<ReqBody, ResBody>:
+    Service<Request<ReqBody>, Response = Response<ResBody>, Future = Self::Fut, Error = Self::Err>
+    + Send
+    + 'static
+{
+    type Fut: Future<Output = Result<Response<ResBody>, Self::Err>> + Send + 'static;
+    type Err: Send + 'static;
+}
+
+impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Fut = S::Future;
+    type Err = S::Error;
+}
+
+type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+impl<S, St: Store> Run<S, St> {
+    pub(super) async fn run<ReqBody, ResBody>(
+        self,
+        req: Request<ReqBody>,
+    ) -> Answer<ResBody, S::Err>
+    where
+        S: Inner<ReqBody, ResBody>,
+        ReqBody: Send + 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let fingerprint = self.key.fingerprint();
+        let deadline = Instant::now() + self.config.wait;
+        let mut waited = false;
+        loop {
+            let token = OwnerToken::new();
+            // Owns whatever claim the call below makes: if the call times out,
+            // fails in transport after the store acted, or this future is
+            // dropped, the claim is released (owner-checked, so harmless when
+            // there was none) instead of blocking the key for a whole lease.
+            let mut guard = ClaimGuard::new(
+                self.store.clone(),
+                self.key.clone(),
+                token,
+                self.config.store_timeout,
+                self.tasks.clone(),
+            );
+            let claim = store_call(
+                self.config.store_timeout,
+                "claim",
+                self.store
+                    .claim(self.key.as_str(), fingerprint, token, self.config.lease),
+            )
+            .await;
+            let claim = match claim {
+                Ok(claim) => claim,
+                Err(e) => {
+                    drop(guard);
+                    return self.store_failed(e, req).await;
+                }
+            };
+            if !matches!(claim, Claim::Acquired(_)) {
+                guard.disarm();
+            }
+            match claim {
+                Claim::Completed(record) => {
+                    if record.fingerprint != fingerprint {
+                        return Ok(self.mismatch());
+                    }
+                    if self.config.strict {
+                        return Ok(self.duplicate_submission());
+                    }
+                    let outcome = if waited {
+                        Outcome::Waited
+                    } else {
+                        Outcome::Replayed
+                    };
+                    outcome::record(self.key.preset_arc(), outcome);
+                    return Ok(replay(&record, outcome));
+                }
+                Claim::InFlight {
+                    fingerprint: running,
+                    watch,
+                } => {
+                    if running != fingerprint {
+                        return Ok(self.mismatch());
+                    }
+                    if self.config.strict {
+                        return Ok(self.duplicate_submission());
+                    }
+                    if Instant::now() >= deadline {
+                        outcome::record(self.key.preset_arc(), Outcome::InFlightRejected);
+                        return Ok(in_flight());
+                    }
+                    waited = true;
+                    let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
+                }
+                Claim::Acquired(owner) => {
+                    if let Some(token_key) = self.key.token_key().cloned() {
+                        let taken = store_call(
+                            self.config.store_timeout,
+                            "take_token",
+                            self.store.take_token(&token_key, owner),
+                        )
+                        .await;
+                        match taken {
+                            // Only a token known to be taken is given back on
+                            // failure: restoring an unconfirmed one could mint
+                            // a guessed token.
+                            Ok(true) => guard.restore_token(token_key, self.config.token_ttl),
+                            Ok(false) => {
+                                guard.release().await;
+                                return Ok(self.unknown_token());
+                            }
+                            Err(e) => {
+                                guard.release().await;
+                                return self.store_failed(e, req).await;
+                            }
+                        }
+                    }
+                    return self.execute(req, guard).await;
+                }
+            }
+        }
+    }
+
+    /// Runs the inner call as the claim's owner, in a tracked task, and
+    /// answers with its head, or with the retryable failure at the reply
+    /// deadline (the task goes on).
+    async fn execute<ReqBody, ResBody>(
+        self,
+        req: Request<ReqBody>,
+        guard: ClaimGuard<St>,
+    ) -> Answer<ResBody, S::Err>
+    where
+        S: Inner<ReqBody, ResBody>,
+        ReqBody: Send + 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let Run {
+            inner,
+            config,
+            tasks,
+            key,
+            ..
+        } = self;
+        let (head_tx, head_rx) = oneshot::channel();
+        let cancel = CancellationToken::new();
+        let owner = Owner {
+            inner,
+            guard,
+            config: config.clone(),
+        };
+        tasks.spawn(owner.run(req, head_tx, cancel.clone()));
+        // Unless calls are finished on disconnect, dropping this future (or
+        // the body it answers) cancels the call and releases its claim.
+        let mut cancel_on_drop = (!config.finish_on_disconnect).then(|| cancel.drop_guard());
+        let head = match config.reply_timeout {
+            None => head_rx.await,
+            Some(patience) => match tokio::time::timeout(patience, head_rx).await {
+                Ok(head) => head,
+                Err(_) => {
+                    // The call goes on, detached, holding its claim.
+                    if let Some(guard) = cancel_on_drop.take() {
+                        guard.disarm();
+                    }
+                    outcome::record(key.preset_arc(), Outcome::ReplyDeadline);
+                    log_warn!(key = %key.redacted(), "reply deadline passed; the call goes on in the background");
+                    return Ok(retry_later(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the request is still being processed; retry later\n",
+                        Outcome::ReplyDeadline,
+                    ));
+                }
+            },
+        };
+        match head {
+            Ok(Head::Done(answer)) => answer,
+            Ok(Head::Streamed(parts, rx, hint)) => {
+                let body = ResponseBody::channel(rx, hint, cancel_on_drop);
+                let mut res = Response::from_parts(parts, body);
+                res.extensions_mut().insert(Outcome::Executed);
+                Ok(res)
+            }
+            // The owner's task ended without a word (a bug of ours); its
+            // guard released the claim.
+            Err(_) => Ok(refusal(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error\n",
+                Outcome::Failed,
+            )),
+        }
+    }
+
+    async fn store_failed<ReqBody, ResBody>(
+        mut self,
+        error: StoreError,
+        req: Request<ReqBody>,
+    ) -> Answer<ResBody, S::Err>
+    where
+        S: Inner<ReqBody, ResBody>,
+    {
+        outcome::record(self.key.preset_arc(), Outcome::StoreError);
+        log_warn!(key = %self.key.redacted(), error = %error, "idempotency store failed");
+        let _ = &error;
+        match self.config.on_store_error {
+            OnStoreError::FailClosed => Ok(retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "idempotency store unavailable; retry later\n",
+                Outcome::StoreError,
+            )),
+            OnStoreError::FailOpen => {
+                outcome::record(self.key.preset_arc(), Outcome::PassedThrough);
+                let mut res = self.inner.call(req).await?.map(ResponseBody::stream);
+                res.extensions_mut().insert(Outcome::PassedThrough);
+                Ok(res)
+            }
+        }
+    }
+
+    fn duplicate_submission<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
+        outcome::record(self.key.preset_arc(), Outcome::InFlightRejected);
+        refusal(
+            StatusCode::CONFLICT,
+            "duplicate submission: this request was already received\n",
+            Outcome::InFlightRejected,
+        )
+    }
+
+    fn unknown_token<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
+        outcome::record(self.key.preset_arc(), Outcome::RejectedBadInput);
+        refusal(
+            StatusCode::BAD_REQUEST,
+            "unknown, expired or already used idempotency token\n",
+            Outcome::RejectedBadInput,
+        )
+    }
+
+    fn mismatch<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
+        outcome::record(self.key.preset_arc(), Outcome::Mismatch);
+        log_warn!(
+            key = %self.key.redacted(),
+            "idempotency key reused with a different payload: possible tampering"
+        );
+        refusal(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency key reused with a different request payload\n",
+            Outcome::Mismatch,
+        )
+    }
+}

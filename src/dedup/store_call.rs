@@ -1,0 +1,22 @@
+//! Every store call, bounded by the store timeout and timed.
+
+use crate::store::StoreError;
+use std::future::Future;
+use std::time::Duration;
+
+/// Runs one store call, turning a timeout into a [`StoreError`].
+pub(super) async fn store_call<T>(
+    timeout: Duration,
+    op: &'static str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    #[cfg(feature = "metrics")]
+    let start = std::time::Instant::now();
+    let res = match tokio::time::timeout(timeout, fut).await {
+        Ok(res) => res,
+        Err(_) => Err(StoreError::timeout(op, timeout)),
+    };
+    #[cfg(feature = "metrics")]
+    crate::outcome::store_latency(op, start.elapsed().as_secs_f64());
+    res
+}
