@@ -101,6 +101,7 @@
 mod body;
 pub mod channel;
 pub mod dedup;
+mod fingerprint;
 pub mod key;
 mod layer;
 pub mod normalize;
@@ -111,6 +112,7 @@ pub mod token;
 pub use body::ResponseBody;
 pub use channel::Preset;
 pub use dedup::OnStoreError;
-pub use key::{Fingerprint, IdempotencyKey};
+pub use fingerprint::Fingerprint;
+pub use key::IdempotencyKey;
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use outcome::Outcome;

@@ -39,9 +39,12 @@
 //! ```
 
 mod extract;
+mod form;
 mod json;
 mod service;
+mod xml;
 
+pub use crate::fingerprint::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
@@ -49,61 +52,8 @@ pub use service::{Key, KeyLayer, ResponseFuture};
 use bytes::Bytes;
 use http::request::Parts;
 use http::HeaderName;
-use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
-
-/// A hash of the fields that define a request's meaning (16 bytes of SHA-256).
-///
-/// Two copies of one notification have the same fingerprint; a request that
-/// reuses a key with another payload has another.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 16]);
-
-impl Fingerprint {
-    /// The fingerprint of some bytes.
-    pub fn of(bytes: &[u8]) -> Self {
-        Self::from_digest(Sha256::new_with_prefix(bytes))
-    }
-
-    /// The fingerprint of a client request: method, path and body.
-    pub fn of_request(parts: &Parts, body: &[u8]) -> Self {
-        let mut h = Sha256::new();
-        h.update(parts.method.as_str().as_bytes());
-        h.update([0]);
-        h.update(parts.uri.path().as_bytes());
-        h.update([0]);
-        h.update(body);
-        Self::from_digest(h)
-    }
-
-    pub(crate) fn from_digest(h: Sha256) -> Self {
-        let digest = h.finalize();
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest[..16]);
-        Self(out)
-    }
-
-    /// The raw bytes, for stores that persist them.
-    pub const fn to_bytes(self) -> [u8; 16] {
-        self.0
-    }
-
-    /// Rebuilds a fingerprint from [`to_bytes`](Self::to_bytes).
-    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
-        Self(bytes)
-    }
-}
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Fingerprint(")?;
-        for b in &self.0[..6] {
-            write!(f, "{b:02x}")?;
-        }
-        f.write_str("…)")
-    }
-}
 
 /// The scoped idempotency key of a request, put into its extensions by the
 /// [`KeyLayer`].
