@@ -26,11 +26,14 @@ impl Fingerprint {
     }
 
     /// The fingerprint of a client request: method, path and body.
+    ///
+    /// The path is taken in its normal form, so `/orders/1`, `/orders/%31`
+    /// and `/orders/1/` are one request.
     pub fn of_request(parts: &Parts, body: &[u8]) -> Self {
         let mut h = Sha256::new();
         h.update(parts.method.as_str().as_bytes());
         h.update([0]);
-        h.update(parts.uri.path().as_bytes());
+        h.update(crate::path::normalize(parts.uri.path()).as_bytes());
         h.update([0]);
         h.update(body);
         Self::from_digest(h)

@@ -106,6 +106,7 @@ pub mod key;
 mod layer;
 pub mod normalize;
 mod outcome;
+mod path;
 pub mod store;
 pub mod token;
 

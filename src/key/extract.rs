@@ -2,6 +2,7 @@
 //! fields, XML elements, composites of those, or a closure.
 
 use super::form::parse_form;
+use super::scope::escape_into;
 use super::xml::parse_flat_xml;
 use crate::Fingerprint;
 use bytes::Bytes;
@@ -25,14 +26,33 @@ pub struct Extracted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyError {
     message: Cow<'static, str>,
+    invalid_key: bool,
 }
 
 impl KeyError {
-    /// A new error with a message for the client.
+    /// A new error with a message for the client: the request is not what
+    /// was expected (400 where the key is required, a pass-through where it
+    /// is optional).
     pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             message: message.into(),
+            invalid_key: false,
         }
+    }
+
+    /// A key was sent but cannot be used (a header that is not visible
+    /// ASCII, an unclosed quote): 400 even where the key is optional, since
+    /// the client asked for a guarded request.
+    pub fn invalid_key(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            message: message.into(),
+            invalid_key: true,
+        }
+    }
+
+    /// Whether this is an [`invalid_key`](Self::invalid_key) error.
+    pub fn is_invalid_key(&self) -> bool {
+        self.invalid_key
     }
 
     /// The message sent back in the 400 response.
@@ -126,7 +146,8 @@ pub enum FingerprintSpec {
 }
 
 /// A declarative key source: the fields that make the key (joined with `:`
-/// when there are several) and what the fingerprint covers.
+/// when there are several, each with `:`, `%` and `#` percent-escaped) and
+/// what the fingerprint covers.
 ///
 /// ```
 /// use tower_idempotency::key::{ExtractKey, Field, FingerprintSpec, KeySpec};
@@ -185,16 +206,24 @@ impl ExtractKey for KeySpec {
         let doc = Document::parse(self, body)?;
         let mut key = String::new();
         for (i, field) in self.key.iter().enumerate() {
+            if let Field::Header(name) = field {
+                check_visible_ascii(parts, name)?;
+            }
             let Some(value) = doc.get(parts, field) else {
                 return Ok(None);
             };
             if value.is_empty() {
                 return Ok(None);
             }
-            if i > 0 {
-                key.push(':');
+            if self.key.len() == 1 {
+                key.push_str(&value);
+            } else {
+                // Escaped so that ("a:b", "c") and ("a", "b:c") differ.
+                if i > 0 {
+                    key.push(':');
+                }
+                escape_into(&mut key, &value);
             }
-            key.push_str(&value);
         }
         let fingerprint = match &self.fingerprint {
             FingerprintSpec::Request => Fingerprint::of_request(parts, body),
@@ -215,6 +244,17 @@ impl ExtractKey for KeySpec {
             }
         };
         Ok(Some(Extracted { key, fingerprint }))
+    }
+}
+
+/// A key header that is present but not visible ASCII is an invalid key,
+/// not a missing one.
+fn check_visible_ascii(parts: &Parts, name: &HeaderName) -> Result<(), KeyError> {
+    match parts.headers.get(name).map(|v| v.to_str()) {
+        Some(Err(_)) => Err(KeyError::invalid_key(format!(
+            "the `{name}` header must be visible ASCII"
+        ))),
+        _ => Ok(()),
     }
 }
 
