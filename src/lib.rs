@@ -66,8 +66,9 @@
 //! that reaches instance B while instance A runs the first waits and replays
 //! A's response, or takes over if A fails or dies (its lease runs out). Give
 //! every instance the same scope: the route part of keys defaults to the
-//! request path, so instances mounted under different paths (proxy prefixes,
-//! trailing slashes) must set [`IdempotencyLayer::route`] to one name. A claim
+//! route axum matched or the normalised request path, so instances mounted
+//! under different paths (proxy prefixes) must set
+//! [`IdempotencyLayer::route`] to one name. A claim
 //! survives a store outage only as long as its lease: keep the lease longer
 //! than the outages you expect while a handler runs.
 //!
@@ -101,17 +102,20 @@
 mod body;
 pub mod channel;
 pub mod dedup;
+mod fingerprint;
 pub mod key;
 mod layer;
 pub mod normalize;
 mod outcome;
+mod path;
 pub mod store;
 pub mod token;
 
 pub use body::{BoxError, ResponseBody};
 pub use channel::Preset;
 pub use dedup::OnStoreError;
-pub use key::{Fingerprint, IdempotencyKey};
+pub use fingerprint::Fingerprint;
+pub use key::IdempotencyKey;
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use outcome::Outcome;
 /// Tracks the background work of the dedup layers (see

@@ -19,12 +19,12 @@ fn extract(parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
     };
     let value = value
         .to_str()
-        .map_err(|_| KeyError::new("the Idempotency-Key header must be visible ASCII"))?
+        .map_err(|_| KeyError::invalid_key("the `Idempotency-Key` header must be visible ASCII"))?
         .trim();
     let key = match value.strip_prefix('"') {
-        Some(rest) => rest
-            .strip_suffix('"')
-            .ok_or_else(|| KeyError::new("the Idempotency-Key header has an unclosed quote"))?,
+        Some(rest) => rest.strip_suffix('"').ok_or_else(|| {
+            KeyError::invalid_key("the `Idempotency-Key` header has an unclosed quote")
+        })?,
         None => value,
     };
     if key.is_empty() {

@@ -1,7 +1,10 @@
 //! Where a key and a fingerprint come from: headers, JSON pointers, form
 //! fields, XML elements, composites of those, or a closure.
 
-use super::Fingerprint;
+use super::form::parse_form;
+use super::scope::escape_into;
+use super::xml::parse_flat_xml;
+use crate::Fingerprint;
 use bytes::Bytes;
 use http::request::Parts;
 use http::HeaderName;
@@ -23,14 +26,33 @@ pub struct Extracted {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyError {
     message: Cow<'static, str>,
+    invalid_key: bool,
 }
 
 impl KeyError {
-    /// A new error with a message for the client.
+    /// A new error with a message for the client: the request is not what
+    /// was expected (400 where the key is required, a pass-through where it
+    /// is optional).
     pub fn new(message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             message: message.into(),
+            invalid_key: false,
         }
+    }
+
+    /// A key was sent but cannot be used (a header that is not visible
+    /// ASCII, an unclosed quote): 400 even where the key is optional, since
+    /// the client asked for a guarded request.
+    pub fn invalid_key(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            message: message.into(),
+            invalid_key: true,
+        }
+    }
+
+    /// Whether this is an [`invalid_key`](Self::invalid_key) error.
+    pub fn is_invalid_key(&self) -> bool {
+        self.invalid_key
     }
 
     /// The message sent back in the 400 response.
@@ -124,7 +146,8 @@ pub enum FingerprintSpec {
 }
 
 /// A declarative key source: the fields that make the key (joined with `:`
-/// when there are several) and what the fingerprint covers.
+/// when there are several, each with `:`, `%` and `#` percent-escaped) and
+/// what the fingerprint covers.
 ///
 /// ```
 /// use tower_idempotency::key::{ExtractKey, Field, FingerprintSpec, KeySpec};
@@ -183,16 +206,24 @@ impl ExtractKey for KeySpec {
         let doc = Document::parse(self, body)?;
         let mut key = String::new();
         for (i, field) in self.key.iter().enumerate() {
+            if let Field::Header(name) = field {
+                check_visible_ascii(parts, name)?;
+            }
             let Some(value) = doc.get(parts, field) else {
                 return Ok(None);
             };
             if value.is_empty() {
                 return Ok(None);
             }
-            if i > 0 {
-                key.push(':');
+            if self.key.len() == 1 {
+                key.push_str(&value);
+            } else {
+                // Escaped so that ("a:b", "c") and ("a", "b:c") differ.
+                if i > 0 {
+                    key.push(':');
+                }
+                escape_into(&mut key, &value);
             }
-            key.push_str(&value);
         }
         let fingerprint = match &self.fingerprint {
             FingerprintSpec::Request => Fingerprint::of_request(parts, body),
@@ -213,6 +244,17 @@ impl ExtractKey for KeySpec {
             }
         };
         Ok(Some(Extracted { key, fingerprint }))
+    }
+}
+
+/// A key header that is present but not visible ASCII is an invalid key,
+/// not a missing one.
+fn check_visible_ascii(parts: &Parts, name: &HeaderName) -> Result<(), KeyError> {
+    match parts.headers.get(name).map(|v| v.to_str()) {
+        Some(Err(_)) => Err(KeyError::invalid_key(format!(
+            "the `{name}` header must be visible ASCII"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -300,164 +342,5 @@ impl<'a> Document<'a> {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| Cow::Borrowed(v.as_str())),
         }
-    }
-}
-
-/// Reads the `wanted` fields of a form body in one pass; only their values
-/// are decoded. The first occurrence of a name wins.
-fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
-    let mut out: Vec<(&'a str, Cow<'a, str>)> = Vec::with_capacity(wanted.len());
-    for pair in body.split(|&b| b == b'&') {
-        let (name, value) = match pair.iter().position(|&b| b == b'=') {
-            Some(i) => (&pair[..i], &pair[i + 1..]),
-            None => (pair, &pair[..0]),
-        };
-        let name = decode_form(name);
-        let Some(hit) = wanted.iter().copied().find(|w| *w == name) else {
-            continue;
-        };
-        if out.iter().all(|(k, _)| *k != hit) {
-            out.push((hit, decode_form(value)));
-        }
-    }
-    out
-}
-
-/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte.
-fn decode_form(raw: &[u8]) -> Cow<'_, str> {
-    if !raw.iter().any(|&b| b == b'+' || b == b'%') {
-        return String::from_utf8_lossy(raw);
-    }
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        match raw[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < raw.len() => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (hex(raw[i + 1]), hex(raw[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// Reads the `wanted` children of the root element of a flat XML document
-/// (the shape of WeChat Pay v2 notifications), text and CDATA alike; checks
-/// that the whole document is well formed.
-fn parse_flat_xml<'w>(body: &[u8], wanted: &[&'w str]) -> Result<Vec<(&'w str, String)>, String> {
-    use quick_xml::events::Event;
-    let mut reader = quick_xml::Reader::from_reader(body);
-    let mut out = Vec::new();
-    let mut depth = 0usize;
-    let mut current: Option<(&'w str, String)> = None;
-    let mut saw_root = false;
-    let find = |name: &[u8]| wanted.iter().copied().find(|w| w.as_bytes() == name);
-    loop {
-        match reader.read_event().map_err(|e| e.to_string())? {
-            Event::Start(e) => {
-                depth += 1;
-                saw_root = true;
-                if depth == 2 {
-                    current = find(e.name().as_ref()).map(|name| (name, String::new()));
-                }
-            }
-            Event::Empty(e) => {
-                saw_root = true;
-                if depth == 1 {
-                    if let Some(name) = find(e.name().as_ref()) {
-                        out.push((name, String::new()));
-                    }
-                }
-            }
-            Event::Text(t) if depth == 2 => {
-                if let Some((_, v)) = current.as_mut() {
-                    v.push_str(&t.decode().map_err(|e| e.to_string())?);
-                }
-            }
-            Event::GeneralRef(r) if depth == 2 => {
-                if let Some((_, v)) = current.as_mut() {
-                    let reference = format!("&{};", r.decode().map_err(|e| e.to_string())?);
-                    let text =
-                        quick_xml::escape::unescape(&reference).map_err(|e| e.to_string())?;
-                    v.push_str(&text);
-                }
-            }
-            Event::CData(c) if depth == 2 => {
-                if let Some((_, v)) = current.as_mut() {
-                    v.push_str(&String::from_utf8_lossy(&c));
-                }
-            }
-            Event::End(_) => {
-                if depth == 2 {
-                    if let Some((name, value)) = current.take() {
-                        out.push((name, value.trim().to_string()));
-                    }
-                }
-                depth = depth.saturating_sub(1);
-            }
-            Event::Eof => break,
-            _ => {}
-        }
-    }
-    if !saw_root || depth != 0 {
-        return Err("not a complete XML document".into());
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flat_xml_reads_cdata_and_text() {
-        let xml = b"<xml><a><![CDATA[x y]]></a><skip>1</skip><b>12</b><c>a &amp; b</c></xml>";
-        let got = parse_flat_xml(xml, &["a", "b", "c"]).unwrap();
-        assert_eq!(
-            got,
-            vec![
-                ("a", "x y".to_string()),
-                ("b", "12".to_string()),
-                ("c", "a & b".to_string()),
-            ]
-        );
-    }
-
-    #[test]
-    fn form_decodes_only_wanted_fields_like_form_urlencoded() {
-        let body = b"a=1&sign=x%2By%3D&subject=%E8%AF%AD+%E9%9B%80&a=2&flag&bad=%zz%4";
-        let got = parse_form(body, &["a", "subject", "flag", "bad", "absent"]);
-        let expected: Vec<(String, String)> = form_urlencoded::parse(body)
-            .filter(|(k, _)| ["a", "subject", "flag", "bad"].contains(&k.as_ref()))
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        let got: Vec<(String, String)> = got
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.into_owned()))
-            .collect();
-        assert_eq!(
-            got[0],
-            ("a".to_owned(), "1".to_owned()),
-            "first occurrence wins"
-        );
-        assert_eq!(got[1], expected[1]);
-        assert_eq!(got[2], expected[3]);
-        assert_eq!(got[3], expected[4]);
-        assert_eq!(got.len(), 4);
-    }
-
-    #[test]
-    fn flat_xml_rejects_truncated() {
-        assert!(parse_flat_xml(b"<xml><a>1</a>", &["a"]).is_err());
-        assert!(parse_flat_xml(b"", &["a"]).is_err());
     }
 }

@@ -39,71 +39,26 @@
 //! ```
 
 mod extract;
+mod form;
 mod json;
+mod principal;
+mod scope;
 mod service;
+mod xml;
 
+pub use crate::fingerprint::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
+pub use principal::{
+    AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
+};
+pub(crate) use scope::route_of;
+pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};
 pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
 
 use bytes::Bytes;
-use http::request::Parts;
-use http::HeaderName;
-use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
-
-/// A hash of the fields that define a request's meaning (16 bytes of SHA-256).
-///
-/// Two copies of one notification have the same fingerprint; a request that
-/// reuses a key with another payload has another.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 16]);
-
-impl Fingerprint {
-    /// The fingerprint of some bytes.
-    pub fn of(bytes: &[u8]) -> Self {
-        Self::from_digest(Sha256::new_with_prefix(bytes))
-    }
-
-    /// The fingerprint of a client request: method, path and body.
-    pub fn of_request(parts: &Parts, body: &[u8]) -> Self {
-        let mut h = Sha256::new();
-        h.update(parts.method.as_str().as_bytes());
-        h.update([0]);
-        h.update(parts.uri.path().as_bytes());
-        h.update([0]);
-        h.update(body);
-        Self::from_digest(h)
-    }
-
-    pub(crate) fn from_digest(h: Sha256) -> Self {
-        let digest = h.finalize();
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest[..16]);
-        Self(out)
-    }
-
-    /// The raw bytes, for stores that persist them.
-    pub const fn to_bytes(self) -> [u8; 16] {
-        self.0
-    }
-
-    /// Rebuilds a fingerprint from [`to_bytes`](Self::to_bytes).
-    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
-        Self(bytes)
-    }
-}
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Fingerprint(")?;
-        for b in &self.0[..6] {
-            write!(f, "{b:02x}")?;
-        }
-        f.write_str("…)")
-    }
-}
 
 /// The scoped idempotency key of a request, put into its extensions by the
 /// [`KeyLayer`].
@@ -118,6 +73,11 @@ pub struct IdempotencyKey {
 impl IdempotencyKey {
     /// A key from its parts: the stored key is
     /// `prefix:preset:route:principal:key` (empty principal when there is none).
+    ///
+    /// `:`, `%` and `#` in the first four parts are percent-escaped so that
+    /// parts never run together; a part longer than [`MAX_PART_LEN`] is
+    /// replaced by a hash of it, so a stored key is never longer than
+    /// [`MAX_STORED_KEY_LEN`].
     pub fn new(
         prefix: &str,
         preset: Arc<str>,
@@ -127,18 +87,13 @@ impl IdempotencyKey {
         fingerprint: Fingerprint,
     ) -> Self {
         let mut scoped = String::with_capacity(
-            prefix.len()
-                + preset.len()
-                + route.len()
-                + key.len()
-                + 8
-                + principal.map_or(0, str::len),
+            (prefix.len() + preset.len() + route.len() + key.len() + 8).min(MAX_STORED_KEY_LEN),
         );
         for part in [prefix, &preset, route, principal.unwrap_or("")] {
-            escape_into(&mut scoped, part);
+            scope::push_part(&mut scoped, part);
             scoped.push(':');
         }
-        scoped.push_str(key);
+        scope::push_key(&mut scoped, key);
         Self {
             scoped: Arc::from(scoped),
             fingerprint,
@@ -163,10 +118,10 @@ impl IdempotencyKey {
     pub fn token_store_key(prefix: &str, principal: Option<&str>, token: &str) -> String {
         let mut out = String::with_capacity(prefix.len() + token.len() + 16);
         for part in [prefix, "token", principal.unwrap_or("")] {
-            escape_into(&mut out, part);
+            scope::push_part(&mut out, part);
             out.push(':');
         }
-        out.push_str(token);
+        scope::push_key(&mut out, token);
         out
     }
 
@@ -210,74 +165,6 @@ impl fmt::Debug for IdempotencyKey {
             .field("key", &self.redacted())
             .field("fingerprint", &self.fingerprint)
             .finish()
-    }
-}
-
-/// `:` and `%` in a scope part are percent-escaped so parts cannot run together.
-fn escape_into(out: &mut String, part: &str) {
-    for c in part.chars() {
-        match c {
-            ':' => out.push_str("%3A"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
-    }
-}
-
-/// Who is asking: client-API keys are scoped to the principal so that no one
-/// can fetch another user's response.
-///
-/// Implemented by [`NoPrincipal`], [`HeaderPrincipal`], [`AuthorizationHash`]
-/// and closures `Fn(&Parts) -> Option<String>`.
-pub trait Principal: Send + Sync + 'static {
-    /// The principal of one request, if any.
-    fn principal(&self, parts: &Parts) -> Option<String>;
-}
-
-impl<F> Principal for F
-where
-    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-{
-    fn principal(&self, parts: &Parts) -> Option<String> {
-        self(parts)
-    }
-}
-
-/// No principal: every sender shares one scope (the channel presets' default,
-/// since a channel is one sender).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoPrincipal;
-
-impl Principal for NoPrincipal {
-    fn principal(&self, _parts: &Parts) -> Option<String> {
-        None
-    }
-}
-
-/// The value of a header, such as a tenant id set by an authenticating proxy.
-#[derive(Debug, Clone)]
-pub struct HeaderPrincipal(pub HeaderName);
-
-impl Principal for HeaderPrincipal {
-    fn principal(&self, parts: &Parts) -> Option<String> {
-        parts
-            .headers
-            .get(&self.0)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    }
-}
-
-/// A hash of the `Authorization` header (the idempotency-key preset's
-/// default): the credential itself is never stored.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AuthorizationHash;
-
-impl Principal for AuthorizationHash {
-    fn principal(&self, parts: &Parts) -> Option<String> {
-        let auth = parts.headers.get(http::header::AUTHORIZATION)?;
-        let fp = Fingerprint::of(auth.as_bytes()).to_bytes();
-        Some(fp.iter().map(|b| format!("{b:02x}")).collect())
     }
 }
 

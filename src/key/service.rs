@@ -1,4 +1,4 @@
-use super::{ExtractKey, IdempotencyKey, KeyBody, NoPrincipal, Principal};
+use super::{route_of, ExtractKey, IdempotencyKey, KeyBody, NoPrincipal, Principal};
 use crate::body::BodyBuffer;
 use crate::body::{text_response, text_response_owned};
 use crate::outcome::{self, Outcome};
@@ -41,7 +41,8 @@ impl KeyLayer {
     /// A key layer reading keys with `extractor`.
     ///
     /// Defaults: key required, body limit 1 MiB, key at most 256 bytes, no
-    /// principal, prefix `idem`, scope name `custom`, route = the request path.
+    /// principal, prefix `idem`, scope name `custom`, route = the matched route
+    /// or the normalised request path (see [`route`](Self::route)).
     pub fn new(extractor: impl ExtractKey) -> Self {
         Self::from_arc(Arc::new(extractor), Arc::from("the idempotency key"))
     }
@@ -75,8 +76,11 @@ impl KeyLayer {
         self
     }
 
-    /// The route part of the stored key. Defaults to the request path, so two
-    /// routes never share a record.
+    /// The route part of the stored key. Defaults to the route axum matched
+    /// (`/orders/{id}`, with the `axum` feature), otherwise the request path in
+    /// normal form (`/orders/`, `//orders` and `/orders/./` are `/orders`;
+    /// `%31` is `1`), so two routes never share a record and one route never
+    /// has two.
     pub fn route(mut self, route: impl Into<Arc<str>>) -> Self {
         self.config.route = Some(route.into());
         self
@@ -322,13 +326,13 @@ fn admit<B: From<Bytes>>(
             }
             let principal = config.principal.principal(parts);
             let route = match &config.route {
-                Some(r) => r,
-                None => parts.uri.path(),
+                Some(r) => Cow::Borrowed(&**r),
+                None => route_of(parts),
             };
             let mut key = IdempotencyKey::new(
                 &config.prefix,
                 config.preset.clone(),
-                route,
+                &route,
                 principal.as_deref(),
                 &found.key,
                 found.fingerprint,
@@ -353,7 +357,9 @@ fn admit<B: From<Bytes>>(
                 )),
             ))
         }
-        Err(e) if guarded && config.required => {
+        // A key that was sent but cannot be used is refused even where keys
+        // are optional: running unguarded would ignore the client's intent.
+        Err(e) if guarded && (config.required || e.is_invalid_key()) => {
             outcome::record(&config.preset, Outcome::RejectedBadInput);
             Err(text_response_owned(
                 StatusCode::BAD_REQUEST,

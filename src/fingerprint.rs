@@ -1,0 +1,68 @@
+//! [`Fingerprint`]: a short hash of what a request means, compared between a
+//! stored record and a repeat of its key.
+//!
+//! ```
+//! use tower_idempotency::Fingerprint;
+//! let a = Fingerprint::of(b"order 42, 100 CNY");
+//! assert_eq!(a, Fingerprint::from_bytes(a.to_bytes()));
+//! assert_ne!(a, Fingerprint::of(b"order 42, 1 CNY"));
+//! ```
+
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// A hash of the fields that define a request's meaning (16 bytes of SHA-256).
+///
+/// Two copies of one notification have the same fingerprint; a request that
+/// reuses a key with another payload has another.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 16]);
+
+impl Fingerprint {
+    /// The fingerprint of some bytes.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self::from_digest(Sha256::new_with_prefix(bytes))
+    }
+
+    /// The fingerprint of a client request: method, path and body.
+    ///
+    /// The path is taken in its normal form, so `/orders/1`, `/orders/%31`
+    /// and `/orders/1/` are one request.
+    pub fn of_request(parts: &Parts, body: &[u8]) -> Self {
+        let mut h = Sha256::new();
+        h.update(parts.method.as_str().as_bytes());
+        h.update([0]);
+        h.update(crate::path::normalize(parts.uri.path()).as_bytes());
+        h.update([0]);
+        h.update(body);
+        Self::from_digest(h)
+    }
+
+    pub(crate) fn from_digest(h: Sha256) -> Self {
+        let digest = h.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        Self(out)
+    }
+
+    /// The raw bytes, for stores that persist them.
+    pub const fn to_bytes(self) -> [u8; 16] {
+        self.0
+    }
+
+    /// Rebuilds a fingerprint from [`to_bytes`](Self::to_bytes).
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint(")?;
+        for b in &self.0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("…)")
+    }
+}

@@ -1,0 +1,303 @@
+//! No input panics key extraction, and the key layer never buffers past its
+//! body limit: arbitrary bytes and mutations of the channel fixtures, through
+//! every preset's extractor and through the key layer itself.
+//!
+//! More cases: `PROPTEST_CASES=10000 cargo test --test key_proptest`.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use proptest::prelude::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_idempotency::channel::PRESET_NAMES;
+use tower_idempotency::key::{ExtractKey, KeyLayer};
+use tower_idempotency::Preset;
+
+/// Counts the bytes allocated by the current thread while `TRACK` is on, to
+/// bound what extraction holds at once.
+struct Tracking;
+
+thread_local! {
+    static TRACK: Cell<bool> = const { Cell::new(false) };
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn note(delta: isize) {
+    if TRACK.with(Cell::get) {
+        let live = LIVE.with(|l| {
+            l.set(l.get() + delta);
+            l.get()
+        });
+        PEAK.with(|p| p.set(p.get().max(live)));
+    }
+}
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size() as isize);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        note(-(layout.size() as isize));
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        note(new as isize - layout.size() as isize);
+        System.realloc(ptr, layout, new)
+    }
+}
+
+#[global_allocator]
+static ALLOC: Tracking = Tracking;
+
+/// The most bytes one extraction may hold at once, for a body of `len`:
+/// a small multiple of the body, never a function of anything else.
+fn allowed(len: usize) -> isize {
+    (16 * len + 16 * 1024) as isize
+}
+
+fn presets() -> Vec<Preset> {
+    PRESET_NAMES
+        .iter()
+        .map(|n| Preset::from_name(n).unwrap())
+        .collect()
+}
+
+fn fixtures() -> Vec<Vec<u8>> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let mut out: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e != "md"))
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    out.sort();
+    assert!(out.len() >= 10, "fixtures missing");
+    out
+}
+
+/// Every key header the presets read, set to `value` (any bytes a header
+/// value may hold, visible ASCII or not).
+fn parts_with(value: &[u8]) -> Parts {
+    let mut req = Request::post("/notify").body(()).unwrap();
+    if let Ok(v) = HeaderValue::from_bytes(value) {
+        for name in ["webhook-id", "idempotency-key", "idempotency-token"] {
+            req.headers_mut()
+                .insert(HeaderName::from_static(name), v.clone());
+        }
+    }
+    req.into_parts().0
+}
+
+/// Runs every preset's extractor on one request: no panic, the same answer
+/// twice, and no more memory than [`allowed`].
+fn check_all(presets: &[Preset], parts: &Parts, body: &[u8]) -> Result<(), TestCaseError> {
+    let body = Bytes::copy_from_slice(body);
+    for preset in presets {
+        let extractor = preset.extractor();
+        LIVE.with(|l| l.set(0));
+        PEAK.with(|p| p.set(0));
+        TRACK.with(|t| t.set(true));
+        let first = extractor.extract(parts, &body);
+        TRACK.with(|t| t.set(false));
+        let peak = PEAK.with(Cell::get);
+        prop_assert!(
+            peak <= allowed(body.len()),
+            "{}: {} bytes held for a body of {}",
+            preset.name(),
+            peak,
+            body.len()
+        );
+        prop_assert_eq!(&first, &extractor.extract(parts, &body));
+        if let Ok(Some(found)) = first {
+            prop_assert!(!found.key.is_empty());
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Insert(usize, Vec<u8>),
+    Remove(usize, usize),
+    Truncate(usize),
+    Repeat(usize, usize, usize),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Flip(i, b)),
+        (
+            any::<usize>(),
+            prop::collection::vec(
+                prop_oneof![
+                    Just(b'{'),
+                    Just(b'['),
+                    Just(b'"'),
+                    Just(b'<'),
+                    Just(b'&'),
+                    Just(b'%'),
+                    Just(b'='),
+                    any::<u8>()
+                ],
+                0..16
+            )
+        )
+            .prop_map(|(i, v)| Mutation::Insert(i, v)),
+        (any::<usize>(), 0..64usize).prop_map(|(i, n)| Mutation::Remove(i, n)),
+        any::<usize>().prop_map(Mutation::Truncate),
+        (any::<usize>(), 1..32usize, 1..64usize).prop_map(|(i, n, k)| Mutation::Repeat(i, n, k)),
+    ]
+}
+
+fn apply(body: &mut Vec<u8>, m: &Mutation) {
+    let at = |i: usize, len: usize| if len == 0 { 0 } else { i % (len + 1) };
+    match m {
+        Mutation::Flip(i, b) if !body.is_empty() => {
+            let i = i % body.len();
+            body[i] ^= b;
+        }
+        Mutation::Insert(i, v) => {
+            let i = at(*i, body.len());
+            body.splice(i..i, v.iter().copied());
+        }
+        Mutation::Remove(i, n) => {
+            let i = at(*i, body.len());
+            let end = (i + n).min(body.len());
+            body.drain(i..end);
+        }
+        Mutation::Truncate(i) => body.truncate(at(*i, body.len())),
+        // Repeats a slice: deep nesting, long runs of one field.
+        Mutation::Repeat(i, n, k) => {
+            let i = at(*i, body.len());
+            let end = (i + n).min(body.len());
+            let piece = body[i..end].to_vec();
+            for _ in 0..*k {
+                body.splice(i..i, piece.iter().copied());
+            }
+        }
+        Mutation::Flip(..) => {}
+    }
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        body in prop::collection::vec(any::<u8>(), 0..4096),
+        header in prop::collection::vec(any::<u8>(), 0..300),
+    ) {
+        check_all(&presets(), &parts_with(&header), &body)?;
+    }
+
+    #[test]
+    fn mutated_fixtures_never_panic(
+        which in any::<usize>(),
+        mutations in prop::collection::vec(mutation(), 1..8),
+        header in prop_oneof![Just(b"msg_1".to_vec()), prop::collection::vec(any::<u8>(), 0..40)],
+    ) {
+        let fixtures = fixtures();
+        let mut body = fixtures[which % fixtures.len()].clone();
+        for m in &mutations {
+            apply(&mut body, m);
+        }
+        check_all(&presets(), &parts_with(&header), &body)?;
+    }
+}
+
+/// A request body sent in chunks, counting the bytes it handed out.
+struct Chunks {
+    chunks: std::vec::IntoIter<Bytes>,
+    pulled: Arc<AtomicUsize>,
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.chunks.next().map(|c| {
+            self.pulled.fetch_add(c.len(), Ordering::SeqCst);
+            Ok(Frame::data(c))
+        }))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_key_layer_never_buffers_past_its_limit(
+        preset in 0..PRESET_NAMES.len(),
+        limit in 1..8192usize,
+        chunks in prop::collection::vec(1..2048usize, 0..24),
+        fill in any::<u8>(),
+    ) {
+        let preset = Preset::from_name(PRESET_NAMES[preset]).unwrap();
+        let biggest = chunks.iter().copied().max().unwrap_or(0);
+        let total: usize = chunks.iter().sum();
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(AtomicUsize::new(0));
+        let body = Chunks {
+            chunks: chunks
+                .iter()
+                .map(|&n| Bytes::from(vec![fill; n]))
+                .collect::<Vec<_>>()
+                .into_iter(),
+            pulled: pulled.clone(),
+        };
+        let svc = ServiceBuilder::new()
+            .layer(KeyLayer::new(preset.extractor().clone()).max_body(limit))
+            .service(service_fn({
+                let seen = seen.clone();
+                move |req: Request<Full<Bytes>>| {
+                    let seen = seen.clone();
+                    async move {
+                        let len = http_body_util::BodyExt::collect(req.into_body())
+                            .await
+                            .unwrap()
+                            .to_bytes()
+                            .len();
+                        seen.store(len, Ordering::SeqCst);
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                    }
+                }
+            }));
+        let req = Request::post("/notify")
+            .header("idempotency-key", "k")
+            .header("webhook-id", "k")
+            .body(body)
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let res = rt.block_on(svc.oneshot(req)).unwrap();
+        prop_assert!(
+            pulled.load(Ordering::SeqCst) <= limit + biggest,
+            "read {} bytes with a limit of {limit}",
+            pulled.load(Ordering::SeqCst)
+        );
+        prop_assert!(seen.load(Ordering::SeqCst) <= limit);
+        if total > limit {
+            prop_assert_eq!(res.status(), 413);
+        } else {
+            prop_assert_ne!(res.status(), 413);
+        }
+    }
+}
