@@ -100,6 +100,7 @@
 
 mod body;
 pub mod channel;
+pub mod consumer;
 pub mod dedup;
 pub mod key;
 mod layer;
