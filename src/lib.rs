@@ -106,6 +106,9 @@ pub mod key;
 mod layer;
 pub mod normalize;
 mod outcome;
+#[cfg(feature = "queue")]
+#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
+pub mod queue;
 pub mod store;
 pub mod token;
 
