@@ -1,0 +1,307 @@
+//! Durable queues: ingest deduplicated by key, delivery exactly once through
+//! the consumer, order per group, dead letters replayed once, and a process
+//! killed with `kill -9` between acknowledgement and delivery.
+
+mod support_redis;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::service_fn;
+use tower::ServiceBuilder;
+use tower_idempotency::consumer::{Consumer, ConsumerLayer};
+use tower_idempotency::queue::{Ingested, MemoryQueue, Message, Queue, RedbQueue, Worker};
+use tower_idempotency::store::{MemoryStore, OwnerToken};
+use tower_idempotency::Fingerprint;
+
+#[derive(Debug)]
+struct Down;
+
+impl std::fmt::Display for Down {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upstream down")
+    }
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idempotency-queue-{tag}-{:032x}",
+            OwnerToken::new().as_u128()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("queue.redb")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn notification(i: usize) -> Message {
+    let body = format!(r#"{{"id":"EV-{i}","event_type":"TRANSACTION.SUCCESS","amount":{i}}}"#);
+    let mut m = Message::new(
+        format!("wechatpay-v3:/notify:EV-{i}"),
+        Fingerprint::of(format!("TRANSACTION.SUCCESS {i}").as_bytes()),
+        body,
+    );
+    m.uri = http::Uri::from_static("/notify/wechat");
+    m.headers.insert(
+        "wechatpay-serial",
+        http::HeaderValue::from_static("5157F09EFDC096DE15EBE81A47057A72"),
+    );
+    m
+}
+
+/// Counts runs per key; fails while `down` is set.
+#[derive(Clone, Default)]
+struct Upstream {
+    down: Arc<AtomicBool>,
+    runs: Arc<Mutex<HashMap<String, usize>>>,
+    order: Arc<Mutex<Vec<String>>>,
+}
+
+impl Upstream {
+    fn handler(
+        &self,
+    ) -> impl tower::Service<Message, Response = (), Error = Down, Future = impl Send> + Clone {
+        let this = self.clone();
+        service_fn(move |m: Message| {
+            let this = this.clone();
+            async move {
+                if this.down.load(Ordering::SeqCst) {
+                    return Err(Down);
+                }
+                *this.runs.lock().unwrap().entry(m.key.clone()).or_default() += 1;
+                this.order.lock().unwrap().push(m.key.clone());
+                Ok(())
+            }
+        })
+    }
+
+    fn runs(&self) -> HashMap<String, usize> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+fn message_key(m: &Message) -> Option<(String, Fingerprint)> {
+    Some((m.key.clone(), m.fingerprint))
+}
+
+/// Runs worker rounds until the queue is empty (bounded).
+async fn drain<Q: Queue, S>(worker: &mut Worker<Q, S>)
+where
+    S: tower::Service<Message>,
+    S::Error: std::fmt::Display,
+{
+    for _ in 0..2000 {
+        if worker.queue().stats().await.unwrap().depth == 0 {
+            return;
+        }
+        if worker.run_once().await.unwrap().fetched == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    panic!(
+        "queue not drained: {:?}",
+        worker.queue().stats().await.unwrap()
+    );
+}
+
+mod cases {
+    use super::*;
+
+    pub(super) async fn seven_copies_make_one_entry<Q: Queue>(queue: Q) {
+        let tasks: Vec<_> = (0..20)
+            .flat_map(|i| (0..7).map(move |_| i))
+            .map(|i| {
+                let queue = queue.clone();
+                tokio::spawn(async move { queue.ingest(notification(i)).await.unwrap() })
+            })
+            .collect();
+        let mut queued = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ingested::Queued(_) => queued += 1,
+                Ingested::Duplicate => {}
+                Ingested::Mismatch => panic!("same payload seen as a mismatch"),
+            }
+        }
+        assert_eq!(queued, 20);
+        assert_eq!(queue.stats().await.unwrap().depth, 20);
+        // Same key, other payload: refused, nothing stored.
+        let mut forged = notification(3);
+        forged.fingerprint = Fingerprint::of(b"TRANSACTION.SUCCESS 3000");
+        assert_eq!(queue.ingest(forged).await.unwrap(), Ingested::Mismatch);
+        assert_eq!(queue.stats().await.unwrap().depth, 20);
+    }
+
+    pub(super) async fn storm_while_upstream_down_delivers_each_once<Q: Queue>(queue: Q) {
+        let upstream = Upstream::default();
+        upstream.down.store(true, Ordering::SeqCst);
+        // 200 notifications x 7 copies, all at once.
+        let tasks: Vec<_> = (0..200 * 7)
+            .map(|n| {
+                let queue = queue.clone();
+                tokio::spawn(async move { queue.ingest(notification(n % 200)).await.unwrap() })
+            })
+            .collect();
+        let mut queued = 0;
+        for t in tasks {
+            // Every copy is acknowledged: queued or a duplicate of a queued one.
+            match t.await.unwrap() {
+                Ingested::Queued(_) => queued += 1,
+                Ingested::Duplicate => {}
+                Ingested::Mismatch => panic!("mismatch"),
+            }
+        }
+        assert_eq!(queued, 200);
+        assert_eq!(queue.stats().await.unwrap().depth, 200);
+        let svc = ServiceBuilder::new()
+            .layer(ConsumerLayer::new(
+                Consumer::new(MemoryStore::new()),
+                message_key,
+            ))
+            .service(upstream.handler());
+        let mut worker = Worker::new(queue.clone(), svc)
+            .batch(64)
+            .backoff(Duration::from_millis(5), Duration::from_millis(40));
+        // The upstream is down: attempts fail, nothing runs, nothing is lost.
+        for _ in 0..5 {
+            worker.run_once().await.unwrap();
+        }
+        assert!(upstream.runs().is_empty());
+        assert_eq!(queue.stats().await.unwrap().depth, 200);
+        assert_eq!(queue.stats().await.unwrap().dead, 0);
+        upstream.down.store(false, Ordering::SeqCst);
+        drain(&mut worker).await;
+        let runs = upstream.runs();
+        assert_eq!(runs.len(), 200);
+        assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+        // Late copies after delivery are still duplicates.
+        assert_eq!(
+            queue.ingest(notification(7)).await.unwrap(),
+            Ingested::Duplicate
+        );
+        assert_eq!(queue.stats().await.unwrap().depth, 0);
+    }
+
+    pub(super) async fn an_order_group_is_delivered_in_order<Q: Queue>(queue: Q) {
+        for i in 0..4 {
+            queue.ingest(notification(i).order("tx-1")).await.unwrap();
+        }
+        queue.ingest(notification(10)).await.unwrap();
+        let upstream = Upstream::default();
+        let failed_once = Arc::new(AtomicBool::new(false));
+        let inner = upstream.handler();
+        let flaky = service_fn(move |m: Message| {
+            // The first event fails once: the later ones of its group wait.
+            let fail = m.key.ends_with("EV-0") && !failed_once.swap(true, Ordering::SeqCst);
+            let mut inner = inner.clone();
+            async move {
+                if fail {
+                    return Err(Down);
+                }
+                tower::Service::call(&mut inner, m).await
+            }
+        });
+        let mut worker = Worker::new(queue.clone(), flaky)
+            .backoff(Duration::from_millis(20), Duration::from_millis(20));
+        drain(&mut worker).await;
+        let order = upstream.order.lock().unwrap().clone();
+        let group: Vec<_> = order
+            .iter()
+            .filter(|k| !k.ends_with("EV-10"))
+            .cloned()
+            .collect();
+        let want: Vec<_> = (0..4).map(|i| notification(i).key).collect();
+        assert_eq!(group, want);
+        assert_eq!(order.len(), 5);
+    }
+
+    pub(super) async fn dead_letters_are_kept_and_replayed_once<Q: Queue>(queue: Q) {
+        for i in 0..3 {
+            queue.ingest(notification(i)).await.unwrap();
+        }
+        let upstream = Upstream::default();
+        upstream.down.store(true, Ordering::SeqCst);
+        let svc = ServiceBuilder::new()
+            .layer(ConsumerLayer::new(
+                Consumer::new(MemoryStore::new()),
+                message_key,
+            ))
+            .service(upstream.handler());
+        let mut worker = Worker::new(queue.clone(), svc)
+            .max_attempts(3)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5));
+        drain(&mut worker).await;
+        let dead = queue.dead_letters(100).await.unwrap();
+        assert_eq!(dead.len(), 3);
+        assert!(
+            dead.iter()
+                .all(|d| d.attempts == 3 && d.error.contains("upstream down")),
+            "{dead:?}"
+        );
+        assert_eq!(dead[0].message.body, notification(0).body);
+        assert_eq!(dead[0].message.headers, notification(0).headers);
+        assert_eq!(queue.stats().await.unwrap().dead, 3);
+        // A copy arriving while it is dead is a duplicate, not a new entry.
+        assert_eq!(
+            queue.ingest(notification(1)).await.unwrap(),
+            Ingested::Duplicate
+        );
+        upstream.down.store(false, Ordering::SeqCst);
+        // Replay one, twice: queued once.
+        assert!(queue.replay(&dead[0].id).await.unwrap());
+        assert!(!queue.replay(&dead[0].id).await.unwrap());
+        // Replay the rest; a second replay-all finds nothing.
+        assert_eq!(queue.replay_all().await.unwrap(), 2);
+        assert_eq!(queue.replay_all().await.unwrap(), 0);
+        assert_eq!(queue.stats().await.unwrap().depth, 3);
+        drain(&mut worker).await;
+        let runs = upstream.runs();
+        assert_eq!(runs.len(), 3);
+        assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+        assert!(queue.dead_letters(100).await.unwrap().is_empty());
+    }
+}
+
+macro_rules! queue_tests {
+    ($name:ident, $setup:expr) => {
+        mod $name {
+            use super::*;
+            queue_tests!(@cases $setup;
+                seven_copies_make_one_entry,
+                storm_while_upstream_down_delivers_each_once,
+                an_order_group_is_delivered_in_order,
+                dead_letters_are_kept_and_replayed_once,
+            );
+        }
+    };
+    (@cases $setup:expr; $($case:ident,)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let (queue, _guard) = $setup;
+                cases::$case(queue).await;
+            }
+        )*
+    };
+}
+
+queue_tests!(memory_queue, (MemoryQueue::new(), ()));
+queue_tests!(redb_queue, {
+    let dir = TempDir::new("case");
+    (RedbQueue::open(dir.file()).unwrap(), dir)
+});
