@@ -6,7 +6,7 @@ mod support_redis;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::service_fn;
@@ -75,7 +75,12 @@ struct Upstream {
 impl Upstream {
     fn handler(
         &self,
-    ) -> impl tower::Service<Message, Response = (), Error = Down, Future = impl Send> + Clone {
+    ) -> impl tower::Service<
+        Message,
+        Response = (),
+        Error = Down,
+        Future = impl std::future::Future<Output = Result<(), Down>> + Send,
+    > + Clone {
         let this = self.clone();
         service_fn(move |m: Message| {
             let this = this.clone();
@@ -305,3 +310,162 @@ queue_tests!(redb_queue, {
     let dir = TempDir::new("case");
     (RedbQueue::open(dir.file()).unwrap(), dir)
 });
+
+/// The environment variable that turns this test binary into a child
+/// process for the `kill -9` tests.
+const CHILD: &str = "TOWER_IDEMPOTENCY_QUEUE_CHILD";
+
+/// Not a test: the body of the child process that the `kill -9` tests
+/// start (this binary again, with `CHILD` set). It does its part, says so on
+/// stdout, and waits to be killed.
+#[test]
+fn child_process() {
+    let Ok(mode) = std::env::var(CHILD) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        let args: Vec<&str> = mode.split('|').collect();
+        let queue = RedbQueue::open(args[1]).unwrap();
+        match args[0] {
+            // Acknowledges 50 notifications (ingest returned), then dies.
+            "ingest" => {
+                for i in 0..50 {
+                    queue.ingest(notification(i)).await.unwrap();
+                }
+                println!("ingested");
+            }
+            // Runs the handler for every entry, then dies before acknowledging.
+            "handle" => {
+                let store = tower_idempotency::store::RedisStore::standalone(args[2])
+                    .await
+                    .unwrap();
+                let consumer = Consumer::new(store).scope(args[3].to_owned());
+                let runs = args[4].to_owned();
+                for d in queue.fetch(100, Duration::from_secs(1)).await.unwrap() {
+                    let runs = runs.clone();
+                    let key = d.message.key.clone();
+                    consumer
+                        .once(&d.message.key, d.message.fingerprint, async move {
+                            use std::io::Write;
+                            let mut f = std::fs::OpenOptions::new()
+                                .append(true)
+                                .create(true)
+                                .open(&runs)
+                                .unwrap();
+                            writeln!(f, "{key}").unwrap();
+                            f.sync_all().unwrap();
+                            Ok::<_, Down>(())
+                        })
+                        .await
+                        .unwrap();
+                }
+                println!("handled");
+            }
+            other => panic!("unknown child mode {other}"),
+        }
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+/// Starts the child, waits for its `ready` line, and kills it with SIGKILL.
+fn run_child_and_kill(mode: String, ready: &str) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, mode)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut seen = false;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if line.contains(ready) {
+            seen = true;
+            break;
+        }
+    }
+    // `Child::kill` sends SIGKILL on Unix: no destructor, no flush runs.
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(seen, "child exited before `{ready}`: {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let dir = TempDir::new("kill");
+    let path = dir.file();
+    let mode = format!("ingest|{}", path.display());
+    tokio::task::spawn_blocking(move || run_child_and_kill(mode, "ingested"))
+        .await
+        .unwrap();
+    let queue = RedbQueue::open(&path).unwrap();
+    assert_eq!(queue.stats().await.unwrap().depth, 50);
+    let upstream = Upstream::default();
+    let svc = ServiceBuilder::new()
+        .layer(ConsumerLayer::new(
+            Consumer::new(MemoryStore::new()),
+            message_key,
+        ))
+        .service(upstream.handler());
+    let mut worker = Worker::new(queue.clone(), svc);
+    drain(&mut worker).await;
+    let runs = upstream.runs();
+    assert_eq!(runs.len(), 50);
+    assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_handler_ran_before_ack_does_not_run_it_again() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let dir = TempDir::new("kill-handled");
+    let path = dir.file();
+    let runs_file = dir.0.join("runs.txt");
+    {
+        let queue = RedbQueue::open(&path).unwrap();
+        for i in 0..20 {
+            queue.ingest(notification(i)).await.unwrap();
+        }
+    }
+    let scope = format!("kill-{:x}", OwnerToken::new().as_u128());
+    let mode = format!(
+        "handle|{}|{}|{scope}|{}",
+        path.display(),
+        server.url(),
+        runs_file.display()
+    );
+    tokio::task::spawn_blocking(move || run_child_and_kill(mode, "handled"))
+        .await
+        .unwrap();
+    let child_runs = std::fs::read_to_string(&runs_file).unwrap();
+    assert_eq!(child_runs.lines().count(), 20);
+    // Reopened: the 20 entries were never acknowledged, so they are
+    // delivered again once their 1 s lease runs out; the consumer finds
+    // each key done and the handler does not run.
+    let queue = RedbQueue::open(&path).unwrap();
+    assert_eq!(queue.stats().await.unwrap().depth, 20);
+    let store = tower_idempotency::store::RedisStore::standalone(server.url())
+        .await
+        .unwrap();
+    let upstream = Upstream::default();
+    let svc = ServiceBuilder::new()
+        .layer(ConsumerLayer::new(
+            Consumer::new(store).scope(scope),
+            message_key,
+        ))
+        .service(upstream.handler());
+    let mut worker = Worker::new(queue.clone(), svc);
+    drain(&mut worker).await;
+    assert!(upstream.runs().is_empty(), "{:?}", upstream.runs());
+}

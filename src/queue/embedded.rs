@@ -341,8 +341,10 @@ impl Embedded {
             .map_err(err)?
             .insert(key, marker.encode().as_slice())
             .map_err(err)?;
-        let mut expiry = txn.open_table(EXPIRY).map_err(err)?;
-        expiry.insert((expires, key), ()).map_err(err)?;
+        txn.open_table(EXPIRY)
+            .map_err(err)?
+            .insert((expires, key), ())
+            .map_err(err)?;
         self.purge(txn, now)?;
         Ok(true)
     }
