@@ -12,8 +12,10 @@ use std::time::Duration;
 use tower::service_fn;
 use tower::ServiceBuilder;
 use tower_idempotency::consumer::{Consumer, ConsumerLayer};
-use tower_idempotency::queue::{Ingested, MemoryQueue, Message, Queue, RedbQueue, Worker};
-use tower_idempotency::store::{MemoryStore, OwnerToken};
+use tower_idempotency::queue::{
+    Ingested, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
+use tower_idempotency::store::{MemoryStore, OwnerToken, RedisStore};
 use tower_idempotency::Fingerprint;
 
 #[derive(Debug)]
@@ -283,33 +285,43 @@ mod cases {
 }
 
 macro_rules! queue_tests {
-    ($name:ident, $setup:expr) => {
+    ($name:ident, $setup:expr; $($case:ident,)*) => {
         mod $name {
             use super::*;
-            queue_tests!(@cases $setup;
-                seven_copies_make_one_entry,
-                storm_while_upstream_down_delivers_each_once,
-                an_order_group_is_delivered_in_order,
-                dead_letters_are_kept_and_replayed_once,
-            );
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some((queue, _guard)) = ($setup) else {
+                        return;
+                    };
+                    cases::$case(queue).await;
+                }
+            )*
         }
-    };
-    (@cases $setup:expr; $($case:ident,)*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() {
-                let (queue, _guard) = $setup;
-                cases::$case(queue).await;
-            }
-        )*
     };
 }
 
-queue_tests!(memory_queue, (MemoryQueue::new(), ()));
+queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    an_order_group_is_delivered_in_order,
+    dead_letters_are_kept_and_replayed_once,
+);
 queue_tests!(redb_queue, {
     let dir = TempDir::new("case");
-    (RedbQueue::open(dir.file()).unwrap(), dir)
-});
+    Some((RedbQueue::open(dir.file()).unwrap(), dir))
+};
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    an_order_group_is_delivered_in_order,
+    dead_letters_are_kept_and_replayed_once,
+);
+// Order groups are not enforced on Redis Streams yet (see its docs).
+queue_tests!(redis_streams_queue, redis_queue().await;
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    dead_letters_are_kept_and_replayed_once,
+);
 
 /// The environment variable that turns this test binary into a child
 /// process for the `kill -9` tests.
@@ -325,23 +337,39 @@ fn child_process() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
-        let args: Vec<&str> = mode.split('|').collect();
-        let queue = RedbQueue::open(args[1]).unwrap();
-        match args[0] {
-            // Acknowledges 50 notifications (ingest returned), then dies.
-            "ingest" => {
-                for i in 0..50 {
-                    queue.ingest(notification(i)).await.unwrap();
-                }
-                println!("ingested");
-            }
-            // Runs the handler for every entry, then dies before acknowledging.
-            "handle" => {
-                let store = tower_idempotency::store::RedisStore::standalone(args[2])
+        let args: Vec<String> = mode.split('|').map(str::to_owned).collect();
+        match args[1].as_str() {
+            "redb" => child_run(RedbQueue::open(&args[2]).unwrap(), &args).await,
+            _ => {
+                let queue = RedisStreamsQueue::standalone(args[2].as_str(), &args[1])
                     .await
                     .unwrap();
-                let consumer = Consumer::new(store).scope(args[3].to_owned());
-                let runs = args[4].to_owned();
+                child_run(queue, &args).await
+            }
+        }
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+/// `args`: mode, queue, location, [redis url, scope, runs file].
+async fn child_run<Q: Queue>(queue: Q, args: &[String]) {
+    match args[0].as_str() {
+        // Acknowledges 50 notifications (ingest returned), then dies.
+        "ingest" => {
+            for i in 0..50 {
+                queue.ingest(notification(i)).await.unwrap();
+            }
+            println!("ingested");
+        }
+        // Runs the handler for every entry, then dies before acknowledging.
+        "handle" => {
+            let store = RedisStore::standalone(args[3].as_str()).await.unwrap();
+            let consumer = Consumer::new(store).scope(args[4].clone());
+            let runs = args[5].clone();
+            let mut handled = 0;
+            while handled < 20 {
                 for d in queue.fetch(100, Duration::from_secs(1)).await.unwrap() {
                     let runs = runs.clone();
                     let key = d.message.key.clone();
@@ -359,15 +387,13 @@ fn child_process() {
                         })
                         .await
                         .unwrap();
+                    handled += 1;
                 }
-                println!("handled");
             }
-            other => panic!("unknown child mode {other}"),
+            println!("handled");
         }
-        use std::io::Write;
-        std::io::stdout().flush().unwrap();
-        std::future::pending::<()>().await;
-    });
+        other => panic!("unknown child mode {other}"),
+    }
 }
 
 /// Starts the child, waits for its `ready` line, and kills it with SIGKILL.
@@ -400,15 +426,49 @@ fn run_child_and_kill(mode: String, ready: &str) {
     assert!(seen, "child exited before `{ready}`: {status:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_ack_before_delivery_delivers_once_after_restart() {
-    let dir = TempDir::new("kill");
-    let path = dir.file();
-    let mode = format!("ingest|{}", path.display());
+/// A queue the child opens too: its spec for the child, and an opener.
+struct Spec {
+    child: String,
+    _dir: TempDir,
+}
+
+async fn redb_spec(tag: &str) -> (Spec, RedbQueue) {
+    let dir = TempDir::new(tag);
+    let spec = format!("redb|{}", dir.file().display());
+    let queue = RedbQueue::open(dir.file()).unwrap();
+    (
+        Spec {
+            child: spec,
+            _dir: dir,
+        },
+        queue,
+    )
+}
+
+async fn redis_spec(tag: &str, url: &str) -> (Spec, RedisStreamsQueue) {
+    let name = format!("{tag}-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(url, &name).await.unwrap();
+    let spec = format!("{name}|{url}");
+    (
+        Spec {
+            child: spec,
+            _dir: TempDir::new(tag),
+        },
+        queue,
+    )
+}
+
+async fn killed_after_ack<Q: Queue>(
+    spec: Spec,
+    queue: Q,
+    reopen: impl std::future::Future<Output = Q>,
+) {
+    drop(queue);
+    let mode = format!("ingest|{}", spec.child);
     tokio::task::spawn_blocking(move || run_child_and_kill(mode, "ingested"))
         .await
         .unwrap();
-    let queue = RedbQueue::open(&path).unwrap();
+    let queue = reopen.await;
     assert_eq!(queue.stats().await.unwrap().depth, 50);
     let upstream = Upstream::default();
     let svc = ServiceBuilder::new()
@@ -424,25 +484,21 @@ async fn killed_after_ack_before_delivery_delivers_once_after_restart() {
     assert!(runs.values().all(|&n| n == 1), "{runs:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_the_handler_ran_before_ack_does_not_run_it_again() {
-    let Some(server) = support_redis::shared_standalone() else {
-        return;
-    };
-    let dir = TempDir::new("kill-handled");
-    let path = dir.file();
-    let runs_file = dir.0.join("runs.txt");
-    {
-        let queue = RedbQueue::open(&path).unwrap();
-        for i in 0..20 {
-            queue.ingest(notification(i)).await.unwrap();
-        }
+async fn killed_after_handler<Q: Queue>(
+    spec: Spec,
+    queue: Q,
+    redis_url: &str,
+    reopen: impl std::future::Future<Output = Q>,
+) {
+    for i in 0..20 {
+        queue.ingest(notification(i)).await.unwrap();
     }
+    drop(queue);
+    let runs_file = spec._dir.0.join("runs.txt");
     let scope = format!("kill-{:x}", OwnerToken::new().as_u128());
     let mode = format!(
-        "handle|{}|{}|{scope}|{}",
-        path.display(),
-        server.url(),
+        "handle|{}|{redis_url}|{scope}|{}",
+        spec.child,
         runs_file.display()
     );
     tokio::task::spawn_blocking(move || run_child_and_kill(mode, "handled"))
@@ -450,14 +506,12 @@ async fn killed_after_the_handler_ran_before_ack_does_not_run_it_again() {
         .unwrap();
     let child_runs = std::fs::read_to_string(&runs_file).unwrap();
     assert_eq!(child_runs.lines().count(), 20);
-    // Reopened: the 20 entries were never acknowledged, so they are
-    // delivered again once their 1 s lease runs out; the consumer finds
-    // each key done and the handler does not run.
-    let queue = RedbQueue::open(&path).unwrap();
+    // The 20 entries were never acknowledged: they are delivered again once
+    // their 1 s lease runs out; the consumer finds each key done, and the
+    // handler does not run again.
+    let queue = reopen.await;
     assert_eq!(queue.stats().await.unwrap().depth, 20);
-    let store = tower_idempotency::store::RedisStore::standalone(server.url())
-        .await
-        .unwrap();
+    let store = RedisStore::standalone(redis_url).await.unwrap();
     let upstream = Upstream::default();
     let svc = ServiceBuilder::new()
         .layer(ConsumerLayer::new(
@@ -468,4 +522,66 @@ async fn killed_after_the_handler_ran_before_ack_does_not_run_it_again() {
     let mut worker = Worker::new(queue.clone(), svc);
     drain(&mut worker).await;
     assert!(upstream.runs().is_empty(), "{:?}", upstream.runs());
+    assert_eq!(queue.stats().await.unwrap().depth, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let (spec, queue) = redb_spec("kill").await;
+    let path = spec._dir.file();
+    killed_after_ack(spec, queue, async move { RedbQueue::open(&path).unwrap() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_killed_after_the_handler_ran_before_ack_does_not_run_it_again() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = redb_spec("kill-handled").await;
+    let path = spec._dir.file();
+    killed_after_handler(spec, queue, &server.url(), async move {
+        RedbQueue::open(&path).unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = redis_spec("kill", &server.url()).await;
+    let name = spec.child.split('|').next().unwrap().to_owned();
+    let url = server.url();
+    killed_after_ack(spec, queue, async move {
+        RedisStreamsQueue::standalone(url.as_str(), &name)
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_redelivered_entry_does_not_run_the_handler_twice() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = redis_spec("kill-handled", &server.url()).await;
+    let name = spec.child.split('|').next().unwrap().to_owned();
+    let url = server.url();
+    killed_after_handler(spec, queue, &server.url(), async move {
+        RedisStreamsQueue::standalone(url.as_str(), &name)
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
+async fn redis_queue() -> Option<(RedisStreamsQueue, Arc<support_redis::RedisServer>)> {
+    let server = support_redis::shared_standalone()?;
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    Some((queue, server))
 }

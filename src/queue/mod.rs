@@ -16,7 +16,8 @@
 //! makes sure the handler does not run twice.
 //!
 //! Backends: [`RedbQueue`], a file on one node that survives `kill -9`
-//! (the default for one instance); [`MemoryQueue`] for tests only.
+//! (the default for one instance); `RedisStreamsQueue` (feature `redis`)
+//! for many instances; [`MemoryQueue`] for tests only.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,11 +50,16 @@ mod memory;
 mod message;
 mod metrics;
 mod redb;
+#[cfg(feature = "redis")]
+mod redis_streams;
 mod worker;
 
 pub use self::redb::RedbQueue;
 pub use memory::MemoryQueue;
 pub use message::Message;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis_streams::RedisStreamsQueue;
 pub use worker::{Worker, WorkerRound};
 
 use std::fmt;
