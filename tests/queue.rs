@@ -519,7 +519,9 @@ async fn killed_after_handler<Q: Queue>(
             message_key,
         ))
         .service(upstream.handler());
-    let mut worker = Worker::new(queue.clone(), svc);
+    // The same lease as the child's: Redis reclaims an entry once it has
+    // been idle for the reclaiming worker's lease.
+    let mut worker = Worker::new(queue.clone(), svc).lease(Duration::from_secs(1));
     drain(&mut worker).await;
     assert!(upstream.runs().is_empty(), "{:?}", upstream.runs());
     assert_eq!(queue.stats().await.unwrap().depth, 0);

@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::oneshot;
 
 const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
 const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
@@ -126,11 +127,62 @@ fn fresh_lease() -> u64 {
     ((t >> 64) as u64 ^ t as u64).max(1)
 }
 
+/// One ingest waiting for the group commit.
+type IngestJob = (Message, oneshot::Sender<Result<Ingested, QueueError>>);
+
 /// The queue over one database.
 #[derive(Debug, Clone)]
 pub(super) struct Embedded {
     db: Arc<Database>,
     window: Duration,
+    committer: Arc<Committer>,
+}
+
+/// The thread that commits ingests in groups: every ingest waiting when a
+/// commit starts shares its transaction and its fsync, so concurrent
+/// acknowledgements cost one disk flush, not one each. Dropped with the last
+/// clone of the queue; the drop waits for the thread, so the file is closed
+/// when the queue is.
+#[derive(Debug)]
+struct Committer {
+    tx: Option<std::sync::mpsc::Sender<IngestJob>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Ingests per group commit, at most.
+const GROUP_MAX: usize = 512;
+
+fn commit_group(db: &Database, jobs: Vec<IngestJob>) {
+    let run = || -> Result<Vec<Ingested>, QueueError> {
+        let txn = db.begin_write().map_err(err)?;
+        let out = jobs
+            .iter()
+            .map(|(m, _)| Embedded::ingest(&txn, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        txn.commit().map_err(err)?;
+        Ok(out)
+    };
+    match run() {
+        Ok(out) => {
+            for ((_, reply), got) in jobs.into_iter().zip(out) {
+                let _ = reply.send(Ok(got));
+            }
+        }
+        Err(e) => {
+            for (_, reply) in jobs {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
 }
 
 impl Embedded {
@@ -145,14 +197,53 @@ impl Embedded {
             txn.open_table(META).map_err(err)?;
         }
         txn.commit().map_err(err)?;
+        let db = Arc::new(db);
+        let (tx, rx) = std::sync::mpsc::channel::<IngestJob>();
+        let thread_db = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("queue-commit".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    while jobs.len() < GROUP_MAX {
+                        match rx.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    commit_group(&thread_db, jobs);
+                }
+            })
+            .map_err(err)?;
         Ok(Self {
-            db: Arc::new(db),
+            db,
             window,
+            committer: Arc::new(Committer {
+                tx: Some(tx),
+                thread: Some(thread),
+            }),
         })
     }
 
     pub(super) fn set_window(&mut self, window: Duration) {
         self.window = window;
+    }
+
+    /// Queues `message` through the group commit.
+    pub(super) async fn ingest_grouped(&self, message: Message) -> Result<Ingested, QueueError> {
+        let (reply, rx) = oneshot::channel();
+        let tx = self.committer.tx.as_ref().ok_or_else(|| err("closed"))?;
+        tx.send((message, reply))
+            .map_err(|_| err("commit thread stopped"))?;
+        rx.await.map_err(|_| err("commit thread stopped"))?
+    }
+
+    /// Bytes of the file in use (allocated pages), for measurements.
+    pub(super) fn allocated_bytes(&self) -> Result<u64, QueueError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        let stats = txn.stats().map_err(err)?;
+        txn.abort().map_err(err)?;
+        Ok(stats.allocated_pages() * stats.page_size() as u64)
     }
 
     /// Runs `f` in one write transaction on the blocking pool and commits.
@@ -172,11 +263,7 @@ impl Embedded {
         .map_err(err)?
     }
 
-    pub(super) fn ingest(
-        &self,
-        txn: &WriteTransaction,
-        message: &Message,
-    ) -> Result<Ingested, QueueError> {
+    fn ingest(txn: &WriteTransaction, message: &Message) -> Result<Ingested, QueueError> {
         let mut keys = txn.open_table(KEYS).map_err(err)?;
         let found = keys
             .get(message.key.as_str())
@@ -192,7 +279,7 @@ impl Embedded {
                 });
             }
         }
-        let id = self.next_id(txn)?;
+        let id = Self::next_id(txn)?;
         let marker = Marker {
             fingerprint: message.fingerprint.to_bytes(),
             entry: id,
@@ -200,11 +287,11 @@ impl Embedded {
         };
         keys.insert(message.key.as_str(), marker.encode().as_slice())
             .map_err(err)?;
-        self.enqueue(txn, id, message, now)?;
+        Self::enqueue(txn, id, message, now)?;
         Ok(Ingested::Queued(EntryId::new(id.to_string())))
     }
 
-    fn next_id(&self, txn: &WriteTransaction) -> Result<u64, QueueError> {
+    fn next_id(txn: &WriteTransaction) -> Result<u64, QueueError> {
         let mut meta = txn.open_table(META).map_err(err)?;
         let id = meta
             .get("next_id")
@@ -216,7 +303,6 @@ impl Embedded {
     }
 
     fn enqueue(
-        &self,
         txn: &WriteTransaction,
         id: u64,
         message: &Message,
@@ -439,7 +525,7 @@ impl Embedded {
             return Ok(false);
         };
         let letter = decode_dead(id, &record)?;
-        let new_id = self.next_id(txn)?;
+        let new_id = Self::next_id(txn)?;
         let marker = Marker {
             fingerprint: letter.message.fingerprint.to_bytes(),
             entry: new_id,
@@ -449,7 +535,7 @@ impl Embedded {
             .map_err(err)?
             .insert(letter.message.key.as_str(), marker.encode().as_slice())
             .map_err(err)?;
-        self.enqueue(txn, new_id, &letter.message, now_ms())?;
+        Self::enqueue(txn, new_id, &letter.message, now_ms())?;
         Ok(true)
     }
 
@@ -507,9 +593,7 @@ macro_rules! embedded_queue {
     ($ty:ty) => {
         impl $crate::queue::Queue for $ty {
             async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
-                self.inner
-                    .write(move |txn, q| q.ingest(txn, &message))
-                    .await
+                self.inner.ingest_grouped(message).await
             }
 
             async fn fetch(

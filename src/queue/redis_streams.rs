@@ -21,6 +21,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// it expires one window after delivery. Every key of a queue shares the
 /// hash tag `{name}`, so the queue works on a Redis Cluster too (one slot).
 ///
+/// Give every worker of a queue the same [lease](super::Worker::lease): an
+/// entry is reclaimed once it has been idle for the lease of the worker that
+/// reclaims it (Redis keeps the idle time, not the lease it was fetched with).
+///
 /// An acknowledgement after [`ingest`](Queue::ingest) is only as durable as
 /// Redis is: run it with AOF and `appendfsync always` (or `everysec`,
 /// accepting up to one second of loss), and a replica.
