@@ -587,3 +587,76 @@ async fn redis_queue() -> Option<(RedisStreamsQueue, Arc<support_redis::RedisSer
         .unwrap();
     Some((queue, server))
 }
+
+#[test]
+fn queue_metrics_count_attempts_and_report_depth_age_and_dead_letters() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let queue = MemoryQueue::new();
+            for i in 0..3 {
+                queue.ingest(notification(i)).await.unwrap();
+            }
+            // EV-2 always fails; the others fail once, then succeed.
+            let failed = Arc::new(Mutex::new(std::collections::HashSet::new()));
+            let svc = service_fn(move |m: Message| {
+                let first = failed.lock().unwrap().insert(m.key.clone());
+                async move {
+                    if first || m.key.ends_with("EV-2") {
+                        Err(Down)
+                    } else {
+                        Ok(())
+                    }
+                }
+            });
+            let mut worker = Worker::new(queue.clone(), svc)
+                .name("wechat")
+                .max_attempts(2)
+                .backoff(Duration::from_millis(1), Duration::from_millis(1));
+            drain(&mut worker).await;
+        })
+    });
+    let mut attempts: HashMap<String, u64> = HashMap::new();
+    let mut gauges: HashMap<String, f64> = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: HashMap<_, _> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        assert_eq!(labels["queue"], "wechat");
+        match value {
+            DebugValue::Counter(n) if key.name() == "idempotency_queue_attempts_total" => {
+                *attempts.entry(labels["result"].clone()).or_default() += n;
+            }
+            DebugValue::Gauge(v) => {
+                gauges.insert(key.name().to_owned(), v.into_inner());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(attempts.get("delivered"), Some(&2), "{attempts:?}");
+    assert_eq!(attempts.get("retried"), Some(&3), "{attempts:?}");
+    assert_eq!(attempts.get("dead_lettered"), Some(&1), "{attempts:?}");
+    assert_eq!(
+        gauges.get("idempotency_queue_depth"),
+        Some(&0.0),
+        "{gauges:?}"
+    );
+    assert_eq!(
+        gauges.get("idempotency_queue_dead_letters"),
+        Some(&1.0),
+        "{gauges:?}"
+    );
+    assert_eq!(
+        gauges.get("idempotency_queue_oldest_seconds"),
+        Some(&0.0),
+        "{gauges:?}"
+    );
+}
