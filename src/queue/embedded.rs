@@ -10,7 +10,7 @@
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::oneshot;
@@ -117,9 +117,9 @@ impl Marker {
 
 fn order_hash(order: Option<&str>) -> u64 {
     let Some(order) = order else { return 0 };
-    let mut h = foldhash::quality::FixedState::with_seed(0x9e37).build_hasher();
-    order.hash(&mut h);
-    h.finish().max(1)
+    foldhash::quality::FixedState::with_seed(0x9e37)
+        .hash_one(order)
+        .max(1)
 }
 
 fn fresh_lease() -> u64 {

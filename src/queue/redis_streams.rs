@@ -61,6 +61,9 @@ impl<C> fmt::Debug for RedisStreamsQueue<C> {
 
 const GROUP: &str = "workers";
 
+/// One stream entry as `XRANGE` answers it: its id and its fields.
+type StreamEntry = (String, HashMap<String, Value>);
+
 fn err(e: impl fmt::Display) -> QueueError {
     QueueError::new(format!("redis queue: {e}"))
 }
@@ -353,7 +356,7 @@ where
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        let rows: Vec<(String, HashMap<String, Value>)> = ::redis::cmd("XRANGE")
+        let rows: Vec<StreamEntry> = ::redis::cmd("XRANGE")
             .arg(self.key("d"))
             .arg("-")
             .arg("+")
@@ -405,23 +408,22 @@ where
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {
-        let (live, delayed, dead, first): (u64, u64, u64, Vec<(String, HashMap<String, Value>)>) =
-            ::redis::pipe()
-                .cmd("XLEN")
-                .arg(self.key("s"))
-                .cmd("ZCARD")
-                .arg(self.key("r"))
-                .cmd("XLEN")
-                .arg(self.key("d"))
-                .cmd("XRANGE")
-                .arg(self.key("s"))
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(err)?;
+        let (live, delayed, dead, first): (u64, u64, u64, Vec<StreamEntry>) = ::redis::pipe()
+            .cmd("XLEN")
+            .arg(self.key("s"))
+            .cmd("ZCARD")
+            .arg(self.key("r"))
+            .cmd("XLEN")
+            .arg(self.key("d"))
+            .cmd("XRANGE")
+            .arg(self.key("s"))
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
         // The oldest entry in the stream; entries backing off are older
         // still, but only counted.
         let oldest = first
