@@ -34,6 +34,10 @@
 //!   replays the first success, makes duplicates wait.
 //! - [`normalize`]: writes the channel's exact success and failure replies.
 //! - [`IdempotencyLayer`]: all three for one [`Preset`].
+//! - [`consumer`]: the same once-per-key guarantee for any message handler
+//!   (`Consumer::once`, `ConsumerLayer`).
+//! - `queue` (feature `queue`): acknowledge after a durable write, deliver
+//!   later, with retries and dead letters.
 //!
 //! # Promises
 //!
@@ -85,9 +89,10 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances) |
+//! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances); with `queue`, `queue::RedisStreamsQueue` |
+//! | `queue` | durable queues: `queue::RedbQueue` (one node), `queue::MemoryQueue` (tests), `queue::Worker` |
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
-//! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
+//! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 
 #![forbid(unsafe_code)]
@@ -101,6 +106,7 @@
 
 mod body;
 pub mod channel;
+pub mod consumer;
 pub mod dedup;
 mod fingerprint;
 pub mod key;
@@ -108,6 +114,9 @@ mod layer;
 pub mod normalize;
 mod outcome;
 mod path;
+#[cfg(feature = "queue")]
+#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
+pub mod queue;
 pub mod store;
 pub mod token;
 

@@ -1,0 +1,664 @@
+//! The queue logic over one redb database (a file, or memory for tests).
+//!
+//! Tables: `state` (id → attempts, due time, lease, enqueued time, order
+//! group hash: fixed 36 bytes, scanned by `fetch`), `messages` (id → encoded
+//! message, read only for the entries handed out), `keys` (key →
+//! fingerprint, live entry id, expiry), `expiry` ((expiry, key) → ()),
+//! `dead` (id → attempts, time, error, message), `meta` (next id). Every
+//! operation is one write transaction: atomic, and durable on commit.
+
+use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::oneshot;
+
+const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
+const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
+const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
+const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
+const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+
+/// Expired keys removed per acknowledgement, so that cleanup keeps pace
+/// without one long transaction.
+const PURGE_BATCH: usize = 16;
+
+fn err(e: impl std::fmt::Display) -> QueueError {
+    QueueError::new(format!("embedded queue: {e}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn time_of(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// The scheduling state of one entry.
+#[derive(Clone, Copy)]
+struct State {
+    attempts: u32,
+    /// Due (new or backing off), or the end of the current lease.
+    due: u64,
+    /// The current lease, 0 when none.
+    lease: u64,
+    enqueued: u64,
+    /// Hash of the order group, 0 when none.
+    order: u64,
+}
+
+impl State {
+    fn encode(self) -> [u8; 36] {
+        let mut out = [0u8; 36];
+        out[..4].copy_from_slice(&self.attempts.to_le_bytes());
+        out[4..12].copy_from_slice(&self.due.to_le_bytes());
+        out[12..20].copy_from_slice(&self.lease.to_le_bytes());
+        out[20..28].copy_from_slice(&self.enqueued.to_le_bytes());
+        out[28..].copy_from_slice(&self.order.to_le_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, QueueError> {
+        let u64_at = |i: usize| -> Result<u64, QueueError> {
+            Ok(u64::from_le_bytes(
+                b.get(i..i + 8)
+                    .ok_or_else(|| err("short state"))?
+                    .try_into()
+                    .map_err(err)?,
+            ))
+        };
+        Ok(Self {
+            attempts: u32::from_le_bytes(
+                b.get(..4)
+                    .ok_or_else(|| err("short state"))?
+                    .try_into()
+                    .map_err(err)?,
+            ),
+            due: u64_at(4)?,
+            lease: u64_at(12)?,
+            enqueued: u64_at(20)?,
+            order: u64_at(28)?,
+        })
+    }
+}
+
+/// A key's marker: its fingerprint, its live entry (0 once delivered) and
+/// when it is forgotten (0 while live).
+struct Marker {
+    fingerprint: [u8; 16],
+    entry: u64,
+    expires: u64,
+}
+
+impl Marker {
+    fn encode(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out[..16].copy_from_slice(&self.fingerprint);
+        out[16..24].copy_from_slice(&self.entry.to_le_bytes());
+        out[24..].copy_from_slice(&self.expires.to_le_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        Some(Self {
+            fingerprint: b.get(..16)?.try_into().ok()?,
+            entry: u64::from_le_bytes(b.get(16..24)?.try_into().ok()?),
+            expires: u64::from_le_bytes(b.get(24..32)?.try_into().ok()?),
+        })
+    }
+}
+
+fn order_hash(order: Option<&str>) -> u64 {
+    let Some(order) = order else { return 0 };
+    foldhash::quality::FixedState::with_seed(0x9e37)
+        .hash_one(order)
+        .max(1)
+}
+
+fn fresh_lease() -> u64 {
+    let t = crate::store::OwnerToken::new().as_u128();
+    ((t >> 64) as u64 ^ t as u64).max(1)
+}
+
+/// One ingest waiting for the group commit.
+type IngestJob = (Message, oneshot::Sender<Result<Ingested, QueueError>>);
+
+/// The queue over one database.
+#[derive(Debug, Clone)]
+pub(super) struct Embedded {
+    db: Arc<Database>,
+    window: Duration,
+    committer: Arc<Committer>,
+}
+
+/// The thread that commits ingests in groups: every ingest waiting when a
+/// commit starts shares its transaction and its fsync, so concurrent
+/// acknowledgements cost one disk flush, not one each. Dropped with the last
+/// clone of the queue; the drop waits for the thread, so the file is closed
+/// when the queue is.
+#[derive(Debug)]
+struct Committer {
+    tx: Option<std::sync::mpsc::Sender<IngestJob>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Ingests per group commit, at most.
+const GROUP_MAX: usize = 512;
+
+fn commit_group(db: &Database, jobs: Vec<IngestJob>) {
+    let run = || -> Result<Vec<Ingested>, QueueError> {
+        let txn = db.begin_write().map_err(err)?;
+        let out = jobs
+            .iter()
+            .map(|(m, _)| Embedded::ingest(&txn, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        txn.commit().map_err(err)?;
+        Ok(out)
+    };
+    match run() {
+        Ok(out) => {
+            for ((_, reply), got) in jobs.into_iter().zip(out) {
+                let _ = reply.send(Ok(got));
+            }
+        }
+        Err(e) => {
+            for (_, reply) in jobs {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+impl Embedded {
+    pub(super) fn new(db: Database, window: Duration) -> Result<Self, QueueError> {
+        let txn = db.begin_write().map_err(err)?;
+        {
+            txn.open_table(STATE).map_err(err)?;
+            txn.open_table(MESSAGES).map_err(err)?;
+            txn.open_table(KEYS).map_err(err)?;
+            txn.open_table(EXPIRY).map_err(err)?;
+            txn.open_table(DEAD).map_err(err)?;
+            txn.open_table(META).map_err(err)?;
+        }
+        txn.commit().map_err(err)?;
+        let db = Arc::new(db);
+        let (tx, rx) = std::sync::mpsc::channel::<IngestJob>();
+        let thread_db = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("queue-commit".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    while jobs.len() < GROUP_MAX {
+                        match rx.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    commit_group(&thread_db, jobs);
+                }
+            })
+            .map_err(err)?;
+        Ok(Self {
+            db,
+            window,
+            committer: Arc::new(Committer {
+                tx: Some(tx),
+                thread: Some(thread),
+            }),
+        })
+    }
+
+    pub(super) fn set_window(&mut self, window: Duration) {
+        self.window = window;
+    }
+
+    /// Queues `message` through the group commit.
+    pub(super) async fn ingest_grouped(&self, message: Message) -> Result<Ingested, QueueError> {
+        let (reply, rx) = oneshot::channel();
+        let tx = self.committer.tx.as_ref().ok_or_else(|| err("closed"))?;
+        tx.send((message, reply))
+            .map_err(|_| err("commit thread stopped"))?;
+        rx.await.map_err(|_| err("commit thread stopped"))?
+    }
+
+    /// Bytes of the file in use (allocated pages), for measurements.
+    pub(super) fn allocated_bytes(&self) -> Result<u64, QueueError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        let stats = txn.stats().map_err(err)?;
+        txn.abort().map_err(err)?;
+        Ok(stats.allocated_pages() * stats.page_size() as u64)
+    }
+
+    /// Runs `f` in one write transaction on the blocking pool and commits.
+    pub(super) async fn write<T, F>(&self, f: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteTransaction, &Embedded) -> Result<T, QueueError> + Send + 'static,
+    {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = this.db.begin_write().map_err(err)?;
+            let out = f(&txn, &this)?;
+            txn.commit().map_err(err)?;
+            Ok(out)
+        })
+        .await
+        .map_err(err)?
+    }
+
+    fn ingest(txn: &WriteTransaction, message: &Message) -> Result<Ingested, QueueError> {
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let found = keys
+            .get(message.key.as_str())
+            .map_err(err)?
+            .and_then(|v| Marker::decode(v.value()));
+        let now = now_ms();
+        if let Some(marker) = found {
+            if marker.expires == 0 || marker.expires > now {
+                return Ok(if marker.fingerprint == message.fingerprint.to_bytes() {
+                    Ingested::Duplicate
+                } else {
+                    Ingested::Mismatch
+                });
+            }
+        }
+        let id = Self::next_id(txn)?;
+        let marker = Marker {
+            fingerprint: message.fingerprint.to_bytes(),
+            entry: id,
+            expires: 0,
+        };
+        keys.insert(message.key.as_str(), marker.encode().as_slice())
+            .map_err(err)?;
+        Self::enqueue(txn, id, message, now)?;
+        Ok(Ingested::Queued(EntryId::new(id.to_string())))
+    }
+
+    fn next_id(txn: &WriteTransaction) -> Result<u64, QueueError> {
+        let mut meta = txn.open_table(META).map_err(err)?;
+        let id = meta
+            .get("next_id")
+            .map_err(err)?
+            .map(|v| v.value())
+            .unwrap_or(1);
+        meta.insert("next_id", id + 1).map_err(err)?;
+        Ok(id)
+    }
+
+    fn enqueue(
+        txn: &WriteTransaction,
+        id: u64,
+        message: &Message,
+        now: u64,
+    ) -> Result<(), QueueError> {
+        let state = State {
+            attempts: 0,
+            due: now,
+            lease: 0,
+            enqueued: now,
+            order: order_hash(message.order.as_deref()),
+        };
+        txn.open_table(STATE)
+            .map_err(err)?
+            .insert(id, state.encode().as_slice())
+            .map_err(err)?;
+        txn.open_table(MESSAGES)
+            .map_err(err)?
+            .insert(id, message.encode().as_slice())
+            .map_err(err)?;
+        Ok(())
+    }
+
+    pub(super) fn fetch(
+        &self,
+        txn: &WriteTransaction,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let now = now_ms();
+        let mut state = txn.open_table(STATE).map_err(err)?;
+        let mut blocked = HashSet::new();
+        let mut taken = Vec::new();
+        for row in state.iter().map_err(err)? {
+            if taken.len() >= max {
+                break;
+            }
+            let (id, value) = row.map_err(err)?;
+            let s = State::decode(value.value())?;
+            if s.order != 0 && !blocked.insert(s.order) {
+                // An earlier entry of its order group is not delivered yet.
+                continue;
+            }
+            if s.due <= now {
+                taken.push((id.value(), s));
+            }
+        }
+        let messages = txn.open_table(MESSAGES).map_err(err)?;
+        let mut out = Vec::with_capacity(taken.len());
+        for (id, mut s) in taken {
+            s.attempts += 1;
+            s.lease = fresh_lease();
+            s.due = now + lease.as_millis() as u64;
+            state.insert(id, s.encode().as_slice()).map_err(err)?;
+            let bytes = messages
+                .get(id)
+                .map_err(err)?
+                .ok_or_else(|| err("entry without message"))?;
+            let message =
+                Message::decode(bytes.value()).ok_or_else(|| err("unreadable message"))?;
+            out.push(Delivery {
+                id: EntryId::new(id.to_string()),
+                message,
+                attempt: s.attempts,
+                enqueued_at: time_of(s.enqueued),
+                lease: s.lease,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The entry's state if `delivery` still holds its lease.
+    fn leased(
+        &self,
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+    ) -> Result<Option<(u64, State)>, QueueError> {
+        let Ok(id) = delivery.id.as_str().parse::<u64>() else {
+            return Ok(None);
+        };
+        let state = txn.open_table(STATE).map_err(err)?;
+        let found = state
+            .get(id)
+            .map_err(err)?
+            .map(|v| State::decode(v.value()))
+            .transpose()?;
+        Ok(found.filter(|s| s.lease == delivery.lease).map(|s| (id, s)))
+    }
+
+    /// Removes a live entry: its message bytes if it had any.
+    fn remove(&self, txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
+        txn.open_table(STATE)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?;
+        let mut messages = txn.open_table(MESSAGES).map_err(err)?;
+        let bytes = messages
+            .remove(id)
+            .map_err(err)?
+            .map(|v| v.value().to_vec());
+        Ok(bytes)
+    }
+
+    pub(super) fn ack(
+        &self,
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+    ) -> Result<bool, QueueError> {
+        let Some((id, _)) = self.leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        self.remove(txn, id)?;
+        let now = now_ms();
+        let expires = now + self.window.as_millis() as u64;
+        let key = delivery.message.key.as_str();
+        let marker = Marker {
+            fingerprint: delivery.message.fingerprint.to_bytes(),
+            entry: 0,
+            expires,
+        };
+        txn.open_table(KEYS)
+            .map_err(err)?
+            .insert(key, marker.encode().as_slice())
+            .map_err(err)?;
+        txn.open_table(EXPIRY)
+            .map_err(err)?
+            .insert((expires, key), ())
+            .map_err(err)?;
+        self.purge(txn, now)?;
+        Ok(true)
+    }
+
+    /// Forgets a few keys whose window ended.
+    fn purge(&self, txn: &WriteTransaction, now: u64) -> Result<(), QueueError> {
+        let mut expiry = txn.open_table(EXPIRY).map_err(err)?;
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let due: Vec<(u64, String)> = expiry
+            .range((0u64, "")..(now, ""))
+            .map_err(err)?
+            .take(PURGE_BATCH)
+            .filter_map(|r| r.ok().map(|(k, _)| (k.value().0, k.value().1.to_owned())))
+            .collect();
+        for (at, key) in due {
+            expiry.remove((at, key.as_str())).map_err(err)?;
+            let current = keys
+                .get(key.as_str())
+                .map_err(err)?
+                .and_then(|v| Marker::decode(v.value()));
+            // A key queued again since has a newer marker: keep it.
+            if current.is_some_and(|m| m.entry == 0 && m.expires == at) {
+                keys.remove(key.as_str()).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn retry(
+        &self,
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        after: Duration,
+    ) -> Result<bool, QueueError> {
+        let Some((id, mut s)) = self.leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        s.lease = 0;
+        s.due = now_ms() + after.as_millis() as u64;
+        txn.open_table(STATE)
+            .map_err(err)?
+            .insert(id, s.encode().as_slice())
+            .map_err(err)?;
+        Ok(true)
+    }
+
+    pub(super) fn dead_letter(
+        &self,
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        error: &str,
+    ) -> Result<bool, QueueError> {
+        let Some((id, s)) = self.leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        let message = self
+            .remove(txn, id)?
+            .ok_or_else(|| err("entry without message"))?;
+        let mut record = Vec::with_capacity(16 + error.len() + message.len());
+        record.extend_from_slice(&s.attempts.to_le_bytes());
+        record.extend_from_slice(&now_ms().to_le_bytes());
+        record.extend_from_slice(&(error.len() as u32).to_le_bytes());
+        record.extend_from_slice(error.as_bytes());
+        record.extend_from_slice(&message);
+        txn.open_table(DEAD)
+            .map_err(err)?
+            .insert(id, record.as_slice())
+            .map_err(err)?;
+        // The key stays marked (as live): a copy arriving now is a duplicate.
+        Ok(true)
+    }
+
+    pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let dead = txn.open_table(DEAD).map_err(err)?;
+        let mut out = Vec::new();
+        for row in dead.iter().map_err(err)?.take(limit) {
+            let (id, value) = row.map_err(err)?;
+            out.push(decode_dead(id.value(), value.value())?);
+        }
+        Ok(out)
+    }
+
+    pub(super) fn replay(&self, txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {
+        let record = txn
+            .open_table(DEAD)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?
+            .map(|v| v.value().to_vec());
+        let Some(record) = record else {
+            return Ok(false);
+        };
+        let letter = decode_dead(id, &record)?;
+        let new_id = Self::next_id(txn)?;
+        let marker = Marker {
+            fingerprint: letter.message.fingerprint.to_bytes(),
+            entry: new_id,
+            expires: 0,
+        };
+        txn.open_table(KEYS)
+            .map_err(err)?
+            .insert(letter.message.key.as_str(), marker.encode().as_slice())
+            .map_err(err)?;
+        Self::enqueue(txn, new_id, &letter.message, now_ms())?;
+        Ok(true)
+    }
+
+    pub(super) fn replay_all(&self, txn: &WriteTransaction) -> Result<usize, QueueError> {
+        let ids: Vec<u64> = txn
+            .open_table(DEAD)
+            .map_err(err)?
+            .iter()
+            .map_err(err)?
+            .filter_map(|r| r.ok().map(|(k, _)| k.value()))
+            .collect();
+        let mut n = 0;
+        for id in ids {
+            n += usize::from(self.replay(txn, id)?);
+        }
+        Ok(n)
+    }
+
+    pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let state = txn.open_table(STATE).map_err(err)?;
+        let oldest = match state.first().map_err(err)? {
+            Some((_, v)) => {
+                let s = State::decode(v.value())?;
+                Some(Duration::from_millis(now_ms().saturating_sub(s.enqueued)))
+            }
+            None => None,
+        };
+        Ok(QueueStats {
+            depth: state.len().map_err(err)?,
+            oldest,
+            dead: txn.open_table(DEAD).map_err(err)?.len().map_err(err)?,
+        })
+    }
+}
+
+fn decode_dead(id: u64, b: &[u8]) -> Result<DeadLetter, QueueError> {
+    let bad = || err("unreadable dead letter");
+    let attempts = u32::from_le_bytes(b.get(..4).ok_or_else(bad)?.try_into().map_err(err)?);
+    let dead_at = u64::from_le_bytes(b.get(4..12).ok_or_else(bad)?.try_into().map_err(err)?);
+    let len = u32::from_le_bytes(b.get(12..16).ok_or_else(bad)?.try_into().map_err(err)?) as usize;
+    let error = String::from_utf8_lossy(b.get(16..16 + len).ok_or_else(bad)?).into_owned();
+    let message = Message::decode(b.get(16 + len..).ok_or_else(bad)?).ok_or_else(bad)?;
+    Ok(DeadLetter {
+        id: EntryId::new(id.to_string()),
+        message,
+        attempts,
+        error,
+        dead_at: time_of(dead_at),
+    })
+}
+
+/// Implements [`Queue`](super::Queue) for a newtype over [`Embedded`].
+macro_rules! embedded_queue {
+    ($ty:ty) => {
+        impl $crate::queue::Queue for $ty {
+            async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
+                self.inner.ingest_grouped(message).await
+            }
+
+            async fn fetch(
+                &self,
+                max: usize,
+                lease: Duration,
+            ) -> Result<Vec<Delivery>, QueueError> {
+                self.inner
+                    .write(move |txn, q| q.fetch(txn, max, lease))
+                    .await
+            }
+
+            async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner.write(move |txn, q| q.ack(txn, &d)).await
+            }
+
+            async fn retry(
+                &self,
+                delivery: &Delivery,
+                after: Duration,
+                _error: &str,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .write(move |txn, q| q.retry(txn, &d, after))
+                    .await
+            }
+
+            async fn dead_letter(
+                &self,
+                delivery: &Delivery,
+                error: &str,
+            ) -> Result<bool, QueueError> {
+                let (d, error) = (delivery.clone(), error.to_owned());
+                self.inner
+                    .write(move |txn, q| q.dead_letter(txn, &d, &error))
+                    .await
+            }
+
+            async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.dead_letters(limit))
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+
+            async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+                let Ok(id) = id.as_str().parse::<u64>() else {
+                    return Ok(false);
+                };
+                self.inner.write(move |txn, q| q.replay(txn, id)).await
+            }
+
+            async fn replay_all(&self) -> Result<usize, QueueError> {
+                self.inner.write(|txn, q| q.replay_all(txn)).await
+            }
+
+            async fn stats(&self) -> Result<QueueStats, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.stats())
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+        }
+    };
+}
+pub(super) use embedded_queue;

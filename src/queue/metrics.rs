@@ -1,0 +1,28 @@
+//! Queue metrics through the `metrics` facade (feature `metrics`).
+
+#[cfg(feature = "metrics")]
+use super::QueueStats;
+
+/// Counts one delivery attempt: `idempotency_queue_attempts_total{queue, result}`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(super) fn attempt(queue: &std::sync::Arc<str>, result: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_queue_attempts_total",
+        "queue" => metrics::SharedString::from(queue.clone()),
+        "result" => result
+    )
+    .increment(1);
+}
+
+/// Sets the gauges: `idempotency_queue_depth`,
+/// `idempotency_queue_oldest_seconds` and `idempotency_queue_dead_letters`,
+/// each labelled `queue`.
+#[cfg(feature = "metrics")]
+pub(super) fn stats(queue: &std::sync::Arc<str>, stats: &QueueStats) {
+    let label = || metrics::SharedString::from(queue.clone());
+    metrics::gauge!("idempotency_queue_depth", "queue" => label()).set(stats.depth as f64);
+    metrics::gauge!("idempotency_queue_oldest_seconds", "queue" => label())
+        .set(stats.oldest.map_or(0.0, |d| d.as_secs_f64()));
+    metrics::gauge!("idempotency_queue_dead_letters", "queue" => label()).set(stats.dead as f64);
+}

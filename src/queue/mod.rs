@@ -1,0 +1,231 @@
+//! Acknowledge once it is durable, deliver later: durable queues of
+//! notifications, deduplicated at ingest, delivered with retries, and a
+//! dead-letter queue from which nothing is lost.
+//!
+//! A gateway that answers the channel's success reply only after
+//! [`Queue::ingest`] returned promises only what is true: the notification
+//! is stored and will be delivered. (An early answer without a durable write,
+//! such as "reply within 5 s, whatever happens", is a false acknowledgement:
+//! a crash loses the notification and the channel never sends it again.) A
+//! [`Worker`] then delivers each entry to a tower service, retries failures
+//! with exponential backoff, and moves an entry that failed `max_attempts`
+//! times to the dead letters, from which [`Queue::replay`] puts it back once.
+//! Put a [`ConsumerLayer`](crate::consumer::ConsumerLayer) (or the HTTP
+//! [dedup layer](crate::dedup)) in front of the handler: a queue redelivers
+//! an entry whose worker died before acknowledging it, and the consumer
+//! makes sure the handler does not run twice.
+//!
+//! Backends: [`RedbQueue`], a file on one node that survives `kill -9`
+//! (the default for one instance); `RedisStreamsQueue` (feature `redis`)
+//! for many instances; [`MemoryQueue`] for tests only.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use tower::service_fn;
+//! use tower_idempotency::queue::{Ingested, Message, MemoryQueue, Queue, Worker};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let queue = MemoryQueue::new();
+//! let fp = Fingerprint::of(b"paid 100");
+//! for copy in 0..7 {
+//!     let got = queue.ingest(Message::new("wx:4200001", fp, "{...}")).await.unwrap();
+//!     assert_eq!(matches!(got, Ingested::Queued(_)), copy == 0);
+//! }
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! let counter = runs.clone();
+//! let mut worker = Worker::new(queue.clone(), service_fn(move |_m: Message| {
+//!     counter.fetch_add(1, Ordering::SeqCst);
+//!     async { Ok::<_, std::io::Error>(()) }
+//! }));
+//! assert_eq!(worker.run_once().await.unwrap().delivered, 1);
+//! assert_eq!(runs.load(Ordering::SeqCst), 1);
+//! assert_eq!(queue.stats().await.unwrap().depth, 0);
+//! # }
+//! ```
+
+mod embedded;
+mod memory;
+mod message;
+mod metrics;
+mod redb;
+#[cfg(feature = "redis")]
+mod redis_streams;
+mod worker;
+
+pub use self::redb::RedbQueue;
+pub use memory::MemoryQueue;
+pub use message::Message;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis_streams::RedisStreamsQueue;
+pub use worker::{Worker, WorkerRound};
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The id of a queue entry (a number for the embedded queue, a stream id
+/// for Redis).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryId(String);
+
+impl EntryId {
+    /// An id as printed by [`Display`](fmt::Display) (for example read from
+    /// a command line).
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What [`Queue::ingest`] did. Every variant but `Mismatch` means the
+/// notification is durably stored: answer the sender's success reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingested {
+    /// Stored as a new entry.
+    Queued(EntryId),
+    /// A message with this key was already queued, delivered within the
+    /// window, or dead-lettered: nothing new was stored.
+    Duplicate,
+    /// A message with this key but another fingerprint was seen: nothing was
+    /// stored. Answer a failure (possible tampering).
+    Mismatch,
+}
+
+/// An entry handed to a worker, leased to it until it acknowledges,
+/// retries or dead-letters it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The entry.
+    pub id: EntryId,
+    /// What was queued.
+    pub message: Message,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+    /// When the entry was queued.
+    pub enqueued_at: SystemTime,
+    /// Identifies this lease: a worker whose lease ran out (and whose entry
+    /// was handed to another) can no longer acknowledge it.
+    pub(crate) lease: u64,
+}
+
+/// An entry that failed too often, kept until it is replayed.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// Its id in the dead letters (what [`Queue::replay`] takes).
+    pub id: EntryId,
+    /// What was queued.
+    pub message: Message,
+    /// How many attempts were made.
+    pub attempts: u32,
+    /// The last failure.
+    pub error: String,
+    /// When it was dead-lettered.
+    pub dead_at: SystemTime,
+}
+
+/// A snapshot of a queue, for metrics and operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Entries not yet delivered (waiting, backing off, or being delivered).
+    pub depth: u64,
+    /// How long the oldest undelivered entry has waited.
+    pub oldest: Option<Duration>,
+    /// Entries in the dead letters.
+    pub dead: u64,
+}
+
+/// Why a queue call failed.
+#[derive(Debug, Clone)]
+pub struct QueueError {
+    message: Arc<str>,
+}
+
+impl QueueError {
+    /// A new error.
+    pub fn new(message: impl Into<Arc<str>>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for QueueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for QueueError {}
+
+/// A durable queue of notifications.
+///
+/// Cheap to clone. Implementations make [`ingest`](Self::ingest) atomic (one
+/// entry per key, however many copies arrive at once) and durable before it
+/// returns, never hand an entry of an order group out while an earlier entry
+/// of that group is undelivered, and move entries between the queue and the
+/// dead letters atomically (a replayed dead letter is queued exactly once).
+pub trait Queue: Clone + Send + Sync + 'static {
+    /// Stores `message` unless its key was seen (queued, delivered within
+    /// the window, or dead-lettered). Returns once the entry is durable.
+    fn ingest(&self, message: Message)
+        -> impl Future<Output = Result<Ingested, QueueError>> + Send;
+
+    /// Leases up to `max` entries that are due (new, past their backoff, or
+    /// whose previous lease ran out) for `lease`.
+    fn fetch(
+        &self,
+        max: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Delivery>, QueueError>> + Send;
+
+    /// The entry was delivered: removes it. `false` if the lease was lost
+    /// (the entry was handed to another worker).
+    fn ack(&self, delivery: &Delivery) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// The delivery failed: the entry is due again after `after`. `false`
+    /// if the lease was lost.
+    fn retry(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// Moves the entry to the dead letters. `false` if the lease was lost.
+    fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// Up to `limit` dead letters, oldest first.
+    fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send;
+
+    /// Moves one dead letter back into the queue, due at once, with its
+    /// attempts reset. `false` if there is no such dead letter (already
+    /// replayed, for example): a dead letter is queued again at most once.
+    fn replay(&self, id: &EntryId) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// Replays every dead letter; returns how many.
+    fn replay_all(&self) -> impl Future<Output = Result<usize, QueueError>> + Send;
+
+    /// Depth, age of the oldest entry, dead letters.
+    fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send;
+}

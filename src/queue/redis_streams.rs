@@ -1,0 +1,439 @@
+//! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
+
+use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
+use ::redis::aio::{ConnectionLike, ConnectionManager};
+use ::redis::{IntoConnectionInfo, Script, Value};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A queue on Redis Streams, shared by every instance that names it.
+///
+/// Entries live in the stream `{name}:s`, read through the consumer group
+/// `workers` (each instance is one consumer). An entry is acknowledged
+/// (`XACK`, then deleted) only after its delivery succeeded; an entry whose
+/// worker died is reclaimed (`XAUTOCLAIM`) once its lease ran out; a failed
+/// one waits out its backoff in `{name}:r` (a sorted set) and is appended
+/// again when due; one that failed too often moves to the dead-letter stream
+/// `{name}:d`. Each key has a marker `{name}:k:<key>` (its fingerprint),
+/// set by the same script that appends the entry, so 7 copies make one entry;
+/// it expires one window after delivery. Every key of a queue shares the
+/// hash tag `{name}`, so the queue works on a Redis Cluster too (one slot).
+///
+/// Give every worker of a queue the same [lease](super::Worker::lease): an
+/// entry is reclaimed once it has been idle for the lease of the worker that
+/// reclaims it (Redis keeps the idle time, not the lease it was fetched with).
+///
+/// An acknowledgement after [`ingest`](Queue::ingest) is only as durable as
+/// Redis is: run it with AOF and `appendfsync always` (or `everysec`,
+/// accepting up to one second of loss), and a replica.
+///
+/// Order groups ([`Message::order`]) are not enforced by this queue yet:
+/// use the embedded queue where several events of one transaction must be
+/// delivered in order.
+pub struct RedisStreamsQueue<C = ConnectionManager> {
+    conn: C,
+    name: Arc<str>,
+    consumer: Arc<str>,
+    window: Duration,
+}
+
+impl<C: Clone> Clone for RedisStreamsQueue<C> {
+    fn clone(&self) -> Self {
+        Self {
+            conn: self.conn.clone(),
+            name: self.name.clone(),
+            consumer: self.consumer.clone(),
+            window: self.window,
+        }
+    }
+}
+
+impl<C> fmt::Debug for RedisStreamsQueue<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStreamsQueue")
+            .field("name", &self.name)
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+const GROUP: &str = "workers";
+
+/// One stream entry as `XRANGE` answers it: its id and its fields.
+type StreamEntry = (String, HashMap<String, Value>);
+
+fn err(e: impl fmt::Display) -> QueueError {
+    QueueError::new(format!("redis queue: {e}"))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl RedisStreamsQueue<ConnectionManager> {
+    /// Connects to a standalone Redis and opens (or creates) the queue `name`.
+    pub async fn standalone(url: impl IntoConnectionInfo, name: &str) -> Result<Self, QueueError> {
+        let client = ::redis::Client::open(url).map_err(err)?;
+        let conn = ConnectionManager::new(client).await.map_err(err)?;
+        Self::open(conn, name).await
+    }
+}
+
+impl<C> RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Opens (or creates) the queue `name` over a connection you built (a
+    /// Cluster connection, TLS, auth). This instance joins the consumer
+    /// group under a fresh consumer name.
+    pub async fn open(conn: C, name: &str) -> Result<Self, QueueError> {
+        let queue = Self {
+            conn,
+            name: Arc::from(name),
+            consumer: Arc::from(format!(
+                "c-{:032x}",
+                crate::store::OwnerToken::new().as_u128()
+            )),
+            window: Duration::from_secs(25 * 3600),
+        };
+        let mut conn = queue.conn.clone();
+        let created: Result<(), _> = ::redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(queue.key("s"))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(err(e)),
+            _ => Ok(queue),
+        }
+    }
+
+    /// How long a delivered key is remembered. Defaults to 25 hours.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    fn key(&self, part: &str) -> String {
+        format!("{{{}}}:{part}", self.name)
+    }
+
+    fn marker(&self, key: &str) -> String {
+        format!("{{{}}}:k:{key}", self.name)
+    }
+}
+
+/// Owner check shared by the scripts: the entry is pending for this consumer.
+const OWNED: &str = "
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #p == 0 then return 0 end
+";
+
+static INGEST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local cur = redis.call('GET', KEYS[2])
+         if cur then if cur == ARGV[1] then return 1 else return 2 end end
+         local id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[2], 'a', '0', 't', ARGV[3])
+         redis.call('SET', KEYS[2], ARGV[1])
+         return id",
+    )
+});
+
+static FETCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local s, r, rh = KEYS[1], KEYS[2], KEYS[3]
+         local g, c, n, lease, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+         for _, k in ipairs(redis.call('ZRANGEBYSCORE', r, '-inf', now, 'LIMIT', 0, 256)) do
+           local e = redis.call('HMGET', rh, k .. ':m', k .. ':a', k .. ':t')
+           if e[1] then redis.call('XADD', s, '*', 'm', e[1], 'a', e[2], 't', e[3]) end
+           redis.call('HDEL', rh, k .. ':m', k .. ':a', k .. ':t')
+           redis.call('ZREM', r, k)
+         end
+         local out = {}
+         local function push(e)
+           if type(e) ~= 'table' or type(e[2]) ~= 'table' then return end
+           local f = {}
+           for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+           table.insert(out, e[1]); table.insert(out, f['m'] or '')
+           table.insert(out, f['a'] or '0'); table.insert(out, f['t'] or '0')
+         end
+         local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, '0-0', 'COUNT', n)
+         for _, e in ipairs(claimed[2]) do push(e) end
+         local left = n - #out / 4
+         if left > 0 then
+           local read = redis.call('XREADGROUP', 'GROUP', g, c, 'COUNT', left, 'STREAMS', s, '>')
+           if read then for _, e in ipairs(read[1][2]) do push(e) end end
+         end
+         return out",
+    )
+});
+
+static ACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         redis.call('PEXPIRE', KEYS[2], ARGV[4])
+         return 1"
+    ))
+});
+
+static RETRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         local k = ARGV[3]
+         redis.call('HSET', KEYS[3], k .. ':m', ARGV[5], k .. ':a', ARGV[6], k .. ':t', ARGV[7])
+         redis.call('ZADD', KEYS[2], ARGV[4], k)
+         return 1"
+    ))
+});
+
+static DEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XADD', KEYS[2], '*', 'm', ARGV[4], 'a', ARGV[5], 'e', ARGV[6], 'at', ARGV[7])
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         return 1"
+    ))
+});
+
+static REPLAY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+         if #e == 0 then return 0 end
+         local f = {}
+         for i = 1, #e[1][2], 2 do f[e[1][2][i]] = e[1][2][i + 1] end
+         redis.call('XADD', KEYS[2], '*', 'm', f['m'], 'a', '0', 't', ARGV[2])
+         redis.call('XDEL', KEYS[1], ARGV[1])
+         return 1",
+    )
+});
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn number(v: &Value) -> u64 {
+    bytes(v)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn text(v: &Value) -> String {
+    bytes(v)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default()
+}
+
+fn time_of(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+impl<C> Queue for RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
+        let fp = message.fingerprint.to_bytes();
+        let got: Value = INGEST
+            .key(self.key("s"))
+            .key(self.marker(&message.key))
+            .arg(&fp[..])
+            .arg(message.encode())
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(match got {
+            Value::Int(1) => Ingested::Duplicate,
+            Value::Int(_) => Ingested::Mismatch,
+            id => Ingested::Queued(EntryId::new(text(&id))),
+        })
+    }
+
+    async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+        let got: Vec<Value> = FETCH
+            .key(self.key("s"))
+            .key(self.key("r"))
+            .key(self.key("rh"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(max.max(1))
+            .arg(lease.as_millis() as u64)
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        let mut out = Vec::with_capacity(got.len() / 4);
+        for e in got.chunks_exact(4) {
+            let message = bytes(&e[1])
+                .and_then(Message::decode)
+                .ok_or_else(|| err("unreadable entry"))?;
+            out.push(Delivery {
+                id: EntryId::new(text(&e[0])),
+                message,
+                attempt: number(&e[2]) as u32 + 1,
+                enqueued_at: time_of(number(&e[3])),
+                lease: 0,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
+        let got: i64 = ACK
+            .key(self.key("s"))
+            .key(self.marker(&delivery.message.key))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(self.window.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
+    async fn retry(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        _error: &str,
+    ) -> Result<bool, QueueError> {
+        let enqueued = delivery
+            .enqueued_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let got: i64 = RETRY
+            .key(self.key("s"))
+            .key(self.key("r"))
+            .key(self.key("rh"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(now_ms() + after.as_millis() as u64)
+            .arg(delivery.message.encode())
+            .arg(delivery.attempt)
+            .arg(enqueued)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
+        let got: i64 = DEAD
+            .key(self.key("s"))
+            .key(self.key("d"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(delivery.message.encode())
+            .arg(delivery.attempt)
+            .arg(error)
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let rows: Vec<StreamEntry> = ::redis::cmd("XRANGE")
+            .arg(self.key("d"))
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        let nil = Value::Nil;
+        rows.into_iter()
+            .map(|(id, f)| {
+                let field = |k: &str| f.get(k).unwrap_or(&nil);
+                Ok(DeadLetter {
+                    message: bytes(field("m"))
+                        .and_then(Message::decode)
+                        .ok_or_else(|| err("unreadable dead letter"))?,
+                    id: EntryId::new(id),
+                    attempts: number(field("a")) as u32,
+                    error: text(field("e")),
+                    dead_at: time_of(number(field("at"))),
+                })
+            })
+            .collect()
+    }
+
+    async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+        let got: i64 = REPLAY
+            .key(self.key("d"))
+            .key(self.key("s"))
+            .arg(id.as_str())
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
+    async fn replay_all(&self) -> Result<usize, QueueError> {
+        let mut n = 0;
+        loop {
+            let batch = self.dead_letters(256).await?;
+            if batch.is_empty() {
+                return Ok(n);
+            }
+            for letter in batch {
+                n += usize::from(self.replay(&letter.id).await?);
+            }
+        }
+    }
+
+    async fn stats(&self) -> Result<QueueStats, QueueError> {
+        let (live, delayed, dead, first): (u64, u64, u64, Vec<StreamEntry>) = ::redis::pipe()
+            .cmd("XLEN")
+            .arg(self.key("s"))
+            .cmd("ZCARD")
+            .arg(self.key("r"))
+            .cmd("XLEN")
+            .arg(self.key("d"))
+            .cmd("XRANGE")
+            .arg(self.key("s"))
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        // The oldest entry in the stream; entries backing off are older
+        // still, but only counted.
+        let oldest = first
+            .first()
+            .and_then(|(_, f)| f.get("t"))
+            .map(|t| Duration::from_millis(now_ms().saturating_sub(number(t))));
+        Ok(QueueStats {
+            depth: live + delayed,
+            oldest,
+            dead,
+        })
+    }
+}

@@ -1,0 +1,296 @@
+//! The idempotent consumer: one suite of cases, run against every store
+//! (memory, a standalone Redis and a 3-master Redis Cluster started here).
+
+mod support_redis;
+
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{service_fn, Service, ServiceExt};
+use tower_idempotency::consumer::{ConsumeError, Consumer, ConsumerLayer, Once};
+use tower_idempotency::store::{MemoryStore, OwnerToken, Store};
+use tower_idempotency::Fingerprint;
+use tower_layer::Layer;
+
+type Guard = Option<Arc<dyn Any + Send + Sync>>;
+
+/// A key no other test (or earlier run against the same server) uses.
+fn unique(case: &str) -> String {
+    format!("{case}:{:032x}", OwnerToken::new().as_u128())
+}
+
+fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of(s.as_bytes())
+}
+
+#[derive(Debug)]
+struct Down;
+
+impl std::fmt::Display for Down {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upstream down")
+    }
+}
+
+mod cases {
+    use super::*;
+
+    pub(super) async fn copies_run_once_and_get_the_receipt<S: Store>(store: S) {
+        let consumer = Consumer::new(store);
+        let key = unique("seq");
+        let runs = AtomicUsize::new(0);
+        for i in 0..5 {
+            let once = consumer
+                .once(&key, fp("p"), async {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    Ok::<_, Down>(format!("run {n}"))
+                })
+                .await
+                .unwrap();
+            assert_eq!(once.ran(), i == 0);
+            assert_eq!(once.into_inner(), "run 1");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    pub(super) async fn concurrent_copies_run_once<S: Store>(store: S) {
+        let consumer = Consumer::new(store).wait(Duration::from_secs(10));
+        let key = unique("concurrent");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let (consumer, key, runs) = (consumer.clone(), key.clone(), runs.clone());
+                tokio::spawn(async move {
+                    consumer
+                        .once(&key, fp("p"), async move {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Ok::<_, Down>(())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let mut ran = 0;
+        for t in tasks {
+            // Every copy waited for the first and got its success.
+            ran += usize::from(t.await.unwrap().unwrap().ran());
+        }
+        assert_eq!(ran, 1);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    pub(super) async fn failures_are_not_recorded<S: Store>(store: S) {
+        let consumer = Consumer::new(store);
+        let key = unique("fail");
+        let got = consumer
+            .once(&key, fp("p"), async { Err::<(), _>(Down) })
+            .await;
+        assert!(matches!(got, Err(ConsumeError::Handler(Down))), "{got:?}");
+        let got = consumer
+            .once(&key, fp("p"), async { Ok::<_, Down>(()) })
+            .await;
+        assert_eq!(got.unwrap(), Once::Ran(()));
+    }
+
+    pub(super) async fn panics_release_the_claim<S: Store>(store: S) {
+        let consumer = Consumer::new(store);
+        let key = unique("panic");
+        let got = consumer
+            .once(&key, fp("p"), async {
+                if key.len() > 1 {
+                    panic!("handler bug");
+                }
+                Ok::<(), Down>(())
+            })
+            .await;
+        assert!(matches!(got, Err(ConsumeError::Panicked)), "{got:?}");
+        let got = consumer
+            .once(&key, fp("p"), async { Ok::<_, Down>(()) })
+            .await;
+        assert_eq!(got.unwrap(), Once::Ran(()));
+    }
+
+    pub(super) async fn a_cancelled_run_releases_the_claim<S: Store>(store: S) {
+        let consumer = Consumer::new(store).wait(Duration::from_secs(10));
+        let key = unique("cancel");
+        let started = Arc::new(tokio::sync::Notify::new());
+        let run = {
+            let (consumer, key, started) = (consumer.clone(), key.clone(), started.clone());
+            tokio::spawn(async move {
+                consumer
+                    .once(&key, fp("p"), async move {
+                        started.notify_one();
+                        std::future::pending::<Result<(), Down>>().await
+                    })
+                    .await
+            })
+        };
+        started.notified().await;
+        run.abort();
+        // The copy waits for the release (not for the 30 s lease) and runs.
+        let got = consumer
+            .once(&key, fp("p"), async { Ok::<_, Down>(()) })
+            .await;
+        assert_eq!(got.unwrap(), Once::Ran(()));
+    }
+
+    pub(super) async fn another_fingerprint_never_runs<S: Store>(store: S) {
+        let consumer = Consumer::new(store);
+        let key = unique("mismatch");
+        consumer
+            .once(&key, fp("paid 100"), async { Ok::<_, Down>(()) })
+            .await
+            .unwrap();
+        let runs = AtomicUsize::new(0);
+        let got = consumer
+            .once(&key, fp("paid 1"), async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Down>(())
+            })
+            .await;
+        assert!(matches!(got, Err(ConsumeError::Mismatch)), "{got:?}");
+        assert!(!got.unwrap_err().is_retryable());
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+
+    pub(super) async fn the_lease_is_renewed_while_the_handler_runs<S: Store>(store: S) {
+        // A lease of 600 ms, a handler of 2 s: without renewal (every 200 ms)
+        // the copy below would claim the key and run a second time.
+        let consumer = Consumer::new(store).lease(Duration::from_millis(600));
+        let key = unique("renew");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = {
+            let (consumer, key, runs) = (consumer.clone(), key.clone(), runs.clone());
+            tokio::spawn(async move {
+                consumer
+                    .once(&key, fp("p"), async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        Ok::<_, Down>(())
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let copy = consumer
+            .once(&key, fp("p"), async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Down>(())
+            })
+            .await;
+        assert!(matches!(copy, Err(ConsumeError::InFlight)), "{copy:?}");
+        assert!(first.await.unwrap().unwrap().ran());
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    pub(super) async fn the_layer_guards_any_message<S: Store>(store: S) {
+        #[derive(Clone)]
+        struct Paid {
+            id: Option<String>,
+            amount: u64,
+        }
+        let key = |m: &Paid| {
+            m.id.clone()
+                .map(|id| (id, Fingerprint::of(&m.amount.to_le_bytes())))
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counter = runs.clone();
+        let mut svc = ConsumerLayer::new(Consumer::new(store).scope("points"), key).layer(
+            service_fn(move |m: Paid| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async move { Ok::<_, Down>(format!("credited {}", m.amount)) }
+            }),
+        );
+        let id = unique("layer");
+        let msg = Paid {
+            id: Some(id.clone()),
+            amount: 7,
+        };
+        for i in 0..3 {
+            let once = svc.ready().await.unwrap().call(msg.clone()).await.unwrap();
+            assert_eq!(once.ran(), i == 0);
+            assert_eq!(once.into_inner(), "credited 7");
+        }
+        let missing = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Paid {
+                id: None,
+                amount: 7,
+            })
+            .await;
+        assert!(matches!(missing, Err(ConsumeError::KeyMissing)));
+        let tampered = svc
+            .oneshot(Paid {
+                id: Some(id),
+                amount: 8,
+            })
+            .await;
+        assert!(matches!(tampered, Err(ConsumeError::Mismatch)));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+macro_rules! consumer_tests {
+    ($name:ident, $setup:path) => {
+        mod $name {
+            use super::*;
+            consumer_tests!(@cases $setup;
+                copies_run_once_and_get_the_receipt,
+                concurrent_copies_run_once,
+                failures_are_not_recorded,
+                panics_release_the_claim,
+                a_cancelled_run_releases_the_claim,
+                another_fingerprint_never_runs,
+                the_lease_is_renewed_while_the_handler_runs,
+                the_layer_guards_any_message,
+            );
+        }
+    };
+    (@cases $setup:path; $($case:ident,)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some((store, _guard)) = $setup().await else {
+                    return;
+                };
+                cases::$case(store).await;
+            }
+        )*
+    };
+}
+
+async fn memory() -> Option<(MemoryStore, Guard)> {
+    Some((MemoryStore::new(), None))
+}
+
+consumer_tests!(memory_store, memory);
+
+mod redis_setup {
+    use super::support_redis::{shared_cluster, shared_standalone};
+    use super::*;
+    use tower_idempotency::store::{RedisClusterStore, RedisStore};
+
+    pub(super) async fn standalone() -> Option<(RedisStore, Guard)> {
+        let server = shared_standalone()?;
+        let store = RedisStore::standalone(server.url()).await.unwrap();
+        Some((store.poll_interval(Duration::from_millis(20)), Some(server)))
+    }
+
+    pub(super) async fn cluster() -> Option<(RedisClusterStore, Guard)> {
+        let cluster = shared_cluster()?;
+        let store = RedisStore::cluster(cluster.urls()).await.unwrap();
+        Some((
+            store.poll_interval(Duration::from_millis(20)),
+            Some(cluster),
+        ))
+    }
+}
+
+use redis_setup::{cluster as redis_cluster_setup, standalone as redis_standalone_setup};
+
+consumer_tests!(redis_standalone, redis_standalone_setup);
+consumer_tests!(redis_cluster, redis_cluster_setup);

@@ -1,0 +1,662 @@
+//! Durable queues: ingest deduplicated by key, delivery exactly once through
+//! the consumer, order per group, dead letters replayed once, and a process
+//! killed with `kill -9` between acknowledgement and delivery.
+
+mod support_redis;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::service_fn;
+use tower::ServiceBuilder;
+use tower_idempotency::consumer::{Consumer, ConsumerLayer};
+use tower_idempotency::queue::{
+    Ingested, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
+use tower_idempotency::store::{MemoryStore, OwnerToken, RedisStore};
+use tower_idempotency::Fingerprint;
+
+#[derive(Debug)]
+struct Down;
+
+impl std::fmt::Display for Down {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("upstream down")
+    }
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tower-idempotency-queue-{tag}-{:032x}",
+            OwnerToken::new().as_u128()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("queue.redb")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn notification(i: usize) -> Message {
+    let body = format!(r#"{{"id":"EV-{i}","event_type":"TRANSACTION.SUCCESS","amount":{i}}}"#);
+    let mut m = Message::new(
+        format!("wechatpay-v3:/notify:EV-{i}"),
+        Fingerprint::of(format!("TRANSACTION.SUCCESS {i}").as_bytes()),
+        body,
+    );
+    m.uri = http::Uri::from_static("/notify/wechat");
+    m.headers.insert(
+        "wechatpay-serial",
+        http::HeaderValue::from_static("5157F09EFDC096DE15EBE81A47057A72"),
+    );
+    m
+}
+
+/// Counts runs per key; fails while `down` is set.
+#[derive(Clone, Default)]
+struct Upstream {
+    down: Arc<AtomicBool>,
+    runs: Arc<Mutex<HashMap<String, usize>>>,
+    order: Arc<Mutex<Vec<String>>>,
+}
+
+impl Upstream {
+    fn handler(
+        &self,
+    ) -> impl tower::Service<
+        Message,
+        Response = (),
+        Error = Down,
+        Future = impl std::future::Future<Output = Result<(), Down>> + Send,
+    > + Clone {
+        let this = self.clone();
+        service_fn(move |m: Message| {
+            let this = this.clone();
+            async move {
+                if this.down.load(Ordering::SeqCst) {
+                    return Err(Down);
+                }
+                *this.runs.lock().unwrap().entry(m.key.clone()).or_default() += 1;
+                this.order.lock().unwrap().push(m.key.clone());
+                Ok(())
+            }
+        })
+    }
+
+    fn runs(&self) -> HashMap<String, usize> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+fn message_key(m: &Message) -> Option<(String, Fingerprint)> {
+    Some((m.key.clone(), m.fingerprint))
+}
+
+/// Runs worker rounds until the queue is empty (bounded).
+async fn drain<Q: Queue, S>(worker: &mut Worker<Q, S>)
+where
+    S: tower::Service<Message>,
+    S::Error: std::fmt::Display,
+{
+    for _ in 0..2000 {
+        if worker.queue().stats().await.unwrap().depth == 0 {
+            return;
+        }
+        if worker.run_once().await.unwrap().fetched == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    panic!(
+        "queue not drained: {:?}",
+        worker.queue().stats().await.unwrap()
+    );
+}
+
+mod cases {
+    use super::*;
+
+    pub(super) async fn seven_copies_make_one_entry<Q: Queue>(queue: Q) {
+        let tasks: Vec<_> = (0..20)
+            .flat_map(|i| (0..7).map(move |_| i))
+            .map(|i| {
+                let queue = queue.clone();
+                tokio::spawn(async move { queue.ingest(notification(i)).await.unwrap() })
+            })
+            .collect();
+        let mut queued = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ingested::Queued(_) => queued += 1,
+                Ingested::Duplicate => {}
+                Ingested::Mismatch => panic!("same payload seen as a mismatch"),
+            }
+        }
+        assert_eq!(queued, 20);
+        assert_eq!(queue.stats().await.unwrap().depth, 20);
+        // Same key, other payload: refused, nothing stored.
+        let mut forged = notification(3);
+        forged.fingerprint = Fingerprint::of(b"TRANSACTION.SUCCESS 3000");
+        assert_eq!(queue.ingest(forged).await.unwrap(), Ingested::Mismatch);
+        assert_eq!(queue.stats().await.unwrap().depth, 20);
+    }
+
+    pub(super) async fn storm_while_upstream_down_delivers_each_once<Q: Queue>(queue: Q) {
+        let upstream = Upstream::default();
+        upstream.down.store(true, Ordering::SeqCst);
+        // 200 notifications x 7 copies, all at once.
+        let tasks: Vec<_> = (0..200 * 7)
+            .map(|n| {
+                let queue = queue.clone();
+                tokio::spawn(async move { queue.ingest(notification(n % 200)).await.unwrap() })
+            })
+            .collect();
+        let mut queued = 0;
+        for t in tasks {
+            // Every copy is acknowledged: queued or a duplicate of a queued one.
+            match t.await.unwrap() {
+                Ingested::Queued(_) => queued += 1,
+                Ingested::Duplicate => {}
+                Ingested::Mismatch => panic!("mismatch"),
+            }
+        }
+        assert_eq!(queued, 200);
+        assert_eq!(queue.stats().await.unwrap().depth, 200);
+        let svc = ServiceBuilder::new()
+            .layer(ConsumerLayer::new(
+                Consumer::new(MemoryStore::new()),
+                message_key,
+            ))
+            .service(upstream.handler());
+        let mut worker = Worker::new(queue.clone(), svc)
+            .batch(64)
+            .backoff(Duration::from_millis(5), Duration::from_millis(40));
+        // The upstream is down: attempts fail, nothing runs, nothing is lost.
+        for _ in 0..5 {
+            worker.run_once().await.unwrap();
+        }
+        assert!(upstream.runs().is_empty());
+        assert_eq!(queue.stats().await.unwrap().depth, 200);
+        assert_eq!(queue.stats().await.unwrap().dead, 0);
+        upstream.down.store(false, Ordering::SeqCst);
+        drain(&mut worker).await;
+        let runs = upstream.runs();
+        assert_eq!(runs.len(), 200);
+        assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+        // Late copies after delivery are still duplicates.
+        assert_eq!(
+            queue.ingest(notification(7)).await.unwrap(),
+            Ingested::Duplicate
+        );
+        assert_eq!(queue.stats().await.unwrap().depth, 0);
+    }
+
+    pub(super) async fn an_order_group_is_delivered_in_order<Q: Queue>(queue: Q) {
+        for i in 0..4 {
+            queue.ingest(notification(i).order("tx-1")).await.unwrap();
+        }
+        queue.ingest(notification(10)).await.unwrap();
+        let upstream = Upstream::default();
+        let failed_once = Arc::new(AtomicBool::new(false));
+        let inner = upstream.handler();
+        let flaky = service_fn(move |m: Message| {
+            // The first event fails once: the later ones of its group wait.
+            let fail = m.key.ends_with("EV-0") && !failed_once.swap(true, Ordering::SeqCst);
+            let mut inner = inner.clone();
+            async move {
+                if fail {
+                    return Err(Down);
+                }
+                tower::Service::call(&mut inner, m).await
+            }
+        });
+        let mut worker = Worker::new(queue.clone(), flaky)
+            .backoff(Duration::from_millis(20), Duration::from_millis(20));
+        drain(&mut worker).await;
+        let order = upstream.order.lock().unwrap().clone();
+        let group: Vec<_> = order
+            .iter()
+            .filter(|k| !k.ends_with("EV-10"))
+            .cloned()
+            .collect();
+        let want: Vec<_> = (0..4).map(|i| notification(i).key).collect();
+        assert_eq!(group, want);
+        assert_eq!(order.len(), 5);
+    }
+
+    pub(super) async fn dead_letters_are_kept_and_replayed_once<Q: Queue>(queue: Q) {
+        for i in 0..3 {
+            queue.ingest(notification(i)).await.unwrap();
+        }
+        let upstream = Upstream::default();
+        upstream.down.store(true, Ordering::SeqCst);
+        let svc = ServiceBuilder::new()
+            .layer(ConsumerLayer::new(
+                Consumer::new(MemoryStore::new()),
+                message_key,
+            ))
+            .service(upstream.handler());
+        let mut worker = Worker::new(queue.clone(), svc)
+            .max_attempts(3)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5));
+        drain(&mut worker).await;
+        let dead = queue.dead_letters(100).await.unwrap();
+        assert_eq!(dead.len(), 3);
+        assert!(
+            dead.iter()
+                .all(|d| d.attempts == 3 && d.error.contains("upstream down")),
+            "{dead:?}"
+        );
+        assert_eq!(dead[0].message.body, notification(0).body);
+        assert_eq!(dead[0].message.headers, notification(0).headers);
+        assert_eq!(queue.stats().await.unwrap().dead, 3);
+        // A copy arriving while it is dead is a duplicate, not a new entry.
+        assert_eq!(
+            queue.ingest(notification(1)).await.unwrap(),
+            Ingested::Duplicate
+        );
+        upstream.down.store(false, Ordering::SeqCst);
+        // Replay one, twice: queued once.
+        assert!(queue.replay(&dead[0].id).await.unwrap());
+        assert!(!queue.replay(&dead[0].id).await.unwrap());
+        // Replay the rest; a second replay-all finds nothing.
+        assert_eq!(queue.replay_all().await.unwrap(), 2);
+        assert_eq!(queue.replay_all().await.unwrap(), 0);
+        assert_eq!(queue.stats().await.unwrap().depth, 3);
+        drain(&mut worker).await;
+        let runs = upstream.runs();
+        assert_eq!(runs.len(), 3);
+        assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+        assert!(queue.dead_letters(100).await.unwrap().is_empty());
+    }
+}
+
+macro_rules! queue_tests {
+    ($name:ident, $setup:expr; $($case:ident,)*) => {
+        mod $name {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some((queue, _guard)) = ($setup) else {
+                        return;
+                    };
+                    cases::$case(queue).await;
+                }
+            )*
+        }
+    };
+}
+
+queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    an_order_group_is_delivered_in_order,
+    dead_letters_are_kept_and_replayed_once,
+);
+queue_tests!(redb_queue, {
+    let dir = TempDir::new("case");
+    Some((RedbQueue::open(dir.file()).unwrap(), dir))
+};
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    an_order_group_is_delivered_in_order,
+    dead_letters_are_kept_and_replayed_once,
+);
+// Order groups are not enforced on Redis Streams yet (see its docs).
+queue_tests!(redis_streams_queue, redis_queue().await;
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    dead_letters_are_kept_and_replayed_once,
+);
+
+/// The environment variable that turns this test binary into a child
+/// process for the `kill -9` tests.
+const CHILD: &str = "TOWER_IDEMPOTENCY_QUEUE_CHILD";
+
+/// Not a test: the body of the child process that the `kill -9` tests
+/// start (this binary again, with `CHILD` set). It does its part, says so on
+/// stdout, and waits to be killed.
+#[test]
+fn child_process() {
+    let Ok(mode) = std::env::var(CHILD) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        let args: Vec<String> = mode.split('|').map(str::to_owned).collect();
+        match args[1].as_str() {
+            "redb" => child_run(RedbQueue::open(&args[2]).unwrap(), &args).await,
+            _ => {
+                let queue = RedisStreamsQueue::standalone(args[2].as_str(), &args[1])
+                    .await
+                    .unwrap();
+                child_run(queue, &args).await
+            }
+        }
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+/// `args`: mode, queue, location, [redis url, scope, runs file].
+async fn child_run<Q: Queue>(queue: Q, args: &[String]) {
+    match args[0].as_str() {
+        // Acknowledges 50 notifications (ingest returned), then dies.
+        "ingest" => {
+            for i in 0..50 {
+                queue.ingest(notification(i)).await.unwrap();
+            }
+            println!("ingested");
+        }
+        // Runs the handler for every entry, then dies before acknowledging.
+        "handle" => {
+            let store = RedisStore::standalone(args[3].as_str()).await.unwrap();
+            let consumer = Consumer::new(store).scope(args[4].clone());
+            let runs = args[5].clone();
+            let mut handled = 0;
+            while handled < 20 {
+                for d in queue.fetch(100, Duration::from_secs(1)).await.unwrap() {
+                    let runs = runs.clone();
+                    let key = d.message.key.clone();
+                    consumer
+                        .once(&d.message.key, d.message.fingerprint, async move {
+                            use std::io::Write;
+                            let mut f = std::fs::OpenOptions::new()
+                                .append(true)
+                                .create(true)
+                                .open(&runs)
+                                .unwrap();
+                            writeln!(f, "{key}").unwrap();
+                            f.sync_all().unwrap();
+                            Ok::<_, Down>(())
+                        })
+                        .await
+                        .unwrap();
+                    handled += 1;
+                }
+            }
+            println!("handled");
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+/// Starts the child, waits for its `ready` line, and kills it with SIGKILL.
+fn run_child_and_kill(mode: String, ready: &str) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, mode)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut seen = false;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if line.contains(ready) {
+            seen = true;
+            break;
+        }
+    }
+    // `Child::kill` sends SIGKILL on Unix: no destructor, no flush runs.
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(seen, "child exited before `{ready}`: {status:?}");
+}
+
+/// A queue the child opens too: its spec for the child, and an opener.
+struct Spec {
+    child: String,
+    _dir: TempDir,
+}
+
+async fn redb_spec(tag: &str) -> (Spec, RedbQueue) {
+    let dir = TempDir::new(tag);
+    let spec = format!("redb|{}", dir.file().display());
+    let queue = RedbQueue::open(dir.file()).unwrap();
+    (
+        Spec {
+            child: spec,
+            _dir: dir,
+        },
+        queue,
+    )
+}
+
+async fn redis_spec(tag: &str, url: &str) -> (Spec, RedisStreamsQueue) {
+    let name = format!("{tag}-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(url, &name).await.unwrap();
+    let spec = format!("{name}|{url}");
+    (
+        Spec {
+            child: spec,
+            _dir: TempDir::new(tag),
+        },
+        queue,
+    )
+}
+
+async fn killed_after_ack<Q: Queue>(
+    spec: Spec,
+    queue: Q,
+    reopen: impl std::future::Future<Output = Q>,
+) {
+    drop(queue);
+    let mode = format!("ingest|{}", spec.child);
+    tokio::task::spawn_blocking(move || run_child_and_kill(mode, "ingested"))
+        .await
+        .unwrap();
+    let queue = reopen.await;
+    assert_eq!(queue.stats().await.unwrap().depth, 50);
+    let upstream = Upstream::default();
+    let svc = ServiceBuilder::new()
+        .layer(ConsumerLayer::new(
+            Consumer::new(MemoryStore::new()),
+            message_key,
+        ))
+        .service(upstream.handler());
+    let mut worker = Worker::new(queue.clone(), svc);
+    drain(&mut worker).await;
+    let runs = upstream.runs();
+    assert_eq!(runs.len(), 50);
+    assert!(runs.values().all(|&n| n == 1), "{runs:?}");
+}
+
+async fn killed_after_handler<Q: Queue>(
+    spec: Spec,
+    queue: Q,
+    redis_url: &str,
+    reopen: impl std::future::Future<Output = Q>,
+) {
+    for i in 0..20 {
+        queue.ingest(notification(i)).await.unwrap();
+    }
+    drop(queue);
+    let runs_file = spec._dir.0.join("runs.txt");
+    let scope = format!("kill-{:x}", OwnerToken::new().as_u128());
+    let mode = format!(
+        "handle|{}|{redis_url}|{scope}|{}",
+        spec.child,
+        runs_file.display()
+    );
+    tokio::task::spawn_blocking(move || run_child_and_kill(mode, "handled"))
+        .await
+        .unwrap();
+    let child_runs = std::fs::read_to_string(&runs_file).unwrap();
+    assert_eq!(child_runs.lines().count(), 20);
+    // The 20 entries were never acknowledged: they are delivered again once
+    // their 1 s lease runs out; the consumer finds each key done, and the
+    // handler does not run again.
+    let queue = reopen.await;
+    assert_eq!(queue.stats().await.unwrap().depth, 20);
+    let store = RedisStore::standalone(redis_url).await.unwrap();
+    let upstream = Upstream::default();
+    let svc = ServiceBuilder::new()
+        .layer(ConsumerLayer::new(
+            Consumer::new(store).scope(scope),
+            message_key,
+        ))
+        .service(upstream.handler());
+    // The same lease as the child's: Redis reclaims an entry once it has
+    // been idle for the reclaiming worker's lease.
+    let mut worker = Worker::new(queue.clone(), svc).lease(Duration::from_secs(1));
+    drain(&mut worker).await;
+    assert!(upstream.runs().is_empty(), "{:?}", upstream.runs());
+    assert_eq!(queue.stats().await.unwrap().depth, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let (spec, queue) = redb_spec("kill").await;
+    let path = spec._dir.file();
+    killed_after_ack(spec, queue, async move { RedbQueue::open(&path).unwrap() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_killed_after_the_handler_ran_before_ack_does_not_run_it_again() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = redb_spec("kill-handled").await;
+    let path = spec._dir.file();
+    killed_after_handler(spec, queue, &server.url(), async move {
+        RedbQueue::open(&path).unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = redis_spec("kill", &server.url()).await;
+    let name = spec.child.split('|').next().unwrap().to_owned();
+    let url = server.url();
+    killed_after_ack(spec, queue, async move {
+        RedisStreamsQueue::standalone(url.as_str(), &name)
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_redelivered_entry_does_not_run_the_handler_twice() {
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = redis_spec("kill-handled", &server.url()).await;
+    let name = spec.child.split('|').next().unwrap().to_owned();
+    let url = server.url();
+    killed_after_handler(spec, queue, &server.url(), async move {
+        RedisStreamsQueue::standalone(url.as_str(), &name)
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
+async fn redis_queue() -> Option<(RedisStreamsQueue, Arc<support_redis::RedisServer>)> {
+    let server = support_redis::shared_standalone()?;
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    Some((queue, server))
+}
+
+#[test]
+fn queue_metrics_count_attempts_and_report_depth_age_and_dead_letters() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let queue = MemoryQueue::new();
+            for i in 0..3 {
+                queue.ingest(notification(i)).await.unwrap();
+            }
+            // EV-2 always fails; the others fail once, then succeed.
+            let failed = Arc::new(Mutex::new(std::collections::HashSet::new()));
+            let svc = service_fn(move |m: Message| {
+                let first = failed.lock().unwrap().insert(m.key.clone());
+                async move {
+                    if first || m.key.ends_with("EV-2") {
+                        Err(Down)
+                    } else {
+                        Ok(())
+                    }
+                }
+            });
+            let mut worker = Worker::new(queue.clone(), svc)
+                .name("wechat")
+                .max_attempts(2)
+                .backoff(Duration::from_millis(1), Duration::from_millis(1));
+            drain(&mut worker).await;
+        })
+    });
+    let mut attempts: HashMap<String, u64> = HashMap::new();
+    let mut gauges: HashMap<String, f64> = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let labels: HashMap<_, _> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        assert_eq!(labels["queue"], "wechat");
+        match value {
+            DebugValue::Counter(n) if key.name() == "idempotency_queue_attempts_total" => {
+                *attempts.entry(labels["result"].clone()).or_default() += n;
+            }
+            DebugValue::Gauge(v) => {
+                gauges.insert(key.name().to_owned(), v.into_inner());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(attempts.get("delivered"), Some(&2), "{attempts:?}");
+    assert_eq!(attempts.get("retried"), Some(&3), "{attempts:?}");
+    assert_eq!(attempts.get("dead_lettered"), Some(&1), "{attempts:?}");
+    assert_eq!(
+        gauges.get("idempotency_queue_depth"),
+        Some(&0.0),
+        "{gauges:?}"
+    );
+    assert_eq!(
+        gauges.get("idempotency_queue_dead_letters"),
+        Some(&1.0),
+        "{gauges:?}"
+    );
+    assert_eq!(
+        gauges.get("idempotency_queue_oldest_seconds"),
+        Some(&0.0),
+        "{gauges:?}"
+    );
+}
