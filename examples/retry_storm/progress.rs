@@ -42,13 +42,15 @@ impl Progress {
                         "retry_storm: {label}: {n}/{total} transactions ({:.0}%), {secs:.0} s",
                         100.0 * n as f64 / total.max(1) as f64
                     );
-                    let mut err = std::io::stderr().lock();
-                    let _ = if terminal {
-                        write!(err, "\r{line:<72}")
-                    } else {
-                        writeln!(err, "{line}")
-                    };
-                    let _ = err.flush();
+                    {
+                        let mut err = std::io::stderr().lock();
+                        let _ = if terminal {
+                            write!(err, "\r{line:<72}")
+                        } else {
+                            writeln!(err, "{line}")
+                        };
+                        let _ = err.flush();
+                    }
                     printed.store(true, Ordering::Relaxed);
                     tokio::time::sleep(every).await;
                 }
