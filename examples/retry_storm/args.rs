@@ -74,7 +74,9 @@ impl Scenario {
     pub(crate) fn describe(self) -> &'static str {
         match self {
             Scenario::Burst => "WeChat Pay v3 notifications, copies sent at the same instant",
-            Scenario::DoubleSubmit => "order submissions with Idempotency-Key, copies spread over 100 ms",
+            Scenario::DoubleSubmit => {
+                "order submissions with Idempotency-Key, copies spread over 100 ms"
+            }
         }
     }
 }

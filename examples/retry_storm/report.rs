@@ -112,7 +112,10 @@ pub(crate) fn print_side_by_side(args: &Args, naive: &Summary, guarded: &Summary
         ("p99 latency (ms)", |s| format!("{:.1}", s.p99_ms)),
         ("elapsed (s)", |s| format!("{:.2}", s.elapsed.as_secs_f64())),
     ];
-    println!("  {:<20} {:>15} {:>15}", "", "naive handler", "guarded stack");
+    println!(
+        "  {:<20} {:>15} {:>15}",
+        "", "naive handler", "guarded stack"
+    );
     println!("  {:-<20} {:->15} {:->15}", "", "", "");
     for (name, value) in rows {
         println!("  {name:<20} {:>15} {:>15}", value(naive), value(guarded));

@@ -35,7 +35,6 @@ impl Tally {
     }
 }
 
-
 /// Runs the storm of `args` (its notification ids and nonces drawn from
 /// `run_seed`) against `baseline` and sums up what the client and the
 /// upstream saw. `label` names the run on the progress line.
