@@ -193,6 +193,7 @@ mod axum_extract {
     /// let app: Router = Router::new()
     ///     .route("/orders", post(create).layer(IdempotencyLayer::idempotency_key()));
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
         type Rejection = (StatusCode, &'static str);
 
@@ -207,6 +208,7 @@ mod axum_extract {
         }
     }
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
         type Rejection = Infallible;
 

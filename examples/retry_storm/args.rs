@@ -1,0 +1,269 @@
+//! The command line: flags, their defaults and their checks.
+
+use tokio::sync::Semaphore;
+
+/// The route the notifications are posted to.
+pub(crate) const NOTIFY_PATH: &str = "/notify/wechatpay/v3";
+/// The client API route of `--scenario double-submit`.
+pub(crate) const ORDERS_PATH: &str = "/orders";
+
+pub(crate) const USAGE: &str = "\
+usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
+                   [--handler-ms MS] [--failure-rate F]
+                   [--baseline compare|none|dedup|axum-idempotent|axum-idempotent-nocookie]
+                   [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]]
+                   [--instances N] [--scenario burst|double-submit] [--json]
+
+With no --baseline, runs the naive handler (none) and the guarded stack (dedup)
+on the same storm and prints them side by side; with --json alone, runs dedup.";
+
+/// One system under the storm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Baseline {
+    /// The handler alone.
+    None,
+    /// The handler behind `IdempotencyLayer::wechatpay_v3()`.
+    Dedup,
+    /// The handler in an axum `Router` behind axum-idempotent 0.6, the client
+    /// sending one session cookie per transaction.
+    AxumIdempotent,
+    /// The same, the client sending no cookie (as a payment channel does).
+    AxumIdempotentNoCookie,
+}
+
+impl Baseline {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Baseline::None => "none",
+            Baseline::Dedup => "dedup",
+            Baseline::AxumIdempotent => "axum-idempotent",
+            Baseline::AxumIdempotentNoCookie => "axum-idempotent-nocookie",
+        }
+    }
+
+    pub(crate) fn is_axum_idempotent(self) -> bool {
+        matches!(
+            self,
+            Baseline::AxumIdempotent | Baseline::AxumIdempotentNoCookie
+        )
+    }
+}
+
+/// What the client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    /// A channel's notification storm: copies at the same instant, each
+    /// re-encrypted (WeChat Pay v3 preset).
+    Burst,
+    /// A client double-clicking "submit order": copies of one request
+    /// spread over 100 ms, same bytes, `Idempotency-Key` header
+    /// (idempotency-key preset, route `/orders`).
+    DoubleSubmit,
+}
+
+impl Scenario {
+    /// The route the copies are posted to.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Scenario::Burst => NOTIFY_PATH,
+            Scenario::DoubleSubmit => ORDERS_PATH,
+        }
+    }
+
+    /// One line for people: what the storm is.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Scenario::Burst => "WeChat Pay v3 notifications, copies sent at the same instant",
+            Scenario::DoubleSubmit => {
+                "order submissions with Idempotency-Key, copies spread over 100 ms"
+            }
+        }
+    }
+}
+
+/// Where the dedup records live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreArg {
+    Memory,
+    Redis(String),
+    Cluster(Vec<String>),
+}
+
+impl StoreArg {
+    fn parse(value: &str) -> Result<Self, String> {
+        if value == "memory" {
+            return Ok(Self::Memory);
+        }
+        if value.starts_with("redis://") || value.starts_with("rediss://") {
+            return Ok(Self::Redis(value.to_owned()));
+        }
+        if let Some(nodes) = value.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = nodes
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| format!("redis://{n}"))
+                .collect();
+            if !nodes.is_empty() {
+                return Ok(Self::Cluster(nodes));
+            }
+        }
+        Err(format!(
+            "--store: `{value}` is not `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]`"
+        ))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Args {
+    pub(crate) transactions: usize,
+    pub(crate) duplicates: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) handler_ms: u64,
+    pub(crate) failure_rate: f64,
+    /// The system to run alone; unused when `compare` is set.
+    pub(crate) baseline: Baseline,
+    /// Run `Baseline::None` and then `Baseline::Dedup` on the same storm.
+    pub(crate) compare: bool,
+    pub(crate) store: StoreArg,
+    pub(crate) instances: usize,
+    pub(crate) scenario: Scenario,
+    pub(crate) json: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            transactions: 2000,
+            duplicates: 7,
+            concurrency: 64,
+            handler_ms: 5,
+            failure_rate: 0.0,
+            baseline: Baseline::Dedup,
+            compare: true,
+            store: StoreArg::Memory,
+            instances: 1,
+            scenario: Scenario::Burst,
+            json: false,
+        }
+    }
+}
+
+/// What the command line asked for.
+pub(crate) enum Parsed {
+    Run(Args),
+    Help,
+}
+
+pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
+    let mut args = Args::default();
+    let mut baseline_given = false;
+    while let Some(arg) = argv.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg, None),
+        };
+        if flag == "--help" || flag == "-h" {
+            return Ok(Parsed::Help);
+        }
+        if flag == "--json" {
+            if inline.is_some() {
+                return Err("--json takes no value".into());
+            }
+            args.json = true;
+            continue;
+        }
+        let known = [
+            "--transactions",
+            "--duplicates",
+            "--concurrency",
+            "--handler-ms",
+            "--failure-rate",
+            "--baseline",
+            "--store",
+            "--instances",
+            "--scenario",
+        ];
+        if !known.contains(&flag.as_str()) {
+            return Err(format!("unknown flag `{flag}`"));
+        }
+        let value = match inline {
+            Some(value) => value,
+            None => argv.next().ok_or_else(|| format!("{flag} needs a value"))?,
+        };
+        match flag.as_str() {
+            "--transactions" => args.transactions = positive(&flag, &value)?,
+            "--duplicates" => args.duplicates = positive(&flag, &value)?,
+            "--concurrency" => {
+                args.concurrency = positive(&flag, &value)?;
+                if args.concurrency > Semaphore::MAX_PERMITS {
+                    return Err(format!("{flag}: {value} is too large"));
+                }
+            }
+            "--handler-ms" => {
+                args.handler_ms = value.parse().map_err(|_| {
+                    format!("{flag}: `{value}` is not a whole number of milliseconds")
+                })?;
+            }
+            "--failure-rate" => {
+                let rate: f64 = value
+                    .parse()
+                    .map_err(|_| format!("{flag}: `{value}` is not a number"))?;
+                if !(0.0..=1.0).contains(&rate) {
+                    return Err(format!("{flag}: {value} is not in [0, 1]"));
+                }
+                args.failure_rate = rate;
+            }
+            "--baseline" => {
+                baseline_given = true;
+                args.compare = value == "compare";
+                args.baseline = match value.as_str() {
+                    "compare" => Baseline::Dedup,
+                    "none" => Baseline::None,
+                    "dedup" => Baseline::Dedup,
+                    "axum-idempotent" => Baseline::AxumIdempotent,
+                    "axum-idempotent-nocookie" => Baseline::AxumIdempotentNoCookie,
+                    _ => {
+                        return Err(format!(
+                            "{flag}: `{value}` is not `compare`, `none`, `dedup`, `axum-idempotent` or `axum-idempotent-nocookie`"
+                        ))
+                    }
+                }
+            }
+            "--store" => args.store = StoreArg::parse(&value)?,
+            "--instances" => args.instances = positive(&flag, &value)?,
+            "--scenario" => {
+                args.scenario = match value.as_str() {
+                    "burst" => Scenario::Burst,
+                    "double-submit" => Scenario::DoubleSubmit,
+                    _ => {
+                        return Err(format!(
+                            "{flag}: `{value}` is neither `burst` nor `double-submit`"
+                        ))
+                    }
+                }
+            }
+            _ => unreachable!("checked against `known` above"),
+        }
+    }
+    // Scripts that read the JSON line measure one system, as before the
+    // comparison became the default.
+    if !baseline_given && args.json {
+        args.compare = false;
+    }
+    if !args.compare && args.baseline.is_axum_idempotent() && args.store != StoreArg::Memory {
+        return Err(format!(
+            "--store: `{}` keeps its sessions in memory; --store applies to `dedup` only",
+            args.baseline.name()
+        ));
+    }
+    Ok(Parsed::Run(args))
+}
+
+fn positive(flag: &str, value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{flag}: `{value}` is not a positive whole number")),
+    }
+}
