@@ -88,6 +88,7 @@
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
+//! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 
 #![forbid(unsafe_code)]
 #![warn(
@@ -105,6 +106,9 @@ pub mod key;
 mod layer;
 pub mod normalize;
 mod outcome;
+#[cfg(feature = "proxy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
+pub mod proxy;
 pub mod store;
 pub mod token;
 

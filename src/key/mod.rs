@@ -42,6 +42,8 @@ mod extract;
 mod json;
 mod service;
 
+#[cfg(feature = "proxy")]
+pub(crate) use extract::parse_form;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
