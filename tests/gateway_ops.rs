@@ -35,7 +35,14 @@ async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
 async fn a_stalled_log_sink_does_not_stop_the_gateway() {
     let (upstream, calls) = counting_upstream().await;
     let gw = Proc::start(
-        &["--listen", "127.0.0.1:0", "--upstream", &upstream, "--route", "/api=idempotency-key"],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/api=idempotency-key",
+        ],
         &[("RUST_LOG", "debug")],
         Stdio::piped(), // never read
     );
@@ -48,7 +55,9 @@ async fn a_stalled_log_sink_does_not_stop_the_gateway() {
             .unwrap();
         let res = tokio::time::timeout(Duration::from_secs(20), client.request(req))
             .await
-            .unwrap_or_else(|_| panic!("request {i} got no answer within 20 s: the gateway stalled"))
+            .unwrap_or_else(|_| {
+                panic!("request {i} got no answer within 20 s: the gateway stalled")
+            })
             .unwrap();
         assert_eq!(res.status(), 200, "request {i}");
     }

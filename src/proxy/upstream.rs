@@ -82,7 +82,8 @@ impl FromStr for Upstream {
     type Err = UpstreamError;
 
     fn from_str(s: &str) -> Result<Self, UpstreamError> {
-        const SHAPE: UpstreamError = UpstreamError("expected http[s]://HOST:PORT[/BASE]");
+        const SHAPE: UpstreamError =
+            UpstreamError("expected http://HOST:PORT[/BASE] or https://HOST:PORT[/BASE]");
         let uri: Uri = s.parse().map_err(|_| SHAPE)?;
         let https = match uri.scheme_str() {
             Some("http") => false,
