@@ -80,8 +80,7 @@ async fn a_200_mib_upload_to_an_unrouted_path_streams() {
     let frames = futures_util::stream::iter(
         (0..total / MIB).map(move |_| Ok::<_, Infallible>(http_body::Frame::data(chunk.clone()))),
     );
-    let client: Client<_, StreamBody<_>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<_, StreamBody<_>> = Client::builder(TokioExecutor::new()).build_http();
     let req = Request::post(format!("http://{}/upload/big", gw.addr))
         .body(StreamBody::new(frames))
         .unwrap();
