@@ -280,3 +280,45 @@ async fn stalled_clients_do_not_stop_real_notifications() {
         "a stalled connection was still open after 30 s"
     );
 }
+
+/// An idle keep-alive connection is closed after `--header-timeout`: the
+/// next request's headers did not come in time.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_keep_alive_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, _calls) = counting_upstream().await;
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--header-timeout",
+            "2s",
+        ],
+        &[("RUST_LOG", "warn")],
+        Stdio::null(),
+    );
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // Idle, kept alive: closed within the timeout plus a wide margin.
+    let rest = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+        rest
+    })
+    .await;
+    assert!(
+        rest.is_ok(),
+        "the idle connection was still open after 30 s"
+    );
+}

@@ -103,7 +103,7 @@ pub struct Args {
     /// Most client connections open at once; more wait to be accepted (default 10000)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_CONNECTIONS", value_parser = parse::count)]
     pub max_connections: Option<usize>,
-    /// Time a client has to send a request's headers (default 10s)
+    /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
 }

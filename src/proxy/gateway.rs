@@ -23,6 +23,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 /// What a route does with its requests.
+// Built once per route at start: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Target {
     /// Guard every request with this preset.
