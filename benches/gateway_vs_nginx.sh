@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The idempotency gateway (examples/gateway.rs) against nginx `proxy_pass`,
+# The idempotency gateway (examples/gateway/) against nginx `proxy_pass`,
 # both in front of the same trivial upstream (examples/proxy_bench.rs), for
 # WeChat Pay v3 notifications:
 #

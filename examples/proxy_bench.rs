@@ -1,5 +1,5 @@
 //! Load generator and trivial upstream for comparing the gateway
-//! (`examples/gateway.rs`) with another reverse proxy (nginx `proxy_pass`)
+//! (`examples/gateway/`) with another reverse proxy (nginx `proxy_pass`)
 //! in front of the same upstream. `benches/gateway_vs_nginx.sh` drives it.
 //!
 //! ```text

@@ -94,6 +94,7 @@
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
+//! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 
 #![forbid(unsafe_code)]
 #![warn(
@@ -117,6 +118,9 @@ mod path;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
+#[cfg(feature = "proxy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
+pub mod proxy;
 pub mod store;
 pub mod token;
 

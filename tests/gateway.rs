@@ -1,4 +1,4 @@
-//! The gateway example (`examples/gateway.rs`) as a real process: each test
+//! The gateway example (`examples/gateway/`) as a real process: each test
 //! starts the built binary with `--listen 127.0.0.1:0`, reads its `listening
 //! on` line and talks to it over TCP, in front of a real hyper upstream on
 //! loopback that counts the calls it gets per path.
@@ -198,8 +198,14 @@ fn gateway_bin() -> PathBuf {
     let built = std::fs::metadata(&bin)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| panic!("{} is missing: {build}", bin.display()));
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway.rs");
-    if let Ok(changed) = std::fs::metadata(&source).and_then(|m| m.modified()) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway");
+    let newest = std::fs::read_dir(&source).ok().and_then(|files| {
+        files
+            .filter_map(Result::ok)
+            .filter_map(|f| f.metadata().and_then(|m| m.modified()).ok())
+            .max()
+    });
+    if let Some(changed) = newest {
         assert!(
             built >= changed,
             "{} is older than {}: {build}",
@@ -1113,8 +1119,14 @@ fn bad_flags_exit_2_with_a_message() {
             "http://",
         ),
         (
-            &["--listen", "127.0.0.1:0", "--upstream", "https://x"],
-            "https",
+            // https upstreams work; one with a query does not.
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "https://x/base?q=1",
+            ],
+            "query",
         ),
         (
             &[

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 /// Reads the `wanted` fields of a form body in one pass; only their values
 /// are decoded. The first occurrence of a name wins.
-pub(super) fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
+pub(crate) fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
     let mut out: Vec<(&'a str, Cow<'a, str>)> = Vec::with_capacity(wanted.len());
     for pair in body.split(|&b| b == b'&') {
         let (name, value) = match pair.iter().position(|&b| b == b'=') {

@@ -47,6 +47,8 @@ mod service;
 mod xml;
 
 pub use crate::fingerprint::Fingerprint;
+#[cfg(feature = "proxy")]
+pub(crate) use form::parse_form;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub use principal::{
     AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,

@@ -1,0 +1,51 @@
+//! The access log line and the duplicate-ratio gauge, read from what the
+//! library put in each response's extensions.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+use tower_idempotency::proxy::{GatewayResponse, RoutedPreset};
+use tower_idempotency::Outcome;
+use tracing::info;
+
+/// Guarded requests and duplicates per preset, since the start.
+#[derive(Default)]
+pub struct Ratios {
+    by_preset: Mutex<HashMap<&'static str, (AtomicU64, AtomicU64)>>,
+}
+
+impl Ratios {
+    /// Logs one access line for `res` and updates the gauge.
+    pub fn record(
+        &self,
+        method: &http::Method,
+        path: &str,
+        started: Instant,
+        res: &GatewayResponse,
+    ) {
+        let outcome = res.extensions().get::<Outcome>().copied();
+        let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
+        if let (Some(preset), Some(outcome)) = (preset, outcome) {
+            let mut map = self.by_preset.lock().unwrap_or_else(|e| e.into_inner());
+            let (guarded, duplicates) = map.entry(preset).or_default();
+            let guarded = guarded.fetch_add(1, Ordering::Relaxed) + 1;
+            let duplicates = if outcome.is_duplicate() {
+                duplicates.fetch_add(1, Ordering::Relaxed) + 1
+            } else {
+                duplicates.load(Ordering::Relaxed)
+            };
+            metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset)
+                .set(duplicates as f64 / guarded as f64);
+        }
+        info!(
+            target: "gateway::access",
+            %method,
+            path = %path,
+            preset = preset.unwrap_or("-"),
+            outcome = outcome.map_or("-", Outcome::as_str),
+            status = res.status().as_u16(),
+            ms = started.elapsed().as_millis() as u64,
+        );
+    }
+}

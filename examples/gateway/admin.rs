@@ -1,0 +1,135 @@
+//! `/metrics`, `/healthz` and `/readyz` on `--metrics-listen`.
+//!
+//! The Prometheus exporter's own HTTP listener answers `/metrics` only, so
+//! this listener serves the three paths itself, `/metrics` with the
+//! exporter's `PrometheusHandle::render`.
+
+use crate::store::GatewayStore;
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tracing::info;
+use tracing_appender::non_blocking::ErrorCounter;
+
+/// Installs the recorder and serves the three paths; `store` answers
+/// `/readyz`.
+pub async fn start(
+    addr: SocketAddr,
+    store: GatewayStore,
+    dropped: ErrorCounter,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+    let handle = install()?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the metrics address: {e}"))?;
+    info!("metrics on http://{local}/metrics, health on /healthz and /readyz");
+    let upkeep = handle.clone();
+    Ok(tokio::spawn(async move {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
+        let builder = auto::Builder::new(TokioExecutor::new());
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
+                async move { Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await) }
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+    }))
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    handle: &PrometheusHandle,
+    store: &GatewayStore,
+    dropped: &ErrorCounter,
+) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: String, kind: &'static str| {
+        let mut res = Response::new(Full::new(Bytes::from(body)));
+        *res.status_mut() = status;
+        res.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+        res
+    };
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n".into(), PLAIN);
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            metrics::counter!("gateway_log_lines_dropped_total")
+                .absolute(dropped.dropped_lines() as u64);
+            text(StatusCode::OK, handle.render(), "text/plain; version=0.0.4")
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n".into(), PLAIN),
+        "/readyz" => match tokio::time::timeout(Duration::from_secs(2), store.ready()).await {
+            Ok(true) => text(StatusCode::OK, "ready\n".into(), PLAIN),
+            _ => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the store does not answer\n".into(),
+                PLAIN,
+            ),
+        },
+        _ => text(StatusCode::NOT_FOUND, "not found\n".into(), PLAIN),
+    }
+}
+
+fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("idempotency_store_seconds".into()),
+            &[
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ],
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    metrics::describe_counter!(
+        "idempotency_requests_total",
+        "Requests at the idempotency layers, by preset and outcome"
+    );
+    metrics::describe_histogram!(
+        "idempotency_store_seconds",
+        metrics::Unit::Seconds,
+        "Latency of store calls"
+    );
+    metrics::describe_gauge!(
+        "idempotency_duplicate_ratio",
+        "Duplicates over guarded requests since the gateway started, by preset"
+    );
+    metrics::describe_counter!(
+        "gateway_upstream_errors_total",
+        "Upstream failures: connect, timeout, other"
+    );
+    metrics::describe_counter!(
+        "gateway_log_lines_dropped_total",
+        "Log lines dropped because stderr was not read fast enough"
+    );
+    Ok(handle)
+}

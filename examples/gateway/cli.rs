@@ -1,0 +1,146 @@
+//! The command line: clap, every flag also from an `IDEMPOTENCY_GATEWAY_*`
+//! environment variable; values parsed by the same functions as the config
+//! file's.
+
+use crate::parse;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::Parser;
+use http::HeaderName;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tower_idempotency::proxy::Upstream;
+
+/// `ArgsOutcome` of [`Args::from_env`].
+pub enum Parsed {
+    /// Run with these flags.
+    Run(Box<Args>),
+    /// `--help` or `--version` was printed: exit 0.
+    Printed,
+}
+
+/// A standalone idempotency gateway: a reverse proxy that runs each
+/// payment notification or client submission once.
+#[derive(Parser, Debug, Default)]
+#[command(
+    name = "gateway",
+    version,
+    color = clap::ColorChoice::Never,
+    override_usage = "gateway --listen ADDR --upstream URL [--route PREFIX=PRESET]... [options]\n       \
+                      gateway --config FILE [options]",
+    after_help = "DUR: 500ms, 30s, 5m, 25h, 2d    SIZE: 65536, 64KiB, 1MiB\n\
+                  Every flag can also be set with IDEMPOTENCY_GATEWAY_<FLAG> (e.g. \
+                  IDEMPOTENCY_GATEWAY_UPSTREAM, IDEMPOTENCY_GATEWAY_ROUTE=/a=stripe,/b=alipay)."
+)]
+pub struct Args {
+    /// TOML config file; flags override its values
+    #[arg(long, value_name = "FILE", env = "IDEMPOTENCY_GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Validate the flags and the config file, then exit (0, or 2 with the reason)
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_CHECK_CONFIG")]
+    pub check_config: bool,
+    /// Where to accept connections (127.0.0.1:0 picks a port)
+    #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_LISTEN", value_parser = parse::addr)]
+    pub listen: Option<SocketAddr>,
+    /// http[s]://HOST:PORT[/BASE] of the service behind the gateway
+    #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_UPSTREAM", value_parser = parse::upstream)]
+    pub upstream: Option<Upstream>,
+    /// memory (default) | redis://HOST:PORT | redis+cluster://HOST:PORT[,HOST:PORT...]
+    #[arg(long, value_name = "STORE", env = "IDEMPOTENCY_GATEWAY_STORE", value_parser = parse::store)]
+    pub store: Option<parse::StoreSpec>,
+    /// Repeatable; longest prefix wins; default /=auto. PRESET: auto, wechatpay-v3,
+    /// wechatpay-v2, alipay, stripe, paypal, adyen, standard-webhooks, idempotency-key,
+    /// client-token (GET PREFIX/idempotency-token issues tokens)
+    #[arg(long, value_name = "PREFIX=PRESET", env = "IDEMPOTENCY_GATEWAY_ROUTE",
+          value_delimiter = ',', value_parser = parse::route)]
+    pub route: Vec<parse::RouteArg>,
+    /// How long a success is replayed (default: the preset's)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_WINDOW", value_parser = parse::positive_duration)]
+    pub window: Option<Duration>,
+    /// Claim lease, renewed every lease/3 (default 30s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_LEASE", value_parser = parse::positive_duration)]
+    pub lease: Option<Duration>,
+    /// How long a duplicate waits for the first (default 4s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_WAIT", value_parser = parse::duration)]
+    pub wait: Option<Duration>,
+    /// Request body limit (default 64KiB, 1MiB for idempotency-key)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_BODY", value_parser = parse::body_size)]
+    pub max_body: Option<usize>,
+    /// closed (default) | open
+    #[arg(long, value_name = "POLICY", env = "IDEMPOTENCY_GATEWAY_ON_STORE_ERROR", value_parser = parse::policy)]
+    pub on_store_error: Option<tower_idempotency::OnStoreError>,
+    /// Scope keys to this header's value (e.g. a tenant id)
+    #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_HEADER", value_parser = parse::header_name)]
+    pub principal_header: Option<HeaderName>,
+    /// Serve /metrics, /healthz and /readyz at http://ADDR
+    #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Deadline for the upstream's whole answer (default 30s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_TIMEOUT", value_parser = parse::positive_duration)]
+    pub upstream_timeout: Option<Duration>,
+    /// Memory store budget (default 256MiB)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_MEMORY", value_parser = parse::size)]
+    pub max_memory: Option<usize>,
+    /// PEM certificate chain: serve HTTPS (reloaded on SIGHUP)
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_TLS_CERT",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted for an https:// upstream, besides the Mozilla roots
+    #[arg(long, value_name = "FILE", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Most client connections open at once; more wait to be accepted (default 10000)
+    #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_CONNECTIONS", value_parser = parse::count)]
+    pub max_connections: Option<usize>,
+    /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
+    pub header_timeout: Option<Duration>,
+}
+
+impl Args {
+    /// The process's flags; `Err` is the message for a bad flag (exit 2).
+    pub fn from_env() -> Result<Parsed, String> {
+        match Args::try_parse() {
+            Ok(args) => Ok(Parsed::Run(Box::new(args))),
+            Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+                print!("{e}");
+                Ok(Parsed::Printed)
+            }
+            Err(e) => Err(message(&e)),
+        }
+    }
+}
+
+/// clap's error in the gateway's words.
+fn message(e: &clap::Error) -> String {
+    let arg = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let flag = arg.split(' ').next().unwrap_or_default();
+    let rendered = e.render().to_string();
+    let first = rendered
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ");
+    match e.kind() {
+        ErrorKind::UnknownArgument if flag.starts_with('-') => format!("unknown flag `{flag}`"),
+        ErrorKind::UnknownArgument => format!("unexpected argument `{arg}`"),
+        ErrorKind::InvalidValue if rendered.contains("a value is required") => {
+            format!("`{flag}` needs a value")
+        }
+        _ => first.to_owned(),
+    }
+}

@@ -1,0 +1,328 @@
+//! The settings the gateway runs with: the config file (TOML), overridden
+//! by flags and environment variables.
+//!
+//! ```toml
+//! listen = "0.0.0.0:8443"
+//! upstream = "http://127.0.0.1:9000"
+//! store = "redis://10.0.0.5:6379"
+//! [[route]]
+//! prefix = "/notify/wechat"
+//! preset = "wechatpay-v3"
+//! window = "25h"   # optional per route: window, lease, wait, max_body, principal_header
+//! ```
+//!
+//! Every top-level key is a flag's name with `_` for `-`. A route's own
+//! values win over the global ones; flags win over the file's global
+//! values, and `--route` flags replace the file's routes.
+
+use crate::cli::Args;
+use crate::parse::{self, StoreSpec};
+use http::HeaderName;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use toml::Spanned;
+use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
+use tower_idempotency::OnStoreError;
+
+type Field = Option<Spanned<String>>;
+
+/// A size written as a number of bytes or a string (`"64KiB"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Field,
+    upstream: Field,
+    store: Field,
+    window: Field,
+    lease: Field,
+    wait: Field,
+    max_body: Option<Spanned<SizeValue>>,
+    on_store_error: Field,
+    principal_header: Field,
+    metrics_listen: Field,
+    upstream_timeout: Field,
+    max_memory: Option<Spanned<SizeValue>>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    upstream_ca: Option<PathBuf>,
+    max_connections: Option<Spanned<u64>>,
+    header_timeout: Field,
+    #[serde(default)]
+    route: Vec<Spanned<FileRoute>>,
+}
+
+/// One `[[route]]` table. New per-route settings are new fields here.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRoute {
+    prefix: Spanned<String>,
+    preset: Spanned<String>,
+    window: Field,
+    lease: Field,
+    wait: Field,
+    max_body: Option<Spanned<SizeValue>>,
+    principal_header: Field,
+}
+
+/// Everything the gateway runs with.
+#[derive(Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub upstream: Upstream,
+    pub store: StoreSpec,
+    /// Prefix, target and the route's options (global values applied).
+    pub routes: Vec<(String, Target, RouteOptions)>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub upstream_timeout: Duration,
+    pub max_memory: usize,
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub upstream_ca: Option<PathBuf>,
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    /// The longest `--wait` of any route (for the drain's grace period).
+    pub wait: Duration,
+}
+
+/// The memory store's budget when `--max-memory` is not given.
+pub const DEFAULT_MAX_MEMORY: usize = 256 << 20;
+
+/// A bad file: `FILE:LINE: reason`.
+struct At<'a> {
+    path: &'a str,
+    text: &'a str,
+}
+
+impl At<'_> {
+    fn err(&self, span: std::ops::Range<usize>, why: impl std::fmt::Display) -> String {
+        let line = self.text[..span.start.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1;
+        format!("{}:{line}: {why}", self.path)
+    }
+
+    fn value<T>(
+        &self,
+        field: &Field,
+        key: &str,
+        f: fn(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
+        field
+            .as_ref()
+            .map(|v| f(v.get_ref()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))))
+            .transpose()
+    }
+
+    fn size(&self, field: &Option<Spanned<SizeValue>>, key: &str) -> Result<Option<usize>, String> {
+        field
+            .as_ref()
+            .map(|v| {
+                match v.get_ref() {
+                    SizeValue::Bytes(n) => usize::try_from(*n).map_err(|_| "too large".to_owned()),
+                    SizeValue::Text(s) => parse::body_size(s),
+                }
+                .map_err(|e| self.err(v.span(), format!("`{key}`: {e}")))
+            })
+            .transpose()
+    }
+}
+
+/// The settings from `args` and the file it names; `Err` is the message for
+/// exit status 2.
+pub fn settings(args: Args) -> Result<Settings, String> {
+    let (file, text, path) = match &args.config {
+        None => (File::default(), String::new(), String::new()),
+        Some(path) => {
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the config file {shown}: {e}"))?;
+            let at = At {
+                path: &shown,
+                text: &text,
+            };
+            let file: File =
+                toml::from_str(&text).map_err(|e| at.err(e.span().unwrap_or(0..0), e.message()))?;
+            (file, text, shown)
+        }
+    };
+    let at = At {
+        path: &path,
+        text: &text,
+    };
+    let listen = args
+        .listen
+        .or(at.value(&file.listen, "listen", parse::addr)?);
+    let upstream = args
+        .upstream
+        .or(at.value(&file.upstream, "upstream", parse::upstream)?);
+    let store = args.store.or(at.value(&file.store, "store", parse::store)?);
+    let global = Global {
+        window: args
+            .window
+            .or(at.value(&file.window, "window", parse::positive_duration)?),
+        lease: args
+            .lease
+            .or(at.value(&file.lease, "lease", parse::positive_duration)?),
+        wait: args.wait.or(at.value(&file.wait, "wait", parse::duration)?),
+        max_body: args.max_body.or(at.size(&file.max_body, "max_body")?),
+        principal_header: args.principal_header.or(at.value(
+            &file.principal_header,
+            "principal_header",
+            parse::header_name,
+        )?),
+        on_store_error: args
+            .on_store_error
+            .or(at.value(&file.on_store_error, "on_store_error", parse::policy)?)
+            .unwrap_or_default(),
+    };
+    let mut routes = Vec::new();
+    let mut seen = RouteTable::new();
+    let mut wait = global.wait.unwrap_or(Duration::from_secs(4));
+    if !args.route.is_empty() {
+        for r in &args.route {
+            seen.insert(&r.prefix, ())
+                .map_err(|e| format!("bad value `{}` for `--route`: {e}", r.prefix))?;
+            routes.push((
+                r.prefix.clone(),
+                r.target.clone(),
+                global.options(&Global::NONE),
+            ));
+        }
+    } else {
+        for r in &file.route {
+            let r = r.get_ref();
+            let prefix =
+                parse::prefix(r.prefix.get_ref()).map_err(|e| at.err(r.prefix.span(), e))?;
+            let target =
+                parse::target(r.preset.get_ref()).map_err(|e| at.err(r.preset.span(), e))?;
+            let own = Global {
+                window: at.value(&r.window, "window", parse::positive_duration)?,
+                lease: at.value(&r.lease, "lease", parse::positive_duration)?,
+                wait: at.value(&r.wait, "wait", parse::duration)?,
+                max_body: at.size(&r.max_body, "max_body")?,
+                principal_header: at.value(
+                    &r.principal_header,
+                    "principal_header",
+                    parse::header_name,
+                )?,
+                on_store_error: global.on_store_error,
+            };
+            wait = wait.max(own.wait.unwrap_or_default());
+            seen.insert(&prefix, ())
+                .map_err(|e| at.err(r.prefix.span(), e))?;
+            routes.push((prefix, target, global.options(&own)));
+        }
+    }
+    if routes.is_empty() {
+        routes.push(("/".to_owned(), Target::Auto, global.options(&Global::NONE)));
+    }
+    let (tls_cert, tls_key) = (
+        args.tls_cert.or(file.tls_cert),
+        args.tls_key.or(file.tls_key),
+    );
+    let tls = match (tls_cert, tls_key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err("`--tls-cert` and `--tls-key` go together".into()),
+    };
+    let max_connections = match args.max_connections {
+        Some(n) => n,
+        None => match &file.max_connections {
+            Some(v) if *v.get_ref() == 0 => {
+                return Err(at.err(v.span(), "`max_connections`: must be more than 0"))
+            }
+            Some(v) => usize::try_from(*v.get_ref()).unwrap_or(usize::MAX),
+            None => 10_000,
+        },
+    };
+    Ok(Settings {
+        listen: listen.ok_or("`--listen ADDR` is required")?,
+        upstream: upstream.ok_or("`--upstream URL` is required")?,
+        store: store.unwrap_or(StoreSpec::Memory),
+        routes,
+        metrics_listen: args.metrics_listen.or(at.value(
+            &file.metrics_listen,
+            "metrics_listen",
+            parse::addr,
+        )?),
+        upstream_timeout: args
+            .upstream_timeout
+            .or(at.value(
+                &file.upstream_timeout,
+                "upstream_timeout",
+                parse::positive_duration,
+            )?)
+            .unwrap_or(Duration::from_secs(30)),
+        max_memory: args
+            .max_memory
+            .or(at.size(&file.max_memory, "max_memory")?)
+            .unwrap_or(DEFAULT_MAX_MEMORY),
+        tls,
+        upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        max_connections,
+        header_timeout: args
+            .header_timeout
+            .or(at.value(
+                &file.header_timeout,
+                "header_timeout",
+                parse::positive_duration,
+            )?)
+            .unwrap_or(Duration::from_secs(10)),
+        wait,
+    })
+}
+
+/// Route settings at one level (global, or one route's own).
+struct Global {
+    window: Option<Duration>,
+    lease: Option<Duration>,
+    wait: Option<Duration>,
+    max_body: Option<usize>,
+    principal_header: Option<HeaderName>,
+    on_store_error: OnStoreError,
+}
+
+impl Global {
+    const NONE: Global = Global {
+        window: None,
+        lease: None,
+        wait: None,
+        max_body: None,
+        principal_header: None,
+        on_store_error: OnStoreError::FailClosed,
+    };
+
+    /// The options of a route with its `own` values over these.
+    fn options(&self, own: &Global) -> RouteOptions {
+        let mut o = RouteOptions::new().on_store_error(self.on_store_error);
+        if let Some(d) = own.window.or(self.window) {
+            o = o.window(d);
+        }
+        if let Some(d) = own.lease.or(self.lease) {
+            o = o.lease(d);
+        }
+        if let Some(d) = own.wait.or(self.wait) {
+            o = o.wait(d);
+        }
+        if let Some(n) = own.max_body.or(self.max_body) {
+            o = o.max_body(n);
+        }
+        if let Some(h) = own
+            .principal_header
+            .as_ref()
+            .or(self.principal_header.as_ref())
+        {
+            o = o.principal_header(h.clone());
+        }
+        o
+    }
+}

@@ -1,0 +1,148 @@
+//! Values of flags and config-file keys: one parser for both.
+
+use http::HeaderName;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tower_idempotency::channel::PRESET_NAMES;
+use tower_idempotency::proxy::{Target, Upstream};
+use tower_idempotency::{OnStoreError, Preset};
+
+/// Where records live.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreSpec {
+    Memory,
+    Redis(String),
+    Cluster(Vec<String>),
+}
+
+/// `PREFIX=PRESET` of `--route`.
+#[derive(Debug, Clone)]
+pub struct RouteArg {
+    pub prefix: String,
+    pub target: Target,
+}
+
+pub fn addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| "expected IP:PORT, e.g. 127.0.0.1:8080 or [::1]:8080".to_owned())
+}
+
+pub fn upstream(s: &str) -> Result<Upstream, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+pub fn store(s: &str) -> Result<StoreSpec, String> {
+    fn host_port(s: &str) -> Result<(), String> {
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{s}`: expected HOST:PORT"))?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(format!("`{s}`: expected HOST:PORT"));
+        }
+        Ok(())
+    }
+    if s == "memory" {
+        return Ok(StoreSpec::Memory);
+    }
+    if let Some(nodes) = s.strip_prefix("redis+cluster://") {
+        let nodes: Vec<&str> = nodes
+            .trim_end_matches('/')
+            .split(',')
+            .map(str::trim)
+            .collect();
+        for node in &nodes {
+            host_port(node)?;
+        }
+        return Ok(StoreSpec::Cluster(
+            nodes.iter().map(|n| format!("redis://{n}/")).collect(),
+        ));
+    }
+    if let Some(rest) = s.strip_prefix("redis://") {
+        let hp = rest.split('/').next().unwrap_or_default();
+        host_port(hp.rsplit('@').next().unwrap_or(hp))?;
+        return Ok(StoreSpec::Redis(s.to_owned()));
+    }
+    Err("expected memory, redis://HOST:PORT or redis+cluster://HOST:PORT[,HOST:PORT...]".into())
+}
+
+/// A preset name or `auto`.
+pub fn target(preset: &str) -> Result<Target, String> {
+    if preset == "auto" {
+        return Ok(Target::Auto);
+    }
+    Preset::from_name(preset)
+        .map(Target::Preset)
+        .ok_or_else(|| {
+            format!("unknown preset `{preset}`; expected auto or one of {PRESET_NAMES:?}")
+        })
+}
+
+pub fn prefix(prefix: &str) -> Result<String, String> {
+    if !prefix.starts_with('/') {
+        return Err("the prefix must start with `/`".into());
+    }
+    Ok(prefix.to_owned())
+}
+
+pub fn route(s: &str) -> Result<RouteArg, String> {
+    let (p, preset) = s
+        .split_once('=')
+        .ok_or("expected PREFIX=PRESET, e.g. /notify/wechat=wechatpay-v3")?;
+    Ok(RouteArg {
+        prefix: prefix(p)?,
+        target: target(preset)?,
+    })
+}
+
+/// `500ms`, `30s`, `25h`, `2d`, `1h 30m` (humantime).
+pub fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; expected a number and a unit: 500ms, 30s, 5m, 25h, 2d"))
+}
+
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
+    match duration(s)? {
+        d if d.is_zero() => Err("must be more than 0".into()),
+        d => Ok(d),
+    }
+}
+
+/// Bytes, or a number with `B`, `KiB`, `MiB` or `GiB` (bytesize); the
+/// decimal `KB`, `MB` are refused as ambiguous.
+pub fn size(s: &str) -> Result<usize, String> {
+    const UNITS: &str = "expected bytes or a whole number with B, KiB, MiB or GiB (e.g. 64KiB)";
+    let unit = s
+        .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+        .trim();
+    if !matches!(unit, "" | "B" | "KiB" | "MiB" | "GiB" | "TiB") {
+        return Err(UNITS.into());
+    }
+    let size: bytesize::ByteSize = s.parse().map_err(|_| UNITS.to_owned())?;
+    usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())
+}
+
+pub fn body_size(s: &str) -> Result<usize, String> {
+    match size(s)? {
+        0 => Err("must be more than 0".into()),
+        n => Ok(n),
+    }
+}
+
+pub fn count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) | Err(_) => Err("expected a whole number more than 0".into()),
+        Ok(n) => Ok(n),
+    }
+}
+
+pub fn policy(s: &str) -> Result<OnStoreError, String> {
+    match s {
+        "closed" => Ok(OnStoreError::FailClosed),
+        "open" => Ok(OnStoreError::FailOpen),
+        _ => Err("expected `closed` or `open`".into()),
+    }
+}
+
+pub fn header_name(s: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(s.as_bytes()).map_err(|_| "not a header name".into())
+}

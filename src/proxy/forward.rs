@@ -1,0 +1,236 @@
+//! [`Forward`]: the service that sends each request to the upstream.
+
+use super::deadline::Deadline;
+use super::headers::{set_forwarded, strip_hop_by_hop, ClientConn};
+use super::{plain, BoxError, ProxyBody, Upstream};
+use crate::outcome::log_warn;
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_service::Service;
+
+/// Forwards each request to one [`Upstream`] over a pooled HTTP/1.1 client
+/// (TLS for `https://` upstreams), streaming both bodies.
+///
+/// The upstream gets the request's path (under its base path) and query,
+/// its body as it arrives, `Host` set to the upstream, `x-forwarded-for`
+/// with the client's address appended (from [`ClientConn`]),
+/// `x-forwarded-proto`, `x-forwarded-host`, and no hop-by-hop headers (nor
+/// `Expect`). An upstream that refuses or resets the connection gets
+/// `502 Bad Gateway`; one that does not answer in full within the timeout
+/// gets `504 Gateway Timeout`. Both are failures, so the idempotency layers
+/// never cache them. The service never returns `Err`.
+#[derive(Clone)]
+pub struct Forward {
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    upstream: Arc<Upstream>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Forward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Forward")
+            .field("upstream", &self.upstream)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Forward`]; from [`Forward::builder`].
+#[derive(Debug, Clone)]
+pub struct ForwardBuilder {
+    upstream: Upstream,
+    timeout: Duration,
+    pool_idle_timeout: Duration,
+    roots: Vec<CertificateDer<'static>>,
+}
+
+impl Forward {
+    /// A forwarder to `upstream` with every default.
+    pub fn new(upstream: Upstream) -> Self {
+        Self::builder(upstream).build()
+    }
+
+    /// A builder for a forwarder to `upstream`.
+    pub fn builder(upstream: Upstream) -> ForwardBuilder {
+        ForwardBuilder {
+            upstream,
+            timeout: Duration::from_secs(30),
+            pool_idle_timeout: Duration::from_secs(30),
+            roots: Vec::new(),
+        }
+    }
+
+    /// The upstream.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let (mut parts, body) = req.into_parts();
+        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let uri = match self.upstream.uri(path_and_query) {
+            Ok(uri) => uri,
+            Err(e) => return plain(StatusCode::BAD_REQUEST, format!("bad path: {e}\n")),
+        };
+        let conn = parts.extensions.get::<ClientConn>().copied();
+        let authority = parts.uri.authority().map(|a| a.to_string());
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::EXPECT);
+        // The body's own length (or chunks) frames it upstream.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        set_forwarded(&mut parts.headers, conn, authority.as_deref());
+        parts
+            .headers
+            .insert(header::HOST, self.upstream.host().clone());
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let req = Request::from_parts(parts, body);
+        match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+            Ok(Ok(res)) => {
+                let (mut parts, body) = res.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                parts.version = Version::default();
+                let body = Deadline {
+                    body,
+                    sleep: Box::pin(tokio::time::sleep_until(deadline)),
+                };
+                Response::from_parts(parts, body.boxed_unsync())
+            }
+            Ok(Err(e)) => {
+                let kind = if e.is_connect() { "connect" } else { "other" };
+                upstream_error(kind);
+                let error = error_chain(&e);
+                log_warn!(upstream = %self.upstream, %error, "upstream failed");
+                plain(
+                    StatusCode::BAD_GATEWAY,
+                    format!("upstream unavailable: {error}\n"),
+                )
+            }
+            Err(_) => {
+                upstream_error("timeout");
+                log_warn!(upstream = %self.upstream, timeout = ?self.timeout, "upstream timed out");
+                plain(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    format!("upstream did not answer within {:?}\n", self.timeout),
+                )
+            }
+        }
+    }
+}
+
+/// Counts an upstream failure in `gateway_upstream_errors_total{kind}`.
+fn upstream_error(kind: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("gateway_upstream_errors_total", "kind" => kind).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
+}
+
+impl ForwardBuilder {
+    /// The deadline for the upstream's whole answer, body included.
+    /// Defaults to 30 seconds.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long an idle pooled connection is kept. Defaults to 30 seconds.
+    pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// Trusts the PEM certificates in `pem` for `https://` upstreams, on top
+    /// of the Mozilla roots (webpki-roots). Defaults to those roots only.
+    pub fn add_root_certificates_pem(mut self, pem: &[u8]) -> Result<Self, BoxError> {
+        let before = self.roots.len();
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            self.roots.push(cert?);
+        }
+        if self.roots.len() == before {
+            return Err("no PEM certificate found".into());
+        }
+        Ok(self)
+    }
+
+    /// The forwarder.
+    pub fn build(self) -> Forward {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        for cert in self.roots {
+            // A certificate webpki cannot parse trusts nothing; it is skipped.
+            let _ = roots.add(cert);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(self.timeout.min(Duration::from_secs(5))));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(self.pool_idle_timeout)
+            .build(connector);
+        Forward {
+            client,
+            upstream: Arc::new(self.upstream),
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl<B> Service<Request<B>> for Forward
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let this = self.clone();
+        let req = req.map(|body| body.map_err(Into::into).boxed_unsync());
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// `e: its source: its source...`
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,81 @@
+//! Header rewriting between the client and the upstream.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::net::SocketAddr;
+
+/// How the client reached the gateway, for `x-forwarded-*`.
+///
+/// The program that accepts connections puts it in each request's
+/// extensions; without it, [`Forward`](super::Forward) adds no
+/// `x-forwarded-for` and says `x-forwarded-proto: http`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientConn {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// Whether the client connected over TLS.
+    pub tls: bool,
+}
+
+/// Removes hop-by-hop headers: `Connection` and the headers it names,
+/// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    let proxy: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
+    for name in proxy {
+        headers.remove(name);
+    }
+}
+
+/// Appends the client's IP to `x-forwarded-for` (one header,
+/// comma-separated) and sets `x-forwarded-proto` and `x-forwarded-host`
+/// (the client's `Host`, or the HTTP/2 authority).
+pub(crate) fn set_forwarded(headers: &mut HeaderMap, conn: Option<ClientConn>, host: Option<&str>) {
+    if let Some(conn) = conn {
+        let mut list: Vec<String> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect();
+        list.push(conn.addr.ip().to_string());
+        if let Ok(v) = HeaderValue::from_str(&list.join(", ")) {
+            headers.insert("x-forwarded-for", v);
+        }
+    }
+    let proto = if conn.is_some_and(|c| c.tls) {
+        "https"
+    } else {
+        "http"
+    };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    let host = headers
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| host.and_then(|h| HeaderValue::from_str(h).ok()));
+    if let Some(host) = host {
+        headers.insert("x-forwarded-host", host);
+    }
+}

@@ -1,0 +1,120 @@
+//! [`RouteTable`]: longest-prefix routing by path.
+
+use std::fmt;
+
+/// Values by path prefix; a path goes to the **longest** matching prefix.
+///
+/// A prefix matches its own path and every path below it: `/notify`
+/// matches `/notify` and `/notify/wechat`, not `/notifyx`; `/` matches
+/// everything. A trailing `/` is ignored (`/x/` is `/x`).
+///
+/// ```
+/// use tower_idempotency::proxy::RouteTable;
+///
+/// let mut routes = RouteTable::new();
+/// routes.insert("/", "root").unwrap();
+/// routes.insert("/notify", "notify").unwrap();
+/// assert_eq!(routes.find("/notify/wechat"), Some((&"notify", "/wechat")));
+/// assert_eq!(routes.find("/notifyx"), Some((&"root", "/notifyx")));
+/// assert!(routes.insert("/notify/", "again").is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct RouteTable<T> {
+    /// Prefix without a trailing `/` (`""` for the root), longest first.
+    entries: Vec<(String, T)>,
+}
+
+/// Why a prefix was refused by [`RouteTable::insert`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    /// The prefix does not start with `/`.
+    NotAbsolute(String),
+    /// The prefix is routed twice.
+    Duplicate(String),
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotAbsolute(p) => write!(f, "the prefix `{p}` must start with `/`"),
+            Self::Duplicate(p) => write!(f, "the prefix `{p}` is routed twice"),
+        }
+    }
+}
+
+impl std::error::Error for RouteError {}
+
+impl<T> Default for RouteTable<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> RouteTable<T> {
+    /// An empty table: every path is unrouted.
+    pub const fn new() -> Self {
+        Self {
+            entries: Vec::new(),
+        }
+    }
+
+    /// Routes `prefix` (and every path below it) to `value`.
+    pub fn insert(&mut self, prefix: &str, value: T) -> Result<(), RouteError> {
+        if !prefix.starts_with('/') {
+            return Err(RouteError::NotAbsolute(prefix.to_owned()));
+        }
+        let prefix = prefix.trim_end_matches('/');
+        if self.entries.iter().any(|(p, _)| p == prefix) {
+            return Err(RouteError::Duplicate(display(prefix).to_owned()));
+        }
+        let at = self
+            .entries
+            .iter()
+            .position(|(p, _)| p.len() < prefix.len())
+            .unwrap_or(self.entries.len());
+        self.entries.insert(at, (prefix.to_owned(), value));
+        Ok(())
+    }
+
+    /// The value of the longest prefix of `path`, and the rest of the path
+    /// (`""` or starting with `/`).
+    pub fn find<'p>(&self, path: &'p str) -> Option<(&T, &'p str)> {
+        self.entries.iter().find_map(|(prefix, value)| {
+            path.strip_prefix(prefix.as_str())
+                .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+                .map(|rest| (value, rest))
+        })
+    }
+
+    /// Every prefix (`/` for the root) and its value, longest first.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &T)> {
+        self.entries.iter().map(|(p, v)| (display(p), v))
+    }
+
+    /// Whether no prefix is routed.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Applies `f` to every value, keeping the prefixes.
+    pub(crate) fn map<U>(self, mut f: impl FnMut(&str, T) -> U) -> RouteTable<U> {
+        RouteTable {
+            entries: self
+                .entries
+                .into_iter()
+                .map(|(p, v)| {
+                    let u = f(display(&p), v);
+                    (p, u)
+                })
+                .collect(),
+        }
+    }
+}
+
+fn display(prefix: &str) -> &str {
+    if prefix.is_empty() {
+        "/"
+    } else {
+        prefix
+    }
+}

@@ -1,0 +1,108 @@
+//! [`Upstream`]: where a [`Forward`](super::Forward) sends requests.
+
+use http::{HeaderValue, Uri};
+use std::fmt;
+use std::str::FromStr;
+
+/// The service behind the gateway: `http[s]://HOST[:PORT][/BASE]`.
+///
+/// Requests keep their own path and query under the base path:
+/// `/notify/wechat?x=1` to `https://pay.internal/api` goes to
+/// `https://pay.internal/api/notify/wechat?x=1`.
+///
+/// ```
+/// use tower_idempotency::proxy::Upstream;
+///
+/// let up: Upstream = "https://pay.internal:8443/api/".parse().unwrap();
+/// assert_eq!(up.authority(), "pay.internal:8443");
+/// assert_eq!(up.base_path(), "/api");
+/// assert!(up.is_https());
+/// assert!("ftp://x".parse::<Upstream>().is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    https: bool,
+    authority: String,
+    /// Base path without a trailing `/` (empty for none).
+    base: String,
+    host: HeaderValue,
+}
+
+impl Upstream {
+    /// The `HOST[:PORT]` part.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The base path, without a trailing `/` (`""` for none).
+    pub fn base_path(&self) -> &str {
+        &self.base
+    }
+
+    /// Whether the upstream is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.https
+    }
+
+    /// The `Host` header the upstream gets.
+    pub(crate) fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
+    /// The upstream URI of a request's `path_and_query`.
+    pub(crate) fn uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(if self.https { "https" } else { "http" })
+            .authority(self.authority.as_str())
+            .path_and_query(format!("{}{path_and_query}", self.base))
+            .build()
+    }
+}
+
+impl fmt::Display for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.https { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.authority, self.base)
+    }
+}
+
+/// Why an upstream URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamError(&'static str);
+
+impl fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for UpstreamError {}
+
+impl FromStr for Upstream {
+    type Err = UpstreamError;
+
+    fn from_str(s: &str) -> Result<Self, UpstreamError> {
+        const SHAPE: UpstreamError =
+            UpstreamError("expected http://HOST:PORT[/BASE] or https://HOST:PORT[/BASE]");
+        let uri: Uri = s.parse().map_err(|_| SHAPE)?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(SHAPE),
+        };
+        let authority = uri.authority().ok_or(SHAPE)?.clone();
+        if authority.as_str().contains('@') {
+            return Err(UpstreamError("credentials in the URL are not supported"));
+        }
+        if uri.query().is_some() {
+            return Err(UpstreamError("the upstream URL cannot have a query"));
+        }
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| SHAPE)?;
+        Ok(Self {
+            https,
+            authority: authority.to_string(),
+            base: uri.path().trim_end_matches('/').to_owned(),
+            host,
+        })
+    }
+}

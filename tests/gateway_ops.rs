@@ -1,0 +1,324 @@
+//! The gateway example as an operator runs it: logs that never block,
+//! health endpoints, environment variables, a config file, stalled
+//! clients. Each test starts the built binary (build it first:
+//! `cargo build --all-features --example gateway`).
+
+mod common;
+mod gateway_support;
+
+use bytes::Bytes;
+use common::{client, serve};
+use gateway_support::{get, Proc};
+use http::{Request, Response};
+use http_body_util::Full;
+use std::convert::Infallible;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An upstream that answers 200 `ok N` and counts its calls.
+async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let count = calls.clone();
+    let svc = tower::service_fn(move |_req: Request<hyper::body::Incoming>| {
+        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+        async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!("ok {n}"))))) }
+    });
+    let (addr, _task) = serve(svc).await;
+    (format!("http://{addr}"), calls)
+}
+
+/// A log collector that stops reading (stderr is a pipe nobody reads)
+/// must not stop the gateway: it keeps answering, losing log lines.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_log_sink_does_not_stop_the_gateway() {
+    let (upstream, calls) = counting_upstream().await;
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/api=idempotency-key",
+        ],
+        &[("RUST_LOG", "debug")],
+        Stdio::piped(), // never read
+    );
+    let client = client();
+    let n = 2_000;
+    for i in 0..n {
+        let req = Request::post(format!("http://{}/api/orders", gw.addr))
+            .header("idempotency-key", format!("order-{i}"))
+            .body(Full::new(Bytes::from(format!("{{\"order\":{i}}}"))))
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("request {i} got no answer within 20 s: the gateway stalled")
+            })
+            .unwrap();
+        assert_eq!(res.status(), 200, "request {i}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), n);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// POSTs `body` to `url` with an `Idempotency-Key`; the status.
+async fn post_key(url: &str, key: &str, body: &str) -> u16 {
+    let req = Request::post(url)
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(20), client().request(req))
+        .await
+        .expect("an answer within 20 s")
+        .unwrap();
+    res.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_endpoints_and_dropped_log_lines_share_the_metrics_listener() {
+    let (upstream, _calls) = counting_upstream().await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--metrics-listen",
+            &admin,
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let admin: std::net::SocketAddr = admin.parse().unwrap();
+    let _ = &gw;
+    assert_eq!(get(admin, "/healthz"), (200, "ok\n".to_owned()));
+    assert_eq!(get(admin, "/readyz"), (200, "ready\n".to_owned()));
+    let (status, metrics) = get(admin, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("gateway_log_lines_dropped_total 0"),
+        "{metrics}"
+    );
+    assert_eq!(get(admin, "/nothing").0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_flag_can_come_from_the_environment() {
+    let (upstream, calls) = counting_upstream().await;
+    let gw = Proc::start(
+        &[],
+        &[
+            ("IDEMPOTENCY_GATEWAY_LISTEN", "127.0.0.1:0"),
+            ("IDEMPOTENCY_GATEWAY_UPSTREAM", &upstream),
+            (
+                "IDEMPOTENCY_GATEWAY_ROUTE",
+                "/api=idempotency-key,/other=stripe",
+            ),
+            ("IDEMPOTENCY_GATEWAY_MAX_BODY", "1KiB"),
+        ],
+        Stdio::null(),
+    );
+    let url = format!("http://{}/api/orders", gw.addr);
+    assert_eq!(post_key(&url, "k1", "{}").await, 200);
+    assert_eq!(post_key(&url, "k1", "{}").await, 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the copy is replayed");
+    // IDEMPOTENCY_GATEWAY_MAX_BODY applies.
+    assert_eq!(post_key(&url, "k2", &"x".repeat(2048)).await, 413);
+}
+
+/// A config file with routes and per-route settings; a flag overrides the
+/// file's upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_file_sets_routes_and_flags_override_it() {
+    let (upstream, calls) = counting_upstream().await;
+    let path = gateway_support::temp_path("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"listen = "127.0.0.1:0"
+upstream = "http://127.0.0.1:{dead}"
+store = "memory"
+max_memory = "64MiB"
+
+[[route]]
+prefix = "/api"
+preset = "idempotency-key"
+window = "1h"
+max_body = "1KiB"
+
+[[route]]
+prefix = "/notify/wechat"
+preset = "wechatpay-v3"
+"#,
+            dead = free_port()
+        ),
+    )
+    .unwrap();
+    let gw = Proc::start(
+        &["--config", path.to_str().unwrap(), "--upstream", &upstream],
+        &[],
+        Stdio::null(),
+    );
+    let url = format!("http://{}/api/orders", gw.addr);
+    assert_eq!(post_key(&url, "k1", "{}").await, 200);
+    assert_eq!(post_key(&url, "k1", "{}").await, 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        post_key(&url, "k2", &"x".repeat(2048)).await,
+        413,
+        "the route's max_body"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
+    let bin = gateway_support::gateway_bin();
+    let path = gateway_support::temp_path("check.toml");
+    let good = "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n\n[[route]]\nprefix = \"/notify\"\npreset = \"alipay\"\nwindow = \"25h\"\n";
+    std::fs::write(&path, good).unwrap();
+    let out = std::process::Command::new(&bin)
+        .args(["--config", path.to_str().unwrap(), "--check-config"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+
+    let cases: &[(&str, &str)] = &[
+        (
+            &good.replace("window = \"25h\"", "window = \"25x\""),
+            ":7: `window`",
+        ),
+        (
+            &good.replace("preset = \"alipay\"", "preset = \"bitcoin\""),
+            ":6: unknown preset",
+        ),
+        (
+            &good.replace("prefix = \"/notify\"", "prefx = \"/notify\""),
+            ":5: unknown field",
+        ),
+        (
+            &format!("{good}\n[[route]]\nprefix = \"/notify/\"\npreset = \"stripe\"\n"),
+            ":10: the prefix `/notify` is routed twice",
+        ),
+        ("upstream = \"ftp://x\"\n", ":1: `upstream`"),
+    ];
+    for (text, want) in cases {
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(&bin)
+            .args(["--config", path.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {stderr}");
+        assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
+        assert!(stderr.contains(path.to_str().unwrap()), "{stderr}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// 800 clients that send half a header and stall do not stop real
+/// notifications; the header read timeout closes them.
+#[tokio::test(flavor = "multi_thread")]
+async fn stalled_clients_do_not_stop_real_notifications() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, calls) = counting_upstream().await;
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/api=idempotency-key",
+            "--header-timeout",
+            "3s",
+        ],
+        &[("RUST_LOG", "warn")],
+        Stdio::null(),
+    );
+    let mut stalled = Vec::new();
+    for _ in 0..800 {
+        let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        s.write_all(b"POST /api/orders HTTP/1.1\r\nHost: gw\r\nIdempot")
+            .await
+            .unwrap();
+        stalled.push(s);
+    }
+    let url = format!("http://{}/api/orders", gw.addr);
+    for i in 0..50 {
+        assert_eq!(
+            post_key(&url, &format!("real-{i}"), "{}").await,
+            200,
+            "request {i}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 50);
+    // The header read timeout closes the stalled connections.
+    let mut first = stalled.swap_remove(0);
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(30), first.read_to_end(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "a stalled connection was still open after 30 s"
+    );
+}
+
+/// An idle keep-alive connection is closed after `--header-timeout`: the
+/// next request's headers did not come in time.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_keep_alive_connections_are_closed_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, _calls) = counting_upstream().await;
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--header-timeout",
+            "2s",
+        ],
+        &[("RUST_LOG", "warn")],
+        Stdio::null(),
+    );
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // Idle, kept alive: closed within the timeout plus a wide margin.
+    let rest = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+        rest
+    })
+    .await;
+    assert!(
+        rest.is_ok(),
+        "the idle connection was still open after 30 s"
+    );
+}

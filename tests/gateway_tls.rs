@@ -1,0 +1,219 @@
+//! HTTPS at both ends: the gateway terminates TLS with a certificate made
+//! by the test (rcgen), reloads it on SIGHUP, and forwards to an `https://`
+//! upstream it trusts through `--upstream-ca`. Build the binary first:
+//! `cargo build --all-features --example gateway`.
+
+mod gateway_support;
+
+use bytes::Bytes;
+use gateway_support::{temp_path, Proc};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+use tower_idempotency::proxy::Forward;
+
+/// A self-signed certificate for `localhost`: (cert PEM, key PEM).
+fn certificate() -> (String, String) {
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    (c.cert.pem(), c.signing_key.serialize_pem())
+}
+
+fn write_pair(cert: &str, key: &str) -> (PathBuf, PathBuf) {
+    let (c, k) = (temp_path("cert.pem"), temp_path("key.pem"));
+    std::fs::write(&c, cert).unwrap();
+    std::fs::write(&k, key).unwrap();
+    (c, k)
+}
+
+/// An HTTPS upstream answering `ok N`; its port and call counter.
+async fn tls_upstream(cert: &str, key: &str) -> (u16, Arc<AtomicUsize>) {
+    let certs = vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()];
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let count = calls.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, count) = (acceptor.clone(), count.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                    let proto = req
+                        .headers()
+                        .get("x-forwarded-proto")
+                        .map(|v| v.to_str().unwrap_or_default().to_owned())
+                        .unwrap_or_default();
+                    let body = format!("ok {n} via {proto}");
+                    async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body)))) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (port, calls)
+}
+
+/// A client of `https://localhost:PORT` trusting only `ca_pem`.
+fn client(port: u16, ca_pem: &str) -> Forward {
+    Forward::builder(format!("https://localhost:{port}").parse().unwrap())
+        .timeout(Duration::from_secs(10))
+        .add_root_certificates_pem(ca_pem.as_bytes())
+        .unwrap()
+        .build()
+}
+
+async fn send(client: &Forward, req: Request<Full<Bytes>>) -> (u16, String) {
+    let res = client.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn https_in_front_and_behind_with_reload_on_sighup() {
+    let (up_cert, up_key) = certificate();
+    let (up_port, calls) = tls_upstream(&up_cert, &up_key).await;
+    let (up_ca, _) = write_pair(&up_cert, "");
+    let (cert_a, key_a) = certificate();
+    let (cert_path, key_path) = write_pair(&cert_a, &key_a);
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &format!("https://localhost:{up_port}"),
+            "--upstream-ca",
+            up_ca.to_str().unwrap(),
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+            "--route",
+            "/api=idempotency-key",
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let port = gw.addr.port();
+    let trusts_a = client(port, &cert_a);
+    let get = || {
+        Request::get("/hello")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    assert_eq!(
+        send(&trusts_a, get()).await,
+        (200, "ok 1 via https".to_owned())
+    );
+
+    // Guarded over TLS: the copy is replayed.
+    let post = || {
+        Request::post("/api/orders")
+            .header("idempotency-key", "order-1")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    assert_eq!(send(&trusts_a, post()).await.0, 200);
+    assert_eq!(send(&trusts_a, post()).await.0, 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // A client that does not trust the certificate is refused (502 from
+    // the client-side forwarder: the handshake failed).
+    let (cert_b, key_b) = certificate();
+    let trusts_b = client(port, &cert_b);
+    assert_eq!(send(&trusts_b, get()).await.0, 502);
+
+    // New files and SIGHUP: new connections get the new certificate.
+    std::fs::write(&cert_path, &cert_b).unwrap();
+    std::fs::write(&key_path, &key_b).unwrap();
+    gw.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let fresh = client(port, &cert_b);
+        if send(&fresh, get()).await.0 == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the certificate was not reloaded within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(send(&client(port, &cert_a), get()).await.0, 502);
+
+    // A bad pair on SIGHUP keeps the working one.
+    std::fs::write(&key_path, "not a key").unwrap();
+    gw.signal(libc::SIGHUP);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(send(&client(port, &cert_b), get()).await.0, 200);
+    for p in [&up_ca, &cert_path, &key_path] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
+fn tls_flags_are_checked_at_start() {
+    let bin = gateway_support::gateway_bin();
+    let missing = temp_path("missing.pem");
+    let out = std::process::Command::new(&bin)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .args(["--tls-cert", missing.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "--tls-cert without --tls-key");
+    let out = std::process::Command::new(&bin)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .args([
+            "--tls-cert",
+            missing.to_str().unwrap(),
+            "--tls-key",
+            missing.to_str().unwrap(),
+        ])
+        .args(["--check-config"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
+}
