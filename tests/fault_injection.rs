@@ -231,17 +231,19 @@ async fn schedule(seed: u64) -> Result<(), String> {
     tokio::time::timeout(Duration::from_secs(5), tracker.wait())
         .await
         .map_err(|_| "background work did not end".to_owned())?;
-    let model = model.lock().unwrap();
-    if !model.violations.is_empty() {
-        return Err(model.violations.join("; "));
+    let (violations, successes) = {
+        let m = model.lock().unwrap();
+        (m.violations.clone(), m.successes.clone())
+    };
+    if !violations.is_empty() {
+        return Err(violations.join("; "));
     }
     for (key, answer) in answers
         .iter()
         .filter_map(|(k, a)| a.as_ref().map(|a| (k, a)))
     {
         if answer.status == 200 {
-            let known = model
-                .successes
+            let known = successes
                 .get(key)
                 .is_some_and(|s| s.contains(&answer.text()));
             if !known {
@@ -253,8 +255,8 @@ async fn schedule(seed: u64) -> Result<(), String> {
         }
     }
     // A record for every success, replayed byte for byte.
-    for (key, successes) in &model.successes {
-        let first = &successes[0];
+    for (key, runs) in &successes {
+        let first = &runs[0];
         for _ in 0..2 {
             // The checks go through the faulty store too: retry what it
             // refuses as unavailable.
