@@ -7,6 +7,7 @@
 //! `dead` (id → attempts, time, error, message), `meta` (next id). Every
 //! operation is one write transaction: atomic, and durable on commit.
 
+use super::records::{decode_dead, Marker, State};
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
@@ -26,7 +27,7 @@ const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// without one long transaction.
 const PURGE_BATCH: usize = 16;
 
-fn err(e: impl std::fmt::Display) -> QueueError {
+pub(super) fn err(e: impl std::fmt::Display) -> QueueError {
     QueueError::new(format!("embedded queue: {e}"))
 }
 
@@ -37,82 +38,8 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn time_of(ms: u64) -> SystemTime {
+pub(super) fn time_of(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
-}
-
-/// The scheduling state of one entry.
-#[derive(Clone, Copy)]
-struct State {
-    attempts: u32,
-    /// Due (new or backing off), or the end of the current lease.
-    due: u64,
-    /// The current lease, 0 when none.
-    lease: u64,
-    enqueued: u64,
-    /// Hash of the order group, 0 when none.
-    order: u64,
-}
-
-impl State {
-    fn encode(self) -> [u8; 36] {
-        let mut out = [0u8; 36];
-        out[..4].copy_from_slice(&self.attempts.to_le_bytes());
-        out[4..12].copy_from_slice(&self.due.to_le_bytes());
-        out[12..20].copy_from_slice(&self.lease.to_le_bytes());
-        out[20..28].copy_from_slice(&self.enqueued.to_le_bytes());
-        out[28..].copy_from_slice(&self.order.to_le_bytes());
-        out
-    }
-
-    fn decode(b: &[u8]) -> Result<Self, QueueError> {
-        let u64_at = |i: usize| -> Result<u64, QueueError> {
-            Ok(u64::from_le_bytes(
-                b.get(i..i + 8)
-                    .ok_or_else(|| err("short state"))?
-                    .try_into()
-                    .map_err(err)?,
-            ))
-        };
-        Ok(Self {
-            attempts: u32::from_le_bytes(
-                b.get(..4)
-                    .ok_or_else(|| err("short state"))?
-                    .try_into()
-                    .map_err(err)?,
-            ),
-            due: u64_at(4)?,
-            lease: u64_at(12)?,
-            enqueued: u64_at(20)?,
-            order: u64_at(28)?,
-        })
-    }
-}
-
-/// A key's marker: its fingerprint, its live entry (0 once delivered) and
-/// when it is forgotten (0 while live).
-struct Marker {
-    fingerprint: [u8; 16],
-    entry: u64,
-    expires: u64,
-}
-
-impl Marker {
-    fn encode(&self) -> [u8; 32] {
-        let mut out = [0u8; 32];
-        out[..16].copy_from_slice(&self.fingerprint);
-        out[16..24].copy_from_slice(&self.entry.to_le_bytes());
-        out[24..].copy_from_slice(&self.expires.to_le_bytes());
-        out
-    }
-
-    fn decode(b: &[u8]) -> Option<Self> {
-        Some(Self {
-            fingerprint: b.get(..16)?.try_into().ok()?,
-            entry: u64::from_le_bytes(b.get(16..24)?.try_into().ok()?),
-            expires: u64::from_le_bytes(b.get(24..32)?.try_into().ok()?),
-        })
-    }
 }
 
 fn order_hash(order: Option<&str>) -> u64 {
@@ -571,94 +498,3 @@ impl Embedded {
         })
     }
 }
-
-fn decode_dead(id: u64, b: &[u8]) -> Result<DeadLetter, QueueError> {
-    let bad = || err("unreadable dead letter");
-    let attempts = u32::from_le_bytes(b.get(..4).ok_or_else(bad)?.try_into().map_err(err)?);
-    let dead_at = u64::from_le_bytes(b.get(4..12).ok_or_else(bad)?.try_into().map_err(err)?);
-    let len = u32::from_le_bytes(b.get(12..16).ok_or_else(bad)?.try_into().map_err(err)?) as usize;
-    let error = String::from_utf8_lossy(b.get(16..16 + len).ok_or_else(bad)?).into_owned();
-    let message = Message::decode(b.get(16 + len..).ok_or_else(bad)?).ok_or_else(bad)?;
-    Ok(DeadLetter {
-        id: EntryId::new(id.to_string()),
-        message,
-        attempts,
-        error,
-        dead_at: time_of(dead_at),
-    })
-}
-
-/// Implements [`Queue`](super::Queue) for a newtype over [`Embedded`].
-macro_rules! embedded_queue {
-    ($ty:ty) => {
-        impl $crate::queue::Queue for $ty {
-            async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
-                self.inner.ingest_grouped(message).await
-            }
-
-            async fn fetch(
-                &self,
-                max: usize,
-                lease: Duration,
-            ) -> Result<Vec<Delivery>, QueueError> {
-                self.inner
-                    .write(move |txn, q| q.fetch(txn, max, lease))
-                    .await
-            }
-
-            async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
-                let d = delivery.clone();
-                self.inner.write(move |txn, q| q.ack(txn, &d)).await
-            }
-
-            async fn retry(
-                &self,
-                delivery: &Delivery,
-                after: Duration,
-                _error: &str,
-            ) -> Result<bool, QueueError> {
-                let d = delivery.clone();
-                self.inner
-                    .write(move |txn, q| q.retry(txn, &d, after))
-                    .await
-            }
-
-            async fn dead_letter(
-                &self,
-                delivery: &Delivery,
-                error: &str,
-            ) -> Result<bool, QueueError> {
-                let (d, error) = (delivery.clone(), error.to_owned());
-                self.inner
-                    .write(move |txn, q| q.dead_letter(txn, &d, &error))
-                    .await
-            }
-
-            async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-                let q = self.inner.clone();
-                tokio::task::spawn_blocking(move || q.dead_letters(limit))
-                    .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
-            }
-
-            async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-                let Ok(id) = id.as_str().parse::<u64>() else {
-                    return Ok(false);
-                };
-                self.inner.write(move |txn, q| q.replay(txn, id)).await
-            }
-
-            async fn replay_all(&self) -> Result<usize, QueueError> {
-                self.inner.write(|txn, q| q.replay_all(txn)).await
-            }
-
-            async fn stats(&self) -> Result<QueueStats, QueueError> {
-                let q = self.inner.clone();
-                tokio::task::spawn_blocking(move || q.stats())
-                    .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
-            }
-        }
-    };
-}
-pub(super) use embedded_queue;

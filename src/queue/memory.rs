@@ -1,6 +1,7 @@
 //! [`MemoryQueue`]: the same queue in memory, for tests only.
 
-use super::embedded::{embedded_queue, Embedded};
+use super::delegate::embedded_queue;
+use super::embedded::Embedded;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use std::time::Duration;
 

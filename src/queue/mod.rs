@@ -45,10 +45,12 @@
 //! # }
 //! ```
 
+mod delegate;
 mod embedded;
 mod memory;
 mod message;
 mod metrics;
+mod records;
 mod redb;
 #[cfg(feature = "redis")]
 mod redis_streams;

@@ -1,6 +1,7 @@
 //! [`RedbQueue`]: the embedded durable queue, one file on one node.
 
-use super::embedded::{embedded_queue, Embedded};
+use super::delegate::embedded_queue;
+use super::embedded::Embedded;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use std::path::Path;
 use std::time::Duration;

@@ -1,0 +1,76 @@
+//! The [`Queue`](super::Queue) impl shared by the queues over [`Embedded`](super::embedded::Embedded).
+
+/// Implements [`Queue`](super::Queue) for a newtype over [`Embedded`].
+macro_rules! embedded_queue {
+    ($ty:ty) => {
+        impl $crate::queue::Queue for $ty {
+            async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
+                self.inner.ingest_grouped(message).await
+            }
+
+            async fn fetch(
+                &self,
+                max: usize,
+                lease: Duration,
+            ) -> Result<Vec<Delivery>, QueueError> {
+                self.inner
+                    .write(move |txn, q| q.fetch(txn, max, lease))
+                    .await
+            }
+
+            async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner.write(move |txn, q| q.ack(txn, &d)).await
+            }
+
+            async fn retry(
+                &self,
+                delivery: &Delivery,
+                after: Duration,
+                _error: &str,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .write(move |txn, q| q.retry(txn, &d, after))
+                    .await
+            }
+
+            async fn dead_letter(
+                &self,
+                delivery: &Delivery,
+                error: &str,
+            ) -> Result<bool, QueueError> {
+                let (d, error) = (delivery.clone(), error.to_owned());
+                self.inner
+                    .write(move |txn, q| q.dead_letter(txn, &d, &error))
+                    .await
+            }
+
+            async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.dead_letters(limit))
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+
+            async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+                let Ok(id) = id.as_str().parse::<u64>() else {
+                    return Ok(false);
+                };
+                self.inner.write(move |txn, q| q.replay(txn, id)).await
+            }
+
+            async fn replay_all(&self) -> Result<usize, QueueError> {
+                self.inner.write(|txn, q| q.replay_all(txn)).await
+            }
+
+            async fn stats(&self) -> Result<QueueStats, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.stats())
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+        }
+    };
+}
+pub(super) use embedded_queue;
