@@ -84,8 +84,8 @@ impl Store for Slow {
         }
         self.inner.put_token(key, ttl).await
     }
-    async fn take_token(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.take_token(key).await
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        self.inner.take_token(key, owner).await
     }
 }
 
