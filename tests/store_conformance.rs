@@ -526,7 +526,7 @@ mod memory_only {
                 store.bytes_used()
             );
         }
-        assert!(store.len() > 0 && store.evicted_early() > 0);
+        assert!(!store.is_empty() && store.evicted_early() > 0);
         assert_eq!(store.expired(), 0);
     }
 

@@ -189,6 +189,13 @@ impl<'a> Reader<'a> {
     }
 }
 
+fn corrupt(what: impl fmt::Display) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!("unreadable idempotency record: {what}"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,11 +338,4 @@ mod tests {
             StoreErrorKind::Corrupt
         );
     }
-}
-
-fn corrupt(what: impl fmt::Display) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Corrupt,
-        format!("unreadable idempotency record: {what}"),
-    )
 }

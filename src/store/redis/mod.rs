@@ -30,7 +30,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A [`Store`] in Redis, standalone or Cluster.
+/// A [`Store`](crate::store::Store) in Redis, standalone or Cluster.
 ///
 /// Each record is **one Redis string** under one key, so every command and
 /// script touches exactly one key and works unchanged across Cluster slots:
@@ -72,7 +72,7 @@ use std::time::Duration;
 /// themselves: a command that meets a dropped connection fails, the next ones
 /// succeed once the server is back.
 ///
-/// [`complete`](Store::complete) also succeeds when the key is **absent**
+/// [`complete`](crate::store::Store::complete) also succeeds when the key is **absent**
 /// (the owner's lease ran out and nobody claimed it since): the inner service
 /// did succeed, and recording that prevents a second execution. It never
 /// overwrites another owner's claim or a completed record.
