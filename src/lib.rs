@@ -24,7 +24,7 @@
 //! # The stack
 //!
 //! ```text
-//! request ─▶ Normalize ─▶ Key ─▶ Dedup ─▶ inner service
+//! request ─▶ Normalize ─▶ Verify ─▶ Key ─▶ Dedup ─▶ inner service
 //! response ◀─ channel reply ◀──── replay / record ◀────
 //! ```
 //!
@@ -32,6 +32,8 @@
 //!   fingerprint, scopes the key.
 //! - [`dedup`]: claims the key in a [`store`], runs the inner service once,
 //!   replays the first success, makes duplicates wait.
+//! - [`verify`]: checks the channel's signature before the
+//!   key is claimed; off unless keys are configured.
 //! - [`normalize`]: writes the channel's exact success and failure replies.
 //! - [`IdempotencyLayer`]: all three for one [`Preset`].
 //!
@@ -88,6 +90,7 @@
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
+//! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
 
 #![forbid(unsafe_code)]
 #![warn(
@@ -107,6 +110,7 @@ pub mod normalize;
 mod outcome;
 pub mod store;
 pub mod token;
+pub mod verify;
 
 pub use body::ResponseBody;
 pub use channel::Preset;

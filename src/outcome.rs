@@ -34,6 +34,9 @@ pub enum Outcome {
     /// The request passed through unguarded because the store failed and the
     /// policy is fail-open.
     PassedThrough,
+    /// The sender's signature did not verify (bad or missing signature, stale
+    /// timestamp, unknown key); the store was not touched.
+    Unverified,
 }
 
 impl Outcome {
@@ -51,6 +54,7 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::LeaseLost => "lease_lost",
             Self::PassedThrough => "passed_through",
+            Self::Unverified => "unverified",
         }
     }
 

@@ -42,6 +42,8 @@ mod extract;
 mod json;
 mod service;
 
+#[cfg(feature = "verify")]
+pub(crate) use extract::decode_form;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
@@ -102,6 +104,21 @@ impl fmt::Debug for Fingerprint {
             write!(f, "{b:02x}")?;
         }
         f.write_str("…)")
+    }
+}
+
+/// Extra bytes that an earlier layer (the verify layer, after decrypting a
+/// WeChat Pay v3 resource) asks the [`KeyLayer`] to fold into the fingerprint
+/// of the request; put it into the request extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FingerprintExtra(pub Bytes);
+
+impl Fingerprint {
+    /// This fingerprint with `extra` folded in.
+    pub fn with_extra(self, extra: &[u8]) -> Self {
+        let mut h = Sha256::new_with_prefix(self.0);
+        h.update(extra);
+        Self::from_digest(h)
     }
 }
 

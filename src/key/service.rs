@@ -1,4 +1,4 @@
-use super::{ExtractKey, IdempotencyKey, KeyBody, NoPrincipal, Principal};
+use super::{ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal, Principal};
 use crate::body::BodyBuffer;
 use crate::body::{text_response, text_response_owned};
 use crate::outcome::{self, Outcome};
@@ -325,13 +325,17 @@ fn admit<B: From<Bytes>>(
                 Some(r) => r,
                 None => parts.uri.path(),
             };
+            let fingerprint = match parts.extensions.get::<FingerprintExtra>() {
+                Some(extra) => found.fingerprint.with_extra(&extra.0),
+                None => found.fingerprint,
+            };
             let mut key = IdempotencyKey::new(
                 &config.prefix,
                 config.preset.clone(),
                 route,
                 principal.as_deref(),
                 &found.key,
-                found.fingerprint,
+                fingerprint,
             );
             if config.consume_token {
                 key = key.with_token(IdempotencyKey::token_store_key(
