@@ -1,4 +1,4 @@
-//! [`IdempotencyLayer`]: the three layers composed for one preset.
+//! [`IdempotencyLayer`]: the layers composed for one preset.
 
 use crate::dedup::{Dedup, DedupLayer, OnStoreError};
 use crate::key::{AuthorizationHash, Key, KeyLayer, Principal};
@@ -15,7 +15,8 @@ use tower_layer::Layer;
 /// [`Dedup`] → inner.
 pub type Idempotency<S, St = MemoryStore> = Normalize<Verify<Key<Dedup<S, St>>>>;
 
-/// The normalize, key and dedup layers composed for one [`Preset`].
+/// The normalize, verify, key and dedup layers composed for one [`Preset`]
+/// (verification is off until [`verify`](Self::verify) is given keys).
 ///
 /// Adding WeChat Pay v3 to an axum route is one line:
 ///
