@@ -24,7 +24,13 @@ fn request(case: &Case) -> Request<Full<Bytes>> {
     req.body(Full::new(Bytes::from(case.body.clone()))).unwrap()
 }
 
-fn bench_case(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, keys: VerifyLayer, case: &Case) {
+fn bench_case(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    keys: VerifyLayer,
+    case: &Case,
+) {
     let now = case.now;
     let svc = keys.clock(move || at(now)).layer(service_fn(
         |_req: Request<VerifyBody<Full<Bytes>>>| async {
@@ -40,12 +46,23 @@ fn bench_case(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, keys:
 }
 
 fn verify(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let v3 = wechatpay_v3();
     let signature_only = WechatPayV3Keys::new()
-        .platform_key("D7CE59D1F522D701", fixture("wechatpay_v3_platform_cert.pem"))
+        .platform_key(
+            "D7CE59D1F522D701",
+            fixture("wechatpay_v3_platform_cert.pem"),
+        )
         .unwrap();
-    bench_case(c, &rt, "wechatpay-v3 signature only", VerifyLayer::new(signature_only), &v3);
+    bench_case(
+        c,
+        &rt,
+        "wechatpay-v3 signature only",
+        VerifyLayer::new(signature_only),
+        &v3,
+    );
     for case in cases() {
         let name = match case.name {
             "wechatpay-v3" => "wechatpay-v3 signature + AES-GCM decryption",

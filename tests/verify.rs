@@ -520,19 +520,32 @@ async fn standard_webhooks_v1a_ed25519_verifies_and_rejects_tampering() {
     let public = format!("whpk_{}", b64.encode(pair.public_key().as_ref()));
     let body = br#"{"type":"invoice.paid","id":"in_1"}"#.to_vec();
     let signed = [b"msg_1.1700000000.".as_slice(), &body].concat();
-    let sig = format!("v1,bm90LWEtc2lnbmF0dXJl v1a,{}", b64.encode(pair.sign(&signed)));
+    let sig = format!(
+        "v1,bm90LWEtc2lnbmF0dXJl v1a,{}",
+        b64.encode(pair.sign(&signed))
+    );
     let headers = vec![
         ("webhook-id".to_owned(), "msg_1".to_owned()),
         ("webhook-timestamp".to_owned(), "1700000000".to_owned()),
         ("webhook-signature".to_owned(), sig),
     ];
     let keys = StandardWebhooksKeys::new().public_key(&public).unwrap();
-    let (status, _, ran) = through(VerifyLayer::new(keys.clone()), 1_700_000_000, &headers, body.clone()).await;
+    let (status, _, ran) = through(
+        VerifyLayer::new(keys.clone()),
+        1_700_000_000,
+        &headers,
+        body.clone(),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert!(ran);
     let forged = replace_once(&body, ("in_1", "in_2"));
-    let (status, outcome, _) = through(VerifyLayer::new(keys), 1_700_000_000, &headers, forged).await;
-    assert_eq!((status, outcome), (StatusCode::UNAUTHORIZED, Some(Outcome::Unverified)));
+    let (status, outcome, _) =
+        through(VerifyLayer::new(keys), 1_700_000_000, &headers, forged).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::UNAUTHORIZED, Some(Outcome::Unverified))
+    );
 }
 
 #[tokio::test]
@@ -553,10 +566,25 @@ async fn a_verify_table_builds_the_route_verifier() {
     let (status, _, _) = through(layer, case.now + 301, &case.headers, case.body.clone()).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     // A field another channel reads is an error, and so is a misspelt one.
-    let stray: VerifyConfig = serde_json::from_value(serde_json::json!({ "secrets": ["whsec_x"] })).unwrap();
-    assert!(stray.layer("wechatpay-v3", &base).unwrap_err().to_string().contains("secrets"));
-    assert!(serde_json::from_value::<VerifyConfig>(serde_json::json!({ "secret": ["whsec_x"] })).is_err());
+    let stray: VerifyConfig =
+        serde_json::from_value(serde_json::json!({ "secrets": ["whsec_x"] })).unwrap();
+    assert!(stray
+        .layer("wechatpay-v3", &base)
+        .unwrap_err()
+        .to_string()
+        .contains("secrets"));
+    assert!(
+        serde_json::from_value::<VerifyConfig>(serde_json::json!({ "secret": ["whsec_x"] }))
+            .is_err()
+    );
     // Secrets from the environment; a missing variable is reported by name.
-    let env: VerifyConfig = serde_json::from_value(serde_json::json!({ "secrets": [{ "env": "TOWER_IDEMPOTENCY_TEST_UNSET_SECRET" }] })).unwrap();
-    assert!(env.layer("stripe", &base).unwrap_err().to_string().contains("TOWER_IDEMPOTENCY_TEST_UNSET_SECRET"));
+    let env: VerifyConfig = serde_json::from_value(
+        serde_json::json!({ "secrets": [{ "env": "TOWER_IDEMPOTENCY_TEST_UNSET_SECRET" }] }),
+    )
+    .unwrap();
+    assert!(env
+        .layer("stripe", &base)
+        .unwrap_err()
+        .to_string()
+        .contains("TOWER_IDEMPOTENCY_TEST_UNSET_SECRET"));
 }
