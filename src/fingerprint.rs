@@ -39,6 +39,13 @@ impl Fingerprint {
         Self::from_digest(h)
     }
 
+    /// This fingerprint with `extra` folded in.
+    pub fn with_extra(self, extra: &[u8]) -> Self {
+        let mut h = Sha256::new_with_prefix(self.0);
+        h.update(extra);
+        Self::from_digest(h)
+    }
+
     pub(crate) fn from_digest(h: Sha256) -> Self {
         let digest = h.finalize();
         let mut out = [0u8; 16];

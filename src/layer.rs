@@ -1,19 +1,22 @@
-//! [`IdempotencyLayer`]: the three layers composed for one preset.
+//! [`IdempotencyLayer`]: the layers composed for one preset.
 
 use crate::dedup::{Dedup, DedupLayer, OnStoreError};
 use crate::key::{AuthorizationHash, Key, KeyLayer, Principal};
 use crate::normalize::{Normalize, NormalizeLayer};
 use crate::store::{MemoryStore, Store};
+use crate::verify::{Verify, VerifyLayer};
 use crate::Preset;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
-/// The full stack for one route: [`Normalize`] → [`Key`] → [`Dedup`] → inner.
-pub type Idempotency<S, St = MemoryStore> = Normalize<Key<Dedup<S, St>>>;
+/// The full stack for one route: [`Normalize`] → [`Verify`] → [`Key`] →
+/// [`Dedup`] → inner.
+pub type Idempotency<S, St = MemoryStore> = Normalize<Verify<Key<Dedup<S, St>>>>;
 
-/// The normalize, key and dedup layers composed for one [`Preset`].
+/// The normalize, verify, key and dedup layers composed for one [`Preset`]
+/// (verification is off until [`verify`](Self::verify) is given keys).
 ///
 /// Adding WeChat Pay v3 to an axum route is one line:
 ///
@@ -38,6 +41,7 @@ pub struct IdempotencyLayer<St = MemoryStore> {
     key: KeyLayer,
     dedup: DedupLayer<St>,
     normalize: NormalizeLayer,
+    verify: VerifyLayer,
 }
 
 impl IdempotencyLayer<MemoryStore> {
@@ -112,6 +116,9 @@ impl<St: Store> IdempotencyLayer<St> {
             key,
             dedup,
             normalize: NormalizeLayer::new(preset.reply().clone()),
+            verify: VerifyLayer::off()
+                .preset(Arc::<str>::from(preset.name()))
+                .max_body(preset.max_body()),
         }
     }
 
@@ -121,6 +128,7 @@ impl<St: Store> IdempotencyLayer<St> {
             key: self.key,
             dedup: self.dedup.with_store(store),
             normalize: self.normalize,
+            verify: self.verify,
         }
     }
 
@@ -217,6 +225,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// (64 KiB for channels, 1 MiB for client keys).
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.key = self.key.max_body(bytes);
+        self.verify = self.verify.max_body(bytes);
         self
     }
 
@@ -251,6 +260,18 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Verifies the sender before the key is claimed: pass the channel's keys
+    /// (for example [`WechatPayV3Keys`](crate::verify::WechatPayV3Keys), with
+    /// the `verify` feature) or a [`VerifyLayer`] (to inject a clock). A
+    /// request that does not verify gets the channel's failure reply with
+    /// status 401 and never touches the store. Defaults to no verification.
+    pub fn verify(mut self, verify: impl Into<VerifyLayer>) -> Self {
+        let preset = self.verify.preset.clone();
+        let max_body = self.verify.max_body;
+        self.verify = verify.into().preset(preset).max_body(max_body);
+        self
+    }
+
     /// The store.
     pub fn get_store(&self) -> &St {
         self.dedup.store()
@@ -262,6 +283,6 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
 
     fn layer(&self, inner: S) -> Self::Service {
         self.normalize
-            .layer(self.key.layer(self.dedup.layer(inner)))
+            .layer(self.verify.layer(self.key.layer(self.dedup.layer(inner))))
     }
 }

@@ -24,7 +24,7 @@
 //! # The stack
 //!
 //! ```text
-//! request ─▶ Normalize ─▶ Key ─▶ Dedup ─▶ inner service
+//! request ─▶ Normalize ─▶ Verify ─▶ Key ─▶ Dedup ─▶ inner service
 //! response ◀─ channel reply ◀──── replay / record ◀────
 //! ```
 //!
@@ -32,6 +32,8 @@
 //!   fingerprint, scopes the key.
 //! - [`dedup`]: claims the key in a [`store`], runs the inner service once,
 //!   replays the first success, makes duplicates wait.
+//! - [`verify`]: checks the channel's signature before the
+//!   key is claimed; off unless keys are configured.
 //! - [`normalize`]: writes the channel's exact success and failure replies.
 //! - [`IdempotencyLayer`]: all three for one [`Preset`].
 //! - [`consumer`]: the same once-per-key guarantee for any message handler
@@ -95,6 +97,7 @@
 //! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 //! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
+//! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
 
 #![forbid(unsafe_code)]
 #![warn(
@@ -123,6 +126,7 @@ pub mod queue;
 pub mod proxy;
 pub mod store;
 pub mod token;
+pub mod verify;
 
 pub use body::{BoxError, ResponseBody};
 pub use channel::Preset;

@@ -44,6 +44,9 @@ pub enum Outcome {
     /// A completed record could not be stored, even after retrying in the
     /// background for one lease: the next retry runs the inner service again.
     CompletionAbandoned,
+    /// The sender's signature did not verify (bad or missing signature, stale
+    /// timestamp, unknown key); the store was not touched.
+    Unverified,
 }
 
 impl Outcome {
@@ -64,6 +67,7 @@ impl Outcome {
             Self::RunLimitExceeded => "run_limit_exceeded",
             Self::ReplyDeadline => "reply_deadline",
             Self::CompletionAbandoned => "completion_abandoned",
+            Self::Unverified => "unverified",
         }
     }
 

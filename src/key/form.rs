@@ -24,7 +24,7 @@ pub(crate) fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str
 }
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte.
-fn decode_form(raw: &[u8]) -> Cow<'_, str> {
+pub(crate) fn decode_form(raw: &[u8]) -> Cow<'_, str> {
     if !raw.iter().any(|&b| b == b'+' || b == b'%') {
         return String::from_utf8_lossy(raw);
     }

@@ -47,6 +47,8 @@ mod service;
 mod xml;
 
 pub use crate::fingerprint::Fingerprint;
+#[cfg(feature = "verify")]
+pub(crate) use form::decode_form;
 #[cfg(feature = "proxy")]
 pub(crate) use form::parse_form;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
@@ -61,6 +63,12 @@ pub use service::{Key, KeyLayer, ResponseFuture};
 use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
+
+/// Extra bytes that an earlier layer (the verify layer, after decrypting a
+/// WeChat Pay v3 resource) asks the [`KeyLayer`] to fold into the fingerprint
+/// of the request; put it into the request extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FingerprintExtra(pub Bytes);
 
 /// The scoped idempotency key of a request, put into its extensions by the
 /// [`KeyLayer`].

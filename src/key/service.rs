@@ -1,4 +1,4 @@
-use super::{route_of, ExtractKey, IdempotencyKey, KeyBody, NoPrincipal, Principal};
+use super::{route_of, ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal, Principal};
 use crate::body::BodyBuffer;
 use crate::body::{text_response, text_response_owned};
 use crate::outcome::{self, Outcome};
@@ -329,13 +329,17 @@ fn admit<B: From<Bytes>>(
                 Some(r) => Cow::Borrowed(&**r),
                 None => route_of(parts),
             };
+            let fingerprint = match parts.extensions.get::<FingerprintExtra>() {
+                Some(extra) => found.fingerprint.with_extra(&extra.0),
+                None => found.fingerprint,
+            };
             let mut key = IdempotencyKey::new(
                 &config.prefix,
                 config.preset.clone(),
                 &route,
                 principal.as_deref(),
                 &found.key,
-                found.fingerprint,
+                fingerprint,
             );
             if config.consume_token {
                 key = key.with_token(IdempotencyKey::token_store_key(

@@ -1,0 +1,258 @@
+//! The verify layer: checks the sender's signature before anything touches
+//! the store. The channel verifiers need the `verify` feature.
+//!
+//! A forged or stale notification is answered with the channel's failure
+//! reply (status 401) and never claims a key, so a forged copy that reuses a
+//! real notification id cannot hold the claim and delay the genuine one. Every
+//! refusal is counted as the outcome `unverified` and logged with its reason
+//! (never the secret, never the body). A verified request carries a
+//! [`Verified`] marker in its extensions.
+//!
+//! One [`Verifier`] per channel, each built from that channel's keys:
+//!
+//! | channel | keys | what is checked |
+//! |---|---|---|
+//! | WeChat Pay v3 | [`WechatPayV3Keys`] | RSA-SHA256 over `timestamp\nnonce\nbody\n`, key by `Wechatpay-Serial`, 5 min window; optional AES-256-GCM decryption of `resource` |
+//! | WeChat Pay v2 | [`WechatPayV2Keys`] | `sign`, MD5 or HMAC-SHA256 with the API key |
+//! | Alipay | [`AlipayKeys`] | RSA2 over the sorted parameters |
+//! | Stripe | [`StripeKeys`] | `Stripe-Signature` `t=`/`v1=` HMAC-SHA256, 300 s window |
+//! | Standard Webhooks | [`StandardWebhooksKeys`] | `webhook-signature` `v1,` HMAC-SHA256 and `v1a,` Ed25519, 5 min window |
+//! | Adyen | [`AdyenKeys`] | HMAC-SHA256 `additionalData.hmacSignature` of every item |
+//! | PayPal | [`PayPalKeys`] | CRC32 + RSA-SHA256 over the transmission fields, configured certificate |
+//!
+//! Several keys may be configured for every channel, so keys rotate without
+//! downtime: a signature is accepted if any configured key verifies it. All
+//! comparisons of secrets and MACs are constant-time.
+//!
+//! The cryptography comes from [`ring`] (RSA PKCS#1 v1.5, HMAC, AES-256-GCM,
+//! Ed25519: audited, constant-time, no open RustSec advisory for these
+//! operations), `md-5` only for the legacy WeChat Pay v2 MD5 `sign`, and
+//! `x509-cert` to read certificates and public keys from PEM or DER.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use std::time::{Duration, UNIX_EPOCH};
+//! use tower::{service_fn, ServiceExt};
+//! use tower_idempotency::verify::{StripeKeys, VerifyLayer};
+//! use tower_idempotency::IdempotencyLayer;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let keys = StripeKeys::new().secret("whsec_test_secret");
+//! // The clock is injectable (tests with recorded notifications); it defaults
+//! // to the system clock.
+//! let verify = VerifyLayer::new(keys).clock(|| UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+//! let layer = IdempotencyLayer::stripe().verify(verify);
+//! let svc = tower::Layer::layer(&layer, service_fn(|_req: Request<_>| async {
+//!     Ok::<_, std::convert::Infallible>(Response::new(Full::<Bytes>::default()))
+//! }));
+//! let forged = Request::post("/notify/stripe")
+//!     .header("stripe-signature", "t=1700000000,v1=00")
+//!     .body(Full::new(Bytes::from_static(br#"{"id":"evt_1","type":"charge.succeeded"}"#)))
+//!     .unwrap();
+//! let res = svc.oneshot(forged).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+//! # }
+//! ```
+//!
+//! # Obtaining the keys
+//!
+//! - **WeChat Pay v3**: the platform certificates (download them with the
+//!   "download platform certificates" API or `wechatpay-go`'s certificate
+//!   downloader) or, for merchants on the newer scheme, the WeChat Pay public
+//!   key and its id (`PUB_KEY_ID_…`) from the merchant platform ("API security").
+//!   The key id is the `Wechatpay-Serial` header value. The APIv3 key is the
+//!   32-byte key set in the same place.
+//! - **WeChat Pay v2**: the API key (32 characters) set under "API security".
+//! - **Alipay**: the "Alipay public key" (支付宝公钥) shown in the open platform
+//!   console after uploading the application's public key; the bare base64
+//!   string or a PEM file.
+//! - **Stripe**: the endpoint's signing secret (`whsec_…`) in the dashboard's
+//!   webhook endpoint page, or printed by `stripe listen`.
+//! - **Standard Webhooks**: the `whsec_…` secret (symmetric) or the `whpk_…`
+//!   public key (asymmetric) given by the sender for the endpoint.
+//! - **Adyen**: the HMAC key (64 hex digits) generated in the Customer Area
+//!   when editing the webhook.
+//! - **PayPal**: the webhook id of the app's webhook (developer dashboard) and
+//!   the certificate named by the `PAYPAL-CERT-URL` header, downloaded once and
+//!   configured (no network call is made while verifying).
+
+mod layer;
+mod service;
+
+pub use layer::{Clock, VerifyLayer};
+pub use service::{ResponseFuture, Verify, VerifyBody};
+
+/// Declares the modules and types that need the `verify` feature.
+macro_rules! with_crypto {
+    ($($item:item)*) => {
+        $(
+            #[cfg(feature = "verify")]
+            #[cfg_attr(docsrs, doc(cfg(feature = "verify")))]
+            $item
+        )*
+    };
+}
+
+with_crypto! {
+    mod adyen;
+    mod alipay;
+    mod config;
+    mod keys;
+    mod paypal;
+    mod standard_webhooks;
+    mod stripe;
+    mod wechatpay_v2;
+    mod wechatpay_v3;
+
+    pub use adyen::AdyenKeys;
+    pub use alipay::AlipayKeys;
+    pub use config::{ConfigError, Secret, VerifyConfig};
+    pub use keys::{KeyError, RsaPublicKey};
+    pub use paypal::PayPalKeys;
+    pub use standard_webhooks::StandardWebhooksKeys;
+    pub use stripe::StripeKeys;
+    pub use wechatpay_v2::WechatPayV2Keys;
+    pub use wechatpay_v3::{DecryptedResource, WechatPayV3Keys};
+}
+
+use bytes::Bytes;
+use http::request::Parts;
+use std::borrow::Cow;
+use std::fmt;
+#[cfg(feature = "verify")]
+use std::time::Duration;
+use std::time::SystemTime;
+
+/// Checks that a buffered request comes from the channel.
+///
+/// Implementations may add extensions to `parts` (for example the decrypted
+/// WeChat Pay v3 resource, or extra fingerprint fields as a
+/// [`FingerprintExtra`](crate::key::FingerprintExtra)).
+pub trait Verifier: Send + Sync + 'static {
+    /// Verifies the request at time `now`; `Ok` carries the id of the key
+    /// that verified it, when the channel names one.
+    fn verify(
+        &self,
+        parts: &mut Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<Verified, VerifyError>;
+
+    /// The channel name used in logs.
+    fn channel(&self) -> &'static str;
+}
+
+/// The marker a verified request carries in its extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    channel: &'static str,
+    key_id: Option<String>,
+}
+
+impl Verified {
+    /// A marker for `channel`, naming the key when the channel names one.
+    pub fn new(channel: &'static str, key_id: Option<String>) -> Self {
+        Self { channel, key_id }
+    }
+
+    /// The channel whose signature was checked.
+    pub fn channel(&self) -> &'static str {
+        self.channel
+    }
+
+    /// The id of the key that verified the request (WeChat Pay v3 serial),
+    /// when the channel names one.
+    pub fn key_id(&self) -> Option<&str> {
+        self.key_id.as_deref()
+    }
+}
+
+/// Why a request was refused. Never holds a secret or the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// A header or field the channel always sends is absent.
+    Missing(&'static str),
+    /// A header or field could not be read.
+    Malformed(Cow<'static, str>),
+    /// No configured key verifies the signature.
+    BadSignature,
+    /// The timestamp lies outside the tolerance.
+    Stale,
+    /// The key id names no configured key.
+    UnknownKey(String),
+    /// The encrypted resource could not be decrypted with the configured key.
+    Decrypt,
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Missing(what) => write!(f, "missing {what}"),
+            Self::Malformed(what) => write!(f, "malformed {what}"),
+            Self::BadSignature => f.write_str("bad signature"),
+            Self::Stale => f.write_str("timestamp outside the tolerance"),
+            Self::UnknownKey(id) => write!(f, "unknown key id {id:?}"),
+            Self::Decrypt => f.write_str("resource could not be decrypted"),
+        }
+    }
+}
+
+impl std::error::Error for VerifyError {}
+
+/// A header as text, or [`VerifyError::Missing`].
+#[cfg(feature = "verify")]
+pub(crate) fn header<'a>(parts: &'a Parts, name: &'static str) -> Result<&'a str, VerifyError> {
+    parts
+        .headers
+        .get(name)
+        .ok_or(VerifyError::Missing(name))?
+        .to_str()
+        .map_err(|_| VerifyError::Malformed(Cow::Borrowed(name)))
+}
+
+/// Checks a Unix timestamp (seconds, decimal) against `now ± tolerance`.
+#[cfg(feature = "verify")]
+pub(crate) fn check_timestamp(
+    ts: &str,
+    now: SystemTime,
+    tolerance: Duration,
+) -> Result<(), VerifyError> {
+    let ts: u64 = ts
+        .trim()
+        .parse()
+        .map_err(|_| VerifyError::Malformed(Cow::Borrowed("timestamp")))?;
+    check_time(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(ts),
+        now,
+        tolerance,
+    )
+}
+
+/// Checks that `at` lies within `now ± tolerance`.
+#[cfg(feature = "verify")]
+pub(crate) fn check_time(
+    at: SystemTime,
+    now: SystemTime,
+    tolerance: Duration,
+) -> Result<(), VerifyError> {
+    let skew = match now.duration_since(at) {
+        Ok(d) => d,
+        Err(e) => e.duration(),
+    };
+    if skew > tolerance {
+        return Err(VerifyError::Stale);
+    }
+    Ok(())
+}
+
+/// Standard base64 decoding of a signature.
+#[cfg(feature = "verify")]
+pub(crate) fn base64_sig(s: &str) -> Result<Vec<u8>, VerifyError> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .map_err(|_| VerifyError::Malformed(Cow::Borrowed("signature encoding")))
+}

@@ -1,0 +1,206 @@
+//! WeChat Pay API v3: RSA-SHA256 over `timestamp\nnonce\nbody\n`.
+
+use super::keys::{KeyError, RsaPublicKey};
+use super::{base64_sig, check_timestamp, header, Verified, Verifier, VerifyError};
+use crate::key::FingerprintExtra;
+use bytes::Bytes;
+use http::request::Parts;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+/// The decrypted `resource` of a WeChat Pay v3 notification (the transaction
+/// or refund JSON), put into the request extensions when an APIv3 key is
+/// configured. The body itself is left as signed, so the key (`/id`) and any
+/// later check still see the original notification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecryptedResource(pub Bytes);
+
+/// The keys of a WeChat Pay v3 route.
+///
+/// ```
+/// use tower_idempotency::verify::WechatPayV3Keys;
+/// let pem = std::fs::read("tests/fixtures/wechatpay_v3_platform_cert.pem").unwrap();
+/// let keys = WechatPayV3Keys::new()
+///     .platform_key("D7CE59D1F522D701", &pem).unwrap()
+///     .api_v3_key("testMchAPIv3Key0testMchAPIv3Key0").unwrap();
+/// assert_eq!(keys.serials().count(), 1);
+/// ```
+#[derive(Clone)]
+pub struct WechatPayV3Keys {
+    keys: HashMap<String, RsaPublicKey>,
+    api_v3_key: Option<LessSafeKeyBytes>,
+    tolerance: Duration,
+}
+
+/// The APIv3 key, kept as bytes so that the keys stay `Clone`.
+#[derive(Clone)]
+struct LessSafeKeyBytes(Vec<u8>);
+
+impl WechatPayV3Keys {
+    /// No keys yet; a tolerance of 5 minutes.
+    pub fn new() -> Self {
+        Self {
+            keys: HashMap::new(),
+            api_v3_key: None,
+            tolerance: Duration::from_secs(300),
+        }
+    }
+
+    /// Adds the platform certificate or WeChat Pay public key (PEM, DER or
+    /// bare base64) named `serial` in the `Wechatpay-Serial` header. Add one
+    /// per key while keys rotate.
+    pub fn platform_key(
+        mut self,
+        serial: impl Into<String>,
+        pem_or_der: impl AsRef<[u8]>,
+    ) -> Result<Self, KeyError> {
+        let key = RsaPublicKey::from_pem_or_der(pem_or_der)?;
+        self.keys.insert(serial.into(), key);
+        Ok(self)
+    }
+
+    /// Decrypts `resource` with the APIv3 key (32 bytes: AES-256-GCM; a
+    /// 16-byte key, which the official SDKs also accept, selects AES-128-GCM):
+    /// the plaintext goes into the request extensions as a
+    /// [`DecryptedResource`], and its `transaction_id`, `trade_state` and
+    /// `amount.total` join the fingerprint. A notification that does not
+    /// decrypt is refused. Defaults to no decryption.
+    pub fn api_v3_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+        let key = key.as_ref();
+        if key.len() != 32 && key.len() != 16 {
+            return Err(KeyError::new("the APIv3 key must be 32 bytes"));
+        }
+        self.api_v3_key = Some(LessSafeKeyBytes(key.to_vec()));
+        Ok(self)
+    }
+
+    /// How far `Wechatpay-Timestamp` may lie from now. Defaults to 5 minutes.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// The configured serials.
+    pub fn serials(&self) -> impl Iterator<Item = &str> {
+        self.keys.keys().map(String::as_str)
+    }
+}
+
+impl Default for WechatPayV3Keys {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for WechatPayV3Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WechatPayV3Keys")
+            .field("serials", &self.keys.keys().collect::<Vec<_>>())
+            .field("api_v3_key", &self.api_v3_key.as_ref().map(|_| "<redacted>"))
+            .field("tolerance", &self.tolerance)
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct Notification<'a> {
+    #[serde(borrow)]
+    resource: Option<Resource<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Resource<'a> {
+    #[serde(borrow)]
+    ciphertext: Cow<'a, str>,
+    #[serde(borrow, default)]
+    associated_data: Cow<'a, str>,
+    #[serde(borrow)]
+    nonce: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct Transaction<'a> {
+    #[serde(borrow, default)]
+    transaction_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    trade_state: Option<Cow<'a, str>>,
+    #[serde(default)]
+    amount: Option<Amount>,
+}
+
+#[derive(Deserialize)]
+struct Amount {
+    #[serde(default)]
+    total: Option<i64>,
+}
+
+impl WechatPayV3Keys {
+    fn decrypt(&self, key: &LessSafeKeyBytes, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        let malformed = |what| VerifyError::Malformed(Cow::Borrowed(what));
+        let note: Notification<'_> =
+            serde_json::from_slice(body).map_err(|_| malformed("notification JSON"))?;
+        let Some(resource) = note.resource else {
+            return Err(VerifyError::Missing("resource"));
+        };
+        let nonce = Nonce::try_assume_unique_for_key(resource.nonce.as_bytes())
+            .map_err(|_| malformed("resource nonce"))?;
+        let mut in_out = base64_sig(&resource.ciphertext)?;
+        let algorithm = if key.0.len() == 16 { &AES_128_GCM } else { &AES_256_GCM };
+        let key = LessSafeKey::new(
+            UnboundKey::new(algorithm, &key.0).map_err(|_| VerifyError::Decrypt)?,
+        );
+        let plain = key
+            .open_in_place(nonce, Aad::from(resource.associated_data.as_bytes()), &mut in_out)
+            .map_err(|_| VerifyError::Decrypt)?;
+        let plain = Bytes::copy_from_slice(plain);
+        let tx: Transaction<'_> =
+            serde_json::from_slice(&plain).map_err(|_| malformed("decrypted resource"))?;
+        let mut extra = Vec::with_capacity(64);
+        for field in [tx.transaction_id.as_deref(), tx.trade_state.as_deref()] {
+            extra.extend_from_slice(field.unwrap_or_default().as_bytes());
+            extra.push(0);
+        }
+        if let Some(total) = tx.amount.and_then(|a| a.total) {
+            extra.extend_from_slice(total.to_string().as_bytes());
+        }
+        parts.extensions.insert(FingerprintExtra(Bytes::from(extra)));
+        parts.extensions.insert(DecryptedResource(plain));
+        Ok(())
+    }
+}
+
+impl Verifier for WechatPayV3Keys {
+    fn verify(&self, parts: &mut Parts, body: &Bytes, now: SystemTime) -> Result<Verified, VerifyError> {
+        let serial = header(parts, "wechatpay-serial")?;
+        let timestamp = header(parts, "wechatpay-timestamp")?;
+        let nonce = header(parts, "wechatpay-nonce")?;
+        let signature = header(parts, "wechatpay-signature")?;
+        let key = self
+            .keys
+            .get(serial)
+            .ok_or_else(|| VerifyError::UnknownKey(serial.to_owned()))?;
+        check_timestamp(timestamp, now, self.tolerance)?;
+        let signature = base64_sig(signature)?;
+        let mut message = Vec::with_capacity(timestamp.len() + nonce.len() + body.len() + 3);
+        for part in [timestamp.as_bytes(), nonce.as_bytes(), body] {
+            message.extend_from_slice(part);
+            message.push(b'\n');
+        }
+        if !key.verify_sha256(&message, &signature) {
+            return Err(VerifyError::BadSignature);
+        }
+        let serial = serial.to_owned();
+        if let Some(api_v3_key) = &self.api_v3_key {
+            self.decrypt(api_v3_key, parts, body)?;
+        }
+        Ok(Verified::new(self.channel(), Some(serial)))
+    }
+
+    fn channel(&self) -> &'static str {
+        "wechatpay-v3"
+    }
+}
