@@ -505,7 +505,7 @@ async fn a_refused_request_never_touches_the_store() {
     assert_eq!(answer.status, 401);
     assert_eq!(answer.text(), r#"{"code":"FAIL","message":"失败"}"#);
     assert_eq!(store.claims.load(Ordering::SeqCst), 0);
-    assert_eq!(store.inner.completed_len(), 0);
+    assert_eq!(store.inner.len(), 0);
 }
 
 #[tokio::test]
