@@ -88,14 +88,16 @@ async fn answer(
             text(StatusCode::OK, handle.render(), "text/plain; version=0.0.4")
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into(), PLAIN),
-        "/readyz" => match tokio::time::timeout(Duration::from_secs(2), store.ready()).await {
-            Ok(true) => text(StatusCode::OK, "ready\n".into(), PLAIN),
-            _ => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the store does not answer\n".into(),
-                PLAIN,
-            ),
-        },
+        "/readyz" => {
+            match tokio::time::timeout(Duration::from_secs(2), crate::store::ready(store)).await {
+                Ok(true) => text(StatusCode::OK, "ready\n".into(), PLAIN),
+                _ => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the store does not answer\n".into(),
+                    PLAIN,
+                ),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), PLAIN),
     }
 }
