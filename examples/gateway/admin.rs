@@ -129,6 +129,19 @@ fn install() -> Result<PrometheusHandle, String> {
         "gateway_upstream_errors_total",
         "Upstream failures: connect, timeout, other"
     );
+    metrics::describe_gauge!(
+        "idempotency_store_bytes",
+        metrics::Unit::Bytes,
+        "Bytes of completed records the memory store holds (bounded by --max-memory)"
+    );
+    metrics::describe_gauge!(
+        "idempotency_store_records",
+        "Completed records the memory store holds"
+    );
+    metrics::describe_counter!(
+        "idempotency_store_evictions_total",
+        "Records evicted: early (before their window ended: raise --max-memory) or expired"
+    );
     metrics::describe_counter!(
         "gateway_log_lines_dropped_total",
         "Log lines dropped because stderr was not read fast enough"
