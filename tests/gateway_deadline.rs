@@ -5,6 +5,8 @@
 
 mod common;
 mod gateway_support;
+#[cfg(feature = "redis")]
+mod support_redis;
 
 use bytes::Bytes;
 use common::{client, post, serve};
@@ -150,4 +152,60 @@ async fn a_hung_upstream_frees_its_key_at_the_run_limit() {
         again.status,
         again.text()
     );
+}
+
+/// SIGTERM after the reply deadline: the drain waits for the upstream call
+/// still running in the background (on the gateway's task tracker), its
+/// success is written to Redis, and the next instance replays it.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_the_call_past_its_reply_deadline() {
+    if !support_redis::redis_available() {
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let store = format!("redis://127.0.0.1:{}", redis.port());
+    let (upstream, calls) = slow_upstream(Duration::from_millis(2000)).await;
+    let more = ["--store", store.as_str(), "--upstream-timeout", "300ms"];
+    let mut a = start(&upstream, &more);
+    let client = client();
+    let body = notification();
+    let t0 = Instant::now();
+    let first = post(
+        &client,
+        a.addr,
+        "/wx/notify",
+        WECHAT_V3_HEADERS,
+        body.clone(),
+    )
+    .await;
+    assert_eq!((first.status, first.text().as_str()), (500, WECHAT_FAIL));
+    assert!(
+        t0.elapsed() < Duration::from_millis(1800),
+        "{:?}",
+        t0.elapsed()
+    );
+    a.signal(libc::SIGTERM);
+    let status = loop {
+        if let Some(status) = a.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1900),
+        "exited after {:?}, before the upstream answered",
+        t0.elapsed()
+    );
+
+    let b = start(&upstream, &more);
+    let again = post(&client, b.addr, "/wx/notify", WECHAT_V3_HEADERS, body).await;
+    assert_eq!((again.status, again.text().as_str()), (200, WECHAT_SUCCESS));
+    assert!(again.replayed(), "the background call's success was lost");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
