@@ -415,7 +415,7 @@ fn config_file_takes_the_run_limit_the_local_tier_and_the_drain_timeout() {
     ] {
         let (code, stderr) = check(&text);
         assert_eq!(code, Some(2), "{text}: {stderr}");
-        assert!(stderr.contains(&want), "{stderr:?} lacks {want:?}");
+        assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
     }
     let _ = std::fs::remove_file(&path);
 }
