@@ -1027,21 +1027,27 @@ async fn upstream_down_gets_the_failure_reply_and_the_retry_is_forwarded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_timeout_and_upstream_failures_are_never_cached() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&up.url(), &["--upstream-timeout", "300ms"]);
+    // The slow call outlives the reply deadline (300 ms) and the run limit
+    // (600 ms): it is cancelled, nothing is recorded. (One that answers
+    // within the run limit is recorded: tests/gateway_deadline.rs.)
+    let gw = Gateway::start(
+        &up.url(),
+        &["--upstream-timeout", "300ms", "--max-run", "600ms"],
+    );
     let client = client();
     let v = &VECTORS[5];
     assert_eq!(v.preset, "alipay");
     let slow: Headers = v
         .headers()
         .into_iter()
-        .chain([("x-delay-ms".to_owned(), "1000".to_owned())])
+        .chain([("x-delay-ms".to_owned(), "3000".to_owned())])
         .collect();
     let failing: Headers = v
         .headers()
         .into_iter()
         .chain([("x-status".to_owned(), "503".to_owned())])
         .collect();
-    // Too slow (504 inside), then the upstream's own 503: both answered with
+    // Too slow (the reply deadline), then the upstream's own 503: both answered with
     // Alipay's `fail`, and each retry reaches the upstream again.
     let started = Instant::now();
     let a = send(&client, &gw.url("/ali"), &slow, v.body()).await;

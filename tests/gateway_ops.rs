@@ -322,3 +322,100 @@ async fn idle_keep_alive_connections_are_closed_after_the_header_timeout() {
         "the idle connection was still open after 30 s"
     );
 }
+
+/// The memory store's budget (`--max-memory`) and what it holds are in
+/// `/metrics`: bytes, records and evictions, early ones included when the
+/// traffic outgrows the budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn store_bytes_records_and_evictions_are_in_the_metrics() {
+    let (upstream, calls) = counting_upstream().await;
+    let admin = format!("127.0.0.1:{}", free_port());
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/orders=idempotency-key",
+            "--max-memory",
+            "64KiB",
+            "--metrics-listen",
+            &admin,
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let admin: std::net::SocketAddr = admin.parse().unwrap();
+    let url = format!("http://{}/orders", gw.addr);
+    let n = 400;
+    for i in 0..n {
+        let status = post_key(&url, &format!("order-{i}"), "{\"amount\":1}").await;
+        assert_eq!(status, 200, "request {i}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), n);
+    let (status, metrics) = get(admin, "/metrics");
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
+    };
+    let bytes = value("idempotency_store_bytes");
+    assert!(bytes > 0.0 && bytes <= 65536.0, "{bytes} bytes held");
+    let records = value("idempotency_store_records");
+    assert!(
+        records > 0.0 && records < n as f64,
+        "{records} records held"
+    );
+    let early = value("idempotency_store_evictions_total{reason=\"early\"}");
+    assert!(early > 0.0, "{early} early evictions");
+}
+
+/// `max_run` (global and per route), `local_max_memory` and
+/// `drain_timeout` are read from the config file, checked like the rest.
+#[test]
+fn config_file_takes_the_run_limit_the_local_tier_and_the_drain_timeout() {
+    let bin = gateway_support::gateway_bin();
+    let path = gateway_support::temp_path("limits.toml");
+    let good = "upstream = \"http://127.0.0.1:9\"\nlisten = \"127.0.0.1:0\"\nmax_run = \"2m\"\nlocal_max_memory = \"16MiB\"\ndrain_timeout = \"20s\"\n[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\nmax_run = \"30s\"\n";
+    let check = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(&bin)
+            .args(["--config", path.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = check(good);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) =
+        check(&good.replace("local_max_memory = \"16MiB\"", "local_max_memory = 0"));
+    assert_eq!(code, Some(0), "0 turns the local tier off: {stderr}");
+    for (text, want) in [
+        (
+            good.replace("max_run = \"30s\"", "max_run = \"0s\""),
+            ":9: `max_run`",
+        ),
+        (
+            good.replace("max_run = \"2m\"", "max_run = \"soon\""),
+            ":3: `max_run`",
+        ),
+        (
+            good.replace("\"16MiB\"", "\"16 parsecs\""),
+            ":4: `local_max_memory`",
+        ),
+        (good.replace("\"20s\"", "\"later\""), ":5: `drain_timeout`"),
+    ] {
+        let (code, stderr) = check(&text);
+        assert_eq!(code, Some(2), "{text}: {stderr}");
+        assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
+    }
+    let _ = std::fs::remove_file(&path);
+}

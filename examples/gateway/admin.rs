@@ -88,14 +88,16 @@ async fn answer(
             text(StatusCode::OK, handle.render(), "text/plain; version=0.0.4")
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into(), PLAIN),
-        "/readyz" => match tokio::time::timeout(Duration::from_secs(2), store.ready()).await {
-            Ok(true) => text(StatusCode::OK, "ready\n".into(), PLAIN),
-            _ => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the store does not answer\n".into(),
-                PLAIN,
-            ),
-        },
+        "/readyz" => {
+            match tokio::time::timeout(Duration::from_secs(2), crate::store::ready(store)).await {
+                Ok(true) => text(StatusCode::OK, "ready\n".into(), PLAIN),
+                _ => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the store does not answer\n".into(),
+                    PLAIN,
+                ),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), PLAIN),
     }
 }
@@ -126,6 +128,19 @@ fn install() -> Result<PrometheusHandle, String> {
     metrics::describe_counter!(
         "gateway_upstream_errors_total",
         "Upstream failures: connect, timeout, other"
+    );
+    metrics::describe_gauge!(
+        "idempotency_store_bytes",
+        metrics::Unit::Bytes,
+        "Bytes of completed records the memory store holds (bounded by --max-memory)"
+    );
+    metrics::describe_gauge!(
+        "idempotency_store_records",
+        "Completed records the memory store holds"
+    );
+    metrics::describe_counter!(
+        "idempotency_store_evictions_total",
+        "Records evicted: early (before their window ended: raise --max-memory) or expired"
     );
     metrics::describe_counter!(
         "gateway_log_lines_dropped_total",

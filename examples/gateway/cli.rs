@@ -75,12 +75,25 @@ pub struct Args {
     /// Serve /metrics, /healthz and /readyz at http://ADDR
     #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]
     pub metrics_listen: Option<SocketAddr>,
-    /// Deadline for the upstream's whole answer (default 30s)
+    /// Deadline for the upstream's answer (default 30s). On guarded routes it is the reply
+    /// deadline: the caller gets the channel's failure reply, the upstream call goes on
+    /// (up to --max-run) and its success is replayed to the next retry
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_TIMEOUT", value_parser = parse::positive_duration)]
     pub upstream_timeout: Option<Duration>,
     /// Memory store budget (default 256MiB)
     #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_MEMORY", value_parser = parse::size)]
     pub max_memory: Option<usize>,
+    /// Run limit of a guarded upstream call: past it the call is cancelled and the key
+    /// freed for the next retry (default 5m)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_MAX_RUN", value_parser = parse::positive_duration)]
+    pub max_run: Option<Duration>,
+    /// Budget of the Redis store's local tier of completed records; 0 turns it off (default 64MiB)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_LOCAL_MAX_MEMORY", value_parser = parse::size)]
+    pub local_max_memory: Option<usize>,
+    /// On SIGTERM/SIGINT, the longest wait for the requests in flight and the upstream
+    /// calls still running in the background (default 30s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_DRAIN_TIMEOUT", value_parser = parse::duration)]
+    pub drain_timeout: Option<Duration>,
     /// PEM certificate chain: serve HTTPS (reloaded on SIGHUP)
     #[arg(
         long,

@@ -8,7 +8,7 @@
 //! [[route]]
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
-//! window = "25h"   # optional per route: window, lease, wait, max_body, principal_header
+//! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header
 //! ```
 //!
 //! Every top-level key is a flag's name with `_` for `-`. A route's own
@@ -51,6 +51,9 @@ struct File {
     metrics_listen: Field,
     upstream_timeout: Field,
     max_memory: Option<Spanned<SizeValue>>,
+    max_run: Field,
+    local_max_memory: Option<Spanned<SizeValue>>,
+    drain_timeout: Field,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     upstream_ca: Option<PathBuf>,
@@ -69,6 +72,7 @@ struct FileRoute {
     window: Field,
     lease: Field,
     wait: Field,
+    max_run: Field,
     max_body: Option<Spanned<SizeValue>>,
     principal_header: Field,
 }
@@ -84,16 +88,21 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     pub upstream_timeout: Duration,
     pub max_memory: usize,
+    /// The Redis store's local tier budget.
+    pub local_max_memory: usize,
+    /// The longest drain on SIGTERM or SIGINT.
+    pub drain_timeout: Duration,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub upstream_ca: Option<PathBuf>,
     pub max_connections: usize,
     pub header_timeout: Duration,
-    /// The longest `--wait` of any route (for the drain's grace period).
-    pub wait: Duration,
 }
 
 /// The memory store's budget when `--max-memory` is not given.
 pub const DEFAULT_MAX_MEMORY: usize = 256 << 20;
+
+/// The Redis store's local tier budget when `--local-max-memory` is not given.
+pub const DEFAULT_LOCAL_MAX_MEMORY: usize = 64 << 20;
 
 /// A bad file: `FILE:LINE: reason`.
 struct At<'a> {
@@ -123,12 +132,21 @@ impl At<'_> {
     }
 
     fn size(&self, field: &Option<Spanned<SizeValue>>, key: &str) -> Result<Option<usize>, String> {
+        self.size_by(field, key, parse::body_size)
+    }
+
+    fn size_by(
+        &self,
+        field: &Option<Spanned<SizeValue>>,
+        key: &str,
+        f: fn(&str) -> Result<usize, String>,
+    ) -> Result<Option<usize>, String> {
         field
             .as_ref()
             .map(|v| {
                 match v.get_ref() {
                     SizeValue::Bytes(n) => usize::try_from(*n).map_err(|_| "too large".to_owned()),
-                    SizeValue::Text(s) => parse::body_size(s),
+                    SizeValue::Text(s) => f(s),
                 }
                 .map_err(|e| self.err(v.span(), format!("`{key}`: {e}")))
             })
@@ -173,6 +191,9 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .lease
             .or(at.value(&file.lease, "lease", parse::positive_duration)?),
         wait: args.wait.or(at.value(&file.wait, "wait", parse::duration)?),
+        max_run: args
+            .max_run
+            .or(at.value(&file.max_run, "max_run", parse::positive_duration)?),
         max_body: args.max_body.or(at.size(&file.max_body, "max_body")?),
         principal_header: args.principal_header.or(at.value(
             &file.principal_header,
@@ -186,7 +207,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     };
     let mut routes = Vec::new();
     let mut seen = RouteTable::new();
-    let mut wait = global.wait.unwrap_or(Duration::from_secs(4));
     if !args.route.is_empty() {
         for r in &args.route {
             seen.insert(&r.prefix, ())
@@ -208,6 +228,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 window: at.value(&r.window, "window", parse::positive_duration)?,
                 lease: at.value(&r.lease, "lease", parse::positive_duration)?,
                 wait: at.value(&r.wait, "wait", parse::duration)?,
+                max_run: at.value(&r.max_run, "max_run", parse::positive_duration)?,
                 max_body: at.size(&r.max_body, "max_body")?,
                 principal_header: at.value(
                     &r.principal_header,
@@ -216,7 +237,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 )?,
                 on_store_error: global.on_store_error,
             };
-            wait = wait.max(own.wait.unwrap_or_default());
             seen.insert(&prefix, ())
                 .map_err(|e| at.err(r.prefix.span(), e))?;
             routes.push((prefix, target, global.options(&own)));
@@ -266,6 +286,14 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .max_memory
             .or(at.size(&file.max_memory, "max_memory")?)
             .unwrap_or(DEFAULT_MAX_MEMORY),
+        local_max_memory: args
+            .local_max_memory
+            .or(at.size_by(&file.local_max_memory, "local_max_memory", parse::size)?)
+            .unwrap_or(DEFAULT_LOCAL_MAX_MEMORY),
+        drain_timeout: args
+            .drain_timeout
+            .or(at.value(&file.drain_timeout, "drain_timeout", parse::duration)?)
+            .unwrap_or(Duration::from_secs(30)),
         tls,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
         max_connections,
@@ -277,7 +305,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 parse::positive_duration,
             )?)
             .unwrap_or(Duration::from_secs(10)),
-        wait,
     })
 }
 
@@ -286,6 +313,7 @@ struct Global {
     window: Option<Duration>,
     lease: Option<Duration>,
     wait: Option<Duration>,
+    max_run: Option<Duration>,
     max_body: Option<usize>,
     principal_header: Option<HeaderName>,
     on_store_error: OnStoreError,
@@ -296,6 +324,7 @@ impl Global {
         window: None,
         lease: None,
         wait: None,
+        max_run: None,
         max_body: None,
         principal_header: None,
         on_store_error: OnStoreError::FailClosed,
@@ -312,6 +341,9 @@ impl Global {
         }
         if let Some(d) = own.wait.or(self.wait) {
             o = o.wait(d);
+        }
+        if let Some(d) = own.max_run.or(self.max_run) {
+            o = o.max_run(d);
         }
         if let Some(n) = own.max_body.or(self.max_body) {
             o = o.max_body(n);

@@ -35,7 +35,6 @@ use config::Settings;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
-use store::GatewayStore;
 use tower_idempotency::proxy::{Forward, Gateway};
 use tracing::{info, warn};
 
@@ -117,9 +116,13 @@ async fn run(
         }
         None => None,
     };
-    let store = GatewayStore::connect(&settings.store, settings.max_memory).await?;
+    let budgets = store::Budgets {
+        max_memory: settings.max_memory as u64,
+        local_max_memory: settings.local_max_memory as u64,
+    };
+    let store = store::connect(&settings.store, &budgets).await?;
     let metrics = match settings.metrics_listen {
-        Some(addr) => Some(admin::start(addr, store.probe(), dropped).await?),
+        Some(addr) => Some(admin::start(addr, store.clone(), dropped).await?),
         None => None,
     };
     let mut builder = Gateway::builder(forward(&settings)?, store.clone());
@@ -135,7 +138,7 @@ async fn run(
     info!(
         listen = %local,
         upstream = %settings.upstream,
-        store = store.describe(),
+        store = store::describe(&store),
         routes = %routes.join(" "),
         tls = tls.is_some(),
         "gateway started"
@@ -150,6 +153,7 @@ async fn run(
         max_connections: settings.max_connections,
         header_timeout: settings.header_timeout,
     };
+    let tasks = gateway.tasks().clone();
     let (graceful, signal) =
         serve::accept_until(listener, gateway, tls, &limits, signals.recv()).await;
     info!(
@@ -157,28 +161,28 @@ async fn run(
         connections = graceful.count(),
         "shutting down: no new connections; finishing the requests in flight"
     );
-    let grace = settings.wait + settings.upstream_timeout + Duration::from_secs(5);
-    let deadline = tokio::time::Instant::now() + grace;
+    let grace = settings.drain_timeout;
     let drained = async {
         graceful.shutdown().await;
-        if store.busy() > 0 {
+        // No request is in flight: nothing spawns on the tracker any more
+        // but the work it runs.
+        tasks.close();
+        if !tasks.is_empty() {
             info!(
-                calls = store.busy(),
-                "connections closed; waiting for calls whose caller hung up to write their records"
+                tasks = tasks.len(),
+                "connections closed; waiting for the upstream calls and records still in progress"
             );
         }
-        while store.busy() > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        tasks.wait().await;
     };
     tokio::select! {
         () = drained => info!("all requests finished"),
-        () = tokio::time::sleep_until(deadline) => {
-            warn!(?grace, busy = store.busy(), "requests still running after the grace period; exiting anyway");
+        () = tokio::time::sleep(grace) => {
+            warn!(?grace, tasks = tasks.len(), "work still running after --drain-timeout; exiting anyway");
         }
         again = signals.recv() => {
-            let busy = store.busy();
-            return Err(format!("{again} again: exiting without waiting for {busy} requests"));
+            let busy = tasks.len();
+            return Err(format!("{again} again: exiting without waiting for {busy} tasks"));
         }
     }
     if let Some(task) = metrics {

@@ -49,9 +49,9 @@ mod xml;
 pub use crate::fingerprint::Fingerprint;
 #[cfg(feature = "verify")]
 pub(crate) use form::decode_form;
+pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 #[cfg(feature = "proxy")]
 pub(crate) use form::parse_form;
-pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub use principal::{
     AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
 };

@@ -80,6 +80,20 @@ impl Forward {
         &self.upstream
     }
 
+    /// The deadline for the upstream's whole answer (see
+    /// [`ForwardBuilder::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// This forwarder with another deadline, sharing its connection pool.
+    pub(crate) fn with_timeout(&self, timeout: Duration) -> Self {
+        Self {
+            timeout,
+            ..self.clone()
+        }
+    }
+
     async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let (mut parts, body) = req.into_parts();
@@ -143,7 +157,9 @@ fn upstream_error(kind: &'static str) {
 }
 
 impl ForwardBuilder {
-    /// The deadline for the upstream's whole answer, body included.
+    /// The deadline for the upstream's whole answer, body included. Behind
+    /// a [`Gateway`](super::Gateway) it is the reply deadline of guarded
+    /// routes (the upstream call itself goes on up to the run limit).
     /// Defaults to 30 seconds.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

@@ -2,13 +2,14 @@
 //! route and preset, in front of a [`Forward`].
 
 use super::detect::detect;
+use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
 use crate::channel::PRESET_NAMES;
 use crate::key::{is_guarded_method, HeaderPrincipal};
 use crate::store::Store;
 use crate::token::IssueToken;
-use crate::{Idempotency, Preset, ResponseBody};
+use crate::{Idempotency, Preset, ResponseBody, TaskTracker};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -68,10 +69,22 @@ struct Route<S> {
 /// share a record. An `auto` route buffers the body up to the largest body
 /// limit of its presets (413 past it) to detect the sender.
 ///
+/// On a guarded route the [`Forward`]'s timeout is the reply deadline
+/// (unless the route sets its own, [`RouteOptions::reply_timeout`]): past it
+/// the caller gets the channel's failure reply while the upstream call goes
+/// on in the background until it answers or the route's run limit
+/// ([`RouteOptions::max_run`]) ends, and its success is recorded for the
+/// next retry. Unguarded requests keep the timeout as a plain one (504).
+///
+/// Every route's background work runs on one [`TaskTracker`]
+/// ([`Gateway::tasks`]); at shutdown, once no request is in flight, close it
+/// and wait for it so that no success is lost.
+///
 /// Clones share everything. Build one with [`Gateway::builder`].
 pub struct Gateway<S> {
     routes: Arc<RouteTable<Route<S>>>,
     forward: Forward,
+    tasks: TaskTracker,
 }
 
 impl<S> Clone for Gateway<S> {
@@ -79,6 +92,7 @@ impl<S> Clone for Gateway<S> {
         Self {
             routes: self.routes.clone(),
             forward: self.forward.clone(),
+            tasks: self.tasks.clone(),
         }
     }
 }
@@ -100,6 +114,7 @@ pub struct GatewayBuilder<S> {
     store: S,
     routes: RouteTable<(Target, RouteOptions)>,
     error: Option<RouteError>,
+    tasks: TaskTracker,
 }
 
 impl<S: Store> Gateway<S> {
@@ -111,6 +126,7 @@ impl<S: Store> Gateway<S> {
             store,
             routes: RouteTable::new(),
             error: None,
+            tasks: TaskTracker::new(),
         }
     }
 }
@@ -129,15 +145,34 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// The tracker every route's background work is spawned on (calls
+    /// finished after the reply deadline or after their caller hung up,
+    /// completions, releases). Defaults to a new tracker, see
+    /// [`Gateway::tasks`].
+    pub fn task_tracker(mut self, tracker: TaskTracker) -> Self {
+        self.tasks = tracker;
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let (forward, store) = (self.forward, self.store);
+        let (forward, store, tasks) = (self.forward, self.store, self.tasks);
         let routes = self.routes.map(|_, (target, options)| {
-            let stack =
-                |preset: Preset| options.layer(preset, store.clone()).layer(forward.clone());
+            // The reply deadline answers the caller; the run limit, not the
+            // forwarder's timeout, ends the upstream call.
+            let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
+            let guarded = forward.with_timeout(max_run.max(forward.timeout()));
+            let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
+            let stack = |preset: Preset| {
+                options
+                    .layer(preset, store.clone())
+                    .reply_timeout(reply)
+                    .task_tracker(tasks.clone())
+                    .layer(guarded.clone())
+            };
             let mut stacks: Vec<Option<Stack<S>>> = PRESET_NAMES.iter().map(|_| None).collect();
             let mut issuer = None;
             let mut auto_limit = None;
@@ -177,11 +212,19 @@ impl<S: Store> GatewayBuilder<S> {
         Ok(Gateway {
             routes: Arc::new(routes),
             forward,
+            tasks,
         })
     }
 }
 
 impl<S: Store> Gateway<S> {
+    /// The tracker every route's background work runs on. At shutdown, stop
+    /// accepting, let the requests in flight finish, then `close()` it and
+    /// `wait()` for it.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
     /// Every routed prefix and what it does (`auto` or the preset's name),
     /// longest first.
     pub fn routes(&self) -> impl Iterator<Item = (&str, &str)> {

@@ -26,7 +26,12 @@ pub struct RouteOptions {
     max_body: Option<usize>,
     principal_header: Option<HeaderName>,
     on_store_error: Option<OnStoreError>,
+    max_run: Option<Duration>,
+    reply_timeout: Option<Duration>,
 }
+
+/// The run limit of a route that sets none (the layer's default).
+pub(crate) const DEFAULT_MAX_RUN: Duration = Duration::from_secs(300);
 
 impl RouteOptions {
     /// Every setting the preset's.
@@ -38,6 +43,8 @@ impl RouteOptions {
             max_body: None,
             principal_header: None,
             on_store_error: None,
+            max_run: None,
+            reply_timeout: None,
         }
     }
 
@@ -78,6 +85,37 @@ impl RouteOptions {
         self
     }
 
+    /// The run limit: past it the upstream call is cancelled, the claim
+    /// released and the caller gets the retryable failure, so that no key
+    /// stays blocked by an upstream that never answers (see
+    /// [`IdempotencyLayer::max_run`]). On a guarded route it is also the
+    /// hard limit of the upstream call. Defaults to 5 minutes.
+    pub fn max_run(mut self, limit: Duration) -> Self {
+        self.max_run = Some(limit);
+        self
+    }
+
+    /// The reply deadline: past it the caller gets the retryable failure
+    /// while the upstream call goes on in the background, its claim held,
+    /// until it answers or the run limit ends; its success is recorded, so
+    /// the next retry replays it (see [`IdempotencyLayer::reply_timeout`]).
+    /// Defaults to the [`Forward`](super::Forward)'s timeout.
+    pub fn reply_timeout(mut self, timeout: Duration) -> Self {
+        self.reply_timeout = Some(timeout);
+        self
+    }
+
+    /// The run limit set with [`max_run`](Self::max_run), if any.
+    pub fn get_max_run(&self) -> Option<Duration> {
+        self.max_run
+    }
+
+    /// The reply deadline set with [`reply_timeout`](Self::reply_timeout),
+    /// if any.
+    pub fn get_reply_timeout(&self) -> Option<Duration> {
+        self.reply_timeout
+    }
+
     /// The body limit set with [`max_body`](Self::max_body), if any.
     pub fn get_max_body(&self) -> Option<usize> {
         self.max_body
@@ -106,6 +144,12 @@ impl RouteOptions {
         }
         if let Some(name) = &self.principal_header {
             layer = layer.principal(HeaderPrincipal(name.clone()));
+        }
+        if let Some(limit) = self.max_run {
+            layer = layer.max_run(limit);
+        }
+        if let Some(timeout) = self.reply_timeout {
+            layer = layer.reply_timeout(timeout);
         }
         layer
     }
