@@ -48,6 +48,8 @@ pub(crate) fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// One line of the side-by-side table: its label and how to read it off a summary.
+type Row = (&'static str, fn(&Summary) -> String);
 fn round3(x: f64) -> f64 {
     (x * 1e3).round() / 1e3
 }
@@ -102,7 +104,7 @@ pub(crate) fn print_side_by_side(args: &Args, naive: &Summary, guarded: &Summary
         },
     );
     println!();
-    let rows: [(&str, fn(&Summary) -> String); 8] = [
+    let rows: [Row; 8] = [
         ("double executions", |s| s.duplicate_executions.to_string()),
         ("lost", |s| s.lost.to_string()),
         ("handler executions", |s| s.handler_executions.to_string()),
