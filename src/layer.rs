@@ -255,6 +255,13 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn get_store(&self) -> &St {
         self.dedup.store()
     }
+
+    /// The layers in front of the dedup layer (normalize, key) over
+    /// `inner`: a route that queues instead of running its handler.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn front<S>(&self, inner: S) -> Normalize<Key<S>> {
+        self.normalize.layer(self.key.layer(inner))
+    }
 }
 
 impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {

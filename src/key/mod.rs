@@ -47,9 +47,9 @@ mod service;
 mod xml;
 
 pub use crate::fingerprint::Fingerprint;
+pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 #[cfg(feature = "proxy")]
 pub(crate) use form::parse_form;
-pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub use principal::{
     AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
 };

@@ -46,6 +46,7 @@
 //! # }
 //! ```
 
+mod ack;
 mod deadline;
 mod detect;
 mod forward;
@@ -55,6 +56,7 @@ mod options;
 mod route;
 mod upstream;
 
+pub use ack::{Deliver, DeliveryError};
 pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder};
 pub use gateway::{Gateway, GatewayBuilder, GatewayResponse, RoutedPreset, Target};

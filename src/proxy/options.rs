@@ -26,6 +26,7 @@ pub struct RouteOptions {
     max_body: Option<usize>,
     principal_header: Option<HeaderName>,
     on_store_error: Option<OnStoreError>,
+    ack_then_deliver: bool,
 }
 
 impl RouteOptions {
@@ -38,6 +39,7 @@ impl RouteOptions {
             max_body: None,
             principal_header: None,
             on_store_error: None,
+            ack_then_deliver: false,
         }
     }
 
@@ -76,6 +78,22 @@ impl RouteOptions {
     pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
         self.on_store_error = Some(policy);
         self
+    }
+
+    /// Acknowledge, then deliver: answer the channel's success reply as soon
+    /// as the notification is durably queued (in the queue given to
+    /// [`GatewayBuilder::queue`](super::GatewayBuilder::queue)), and deliver
+    /// it to the upstream later, through the dedup layer, with retries.
+    /// Only for a channel preset route. Defaults to `false`: the upstream
+    /// answers before the channel is answered.
+    pub fn ack_then_deliver(mut self, ack: bool) -> Self {
+        self.ack_then_deliver = ack;
+        self
+    }
+
+    /// Whether the route acknowledges, then delivers.
+    pub fn is_ack_then_deliver(&self) -> bool {
+        self.ack_then_deliver
     }
 
     /// The body limit set with [`max_body`](Self::max_body), if any.
