@@ -163,6 +163,13 @@ fn message(e: &clap::Error) -> String {
     match e.kind() {
         ErrorKind::UnknownArgument if flag.starts_with('-') => format!("unknown flag `{flag}`"),
         ErrorKind::UnknownArgument => format!("unexpected argument `{arg}`"),
+        ErrorKind::InvalidSubcommand => match e.get(ContextKind::InvalidSubcommand) {
+            Some(ContextValue::String(s)) => format!("unexpected argument `{s}`"),
+            _ => first.to_owned(),
+        },
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            "`dlq` needs `list`, `replay ID` or `replay --all`".to_owned()
+        }
         ErrorKind::InvalidValue if rendered.contains("a value is required") => {
             format!("`{flag}` needs a value")
         }

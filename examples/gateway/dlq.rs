@@ -46,6 +46,15 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    if let crate::ack::QueueSpec::Dir(dir) = &settings.spec {
+        let file = dir.join("queue.redb");
+        if !file.exists() {
+            return Err(format!(
+                "no queue at {} (see --data-dir, --queue)",
+                file.display()
+            ));
+        }
+    }
     rt.block_on(async {
         let queue = settings.open().await?;
         let Command::Dlq { action } = cmd;
