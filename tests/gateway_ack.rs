@@ -344,3 +344,38 @@ fn ack_then_deliver_on_auto_or_unknown_prefix_exits_2() {
         assert_eq!(status.code(), Some(2), "{args:?}");
     }
 }
+
+#[test]
+fn config_file_mode_ack_then_deliver_is_checked() {
+    let cases = [
+        ("/wx", "wechatpay-v3", "ack-then-deliver", 0),
+        ("/wx", "wechatpay-v3", "synchronous", 0),
+        ("/wx", "wechatpay-v3", "later", 2),
+        ("/", "auto", "ack-then-deliver", 2),
+        ("/api", "idempotency-key", "ack-then-deliver", 2),
+    ];
+    for (prefix, preset, mode, code) in cases {
+        let path = temp_path("ack.toml");
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nmax_attempts = 3\n\
+             [[route]]\nprefix = \"{prefix}\"\npreset = \"{preset}\"\nmode = \"{mode}\"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(gateway_bin())
+            .arg("--config")
+            .arg(&path)
+            .arg("--check-config")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{mode} on {preset}: {stderr}"
+        );
+        if code == 2 {
+            assert!(stderr.contains(":7:"), "names the line: {stderr}");
+        }
+        let _ = std::fs::remove_file(path);
+    }
+}
