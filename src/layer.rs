@@ -276,6 +276,15 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn get_store(&self) -> &St {
         self.dedup.store()
     }
+
+    /// The layers in front of the dedup layer (normalize, verify, key) over
+    /// `inner`: a route that queues instead of running its handler. A
+    /// notification that fails verification is refused before it is queued.
+    #[cfg(feature = "proxy")]
+    pub(crate) fn front<S>(&self, inner: S) -> Normalize<Verify<Key<S>>> {
+        self.normalize
+            .layer(self.verify.layer(self.key.layer(inner)))
+    }
 }
 
 impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {

@@ -27,7 +27,8 @@ pub enum Parsed {
     version,
     color = clap::ColorChoice::Never,
     override_usage = "gateway --listen ADDR --upstream URL [--route PREFIX=PRESET]... [options]\n       \
-                      gateway --config FILE [options]",
+                      gateway --config FILE [options]\n       \
+                      gateway dlq list|replay ID|replay --all [--queue QUEUE|--data-dir DIR]",
     after_help = "DUR: 500ms, 30s, 5m, 25h, 2d    SIZE: 65536, 64KiB, 1MiB\n\
                   Every flag can also be set with IDEMPOTENCY_GATEWAY_<FLAG> (e.g. \
                   IDEMPOTENCY_GATEWAY_UPSTREAM, IDEMPOTENCY_GATEWAY_ROUTE=/a=stripe,/b=alipay)."
@@ -119,6 +120,30 @@ pub struct Args {
     /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
+    /// Repeatable: the route with this prefix answers once the notification is
+    /// durably queued, and delivers it later (the route must name a channel preset)
+    #[arg(long, value_name = "PREFIX", env = "IDEMPOTENCY_GATEWAY_ACK_THEN_DELIVER",
+          value_delimiter = ',', value_parser = parse::prefix)]
+    pub ack_then_deliver: Vec<String>,
+    /// DIR | redis://HOST:PORT: the queue of ack-then-deliver routes (default: the embedded queue in --data-dir)
+    #[arg(long, global = true, value_name = "QUEUE", env = "IDEMPOTENCY_GATEWAY_QUEUE", value_parser = crate::ack::queue_spec)]
+    pub queue: Option<crate::ack::QueueSpec>,
+    /// Directory of the embedded queue (default ./gateway-data)
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        env = "IDEMPOTENCY_GATEWAY_DATA_DIR"
+    )]
+    pub data_dir: Option<PathBuf>,
+    /// Failed deliveries of a queued notification before it is dead-lettered (default 25)
+    #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_ATTEMPTS", value_parser = crate::ack::attempts)]
+    pub max_attempts: Option<u32>,
+    /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
+    pub retry_backoff: Option<Duration>,
+    #[command(subcommand)]
+    pub command: Option<crate::dlq::Command>,
 }
 
 impl Args {
@@ -151,6 +176,13 @@ fn message(e: &clap::Error) -> String {
     match e.kind() {
         ErrorKind::UnknownArgument if flag.starts_with('-') => format!("unknown flag `{flag}`"),
         ErrorKind::UnknownArgument => format!("unexpected argument `{arg}`"),
+        ErrorKind::InvalidSubcommand => match e.get(ContextKind::InvalidSubcommand) {
+            Some(ContextValue::String(s)) => format!("unexpected argument `{s}`"),
+            _ => first.to_owned(),
+        },
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            "`dlq` needs `list`, `replay ID` or `replay --all`".to_owned()
+        }
         ErrorKind::InvalidValue if rendered.contains("a value is required") => {
             format!("`{flag}` needs a value")
         }

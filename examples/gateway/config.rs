@@ -9,12 +9,14 @@
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
 //! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header
+//! mode = "ack-then-deliver"   # or "synchronous" (the default)
 //! ```
 //!
 //! Every top-level key is a flag's name with `_` for `-`. A route's own
 //! values win over the global ones; flags win over the file's global
 //! values, and `--route` flags replace the file's routes.
 
+use crate::ack::{self, QueueSettings};
 use crate::cli::Args;
 use crate::parse::{self, StoreSpec};
 use http::HeaderName;
@@ -59,6 +61,10 @@ struct File {
     upstream_ca: Option<PathBuf>,
     max_connections: Option<Spanned<u64>>,
     header_timeout: Field,
+    queue: Field,
+    data_dir: Option<PathBuf>,
+    max_attempts: Option<Spanned<u64>>,
+    retry_backoff: Field,
     #[serde(default)]
     route: Vec<Spanned<FileRoute>>,
 }
@@ -75,6 +81,7 @@ struct FileRoute {
     max_run: Field,
     max_body: Option<Spanned<SizeValue>>,
     principal_header: Field,
+    mode: Field,
 }
 
 /// Everything the gateway runs with.
@@ -96,6 +103,8 @@ pub struct Settings {
     pub upstream_ca: Option<PathBuf>,
     pub max_connections: usize,
     pub header_timeout: Duration,
+    /// The queue of the ack-then-deliver routes.
+    pub queue: QueueSettings,
 }
 
 /// The memory store's budget when `--max-memory` is not given.
@@ -157,25 +166,12 @@ impl At<'_> {
 /// The settings from `args` and the file it names; `Err` is the message for
 /// exit status 2.
 pub fn settings(args: Args) -> Result<Settings, String> {
-    let (file, text, path) = match &args.config {
-        None => (File::default(), String::new(), String::new()),
-        Some(path) => {
-            let shown = path.display().to_string();
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the config file {shown}: {e}"))?;
-            let at = At {
-                path: &shown,
-                text: &text,
-            };
-            let file: File =
-                toml::from_str(&text).map_err(|e| at.err(e.span().unwrap_or(0..0), e.message()))?;
-            (file, text, shown)
-        }
-    };
+    let (file, text, path) = load(&args)?;
     let at = At {
         path: &path,
         text: &text,
     };
+    let queue = queue_settings(&args, &file, &at)?;
     let listen = args
         .listen
         .or(at.value(&file.listen, "listen", parse::addr)?);
@@ -239,12 +235,17 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             };
             seen.insert(&prefix, ())
                 .map_err(|e| at.err(r.prefix.span(), e))?;
-            routes.push((prefix, target, global.options(&own)));
+            let acked = match &r.mode {
+                None => false,
+                Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
+            };
+            routes.push((prefix, target, global.options(&own).ack_then_deliver(acked)));
         }
     }
     if routes.is_empty() {
         routes.push(("/".to_owned(), Target::Auto, global.options(&Global::NONE)));
     }
+    ack::flag_routes(&args.ack_then_deliver, &mut routes)?;
     let (tls_cert, tls_key) = (
         args.tls_cert.or(file.tls_cert),
         args.tls_key.or(file.tls_key),
@@ -305,6 +306,64 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 parse::positive_duration,
             )?)
             .unwrap_or(Duration::from_secs(10)),
+        queue,
+    })
+}
+
+/// The queue settings alone (for `gateway dlq`).
+pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
+    let (file, text, path) = load(args)?;
+    queue_settings(
+        args,
+        &file,
+        &At {
+            path: &path,
+            text: &text,
+        },
+    )
+}
+
+fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings, String> {
+    let attempts = match (args.max_attempts, &file.max_attempts) {
+        (Some(n), _) => Some(n),
+        (None, Some(v)) => Some(
+            u32::try_from(*v.get_ref())
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| at.err(v.span(), "`max_attempts`: expected 1 to 4294967295"))?,
+        ),
+        (None, None) => None,
+    };
+    Ok(QueueSettings::new(
+        args.queue
+            .clone()
+            .or(at.value(&file.queue, "queue", ack::queue_spec)?),
+        args.data_dir.clone().or(file.data_dir.clone()),
+        attempts,
+        args.retry_backoff.or(at.value(
+            &file.retry_backoff,
+            "retry_backoff",
+            parse::positive_duration,
+        )?),
+    ))
+}
+
+/// The config file `args` names (empty if none), its text and its path.
+fn load(args: &Args) -> Result<(File, String, String), String> {
+    Ok(match &args.config {
+        None => (File::default(), String::new(), String::new()),
+        Some(path) => {
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the config file {shown}: {e}"))?;
+            let at = At {
+                path: &shown,
+                text: &text,
+            };
+            let file: File =
+                toml::from_str(&text).map_err(|e| at.err(e.span().unwrap_or(0..0), e.message()))?;
+            (file, text, shown)
+        }
     })
 }
 

@@ -22,9 +22,11 @@
 //! `gateway --help` lists the flags; the README has the whole story.
 
 mod access;
+mod ack;
 mod admin;
 mod cli;
 mod config;
+mod dlq;
 mod logging;
 mod parse;
 mod serve;
@@ -44,6 +46,19 @@ fn main() -> ExitCode {
         Ok(cli::Parsed::Printed) => return ExitCode::SUCCESS,
         Err(msg) => return usage_error(&msg),
     };
+    if let Some(cmd) = &args.command {
+        let queue = match config::queue_only(&args) {
+            Ok(queue) => queue,
+            Err(msg) => return usage_error(&msg),
+        };
+        return match dlq::run(cmd, &queue) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(msg) => {
+                eprintln!("gateway: {msg}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let check = args.check_config;
     let settings = match config::settings(*args) {
         Ok(settings) => settings,
@@ -129,7 +144,20 @@ async fn run(
     for (prefix, target, options) in &settings.routes {
         builder = builder.route_with(prefix, target.clone(), options.clone());
     }
+    let acked = settings
+        .routes
+        .iter()
+        .any(|(_, _, o)| o.is_ack_then_deliver());
+    let queue = match acked {
+        true => Some(settings.queue.open().await?),
+        false => None,
+    };
+    if let Some(queue) = &queue {
+        builder = builder.queue(queue.clone());
+    }
     let gateway = builder.build().map_err(|e| e.to_string())?;
+    let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
+    let worker = queue.map(|q| settings.queue.spawn_worker(q, &gateway, worker_stopped));
     let (listener, local) = serve::bind(settings.listen).await?;
     let routes: Vec<String> = gateway
         .routes()
@@ -183,6 +211,17 @@ async fn run(
         again = signals.recv() => {
             let busy = tasks.len();
             return Err(format!("{again} again: exiting without waiting for {busy} tasks"));
+        }
+    }
+    let _ = stop_worker.send(());
+    if let Some(worker) = worker {
+        // A delivery cut here is delivered again after its lease, and the
+        // dedup layer keeps it from running twice.
+        if tokio::time::timeout(settings.upstream_timeout, worker)
+            .await
+            .is_err()
+        {
+            warn!("deliveries still running; they resume at the next start");
         }
     }
     if let Some(task) = metrics {

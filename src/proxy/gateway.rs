@@ -1,14 +1,18 @@
 //! [`Gateway`]: routing, `auto` detection and one idempotency stack per
 //! route and preset, in front of a [`Forward`].
 
+use super::ack::{Deliver, DeliveryError, Ingest, IngestFn};
 use super::detect::detect;
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
 use crate::channel::PRESET_NAMES;
-use crate::key::{is_guarded_method, HeaderPrincipal};
+use crate::key::{is_guarded_method, HeaderPrincipal, Key};
+use crate::normalize::Normalize;
+use crate::queue::{Message, Queue};
 use crate::store::Store;
 use crate::token::IssueToken;
+use crate::verify::Verify;
 use crate::{Idempotency, Preset, ResponseBody, TaskTracker};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -48,6 +52,10 @@ const TOKEN_PATH: &str = "/idempotency-token";
 
 type Stack<S> = Idempotency<Forward, S>;
 
+/// An acknowledge-then-deliver route's pipeline: the same layers in front
+/// of the queue as a synchronous route has in front of its dedup layer.
+type AckStack = Normalize<Verify<Key<Ingest>>>;
+
 /// One route: its stacks, indexed like [`PRESET_NAMES`].
 struct Route<S> {
     stacks: Vec<Option<Stack<S>>>,
@@ -55,6 +63,9 @@ struct Route<S> {
     auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
     issuer: Option<IssueToken<S>>,
+    /// The queueing pipeline of an acknowledge-then-deliver route (its
+    /// stack in `stacks` delivers).
+    ack: Option<AckStack>,
 }
 
 /// A whole idempotency gateway as one tower service: each request goes to
@@ -115,6 +126,7 @@ pub struct GatewayBuilder<S> {
     routes: RouteTable<(Target, RouteOptions)>,
     error: Option<RouteError>,
     tasks: TaskTracker,
+    queue: Option<IngestFn>,
 }
 
 impl<S: Store> Gateway<S> {
@@ -127,6 +139,7 @@ impl<S: Store> Gateway<S> {
             routes: RouteTable::new(),
             error: None,
             tasks: TaskTracker::new(),
+            queue: None,
         }
     }
 }
@@ -154,12 +167,35 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// The durable queue of the acknowledge-then-deliver routes (see
+    /// [`RouteOptions::ack_then_deliver`]); deliver its entries with a
+    /// [`Worker`](crate::queue::Worker) over [`Gateway::deliverer`].
+    /// Defaults to none: such a route is refused by [`build`](Self::build).
+    pub fn queue<Q: Queue>(mut self, queue: Q) -> Self {
+        self.queue = Some(IngestFn::new(queue));
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let (forward, store, tasks) = (self.forward, self.store, self.tasks);
+        for (prefix, (target, options)) in self.routes.iter() {
+            if !options.is_ack_then_deliver() {
+                continue;
+            }
+            let why = match target {
+                _ if self.queue.is_none() => "no queue was given",
+                Target::Auto => "the route must name its preset, not `auto`",
+                Target::Preset(p) if p.is_client_api() => {
+                    "a client API's answer is its handler's, which a queue cannot give"
+                }
+                Target::Preset(_) => continue,
+            };
+            return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
+        }
+        let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
         let routes = self.routes.map(|_, (target, options)| {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
@@ -176,6 +212,7 @@ impl<S: Store> GatewayBuilder<S> {
             let mut stacks: Vec<Option<Stack<S>>> = PRESET_NAMES.iter().map(|_| None).collect();
             let mut issuer = None;
             let mut auto_limit = None;
+            let mut ack = None;
             match target {
                 Target::Preset(preset) => {
                     if preset.consumes_token() {
@@ -184,6 +221,12 @@ impl<S: Store> GatewayBuilder<S> {
                             i = i.principal(HeaderPrincipal(name.clone()));
                         }
                         issuer = Some(i);
+                    }
+                    if let (true, Some(queue)) = (options.is_ack_then_deliver(), &queue) {
+                        let ingest = Ingest {
+                            queue: queue.clone(),
+                        };
+                        ack = Some(options.layer(preset.clone(), store.clone()).front(ingest));
                     }
                     // A preset outside the built-in names gets the last slot.
                     let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
@@ -207,6 +250,7 @@ impl<S: Store> GatewayBuilder<S> {
                 stacks,
                 auto_limit,
                 issuer,
+                ack,
             }
         });
         Ok(Gateway {
@@ -258,7 +302,11 @@ impl<S: Store> Gateway<S> {
         }
         let Some(limit) = route.auto_limit else {
             let at = route.stacks.iter().position(Option::is_some);
-            return guarded(route, at.expect("a preset route has its stack"), req).await;
+            let at = at.expect("a preset route has its stack");
+            if let Some(ack) = &route.ack {
+                return queued(ack.clone(), at, req).await;
+            }
+            return guarded(route, at, req).await;
         };
         if !is_guarded_method(req.method()) {
             return self.pass_through(req).await;
@@ -285,6 +333,52 @@ impl<S: Store> Gateway<S> {
         }
     }
 
+    /// Whether a route acknowledges, then delivers (a worker is needed).
+    pub fn has_ack_routes(&self) -> bool {
+        self.routes.iter().any(|(_, route)| route.ack.is_some())
+    }
+
+    /// A service that delivers the queued notifications of the
+    /// acknowledge-then-deliver routes; give it to a
+    /// [`Worker`](crate::queue::Worker) over the queue given to
+    /// [`GatewayBuilder::queue`].
+    pub fn deliverer(&self) -> Deliver<S> {
+        Deliver {
+            gateway: self.clone(),
+        }
+    }
+
+    /// Delivers one queued notification through its route's stack (the
+    /// route found by the message's path). `Ok` once the upstream answered
+    /// 2xx, or the dedup layer replayed such an answer of an earlier
+    /// delivery.
+    pub async fn deliver(&self, message: Message) -> Result<(), DeliveryError> {
+        let path = message.uri.path();
+        let Some((route, _)) = self.routes.find(path) else {
+            return Err(DeliveryError::new(format!("no route for {path}")));
+        };
+        let at = route.stacks.iter().position(Option::is_some);
+        let Some(at) = at.filter(|_| route.ack.is_some()) else {
+            return Err(DeliveryError::new(format!(
+                "{path} is not an ack-then-deliver route"
+            )));
+        };
+        let res = guarded(route, at, message.to_request().map(Full::new)).await;
+        let status = res.status();
+        // Read the whole answer: the dedup layer records it at its end.
+        let mut body = std::pin::pin!(res.into_body());
+        while let Some(frame) = body.frame().await {
+            if let Err(e) = frame {
+                return Err(DeliveryError::new(format!("upstream answer cut: {e}")));
+            }
+        }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(DeliveryError::new(format!("upstream answered {status}")))
+        }
+    }
+
     async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -295,6 +389,21 @@ impl<S: Store> Gateway<S> {
             Err(never) => match never {},
         }
     }
+}
+
+/// Queues `req` through an acknowledge-then-deliver route's pipeline.
+async fn queued<B>(mut ack: AckStack, at: usize, req: Request<B>) -> GatewayResponse
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut res = match ack.call(req).await {
+        Ok(res) => res,
+        Err(never) => match never {},
+    };
+    let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
+    res.extensions_mut().insert(RoutedPreset(name));
+    res
 }
 
 /// Runs `req` through the route's stack number `at`.

@@ -8,6 +8,12 @@
 //! - [`Gateway`]: routes by longest path prefix ([`RouteTable`]) to a
 //!   [`Target`], a preset or `auto` detection ([`detect`]), each with its
 //!   own [`RouteOptions`], and forwards the rest untouched.
+//! - Acknowledge-then-deliver routes ([`RouteOptions::ack_then_deliver`]):
+//!   the same pipeline in front of a durable [queue](crate::queue) given to
+//!   [`GatewayBuilder::queue`] instead of the upstream; the channel's success
+//!   reply only once the notification is stored; a
+//!   [`Worker`](crate::queue::Worker) over [`Gateway::deliverer`] delivers it
+//!   later through the route's dedup layer.
 //!
 //! The `gateway` example of this crate is a command-line program on these
 //! pieces (flags, config file, TLS, metrics, drain).
@@ -46,6 +52,7 @@
 //! # }
 //! ```
 
+mod ack;
 mod deadline;
 mod detect;
 mod forward;
@@ -55,6 +62,7 @@ mod options;
 mod route;
 mod upstream;
 
+pub use ack::{Deliver, DeliveryError};
 pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder};
 pub use gateway::{Gateway, GatewayBuilder, GatewayResponse, RoutedPreset, Target};

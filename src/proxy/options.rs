@@ -28,6 +28,7 @@ pub struct RouteOptions {
     on_store_error: Option<OnStoreError>,
     max_run: Option<Duration>,
     reply_timeout: Option<Duration>,
+    ack_then_deliver: bool,
 }
 
 /// The run limit of a route that sets none (the layer's default).
@@ -45,6 +46,7 @@ impl RouteOptions {
             on_store_error: None,
             max_run: None,
             reply_timeout: None,
+            ack_then_deliver: false,
         }
     }
 
@@ -114,6 +116,22 @@ impl RouteOptions {
     /// if any.
     pub fn get_reply_timeout(&self) -> Option<Duration> {
         self.reply_timeout
+    }
+
+    /// Acknowledge, then deliver: answer the channel's success reply as soon
+    /// as the notification is durably queued (in the queue given to
+    /// [`GatewayBuilder::queue`](super::GatewayBuilder::queue)), and deliver
+    /// it to the upstream later, through the dedup layer, with retries.
+    /// Only for a channel preset route. Defaults to `false`: the upstream
+    /// answers before the channel is answered.
+    pub fn ack_then_deliver(mut self, ack: bool) -> Self {
+        self.ack_then_deliver = ack;
+        self
+    }
+
+    /// Whether the route acknowledges, then delivers.
+    pub fn is_ack_then_deliver(&self) -> bool {
+        self.ack_then_deliver
     }
 
     /// The body limit set with [`max_body`](Self::max_body), if any.

@@ -31,6 +31,10 @@ pub enum RouteError {
     NotAbsolute(String),
     /// The prefix is routed twice.
     Duplicate(String),
+    /// An acknowledge-then-deliver route without a queue, on `auto`, or on
+    /// a client-API preset (whose reply is the handler's answer, which a
+    /// queue cannot give).
+    AckThenDeliver(String),
 }
 
 impl fmt::Display for RouteError {
@@ -38,6 +42,7 @@ impl fmt::Display for RouteError {
         match self {
             Self::NotAbsolute(p) => write!(f, "the prefix `{p}` must start with `/`"),
             Self::Duplicate(p) => write!(f, "the prefix `{p}` is routed twice"),
+            Self::AckThenDeliver(why) => write!(f, "ack-then-deliver: {why}"),
         }
     }
 }

@@ -46,6 +46,7 @@
 //! ```
 
 mod delegate;
+mod either;
 mod embedded;
 mod memory;
 mod message;

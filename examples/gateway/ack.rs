@@ -1,0 +1,161 @@
+//! Acknowledge-then-deliver: the queue picked by `--queue` (or the embedded
+//! one in `--data-dir`), and the worker that delivers its entries through
+//! the routes' dedup layers.
+
+use crate::store::GatewayStore;
+use either::Either;
+use std::path::PathBuf;
+use std::time::Duration;
+use tower_idempotency::proxy::{Gateway, RouteOptions, Target};
+use tower_idempotency::queue::{RedbQueue, RedisStreamsQueue, Worker};
+use tracing::info;
+
+/// The queue: the embedded file, or Redis Streams.
+pub type GatewayQueue = Either<RedbQueue, RedisStreamsQueue>;
+
+/// The queue's name in metrics and in Redis.
+const NAME: &str = "gateway";
+
+/// `--data-dir` when neither it nor `--queue` is given.
+pub const DEFAULT_DATA_DIR: &str = "./gateway-data";
+
+/// Where the queue lives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueSpec {
+    /// The embedded queue, `DIR/queue.redb`.
+    Dir(PathBuf),
+    /// Redis Streams at this URL.
+    Redis(String),
+}
+
+/// `--queue DIR|redis://HOST:PORT`.
+pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
+    if s.starts_with("redis://") || s.starts_with("rediss://") {
+        return Ok(QueueSpec::Redis(s.to_owned()));
+    }
+    if s.contains("://") {
+        return Err(format!("`{s}`: expected a directory or redis://HOST:PORT"));
+    }
+    if s.is_empty() {
+        return Err("expected a directory or redis://HOST:PORT".into());
+    }
+    Ok(QueueSpec::Dir(PathBuf::from(s)))
+}
+
+/// `--max-attempts N`: at least 1.
+pub fn attempts(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of attempts, at least 1".into()),
+    }
+}
+
+/// How the queue is opened and delivered.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    pub spec: QueueSpec,
+    /// Failed attempts before an entry is dead-lettered.
+    pub max_attempts: u32,
+    /// The backoff after the first failure (doubled after each, up to 15 minutes).
+    pub backoff: Duration,
+}
+
+impl QueueSettings {
+    /// From the flags or file values; `None` keeps the defaults.
+    pub fn new(
+        queue: Option<QueueSpec>,
+        data_dir: Option<PathBuf>,
+        max_attempts: Option<u32>,
+        backoff: Option<Duration>,
+    ) -> Self {
+        let dir = data_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        Self {
+            spec: queue.unwrap_or(QueueSpec::Dir(dir)),
+            max_attempts: max_attempts.unwrap_or(25),
+            backoff: backoff.unwrap_or(Duration::from_secs(1)),
+        }
+    }
+
+    /// Opens (or creates) the queue.
+    pub async fn open(&self) -> Result<GatewayQueue, String> {
+        match &self.spec {
+            QueueSpec::Dir(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                RedbQueue::open(dir.join("queue.redb"))
+                    .map(Either::Left)
+                    .map_err(|e| format!("cannot open the queue: {e}"))
+            }
+            QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)
+                .await
+                .map(Either::Right)
+                .map_err(|e| format!("cannot open the queue at {url}: {e}")),
+        }
+    }
+
+    /// Where the queue is, for the start line.
+    pub fn describe(&self) -> String {
+        match &self.spec {
+            QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
+            QueueSpec::Redis(url) => url.clone(),
+        }
+    }
+
+    /// Delivers the queue's entries through `gateway` until `stop` fires.
+    pub fn spawn_worker(
+        &self,
+        queue: GatewayQueue,
+        gateway: &Gateway<GatewayStore>,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<()> {
+        info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
+        let worker = Worker::new(queue, gateway.deliverer())
+            .name(NAME)
+            .max_attempts(self.max_attempts)
+            .backoff(self.backoff, Duration::from_secs(15 * 60));
+        tokio::spawn(worker.run(async move {
+            let _ = stop.await;
+        }))
+    }
+}
+
+/// A route's `mode`: `true` for `ack-then-deliver`.
+pub fn mode(mode: &str, target: &Target) -> Result<bool, String> {
+    match mode {
+        "synchronous" => Ok(false),
+        "ack-then-deliver" => ackable(target).map(|()| true),
+        _ => Err(format!(
+            "`mode`: `{mode}` is not `synchronous` or `ack-then-deliver`"
+        )),
+    }
+}
+
+fn ackable(target: &Target) -> Result<(), String> {
+    match target {
+        Target::Preset(p) if !p.is_client_api() => Ok(()),
+        Target::Preset(p) => Err(format!(
+            "ack-then-deliver needs a channel preset; `{}` answers with its handler's response",
+            p.name()
+        )),
+        Target::Auto => Err("ack-then-deliver needs the route's preset, not `auto`".into()),
+    }
+}
+
+/// Applies `--ack-then-deliver PREFIX` flags to the routes with that prefix.
+pub fn flag_routes(
+    prefixes: &[String],
+    routes: &mut [(String, Target, RouteOptions)],
+) -> Result<(), String> {
+    for prefix in prefixes {
+        let norm = |p: &str| p.trim_end_matches('/').to_owned();
+        let route = routes
+            .iter_mut()
+            .find(|(p, _, _)| norm(p) == norm(prefix))
+            .ok_or_else(|| {
+                format!("`--ack-then-deliver {prefix}`: no route has this prefix (add `--route {prefix}=PRESET`)")
+            })?;
+        ackable(&route.1).map_err(|e| format!("`--ack-then-deliver {prefix}`: {e}"))?;
+        route.2 = route.2.clone().ack_then_deliver(true);
+    }
+    Ok(())
+}

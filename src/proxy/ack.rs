@@ -1,0 +1,184 @@
+//! Acknowledge-then-deliver routes: the request pipeline of a route
+//! (normalize, key) in front of [`Ingest`], which queues the notification
+//! durably and only then answers; and [`Deliver`], which takes the queued
+//! notifications to the upstream through the route's dedup layer.
+
+use super::headers::{set_forwarded, ClientConn};
+use super::{plain, Gateway, GatewayResponse};
+use crate::key::KeyBody;
+use crate::outcome::{self, Outcome};
+use crate::queue::{Ingested, Message, Queue, QueueError};
+use crate::store::Store;
+use crate::{IdempotencyKey, ResponseBody};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_service::Service;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A queue's `ingest`, type-erased so that a gateway does not carry the
+/// queue's type.
+#[derive(Clone)]
+pub(crate) struct IngestFn(
+    Arc<dyn Fn(Message) -> BoxFuture<Result<Ingested, QueueError>> + Send + Sync>,
+);
+
+impl IngestFn {
+    pub(crate) fn new<Q: Queue>(queue: Q) -> Self {
+        Self(Arc::new(move |message| {
+            let queue = queue.clone();
+            Box::pin(async move { queue.ingest(message).await })
+        }))
+    }
+}
+
+impl fmt::Debug for IngestFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IngestFn")
+    }
+}
+
+/// The innermost service of an acknowledge-then-deliver route: queues the
+/// request under its scoped key (set by the key layer in front) and answers
+/// 200 only once the queue says the entry is durable; 422 for a key seen
+/// with another fingerprint, 503 when the queue fails. The route's
+/// normalize layer turns these into the channel's replies.
+#[derive(Debug, Clone)]
+pub(crate) struct Ingest {
+    pub(crate) queue: IngestFn,
+}
+
+impl Service<Request<KeyBody>> for Ingest {
+    type Response = GatewayResponse;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<GatewayResponse, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<KeyBody>) -> Self::Future {
+        let queue = self.queue.clone();
+        Box::pin(async move { Ok(ingest(queue, req).await) })
+    }
+}
+
+async fn ingest(queue: IngestFn, req: Request<KeyBody>) -> GatewayResponse {
+    let Some(key) = req.extensions().get::<IdempotencyKey>().cloned() else {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "this route queues notifications: use POST\n",
+        );
+    };
+    let (mut parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(never) => match never {},
+    };
+    // Who sent it is known now, not at delivery.
+    let conn = parts.extensions.get::<ClientConn>().copied();
+    let authority = parts.uri.authority().map(|a| a.to_string());
+    set_forwarded(&mut parts.headers, conn, authority.as_deref());
+    parts.extensions = http::Extensions::new();
+    let message = Message::from_request(
+        key.as_str(),
+        key.fingerprint(),
+        Request::from_parts(parts, body),
+    )
+    .order(key.as_str());
+    match (queue.0)(message).await {
+        Ok(Ingested::Queued(_)) => {
+            outcome::record(key.preset_arc(), Outcome::Executed);
+            reply(StatusCode::OK, "queued\n")
+        }
+        Ok(Ingested::Duplicate) => {
+            outcome::record(key.preset_arc(), Outcome::Replayed);
+            reply(StatusCode::OK, "already queued\n")
+        }
+        Ok(Ingested::Mismatch) => {
+            outcome::record(key.preset_arc(), Outcome::Mismatch);
+            outcome::log_warn!(key = %key.redacted(), "idempotency key reused with a different payload: possible tampering; not queued");
+            reply(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency key reused with a different request payload\n",
+            )
+        }
+        Err(_e) => {
+            outcome::record(key.preset_arc(), Outcome::StoreError);
+            outcome::log_warn!(key = %key.redacted(), error = %_e, "cannot queue the notification; answering a failure");
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cannot queue the notification\n",
+            )
+        }
+    }
+}
+
+fn reply(status: StatusCode, msg: &'static str) -> GatewayResponse {
+    plain(status, msg).map(ResponseBody::stream)
+}
+
+/// Why [`Deliver`] did not deliver a message (the worker retries it).
+#[derive(Debug, Clone)]
+pub struct DeliveryError(Arc<str>);
+
+impl DeliveryError {
+    pub(crate) fn new(message: impl Into<Arc<str>>) -> Self {
+        Self(message.into())
+    }
+}
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeliveryError {}
+
+/// Delivers queued notifications of a [`Gateway`]'s acknowledge-then-deliver
+/// routes to the upstream, each through its route's dedup layer (so an
+/// entry the queue hands out again does not reach the upstream twice once
+/// it succeeded). `Ok` when the upstream answered 2xx (or the dedup layer
+/// replayed such an answer); `Err` otherwise, to be retried. Give it to a
+/// [`Worker`](crate::queue::Worker); from [`Gateway::deliverer`].
+pub struct Deliver<S> {
+    pub(crate) gateway: Gateway<S>,
+}
+
+impl<S> Clone for Deliver<S> {
+    fn clone(&self) -> Self {
+        Self {
+            gateway: self.gateway.clone(),
+        }
+    }
+}
+
+impl<S> fmt::Debug for Deliver<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deliver")
+            .field("gateway", &self.gateway)
+            .finish()
+    }
+}
+
+impl<S: Store> Service<Message> for Deliver<S> {
+    type Response = ();
+    type Error = DeliveryError;
+    type Future = BoxFuture<Result<(), DeliveryError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), DeliveryError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, message: Message) -> Self::Future {
+        let gateway = self.gateway.clone();
+        Box::pin(async move { gateway.deliver(message).await })
+    }
+}

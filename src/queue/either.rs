@@ -1,0 +1,72 @@
+//! [`Queue`] for [`Either`]: a program that picks its queue at run time.
+//!
+//! ```
+//! use either::Either;
+//! use tower_idempotency::queue::{Ingested, Message, MemoryQueue, Queue};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // A memory queue here; `Either::Right(RedbQueue::open(path)?)` when a
+//! // flag asks for the durable one.
+//! let queue: Either<MemoryQueue, MemoryQueue> = Either::Left(MemoryQueue::new());
+//! let got = queue.ingest(Message::new("k", Fingerprint::of(b"1"), "x")).await.unwrap();
+//! assert!(matches!(got, Ingested::Queued(_)));
+//! assert_eq!(queue.stats().await.unwrap().depth, 1);
+//! # }
+//! ```
+
+use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
+use ::either::Either;
+use std::time::Duration;
+
+macro_rules! both {
+    ($self:ident, $q:ident => $call:expr) => {
+        match $self {
+            Either::Left($q) => $call.await,
+            Either::Right($q) => $call.await,
+        }
+    };
+}
+
+impl<A: Queue, B: Queue> Queue for Either<A, B> {
+    async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
+        both!(self, q => q.ingest(message))
+    }
+
+    async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+        both!(self, q => q.fetch(max, lease))
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
+        both!(self, q => q.ack(delivery))
+    }
+
+    async fn retry(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> Result<bool, QueueError> {
+        both!(self, q => q.retry(delivery, after, error))
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
+        both!(self, q => q.dead_letter(delivery, error))
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        both!(self, q => q.dead_letters(limit))
+    }
+
+    async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+        both!(self, q => q.replay(id))
+    }
+
+    async fn replay_all(&self) -> Result<usize, QueueError> {
+        both!(self, q => q.replay_all())
+    }
+
+    async fn stats(&self) -> Result<QueueStats, QueueError> {
+        both!(self, q => q.stats())
+    }
+}

@@ -1,0 +1,381 @@
+//! The gateway example's ack-then-deliver routes as a real process: the
+//! channel's success reply only once the notification is durably queued,
+//! then one delivery per notification to a real hyper upstream on loopback,
+//! across an upstream outage, a `kill -9` of the gateway (embedded queue and
+//! Redis Streams) and a dead letter replayed with `gateway dlq replay`.
+//!
+//! Build the binary first when running this file alone:
+//! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_ack`.
+
+mod common;
+mod gateway_support;
+mod support_redis;
+
+use bytes::Bytes;
+use common::{client, post, serve, HttpClient};
+use gateway_support::{gateway_bin, get, temp_path, Proc};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const WECHAT_SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
+const COPIES: usize = 7;
+
+/// An upstream that answers 503 while `down`, else 200; counts the 200s
+/// (the deliveries) per notification id.
+#[derive(Clone, Default)]
+struct Upstream {
+    down: Arc<AtomicBool>,
+    delivered: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Upstream {
+    async fn start(down: bool) -> (Self, SocketAddr) {
+        let up = Self::default();
+        up.down.store(down, Ordering::SeqCst);
+        let state = up.clone();
+        let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let state = state.clone();
+            async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let status = if state.down.load(Ordering::SeqCst) {
+                    503
+                } else {
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let id = v["id"].as_str().unwrap().to_owned();
+                    *state.delivered.lock().unwrap().entry(id).or_default() += 1;
+                    200
+                };
+                let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
+                *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                Ok::<_, Infallible>(res)
+            }
+        });
+        let (addr, _task) = serve(svc).await;
+        (up, addr)
+    }
+
+    fn counts(&self) -> HashMap<String, usize> {
+        self.delivered.lock().unwrap().clone()
+    }
+}
+
+/// The official WeChat Pay v3 notification with the id `id`.
+fn notification(id: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    v["id"] = serde_json::Value::String(id.to_owned());
+    v.to_string()
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Starts the gateway with one ack-then-deliver WeChat Pay v3 route `/wx`.
+fn gateway(upstream: SocketAddr, queue: &[&str], metrics: SocketAddr, extra: &[&str]) -> Proc {
+    let (upstream, metrics) = (format!("http://{upstream}"), metrics.to_string());
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+        "--route",
+        "/wx=wechatpay-v3",
+        "--ack-then-deliver",
+        "/wx",
+        "--retry-backoff",
+        "200ms",
+        "--metrics-listen",
+        &metrics,
+    ];
+    args.extend_from_slice(queue);
+    args.extend_from_slice(extra);
+    Proc::start(&args, &[], Stdio::inherit())
+}
+
+/// `name{queue="gateway"} VALUE` of `/metrics`.
+fn gauge(metrics: SocketAddr, name: &str) -> Option<f64> {
+    let (_, body) = get(metrics, "/metrics");
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("queue=\"gateway\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends every copy of every notification at once; asserts each answer is
+/// WeChat Pay's success reply.
+async fn send_all(http: &HttpClient, gw: SocketAddr, ids: &[String]) {
+    let mut tasks = Vec::new();
+    for id in ids {
+        let body = notification(id);
+        for _ in 0..COPIES {
+            let (http, body) = (http.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                let headers = [("content-type", "application/json")];
+                post(&http, gw, "/wx/notify", &headers, body).await
+            }));
+        }
+    }
+    for t in tasks {
+        let answer = t.await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.text(), WECHAT_SUCCESS);
+    }
+}
+
+fn assert_once(up: &Upstream, ids: &[String]) {
+    let counts = up.counts();
+    for id in ids {
+        assert_eq!(
+            counts.get(id),
+            Some(&1),
+            "{id} delivered {:?} times",
+            counts.get(id)
+        );
+    }
+    assert_eq!(
+        counts.len(),
+        ids.len(),
+        "deliveries of unknown ids: {counts:?}"
+    );
+}
+
+fn dlq(data_dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(gateway_bin())
+        .arg("dlq")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upstream_down_200_notifications_7_copies_each_acked_queued_once_delivered_once() {
+    let (up, up_addr) = Upstream::start(true).await;
+    let dir = temp_path("ack-storm");
+    let metrics = free_port();
+    let gw = gateway(
+        up_addr,
+        &["--data-dir", dir.to_str().unwrap()],
+        metrics,
+        &[],
+    );
+    let ids: Vec<String> = (0..200).map(|i| format!("EV-ACK-{i:04}")).collect();
+    send_all(&client(), gw.addr, &ids).await;
+    // Every copy was acknowledged while the upstream was down: 200 entries.
+    let m = metrics;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a depth of 200", Duration::from_secs(30), || {
+            gauge(m, "idempotency_queue_depth") == Some(200.0)
+        })
+    })
+    .await
+    .unwrap();
+    assert!(up.counts().is_empty());
+    up.down.store(false, Ordering::SeqCst);
+    tokio::task::spawn_blocking(move || {
+        wait_until("the queue to empty", Duration::from_secs(120), || {
+            gauge(m, "idempotency_queue_depth") == Some(0.0)
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_once(&up, &ids);
+    let (_, text) = get(metrics, "/metrics");
+    assert!(text.contains("idempotency_queue_attempts_total"), "{text}");
+    assert!(text.contains("idempotency_queue_oldest_seconds"), "{text}");
+    assert!(text.contains("idempotency_queue_dead_letters"), "{text}");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Acknowledged, then `kill -9` before the upstream is back: the restarted
+/// gateway delivers it once.
+async fn killed_after_ack_delivered_once_after_restart(queue: &[&str]) {
+    let (up, up_addr) = Upstream::start(true).await;
+    let ids = vec!["EV-ACK-KILL-1".to_owned(), "EV-ACK-KILL-2".to_owned()];
+    let gw = gateway(up_addr, queue, free_port(), &[]);
+    send_all(&client(), gw.addr, &ids).await;
+    gw.signal(libc::SIGKILL);
+    drop(gw);
+    assert!(up.counts().is_empty());
+    up.down.store(false, Ordering::SeqCst);
+    let gw = gateway(up_addr, queue, free_port(), &[]);
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("both deliveries", Duration::from_secs(60), || {
+            probe.counts().len() == 2
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    drop(gw);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_ack_delivered_once_after_restart_embedded() {
+    let dir = temp_path("ack-kill");
+    killed_after_ack_delivered_once_after_restart(&["--data-dir", dir.to_str().unwrap()]).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
+    let (up, up_addr) = Upstream::start(true).await;
+    let dir = temp_path("ack-dlq");
+    let queue = ["--data-dir", dir.to_str().unwrap()];
+    let metrics = free_port();
+    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
+    let ids = vec!["EV-ACK-DEAD-1".to_owned()];
+    send_all(&client(), gw.addr, &ids).await;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a dead letter", Duration::from_secs(60), || {
+            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+        })
+    })
+    .await
+    .unwrap();
+    // The embedded queue is one process's file: stop the gateway first.
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+    let (code, listed) = dlq(&dir, &["list"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].contains("attempts=2"), "{listed}");
+    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
+    let id = lines[0].split('\t').next().unwrap().to_owned();
+    let (code, out) = dlq(&dir, &["replay", &id]);
+    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
+    // Never queued twice.
+    let (code, _) = dlq(&dir, &["replay", &id]);
+    assert_eq!(code, 1);
+    let (code, out) = dlq(&dir, &["replay", "--all"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    let (code, out) = dlq(&dir, &["list"]);
+    assert_eq!((code, out.as_str()), (0, ""));
+    // A copy arriving now is a duplicate, not a second entry.
+    up.down.store(false, Ordering::SeqCst);
+    let metrics = free_port();
+    let gw = gateway(up_addr, &queue, metrics, &[]);
+    send_all(&client(), gw.addr, &ids).await;
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the delivery", Duration::from_secs(60), || {
+            probe.counts().len() == 1
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn ack_then_deliver_on_auto_or_unknown_prefix_exits_2() {
+    for args in [
+        &["--route", "/=auto", "--ack-then-deliver", "/"][..],
+        &[
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/other",
+        ][..],
+        &[
+            "--route",
+            "/api=idempotency-key",
+            "--ack-then-deliver",
+            "/api",
+        ][..],
+        &["--route", "/wx=wechatpay-v3", "--queue", "ftp://x"][..],
+    ] {
+        let status = Command::new(gateway_bin())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn config_file_mode_ack_then_deliver_is_checked() {
+    let cases = [
+        ("/wx", "wechatpay-v3", "ack-then-deliver", 0),
+        ("/wx", "wechatpay-v3", "synchronous", 0),
+        ("/wx", "wechatpay-v3", "later", 2),
+        ("/", "auto", "ack-then-deliver", 2),
+        ("/api", "idempotency-key", "ack-then-deliver", 2),
+    ];
+    for (prefix, preset, mode, code) in cases {
+        let path = temp_path("ack.toml");
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nmax_attempts = 3\n\
+             [[route]]\nprefix = \"{prefix}\"\npreset = \"{preset}\"\nmode = \"{mode}\"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(gateway_bin())
+            .arg("--config")
+            .arg(&path)
+            .arg("--check-config")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{mode} on {preset}: {stderr}"
+        );
+        if code == 2 {
+            assert!(stderr.contains(":7:"), "names the line: {stderr}");
+        }
+        let _ = std::fs::remove_file(path);
+    }
+}
