@@ -312,6 +312,64 @@ async fn a_success_body_that_fails_half_way_releases_the_claim() {
     assert_eq!(runs.get(), 2);
 }
 
+/// A channel is told "success" only once the record is kept, and a success
+/// whose body fails half way gets the channel's failure reply (the claim is
+/// released, so the retry runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_hears_success_only_after_the_record_is_kept() {
+    let runs = Counter::default();
+    let r = runs.clone();
+    let handler = service_fn(move |_req: Request<Full<Bytes>>| {
+        let n = r.bump();
+        async move {
+            let frames: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = if n == 1 {
+                vec![
+                    Ok(http_body::Frame::data(Bytes::from_static(b"half"))),
+                    Err(std::io::Error::other("upstream reset")),
+                ]
+            } else {
+                vec![Ok(http_body::Frame::data(Bytes::from_static(b"done")))]
+            };
+            Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+        }
+    });
+    let store = MemoryStore::new();
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::alipay().store(store.clone()))
+        .service(handler);
+    let body =
+        "notify_id=n2&out_trade_no=o2&trade_no=t2&trade_status=TRADE_SUCCESS&total_amount=1.00";
+    let req = || {
+        request(
+            "/notify/alipay",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            body,
+        )
+    };
+    let a = read(svc.clone().oneshot(req()).await.unwrap()).await;
+    assert_eq!(
+        (a.status, a.text().as_str()),
+        (500, "fail"),
+        "a body that failed half way is no success"
+    );
+    assert_eq!(store.len(), 0, "nothing recorded for the failed body");
+    let b = read(svc.clone().oneshot(req()).await.unwrap()).await;
+    assert_eq!((b.status, b.text().as_str()), (200, "success"));
+    assert_eq!(
+        store.len(),
+        1,
+        "the record is kept before the channel hears success"
+    );
+    let c = read(svc.clone().oneshot(req()).await.unwrap()).await;
+    assert_eq!(
+        (c.status, c.text().as_str(), c.replayed()),
+        (200, "success", true)
+    );
+    assert_eq!(runs.get(), 2);
+}
+
 // ------------------------------------------------------------- trailers
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

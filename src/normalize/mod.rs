@@ -36,6 +36,7 @@
 use crate::body::Rejection;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
@@ -277,11 +278,11 @@ impl<S> Normalize<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Normalize<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: From<Bytes>,
+    ResBody: Body + From<Bytes>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -290,7 +291,9 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let grpc = is_grpc(req.headers());
         ResponseFuture {
-            fut: self.inner.call(req),
+            state: State::Call {
+                fut: self.inner.call(req),
+            },
             reply: self.reply.clone(),
             grpc,
         }
@@ -299,15 +302,28 @@ where
 
 pin_project! {
     /// Response future of [`Normalize`].
-    pub struct ResponseFuture<F> {
+    ///
+    /// A success that the channel's fixed reply replaces is answered only
+    /// once the inner body has ended: the dedup layer records the success
+    /// when its body ends, so the channel is told "success" only after the
+    /// record is kept, and a body that fails half way gets the failure reply.
+    pub struct ResponseFuture<F, B> {
         #[pin]
-        fut: F,
+        state: State<F, B>,
         reply: Arc<Reply>,
         grpc: bool,
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B> {
+        Call { #[pin] fut: F },
+        Drain { parts: Option<http::response::Parts>, #[pin] body: B },
+    }
+}
+
+impl<F, B> fmt::Debug for ResponseFuture<F, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("normalize::ResponseFuture")
             .field("reply", &self.reply)
@@ -315,19 +331,48 @@ impl<F> fmt::Debug for ResponseFuture<F> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
+impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    B: From<Bytes>,
+    B: Body + From<Bytes>,
 {
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let res = ready!(this.fut.poll(cx))?;
-        if *this.grpc && !res.status().is_success() && !is_grpc(res.headers()) {
-            return Poll::Ready(Ok(grpc_refusal(res)));
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Call { fut } => {
+                    let res = ready!(fut.poll(cx))?;
+                    if *this.grpc && !res.status().is_success() && !is_grpc(res.headers()) {
+                        return Poll::Ready(Ok(grpc_refusal(res)));
+                    }
+                    let replaced = res.status().is_success()
+                        && this.reply.success().is_some_and(|r| r.body().is_some());
+                    if !replaced {
+                        return Poll::Ready(Ok(this.reply.apply(res)));
+                    }
+                    let (parts, body) = res.into_parts();
+                    this.state.set(State::Drain {
+                        parts: Some(parts),
+                        body,
+                    });
+                }
+                StateProj::Drain { parts, mut body } => {
+                    // The frames are discarded: the fixed reply replaces them.
+                    while let Some(frame) = ready!(body.as_mut().poll_frame(cx)) {
+                        if frame.is_err() {
+                            let mut failed = Response::new(B::from(Bytes::new()));
+                            *failed.status_mut() = StatusCode::BAD_GATEWAY;
+                            return Poll::Ready(Ok(this.reply.apply(failed)));
+                        }
+                    }
+                    let parts = parts.take().expect("polled after completion");
+                    return Poll::Ready(Ok(this
+                        .reply
+                        .apply(Response::from_parts(parts, B::from(Bytes::new())))));
+                }
+            }
         }
-        Poll::Ready(Ok(this.reply.apply(res)))
     }
 }
