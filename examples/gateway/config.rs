@@ -9,7 +9,11 @@
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
 //! window = "25h"   # optional per route: window, lease, wait, max_body, principal_header
+//! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
+//!
+//! A route's `verify` table (the channel's keys; files relative to the
+//! config file) is read and checked here, so a bad key exits 2.
 //!
 //! Every top-level key is a flag's name with `_` for `-`. A route's own
 //! values win over the global ones; flags win over the file's global
@@ -24,6 +28,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
+use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
 
 type Field = Option<Spanned<String>>;
@@ -71,6 +76,7 @@ struct FileRoute {
     wait: Field,
     max_body: Option<Spanned<SizeValue>>,
     principal_header: Field,
+    verify: Option<Spanned<VerifyConfig>>,
 }
 
 /// Everything the gateway runs with.
@@ -139,6 +145,11 @@ impl At<'_> {
 /// The settings from `args` and the file it names; `Err` is the message for
 /// exit status 2.
 pub fn settings(args: Args) -> Result<Settings, String> {
+    let base = args
+        .config
+        .as_deref()
+        .map_or(std::path::Path::new("."), crate::verify::base)
+        .to_owned();
     let (file, text, path) = match &args.config {
         None => (File::default(), String::new(), String::new()),
         Some(path) => {
@@ -219,7 +230,13 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             wait = wait.max(own.wait.unwrap_or_default());
             seen.insert(&prefix, ())
                 .map_err(|e| at.err(r.prefix.span(), e))?;
-            routes.push((prefix, target, global.options(&own)));
+            let mut options = global.options(&own);
+            if let Some(v) = &r.verify {
+                let layer = crate::verify::layer(v.get_ref(), &target, &base)
+                    .map_err(|e| at.err(v.span(), e))?;
+                options = options.verify(layer);
+            }
+            routes.push((prefix, target, options));
         }
     }
     if routes.is_empty() {

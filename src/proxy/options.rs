@@ -3,6 +3,7 @@
 use crate::dedup::OnStoreError;
 use crate::key::HeaderPrincipal;
 use crate::store::Store;
+use crate::verify::VerifyLayer;
 use crate::{IdempotencyLayer, Preset};
 use http::HeaderName;
 use std::time::Duration;
@@ -26,6 +27,7 @@ pub struct RouteOptions {
     max_body: Option<usize>,
     principal_header: Option<HeaderName>,
     on_store_error: Option<OnStoreError>,
+    verify: Option<VerifyLayer>,
 }
 
 impl RouteOptions {
@@ -38,6 +40,7 @@ impl RouteOptions {
             max_body: None,
             principal_header: None,
             on_store_error: None,
+            verify: None,
         }
     }
 
@@ -78,6 +81,23 @@ impl RouteOptions {
         self
     }
 
+    /// Checks each request's signature with `verify` before the claim (see
+    /// [`IdempotencyLayer::verify`]): a forged or stale notification gets the
+    /// channel's failure reply and never reaches the store or the upstream.
+    /// Build it from the channel's keys (`StripeKeys`, `WechatPayV3Keys`…, the
+    /// `verify` feature) or from a `VerifyConfig`. Only for a route with one
+    /// preset: [`GatewayBuilder::build`](super::GatewayBuilder::build) refuses
+    /// it on an `auto` route. Defaults to no verification.
+    pub fn verify(mut self, verify: impl Into<VerifyLayer>) -> Self {
+        self.verify = Some(verify.into());
+        self
+    }
+
+    /// Whether [`verify`](Self::verify) was given a layer that verifies.
+    pub fn verifies(&self) -> bool {
+        self.verify.as_ref().is_some_and(VerifyLayer::is_on)
+    }
+
     /// The body limit set with [`max_body`](Self::max_body), if any.
     pub fn get_max_body(&self) -> Option<usize> {
         self.max_body
@@ -106,6 +126,9 @@ impl RouteOptions {
         }
         if let Some(name) = &self.principal_header {
             layer = layer.principal(HeaderPrincipal(name.clone()));
+        }
+        if let Some(verify) = &self.verify {
+            layer = layer.verify(verify.clone());
         }
         layer
     }

@@ -31,6 +31,9 @@ pub enum RouteError {
     NotAbsolute(String),
     /// The prefix is routed twice.
     Duplicate(String),
+    /// The prefix is an `auto` route with a verifier: each channel has its
+    /// own keys, so an `auto` route cannot verify.
+    VerifyOnAuto(String),
 }
 
 impl fmt::Display for RouteError {
@@ -38,6 +41,11 @@ impl fmt::Display for RouteError {
         match self {
             Self::NotAbsolute(p) => write!(f, "the prefix `{p}` must start with `/`"),
             Self::Duplicate(p) => write!(f, "the prefix `{p}` is routed twice"),
+            Self::VerifyOnAuto(p) => write!(
+                f,
+                "the prefix `{p}` is an `auto` route: it cannot verify signatures \
+                 (each channel has its own keys); route the channel with its preset"
+            ),
         }
     }
 }
