@@ -150,12 +150,7 @@ fn assert_stripe_success(a: &Answer, what: &str) {
 }
 
 fn assert_refused(a: &Answer, what: &str) {
-    assert!(
-        a.status >= 400 && a.status != 409,
-        "{what}: a refusal, got {} {}",
-        a.status,
-        a.text()
-    );
+    assert_eq!(a.status, 401, "{what}: a refusal, got {}", a.text());
     assert!(!a.replayed(), "{what}: never a replay");
 }
 
