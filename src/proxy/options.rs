@@ -88,6 +88,26 @@ impl RouteOptions {
     /// `verify` feature) or from a `VerifyConfig`. Only for a route with one
     /// preset: [`GatewayBuilder::build`](super::GatewayBuilder::build) refuses
     /// it on an `auto` route. Defaults to no verification.
+    ///
+    /// ```
+    /// # #[cfg(feature = "verify")] {
+    /// use tower_idempotency::proxy::{Forward, Gateway, RouteError, RouteOptions, Target};
+    /// use tower_idempotency::store::MemoryStore;
+    /// use tower_idempotency::verify::StripeKeys;
+    /// use tower_idempotency::Preset;
+    ///
+    /// let opts = RouteOptions::new().verify(StripeKeys::new().secret("whsec_test_secret"));
+    /// assert!(opts.verifies());
+    /// let gateway = |target| {
+    ///     let forward = Forward::new("http://127.0.0.1:1".parse().unwrap());
+    ///     Gateway::builder(forward, MemoryStore::new())
+    ///         .route_with("/notify", target, opts.clone())
+    ///         .build()
+    /// };
+    /// assert!(gateway(Target::Preset(Preset::stripe())).is_ok());
+    /// assert!(matches!(gateway(Target::Auto), Err(RouteError::VerifyOnAuto(_))));
+    /// # }
+    /// ```
     pub fn verify(mut self, verify: impl Into<VerifyLayer>) -> Self {
         self.verify = Some(verify.into());
         self
