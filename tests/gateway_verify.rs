@@ -327,6 +327,9 @@ fn wechat_routes(extra: &str) -> String {
     )
 }
 
+/// What is wrong, the routes, the files beside the config, what the error names.
+type BadCase<'a> = (&'a str, String, Vec<(&'a str, &'a [u8])>, &'a str);
+
 const API_V3_KEY: &[u8] = b"0123456789abcdef0123456789abcdef\n";
 
 #[test]
@@ -341,10 +344,10 @@ fn wechatpay_v3_verify_table_is_checked_at_check_config() {
     let (code, err) = check(&dir);
     assert_eq!(code, 0, "a good verify table: {err}");
 
-    // Each bad table exits 2 naming the config file's line 4 (the route's
+    // Each bad table exits 2 naming the config file's line 6 (the route's
     // `verify`) and the reason.
     let bad_pem: &[u8] = b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n";
-    let cases: [(&str, String, Vec<(&str, &[u8])>, &str); 6] = [
+    let cases: [BadCase; 6] = [
         (
             "a platform key file that is no certificate",
             wechat_routes(""),
