@@ -118,12 +118,12 @@ mod layer;
 pub mod normalize;
 mod outcome;
 mod path;
-#[cfg(feature = "proxy")]
-#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
-pub mod proxy;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
+#[cfg(feature = "proxy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
+pub mod proxy;
 pub mod store;
 pub mod token;
 pub mod verify;

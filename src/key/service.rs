@@ -1,6 +1,4 @@
-use super::{
-    route_of, ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal, Principal,
-};
+use super::{route_of, ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal, Principal};
 use crate::body::BodyBuffer;
 use crate::body::{text_response, text_response_owned};
 use crate::outcome::{self, Outcome};
