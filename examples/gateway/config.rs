@@ -10,7 +10,11 @@
 //! preset = "wechatpay-v3"
 //! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
+//! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
+//!
+//! A route's `verify` table (the channel's keys; files relative to the
+//! config file) is read and checked here, so a bad key exits 2.
 //!
 //! Every top-level key is a flag's name with `_` for `-`. A route's own
 //! values win over the global ones; flags win over the file's global
@@ -26,6 +30,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
+use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
 
 type Field = Option<Spanned<String>>;
@@ -82,6 +87,7 @@ struct FileRoute {
     max_body: Option<Spanned<SizeValue>>,
     principal_header: Field,
     mode: Field,
+    verify: Option<Spanned<VerifyConfig>>,
 }
 
 /// Everything the gateway runs with.
@@ -166,6 +172,11 @@ impl At<'_> {
 /// The settings from `args` and the file it names; `Err` is the message for
 /// exit status 2.
 pub fn settings(args: Args) -> Result<Settings, String> {
+    let base = args
+        .config
+        .as_deref()
+        .map_or(std::path::Path::new("."), crate::verify::base)
+        .to_owned();
     let (file, text, path) = load(&args)?;
     let at = At {
         path: &path,
@@ -239,7 +250,13 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 None => false,
                 Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
             };
-            routes.push((prefix, target, global.options(&own).ack_then_deliver(acked)));
+            let mut options = global.options(&own).ack_then_deliver(acked);
+            if let Some(v) = &r.verify {
+                let layer = crate::verify::layer(v.get_ref(), &target, &base)
+                    .map_err(|e| at.err(v.span(), e))?;
+                options = options.verify(layer);
+            }
+            routes.push((prefix, target, options));
         }
     }
     if routes.is_empty() {

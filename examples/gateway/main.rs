@@ -6,7 +6,8 @@
 //! A thin program over the library's `proxy` module: `cli` (flags and
 //! environment variables), `config` (the TOML file), `store`, `tls`,
 //! `serve` (connections and drain), `admin` (metrics and health),
-//! `logging` (non-blocking logs), `access` (the access log line).
+//! `logging` (non-blocking logs), `access` (the access log line), `verify`
+//! (a route's signature keys).
 //!
 //! ```text
 //! cargo run --release --example gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
@@ -32,6 +33,7 @@ mod parse;
 mod serve;
 mod store;
 mod tls;
+mod verify;
 
 use config::Settings;
 use std::io::Write;

@@ -152,6 +152,10 @@ impl<S: Store> GatewayBuilder<S> {
 
     /// Routes `prefix` to `target` with `options`.
     pub fn route_with(mut self, prefix: &str, target: Target, options: RouteOptions) -> Self {
+        if matches!(target, Target::Auto) && options.verifies() {
+            self.error
+                .get_or_insert(RouteError::VerifyOnAuto(prefix.to_owned()));
+        }
         if let Err(e) = self.routes.insert(prefix, (target, options)) {
             self.error.get_or_insert(e);
         }

@@ -3,6 +3,7 @@
 use crate::dedup::OnStoreError;
 use crate::key::HeaderPrincipal;
 use crate::store::Store;
+use crate::verify::VerifyLayer;
 use crate::{IdempotencyLayer, Preset};
 use http::HeaderName;
 use std::time::Duration;
@@ -29,6 +30,7 @@ pub struct RouteOptions {
     max_run: Option<Duration>,
     reply_timeout: Option<Duration>,
     ack_then_deliver: bool,
+    verify: Option<VerifyLayer>,
 }
 
 /// The run limit of a route that sets none (the layer's default).
@@ -47,6 +49,7 @@ impl RouteOptions {
             max_run: None,
             reply_timeout: None,
             ack_then_deliver: false,
+            verify: None,
         }
     }
 
@@ -134,6 +137,43 @@ impl RouteOptions {
         self.ack_then_deliver
     }
 
+    /// Checks each request's signature with `verify` before the claim (see
+    /// [`IdempotencyLayer::verify`]): a forged or stale notification gets the
+    /// channel's failure reply and never reaches the store or the upstream.
+    /// Build it from the channel's keys (`StripeKeys`, `WechatPayV3Keys`…, the
+    /// `verify` feature) or from a `VerifyConfig`. Only for a route with one
+    /// preset: [`GatewayBuilder::build`](super::GatewayBuilder::build) refuses
+    /// it on an `auto` route. Defaults to no verification.
+    ///
+    /// ```
+    /// # #[cfg(feature = "verify")] {
+    /// use tower_idempotency::proxy::{Forward, Gateway, RouteError, RouteOptions, Target};
+    /// use tower_idempotency::store::MemoryStore;
+    /// use tower_idempotency::verify::StripeKeys;
+    /// use tower_idempotency::Preset;
+    ///
+    /// let opts = RouteOptions::new().verify(StripeKeys::new().secret("whsec_test_secret"));
+    /// assert!(opts.verifies());
+    /// let gateway = |target| {
+    ///     let forward = Forward::new("http://127.0.0.1:1".parse().unwrap());
+    ///     Gateway::builder(forward, MemoryStore::new())
+    ///         .route_with("/notify", target, opts.clone())
+    ///         .build()
+    /// };
+    /// assert!(gateway(Target::Preset(Preset::stripe())).is_ok());
+    /// assert!(matches!(gateway(Target::Auto), Err(RouteError::VerifyOnAuto(_))));
+    /// # }
+    /// ```
+    pub fn verify(mut self, verify: impl Into<VerifyLayer>) -> Self {
+        self.verify = Some(verify.into());
+        self
+    }
+
+    /// Whether [`verify`](Self::verify) was given a layer that verifies.
+    pub fn verifies(&self) -> bool {
+        self.verify.as_ref().is_some_and(VerifyLayer::is_on)
+    }
+
     /// The body limit set with [`max_body`](Self::max_body), if any.
     pub fn get_max_body(&self) -> Option<usize> {
         self.max_body
@@ -168,6 +208,9 @@ impl RouteOptions {
         }
         if let Some(timeout) = self.reply_timeout {
             layer = layer.reply_timeout(timeout);
+        }
+        if let Some(verify) = &self.verify {
+            layer = layer.verify(verify.clone());
         }
         layer
     }

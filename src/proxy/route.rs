@@ -35,6 +35,9 @@ pub enum RouteError {
     /// a client-API preset (whose reply is the handler's answer, which a
     /// queue cannot give).
     AckThenDeliver(String),
+    /// The prefix is an `auto` route with a verifier: each channel has its
+    /// own keys, so an `auto` route cannot verify.
+    VerifyOnAuto(String),
 }
 
 impl fmt::Display for RouteError {
@@ -43,6 +46,11 @@ impl fmt::Display for RouteError {
             Self::NotAbsolute(p) => write!(f, "the prefix `{p}` must start with `/`"),
             Self::Duplicate(p) => write!(f, "the prefix `{p}` is routed twice"),
             Self::AckThenDeliver(why) => write!(f, "ack-then-deliver: {why}"),
+            Self::VerifyOnAuto(p) => write!(
+                f,
+                "the prefix `{p}` is an `auto` route: it cannot verify signatures \
+                 (each channel has its own keys); route the channel with its preset"
+            ),
         }
     }
 }

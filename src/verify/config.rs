@@ -226,7 +226,9 @@ impl VerifyConfig {
             "wechatpay-v3" => {
                 let mut keys = WechatPayV3Keys::new();
                 for (serial, key) in &self.platform_keys {
-                    keys = keys.platform_key(serial.clone(), key_file(key)?)?;
+                    keys = key_file(key)
+                        .and_then(|pem| Ok(keys.platform_key(serial.clone(), pem)?))
+                        .map_err(|e| ConfigError(format!("platform_keys.{serial}: {e}")))?;
                 }
                 let api_v3_key = match (&self.api_v3_key, &self.api_v3_key_file) {
                     (Some(s), _) => Some(secret(s)?),
