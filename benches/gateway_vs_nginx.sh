@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The idempotency gateway (examples/gateway/) against nginx `proxy_pass`,
-# both in front of the same trivial upstream (examples/proxy_bench.rs), for
+# both in front of the same trivial upstream (examples/proxy_bench/), for
 # WeChat Pay v3 notifications:
 #
 #   first   every request carries a new notification id: both forward all;
@@ -12,6 +12,13 @@
 #   benches/gateway_vs_nginx.sh
 #   REQUESTS=100000 CONNECTIONS=64 RUNS=3 NGINX_WORKERS=auto benches/gateway_vs_nginx.sh
 #   NGINX_WORKERS=1 GATEWAY_WORKERS=1 benches/gateway_vs_nginx.sh   # one core each
+#   OPEN_LOOP=1 benches/gateway_vs_nginx.sh   # also honest latency, below
+#
+# With OPEN_LOOP=1, after the throughput table, each of nginx and the
+# gateway is driven per mode in an open loop (`proxy_bench load --rate`,
+# latency from each request's scheduled send time, as wrk2 does) at 25, 50
+# and 75 % of its own median closed-loop throughput above, OPEN_SECONDS
+# (default 4) each, and a second table shows p50/p99/p99.9/max.
 #
 # Per target and mode: one warm-up run (WARMUP requests, not reported), then
 # RUNS measured runs, interleaved nginx / gateway so that drift on the
@@ -198,5 +205,29 @@ for mode in first repeat; do
         read -r _ _ rps p50 p99 hits reqs errs < <(summary "$t" "$mode")
         ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.2f×", a / b }')
         echo "| $mode | $t | $rps | $p50 | $p99 | $hits / $reqs | $errs | $ratio |"
+    done
+done
+
+[ "${OPEN_LOOP:-0}" = 1 ] || exit 0
+OPEN_SECONDS=${OPEN_SECONDS:-4}
+echo
+echo "| mode | target | load | rate rps | achieved rps | p50 ms | p99 ms | p99.9 ms | max ms | pacer p99 ms | upstream hits / requests | errors |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+for mode in first repeat; do
+    for pct in 25 50 75; do
+        for t in nginx gateway; do
+            max=$(summary "$t" "$mode" | awk '{print $3}')
+            rate=$(( max * pct / 100 ))
+            n=$(( rate * OPEN_SECONDS ))
+            line=$("$BIN/proxy_bench" load --target "${TARGET[$t]}" --upstream "$UPSTREAM" --mode "$mode" \
+                --requests "$n" --connections "$CONNECTIONS" --keys "$KEYS" --rate "$rate" || true)
+            echo "$t open $pct% $line" >&2
+            echo "$line" | awk -v t="$t" -v pct="$pct" -v rate="$rate" '{
+                for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+                printf "| %s | %s | %s %% | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s |\n",
+                    f["mode"], t, pct, rate, f["rps"], f["p50_ms"], f["p99_ms"], f["p999_ms"], f["max_ms"],
+                    f["pacer_p99_ms"], f["upstream_hits"], f["requests"], f["errors"]
+            }'
+        done
     done
 done

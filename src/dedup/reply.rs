@@ -3,30 +3,44 @@
 use super::{BODY_OMITTED_HEADER, REPLAYED_HEADER};
 use crate::body::{text_response, ResponseBody};
 use crate::outcome::Outcome;
-use crate::store::CompletedRecord;
+use crate::store::{CompletedRecord, StoredResponse};
 use http::{header, HeaderValue, Response, StatusCode};
+use std::sync::Arc;
 
-/// A replay of a completed record.
-pub(super) fn replay<B>(record: &CompletedRecord, outcome: Outcome) -> Response<ResponseBody<B>> {
-    let stored = &record.response;
-    let mut res = Response::new(ResponseBody::full(
-        stored.body.clone(),
-        stored.trailers.clone(),
-    ));
-    *res.status_mut() = stored.status;
-    *res.headers_mut() = stored.headers.clone();
-    if let Some(trailers) = &stored.trailers {
+/// A replay of a completed record. A record the store decoded for this
+/// claim alone (the memory store's) is moved into the response; a shared
+/// one is copied.
+pub(super) fn replay<B>(
+    record: Arc<CompletedRecord>,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
+    let stored = match Arc::try_unwrap(record) {
+        Ok(record) => record.response,
+        Err(shared) => shared.response.clone(),
+    };
+    let StoredResponse {
+        status,
+        headers,
+        body,
+        trailers,
+        body_omitted,
+    } = stored;
+    let announce = trailers
+        .as_ref()
+        .filter(|t| !t.is_empty() && !headers.contains_key(header::TRAILER))
+        .map(|t| t.keys().map(|k| k.as_str()).collect::<Vec<_>>().join(", "));
+    let mut res = Response::new(ResponseBody::full(body, trailers));
+    *res.status_mut() = status;
+    *res.headers_mut() = headers;
+    if let Some(names) = announce {
         // HTTP/1.1 sends only the trailers that `Trailer` announces.
-        if !trailers.is_empty() && !res.headers().contains_key(header::TRAILER) {
-            let names: Vec<&str> = trailers.keys().map(|k| k.as_str()).collect();
-            if let Ok(v) = HeaderValue::from_str(&names.join(", ")) {
-                res.headers_mut().insert(header::TRAILER, v);
-            }
+        if let Ok(v) = HeaderValue::from_str(&names) {
+            res.headers_mut().insert(header::TRAILER, v);
         }
     }
     res.headers_mut()
         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-    if stored.body_omitted {
+    if body_omitted {
         res.headers_mut()
             .insert(BODY_OMITTED_HEADER, HeaderValue::from_static("true"));
     }

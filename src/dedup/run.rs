@@ -110,7 +110,7 @@ impl<S, St: Store> Run<S, St> {
                         Outcome::Replayed
                     };
                     outcome::record(self.key.preset_arc(), outcome);
-                    return Ok(replay(&record, outcome));
+                    return Ok(replay(record, outcome));
                 }
                 Claim::InFlight {
                     fingerprint: running,
