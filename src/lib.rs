@@ -113,17 +113,18 @@ pub mod channel;
 pub mod consumer;
 pub mod dedup;
 mod fingerprint;
+mod headers;
 pub mod key;
 mod layer;
 pub mod normalize;
 mod outcome;
 mod path;
-#[cfg(feature = "queue")]
-#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
-pub mod queue;
 #[cfg(feature = "proxy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
 pub mod proxy;
+#[cfg(feature = "queue")]
+#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
+pub mod queue;
 pub mod store;
 pub mod token;
 pub mod verify;

@@ -194,7 +194,7 @@ async fn schedule(seed: u64) -> Result<(), String> {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store)
+                .with_store(store)
                 .store_timeout(Duration::from_millis(40))
                 .wait(Duration::from_millis(rng.below(30)))
                 .finish_on_disconnect(true)

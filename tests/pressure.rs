@@ -378,7 +378,7 @@ async fn a_failed_token_submit_gives_the_token_back_before_its_copy_claims() {
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::with_store(
+        .layer(IdempotencyLayer::new_in(
             Preset::client_token(),
             store.clone(),
         ))
@@ -436,7 +436,7 @@ async fn a_caller_hanging_up_during_completion_does_not_lose_the_success() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store)
+                .with_store(store)
                 .finish_on_disconnect(false),
         )
         .service(handler);
@@ -478,7 +478,7 @@ async fn the_inner_call_keeps_running_while_a_renewal_is_in_flight() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store)
+                .with_store(store)
                 .lease(Duration::from_millis(300))
                 .store_timeout(Duration::from_secs(30)),
         )

@@ -708,7 +708,7 @@ async fn p6_memory_store_evicts_at_capacity_and_counts_it() {
     let store = MemoryStore::builder().max_bytes(16 * 1024).build();
     let runs = Counter::default();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().store(store.clone()))
+        .layer(IdempotencyLayer::idempotency_key().with_store(store.clone()))
         .service(counting(runs.clone(), 0));
     for i in 0..500 {
         svc.clone()
@@ -840,7 +840,7 @@ async fn p7_fail_closed_answers_retryable_and_recovers() {
     let store = Switchable::default();
     let runs = Counter::default();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::wechatpay_v3().store(store.clone()))
+        .layer(IdempotencyLayer::wechatpay_v3().with_store(store.clone()))
         .service(counting(runs.clone(), 0));
     let body = r#"{"id":"s1","event_type":"TRANSACTION.SUCCESS","resource":{"original_type":"transaction"}}"#;
     store.down.store(true, Ordering::SeqCst);
@@ -863,7 +863,7 @@ async fn p7_fail_closed_client_api_is_503_with_retry_after() {
     let store = Switchable::default();
     store.down.store(true, Ordering::SeqCst);
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().store(store.clone()))
+        .layer(IdempotencyLayer::idempotency_key().with_store(store.clone()))
         .service(counting(Counter::default(), 0));
     let res = svc.oneshot(key_req("s", "{}")).await.unwrap();
     assert_eq!(res.status(), 503);
@@ -878,7 +878,7 @@ async fn p7_fail_open_passes_through_and_is_marked() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store.clone())
+                .with_store(store.clone())
                 .on_store_error(OnStoreError::FailOpen),
         )
         .service(counting(runs.clone(), 0));
@@ -929,7 +929,7 @@ async fn p7_every_store_call_has_a_timeout() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(Hanging)
+                .with_store(Hanging)
                 .store_timeout(Duration::from_millis(100)),
         )
         .service(counting(Counter::default(), 0));
@@ -947,7 +947,7 @@ async fn p3_a_claim_that_timed_out_is_released_not_left_for_a_lease() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store.clone())
+                .with_store(store.clone())
                 .store_timeout(Duration::from_millis(100))
                 .wait(Duration::ZERO),
         )

@@ -387,7 +387,7 @@ async fn wechat_server(verify: bool, store: CountingStore, runs: Counter) -> std
         }
     });
     let mut layer = IdempotencyLayer::wechatpay_v3()
-        .store(store)
+        .with_store(store)
         .wait(Duration::from_millis(300));
     if verify {
         let now = wechatpay_v3().now;
@@ -484,7 +484,7 @@ async fn a_refused_request_never_touches_the_store() {
     let store = CountingStore::default();
     let now = case.now;
     let svc = IdempotencyLayer::wechatpay_v3()
-        .store(store.clone())
+        .with_store(store.clone())
         .verify(VerifyLayer::new(wechatpay_v3_keys()).clock(move || at(now + 301)))
         .layer(service_fn(|_req: Request<Full<Bytes>>| async {
             Ok::<_, Infallible>(Response::new(Full::<Bytes>::default()))

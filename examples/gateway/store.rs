@@ -81,7 +81,9 @@ impl GatewayStore {
 
     /// Whether the store answers: one read of a key nobody writes.
     pub async fn ready(&self) -> bool {
-        self.take_token("gateway:readyz-probe", OwnerToken::new()).await.is_ok()
+        self.take_token("gateway:readyz-probe", OwnerToken::new())
+            .await
+            .is_ok()
     }
 }
 

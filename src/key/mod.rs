@@ -47,11 +47,11 @@ mod service;
 mod xml;
 
 pub use crate::fingerprint::Fingerprint;
+pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 #[cfg(feature = "verify")]
 pub(crate) use form::decode_form;
 #[cfg(feature = "proxy")]
 pub(crate) use form::parse_form;
-pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub use principal::{
     AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
 };
