@@ -1,4 +1,4 @@
-//! Issuing one-time client tokens (the seed's "anti-resubmit token").
+//! Issuing one-time client tokens (anti-resubmit tokens).
 //!
 //! Before a user submits an order, the page asks [`IssueToken`] for a token;
 //! the submit carries it in `Idempotency-Token` to a route guarded by
