@@ -45,6 +45,7 @@
 //! # }
 //! ```
 
+mod dead;
 mod delegate;
 mod embedded;
 mod memory;
