@@ -1,8 +1,8 @@
 //! Dead letters in the embedded queue: moving a delivery that failed for
 //! good to the `dead` table, listing it, and replaying it as a new entry.
 
-use super::embedded::{err, now_ms, Embedded, DEAD, KEYS};
-use super::records::{decode_dead, Marker};
+use super::embedded::{Embedded, DEAD, KEYS};
+use super::records::{decode_dead, err, now_ms, Marker};
 use super::{DeadLetter, Delivery, QueueError};
 use redb::{ReadableTable, WriteTransaction};
 

@@ -7,13 +7,13 @@
 //! `dead` (id → attempts, time, error, message), `meta` (next id). Every
 //! operation is one write transaction: atomic, and durable on commit.
 
-use super::records::{Marker, State};
+use super::records::{err, now_ms, time_of, Marker, State};
 use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
@@ -26,21 +26,6 @@ const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// Expired keys removed per acknowledgement, so that cleanup keeps pace
 /// without one long transaction.
 const PURGE_BATCH: usize = 16;
-
-pub(super) fn err(e: impl std::fmt::Display) -> QueueError {
-    QueueError::new(format!("embedded queue: {e}"))
-}
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-pub(super) fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
 
 fn order_hash(order: Option<&str>) -> u64 {
     let Some(order) = order else { return 0 };
