@@ -5,6 +5,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::faults::{backend_error, FaultStore, Faults, Op};
 use common::{all_at_once, client, post, read, request, serve, Counter};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -13,10 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError, StoreErrorKind,
-};
-use tower_idempotency::{Fingerprint, IdempotencyLayer, OnStoreError, Outcome};
+use tower_idempotency::store::{MemoryStore, StoreError};
+use tower_idempotency::{IdempotencyLayer, OnStoreError, Outcome};
 
 type Res = Response<Full<Bytes>>;
 
@@ -774,66 +773,33 @@ async fn p6_keys_are_scoped_by_route_and_principal() {
 /// makes a claim answer 500 ms after the store acted (the layer times out,
 /// the claim is made).
 #[derive(Clone, Default)]
-struct Switchable {
-    inner: MemoryStore,
+struct Switches {
     down: Arc<AtomicBool>,
     late: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
 }
 
-impl Switchable {
-    fn check(&self) -> Result<(), StoreError> {
+impl Faults for Switches {
+    async fn before(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        if matches!(op, Op::PutToken | Op::TakeToken) {
+            return Ok(());
+        }
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::new(
-                StoreErrorKind::Backend,
-                "connection refused",
-            ))
+            Err(backend_error("connection refused"))
         } else {
             Ok(())
         }
     }
-}
-
-impl Store for Switchable {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.check()?;
-        let claim = self.inner.claim(key, fp, token, lease).await;
-        if self.late.load(Ordering::SeqCst) {
+    async fn after(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        if op == Op::Claim && self.late.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        claim
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.release(key, token).await
+        Ok(())
     }
 }
+
+type Switchable = FaultStore<Switches>;
 
 #[tokio::test]
 async fn p7_fail_closed_answers_retryable_and_recovers() {
@@ -895,31 +861,10 @@ async fn p7_fail_open_passes_through_and_is_marked() {
 
 /// A store whose calls never answer: the store timeout must bound them.
 #[derive(Clone, Default)]
-struct Hanging;
+struct Hang;
 
-impl Store for Hanging {
-    async fn claim(
-        &self,
-        _: &str,
-        _: Fingerprint,
-        _: OwnerToken,
-        _: Duration,
-    ) -> Result<Claim, StoreError> {
-        std::future::pending().await
-    }
-    async fn complete(
-        &self,
-        _: &str,
-        _: OwnerToken,
-        _: Arc<CompletedRecord>,
-        _: Duration,
-    ) -> Result<bool, StoreError> {
-        std::future::pending().await
-    }
-    async fn renew(&self, _: &str, _: OwnerToken, _: Duration) -> Result<bool, StoreError> {
-        std::future::pending().await
-    }
-    async fn release(&self, _: &str, _: OwnerToken) -> Result<bool, StoreError> {
+impl Faults for Hang {
+    async fn before(&self, _: Op, _: &str) -> Result<(), StoreError> {
         std::future::pending().await
     }
 }
@@ -929,7 +874,7 @@ async fn p7_every_store_call_has_a_timeout() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .with_store(Hanging)
+                .with_store(FaultStore::new(Hang))
                 .store_timeout(Duration::from_millis(100)),
         )
         .service(counting(Counter::default(), 0));
