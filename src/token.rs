@@ -118,8 +118,10 @@ impl<St: Store> IssueToken<St> {
 /// with `Retry-After` when the store cannot keep the token.
 pub struct ResponseFuture {
     // Boxed: issuing a token is off the hot path (one store write per page).
-    inner: Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send>>,
+    inner: Pin<Box<dyn Future<Output = Reply> + Send>>,
 }
+
+type Reply = Result<Response<Full<Bytes>>, Infallible>;
 
 impl fmt::Debug for ResponseFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -128,7 +130,7 @@ impl fmt::Debug for ResponseFuture {
 }
 
 impl Future for ResponseFuture {
-    type Output = Result<Response<Full<Bytes>>, Infallible>;
+    type Output = Reply;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.inner.as_mut().poll(cx)

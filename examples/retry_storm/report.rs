@@ -102,7 +102,7 @@ pub(crate) fn print_side_by_side(args: &Args, naive: &Summary, guarded: &Summary
         },
     );
     println!();
-    let rows: [(&str, fn(&Summary) -> String); 8] = [
+    let rows: [(&str, Cell); 8] = [
         ("double executions", |s| s.duplicate_executions.to_string()),
         ("lost", |s| s.lost.to_string()),
         ("handler executions", |s| s.handler_executions.to_string()),
@@ -151,3 +151,6 @@ pub(crate) fn json_line(s: &Summary) -> serde_json::Value {
         "peak_rss_mb": round3(s.peak_rss_mb),
     })
 }
+
+/// How one cell of the side-by-side table is read from a run's summary.
+type Cell = fn(&Summary) -> String;
