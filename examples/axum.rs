@@ -101,21 +101,18 @@ pub fn app(shop: Shop, store: MemoryStore) -> Router {
     Router::new()
         .route(
             "/notify/wechatpay",
-            post(wechat_notify).layer(IdempotencyLayer::with_store(
+            post(wechat_notify).layer(IdempotencyLayer::new_in(
                 Preset::wechatpay_v3(),
                 store.clone(),
             )),
         )
         .route(
             "/notify/alipay",
-            post(alipay_notify).layer(IdempotencyLayer::with_store(
-                Preset::alipay(),
-                store.clone(),
-            )),
+            post(alipay_notify).layer(IdempotencyLayer::new_in(Preset::alipay(), store.clone())),
         )
         .route(
             "/api/orders",
-            post(create_order).layer(IdempotencyLayer::with_store(
+            post(create_order).layer(IdempotencyLayer::new_in(
                 Preset::idempotency_key(),
                 store.clone(),
             )),
@@ -123,7 +120,7 @@ pub fn app(shop: Shop, store: MemoryStore) -> Router {
         .route("/orders/token", get_service(IssueToken::new(store.clone())))
         .route(
             "/orders",
-            post(create_order).layer(IdempotencyLayer::with_store(Preset::client_token(), store)),
+            post(create_order).layer(IdempotencyLayer::new_in(Preset::client_token(), store)),
         )
         .with_state(shop)
 }

@@ -47,7 +47,7 @@ pub struct IdempotencyLayer<St = MemoryStore> {
 impl IdempotencyLayer<MemoryStore> {
     /// The stack for `preset` with its own in-memory store.
     pub fn new(preset: Preset) -> Self {
-        Self::with_store(preset, MemoryStore::new())
+        Self::new_in(preset, MemoryStore::new())
     }
 
     /// WeChat Pay API v3.
@@ -98,8 +98,10 @@ impl IdempotencyLayer<MemoryStore> {
 }
 
 impl<St: Store> IdempotencyLayer<St> {
-    /// The stack for `preset` over `store`.
-    pub fn with_store(preset: Preset, store: St) -> Self {
+    /// The stack for `preset` over `store`: the same as
+    /// `IdempotencyLayer::new(preset).with_store(store)`, without creating
+    /// the in-memory store first.
+    pub fn new_in(preset: Preset, store: St) -> Self {
         let mut key = KeyLayer::from_arc(preset.extractor().clone(), preset.describe().clone())
             .preset(Arc::<str>::from(preset.name()))
             .max_body(preset.max_body());
@@ -122,8 +124,9 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
-    /// Uses another store (e.g. one shared by several routes).
-    pub fn store<St2: Store>(self, store: St2) -> IdempotencyLayer<St2> {
+    /// The same settings over another store (e.g. one shared by several
+    /// routes). Defaults to an in-memory store of this layer's own.
+    pub fn with_store<St2: Store>(self, store: St2) -> IdempotencyLayer<St2> {
         IdempotencyLayer {
             key: self.key,
             dedup: self.dedup.with_store(store),
@@ -273,7 +276,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The store.
-    pub fn get_store(&self) -> &St {
+    pub fn store(&self) -> &St {
         self.dedup.store()
     }
 

@@ -43,12 +43,17 @@
 //!
 //! # Promises
 //!
-//! P1 once per key within the window; P2 no success reply before the inner
-//! service succeeded; P3 failures release the claim (never cached); P4
-//! faithful replay with `idempotent-replayed: true`; P5 another payload under
-//! the same key is never replayed (422 / channel failure); P6 bounded bodies,
-//! keys, store and store calls; P7 a store outage is handled by policy
-//! ([`OnStoreError`]). `tests/` proves each one.
+//! - The inner service runs at most once per key within the window.
+//! - No success reply is sent before the inner service succeeded.
+//! - A failure releases the claim and is never cached: the next retry runs.
+//! - A replay is faithful (status, headers, body, trailers) and says
+//!   `idempotent-replayed: true`.
+//! - Another payload under the same key is never replayed: it gets 422 (or
+//!   the channel's failure reply).
+//! - Bodies, keys, the store and every store call are bounded.
+//! - A store outage is handled by the policy you choose ([`OnStoreError`]).
+//!
+//! The crate's tests check each of these.
 //!
 //! # Presets
 //!
@@ -113,6 +118,7 @@ pub mod channel;
 pub mod consumer;
 pub mod dedup;
 mod fingerprint;
+mod headers;
 pub mod key;
 mod layer;
 pub mod normalize;

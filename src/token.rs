@@ -1,4 +1,4 @@
-//! Issuing one-time client tokens (the seed's "anti-resubmit token").
+//! Issuing one-time client tokens (anti-resubmit tokens).
 //!
 //! Before a user submits an order, the page asks [`IssueToken`] for a token;
 //! the submit carries it in `Idempotency-Token` to a route guarded by
@@ -23,7 +23,7 @@
 //!     .route_service("/orders/token", IssueToken::new(store.clone()))
 //!     .route(
 //!         "/orders",
-//!         post(create_order).layer(IdempotencyLayer::with_store(Preset::client_token(), store)),
+//!         post(create_order).layer(IdempotencyLayer::new_in(Preset::client_token(), store)),
 //!     );
 //! ```
 
@@ -95,6 +95,46 @@ impl<St: Store> IssueToken<St> {
         self.prefix = prefix.into();
         self
     }
+
+    /// The same settings over another store. Defaults to the store given to
+    /// [`new`](Self::new).
+    pub fn with_store<St2: Store>(self, store: St2) -> IssueToken<St2> {
+        IssueToken {
+            store,
+            ttl: self.ttl,
+            principal: self.principal,
+            prefix: self.prefix,
+            store_timeout: self.store_timeout,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+}
+
+/// Response future of [`IssueToken`]: resolves to the token reply, or to 503
+/// with `Retry-After` when the store cannot keep the token.
+pub struct ResponseFuture {
+    // Boxed: issuing a token is off the hot path (one store write per page).
+    inner: Pin<Box<dyn Future<Output = Reply> + Send>>,
+}
+
+type Reply = Result<Response<Full<Bytes>>, Infallible>;
+
+impl fmt::Debug for ResponseFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl Future for ResponseFuture {
+    type Output = Reply;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
 }
 
 impl<St> fmt::Debug for IssueToken<St> {
@@ -116,7 +156,7 @@ fn new_token() -> Result<String, getrandom::Error> {
 impl<St: Store, B> Service<Request<B>> for IssueToken<St> {
     type Response = Response<Full<Bytes>>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = ResponseFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -127,7 +167,7 @@ impl<St: Store, B> Service<Request<B>> for IssueToken<St> {
         let principal = self.principal.principal(&parts);
         let (store, ttl, prefix) = (self.store.clone(), self.ttl, self.prefix.clone());
         let timeout = self.store_timeout;
-        Box::pin(async move {
+        let inner = Box::pin(async move {
             let Ok(token) = new_token() else {
                 return Ok(unavailable());
             };
@@ -145,7 +185,8 @@ impl<St: Store, B> Service<Request<B>> for IssueToken<St> {
             );
             headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             Ok(res)
-        })
+        });
+        ResponseFuture { inner }
     }
 }
 

@@ -9,6 +9,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::faults::{backend_error, FaultStore, Faults, Op};
 use common::{read, request};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -18,10 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError, StoreErrorKind,
-};
-use tower_idempotency::{Fingerprint, IdempotencyLayer, TaskTracker};
+use tower_idempotency::store::StoreError;
+use tower_idempotency::{IdempotencyLayer, TaskTracker};
 
 /// xorshift64*: small, deterministic, good enough for schedules.
 #[derive(Clone)]
@@ -48,11 +47,10 @@ impl Rng {
     }
 }
 
-/// The memory store with injected failures: errors before or after the
+/// The faults injected into the memory store: errors before or after the
 /// store acted, and calls slower than the store timeout.
 #[derive(Clone)]
 struct Faulty {
-    inner: MemoryStore,
     rng: Rng,
     /// Keys whose completion already failed once (a completion fails at
     /// most once per key, so the background retry gets it through).
@@ -60,7 +58,7 @@ struct Faulty {
 }
 
 fn injected() -> StoreError {
-    StoreError::new(StoreErrorKind::Backend, "injected fault")
+    backend_error("injected fault")
 }
 
 impl Faulty {
@@ -76,45 +74,27 @@ impl Faulty {
     }
 }
 
-impl Store for Faulty {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.fault().await?;
-        let claim = self.inner.claim(key, fp, token, lease).await?;
+impl Faults for Faulty {
+    async fn before(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        match op {
+            Op::Claim | Op::Renew => self.fault().await,
+            Op::Complete => {
+                if self.rng.chance(10)
+                    && self.complete_failed.lock().unwrap().insert(key.to_owned())
+                {
+                    return Err(injected());
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+    async fn after(&self, op: Op, _key: &str) -> Result<(), StoreError> {
         // Sometimes the store acted but the answer is lost.
-        if self.rng.chance(4) {
+        if op == Op::Claim && self.rng.chance(4) {
             return Err(injected());
         }
-        Ok(claim)
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        if self.rng.chance(10) && self.complete_failed.lock().unwrap().insert(key.to_owned()) {
-            return Err(injected());
-        }
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.fault().await?;
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
+        Ok(())
     }
 }
 
@@ -129,11 +109,10 @@ struct Model {
 
 async fn schedule(seed: u64) -> Result<(), String> {
     let rng = Rng::new(seed);
-    let store = Faulty {
-        inner: MemoryStore::new(),
+    let store = FaultStore::new(Faulty {
         rng: rng.clone(),
         complete_failed: Default::default(),
-    };
+    });
     let model = Arc::new(Mutex::new(Model::default()));
     let (m, r) = (model.clone(), rng.clone());
     let handler = service_fn(move |req: Request<Full<Bytes>>| {
@@ -194,7 +173,7 @@ async fn schedule(seed: u64) -> Result<(), String> {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store)
+                .with_store(store)
                 .store_timeout(Duration::from_millis(40))
                 .wait(Duration::from_millis(rng.below(30)))
                 .finish_on_disconnect(true)

@@ -5,6 +5,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::faults::{FaultStore, Faults, Op};
 use common::{client, post, read, request, serve, Counter};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -14,11 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError,
-};
+use tower_idempotency::store::StoreError;
 use tower_idempotency::token::IssueToken;
-use tower_idempotency::{Fingerprint, IdempotencyLayer, Outcome, Preset, TaskTracker};
+use tower_idempotency::{IdempotencyLayer, Outcome, Preset, TaskTracker};
 
 fn key_req(key: &str) -> Request<Full<Bytes>> {
     request("/orders", &[("idempotency-key", key)], "{}")
@@ -28,10 +27,9 @@ fn ok(body: impl Into<Bytes>) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(Response::new(Full::new(body.into())))
 }
 
-/// A memory store whose chosen calls are slowed down or held.
+/// Slows down or holds chosen calls of the memory store.
 #[derive(Clone, Default)]
 struct Slow {
-    inner: MemoryStore,
     complete_delay: Option<Duration>,
     put_token_delay: Option<Duration>,
     /// When set, `renew` signals `renew_entered` and then waits for
@@ -41,51 +39,22 @@ struct Slow {
     renew_release: Arc<Notify>,
 }
 
-impl Store for Slow {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.inner.claim(key, fp, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        if let Some(d) = self.complete_delay {
+impl Faults for Slow {
+    async fn before(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        let delay = match op {
+            Op::Complete => self.complete_delay,
+            Op::PutToken => self.put_token_delay,
+            Op::Renew if self.hold_renew => {
+                self.renew_entered.notify_one();
+                self.renew_release.notified().await;
+                None
+            }
+            _ => None,
+        };
+        if let Some(d) = delay {
             tokio::time::sleep(d).await;
         }
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        if self.hold_renew {
-            self.renew_entered.notify_one();
-            self.renew_release.notified().await;
-        }
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
-        if let Some(d) = self.put_token_delay {
-            tokio::time::sleep(d).await;
-        }
-        self.inner.put_token(key, ttl).await
-    }
-    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.take_token(key, owner).await
+        Ok(())
     }
 }
 
@@ -416,10 +385,10 @@ async fn trailers_cross_http1_on_the_first_answer_and_on_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_token_submit_gives_the_token_back_before_its_copy_claims() {
-    let store = Slow {
+    let store = FaultStore::new(Slow {
         put_token_delay: Some(Duration::from_millis(300)),
         ..Slow::default()
-    };
+    });
     let runs = Counter::default();
     let r = runs.clone();
     let handler = service_fn(move |_req: Request<Full<Bytes>>| {
@@ -436,7 +405,7 @@ async fn a_failed_token_submit_gives_the_token_back_before_its_copy_claims() {
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::with_store(
+        .layer(IdempotencyLayer::new_in(
             Preset::client_token(),
             store.clone(),
         ))
@@ -478,10 +447,10 @@ async fn a_failed_token_submit_gives_the_token_back_before_its_copy_claims() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_hanging_up_during_completion_does_not_lose_the_success() {
-    let store = Slow {
+    let store = FaultStore::new(Slow {
         complete_delay: Some(Duration::from_millis(300)),
         ..Slow::default()
-    };
+    });
     let runs = Counter::default();
     let r = runs.clone();
     let handler = service_fn(move |_req: Request<Full<Bytes>>| {
@@ -494,7 +463,7 @@ async fn a_caller_hanging_up_during_completion_does_not_lose_the_success() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store)
+                .with_store(store)
                 .finish_on_disconnect(false),
         )
         .service(handler);
@@ -518,10 +487,10 @@ async fn a_caller_hanging_up_during_completion_does_not_lose_the_success() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inner_call_keeps_running_while_a_renewal_is_in_flight() {
-    let store = Slow {
+    let store = FaultStore::new(Slow {
         hold_renew: true,
         ..Slow::default()
-    };
+    });
     let entered = store.renew_entered.clone();
     let release = store.renew_release.clone();
     let go = Arc::new(Notify::new());
@@ -536,7 +505,7 @@ async fn the_inner_call_keeps_running_while_a_renewal_is_in_flight() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store)
+                .with_store(store)
                 .lease(Duration::from_millis(300))
                 .store_timeout(Duration::from_secs(30)),
         )
@@ -596,10 +565,10 @@ async fn background_work_is_tracked_and_awaited_at_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issuing_a_token_is_bounded_by_the_store_timeout() {
-    let store = Slow {
+    let store = FaultStore::new(Slow {
         put_token_delay: Some(Duration::from_secs(30)),
         ..Slow::default()
-    };
+    });
     let issuer = IssueToken::new(store).store_timeout(Duration::from_millis(100));
     let req = Request::get("/orders/token").body(()).unwrap();
     let res = tokio::time::timeout(Duration::from_secs(5), issuer.oneshot(req))

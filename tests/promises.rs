@@ -5,6 +5,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::faults::{backend_error, FaultStore, Faults, Op};
 use common::{all_at_once, client, post, read, request, serve, Counter};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -13,10 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError, StoreErrorKind,
-};
-use tower_idempotency::{Fingerprint, IdempotencyLayer, OnStoreError, Outcome};
+use tower_idempotency::store::{MemoryStore, StoreError};
+use tower_idempotency::{IdempotencyLayer, OnStoreError, Outcome};
 
 type Res = Response<Full<Bytes>>;
 
@@ -708,7 +707,7 @@ async fn p6_memory_store_evicts_at_capacity_and_counts_it() {
     let store = MemoryStore::builder().max_bytes(16 * 1024).build();
     let runs = Counter::default();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().store(store.clone()))
+        .layer(IdempotencyLayer::idempotency_key().with_store(store.clone()))
         .service(counting(runs.clone(), 0));
     for i in 0..500 {
         svc.clone()
@@ -774,73 +773,40 @@ async fn p6_keys_are_scoped_by_route_and_principal() {
 /// makes a claim answer 500 ms after the store acted (the layer times out,
 /// the claim is made).
 #[derive(Clone, Default)]
-struct Switchable {
-    inner: MemoryStore,
+struct Switches {
     down: Arc<AtomicBool>,
     late: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
 }
 
-impl Switchable {
-    fn check(&self) -> Result<(), StoreError> {
+impl Faults for Switches {
+    async fn before(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        if matches!(op, Op::PutToken | Op::TakeToken) {
+            return Ok(());
+        }
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::new(
-                StoreErrorKind::Backend,
-                "connection refused",
-            ))
+            Err(backend_error("connection refused"))
         } else {
             Ok(())
         }
     }
-}
-
-impl Store for Switchable {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.check()?;
-        let claim = self.inner.claim(key, fp, token, lease).await;
-        if self.late.load(Ordering::SeqCst) {
+    async fn after(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        if op == Op::Claim && self.late.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        claim
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.release(key, token).await
+        Ok(())
     }
 }
+
+type Switchable = FaultStore<Switches>;
 
 #[tokio::test]
 async fn p7_fail_closed_answers_retryable_and_recovers() {
     let store = Switchable::default();
     let runs = Counter::default();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::wechatpay_v3().store(store.clone()))
+        .layer(IdempotencyLayer::wechatpay_v3().with_store(store.clone()))
         .service(counting(runs.clone(), 0));
     let body = r#"{"id":"s1","event_type":"TRANSACTION.SUCCESS","resource":{"original_type":"transaction"}}"#;
     store.down.store(true, Ordering::SeqCst);
@@ -863,7 +829,7 @@ async fn p7_fail_closed_client_api_is_503_with_retry_after() {
     let store = Switchable::default();
     store.down.store(true, Ordering::SeqCst);
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().store(store.clone()))
+        .layer(IdempotencyLayer::idempotency_key().with_store(store.clone()))
         .service(counting(Counter::default(), 0));
     let res = svc.oneshot(key_req("s", "{}")).await.unwrap();
     assert_eq!(res.status(), 503);
@@ -878,7 +844,7 @@ async fn p7_fail_open_passes_through_and_is_marked() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store.clone())
+                .with_store(store.clone())
                 .on_store_error(OnStoreError::FailOpen),
         )
         .service(counting(runs.clone(), 0));
@@ -895,31 +861,10 @@ async fn p7_fail_open_passes_through_and_is_marked() {
 
 /// A store whose calls never answer: the store timeout must bound them.
 #[derive(Clone, Default)]
-struct Hanging;
+struct Hang;
 
-impl Store for Hanging {
-    async fn claim(
-        &self,
-        _: &str,
-        _: Fingerprint,
-        _: OwnerToken,
-        _: Duration,
-    ) -> Result<Claim, StoreError> {
-        std::future::pending().await
-    }
-    async fn complete(
-        &self,
-        _: &str,
-        _: OwnerToken,
-        _: Arc<CompletedRecord>,
-        _: Duration,
-    ) -> Result<bool, StoreError> {
-        std::future::pending().await
-    }
-    async fn renew(&self, _: &str, _: OwnerToken, _: Duration) -> Result<bool, StoreError> {
-        std::future::pending().await
-    }
-    async fn release(&self, _: &str, _: OwnerToken) -> Result<bool, StoreError> {
+impl Faults for Hang {
+    async fn before(&self, _: Op, _: &str) -> Result<(), StoreError> {
         std::future::pending().await
     }
 }
@@ -929,7 +874,7 @@ async fn p7_every_store_call_has_a_timeout() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(Hanging)
+                .with_store(FaultStore::new(Hang))
                 .store_timeout(Duration::from_millis(100)),
         )
         .service(counting(Counter::default(), 0));
@@ -947,7 +892,7 @@ async fn p3_a_claim_that_timed_out_is_released_not_left_for_a_lease() {
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .store(store.clone())
+                .with_store(store.clone())
                 .store_timeout(Duration::from_millis(100))
                 .wait(Duration::ZERO),
         )

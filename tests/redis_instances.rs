@@ -132,7 +132,7 @@ async fn instance<St: Store>(
     work: Duration,
     configure: impl FnOnce(IdempotencyLayer<St>) -> IdempotencyLayer<St>,
 ) -> SocketAddr {
-    let layer = configure(IdempotencyLayer::wechatpay_v3().store(store));
+    let layer = configure(IdempotencyLayer::wechatpay_v3().with_store(store));
     let svc =
         ServiceBuilder::new()
             .layer(layer)
@@ -408,12 +408,12 @@ async fn commands_per_request_are_as_documented() {
     let port = server.port();
     let store = RedisStore::standalone(server.url()).await.unwrap();
     let executions = Executions::default();
-    let layer = IdempotencyLayer::wechatpay_v3().store(store);
+    let layer = IdempotencyLayer::wechatpay_v3().with_store(store);
     // Another instance, with a local tier of its own.
     let other = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::wechatpay_v3()
-                .store(RedisStore::standalone(server.url()).await.unwrap()),
+                .with_store(RedisStore::standalone(server.url()).await.unwrap()),
         )
         .service(service_fn(|_req: Request<Full<Bytes>>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
@@ -508,7 +508,7 @@ async fn twenty_percent_failures_every_transaction_succeeds_exactly_once() {
         let svc = ServiceBuilder::new()
             .layer(
                 IdempotencyLayer::wechatpay_v3()
-                    .store(store)
+                    .with_store(store)
                     .store_timeout(Duration::from_secs(3)),
             )
             .service(service_fn(move |req: Request<Full<Bytes>>| {

@@ -78,7 +78,7 @@ fn guarded<St: Store>(
     Future = impl Send,
 > + Clone {
     ServiceBuilder::new()
-        .layer(IdempotencyLayer::with_store(Preset::client_token(), store.clone()).strict(strict))
+        .layer(IdempotencyLayer::new_in(Preset::client_token(), store.clone()).strict(strict))
         .service(orders(runs.clone(), fail_first))
 }
 

@@ -5,6 +5,7 @@ mod common;
 mod verify_support;
 
 use bytes::Bytes;
+use common::faults::{FaultStore, Faults, Op};
 use common::{all_at_once, client, post, read, serve, Counter};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -13,13 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError,
-};
+use tower_idempotency::store::StoreError;
 use tower_idempotency::verify::{
     DecryptedResource, StripeKeys, Verified, VerifyBody, VerifyLayer, WechatPayV3Keys,
 };
-use tower_idempotency::{Fingerprint, IdempotencyKey, IdempotencyLayer, Outcome};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Outcome};
 use verify_support::{at, cases, fixture, meta, wechatpay_v3, wechatpay_v3_keys, Case};
 
 /// Sends one request through the verify layer alone; returns the status, the
@@ -332,45 +331,22 @@ fn pairs(headers: &[(String, String)]) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// A memory store that counts the claims it is asked for.
+/// Counts the claims the memory store is asked for.
 #[derive(Clone, Default)]
-struct CountingStore {
-    inner: MemoryStore,
+struct ClaimCount {
     claims: Arc<AtomicUsize>,
 }
 
-impl Store for CountingStore {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(key, fingerprint, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
+impl Faults for ClaimCount {
+    async fn before(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        if op == Op::Claim {
+            self.claims.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
     }
 }
+
+type CountingStore = FaultStore<ClaimCount>;
 
 /// A WeChat Pay v3 route on a real hyper server whose handler never finishes
 /// for the forged copy (a forged copy that got through would hold the claim).
@@ -387,7 +363,7 @@ async fn wechat_server(verify: bool, store: CountingStore, runs: Counter) -> std
         }
     });
     let mut layer = IdempotencyLayer::wechatpay_v3()
-        .store(store)
+        .with_store(store)
         .wait(Duration::from_millis(300));
     if verify {
         let now = wechatpay_v3().now;
@@ -484,7 +460,7 @@ async fn a_refused_request_never_touches_the_store() {
     let store = CountingStore::default();
     let now = case.now;
     let svc = IdempotencyLayer::wechatpay_v3()
-        .store(store.clone())
+        .with_store(store.clone())
         .verify(VerifyLayer::new(wechatpay_v3_keys()).clock(move || at(now + 301)))
         .layer(service_fn(|_req: Request<Full<Bytes>>| async {
             Ok::<_, Infallible>(Response::new(Full::<Bytes>::default()))

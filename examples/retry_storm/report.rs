@@ -153,3 +153,4 @@ pub(crate) fn json_line(s: &Summary) -> serde_json::Value {
         "peak_rss_mb": round3(s.peak_rss_mb),
     })
 }
+

@@ -77,7 +77,7 @@ async fn serve_stacks<St: Store>(
     let mut addrs = Vec::with_capacity(instances);
     for _ in 0..instances {
         let stack = ServiceBuilder::new()
-            .layer(IdempotencyLayer::with_store(preset.clone(), store.clone()))
+            .layer(IdempotencyLayer::new_in(preset.clone(), store.clone()))
             .service(handler.clone());
         addrs.push(serve(stack).await?);
     }

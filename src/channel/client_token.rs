@@ -1,4 +1,4 @@
-//! Client tokens (the seed's "anti-resubmit token"): the server hands out a
+//! Client tokens (anti-resubmit tokens): the server hands out a
 //! one-time token ([`IssueToken`](crate::token::IssueToken)); the submit
 //! carries it in `Idempotency-Token`; the first submit consumes it and runs,
 //! copies wait and get its response replayed (or 409 in strict mode), and an

@@ -1,5 +1,5 @@
 //! Channel presets: the key, fingerprint, reply and defaults of each payment
-//! channel (DESIGN §6), one file per channel.
+//! channel, one file per channel.
 //!
 //! | preset | key | fingerprint | success reply | failure reply |
 //! |---|---|---|---|---|

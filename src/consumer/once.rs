@@ -86,6 +86,15 @@ impl<St: Store> Consumer<St> {
         self.with(|c| c.store_timeout = timeout)
     }
 
+    /// The same settings over another store. Defaults to the store given
+    /// to [`new`](Self::new).
+    pub fn with_store<St2: Store>(self, store: St2) -> Consumer<St2> {
+        Consumer {
+            store,
+            config: self.config,
+        }
+    }
+
     /// The store.
     pub fn store(&self) -> &St {
         &self.store

@@ -2,6 +2,7 @@
 //! is teed into the record up to the cache limit, and only end-to-end headers
 //! are kept.
 
+use crate::headers::{connection_named, is_grpc, is_hop_by_hop};
 use crate::store::{CompletedRecord, StoredResponse};
 use crate::Fingerprint;
 use bytes::{Bytes, BytesMut};
@@ -84,12 +85,6 @@ impl Capture {
     }
 }
 
-fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
 /// For gRPC responses: whether `grpc-status` says anything but 0.
 ///
 /// With `trailers` = `None` only the headers are known: a trailers-only
@@ -115,26 +110,8 @@ pub(super) fn grpc_failed(headers: &HeaderMap, trailers: Option<Option<&HeaderMa
 /// it announces the trailers that HTTP/1.1 sends after a chunked body.
 fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     // Headers that `Connection` names are hop-by-hop too.
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let dropped = |name: &header::HeaderName| {
-        matches!(
-            *name,
-            header::CONNECTION
-                | header::PROXY_AUTHENTICATE
-                | header::PROXY_AUTHORIZATION
-                | header::TE
-                | header::TRANSFER_ENCODING
-                | header::UPGRADE
-        ) || name.as_str() == "keep-alive"
-            || named.iter().any(|n| n == name.as_str())
-    };
+    let named = connection_named(headers);
+    let dropped = |name: &header::HeaderName| is_hop_by_hop(name) || named.contains(name);
     let keep = |name: &header::HeaderName| !dropped(name);
     // A fresh map sized for what is kept: a stored record lives for the
     // whole window, and a clone of the handler's map would keep its spare

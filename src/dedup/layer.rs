@@ -1,55 +1,10 @@
+use super::config::{DedupConfig, OnStoreError};
 use super::service::Dedup;
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
-
-/// What to do when the store fails or times out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnStoreError {
-    /// Answer a retryable failure (503 with `Retry-After`, or the channel's
-    /// failure reply) so that the sender comes back later: nothing doubled,
-    /// nothing lost. The default.
-    #[default]
-    FailClosed,
-    /// Pass the request through unguarded and rely on the business backstop
-    /// (a unique index). Counted as `passed_through`.
-    FailOpen,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct DedupConfig {
-    pub(crate) window: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) store_timeout: Duration,
-    pub(crate) on_store_error: OnStoreError,
-    pub(crate) finish_on_disconnect: bool,
-    pub(crate) max_cached_body: usize,
-    pub(crate) strict: bool,
-    pub(crate) token_ttl: Duration,
-    pub(crate) max_run: Duration,
-    pub(crate) reply_timeout: Option<Duration>,
-}
-
-impl DedupConfig {
-    pub(crate) const fn new() -> Self {
-        Self {
-            window: Duration::from_secs(25 * 3600),
-            lease: Duration::from_secs(30),
-            wait: Duration::from_secs(4),
-            store_timeout: Duration::from_secs(1),
-            on_store_error: OnStoreError::FailClosed,
-            finish_on_disconnect: true,
-            max_cached_body: 1024 * 1024,
-            strict: false,
-            token_ttl: Duration::from_secs(300),
-            max_run: Duration::from_secs(300),
-            reply_timeout: None,
-        }
-    }
-}
 
 /// Applies [`Dedup`] to a service. See the [module docs](crate::dedup).
 #[derive(Debug, Clone)]
@@ -223,5 +178,12 @@ impl<S, St: Store> Layer<S> for DedupLayer<St> {
             Arc::new(self.config.clone()),
             self.tasks.clone(),
         )
+    }
+}
+
+impl<S, St: Store> Dedup<S, St> {
+    /// A layer over `store`.
+    pub fn layer(store: St) -> DedupLayer<St> {
+        DedupLayer::new(store)
     }
 }

@@ -67,6 +67,7 @@
 //! ```
 
 mod capture;
+mod config;
 mod guard;
 mod layer;
 mod owner;
@@ -75,7 +76,8 @@ mod run;
 mod service;
 mod store_call;
 
-pub use layer::{DedupLayer, OnStoreError};
+pub use config::OnStoreError;
+pub use layer::DedupLayer;
 pub use service::{Dedup, ResponseFuture};
 
 /// The header that marks a replayed response.

@@ -8,8 +8,8 @@
 //! task goes on, so that a success is recorded and the next retry replays it.
 
 use super::capture::{grpc_failed, Capture};
+use super::config::DedupConfig;
 use super::guard::ClaimGuard;
-use super::layer::DedupConfig;
 use super::reply::{refusal, retry_later};
 use crate::body::{BoxError, Piece, ResponseBody};
 use crate::outcome::{self, log_warn, Outcome};

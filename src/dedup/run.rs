@@ -1,8 +1,8 @@
 //! The claim protocol of one guarded request: claim, then replay, wait, take
 //! over, or run the inner call as the claim's owner.
 
+use super::config::{DedupConfig, OnStoreError};
 use super::guard::ClaimGuard;
-use super::layer::{DedupConfig, OnStoreError};
 use super::owner::{Head, Owner};
 use super::reply::{in_flight, refusal, replay, retry_later};
 use super::store_call::store_call;

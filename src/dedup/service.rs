@@ -1,6 +1,6 @@
 //! The [`Dedup`] service and its response future.
 
-use super::layer::{DedupConfig, DedupLayer};
+use super::config::DedupConfig;
 use super::run::Run;
 use crate::body::{BoxError, ResponseBody};
 use crate::key::is_guarded_method;
@@ -70,11 +70,6 @@ impl<S, St: Store> Dedup<S, St> {
             config,
             tasks,
         }
-    }
-
-    /// A layer over `store`.
-    pub fn layer(store: St) -> DedupLayer<St> {
-        DedupLayer::new(store)
     }
 
     /// The inner service.

@@ -121,8 +121,10 @@ impl KeyLayer {
         self
     }
 
-    /// Describes the expected key in 400 messages, e.g. "JSON value at `/id`".
-    pub fn describe(mut self, what: impl Into<Arc<str>>) -> Self {
+    /// How the expected key is named in 400 messages, e.g. "JSON value at
+    /// `/id`". Defaults to "the idempotency key" (a preset names its
+    /// fields, as [`KeySpec::describe`](crate::key::KeySpec::describe) does).
+    pub fn key_description(mut self, what: impl Into<Arc<str>>) -> Self {
         self.config.describe = what.into();
         self
     }
@@ -166,9 +168,10 @@ pub struct Key<S> {
 }
 
 impl<S> Key<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S, layer: &KeyLayer) -> Self {
-        layer.layer(inner)
+    /// Wraps `inner`, reading keys with `extractor` and the
+    /// [`KeyLayer::new`] defaults. Use [`KeyLayer`] to change them.
+    pub fn new(inner: S, extractor: impl ExtractKey) -> Self {
+        KeyLayer::new(extractor).layer(inner)
     }
 
     /// A layer for this service.

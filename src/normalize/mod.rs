@@ -34,6 +34,7 @@
 //! ```
 
 use crate::body::Rejection;
+use crate::headers::is_grpc;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
@@ -146,12 +147,6 @@ impl Reply {
         };
         Response::from_parts(parts, body)
     }
-}
-
-fn is_grpc(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// A refusal as a trailers-only gRPC response.

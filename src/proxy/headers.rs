@@ -3,6 +3,8 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::net::SocketAddr;
 
+use crate::headers::{connection_named, is_hop_by_hop};
+
 /// How the client reached the gateway, for `x-forwarded-*`.
 ///
 /// The program that accepts connections puts it in each request's
@@ -19,32 +21,16 @@ pub struct ClientConn {
 /// Removes hop-by-hop headers: `Connection` and the headers it names,
 /// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+    for name in connection_named(headers) {
         headers.remove(name);
     }
-    for name in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    let proxy: Vec<HeaderName> = headers
+    headers.remove(header::TRAILER);
+    let dropped: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| k.as_str().starts_with("proxy-"))
+        .filter(|k| is_hop_by_hop(k) || k.as_str().starts_with("proxy-"))
         .cloned()
         .collect();
-    for name in proxy {
+    for name in dropped {
         headers.remove(name);
     }
 }

@@ -187,7 +187,7 @@ impl RouteOptions {
     /// The layer for `preset` with these settings.
     pub(crate) fn layer<S: Store>(&self, preset: Preset, store: S) -> IdempotencyLayer<S> {
         let limit = self.body_limit(&preset);
-        let mut layer = IdempotencyLayer::with_store(preset, store).max_body(limit);
+        let mut layer = IdempotencyLayer::new_in(preset, store).max_body(limit);
         if let Some(policy) = self.on_store_error {
             layer = layer.on_store_error(policy);
         }

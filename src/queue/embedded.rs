@@ -7,40 +7,25 @@
 //! `dead` (id → attempts, time, error, message), `meta` (next id). Every
 //! operation is one write transaction: atomic, and durable on commit.
 
-use super::records::{decode_dead, Marker, State};
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
+use super::records::{err, now_ms, time_of, Marker, State};
+use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
 const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
-const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
+pub(super) const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
 const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
-const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
+pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
 /// Expired keys removed per acknowledgement, so that cleanup keeps pace
 /// without one long transaction.
 const PURGE_BATCH: usize = 16;
-
-pub(super) fn err(e: impl std::fmt::Display) -> QueueError {
-    QueueError::new(format!("embedded queue: {e}"))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-pub(super) fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
 
 fn order_hash(order: Option<&str>) -> u64 {
     let Some(order) = order else { return 0 };
@@ -60,7 +45,7 @@ type IngestJob = (Message, oneshot::Sender<Result<Ingested, QueueError>>);
 /// The queue over one database.
 #[derive(Debug, Clone)]
 pub(super) struct Embedded {
-    db: Arc<Database>,
+    pub(super) db: Arc<Database>,
     window: Duration,
     committer: Arc<Committer>,
 }
@@ -218,7 +203,7 @@ impl Embedded {
         Ok(Ingested::Queued(EntryId::new(id.to_string())))
     }
 
-    fn next_id(txn: &WriteTransaction) -> Result<u64, QueueError> {
+    pub(super) fn next_id(txn: &WriteTransaction) -> Result<u64, QueueError> {
         let mut meta = txn.open_table(META).map_err(err)?;
         let id = meta
             .get("next_id")
@@ -229,7 +214,7 @@ impl Embedded {
         Ok(id)
     }
 
-    fn enqueue(
+    pub(super) fn enqueue(
         txn: &WriteTransaction,
         id: u64,
         message: &Message,
@@ -302,7 +287,7 @@ impl Embedded {
     }
 
     /// The entry's state if `delivery` still holds its lease.
-    fn leased(
+    pub(super) fn leased(
         &self,
         txn: &WriteTransaction,
         delivery: &Delivery,
@@ -320,7 +305,11 @@ impl Embedded {
     }
 
     /// Removes a live entry: its message bytes if it had any.
-    fn remove(&self, txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
+    pub(super) fn remove(
+        &self,
+        txn: &WriteTransaction,
+        id: u64,
+    ) -> Result<Option<Vec<u8>>, QueueError> {
         txn.open_table(STATE)
             .map_err(err)?
             .remove(id)
@@ -402,83 +391,6 @@ impl Embedded {
             .insert(id, s.encode().as_slice())
             .map_err(err)?;
         Ok(true)
-    }
-
-    pub(super) fn dead_letter(
-        &self,
-        txn: &WriteTransaction,
-        delivery: &Delivery,
-        error: &str,
-    ) -> Result<bool, QueueError> {
-        let Some((id, s)) = self.leased(txn, delivery)? else {
-            return Ok(false);
-        };
-        let message = self
-            .remove(txn, id)?
-            .ok_or_else(|| err("entry without message"))?;
-        let mut record = Vec::with_capacity(16 + error.len() + message.len());
-        record.extend_from_slice(&s.attempts.to_le_bytes());
-        record.extend_from_slice(&now_ms().to_le_bytes());
-        record.extend_from_slice(&(error.len() as u32).to_le_bytes());
-        record.extend_from_slice(error.as_bytes());
-        record.extend_from_slice(&message);
-        txn.open_table(DEAD)
-            .map_err(err)?
-            .insert(id, record.as_slice())
-            .map_err(err)?;
-        // The key stays marked (as live): a copy arriving now is a duplicate.
-        Ok(true)
-    }
-
-    pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        let txn = self.db.begin_read().map_err(err)?;
-        let dead = txn.open_table(DEAD).map_err(err)?;
-        let mut out = Vec::new();
-        for row in dead.iter().map_err(err)?.take(limit) {
-            let (id, value) = row.map_err(err)?;
-            out.push(decode_dead(id.value(), value.value())?);
-        }
-        Ok(out)
-    }
-
-    pub(super) fn replay(&self, txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {
-        let record = txn
-            .open_table(DEAD)
-            .map_err(err)?
-            .remove(id)
-            .map_err(err)?
-            .map(|v| v.value().to_vec());
-        let Some(record) = record else {
-            return Ok(false);
-        };
-        let letter = decode_dead(id, &record)?;
-        let new_id = Self::next_id(txn)?;
-        let marker = Marker {
-            fingerprint: letter.message.fingerprint.to_bytes(),
-            entry: new_id,
-            expires: 0,
-        };
-        txn.open_table(KEYS)
-            .map_err(err)?
-            .insert(letter.message.key.as_str(), marker.encode().as_slice())
-            .map_err(err)?;
-        Self::enqueue(txn, new_id, &letter.message, now_ms())?;
-        Ok(true)
-    }
-
-    pub(super) fn replay_all(&self, txn: &WriteTransaction) -> Result<usize, QueueError> {
-        let ids: Vec<u64> = txn
-            .open_table(DEAD)
-            .map_err(err)?
-            .iter()
-            .map_err(err)?
-            .filter_map(|r| r.ok().map(|(k, _)| k.value()))
-            .collect();
-        let mut n = 0;
-        for id in ids {
-            n += usize::from(self.replay(txn, id)?);
-        }
-        Ok(n)
     }
 
     pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {

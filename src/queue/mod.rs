@@ -45,6 +45,7 @@
 //! # }
 //! ```
 
+mod dead;
 mod delegate;
 mod either;
 mod embedded;

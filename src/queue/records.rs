@@ -1,7 +1,25 @@
 //! The byte layouts of the embedded queue's records.
 
-use super::embedded::{err, time_of};
 use super::{DeadLetter, EntryId, Message, QueueError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A redb (or record layout) failure as a queue error.
+pub(super) fn err(e: impl std::fmt::Display) -> QueueError {
+    QueueError::new(format!("embedded queue: {e}"))
+}
+
+/// Now, in milliseconds since the Unix epoch (the unit of every stored time).
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A stored time as a `SystemTime`.
+pub(super) fn time_of(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
 
 /// The scheduling state of one entry.
 #[derive(Clone, Copy)]

@@ -1,6 +1,6 @@
 //! Where records live: the [`Store`] trait and its backends.
 //!
-//! A record goes through the life cycle of DESIGN §4:
+//! A record goes through this life cycle:
 //!
 //! ```text
 //! absent ──claim──▶ in-flight{owner, fingerprint, lease} ──complete──▶ completed{fingerprint, response}

@@ -1,6 +1,8 @@
 //! Shared test support: real hyper servers on loopback and a small client.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod faults;
+
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -155,4 +157,13 @@ where
         out.push(t.await.unwrap());
     }
     out
+}
+
+/// A loopback port that was free a moment ago (for servers that must be
+/// told their port, like `redis-server`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
 }

@@ -110,7 +110,7 @@ use std::time::Duration;
 ///
 /// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = RedisStore::standalone("redis://127.0.0.1:6379/").await?;
-/// let layer = IdempotencyLayer::wechatpay_v3().store(store);
+/// let layer = IdempotencyLayer::wechatpay_v3().with_store(store);
 /// // Cluster: RedisStore::cluster(["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/"]).await?
 /// # let _ = layer; Ok(()) }
 /// ```

@@ -1,0 +1,86 @@
+//! Dead letters in the embedded queue: moving a delivery that failed for
+//! good to the `dead` table, listing it, and replaying it as a new entry.
+
+use super::embedded::{Embedded, DEAD, KEYS};
+use super::records::{decode_dead, err, now_ms, Marker};
+use super::{DeadLetter, Delivery, QueueError};
+use redb::{ReadableTable, WriteTransaction};
+
+impl Embedded {
+    pub(super) fn dead_letter(
+        &self,
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        error: &str,
+    ) -> Result<bool, QueueError> {
+        let Some((id, s)) = self.leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        let message = self
+            .remove(txn, id)?
+            .ok_or_else(|| err("entry without message"))?;
+        let mut record = Vec::with_capacity(16 + error.len() + message.len());
+        record.extend_from_slice(&s.attempts.to_le_bytes());
+        record.extend_from_slice(&now_ms().to_le_bytes());
+        record.extend_from_slice(&(error.len() as u32).to_le_bytes());
+        record.extend_from_slice(error.as_bytes());
+        record.extend_from_slice(&message);
+        txn.open_table(DEAD)
+            .map_err(err)?
+            .insert(id, record.as_slice())
+            .map_err(err)?;
+        // The key stays marked (as live): a copy arriving now is a duplicate.
+        Ok(true)
+    }
+
+    pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let dead = txn.open_table(DEAD).map_err(err)?;
+        let mut out = Vec::new();
+        for row in dead.iter().map_err(err)?.take(limit) {
+            let (id, value) = row.map_err(err)?;
+            out.push(decode_dead(id.value(), value.value())?);
+        }
+        Ok(out)
+    }
+
+    pub(super) fn replay(&self, txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {
+        let record = txn
+            .open_table(DEAD)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?
+            .map(|v| v.value().to_vec());
+        let Some(record) = record else {
+            return Ok(false);
+        };
+        let letter = decode_dead(id, &record)?;
+        let new_id = Self::next_id(txn)?;
+        let marker = Marker {
+            fingerprint: letter.message.fingerprint.to_bytes(),
+            entry: new_id,
+            expires: 0,
+        };
+        txn.open_table(KEYS)
+            .map_err(err)?
+            .insert(letter.message.key.as_str(), marker.encode().as_slice())
+            .map_err(err)?;
+        Self::enqueue(txn, new_id, &letter.message, now_ms())?;
+        Ok(true)
+    }
+
+    pub(super) fn replay_all(&self, txn: &WriteTransaction) -> Result<usize, QueueError> {
+        let ids: Vec<u64> = txn
+            .open_table(DEAD)
+            .map_err(err)?
+            .iter()
+            .map_err(err)?
+            .filter_map(|r| r.ok().map(|(k, _)| k.value()))
+            .collect();
+        let mut n = 0;
+        for id in ids {
+            n += usize::from(self.replay(txn, id)?);
+        }
+        Ok(n)
+    }
+}
