@@ -304,9 +304,9 @@ async fn a_channel_hears_success_only_after_the_record_is_kept() {
             ))))
         }
     });
-    let store = MemoryStore::new();
+    let store = tower_idempotency::store::MemoryStore::new();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::alipay().store(store.clone()))
+        .layer(IdempotencyLayer::alipay().with_store(store.clone()))
         .service(handler);
     let body =
         "notify_id=n2&out_trade_no=o2&trade_no=t2&trade_status=TRADE_SUCCESS&total_amount=1.00";

@@ -153,4 +153,3 @@ pub(crate) fn json_line(s: &Summary) -> serde_json::Value {
         "peak_rss_mb": round3(s.peak_rss_mb),
     })
 }
-
