@@ -424,3 +424,88 @@ fn a_verify_table_on_an_auto_route_or_a_preset_without_verifier_exits_2() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// On an ack-then-deliver route the signature is checked before the
+/// notification is queued: a forged copy (tampered body, bad signature) is
+/// refused and never queued, so the one delivery the upstream sees carries
+/// the genuine body.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_notification_on_a_verified_ack_route_is_never_queued() {
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::<Bytes>::new()));
+    let seen = bodies.clone();
+    let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let seen = seen.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            seen.lock().unwrap().push(body);
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    });
+    let (up, _task) = serve(svc).await;
+    let data = temp_path("verify-ack");
+    let routes = format!(
+        "data_dir = \"{}\"\n[[route]]\nprefix = \"/notify/stripe\"\npreset = \"stripe\"\n\
+         mode = \"ack-then-deliver\"\n\
+         verify = {{ secrets = [\"{STRIPE_SECRET}\"], tolerance = \"300s\" }}\n",
+        data.display()
+    );
+    let dir = config_dir(&routes, &format!("http://{up}"), &[]);
+    assert_eq!(check(&dir).0, 0, "{}", check(&dir).1);
+    let gw = Proc::start(
+        &["--config", dir.join("gateway.toml").to_str().unwrap()],
+        &[],
+        Stdio::null(),
+    );
+    let client = client();
+    let body = fixture(STRIPE_BODY);
+
+    // Forged first: the real event id, a changed body, a signature of the
+    // genuine body. Were it queued, its body would be the one delivered.
+    let mut tampered = body.clone();
+    tampered.extend_from_slice(b" ");
+    let sig = stripe_signature(STRIPE_SECRET, now(), &body);
+    for a in storm(
+        &client,
+        gw.addr,
+        "/notify/stripe",
+        stripe_headers(sig),
+        tampered,
+        3,
+    )
+    .await
+    {
+        assert_refused(&a, "forged copy on an ack route");
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(
+        bodies.lock().unwrap().is_empty(),
+        "a forged copy was delivered"
+    );
+
+    let genuine = stripe_signature(STRIPE_SECRET, now(), &body);
+    for a in storm(
+        &client,
+        gw.addr,
+        "/notify/stripe",
+        stripe_headers(genuine),
+        body.clone(),
+        7,
+    )
+    .await
+    {
+        assert_stripe_success(&a, "genuine copy on an ack route");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while bodies.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let delivered = bodies.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 1, "one delivery for 7 genuine copies");
+    assert_eq!(
+        delivered[0],
+        Bytes::from(body),
+        "the genuine body was delivered"
+    );
+}
