@@ -245,25 +245,42 @@ async fn a_success_over_the_cache_limit_is_streamed_and_its_replay_says_so() {
     assert_eq!(runs.get(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_success_body_that_fails_half_way_releases_the_claim() {
-    let runs = Counter::default();
-    let r = runs.clone();
-    let handler = service_fn(move |_req: Request<Full<Bytes>>| {
-        let n = r.bump();
+/// A handler whose first answer is a 200 whose body fails half way, and
+/// whose later answers are a 200 with `whole`.
+fn half_then_whole(
+    runs: Counter,
+    whole: &'static [u8],
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<StreamBody<futures_util::stream::Iter<std::vec::IntoIter<HalfFrame>>>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(move |_req: Request<Full<Bytes>>| {
+        let n = runs.bump();
         async move {
-            let frames: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = if n == 1 {
+            let frames: Vec<HalfFrame> = if n == 1 {
                 vec![
                     Ok(http_body::Frame::data(Bytes::from_static(b"half"))),
                     Err(std::io::Error::other("upstream reset")),
                 ]
             } else {
-                vec![Ok(http_body::Frame::data(Bytes::from_static(b"whole")))]
+                vec![Ok(http_body::Frame::data(Bytes::from_static(whole)))]
             };
-            let body = StreamBody::new(futures_util::stream::iter(frames));
-            Ok::<_, Infallible>(Response::new(body))
+            Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
         }
-    });
+    })
+}
+
+type HalfFrame = Result<http_body::Frame<Bytes>, std::io::Error>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_body_that_fails_half_way_releases_the_claim() {
+    let runs = Counter::default();
+    let r = runs.clone();
+    let handler = half_then_whole(r, b"whole");
     let svc = ServiceBuilder::new()
         .layer(IdempotencyLayer::idempotency_key())
         .service(handler);
@@ -288,22 +305,7 @@ async fn a_success_body_that_fails_half_way_releases_the_claim() {
 async fn a_channel_hears_success_only_after_the_record_is_kept() {
     let runs = Counter::default();
     let r = runs.clone();
-    let handler = service_fn(move |_req: Request<Full<Bytes>>| {
-        let n = r.bump();
-        async move {
-            let frames: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = if n == 1 {
-                vec![
-                    Ok(http_body::Frame::data(Bytes::from_static(b"half"))),
-                    Err(std::io::Error::other("upstream reset")),
-                ]
-            } else {
-                vec![Ok(http_body::Frame::data(Bytes::from_static(b"done")))]
-            };
-            Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
-                frames,
-            ))))
-        }
-    });
+    let handler = half_then_whole(r, b"done");
     let store = tower_idempotency::store::MemoryStore::new();
     let svc = ServiceBuilder::new()
         .layer(IdempotencyLayer::alipay().with_store(store.clone()))
