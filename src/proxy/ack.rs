@@ -3,6 +3,7 @@
 //! durably and only then answers; and [`Deliver`], which takes the queued
 //! notifications to the upstream through the route's dedup layer.
 
+use super::gateway::guarded;
 use super::headers::{set_forwarded, ClientConn};
 use super::{plain, Gateway, GatewayResponse};
 use crate::key::KeyBody;
@@ -11,7 +12,7 @@ use crate::queue::{Ingested, Message, Queue, QueueError};
 use crate::store::Store;
 use crate::{IdempotencyKey, ResponseBody};
 use http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Full};
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
@@ -180,5 +181,53 @@ impl<S: Store> Service<Message> for Deliver<S> {
     fn call(&mut self, message: Message) -> Self::Future {
         let gateway = self.gateway.clone();
         Box::pin(async move { gateway.deliver(message).await })
+    }
+}
+
+impl<S: Store> Gateway<S> {
+    /// Whether a route acknowledges, then delivers (a worker is needed).
+    pub fn has_ack_routes(&self) -> bool {
+        self.routes.iter().any(|(_, route)| route.ack.is_some())
+    }
+
+    /// A service that delivers the queued notifications of the
+    /// acknowledge-then-deliver routes; give it to a
+    /// [`Worker`](crate::queue::Worker) over the queue given to
+    /// [`GatewayBuilder::queue`](super::GatewayBuilder::queue).
+    pub fn deliverer(&self) -> Deliver<S> {
+        Deliver {
+            gateway: self.clone(),
+        }
+    }
+
+    /// Delivers one queued notification through its route's stack (the
+    /// route found by the message's path). `Ok` once the upstream answered
+    /// 2xx, or the dedup layer replayed such an answer of an earlier
+    /// delivery.
+    pub async fn deliver(&self, message: Message) -> Result<(), DeliveryError> {
+        let path = message.uri.path();
+        let Some((route, _)) = self.routes.find(path) else {
+            return Err(DeliveryError::new(format!("no route for {path}")));
+        };
+        let at = route.stacks.iter().position(Option::is_some);
+        let Some(at) = at.filter(|_| route.ack.is_some()) else {
+            return Err(DeliveryError::new(format!(
+                "{path} is not an ack-then-deliver route"
+            )));
+        };
+        let res = guarded(route, at, message.to_request().map(Full::new)).await;
+        let status = res.status();
+        // Read the whole answer: the dedup layer records it at its end.
+        let mut body = std::pin::pin!(res.into_body());
+        while let Some(frame) = body.frame().await {
+            if let Err(e) = frame {
+                return Err(DeliveryError::new(format!("upstream answer cut: {e}")));
+            }
+        }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(DeliveryError::new(format!("upstream answered {status}")))
+        }
     }
 }

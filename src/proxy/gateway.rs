@@ -1,7 +1,7 @@
 //! [`Gateway`]: routing, `auto` detection and one idempotency stack per
 //! route and preset, in front of a [`Forward`].
 
-use super::ack::{Deliver, DeliveryError, Ingest, IngestFn};
+use super::ack::{Ingest, IngestFn};
 use super::detect::detect;
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
@@ -9,7 +9,7 @@ use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
 use crate::channel::PRESET_NAMES;
 use crate::key::{is_guarded_method, HeaderPrincipal, Key};
 use crate::normalize::Normalize;
-use crate::queue::{Message, Queue};
+use crate::queue::Queue;
 use crate::store::Store;
 use crate::token::IssueToken;
 use crate::verify::Verify;
@@ -57,15 +57,15 @@ type Stack<S> = Idempotency<Forward, S>;
 type AckStack = Normalize<Verify<Key<Ingest>>>;
 
 /// One route: its stacks, indexed like [`PRESET_NAMES`].
-struct Route<S> {
-    stacks: Vec<Option<Stack<S>>>,
+pub(super) struct Route<S> {
+    pub(super) stacks: Vec<Option<Stack<S>>>,
     /// What an `auto` route buffers to detect; `None` for a preset route.
     auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
     issuer: Option<IssueToken<S>>,
     /// The queueing pipeline of an acknowledge-then-deliver route (its
     /// stack in `stacks` delivers).
-    ack: Option<AckStack>,
+    pub(super) ack: Option<AckStack>,
 }
 
 /// A whole idempotency gateway as one tower service: each request goes to
@@ -93,7 +93,7 @@ struct Route<S> {
 ///
 /// Clones share everything. Build one with [`Gateway::builder`].
 pub struct Gateway<S> {
-    routes: Arc<RouteTable<Route<S>>>,
+    pub(super) routes: Arc<RouteTable<Route<S>>>,
     forward: Forward,
     tasks: TaskTracker,
 }
@@ -337,52 +337,6 @@ impl<S: Store> Gateway<S> {
         }
     }
 
-    /// Whether a route acknowledges, then delivers (a worker is needed).
-    pub fn has_ack_routes(&self) -> bool {
-        self.routes.iter().any(|(_, route)| route.ack.is_some())
-    }
-
-    /// A service that delivers the queued notifications of the
-    /// acknowledge-then-deliver routes; give it to a
-    /// [`Worker`](crate::queue::Worker) over the queue given to
-    /// [`GatewayBuilder::queue`].
-    pub fn deliverer(&self) -> Deliver<S> {
-        Deliver {
-            gateway: self.clone(),
-        }
-    }
-
-    /// Delivers one queued notification through its route's stack (the
-    /// route found by the message's path). `Ok` once the upstream answered
-    /// 2xx, or the dedup layer replayed such an answer of an earlier
-    /// delivery.
-    pub async fn deliver(&self, message: Message) -> Result<(), DeliveryError> {
-        let path = message.uri.path();
-        let Some((route, _)) = self.routes.find(path) else {
-            return Err(DeliveryError::new(format!("no route for {path}")));
-        };
-        let at = route.stacks.iter().position(Option::is_some);
-        let Some(at) = at.filter(|_| route.ack.is_some()) else {
-            return Err(DeliveryError::new(format!(
-                "{path} is not an ack-then-deliver route"
-            )));
-        };
-        let res = guarded(route, at, message.to_request().map(Full::new)).await;
-        let status = res.status();
-        // Read the whole answer: the dedup layer records it at its end.
-        let mut body = std::pin::pin!(res.into_body());
-        while let Some(frame) = body.frame().await {
-            if let Err(e) = frame {
-                return Err(DeliveryError::new(format!("upstream answer cut: {e}")));
-            }
-        }
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(DeliveryError::new(format!("upstream answered {status}")))
-        }
-    }
-
     async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -411,7 +365,7 @@ where
 }
 
 /// Runs `req` through the route's stack number `at`.
-async fn guarded<S, B>(route: &Route<S>, at: usize, req: Request<B>) -> GatewayResponse
+pub(super) async fn guarded<S, B>(route: &Route<S>, at: usize, req: Request<B>) -> GatewayResponse
 where
     S: Store,
     B: Body<Data = Bytes> + Send + 'static,
