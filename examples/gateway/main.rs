@@ -35,6 +35,9 @@ mod store;
 mod tls;
 mod verify;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use config::Settings;
 use std::io::Write;
 use std::process::ExitCode;
