@@ -11,7 +11,7 @@ use super::capture::{grpc_failed, Capture};
 use super::config::DedupConfig;
 use super::guard::ClaimGuard;
 use super::reply::{refusal, retry_later};
-use crate::body::{BoxError, Piece, ResponseBody};
+use crate::body::{BodyBuffer, BoxError, Piece, ResponseBody};
 use crate::outcome::{self, log_warn, Outcome};
 use crate::store::Store;
 use bytes::Bytes;
@@ -40,6 +40,14 @@ pub(super) enum Head<B, E> {
 
 /// How the inner call ended.
 enum Verdict<B, E> {
+    /// A 2xx whose whole body was ready at once: nothing was sent to the
+    /// caller yet; the head, the body's bytes and its trailers.
+    Whole(
+        Box<Capture>,
+        http::response::Parts,
+        Bytes,
+        Option<HeaderMap>,
+    ),
     /// A 2xx whose body ended; the trailers still to send.
     Ended(Box<Capture>, Option<HeaderMap>),
     Failure(http::response::Parts, B),
@@ -142,6 +150,26 @@ impl<S, St: Store> Owner<S, St> {
         let key = guard.key().clone();
         let preset = key.preset_arc();
         match verdict {
+            Verdict::Whole(capture, parts, data, trailers) => {
+                // The record is kept before the caller hears anything.
+                let succeeded = capture.succeeded();
+                let outcome = if succeeded {
+                    let record = Arc::new((*capture).into_record(key.fingerprint()));
+                    let outcome = guard.complete(record, config.window, config.lease).await;
+                    if outcome == Outcome::LeaseLost {
+                        log_warn!(key = %key.redacted(), "the lease ran out before the record completed");
+                    }
+                    outcome::record(preset, outcome);
+                    Outcome::Executed
+                } else {
+                    outcome::record(preset, Outcome::Failed);
+                    guard.release().await;
+                    Outcome::Failed
+                };
+                let mut res = Response::from_parts(parts, ResponseBody::full(data, trailers));
+                res.extensions_mut().insert(outcome);
+                link.answer(Head::Done(Ok(res)));
+            }
             Verdict::Ended(capture, trailers) => {
                 if capture.succeeded() {
                     let record = Arc::new((*capture).into_record(key.fingerprint()));
@@ -227,6 +255,34 @@ where
         return Verdict::Failure(parts, body);
     }
     let mut capture = Capture::new(parts.status, &parts.headers, config.max_cached_body);
+    let mut body = std::pin::pin!(body);
+    let mut trailers: Option<HeaderMap> = None;
+    // Whatever of the body is ready now is taken without waiting: a small
+    // answer usually arrives whole with its head, and is then answered in
+    // one piece, after its record is kept, without a channel to the caller.
+    let mut early = BodyBuffer::default();
+    let mut early_error = None;
+    let ended = loop {
+        if early.len() > EARLY_MAX {
+            break false;
+        }
+        let Some(frame) = poll_now(body.as_mut()).await else {
+            break false;
+        };
+        match frame {
+            None => break true,
+            Some(Err(e)) => {
+                early_error = Some(e);
+                break false;
+            }
+            Some(Ok(frame)) => take_frame(frame, &mut capture, &mut trailers, |data| {
+                early.push(data);
+            }),
+        }
+    };
+    if ended {
+        return Verdict::Whole(Box::new(capture), parts, early.into_bytes(), trailers);
+    }
     // A couple of frames in transit: the caller's pace is the handler's.
     let (tx, rx) = mpsc::channel(2);
     if let Some(head) = link.head.take() {
@@ -237,8 +293,13 @@ where
             link.body = Some(tx);
         }
     }
-    let mut body = std::pin::pin!(body);
-    let mut trailers: Option<HeaderMap> = None;
+    if early.len() > 0 {
+        link.send(Piece::Frame(Frame::data(early.into_bytes())))
+            .await;
+    }
+    if let Some(e) = early_error {
+        return Verdict::BodyError(e);
+    }
     // The body's own error never waits across an await (it need not be Send).
     loop {
         let frame = std::future::poll_fn(|cx| {
@@ -251,20 +312,10 @@ where
             Ok(frame) => frame,
             Err(e) => return Verdict::BodyError(e),
         };
-        match frame.into_data() {
-            Ok(data) => {
-                capture.data(&data);
-                link.send(Piece::Frame(Frame::data(data))).await;
-            }
-            Err(frame) => {
-                if let Ok(t) = frame.into_trailers() {
-                    capture.trailers(&t);
-                    match &mut trailers {
-                        Some(existing) => existing.extend(t),
-                        None => trailers = Some(t),
-                    }
-                }
-            }
+        let mut data = None;
+        take_frame(frame, &mut capture, &mut trailers, |d| data = Some(d));
+        if let Some(data) = data {
+            link.send(Piece::Frame(Frame::data(data))).await;
         }
         debug_assert!(capture.held() <= config.max_cached_body);
         // A body that is always ready (and nobody reading it) must still let
@@ -272,6 +323,51 @@ where
         tokio::task::coop::consume_budget().await;
     }
     Verdict::Ended(Box::new(capture), trailers)
+}
+
+/// How much of a body is taken at once before its head goes to the caller.
+const EARLY_MAX: usize = 64 * 1024;
+
+/// Polls `body` once: `None` if it has nothing ready.
+async fn poll_now<B>(
+    mut body: std::pin::Pin<&mut B>,
+) -> Option<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match body.as_mut().poll_frame(cx) {
+            std::task::Poll::Ready(polled) => Some(polled.map(|r| r.map_err(Into::into))),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+/// Tees one frame into `capture`: data goes on to `data`, trailers are
+/// gathered into `trailers`.
+fn take_frame(
+    frame: Frame<Bytes>,
+    capture: &mut Capture,
+    trailers: &mut Option<HeaderMap>,
+    data: impl FnOnce(Bytes),
+) {
+    match frame.into_data() {
+        Ok(d) => {
+            capture.data(&d);
+            data(d);
+        }
+        Err(frame) => {
+            if let Ok(t) = frame.into_trailers() {
+                capture.trailers(&t);
+                match trailers {
+                    Some(existing) => existing.extend(t),
+                    None => *trailers = Some(t),
+                }
+            }
+        }
+    }
 }
 
 /// Polls `work` and, alongside it, renews the claim every `lease/3` (sooner

@@ -179,26 +179,39 @@ impl<S, St: Store> Run<S, St> {
             key,
             ..
         } = self;
-        let (head_tx, head_rx) = oneshot::channel();
+        let (head_tx, mut head_rx) = oneshot::channel();
         let cancel = CancellationToken::new();
         let owner = Owner {
             inner,
             guard,
             config: config.clone(),
         };
-        tasks.spawn(owner.run(req, head_tx, cancel.clone()));
+        // The owner runs here, in the caller's task, until the head is ready;
+        // whatever is left of it then (a streamed body, the record) goes on
+        // in a tracked task, and so does all of it if this future is dropped
+        // or the reply deadline passes. A small answer is thus served without
+        // a task of its own.
+        let mut work = Detachable {
+            work: Some(Box::pin(owner.run(req, head_tx, cancel.clone()))),
+            tasks,
+        };
         // Unless calls are finished on disconnect, dropping this future (or
         // the body it answers) cancels the call and releases its claim.
         let mut cancel_on_drop = (!config.finish_on_disconnect).then(|| cancel.drop_guard());
+        let head = std::future::poll_fn(|cx| {
+            work.poll_inline(cx);
+            std::pin::Pin::new(&mut head_rx).poll(cx)
+        });
         let head = match config.reply_timeout {
-            None => head_rx.await,
-            Some(patience) => match tokio::time::timeout(patience, head_rx).await {
+            None => head.await,
+            Some(patience) => match tokio::time::timeout(patience, head).await {
                 Ok(head) => head,
                 Err(_) => {
                     // The call goes on, detached, holding its claim.
                     if let Some(guard) = cancel_on_drop.take() {
                         guard.disarm();
                     }
+                    work.detach();
                     outcome::record(key.preset_arc(), Outcome::ReplyDeadline);
                     log_warn!(key = %key.redacted(), "reply deadline passed; the call goes on in the background");
                     return Ok(retry_later(
@@ -209,6 +222,7 @@ impl<S, St: Store> Run<S, St> {
                 }
             },
         };
+        work.detach();
         match head {
             Ok(Head::Done(answer)) => answer,
             Ok(Head::Streamed(parts, rx, hint)) => {
@@ -282,5 +296,40 @@ impl<S, St: Store> Run<S, St> {
             "idempotency key reused with a different request payload\n",
             Outcome::Mismatch,
         )
+    }
+}
+
+/// The owner's work, polled in the caller's task until it is detached (or
+/// dropped) into a tracked task of its own.
+struct Detachable {
+    work: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    tasks: TaskTracker,
+}
+
+impl Detachable {
+    /// Polls the work, if it is still here and not finished.
+    fn poll_inline(&mut self, cx: &mut std::task::Context<'_>) {
+        if let Some(work) = &mut self.work {
+            if work.as_mut().poll(cx).is_ready() {
+                self.work = None;
+            }
+        }
+    }
+
+    /// Moves what is left of the work to a tracked task.
+    fn detach(&mut self) {
+        if let Some(work) = self.work.take() {
+            // Without a runtime (it is shutting down) the work is dropped:
+            // its claim guard releases the claim, or its lease runs out.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.tasks.spawn(work);
+            }
+        }
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        self.detach();
     }
 }
