@@ -1,7 +1,12 @@
-//! Shared test support: real hyper servers on loopback and a small client.
+//! Shared test support: real hyper servers on loopback and a small client,
+//! the recording upstream, the table of channel vectors and the channel
+//! scenarios, the fault-injecting store.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
+pub mod scenarios;
+pub mod upstream;
+pub mod vectors;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -166,4 +171,10 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("no free loopback port")
+}
+
+/// A loopback address whose port was free a moment ago (for servers that
+/// must be told where to listen).
+pub fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
