@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
+mod port;
 pub mod scenarios;
 pub mod upstream;
 pub mod vectors;
@@ -19,6 +20,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+#[allow(unused_imports)] // each test binary uses what it needs
+pub use port::{free_addr, free_port};
 
 /// Serves `svc` (any tower service over hyper's incoming bodies) on
 /// 127.0.0.1:0 with HTTP/1 and HTTP/2; returns the bound address.
@@ -162,19 +166,4 @@ where
         out.push(t.await.unwrap());
     }
     out
-}
-
-/// A loopback port that was free a moment ago (for servers that must be
-/// told their port, like `redis-server`).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
-}
-
-/// A loopback address whose port was free a moment ago (for servers that
-/// must be told where to listen).
-pub fn free_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }

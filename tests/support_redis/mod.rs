@@ -6,8 +6,13 @@
 //! with a loud warning otherwise.
 #![allow(dead_code, unreachable_pub)]
 
+#[path = "../common/port.rs"]
+mod port;
+
+use port::free_port;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,13 +56,6 @@ pub fn redis_available() -> bool {
         });
     }
     available
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }
 
 fn temp_dir(tag: &str) -> PathBuf {
