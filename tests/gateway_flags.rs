@@ -14,11 +14,7 @@ mod gateway_support;
 use common::{client, upstream::Upstream, vectors::STRIPE_VECTORS};
 use gateway_support::gateway_bin;
 #[cfg(feature = "metrics")]
-use gateway_support::{storm::send_vector, Gateway};
-#[cfg(feature = "metrics")]
-use http::Request;
-#[cfg(feature = "metrics")]
-use http_body_util::Full;
+use gateway_support::{get, storm::send_vector, Gateway};
 use std::process::{Command, Stdio};
 
 #[test]
@@ -276,25 +272,16 @@ fn sample(text: &str, name: &str, want: &[&str]) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_executed_and_replayed() {
     let up = Upstream::start().await;
-    let metrics_addr = common::free_addr().to_string();
-    let gw = Gateway::start(&up.url(), &["--metrics-listen", &metrics_addr]);
+    let metrics_addr = common::free_addr();
+    let gw = Gateway::start(&up.url(), &["--metrics-listen", &metrics_addr.to_string()]);
     let client = client();
     let v = &STRIPE_VECTORS[0];
     for _ in 0..3 {
         let a = send_vector(&client, &gw.url("/stripe"), v).await;
         assert_eq!(a.status, 200);
     }
-    let res = client
-        .request(
-            Request::get(format!("http://{metrics_addr}/metrics"))
-                .body(Full::default())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let a = common::read(res).await;
-    assert_eq!(a.status, 200);
-    let text = a.text();
+    let (status, text) = get(metrics_addr, "/metrics");
+    assert_eq!(status, 200);
     let count = |outcome: &str| {
         sample(
             &text,
@@ -311,13 +298,5 @@ async fn metrics_count_executed_and_replayed() {
         sample(&text, "idempotency_store_seconds_count", &[]).is_some_and(|n| n >= 1.0),
         "{text}"
     );
-    let res = client
-        .request(
-            Request::get(format!("http://{metrics_addr}/other"))
-                .body(Full::default())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 404);
+    assert_eq!(get(metrics_addr, "/other").0, 404);
 }

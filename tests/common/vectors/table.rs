@@ -91,6 +91,34 @@ pub const V2_NO_TRANSACTION_ID: Malformed = (
     "expected",
 );
 
+const MD5_SIGNED: &str = "wechatpay_v2_notify_SYNTHESIZED_md5_doc_key.xml";
+const HMAC_SIGNED: &str = "wechatpay_v2_notify_SYNTHESIZED_hmacsha256_doc_key.xml";
+
+/// The synthesized WeChat Pay v2 notification signed one way (`file`),
+/// resent signed the other way (`resent`).
+const fn wechatpay_v2_synthesized(file: &'static str, resent: &'static str) -> Vector {
+    Vector {
+        channel: &WECHATPAY_V2,
+        source: Source::File(file),
+        headers: &[XML],
+        key: "1004400740201409030005092168",
+        resent: Edit {
+            file: Some(resent),
+            ..NO_EDIT
+        },
+        tampered: Edit {
+            replace: &[(
+                "<result_code><![CDATA[SUCCESS]]></result_code>",
+                "<result_code><![CDATA[FAIL]]></result_code>",
+            )],
+            ..NO_EDIT
+        },
+        fingerprinted: true,
+        malformed: &[TRUNCATED, V2_NO_TRANSACTION_ID],
+        pad: Pad::Whitespace,
+    }
+}
+
 pub const WECHATPAY_V2_VECTORS: &[Vector] = &[
     Vector {
         channel: &WECHATPAY_V2,
@@ -110,48 +138,10 @@ pub const WECHATPAY_V2_VECTORS: &[Vector] = &[
         malformed: &[TRUNCATED, V2_NO_TRANSACTION_ID],
         pad: Pad::Whitespace,
     },
-    Vector {
-        channel: &WECHATPAY_V2,
-        source: Source::File("wechatpay_v2_notify_SYNTHESIZED_md5_doc_key.xml"),
-        headers: &[XML],
-        key: "1004400740201409030005092168",
-        // The same notification signed with HMAC-SHA256 instead of MD5.
-        resent: Edit {
-            file: Some("wechatpay_v2_notify_SYNTHESIZED_hmacsha256_doc_key.xml"),
-            ..NO_EDIT
-        },
-        tampered: Edit {
-            replace: &[(
-                "<result_code><![CDATA[SUCCESS]]></result_code>",
-                "<result_code><![CDATA[FAIL]]></result_code>",
-            )],
-            ..NO_EDIT
-        },
-        fingerprinted: true,
-        malformed: &[TRUNCATED, V2_NO_TRANSACTION_ID],
-        pad: Pad::Whitespace,
-    },
-    Vector {
-        channel: &WECHATPAY_V2,
-        source: Source::File("wechatpay_v2_notify_SYNTHESIZED_hmacsha256_doc_key.xml"),
-        headers: &[XML],
-        key: "1004400740201409030005092168",
-        // The same notification signed with MD5 instead of HMAC-SHA256.
-        resent: Edit {
-            file: Some("wechatpay_v2_notify_SYNTHESIZED_md5_doc_key.xml"),
-            ..NO_EDIT
-        },
-        tampered: Edit {
-            replace: &[(
-                "<result_code><![CDATA[SUCCESS]]></result_code>",
-                "<result_code><![CDATA[FAIL]]></result_code>",
-            )],
-            ..NO_EDIT
-        },
-        fingerprinted: true,
-        malformed: &[TRUNCATED, V2_NO_TRANSACTION_ID],
-        pad: Pad::Whitespace,
-    },
+    // The synthesized notification, each signature's copy resent as the
+    // other one's (MD5 and HMAC-SHA256).
+    wechatpay_v2_synthesized(MD5_SIGNED, HMAC_SIGNED),
+    wechatpay_v2_synthesized(HMAC_SIGNED, MD5_SIGNED),
 ];
 
 /// A body that is not a form.
