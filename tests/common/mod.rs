@@ -4,6 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
+// Also included by `support_redis`; a test may include both.
+#[allow(clippy::duplicate_mod)]
 mod port;
 pub mod scenarios;
 pub mod upstream;

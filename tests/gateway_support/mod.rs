@@ -234,7 +234,7 @@ pub fn raw_http(addr: SocketAddr, request: impl AsRef<[u8]>) -> String {
 pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let text = raw_http(
         addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"),
+        format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"),
     );
     let status = text
         .split(' ')

@@ -6,6 +6,8 @@
 //! with a loud warning otherwise.
 #![allow(dead_code, unreachable_pub)]
 
+// Shared with `common`; a test may include both.
+#[allow(clippy::duplicate_mod)]
 #[path = "../common/port.rs"]
 mod port;
 
