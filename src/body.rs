@@ -1,6 +1,6 @@
 //! The response body type of the dedup layer.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -201,6 +201,14 @@ pub(crate) fn text_response_owned<B: From<Bytes>>(
     res
 }
 
+/// The answer to a request body past its limit: 413.
+pub(crate) fn too_large<B: From<Bytes>>() -> http::Response<B> {
+    text_response(
+        http::StatusCode::PAYLOAD_TOO_LARGE,
+        "request body too large\n",
+    )
+}
+
 /// Accumulates data frames; a body of one frame is kept without a copy.
 #[derive(Debug, Default)]
 pub(crate) struct BodyBuffer {
@@ -210,10 +218,6 @@ pub(crate) struct BodyBuffer {
 }
 
 impl BodyBuffer {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     pub(crate) fn push(&mut self, data: Bytes) {
         self.len += data.len();
         match (&self.first, &mut self.rest) {
@@ -225,6 +229,41 @@ impl BodyBuffer {
                 self.rest = Some(buf);
             }
             (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+
+    /// Reads `body`'s data frames into the buffer until the body ends
+    /// (`Ok`), passes `limit` bytes (a 413 answer) or fails (a 400 answer).
+    /// Trailers are not kept.
+    pub(crate) fn poll_collect<B, R>(
+        &mut self,
+        mut body: Pin<&mut B>,
+        limit: usize,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), http::Response<R>>>
+    where
+        B: Body,
+        R: From<Bytes>,
+    {
+        loop {
+            match std::task::ready!(body.as_mut().poll_frame(cx)) {
+                None => return Poll::Ready(Ok(())),
+                Some(Ok(frame)) => {
+                    if let Ok(mut data) = frame.into_data() {
+                        let data = data.copy_to_bytes(data.remaining());
+                        if self.len + data.len() > limit {
+                            return Poll::Ready(Err(too_large()));
+                        }
+                        self.push(data);
+                    }
+                }
+                Some(Err(_)) => {
+                    return Poll::Ready(Err(text_response(
+                        http::StatusCode::BAD_REQUEST,
+                        "could not read the request body\n",
+                    )))
+                }
+            }
         }
     }
 

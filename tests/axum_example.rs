@@ -4,6 +4,7 @@ mod common;
 #[path = "../examples/axum.rs"]
 mod example;
 
+use common::vectors::{check, ALIPAY, ALIPAY_VECTORS, WECHATPAY_V3, WECHATPAY_V3_VECTORS};
 use common::{all_at_once, client, post};
 use example::{app, Shop};
 use std::time::Duration;
@@ -22,24 +23,25 @@ async fn start() -> (std::net::SocketAddr, Shop) {
 async fn wechat_storm_runs_after_pay_once_and_every_copy_gets_success() {
     let (addr, shop) = start().await;
     let client = client();
-    let body = r#"{"id":"EV-2018022511223320873","create_time":"2015-05-20T13:29:35+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"","associated_data":"","nonce":""}}"#;
+    // The official doc notification, id EV-2018022511223320873.
+    let wx = WECHATPAY_V3_VECTORS[1].base();
     let answers = all_at_once(7, |_| {
-        let client = client.clone();
+        let (client, wx) = (client.clone(), wx.clone());
         async move {
             post(
                 &client,
                 addr,
                 "/notify/wechatpay",
-                &[("content-type", "application/json")],
-                body,
+                &wx.header_refs(),
+                wx.body.clone(),
             )
             .await
         }
     })
     .await;
+    let success = WECHATPAY_V3.success.expect("a fixed reply");
     for a in &answers {
-        assert_eq!(a.status, 200);
-        assert_eq!(a.text(), r#"{"code":"SUCCESS","message":"成功"}"#);
+        check(a, success, "wechat copy");
     }
     assert_eq!(shop.after_pay_runs("EV-2018022511223320873"), 1);
 }
@@ -48,17 +50,19 @@ async fn wechat_storm_runs_after_pay_once_and_every_copy_gets_success() {
 async fn alipay_retries_get_the_seven_bytes() {
     let (addr, shop) = start().await;
     let client = client();
-    let body = "notify_id=2019081500222155624068450559358070&out_trade_no=20190815155618536-564-57&trade_no=2019081522001468450512505578&trade_status=TRADE_SUCCESS&total_amount=0.10";
+    // trade_status_sync: notify_id 2019081500222155624068450559358070 for
+    // the order 20190815155618536-564-57.
+    let ali = ALIPAY_VECTORS[0].base();
     for _ in 0..3 {
         let a = post(
             &client,
             addr,
             "/notify/alipay",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            body,
+            &ali.header_refs(),
+            ali.body.clone(),
         )
         .await;
-        assert_eq!((a.status, a.text().as_str()), (200, "success"));
+        check(&a, ALIPAY.success.expect("a fixed reply"), "alipay retry");
     }
     assert_eq!(shop.after_pay_runs("20190815155618536-564-57"), 1);
 }

@@ -11,74 +11,64 @@ mod common;
 mod gateway_support;
 mod support_redis;
 
-use bytes::Bytes;
-use common::{client, post, serve, HttpClient};
+use common::upstream::Replies;
+use common::vectors::{fixture, WECHAT_SUCCESS};
+use common::{client, free_addr, post, HttpClient};
 use gateway_support::{gateway_bin, get, temp_path, Proc};
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const WECHAT_SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
 const COPIES: usize = 7;
 
-/// An upstream that answers 503 while `down`, else 200; counts the 200s
-/// (the deliveries) per notification id.
-#[derive(Clone, Default)]
+/// The recording upstream, answering 503 while `down`, else 200; counts the
+/// 200s (the deliveries) per notification id.
+#[derive(Clone)]
 struct Upstream {
     down: Arc<AtomicBool>,
-    delivered: Arc<Mutex<HashMap<String, usize>>>,
+    recording: Arc<common::upstream::Upstream>,
 }
 
 impl Upstream {
     async fn start(down: bool) -> (Self, SocketAddr) {
-        let up = Self::default();
-        up.down.store(down, Ordering::SeqCst);
-        let state = up.clone();
-        let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
-            let state = state.clone();
-            async move {
-                let body = req.into_body().collect().await.unwrap().to_bytes();
-                let status = if state.down.load(Ordering::SeqCst) {
-                    503
-                } else {
-                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                    let id = v["id"].as_str().unwrap().to_owned();
-                    *state.delivered.lock().unwrap().entry(id).or_default() += 1;
-                    200
-                };
-                let mut res = Response::new(Full::new(Bytes::from_static(b"ok")));
-                *res.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                Ok::<_, Infallible>(res)
+        let down = Arc::new(AtomicBool::new(down));
+        let flag = down.clone();
+        let replies = Replies::default().status(move |_| {
+            if flag.load(Ordering::SeqCst) {
+                503
+            } else {
+                200
             }
         });
-        let (addr, _task) = serve(svc).await;
-        (up, addr)
+        let recording = common::upstream::Upstream::with(replies).await;
+        let addr = recording.addr;
+        let recording = Arc::new(recording);
+        (Self { down, recording }, addr)
     }
 
     fn counts(&self) -> HashMap<String, usize> {
-        self.delivered.lock().unwrap().clone()
+        let mut delivered = HashMap::new();
+        for seen in self.recording.seen() {
+            if seen.status == 200 {
+                let v: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+                let id = v["id"].as_str().unwrap().to_owned();
+                *delivered.entry(id).or_default() += 1;
+            }
+        }
+        delivered
     }
 }
 
 /// The official WeChat Pay v3 notification with the id `id`.
 fn notification(id: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/wechatpay_v3_notify_official_doc_transaction_success.json");
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let doc = fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
     v["id"] = serde_json::Value::String(id.to_owned());
     v.to_string()
-}
-
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 /// Starts the gateway with one ack-then-deliver WeChat Pay v3 route `/wx`.
@@ -177,7 +167,7 @@ fn dlq(data_dir: &Path, args: &[&str]) -> (i32, String) {
 async fn upstream_down_200_notifications_7_copies_each_acked_queued_once_delivered_once() {
     let (up, up_addr) = Upstream::start(true).await;
     let dir = temp_path("ack-storm");
-    let metrics = free_port();
+    let metrics = free_addr();
     let gw = gateway(
         up_addr,
         &["--data-dir", dir.to_str().unwrap()],
@@ -219,13 +209,13 @@ async fn upstream_down_200_notifications_7_copies_each_acked_queued_once_deliver
 async fn killed_after_ack_delivered_once_after_restart(queue: &[&str]) {
     let (up, up_addr) = Upstream::start(true).await;
     let ids = vec!["EV-ACK-KILL-1".to_owned(), "EV-ACK-KILL-2".to_owned()];
-    let gw = gateway(up_addr, queue, free_port(), &[]);
+    let gw = gateway(up_addr, queue, free_addr(), &[]);
     send_all(&client(), gw.addr, &ids).await;
     gw.signal(libc::SIGKILL);
     drop(gw);
     assert!(up.counts().is_empty());
     up.down.store(false, Ordering::SeqCst);
-    let gw = gateway(up_addr, queue, free_port(), &[]);
+    let gw = gateway(up_addr, queue, free_addr(), &[]);
     let probe = up.clone();
     tokio::task::spawn_blocking(move || {
         wait_until("both deliveries", Duration::from_secs(60), || {
@@ -262,7 +252,7 @@ async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
     let (up, up_addr) = Upstream::start(true).await;
     let dir = temp_path("ack-dlq");
     let queue = ["--data-dir", dir.to_str().unwrap()];
-    let metrics = free_port();
+    let metrics = free_addr();
     let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
     let ids = vec!["EV-ACK-DEAD-1".to_owned()];
     send_all(&client(), gw.addr, &ids).await;
@@ -294,7 +284,7 @@ async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
     assert_eq!((code, out.as_str()), (0, ""));
     // A copy arriving now is a duplicate, not a second entry.
     up.down.store(false, Ordering::SeqCst);
-    let metrics = free_port();
+    let metrics = free_addr();
     let gw = gateway(up_addr, &queue, metrics, &[]);
     send_all(&client(), gw.addr, &ids).await;
     let probe = up.clone();

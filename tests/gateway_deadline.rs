@@ -8,48 +8,12 @@ mod gateway_support;
 #[cfg(feature = "redis")]
 mod support_redis;
 
-use bytes::Bytes;
-use common::{client, post, serve};
+use common::upstream::{Replies, Upstream};
+use common::vectors::{WECHATPAY_V3_VECTORS, WECHAT_FAIL, WECHAT_SUCCESS};
+use common::{client, post};
 use gateway_support::Proc;
-use http::{Request, Response};
-use http_body_util::Full;
-use std::convert::Infallible;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const WECHAT_SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
-const WECHAT_FAIL: &str = r#"{"code":"FAIL","message":"失败"}"#;
-
-const WECHAT_V3_HEADERS: &[(&str, &str)] = &[
-    ("content-type", "application/json"),
-    ("Wechatpay-Nonce", "EcZ9Cmy4Xyx1i6RlJQzLcCyEqDa26NBz"),
-    ("Wechatpay-Timestamp", "1624523846"),
-    ("Wechatpay-Serial", "D7CE59D1F522D701"),
-    ("Wechatpay-Signature", "tJHIiIS9eB2hAYstmAmbbD3ZE5LiIm/Ug5tuL4fC0YOFRWIHV39UFIZXC0e9Wl6lBu6sKvkqDkzpqzBsVHyXFlbYZTOQrVdG4b6LfTnK4mikv9++ixJMd3vTf2yCqvBkh98zs3Ds5zsYQakzbcwhmw4fMJs4nPLws28H0UW9FjDR//rxELLwXvV1VEA1IBLX70xptjL8hrfUjEE8kkry6yNJTHZRU8CAc7qHli2Ng1V1qb9ARbK8A3ThmFmPQvRGrapI/jS2laKKgYUmfdEdkNO6B2Cke5e8VTxY406ArAmQ90GAihDwIcb16TQMnzCMBoutnwZKNiKRACrFmtxw2Q=="),
-];
-
-fn notification() -> Bytes {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/wechatpay_v3_notify_wechatpay-go.json");
-    Bytes::from(std::fs::read(path).unwrap())
-}
-
-/// An upstream that counts its calls and answers 200 after `delay`.
-async fn slow_upstream(delay: Duration) -> (String, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let count = calls.clone();
-    let svc = tower::service_fn(move |_req: Request<hyper::body::Incoming>| {
-        count.fetch_add(1, Ordering::SeqCst);
-        async move {
-            tokio::time::sleep(delay).await;
-            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
-        }
-    });
-    let (addr, _task) = serve(svc).await;
-    (format!("http://{addr}"), calls)
-}
 
 fn start(upstream: &str, more: &[&str]) -> Proc {
     let mut args = vec![
@@ -70,20 +34,14 @@ fn start(upstream: &str, more: &[&str]) -> Proc {
 /// again, and a copy at 4.5 s gets the recorded success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upstream_runs_once_and_its_success_is_replayed() {
-    let (upstream, calls) = slow_upstream(Duration::from_secs(3)).await;
-    let gw = start(&upstream, &["--upstream-timeout", "1s"]);
+    let up = Upstream::with(Replies::default().delay(Duration::from_secs(3))).await;
+    let gw = start(&up.url(), &["--upstream-timeout", "1s"]);
     let client = client();
-    let body = notification();
+    let wx = WECHATPAY_V3_VECTORS[0].base();
+    let (headers, body) = (wx.header_refs(), wx.body.clone());
     let t0 = Instant::now();
 
-    let first = post(
-        &client,
-        gw.addr,
-        "/wx/notify",
-        WECHAT_V3_HEADERS,
-        body.clone(),
-    )
-    .await;
+    let first = post(&client, gw.addr, "/wx/notify", &headers, body.clone()).await;
     let took = t0.elapsed();
     assert_eq!((first.status, first.text().as_str()), (500, WECHAT_FAIL));
     assert!(
@@ -92,16 +50,9 @@ async fn a_slow_upstream_runs_once_and_its_success_is_replayed() {
     );
 
     tokio::time::sleep_until((t0 + Duration::from_millis(1500)).into()).await;
-    let second = post(
-        &client,
-        gw.addr,
-        "/wx/notify",
-        WECHAT_V3_HEADERS,
-        body.clone(),
-    )
-    .await;
+    let second = post(&client, gw.addr, "/wx/notify", &headers, body.clone()).await;
     assert_eq!(
-        calls.load(Ordering::SeqCst),
+        up.total(),
         1,
         "the copy at 1.5 s was forwarded again (it got {} {})",
         second.status,
@@ -109,10 +60,10 @@ async fn a_slow_upstream_runs_once_and_its_success_is_replayed() {
     );
 
     tokio::time::sleep_until((t0 + Duration::from_millis(4500)).into()).await;
-    let third = post(&client, gw.addr, "/wx/notify", WECHAT_V3_HEADERS, body).await;
+    let third = post(&client, gw.addr, "/wx/notify", &headers, body).await;
     assert_eq!((third.status, third.text().as_str()), (200, WECHAT_SUCCESS));
     assert!(third.replayed(), "the copy at 4.5 s ran again");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(up.total(), 1);
 }
 
 /// Issue: a hung upstream blocked its key forever. With a lease of 300 ms
@@ -120,33 +71,27 @@ async fn a_slow_upstream_runs_once_and_its_success_is_replayed() {
 /// later is forwarded again (not 409, not the failure reply for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_upstream_frees_its_key_at_the_run_limit() {
-    let (upstream, calls) = slow_upstream(Duration::from_secs(3600)).await;
-    let gw = start(&upstream, &["--lease", "300ms", "--max-run", "1s"]);
+    let up = Upstream::with(Replies::default().delay(Duration::from_secs(3600))).await;
+    let gw = start(&up.url(), &["--lease", "300ms", "--max-run", "1s"]);
     let client = client();
-    let body = notification();
+    let wx = WECHATPAY_V3_VECTORS[0].base();
+    let (headers, body) = (wx.header_refs(), wx.body.clone());
 
     let t0 = Instant::now();
-    let first = post(
-        &client,
-        gw.addr,
-        "/wx/notify",
-        WECHAT_V3_HEADERS,
-        body.clone(),
-    )
-    .await;
+    let first = post(&client, gw.addr, "/wx/notify", &headers, body.clone()).await;
     assert_eq!((first.status, first.text().as_str()), (500, WECHAT_FAIL));
     assert!(
         t0.elapsed() < Duration::from_secs(10),
         "the caller waited {:?} for a hung upstream",
         t0.elapsed()
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(up.total(), 1);
 
     tokio::time::sleep_until((t0 + Duration::from_secs(3)).into()).await;
-    let again = post(&client, gw.addr, "/wx/notify", WECHAT_V3_HEADERS, body).await;
+    let again = post(&client, gw.addr, "/wx/notify", &headers, body).await;
     assert_ne!(again.status, 409, "the key is still blocked");
     assert_eq!(
-        calls.load(Ordering::SeqCst),
+        up.total(),
         2,
         "the copy at 3 s was not forwarded again ({} {})",
         again.status,
@@ -165,20 +110,14 @@ async fn sigterm_waits_for_the_call_past_its_reply_deadline() {
     }
     let redis = support_redis::RedisServer::start();
     let store = format!("redis://127.0.0.1:{}", redis.port());
-    let (upstream, calls) = slow_upstream(Duration::from_millis(2000)).await;
+    let up = Upstream::with(Replies::default().delay(Duration::from_millis(2000))).await;
     let more = ["--store", store.as_str(), "--upstream-timeout", "300ms"];
-    let mut a = start(&upstream, &more);
+    let mut a = start(&up.url(), &more);
     let client = client();
-    let body = notification();
+    let wx = WECHATPAY_V3_VECTORS[0].base();
+    let (headers, body) = (wx.header_refs(), wx.body.clone());
     let t0 = Instant::now();
-    let first = post(
-        &client,
-        a.addr,
-        "/wx/notify",
-        WECHAT_V3_HEADERS,
-        body.clone(),
-    )
-    .await;
+    let first = post(&client, a.addr, "/wx/notify", &headers, body.clone()).await;
     assert_eq!((first.status, first.text().as_str()), (500, WECHAT_FAIL));
     assert!(
         t0.elapsed() < Duration::from_millis(1800),
@@ -203,9 +142,9 @@ async fn sigterm_waits_for_the_call_past_its_reply_deadline() {
         t0.elapsed()
     );
 
-    let b = start(&upstream, &more);
-    let again = post(&client, b.addr, "/wx/notify", WECHAT_V3_HEADERS, body).await;
+    let b = start(&up.url(), &more);
+    let again = post(&client, b.addr, "/wx/notify", &headers, body).await;
     assert_eq!((again.status, again.text().as_str()), (200, WECHAT_SUCCESS));
     assert!(again.replayed(), "the background call's success was lost");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(up.total(), 1);
 }

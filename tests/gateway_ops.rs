@@ -7,33 +7,20 @@ mod common;
 mod gateway_support;
 
 use bytes::Bytes;
-use common::{client, serve};
+use common::client;
+use common::upstream::Upstream;
 use gateway_support::{get, Proc};
-use http::{Request, Response};
+use http::Request;
 use http_body_util::Full;
-use std::convert::Infallible;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
-
-/// An upstream that answers 200 `ok N` and counts its calls.
-async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let count = calls.clone();
-    let svc = tower::service_fn(move |_req: Request<hyper::body::Incoming>| {
-        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-        async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!("ok {n}"))))) }
-    });
-    let (addr, _task) = serve(svc).await;
-    (format!("http://{addr}"), calls)
-}
 
 /// A log collector that stops reading (stderr is a pipe nobody reads)
 /// must not stop the gateway: it keeps answering, losing log lines.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_log_sink_does_not_stop_the_gateway() {
-    let (upstream, calls) = counting_upstream().await;
+    let up = Upstream::start().await;
+    let upstream = up.url();
     let gw = Proc::start(
         &[
             "--listen",
@@ -61,15 +48,7 @@ async fn a_stalled_log_sink_does_not_stop_the_gateway() {
             .unwrap();
         assert_eq!(res.status(), 200, "request {i}");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), n);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    assert_eq!(up.total(), n);
 }
 
 /// POSTs `body` to `url` with an `Idempotency-Key`; the status.
@@ -87,8 +66,9 @@ async fn post_key(url: &str, key: &str, body: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn health_endpoints_and_dropped_log_lines_share_the_metrics_listener() {
-    let (upstream, _calls) = counting_upstream().await;
-    let admin = format!("127.0.0.1:{}", free_port());
+    let up = Upstream::start().await;
+    let upstream = up.url();
+    let admin = common::free_addr().to_string();
     let gw = Proc::start(
         &[
             "--listen",
@@ -116,7 +96,8 @@ async fn health_endpoints_and_dropped_log_lines_share_the_metrics_listener() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_flag_can_come_from_the_environment() {
-    let (upstream, calls) = counting_upstream().await;
+    let up = Upstream::start().await;
+    let upstream = up.url();
     let gw = Proc::start(
         &[],
         &[
@@ -133,7 +114,7 @@ async fn every_flag_can_come_from_the_environment() {
     let url = format!("http://{}/api/orders", gw.addr);
     assert_eq!(post_key(&url, "k1", "{}").await, 200);
     assert_eq!(post_key(&url, "k1", "{}").await, 200);
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the copy is replayed");
+    assert_eq!(up.total(), 1, "the copy is replayed");
     // IDEMPOTENCY_GATEWAY_MAX_BODY applies.
     assert_eq!(post_key(&url, "k2", &"x".repeat(2048)).await, 413);
 }
@@ -142,7 +123,8 @@ async fn every_flag_can_come_from_the_environment() {
 /// file's upstream.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_config_file_sets_routes_and_flags_override_it() {
-    let (upstream, calls) = counting_upstream().await;
+    let up = Upstream::start().await;
+    let upstream = up.url();
     let path = gateway_support::temp_path("gateway.toml");
     std::fs::write(
         &path,
@@ -162,7 +144,7 @@ max_body = "1KiB"
 prefix = "/notify/wechat"
 preset = "wechatpay-v3"
 "#,
-            dead = free_port()
+            dead = common::free_port()
         ),
     )
     .unwrap();
@@ -174,7 +156,7 @@ preset = "wechatpay-v3"
     let url = format!("http://{}/api/orders", gw.addr);
     assert_eq!(post_key(&url, "k1", "{}").await, 200);
     assert_eq!(post_key(&url, "k1", "{}").await, 200);
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(up.total(), 1);
     assert_eq!(
         post_key(&url, "k2", &"x".repeat(2048)).await,
         413,
@@ -239,7 +221,8 @@ fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stalled_clients_do_not_stop_real_notifications() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (upstream, calls) = counting_upstream().await;
+    let up = Upstream::start().await;
+    let upstream = up.url();
     let gw = Proc::start(
         &[
             "--listen",
@@ -270,7 +253,7 @@ async fn stalled_clients_do_not_stop_real_notifications() {
             "request {i}"
         );
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 50);
+    assert_eq!(up.total(), 50);
     // The header read timeout closes the stalled connections.
     let mut first = stalled.swap_remove(0);
     let mut buf = Vec::new();
@@ -286,7 +269,8 @@ async fn stalled_clients_do_not_stop_real_notifications() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_keep_alive_connections_are_closed_after_the_header_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (upstream, _calls) = counting_upstream().await;
+    let up = Upstream::start().await;
+    let upstream = up.url();
     let gw = Proc::start(
         &[
             "--listen",
@@ -328,8 +312,9 @@ async fn idle_keep_alive_connections_are_closed_after_the_header_timeout() {
 /// traffic outgrows the budget.
 #[tokio::test(flavor = "multi_thread")]
 async fn store_bytes_records_and_evictions_are_in_the_metrics() {
-    let (upstream, calls) = counting_upstream().await;
-    let admin = format!("127.0.0.1:{}", free_port());
+    let up = Upstream::start().await;
+    let upstream = up.url();
+    let admin = common::free_addr().to_string();
     let gw = Proc::start(
         &[
             "--listen",
@@ -353,7 +338,7 @@ async fn store_bytes_records_and_evictions_are_in_the_metrics() {
         let status = post_key(&url, &format!("order-{i}"), "{\"amount\":1}").await;
         assert_eq!(status, 200, "request {i}");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), n);
+    assert_eq!(up.total(), n);
     let (status, metrics) = get(admin, "/metrics");
     assert_eq!(status, 200);
     let value = |name: &str| -> f64 {

@@ -3,6 +3,7 @@
 //! upstream it trusts through `--upstream-ca`. Build the binary first:
 //! `cargo build --all-features --example gateway`.
 
+mod common; // gateway_support::storm uses it
 mod gateway_support;
 
 use bytes::Bytes;

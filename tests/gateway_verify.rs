@@ -12,30 +12,22 @@ mod gateway_support;
 
 use base64::Engine;
 use bytes::Bytes;
-use common::{client, post, serve, Answer, HttpClient};
+use common::upstream::Upstream;
+use common::vectors::{self, fixture, STRIPE};
+use common::{all_at_once, client, post, Answer, HttpClient};
 use gateway_support::{gateway_bin, temp_path, Proc};
-use http::{Request, Response};
-use http_body_util::Full;
 use ring::hmac;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
 const STRIPE_BODY: &str = "stripe_webhook_SYNTHESIZED_stripe-go_testPayload.json";
 const STRIPE_SECRET: &str = "whsec_test_secret";
 const SW_BODY: &str = "standard_webhooks_standard-webhooks_rust_test.json";
 const SW_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 const WECHAT_CERT: &str = "wechatpay_v3_platform_cert.pem";
 const WECHAT_SERIAL: &str = "D7CE59D1F522D701";
-
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(Path::new(FIXTURES).join(name)).unwrap()
-}
 
 fn now() -> u64 {
     SystemTime::now()
@@ -67,18 +59,6 @@ fn standard_signature(secret: &str, id: &str, t: u64, body: &[u8]) -> String {
     let mut msg = format!("{id}.{t}.").into_bytes();
     msg.extend_from_slice(body);
     format!("v1,{}", b64.encode(hmac::sign(&key, &msg)))
-}
-
-/// An upstream that answers 200 and counts its calls.
-async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let count = calls.clone();
-    let svc = tower::service_fn(move |_req: Request<hyper::body::Incoming>| {
-        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-        async move { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(format!("ok {n}"))))) }
-    });
-    let (addr, _task) = serve(svc).await;
-    (format!("http://{addr}"), calls)
 }
 
 /// A folder holding `gateway.toml` (with `upstream` and `listen` set) and
@@ -118,23 +98,17 @@ async fn storm(
     body: Vec<u8>,
     copies: usize,
 ) -> Vec<Answer> {
-    let tasks: Vec<_> = (0..copies)
-        .map(|_| {
-            let (client, headers, body) = (client.clone(), headers.clone(), body.clone());
-            tokio::spawn(async move {
-                let h: Vec<(&str, &str)> = headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                post(&client, addr, path, &h, body).await
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
+    all_at_once(copies, |_| {
+        let (client, headers, body) = (client.clone(), headers.clone(), body.clone());
+        async move {
+            let h: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            post(&client, addr, path, &h, body).await
+        }
+    })
+    .await
 }
 
 fn stripe_headers(signature: String) -> Vec<(String, String)> {
@@ -145,8 +119,7 @@ fn stripe_headers(signature: String) -> Vec<(String, String)> {
 }
 
 fn assert_stripe_success(a: &Answer, what: &str) {
-    assert_eq!(a.status, 200, "{what}: {}", a.text());
-    assert_eq!(a.text(), r#"{"received":true}"#, "{what}");
+    vectors::check(a, STRIPE.success.expect("a fixed reply"), what);
 }
 
 fn assert_refused(a: &Answer, what: &str) {
@@ -156,12 +129,12 @@ fn assert_refused(a: &Answer, what: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stripe_genuine_copies_run_once_and_forged_or_stale_ones_never_reach_the_upstream() {
-    let (upstream, calls) = counting_upstream().await;
+    let up = Upstream::start().await;
     let routes = format!(
         "[[route]]\nprefix = \"/notify/stripe\"\npreset = \"stripe\"\n\
          verify = {{ secrets = [\"{STRIPE_SECRET}\"], tolerance = \"300s\" }}\n"
     );
-    let dir = config_dir(&routes, &upstream, &[]);
+    let dir = config_dir(&routes, &up.url(), &[]);
     assert_eq!(check(&dir).0, 0, "{}", check(&dir).1);
     let gw = Proc::start(
         &["--config", dir.join("gateway.toml").to_str().unwrap()],
@@ -169,7 +142,7 @@ async fn stripe_genuine_copies_run_once_and_forged_or_stale_ones_never_reach_the
         Stdio::null(),
     );
     let client = client();
-    let body = fixture(STRIPE_BODY);
+    let body = fixture(STRIPE_BODY).to_vec();
 
     // A forged copy (the real event id, a bad signature) first: refused, and
     // it claims nothing, so the genuine copies that follow run at once.
@@ -222,11 +195,7 @@ async fn stripe_genuine_copies_run_once_and_forged_or_stale_ones_never_reach_the
     )
     .await[0];
     assert_refused(a, "body changed after signing");
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        0,
-        "a refused copy reached the upstream"
-    );
+    assert_eq!(up.total(), 0, "a refused copy reached the upstream");
 
     let genuine = stripe_signature(STRIPE_SECRET, now(), &body);
     let answers = storm(
@@ -246,7 +215,7 @@ async fn stripe_genuine_copies_run_once_and_forged_or_stale_ones_never_reach_the
         1,
         "one copy ran, the others were replayed"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the upstream ran once");
+    assert_eq!(up.total(), 1, "the upstream ran once");
 
     // A forged copy after the genuine one is still refused, not replayed.
     let forged = stripe_signature("whsec_forger", now(), &body);
@@ -260,19 +229,19 @@ async fn stripe_genuine_copies_run_once_and_forged_or_stale_ones_never_reach_the
     )
     .await[0];
     assert_refused(a, "forged after the genuine one");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(up.total(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn standard_webhooks_rotation_either_secret_verifies_from_env_or_file() {
-    let (upstream, calls) = counting_upstream().await;
+    let up = Upstream::start().await;
     let new_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let routes = "[[route]]\nprefix = \"/hooks\"\npreset = \"standard-webhooks\"\n\
                   verify = { secrets = [{ env = \"GW_VERIFY_TEST_OLD\" }, { file = \"new.secret\" }], tolerance = \"5m\" }\n";
     let dir = config_dir(
         routes,
-        &upstream,
+        &up.url(),
         &[("new.secret", format!("{new_secret}\n").as_bytes())],
     );
     let gw = Proc::start(
@@ -281,7 +250,7 @@ async fn standard_webhooks_rotation_either_secret_verifies_from_env_or_file() {
         Stdio::null(),
     );
     let client = client();
-    let body = fixture(SW_BODY);
+    let body = fixture(SW_BODY).to_vec();
     let send = |secret: &str, id: &str, t: u64| {
         let headers = vec![
             ("content-type".to_owned(), "application/json".to_owned()),
@@ -298,7 +267,7 @@ async fn standard_webhooks_rotation_either_secret_verifies_from_env_or_file() {
     assert_eq!(a.status, 204, "the old secret verifies: {}", a.text());
     let a = &send(new_secret, "msg_new_key", now()).await[0];
     assert_eq!(a.status, 204, "the new secret verifies: {}", a.text());
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(up.total(), 2);
 
     let a = &send(
         "whsec_dGhpcyBpcyBub3QgYSBjb25maWd1cmVkIGtleQ==",
@@ -309,11 +278,7 @@ async fn standard_webhooks_rotation_either_secret_verifies_from_env_or_file() {
     assert_refused(a, "a third secret");
     let a = &send(SW_SECRET, "msg_stale", now() - 600).await[0];
     assert_refused(a, "stale timestamp");
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        2,
-        "a refused copy reached the upstream"
-    );
+    assert_eq!(up.total(), 2, "a refused copy reached the upstream");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -334,7 +299,7 @@ const API_V3_KEY: &[u8] = b"0123456789abcdef0123456789abcdef\n";
 
 #[test]
 fn wechatpay_v3_verify_table_is_checked_at_check_config() {
-    let cert = fixture(WECHAT_CERT);
+    let cert = fixture(WECHAT_CERT).to_vec();
     let up = "http://127.0.0.1:9";
     let dir = config_dir(
         &wechat_routes(""),
@@ -431,18 +396,7 @@ fn a_verify_table_on_an_auto_route_or_a_preset_without_verifier_exits_2() {
 /// the genuine body.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forged_notification_on_a_verified_ack_route_is_never_queued() {
-    let bodies = Arc::new(std::sync::Mutex::new(Vec::<Bytes>::new()));
-    let seen = bodies.clone();
-    let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
-        let seen = seen.clone();
-        async move {
-            use http_body_util::BodyExt;
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            seen.lock().unwrap().push(body);
-            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
-        }
-    });
-    let (up, _task) = serve(svc).await;
+    let up = Upstream::start().await;
     let data = temp_path("verify-ack");
     let routes = format!(
         "data_dir = \"{}\"\n[[route]]\nprefix = \"/notify/stripe\"\npreset = \"stripe\"\n\
@@ -450,7 +404,7 @@ async fn a_forged_notification_on_a_verified_ack_route_is_never_queued() {
          verify = {{ secrets = [\"{STRIPE_SECRET}\"], tolerance = \"300s\" }}\n",
         data.display()
     );
-    let dir = config_dir(&routes, &format!("http://{up}"), &[]);
+    let dir = config_dir(&routes, &up.url(), &[]);
     assert_eq!(check(&dir).0, 0, "{}", check(&dir).1);
     let gw = Proc::start(
         &["--config", dir.join("gateway.toml").to_str().unwrap()],
@@ -458,7 +412,7 @@ async fn a_forged_notification_on_a_verified_ack_route_is_never_queued() {
         Stdio::null(),
     );
     let client = client();
-    let body = fixture(STRIPE_BODY);
+    let body = fixture(STRIPE_BODY).to_vec();
 
     // Forged first: the real event id, a changed body, a signature of the
     // genuine body. Were it queued, its body would be the one delivered.
@@ -478,10 +432,7 @@ async fn a_forged_notification_on_a_verified_ack_route_is_never_queued() {
         assert_refused(&a, "forged copy on an ack route");
     }
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    assert!(
-        bodies.lock().unwrap().is_empty(),
-        "a forged copy was delivered"
-    );
+    assert_eq!(up.total(), 0, "a forged copy was delivered");
 
     let genuine = stripe_signature(STRIPE_SECRET, now(), &body);
     for a in storm(
@@ -497,14 +448,14 @@ async fn a_forged_notification_on_a_verified_ack_route_is_never_queued() {
         assert_stripe_success(&a, "genuine copy on an ack route");
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while bodies.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+    while up.total() == 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    let delivered = bodies.lock().unwrap().clone();
+    let delivered = up.seen();
     assert_eq!(delivered.len(), 1, "one delivery for 7 genuine copies");
     assert_eq!(
-        delivered[0],
+        delivered[0].body,
         Bytes::from(body),
         "the genuine body was delivered"
     );

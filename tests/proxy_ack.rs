@@ -5,11 +5,9 @@
 
 mod common;
 
-use bytes::Bytes;
-use common::{read, request, serve, Counter};
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use std::convert::Infallible;
+use common::upstream::Upstream;
+use common::vectors::{check, Expect, WECHATPAY_V3};
+use common::{read, request};
 use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::proxy::{Forward, Gateway, RouteError, RouteOptions, Target};
@@ -20,8 +18,11 @@ use tower_idempotency::queue::{
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::Preset;
 
-const SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
-const FAIL: &str = r#"{"code":"FAIL","message":"失败"}"#;
+/// WeChat Pay's success reply.
+const SUCCESS: Expect = match WECHATPAY_V3.success {
+    Some(reply) => reply,
+    None => panic!("WeChat Pay has a fixed success reply"),
+};
 
 fn wechat(id: &str, event: &str) -> String {
     format!(
@@ -29,22 +30,10 @@ fn wechat(id: &str, event: &str) -> String {
     )
 }
 
-async fn upstream() -> (Forward, Counter) {
-    let hits = Counter::default();
-    let counter = hits.clone();
-    let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
-        let counter = counter.clone();
-        async move {
-            let _ = req.into_body().collect().await;
-            counter.bump();
-            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"credited"))))
-        }
-    });
-    let (addr, _task) = serve(svc).await;
-    (
-        Forward::new(format!("http://{addr}").parse().unwrap()),
-        hits,
-    )
+/// The recording upstream and a [`Forward`] to it.
+async fn upstream() -> (Forward, Upstream) {
+    let up = Upstream::start().await;
+    (Forward::new(up.url().parse().unwrap()), up)
 }
 
 fn acked() -> RouteOptions {
@@ -87,7 +76,7 @@ impl Queue for Broken {
 
 #[tokio::test]
 async fn queued_once_success_reply_then_delivered_once_through_dedup() {
-    let (forward, hits) = upstream().await;
+    let (forward, up) = upstream().await;
     let queue = MemoryQueue::new();
     let gateway = Gateway::builder(forward, MemoryStore::new())
         .queue(queue.clone())
@@ -103,10 +92,10 @@ async fn queued_once_success_reply_then_delivered_once_through_dedup() {
             body.clone(),
         );
         let answer = read(gateway.clone().oneshot(req).await.unwrap()).await;
-        assert_eq!((answer.status, answer.text().as_str()), (200, SUCCESS));
+        check(&answer, SUCCESS, "a queued copy");
     }
     assert_eq!(queue.stats().await.unwrap().depth, 1);
-    assert_eq!(hits.get(), 0, "nothing is delivered before the worker runs");
+    assert_eq!(up.total(), 0, "nothing is delivered before the worker runs");
     // The entry handed out twice (a redelivery after a crash): one upstream call.
     let message = queue.fetch(1, Duration::ZERO).await.unwrap()[0]
         .message
@@ -114,17 +103,17 @@ async fn queued_once_success_reply_then_delivered_once_through_dedup() {
     assert_eq!(message.order.as_deref(), Some(message.key.as_str()));
     gateway.deliver(message.clone()).await.unwrap();
     gateway.deliver(message).await.unwrap();
-    assert_eq!(hits.get(), 1);
+    assert_eq!(up.total(), 1);
     // And through a worker: the lease ran out, the entry is delivered again, no new call.
     let mut worker = Worker::new(queue.clone(), gateway.deliverer());
     assert_eq!(worker.run_once().await.unwrap().delivered, 1);
-    assert_eq!(hits.get(), 1);
+    assert_eq!(up.total(), 1);
     assert_eq!(queue.stats().await.unwrap().depth, 0);
 }
 
 #[tokio::test]
 async fn queue_error_and_mismatch_get_the_failure_reply_never_success() {
-    let (forward, hits) = upstream().await;
+    let (forward, up) = upstream().await;
     let broken = Gateway::builder(forward.clone(), MemoryStore::new())
         .queue(Broken)
         .route_with("/wx", Target::Preset(Preset::wechatpay_v3()), acked())
@@ -136,7 +125,7 @@ async fn queue_error_and_mismatch_get_the_failure_reply_never_success() {
         wechat("EV-2", "TRANSACTION.SUCCESS"),
     );
     let answer = read(broken.oneshot(req).await.unwrap()).await;
-    assert_eq!((answer.status, answer.text().as_str()), (500, FAIL));
+    check(&answer, WECHATPAY_V3.failure, "a queue error");
 
     let queue = MemoryQueue::new();
     let gateway = Gateway::builder(forward, MemoryStore::new())
@@ -153,7 +142,7 @@ async fn queue_error_and_mismatch_get_the_failure_reply_never_success() {
     );
     let forged = request("/wx", &[], wechat("EV-3", "REFUND.SUCCESS"));
     let answer = read(gateway.clone().oneshot(forged).await.unwrap()).await;
-    assert_eq!((answer.status, answer.text().as_str()), (500, FAIL));
+    check(&answer, WECHATPAY_V3.failure, "a mismatch");
     // No key: refused before the queue.
     let keyless = request("/wx", &[], r#"{"event_type":"TRANSACTION.SUCCESS"}"#);
     assert_ne!(
@@ -161,7 +150,7 @@ async fn queue_error_and_mismatch_get_the_failure_reply_never_success() {
         200
     );
     assert_eq!(queue.stats().await.unwrap().depth, 1);
-    assert_eq!(hits.get(), 0);
+    assert_eq!(up.total(), 0);
 }
 
 #[test]

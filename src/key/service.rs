@@ -1,10 +1,10 @@
 use super::{
     route_of, ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal, Principal,
 };
-use crate::body::BodyBuffer;
-use crate::body::{text_response, text_response_owned};
+use crate::body::text_response_owned;
+use crate::body::{too_large, BodyBuffer};
 use crate::outcome::{self, Outcome};
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -250,10 +250,6 @@ where
     }
 }
 
-fn too_large<B: From<Bytes>>() -> Response<B> {
-    text_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
-}
-
 pin_project! {
     /// Response future of [`Key`].
     pub struct ResponseFuture<ReqBody, S, ResBody>
@@ -399,27 +395,8 @@ where
                     inner,
                     config,
                 } => {
-                    // Read frames until the end, the limit or an error.
-                    let failure = loop {
-                        match ready!(body.as_mut().poll_frame(cx)) {
-                            None => break None,
-                            Some(Ok(frame)) => {
-                                if let Ok(mut data) = frame.into_data() {
-                                    let data = data.copy_to_bytes(data.remaining());
-                                    if buf.len() + data.len() > config.max_body {
-                                        break Some(too_large());
-                                    }
-                                    buf.push(data);
-                                }
-                            }
-                            Some(Err(_)) => {
-                                break Some(text_response(
-                                    StatusCode::BAD_REQUEST,
-                                    "could not read the request body\n",
-                                ))
-                            }
-                        }
-                    };
+                    let failure =
+                        ready!(buf.poll_collect(body.as_mut(), config.max_body, cx)).err();
                     let mut parts = parts.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
                     match failure {

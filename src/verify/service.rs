@@ -1,7 +1,7 @@
 //! [`Verify`]: buffers the body, checks the signature, passes the request on.
 
 use super::{VerifyError, VerifyLayer};
-use crate::body::{text_response, text_response_owned, BodyBuffer};
+use crate::body::{text_response_owned, BodyBuffer};
 use crate::outcome::{self, log_warn, Outcome};
 use bytes::{Buf, Bytes};
 use http::request::Parts;
@@ -236,29 +236,8 @@ where
                     inner,
                     config,
                 } => {
-                    let failure = loop {
-                        match ready!(body.as_mut().poll_frame(cx)) {
-                            None => break None,
-                            Some(Ok(frame)) => {
-                                if let Ok(mut data) = frame.into_data() {
-                                    let data = data.copy_to_bytes(data.remaining());
-                                    if buf.len() + data.len() > config.max_body {
-                                        break Some(text_response(
-                                            StatusCode::PAYLOAD_TOO_LARGE,
-                                            "request body too large\n",
-                                        ));
-                                    }
-                                    buf.push(data);
-                                }
-                            }
-                            Some(Err(_)) => {
-                                break Some(text_response(
-                                    StatusCode::BAD_REQUEST,
-                                    "could not read the request body\n",
-                                ))
-                            }
-                        }
-                    };
+                    let failure =
+                        ready!(buf.poll_collect(body.as_mut(), config.max_body, cx)).err();
                     let mut parts = parts.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
                     if let Some(res) = failure {

@@ -1,7 +1,15 @@
-//! Shared test support: real hyper servers on loopback and a small client.
+//! Shared test support: real hyper servers on loopback and a small client,
+//! the recording upstream, the table of channel vectors and the channel
+//! scenarios, the fault-injecting store.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
+// Also included by `support_redis`; a test may include both.
+#[allow(clippy::duplicate_mod)]
+mod port;
+pub mod scenarios;
+pub mod upstream;
+pub mod vectors;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -14,6 +22,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+#[allow(unused_imports)] // each test binary uses what it needs
+pub use port::{free_addr, free_port};
 
 /// Serves `svc` (any tower service over hyper's incoming bodies) on
 /// 127.0.0.1:0 with HTTP/1 and HTTP/2; returns the bound address.
@@ -157,13 +168,4 @@ where
         out.push(t.await.unwrap());
     }
     out
-}
-
-/// A loopback port that was free a moment ago (for servers that must be
-/// told their port, like `redis-server`).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }

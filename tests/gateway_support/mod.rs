@@ -1,13 +1,18 @@
 //! The gateway example as a process, for the gateway tests: start it with
 //! arguments, environment and a chosen stderr; read its `listening on` line.
+//! [`storm`] sends the shared channel vectors through it (it needs
+//! `mod common;` beside `mod gateway_support;`).
 #![allow(dead_code, unreachable_pub)]
+
+pub mod storm;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, SystemTime};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The built gateway example; panics with how to build it when it is
 /// missing or older than its sources.
@@ -61,6 +66,8 @@ pub fn temp_path(tag: &str) -> PathBuf {
 pub struct Proc {
     pub child: Child,
     pub addr: SocketAddr,
+    /// Lines written to stdout after the first.
+    more_stdout: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proc {
@@ -79,10 +86,14 @@ impl Proc {
         let mut child = cmd.spawn().expect("spawn the gateway");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
+        let more_stdout: Arc<Mutex<Vec<String>>> = Arc::default();
+        let more = more_stdout.clone();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             let _ = tx.send(lines.next());
-            for _ in lines {}
+            for line in lines.map_while(Result::ok) {
+                more.lock().unwrap().push(line);
+            }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Some(Ok(line))) => line
@@ -94,7 +105,31 @@ impl Proc {
                 panic!("the gateway did not announce itself: {other:?}");
             }
         };
-        Self { child, addr }
+        Self {
+            child,
+            addr,
+            more_stdout,
+        }
+    }
+
+    /// The lines written to stdout after `listening on`.
+    pub fn more_stdout(&self) -> Vec<String> {
+        self.more_stdout.lock().unwrap().clone()
+    }
+
+    /// Waits for the gateway to exit; panics after `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the gateway did not exit within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Sends `sig` to the gateway.
@@ -116,6 +151,64 @@ impl Proc {
     }
 }
 
+/// A gateway in front of an upstream, its stderr kept in a temporary file
+/// and printed if the test fails.
+pub struct Gateway {
+    proc: Proc,
+    log: PathBuf,
+}
+
+impl Gateway {
+    /// `--listen 127.0.0.1:0 --upstream UPSTREAM ARGS...`
+    pub fn start(upstream: &str, args: &[&str]) -> Self {
+        let mut all = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
+        all.extend_from_slice(args);
+        let log = temp_path("log");
+        let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+        Self {
+            proc: Proc::start(&all, &[], stderr),
+            log,
+        }
+    }
+
+    /// `http://ADDR{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.proc.addr)
+    }
+
+    /// What the gateway wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Deref for Gateway {
+    type Target = Proc;
+
+    fn deref(&self) -> &Proc {
+        &self.proc
+    }
+}
+
+impl DerefMut for Gateway {
+    fn deref_mut(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- gateway {} stderr ----\n{}",
+                self.proc.addr,
+                self.log()
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -123,25 +216,25 @@ impl Drop for Proc {
     }
 }
 
-/// One HTTP/1.1 request over a fresh connection; the whole answer as text
-/// (`Connection: close`).
-pub fn raw_http(addr: SocketAddr, request: &str) -> String {
+/// One HTTP/1.1 request (its raw bytes) over a fresh connection; the whole
+/// answer as text, read until the server closes.
+pub fn raw_http(addr: SocketAddr, request: impl AsRef<[u8]>) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = stream.read_to_string(&mut out);
-    out
+    stream.write_all(request.as_ref()).unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `GET path` with `Connection: close`; the status code and the body.
 pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let text = raw_http(
         addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"),
+        format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"),
     );
     let status = text
         .split(' ')

@@ -6,8 +6,15 @@
 //! with a loud warning otherwise.
 #![allow(dead_code, unreachable_pub)]
 
+// Shared with `common`; a test may include both.
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/port.rs"]
+mod port;
+
+use port::free_port;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,13 +58,6 @@ pub fn redis_available() -> bool {
         });
     }
     available
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

@@ -1,0 +1,302 @@
+//! The gateway example's flags as a real process: bad flags exit 2 with a
+//! message, `--help` exits 0, a taken port exits 1; `/metrics` counts
+//! executed and replayed requests (feature `metrics`).
+//!
+//! A plain `cargo test --all-features` builds the examples before it runs
+//! integration tests; `cargo test --test gateway_flags` does not, so build the
+//! binary first when running this file alone:
+//! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_flags`.
+
+mod common;
+mod gateway_support;
+
+#[cfg(feature = "metrics")]
+use common::{client, upstream::Upstream, vectors::STRIPE_VECTORS};
+use gateway_support::gateway_bin;
+#[cfg(feature = "metrics")]
+use gateway_support::{get, storm::send_vector, Gateway};
+use std::process::{Command, Stdio};
+
+#[test]
+fn bad_flags_exit_2_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&[], "--listen"),
+        (&["--listen", "127.0.0.1:0"], "--upstream"),
+        (&["--upstream", "http://127.0.0.1:1"], "--listen"),
+        (
+            &["--listen", "localhost", "--upstream", "http://127.0.0.1:1"],
+            "IP:PORT",
+        ),
+        (
+            &["--listen", "127.0.0.1:0", "--upstream", "ftp://x"],
+            "http://",
+        ),
+        (
+            // https upstreams work; one with a query does not.
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "https://x/base?q=1",
+            ],
+            "query",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--frobnicate",
+            ],
+            "unknown flag",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--window",
+            ],
+            "needs a value",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--window",
+                "25x",
+            ],
+            "unit",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--lease",
+                "0s",
+            ],
+            "more than 0",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--wait",
+                "soon",
+            ],
+            "--wait",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--max-body",
+                "64KB",
+            ],
+            "KiB",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--route",
+                "/x",
+            ],
+            "PREFIX=PRESET",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--route",
+                "x=stripe",
+            ],
+            "start with",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--route",
+                "/x=bitcoin",
+            ],
+            "unknown preset",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--route",
+                "/x=stripe",
+                "--route",
+                "/x/=alipay",
+            ],
+            "twice",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                "mongodb://x:1",
+            ],
+            "redis://",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                "redis+cluster://a:1,b",
+            ],
+            "HOST:PORT",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--on-store-error",
+                "maybe",
+            ],
+            "closed",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--principal-header",
+                "bad header",
+            ],
+            "header",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--metrics-listen",
+                "9100",
+            ],
+            "IP:PORT",
+        ),
+        (
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "stray",
+            ],
+            "unexpected",
+        ),
+    ];
+    let bin = gateway_bin();
+    for (args, hint) in cases {
+        let out = Command::new(&bin)
+            .args(*args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("gateway: "), "{args:?}: {stderr}");
+        assert!(stderr.contains(hint), "{args:?}: {stderr:?} lacks {hint:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    // --help is not an error.
+    let out = Command::new(&bin).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--route PREFIX=PRESET"));
+
+    // A taken port is a failure at start (1), not a bad flag.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = Command::new(&bin)
+        .args(["--listen", &taken.local_addr().unwrap().to_string()])
+        .args(["--upstream", "http://127.0.0.1:1"])
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// `name{labels} value` lines of a Prometheus text body whose labels include
+/// every one of `want`.
+#[cfg(feature = "metrics")]
+fn sample(text: &str, name: &str, want: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(series, _)| {
+            series
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('{'))
+                && want.iter().all(|w| series.contains(w))
+        })
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_executed_and_replayed() {
+    let up = Upstream::start().await;
+    let metrics_addr = common::free_addr();
+    let gw = Gateway::start(&up.url(), &["--metrics-listen", &metrics_addr.to_string()]);
+    let client = client();
+    let v = &STRIPE_VECTORS[0];
+    for _ in 0..3 {
+        let a = send_vector(&client, &gw.url("/stripe"), v).await;
+        assert_eq!(a.status, 200);
+    }
+    let (status, text) = get(metrics_addr, "/metrics");
+    assert_eq!(status, 200);
+    let count = |outcome: &str| {
+        sample(
+            &text,
+            "idempotency_requests_total",
+            &["preset=\"stripe\"", &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    assert_eq!(count("executed"), Some(1.0), "{text}");
+    assert_eq!(count("replayed"), Some(2.0), "{text}");
+    let ratio = sample(&text, "idempotency_duplicate_ratio", &["preset=\"stripe\""])
+        .unwrap_or_else(|| panic!("no duplicate ratio in\n{text}"));
+    assert!((ratio - 2.0 / 3.0).abs() < 1e-9, "{ratio}");
+    assert!(
+        sample(&text, "idempotency_store_seconds_count", &[]).is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(get(metrics_addr, "/other").0, 404);
+}

@@ -1,0 +1,396 @@
+//! The gateway example as a real process between a client and the
+//! recording upstream (`tests/common/upstream.rs`): forwarding (the
+//! request's own bytes, path and query, `x-forwarded-for` appended,
+//! hop-by-hop headers removed, `Host` set); an HTTP/1.0 upstream; upstream
+//! refused or too slow (the channel's failure reply, never cached); SIGTERM
+//! with a request in flight and SIGINT when idle (exit 0); two instances
+//! sharing Redis and Redis Cluster (feature `redis`).
+//!
+//! A plain `cargo test --all-features` builds the examples before it runs
+//! integration tests; `cargo test --test gateway_upstream` does not, so build the
+//! binary first when running this file alone:
+//! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_upstream`.
+
+mod common;
+mod gateway_support;
+#[cfg(feature = "redis")]
+mod support_redis;
+
+use common::upstream::{Replies, Upstream};
+use common::vectors::{
+    ALIPAY_FAIL, ALIPAY_SUCCESS, ALIPAY_VECTORS, IDEMPOTENCY_KEY_VECTORS, WECHATPAY_V3_VECTORS,
+    WECHAT_FAIL, WECHAT_SUCCESS,
+};
+use common::{all_at_once, client};
+use gateway_support::storm::{headers_with, send, send_vector, Headers, K};
+use gateway_support::{raw_http, Gateway};
+use http::Request;
+use http_body_util::Full;
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_keeps_bytes_path_query_and_drops_hop_by_hop_headers() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("{}/base/", up.url()), &["--route", "/fwd=auto"]);
+    let body: &[u8] = b"raw \x00\x01 bytes\r\nsecond line";
+    let mut req = Vec::new();
+    req.extend_from_slice(
+        b"POST /fwd/x%20y?q=1&r=two%3D HTTP/1.1\r\n\
+          Host: gateway.example\r\n\
+          Connection: close, X-Hop\r\n\
+          X-Hop: named by connection\r\n\
+          Keep-Alive: timeout=5\r\n\
+          Proxy-Authorization: Basic Zm9vOmJhcg==\r\n\
+          Proxy-Foo: bar\r\n\
+          TE: trailers\r\n\
+          Trailer: X-Checksum\r\n\
+          Upgrade: h2c\r\n\
+          X-Forwarded-For: 203.0.113.7\r\n\
+          X-End-To-End: kept\r\n\
+          Content-Type: application/octet-stream\r\n\
+          Transfer-Encoding: chunked\r\n\r\n",
+    );
+    let (a, b) = body.split_at(7);
+    for chunk in [a, b] {
+        req.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        req.extend_from_slice(chunk);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    let addr = gw.addr;
+    let reply = tokio::task::spawn_blocking(move || raw_http(addr, req))
+        .await
+        .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        reply.contains("upstream call 1 for /base/fwd/x%20y"),
+        "{reply}"
+    );
+
+    let seen = up.last("/base/fwd/x%20y");
+    assert_eq!(seen.uri, "/base/fwd/x%20y?q=1&r=two%3D");
+    assert_eq!(seen.body, body);
+    let h = &seen.headers;
+    assert_eq!(h["host"], up.addr.to_string().as_str());
+    assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(h["x-end-to-end"], "kept");
+    assert_eq!(h["content-type"], "application/octet-stream");
+    assert_eq!(h["content-length"], body.len().to_string().as_str());
+    for gone in [
+        "x-hop",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-foo",
+        "te",
+        "trailer",
+        "upgrade",
+        "transfer-encoding",
+    ] {
+        assert!(!h.contains_key(gone), "{gone} reached the upstream: {h:?}");
+    }
+    if let Some(c) = h.get("connection") {
+        assert!(!c.to_str().unwrap().contains("X-Hop"), "{c:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_upstream_does_not_downgrade_the_reply() {
+    // An upstream that answers every request in HTTP/1.0 and closes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let mut len = 0;
+            while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf[len..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => len += n,
+                }
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await;
+        }
+    });
+    let gw = Gateway::start(&format!("http://{addr}"), &[]);
+    let res = client()
+        .request(Request::get(gw.url("/old")).body(Full::default()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.version(), http::Version::HTTP_11);
+    let a = common::read(res).await;
+    assert_eq!((a.status, a.text().as_str()), (200, "ok"));
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_gets_the_failure_reply_and_the_retry_is_forwarded() {
+    let port = common::free_port();
+    let gw = Gateway::start(
+        &format!("http://127.0.0.1:{port}"),
+        &[
+            "--route",
+            "/wx=wechatpay-v3",
+            "--route",
+            "/orders=idempotency-key",
+        ],
+    );
+    let client = client();
+    let wx = &WECHATPAY_V3_VECTORS[0];
+    let order = &IDEMPOTENCY_KEY_VECTORS[0];
+
+    // Refused: WeChat Pay gets its failure reply, the client API a 502.
+    for _ in 0..2 {
+        let a = send_vector(&client, &gw.url("/wx/notify"), wx).await;
+        assert_eq!((a.status, a.text().as_str()), (500, WECHAT_FAIL));
+        assert!(a.headers["content-type"].to_str().unwrap().contains("json"));
+        let a = send_vector(&client, &gw.url("/orders"), order).await;
+        assert_eq!(a.status, 502, "{}", a.text());
+        assert!(!a.replayed());
+    }
+
+    // The upstream comes back: the retry is forwarded (the failure was not
+    // cached), and the one after it replays.
+    let up = Upstream::start_on(
+        TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("rebind the upstream port"),
+        Replies::default(),
+    );
+    let a = send_vector(&client, &gw.url("/wx/notify"), wx).await;
+    assert_eq!((a.status, a.text().as_str()), (200, WECHAT_SUCCESS));
+    assert!(!a.replayed());
+    let a = send_vector(&client, &gw.url("/wx/notify"), wx).await;
+    assert_eq!((a.status, a.text().as_str()), (200, WECHAT_SUCCESS));
+    assert!(a.replayed());
+    assert_eq!(up.calls("/wx/notify"), 1);
+
+    let a = send_vector(&client, &gw.url("/orders"), order).await;
+    assert_eq!(
+        (a.status, a.text().as_str()),
+        (200, "upstream call 1 for /orders")
+    );
+    let a = send_vector(&client, &gw.url("/orders"), order).await;
+    assert_eq!(
+        (a.status, a.text().as_str()),
+        (200, "upstream call 1 for /orders")
+    );
+    assert!(a.replayed());
+    assert_eq!(up.calls("/orders"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_timeout_and_upstream_failures_are_never_cached() {
+    let up = Upstream::start().await;
+    // The slow call outlives the reply deadline (300 ms) and the run limit
+    // (600 ms): it is cancelled, nothing is recorded. (One that answers
+    // within the run limit is recorded: tests/gateway_deadline.rs.)
+    let gw = Gateway::start(
+        &up.url(),
+        &["--upstream-timeout", "300ms", "--max-run", "600ms"],
+    );
+    let client = client();
+    let v = &ALIPAY_VECTORS[0];
+    let slow: Headers = headers_with(v, &[("x-delay-ms", "3000")]);
+    let failing: Headers = headers_with(v, &[("x-status", "503")]);
+    // Too slow (the reply deadline), then the upstream's own 503: both answered with
+    // Alipay's `fail`, and each retry reaches the upstream again.
+    let started = Instant::now();
+    let a = send(&client, &gw.url("/ali"), &slow, v.base().body).await;
+    assert_eq!((a.status, a.text().as_str()), (500, ALIPAY_FAIL));
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let a = send(&client, &gw.url("/ali"), &failing, v.base().body).await;
+    assert_eq!((a.status, a.text().as_str()), (500, ALIPAY_FAIL));
+    let a = send_vector(&client, &gw.url("/ali"), v).await;
+    assert_eq!((a.status, a.text().as_str()), (200, ALIPAY_SUCCESS));
+    assert!(!a.replayed());
+    let a = send_vector(&client, &gw.url("/ali"), v).await;
+    assert!(a.replayed());
+    assert_eq!(up.calls("/ali"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_request_in_flight_and_exits_0() {
+    let up = Upstream::start().await;
+    let mut gw = Gateway::start(&up.url(), &["--route", "/=wechatpay-v3"]);
+    let client = client();
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let headers: Headers = headers_with(v, &[("x-delay-ms", "1500")]);
+    let in_flight = tokio::spawn({
+        let (client, url, body) = (client.clone(), gw.url("/slow"), v.base().body);
+        async move { send(&client, &url, &headers, body).await }
+    });
+    up.wait_for_call("/slow").await;
+    gw.signal(libc::SIGTERM);
+
+    // It stops accepting at once...
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while TcpStream::connect(gw.addr).is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ...and the request in flight still gets its success.
+    let a = in_flight.await.unwrap();
+    assert_eq!((a.status, a.text().as_str()), (200, WECHAT_SUCCESS));
+    let status = gw.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{status:?}\n{}", gw.log());
+    assert_eq!(up.calls("/slow"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_when_idle_exits_0() {
+    let up = Upstream::start().await;
+    let mut gw = Gateway::start(&up.url(), &[]);
+    let a = send(&client(), &gw.url("/x"), &[], "ping").await;
+    assert_eq!(a.status, 200);
+    gw.signal(libc::SIGINT);
+    let status = gw.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{status:?}\n{}", gw.log());
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use support_redis::{shared_cluster, shared_standalone};
+
+    /// K copies of the WeChat Pay v3 vector (the upstream takes 300 ms),
+    /// spread over two gateways: one upstream call, K successes.
+    async fn storm_over(a: &Gateway, b: &Gateway, up: &Upstream, path: &str) {
+        let client = client();
+        let v = &WECHATPAY_V3_VECTORS[0];
+        let headers: Headers = headers_with(v, &[("x-delay-ms", "300")]);
+        let answers = all_at_once(K, |i| {
+            let url = if i % 2 == 0 { a.url(path) } else { b.url(path) };
+            let (client, headers, body) = (client.clone(), headers.clone(), v.base().body);
+            async move { send(&client, &url, &headers, body).await }
+        })
+        .await;
+        for a in &answers {
+            assert_eq!((a.status, a.text().as_str()), (200, WECHAT_SUCCESS));
+        }
+        assert_eq!(up.calls(path), 1);
+        // Later copies on either instance replay.
+        for gw in [a, b] {
+            let r = send(&client, &gw.url(path), &v.base().headers, v.base().body).await;
+            assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
+            assert!(r.replayed());
+        }
+        assert_eq!(up.calls(path), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_gateways_share_one_redis() {
+        let Some(redis) = shared_standalone() else {
+            return;
+        };
+        let up = Upstream::start().await;
+        let store = format!("redis://127.0.0.1:{}", redis.port());
+        let a = Gateway::start(&up.url(), &["--store", &store]);
+        let b = Gateway::start(&up.url(), &["--store", &store]);
+        storm_over(&a, &b, &up, "/redis/two").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_gateways_share_one_redis_cluster() {
+        let Some(cluster) = shared_cluster() else {
+            return;
+        };
+        let up = Upstream::start().await;
+        let nodes: Vec<String> = cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let store = format!("redis+cluster://{}", nodes.join(","));
+        let a = Gateway::start(&up.url(), &["--store", &store]);
+        let b = Gateway::start(&up.url(), &["--store", &store]);
+        storm_over(&a, &b, &up, "/cluster/two").await;
+    }
+
+    /// Redis goes down: `closed` answers the channel's failure reply (the
+    /// upstream is not called), `open` passes through; when Redis is back,
+    /// `closed` recovers by itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_down_fails_closed_or_open_as_told_and_recovers() {
+        if !support_redis::redis_available() {
+            return;
+        }
+        let mut redis = support_redis::RedisServer::start();
+        let up = Upstream::start().await;
+        let store = format!("redis://127.0.0.1:{}", redis.port());
+        let closed = Gateway::start(&up.url(), &["--store", &store]);
+        let open = Gateway::start(&up.url(), &["--store", &store, "--on-store-error", "open"]);
+        let client = client();
+        let v = &WECHATPAY_V3_VECTORS[0];
+        redis.stop();
+        let a = send_vector(&client, &closed.url("/p7/closed"), v).await;
+        assert_eq!((a.status, a.text().as_str()), (500, WECHAT_FAIL));
+        assert_eq!(up.calls("/p7/closed"), 0);
+        let a = send_vector(&client, &open.url("/p7/open"), v).await;
+        assert_eq!((a.status, a.text().as_str()), (200, WECHAT_SUCCESS));
+        assert_eq!(up.calls("/p7/open"), 1);
+
+        redis.restart();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let a = send_vector(&client, &closed.url("/p7/closed"), v).await;
+            if a.status == 200 {
+                assert_eq!(a.text(), WECHAT_SUCCESS);
+                break;
+            }
+            assert_eq!((a.status, a.text().as_str()), (500, WECHAT_FAIL));
+            assert!(
+                Instant::now() < deadline,
+                "no recovery after Redis came back"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(up.calls("/p7/closed"), 1);
+    }
+
+    /// SIGTERM while the only copy runs and its caller has hung up: the
+    /// gateway still finishes the call and writes the record before it
+    /// exits, so another instance replays it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigterm_after_the_caller_hung_up_still_writes_the_record() {
+        let Some(redis) = shared_standalone() else {
+            return;
+        };
+        let up = Upstream::start().await;
+        let store = format!("redis://127.0.0.1:{}", redis.port());
+        let mut a = Gateway::start(&up.url(), &["--store", &store]);
+        let v = &WECHATPAY_V3_VECTORS[0];
+        let headers: Headers = headers_with(v, &[("x-delay-ms", "1000")]);
+        // Raw TCP, so that hanging up really closes the connection.
+        let mut request = String::from("POST /redis/hangup HTTP/1.1\r\nHost: gw\r\n");
+        for (k, v) in &headers {
+            request.push_str(&format!("{k}: {v}\r\n"));
+        }
+        let body = v.base().body;
+        request.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        let mut caller = TcpStream::connect(a.addr).unwrap();
+        caller.write_all(request.as_bytes()).unwrap();
+        caller.write_all(&body).unwrap();
+        up.wait_for_call("/redis/hangup").await;
+        drop(caller);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.signal(libc::SIGTERM);
+        let status = a.wait_exit(Duration::from_secs(10));
+        assert_eq!(status.code(), Some(0), "{status:?}\n{}", a.log());
+
+        let b = Gateway::start(&up.url(), &["--store", &store]);
+        let r = send_vector(&client(), &b.url("/redis/hangup"), v).await;
+        assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
+        assert!(r.replayed(), "the first call's record was not written");
+        assert_eq!(up.calls("/redis/hangup"), 1);
+    }
+}
