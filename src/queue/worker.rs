@@ -163,7 +163,10 @@ where
     S::Error: fmt::Display,
 {
     /// Fetches the entries that are due (up to the batch size), delivers
-    /// them concurrently and records each result.
+    /// them concurrently and records each result as soon as its delivery
+    /// ends (acknowledged, retried or dead-lettered). A queue error is
+    /// returned once every entry of the round was settled or failed to be;
+    /// an entry left unsettled is delivered again after its lease.
     pub async fn run_once(&mut self) -> Result<WorkerRound, QueueError> {
         let batch = self
             .queue
