@@ -63,7 +63,7 @@ async fn queue_and_fetch<Q: Queue>(queue: &Q) -> Vec<Delivery> {
     fetched
 }
 
-/// Acknowledges the even entries, `WAVE` at a time, every 50 ms; calls
+/// Acknowledges the even entries, `WAVE` at a time, every 100 ms; calls
 /// `acked` with each key once its `ack` returned `true`.
 fn ack_evens<Q: Queue>(
     queue: &Q,
@@ -77,7 +77,7 @@ fn ack_evens<Q: Queue>(
         .map(|(n, d)| {
             let (queue, acked) = (queue.clone(), acked.clone());
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(50 * (n / WAVE) as u64)).await;
+                tokio::time::sleep(Duration::from_millis(100 * (n / WAVE) as u64)).await;
                 if queue.ack(&d).await.unwrap() {
                     acked(&d.message.key);
                 }
@@ -293,7 +293,7 @@ async fn concurrent_workers_keep_each_group_in_order<Q: Queue>(queue: Q) {
             }))
         })
         .collect();
-    for _ in 0..1000 {
+    for _ in 0..3000 {
         if queue.stats().await.unwrap().depth == 0 {
             break;
         }
