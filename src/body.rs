@@ -218,6 +218,16 @@ pub(crate) struct BodyBuffer {
 }
 
 impl BodyBuffer {
+    /// The bytes held.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     pub(crate) fn push(&mut self, data: Bytes) {
         self.len += data.len();
         match (&self.first, &mut self.rest) {

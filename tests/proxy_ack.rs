@@ -1,19 +1,26 @@
 //! The library's acknowledge-then-deliver routes in process: the success
 //! reply only for a queued (or already queued) notification, the failure
 //! reply for a queue error or a fingerprint mismatch, and delivery through
-//! the dedup layer (an entry handed out twice reaches the upstream once).
+//! the dedup layer (an entry handed out twice reaches the upstream once,
+//! even while its first delivery hangs past its lease).
 
 mod common;
 
+use bytes::Bytes;
 use common::upstream::Upstream;
 use common::vectors::{check, Expect, WECHATPAY_V3};
-use common::{read, request};
+use common::{read, request, serve, Counter};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::proxy::{Forward, Gateway, RouteError, RouteOptions, Target};
 use tower_idempotency::queue::{
     DeadLetter, Delivery, EntryId, Ingested, MemoryQueue, Message, Queue, QueueError, QueueStats,
-    Worker,
+    RedbQueue, Worker,
 };
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::Preset;
@@ -170,4 +177,114 @@ fn ack_route_needs_a_queue_and_a_channel_preset() {
         .route_with("/api", Target::Preset(Preset::idempotency_key()), acked())
         .build();
     assert!(matches!(client, Err(RouteError::AckThenDeliver(_))));
+}
+
+/// An upstream that holds every call while `hang` is set; counts the calls
+/// in flight (and their maximum) and the answered ones.
+#[derive(Clone, Default)]
+struct Hung {
+    hang: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
+    most_in_flight: Arc<AtomicUsize>,
+    answered: Counter,
+}
+
+impl Hung {
+    async fn start(self) -> Forward {
+        let state = self.clone();
+        let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let state = state.clone();
+            async move {
+                let _ = req.into_body().collect().await;
+                let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                state.most_in_flight.fetch_max(now, Ordering::SeqCst);
+                while state.hang.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                state.in_flight.fetch_sub(1, Ordering::SeqCst);
+                state.answered.bump();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"credited"))))
+            }
+        });
+        let (addr, _task) = serve(svc).await;
+        Forward::new(format!("http://{addr}").parse().unwrap())
+    }
+}
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_runs_out_while_the_upstream_hangs_delivered_once_never_twice_at_once() {
+    let up = Hung::default();
+    up.hang.store(true, Ordering::SeqCst);
+    let forward = up.clone().start().await;
+    let dir = std::env::temp_dir().join(format!(
+        "tower-idempotency-proxy-ack-{:032x}",
+        tower_idempotency::store::OwnerToken::new().as_u128()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let queue = RedbQueue::open(dir.join("queue.redb")).unwrap();
+    let gateway = Gateway::builder(forward, MemoryStore::new())
+        .queue(queue.clone())
+        .route_with("/wx", Target::Preset(Preset::wechatpay_v3()), acked())
+        .build()
+        .unwrap();
+    let req = request("/wx", &[], wechat("EV-hung", "TRANSACTION.SUCCESS"));
+    let answer = read(gateway.clone().oneshot(req).await.unwrap()).await;
+    check(&answer, SUCCESS, "the acknowledgement");
+    // Two workers with a lease far shorter than the hang: the entry is
+    // handed out again while its first delivery is still in flight.
+    let attempts = Counter::default();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (deliverer, attempts) = (gateway.deliverer(), attempts.clone());
+            let counted = tower::service_fn(move |m: Message| {
+                attempts.bump();
+                deliverer.clone().oneshot(m)
+            });
+            let worker = Worker::new(queue.clone(), counted)
+                .lease(Duration::from_millis(300))
+                .poll_interval(Duration::from_millis(20))
+                .backoff(Duration::from_millis(50), Duration::from_millis(200));
+            let mut stopped = stopped.clone();
+            tokio::spawn(worker.run(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }))
+        })
+        .collect();
+    let limit = Duration::from_secs(20);
+    // (Or a second delivery reaching the upstream beside the hung one.)
+    wait_for("two more attempts while the first hangs", limit, || {
+        attempts.get() >= 3 || up.most_in_flight.load(Ordering::SeqCst) > 1
+    })
+    .await;
+    assert_eq!(
+        up.most_in_flight.load(Ordering::SeqCst),
+        1,
+        "delivered twice at once"
+    );
+    assert_eq!(up.answered.get(), 0);
+    up.hang.store(false, Ordering::SeqCst);
+    let depth = |q: RedbQueue| async move { q.stats().await.unwrap().depth };
+    let start = std::time::Instant::now();
+    while depth(queue.clone()).await > 0 {
+        assert!(start.elapsed() < limit, "the entry was not delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(true).unwrap();
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_eq!(up.answered.get(), 1, "delivered more than once");
+    assert_eq!(up.most_in_flight.load(Ordering::SeqCst), 1);
+    assert_eq!(queue.stats().await.unwrap().dead, 0);
+    drop((gateway, queue));
+    let _ = std::fs::remove_dir_all(&dir);
 }

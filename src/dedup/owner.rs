@@ -293,7 +293,7 @@ where
             link.body = Some(tx);
         }
     }
-    if early.len() > 0 {
+    if !early.is_empty() {
         link.send(Piece::Frame(Frame::data(early.into_bytes())))
             .await;
     }

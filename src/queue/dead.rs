@@ -8,17 +8,14 @@ use redb::{ReadableTable, WriteTransaction};
 
 impl Embedded {
     pub(super) fn dead_letter(
-        &self,
         txn: &WriteTransaction,
         delivery: &Delivery,
         error: &str,
     ) -> Result<bool, QueueError> {
-        let Some((id, s)) = self.leased(txn, delivery)? else {
+        let Some((id, s)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
-        let message = self
-            .remove(txn, id)?
-            .ok_or_else(|| err("entry without message"))?;
+        let message = Self::remove(txn, id)?.ok_or_else(|| err("entry without message"))?;
         let mut record = Vec::with_capacity(16 + error.len() + message.len());
         record.extend_from_slice(&s.attempts.to_le_bytes());
         record.extend_from_slice(&now_ms().to_le_bytes());
@@ -44,7 +41,7 @@ impl Embedded {
         Ok(out)
     }
 
-    pub(super) fn replay(&self, txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {
+    pub(super) fn replay(txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {
         let record = txn
             .open_table(DEAD)
             .map_err(err)?
@@ -69,7 +66,7 @@ impl Embedded {
         Ok(true)
     }
 
-    pub(super) fn replay_all(&self, txn: &WriteTransaction) -> Result<usize, QueueError> {
+    pub(super) fn replay_all(txn: &WriteTransaction) -> Result<usize, QueueError> {
         let ids: Vec<u64> = txn
             .open_table(DEAD)
             .map_err(err)?
@@ -79,7 +76,7 @@ impl Embedded {
             .collect();
         let mut n = 0;
         for id in ids {
-            n += usize::from(self.replay(txn, id)?);
+            n += usize::from(Self::replay(txn, id)?);
         }
         Ok(n)
     }

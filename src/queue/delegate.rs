@@ -1,11 +1,15 @@
-//! The [`Queue`](super::Queue) impl shared by the queues over [`Embedded`](super::embedded::Embedded).
+//! The [`Queue`](super::Queue) impl shared by the queues over
+//! [`Embedded`](super::embedded::Embedded): every change goes through its
+//! group commit.
 
 /// Implements [`Queue`](super::Queue) for a newtype over [`Embedded`].
 macro_rules! embedded_queue {
     ($ty:ty) => {
         impl $crate::queue::Queue for $ty {
             async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
-                self.inner.ingest_grouped(message).await
+                self.inner
+                    .grouped(move |txn| Embedded::ingest(txn, &message))
+                    .await
             }
 
             async fn fetch(
@@ -14,13 +18,15 @@ macro_rules! embedded_queue {
                 lease: Duration,
             ) -> Result<Vec<Delivery>, QueueError> {
                 self.inner
-                    .write(move |txn, q| q.fetch(txn, max, lease))
+                    .grouped(move |txn| Embedded::fetch(txn, max, lease))
                     .await
             }
 
             async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
-                let d = delivery.clone();
-                self.inner.write(move |txn, q| q.ack(txn, &d)).await
+                let (d, window) = (delivery.clone(), self.inner.window());
+                self.inner
+                    .grouped(move |txn| Embedded::ack(txn, &d, window))
+                    .await
             }
 
             async fn retry(
@@ -31,7 +37,7 @@ macro_rules! embedded_queue {
             ) -> Result<bool, QueueError> {
                 let d = delivery.clone();
                 self.inner
-                    .write(move |txn, q| q.retry(txn, &d, after))
+                    .grouped(move |txn| Embedded::retry(txn, &d, after))
                     .await
             }
 
@@ -42,7 +48,7 @@ macro_rules! embedded_queue {
             ) -> Result<bool, QueueError> {
                 let (d, error) = (delivery.clone(), error.to_owned());
                 self.inner
-                    .write(move |txn, q| q.dead_letter(txn, &d, &error))
+                    .grouped(move |txn| Embedded::dead_letter(txn, &d, &error))
                     .await
             }
 
@@ -57,11 +63,13 @@ macro_rules! embedded_queue {
                 let Ok(id) = id.as_str().parse::<u64>() else {
                     return Ok(false);
                 };
-                self.inner.write(move |txn, q| q.replay(txn, id)).await
+                self.inner
+                    .grouped(move |txn| Embedded::replay(txn, id))
+                    .await
             }
 
             async fn replay_all(&self) -> Result<usize, QueueError> {
-                self.inner.write(|txn, q| q.replay_all(txn)).await
+                self.inner.grouped(Embedded::replay_all).await
             }
 
             async fn stats(&self) -> Result<QueueStats, QueueError> {

@@ -5,8 +5,10 @@
 //! message, read only for the entries handed out), `keys` (key →
 //! fingerprint, live entry id, expiry), `expiry` ((expiry, key) → ()),
 //! `dead` (id → attempts, time, error, message), `meta` (next id). Every
-//! operation is one write transaction: atomic, and durable on commit.
+//! change runs in a write transaction of the group commit: atomic, and
+//! durable before its caller hears back.
 
+use super::group::Committer;
 use super::records::{err, now_ms, time_of, Marker, State};
 use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
@@ -14,7 +16,6 @@ use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
 const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
@@ -39,62 +40,12 @@ fn fresh_lease() -> u64 {
     ((t >> 64) as u64 ^ t as u64).max(1)
 }
 
-/// One ingest waiting for the group commit.
-type IngestJob = (Message, oneshot::Sender<Result<Ingested, QueueError>>);
-
 /// The queue over one database.
 #[derive(Debug, Clone)]
 pub(super) struct Embedded {
     pub(super) db: Arc<Database>,
     window: Duration,
     committer: Arc<Committer>,
-}
-
-/// The thread that commits ingests in groups: every ingest waiting when a
-/// commit starts shares its transaction and its fsync, so concurrent
-/// acknowledgements cost one disk flush, not one each. Dropped with the last
-/// clone of the queue; the drop waits for the thread, so the file is closed
-/// when the queue is.
-#[derive(Debug)]
-struct Committer {
-    tx: Option<std::sync::mpsc::Sender<IngestJob>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Committer {
-    fn drop(&mut self) {
-        self.tx.take();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Ingests per group commit, at most.
-const GROUP_MAX: usize = 512;
-
-fn commit_group(db: &Database, jobs: Vec<IngestJob>) {
-    let run = || -> Result<Vec<Ingested>, QueueError> {
-        let txn = db.begin_write().map_err(err)?;
-        let out = jobs
-            .iter()
-            .map(|(m, _)| Embedded::ingest(&txn, m))
-            .collect::<Result<Vec<_>, _>>()?;
-        txn.commit().map_err(err)?;
-        Ok(out)
-    };
-    match run() {
-        Ok(out) => {
-            for ((_, reply), got) in jobs.into_iter().zip(out) {
-                let _ = reply.send(Ok(got));
-            }
-        }
-        Err(e) => {
-            for (_, reply) in jobs {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
-    }
 }
 
 impl Embedded {
@@ -110,30 +61,10 @@ impl Embedded {
         }
         txn.commit().map_err(err)?;
         let db = Arc::new(db);
-        let (tx, rx) = std::sync::mpsc::channel::<IngestJob>();
-        let thread_db = db.clone();
-        let thread = std::thread::Builder::new()
-            .name("queue-commit".into())
-            .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut jobs = vec![first];
-                    while jobs.len() < GROUP_MAX {
-                        match rx.try_recv() {
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
-                        }
-                    }
-                    commit_group(&thread_db, jobs);
-                }
-            })
-            .map_err(err)?;
         Ok(Self {
+            committer: Arc::new(Committer::start(db.clone())?),
             db,
             window,
-            committer: Arc::new(Committer {
-                tx: Some(tx),
-                thread: Some(thread),
-            }),
         })
     }
 
@@ -141,13 +72,19 @@ impl Embedded {
         self.window = window;
     }
 
-    /// Queues `message` through the group commit.
-    pub(super) async fn ingest_grouped(&self, message: Message) -> Result<Ingested, QueueError> {
-        let (reply, rx) = oneshot::channel();
-        let tx = self.committer.tx.as_ref().ok_or_else(|| err("closed"))?;
-        tx.send((message, reply))
-            .map_err(|_| err("commit thread stopped"))?;
-        rx.await.map_err(|_| err("commit thread stopped"))?
+    /// Runs `change` in the next group commit (see [`Committer::run`]);
+    /// returns once that commit is durable.
+    pub(super) async fn grouped<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(change).await
+    }
+
+    /// How long a delivered key is remembered.
+    pub(super) fn window(&self) -> Duration {
+        self.window
     }
 
     /// Bytes of the file in use (allocated pages), for measurements.
@@ -158,24 +95,10 @@ impl Embedded {
         Ok(stats.allocated_pages() * stats.page_size() as u64)
     }
 
-    /// Runs `f` in one write transaction on the blocking pool and commits.
-    pub(super) async fn write<T, F>(&self, f: F) -> Result<T, QueueError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&WriteTransaction, &Embedded) -> Result<T, QueueError> + Send + 'static,
-    {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let txn = this.db.begin_write().map_err(err)?;
-            let out = f(&txn, &this)?;
-            txn.commit().map_err(err)?;
-            Ok(out)
-        })
-        .await
-        .map_err(err)?
-    }
-
-    fn ingest(txn: &WriteTransaction, message: &Message) -> Result<Ingested, QueueError> {
+    pub(super) fn ingest(
+        txn: &WriteTransaction,
+        message: &Message,
+    ) -> Result<Ingested, QueueError> {
         let mut keys = txn.open_table(KEYS).map_err(err)?;
         let found = keys
             .get(message.key.as_str())
@@ -239,7 +162,6 @@ impl Embedded {
     }
 
     pub(super) fn fetch(
-        &self,
         txn: &WriteTransaction,
         max: usize,
         lease: Duration,
@@ -288,7 +210,6 @@ impl Embedded {
 
     /// The entry's state if `delivery` still holds its lease.
     pub(super) fn leased(
-        &self,
         txn: &WriteTransaction,
         delivery: &Delivery,
     ) -> Result<Option<(u64, State)>, QueueError> {
@@ -305,11 +226,7 @@ impl Embedded {
     }
 
     /// Removes a live entry: its message bytes if it had any.
-    pub(super) fn remove(
-        &self,
-        txn: &WriteTransaction,
-        id: u64,
-    ) -> Result<Option<Vec<u8>>, QueueError> {
+    pub(super) fn remove(txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
         txn.open_table(STATE)
             .map_err(err)?
             .remove(id)
@@ -322,17 +239,18 @@ impl Embedded {
         Ok(bytes)
     }
 
+    /// Removes the delivered entry and remembers its key for `window`.
     pub(super) fn ack(
-        &self,
         txn: &WriteTransaction,
         delivery: &Delivery,
+        window: Duration,
     ) -> Result<bool, QueueError> {
-        let Some((id, _)) = self.leased(txn, delivery)? else {
+        let Some((id, _)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
-        self.remove(txn, id)?;
+        Self::remove(txn, id)?;
         let now = now_ms();
-        let expires = now + self.window.as_millis() as u64;
+        let expires = now + window.as_millis() as u64;
         let key = delivery.message.key.as_str();
         let marker = Marker {
             fingerprint: delivery.message.fingerprint.to_bytes(),
@@ -347,12 +265,12 @@ impl Embedded {
             .map_err(err)?
             .insert((expires, key), ())
             .map_err(err)?;
-        self.purge(txn, now)?;
+        Self::purge(txn, now)?;
         Ok(true)
     }
 
     /// Forgets a few keys whose window ended.
-    fn purge(&self, txn: &WriteTransaction, now: u64) -> Result<(), QueueError> {
+    fn purge(txn: &WriteTransaction, now: u64) -> Result<(), QueueError> {
         let mut expiry = txn.open_table(EXPIRY).map_err(err)?;
         let mut keys = txn.open_table(KEYS).map_err(err)?;
         let due: Vec<(u64, String)> = expiry
@@ -376,12 +294,11 @@ impl Embedded {
     }
 
     pub(super) fn retry(
-        &self,
         txn: &WriteTransaction,
         delivery: &Delivery,
         after: Duration,
     ) -> Result<bool, QueueError> {
-        let Some((id, mut s)) = self.leased(txn, delivery)? else {
+        let Some((id, mut s)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
         s.lease = 0;

@@ -49,6 +49,7 @@ mod dead;
 mod delegate;
 mod either;
 mod embedded;
+mod group;
 mod memory;
 mod message;
 mod metrics;

@@ -15,9 +15,12 @@ use std::time::Duration;
 /// committed transaction with no recovery step to run, and it locks its file
 /// so that a second process cannot open it by mistake. Every
 /// [`ingest`](super::Queue::ingest) is committed and fsynced before it
-/// returns, so an acknowledgement given after it is true; concurrent ingests
+/// returns, so an acknowledgement given after it is true; so is every
+/// [`ack`](super::Queue::ack), retry and dead letter, so a crash redelivers
+/// at most the entries whose `ack` had not returned. Concurrent changes
 /// share one commit (group commit), so a storm costs one disk flush per
-/// group, not one per notification.
+/// group, not one per notification, and so do the acknowledgements of a
+/// [`Worker`](super::Worker)'s round.
 ///
 /// For many instances, use a shared queue (Redis Streams) instead.
 ///

@@ -34,6 +34,33 @@ pub struct WorkerRound {
     pub lease_lost: usize,
 }
 
+/// How one delivery was settled, and whether the lease was still held.
+enum Settled {
+    Delivered(bool),
+    Retried(bool),
+    DeadLettered(bool),
+}
+
+impl WorkerRound {
+    fn record(&mut self, settled: Settled) {
+        let kept = match settled {
+            Settled::Delivered(kept) => {
+                self.delivered += 1;
+                kept
+            }
+            Settled::Retried(kept) => {
+                self.retried += 1;
+                kept
+            }
+            Settled::DeadLettered(kept) => {
+                self.dead_lettered += 1;
+                kept
+            }
+        };
+        self.lease_lost += usize::from(!kept);
+    }
+}
+
 /// Delivers the entries of a [`Queue`] to a service: `Ok` acknowledges the
 /// entry, `Err` retries it after an exponential backoff, and the last of
 /// `max_attempts` failures moves it to the dead letters.
@@ -136,7 +163,10 @@ where
     S::Error: fmt::Display,
 {
     /// Fetches the entries that are due (up to the batch size), delivers
-    /// them concurrently and records each result.
+    /// them concurrently and records each result as soon as its delivery
+    /// ends (acknowledged, retried or dead-lettered). A queue error is
+    /// returned once every entry of the round was settled or failed to be;
+    /// an entry left unsettled is delivered again after its lease.
     pub async fn run_once(&mut self) -> Result<WorkerRound, QueueError> {
         let batch = self
             .queue
@@ -154,15 +184,22 @@ where
                 Err(e) => Err(e),
             });
         }
-        let results = futures_util::future::join_all(calls.into_iter().map(|call| async move {
-            match call {
-                Ok(fut) => fut.await.map(drop),
-                Err(e) => Err(e),
-            }
-        }))
+        // Each entry is settled as soon as its delivery ends, all of them
+        // concurrently: the embedded queue carries the acknowledgements that
+        // arrive together in one commit.
+        let this = &*self;
+        let settled = futures_util::future::join_all(batch.iter().zip(calls).map(
+            |(delivery, call)| async move {
+                let result = match call {
+                    Ok(fut) => fut.await.map(drop),
+                    Err(e) => Err(e),
+                };
+                this.settle(delivery, result).await
+            },
+        ))
         .await;
-        for (delivery, result) in batch.iter().zip(results) {
-            self.settle(delivery, result, &mut round).await?;
+        for outcome in settled {
+            round.record(outcome?);
         }
         #[cfg(feature = "metrics")]
         if let Ok(stats) = self.queue.stats().await {
@@ -175,30 +212,24 @@ where
         &self,
         delivery: &Delivery,
         result: Result<(), S::Error>,
-        round: &mut WorkerRound,
-    ) -> Result<(), QueueError> {
+    ) -> Result<Settled, QueueError> {
         let name = &self.config.name;
-        let kept = match result {
+        Ok(match result {
             Ok(()) => {
                 super::metrics::attempt(name, "delivered");
-                round.delivered += 1;
-                self.queue.ack(delivery).await?
+                Settled::Delivered(self.queue.ack(delivery).await?)
             }
             Err(e) if delivery.attempt >= self.config.max_attempts => {
                 super::metrics::attempt(name, "dead_lettered");
                 crate::outcome::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
-                round.dead_lettered += 1;
-                self.queue.dead_letter(delivery, &e.to_string()).await?
+                Settled::DeadLettered(self.queue.dead_letter(delivery, &e.to_string()).await?)
             }
             Err(e) => {
                 super::metrics::attempt(name, "retried");
-                round.retried += 1;
                 let after = self.backoff_after(delivery.attempt);
-                self.queue.retry(delivery, after, &e.to_string()).await?
+                Settled::Retried(self.queue.retry(delivery, after, &e.to_string()).await?)
             }
-        };
-        round.lease_lost += usize::from(!kept);
-        Ok(())
+        })
     }
 
     /// Delivers until `shutdown` resolves, sleeping for the poll interval
