@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -109,7 +110,7 @@ struct Shared {
     mode: Mode,
     prefix: String,
     /// Repeat mode: the ids and their bodies, built once.
-    repeat: Vec<(String, Bytes)>,
+    repeat: Vec<(HeaderValue, Bytes)>,
 }
 
 impl Shared {
@@ -119,7 +120,10 @@ impl Shared {
             Mode::First => {
                 let id = format!("{}{i}", self.prefix);
                 let body = self.body(&id);
-                (id, body)
+                (
+                    HeaderValue::try_from(id).expect("ids are visible ASCII"),
+                    body,
+                )
             }
             Mode::Repeat => self.repeat[i % self.repeat.len()].clone(),
         };
@@ -268,7 +272,10 @@ async fn load(cfg: LoadConfig) -> ExitCode {
         .map(|k| {
             let id = format!("repeat-{k}");
             let body = shared.body(&id);
-            (id, body)
+            (
+                HeaderValue::try_from(id).expect("ids are visible ASCII"),
+                body,
+            )
         })
         .collect();
     let shared = Arc::new(shared);
