@@ -9,17 +9,23 @@
 #
 #   first   every request carries a new key: both forward all;
 #   repeat  8 keys again and again: both answer from their record;
-#   storm   STORM_KEYS new keys, each sent as 7 identical copies at the same
-#           instant on 7 connections (`--copies 7`): how many times the
-#           upstream ran each key (read from the upstream's per-key counts),
-#           and what the copies got. Once with STORM_CONNECTIONS=7 (one key
-#           at a time) and once with 63 (9 keys at a time).
+#   storm   new keys, each sent as 7 identical copies at the same instant
+#           on 7 connections (`--copies 7`): how many times the upstream ran
+#           each key (read from the upstream's per-key counts), and what the
+#           copies got. STORMS lists CONNECTIONS:KEYS pairs, default
+#           "7:500 63:90": 500 keys one at a time, then 90 keys 9 at a time.
+#
+# Every request has a TIMEOUT-second deadline (default 10; `--timeout`): a
+# request still unanswered then counts as a `timeout` failure and its
+# connection is closed, so a stalled proxy ends a run instead of hanging it.
+# The repeat keys are first sent once each on one connection, so the
+# repeat runs measure answers from records that exist.
 #
 # idempotent-proxy-server is a benchmark-only tool, not a dependency:
 #
 #   cargo install idempotent-proxy-server --root /some/dir
 #   IDEMPOTENT_PROXY=/some/dir/bin/idempotent-proxy-server benches/vs_idempotent_proxy.sh
-#   REQUESTS=20000 RUNS=3 STORM_KEYS=500 benches/vs_idempotent_proxy.sh
+#   REQUESTS=20000 RUNS=3 STORMS="7:500 63:90" TIMEOUT=10 benches/vs_idempotent_proxy.sh
 #
 # Its configuration is a `.env` file in its working directory (read with
 # dotenvy at start): SERVER_ADDR, REDIS_URL, URL_UPSTREAM (a request to
@@ -42,8 +48,8 @@ REQUESTS=${REQUESTS:-20000}
 WARMUP=${WARMUP:-5000}
 CONNECTIONS=${CONNECTIONS:-64}
 RUNS=${RUNS:-3}
-STORM_KEYS=${STORM_KEYS:-500}
-STORM_CONNECTIONS=${STORM_CONNECTIONS:-7 63}
+STORMS=${STORMS:-7:500 63:90}
+TIMEOUT=${TIMEOUT:-10}
 POLL_INTERVAL=${POLL_INTERVAL:-100}
 IDEMPOTENT_PROXY=${IDEMPOTENT_PROXY:-$(command -v idempotent-proxy-server || true)}
 
@@ -150,16 +156,19 @@ TARGETS=(idempotent-proxy gateway)
 echo "# upstream $UPSTREAM, redis 127.0.0.1:$REDIS_PORT, idempotent-proxy-server $IPX_ADDR" \
     "($("$IDEMPOTENT_PROXY" --version 2>/dev/null || echo "$IDEMPOTENT_PROXY")), gateway $GATEWAY" >&2
 echo "# $(nproc) cores; load: $(uptime)" >&2
-echo "# requests/run $REQUESTS, connections $CONNECTIONS, runs $RUNS, storm keys $STORM_KEYS × 7 copies" >&2
+echo "# requests/run $REQUESTS, connections $CONNECTIONS, runs $RUNS, storms (connections:keys, 7 copies each) $STORMS, timeout $TIMEOUT s" >&2
 
 # run TARGET ARGS...: one load run, its key=value line on stdout (errors
 # are results here, not failures of the script).
 run() {
     "$BIN/proxy_bench" load --target "${TARGET[$1]}" --upstream "$UPSTREAM" \
-        --kind idempotency-key "${@:2}" || true
+        --kind idempotency-key --timeout "$TIMEOUT" "${@:2}" || true
 }
 
 : >"$TMP/results"
+for t in "${TARGETS[@]}"; do
+    run "$t" --mode repeat --keys 8 --requests 8 --connections 1 >/dev/null
+done
 for mode in first repeat; do
     for t in "${TARGETS[@]}"; do
         run "$t" --mode "$mode" --requests "$WARMUP" --connections "$CONNECTIONS" >/dev/null
@@ -172,9 +181,11 @@ for mode in first repeat; do
         done
     done
 done
-for sc in $STORM_CONNECTIONS; do
+for storm in $STORMS; do
+    sc=${storm%%:*}
+    keys=${storm##*:}
     for t in "${TARGETS[@]}"; do
-        line=$(run "$t" --mode first --copies 7 --connections "$sc" --requests $(( STORM_KEYS * 7 )))
+        line=$(run "$t" --mode first --copies 7 --connections "$sc" --requests $(( keys * 7 )))
         echo "$t storm/$sc $line" >&2
         echo "$t storm/$sc $line" >>"$TMP/results"
     done
@@ -206,7 +217,7 @@ summary() {
 echo
 echo "| scenario | target | rps | p50 ms | p99 ms | max ms | upstream hits / requests | errors | failures | executions per key, max | keys by executions |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
-for s in first repeat $(for sc in $STORM_CONNECTIONS; do echo "storm/$sc"; done); do
+for s in first repeat $(for storm in $STORMS; do echo "storm/${storm%%:*}"; done); do
     for t in "${TARGETS[@]}"; do
         summary "$t" "$s"
     done

@@ -108,6 +108,7 @@ struct Shared {
     path: String,
     kind: Kind,
     mode: Mode,
+    timeout: Option<Duration>,
     prefix: String,
     /// Repeat mode: the ids and their bodies, built once.
     repeat: Vec<(HeaderValue, Bytes)>,
@@ -191,23 +192,31 @@ impl Conn {
         };
         let req = s.request(i);
         let t0 = since.unwrap_or_else(Instant::now);
-        let failure = match sender.send_request(req).await {
-            Ok(resp) => {
-                let status = resp.status();
-                match resp.into_body().collect().await.map(|b| b.to_bytes()) {
-                    Ok(_) if status != StatusCode::OK => Some(status.as_str().to_owned()),
-                    Ok(b) if b != SUCCESS.as_bytes() => Some("body".to_owned()),
-                    Ok(_) => None,
-                    Err(_) => Some("io".to_owned()),
+        let exchange = async {
+            match sender.send_request(req).await {
+                Ok(resp) => {
+                    let status = resp.status();
+                    match resp.into_body().collect().await.map(|b| b.to_bytes()) {
+                        Ok(_) if status != StatusCode::OK => Some(status.as_str().to_owned()),
+                        Ok(b) if b != SUCCESS.as_bytes() => Some("body".to_owned()),
+                        Ok(_) => None,
+                        Err(_) => Some("io".to_owned()),
+                    }
                 }
-            }
-            Err(_) => {
-                // The connection is gone: count the request as failed and
-                // open a new one for the next.
-                self.send = None;
-                Some("io".to_owned())
+                Err(_) => Some("io".to_owned()),
             }
         };
+        let failure = match s.timeout {
+            Some(limit) => tokio::time::timeout(limit, exchange)
+                .await
+                .unwrap_or_else(|_| Some("timeout".to_owned())),
+            None => exchange.await,
+        };
+        if matches!(failure.as_deref(), Some("io" | "timeout")) {
+            // The connection is gone or stuck: count the request as failed
+            // and open a new one for the next.
+            self.send = None;
+        }
         let us = t0.elapsed().as_micros().min(u32::MAX as u128) as u32;
         self.latencies_us.push(us);
         if let Some(f) = failure {
@@ -265,6 +274,7 @@ async fn load(cfg: LoadConfig) -> ExitCode {
         path: cfg.path.clone(),
         kind: cfg.kind,
         mode: cfg.mode,
+        timeout: cfg.timeout,
         prefix: format!("first-{nanos:x}-{}-", std::process::id()),
         repeat: Vec::new(),
     };

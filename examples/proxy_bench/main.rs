@@ -6,7 +6,7 @@
 //! proxy_bench upstream [--listen 127.0.0.1:0] [--body-bytes N]
 //! proxy_bench load --target URL --upstream ADDR [--mode first|repeat] [--requests N]
 //!     [--connections C] [--keys K] [--threads T] [--rate R] [--json]
-//!     [--kind wechatpay-v3|idempotency-key] [--copies K]
+//!     [--kind wechatpay-v3|idempotency-key] [--copies K] [--timeout SECS]
 //! ```
 //!
 //! # `upstream`
@@ -57,6 +57,11 @@
 //! copy together, and take the next id when all K have answered.
 //! `--requests` counts every copy (ids = requests / K). Only a closed loop.
 //!
+//! With `--timeout SECS` a request not answered within SECS (a decimal
+//! number) counts as failed (`timeout`) and its connection is closed, as a
+//! client with a deadline would; by default a request waits as long as it
+//! takes.
+//!
 //! It reads the upstream's `/__hits` before and after, and prints one line:
 //! throughput, p50/p99/max latency, how many requests reached the upstream,
 //! and how many answers were not 200 with the success body (`errors`; a
@@ -99,7 +104,7 @@ const USAGE: &str = "usage:
   proxy_bench upstream [--listen 127.0.0.1:0] [--body-bytes N]
   proxy_bench load --target URL --upstream ADDR [--mode first|repeat] [--requests N]
       [--connections C] [--keys K] [--threads T] [--rate R] [--json]
-      [--kind wechatpay-v3|idempotency-key] [--copies K]";
+      [--kind wechatpay-v3|idempotency-key] [--copies K] [--timeout SECS]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -180,6 +185,7 @@ pub(crate) struct LoadConfig {
     path: String,
     kind: Kind,
     copies: usize,
+    timeout: Option<std::time::Duration>,
     upstream: SocketAddr,
     mode: Mode,
     requests: usize,
@@ -202,6 +208,7 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
     let mut rate = None;
     let mut kind = Kind::WechatPayV3;
     let mut copies = 1usize;
+    let mut timeout = None;
     let num = |k: &str, v: &str| -> Result<usize, String> {
         match v.parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
@@ -248,6 +255,12 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
                 }
             }
             "--copies" => copies = num(&k, &v)?,
+            "--timeout" => match v.parse::<f64>() {
+                Ok(t) if t.is_finite() && t > 0.0 => {
+                    timeout = Some(std::time::Duration::from_secs_f64(t))
+                }
+                _ => return Err(format!("--timeout {v}: expected seconds above 0")),
+            },
             "--json" => json = true,
             _ => return Err(format!("unknown flag `{k}` for `load`")),
         }
@@ -277,6 +290,7 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
         path,
         kind,
         copies,
+        timeout,
         upstream,
         mode,
         requests,
