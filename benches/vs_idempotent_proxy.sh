@@ -14,6 +14,10 @@
 #           each key (read from the upstream's per-key counts), and what the
 #           copies got. STORMS lists CONNECTIONS:KEYS pairs, default
 #           "7:500 63:90": 500 keys one at a time, then 90 keys 9 at a time.
+#   retry   after each storm, every key of it once more on one connection, as
+#           a client retries a request that failed or timed out: the row's
+#           upstream hits are re-executions, and its executions per key count
+#           the storm's and the retry's together.
 #
 # Every request has a TIMEOUT-second deadline (default 10; `--timeout`): a
 # request still unanswered then counts as a `timeout` failure and its
@@ -185,9 +189,14 @@ for storm in $STORMS; do
     sc=${storm%%:*}
     keys=${storm##*:}
     for t in "${TARGETS[@]}"; do
-        line=$(run "$t" --mode first --copies 7 --connections "$sc" --requests $(( keys * 7 )))
+        prefix="storm-$sc-$t-$$-"
+        line=$(run "$t" --mode first --copies 7 --connections "$sc" --requests $(( keys * 7 )) \
+            --id-prefix "$prefix")
         echo "$t storm/$sc $line" >&2
         echo "$t storm/$sc $line" >>"$TMP/results"
+        line=$(run "$t" --mode first --connections 1 --requests "$keys" --id-prefix "$prefix")
+        echo "$t retry/$sc $line" >&2
+        echo "$t retry/$sc $line" >>"$TMP/results"
     done
 done
 
@@ -217,7 +226,7 @@ summary() {
 echo
 echo "| scenario | target | rps | p50 ms | p99 ms | max ms | upstream hits / requests | errors | failures | executions per key, max | keys by executions |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
-for s in first repeat $(for storm in $STORMS; do echo "storm/${storm%%:*}"; done); do
+for s in first repeat $(for storm in $STORMS; do echo "storm/${storm%%:*} retry/${storm%%:*}"; done); do
     for t in "${TARGETS[@]}"; do
         summary "$t" "$s"
     done

@@ -275,7 +275,10 @@ async fn load(cfg: LoadConfig) -> ExitCode {
         kind: cfg.kind,
         mode: cfg.mode,
         timeout: cfg.timeout,
-        prefix: format!("first-{nanos:x}-{}-", std::process::id()),
+        prefix: cfg
+            .id_prefix
+            .clone()
+            .unwrap_or_else(|| format!("first-{nanos:x}-{}-", std::process::id())),
         repeat: Vec::new(),
     };
     shared.repeat = (0..cfg.keys)

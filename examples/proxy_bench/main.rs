@@ -7,6 +7,7 @@
 //! proxy_bench load --target URL --upstream ADDR [--mode first|repeat] [--requests N]
 //!     [--connections C] [--keys K] [--threads T] [--rate R] [--json]
 //!     [--kind wechatpay-v3|idempotency-key] [--copies K] [--timeout SECS]
+//!     [--id-prefix P]
 //! ```
 //!
 //! # `upstream`
@@ -40,15 +41,18 @@
 //! a notification id never sent before (ids start with a per-run prefix, so
 //! consecutive runs against one gateway stay first deliveries); with
 //! `--mode repeat` the ids cycle through `--keys` fixed ids (`repeat-0`, ...).
-//! A path in `--target` (`http://IP:PORT/PATH`) is the request path instead
-//! of `/notify`.
+//! `--id-prefix P` sets that prefix instead (ids `P0`, `P1`, ...), so that a
+//! later run can send the same ids again (a client retrying them). A path in
+//! `--target` (`http://IP:PORT/PATH`) is the request path instead of
+//! `/notify`.
 //!
 //! With `--kind idempotency-key` the requests are instead generic client
 //! submissions keyed by header: `POST` with `Idempotency-Key: ID` (the same
 //! ids as above) and a small JSON body naming the id, as an API client
 //! retrying a payment would send them. In `first` mode the line then also
-//! shows the upstream's executions per key of this run (`keys_executed`,
-//! `key_max`, `key_dist`, from the upstream's `/__keys`).
+//! shows the upstream's executions of the keys with this run's prefix
+//! (`keys_executed`, `key_max`, `key_dist`, from the upstream's `/__keys`;
+//! with `--id-prefix`, earlier runs' executions of those keys count too).
 //!
 //! With `--copies K` (default 1) every id is sent as K identical copies at
 //! the same instant on K different connections (a retry storm): the
@@ -104,7 +108,8 @@ const USAGE: &str = "usage:
   proxy_bench upstream [--listen 127.0.0.1:0] [--body-bytes N]
   proxy_bench load --target URL --upstream ADDR [--mode first|repeat] [--requests N]
       [--connections C] [--keys K] [--threads T] [--rate R] [--json]
-      [--kind wechatpay-v3|idempotency-key] [--copies K] [--timeout SECS]";
+      [--kind wechatpay-v3|idempotency-key] [--copies K] [--timeout SECS]
+      [--id-prefix P]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -186,6 +191,7 @@ pub(crate) struct LoadConfig {
     kind: Kind,
     copies: usize,
     timeout: Option<std::time::Duration>,
+    id_prefix: Option<String>,
     upstream: SocketAddr,
     mode: Mode,
     requests: usize,
@@ -209,6 +215,7 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
     let mut kind = Kind::WechatPayV3;
     let mut copies = 1usize;
     let mut timeout = None;
+    let mut id_prefix = None;
     let num = |k: &str, v: &str| -> Result<usize, String> {
         match v.parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
@@ -255,6 +262,12 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
                 }
             }
             "--copies" => copies = num(&k, &v)?,
+            "--id-prefix" => {
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                    return Err(format!("--id-prefix {v}: expected letters, digits and `-`"));
+                }
+                id_prefix = Some(v)
+            }
             "--timeout" => match v.parse::<f64>() {
                 Ok(t) if t.is_finite() && t > 0.0 => {
                     timeout = Some(std::time::Duration::from_secs_f64(t))
@@ -291,6 +304,7 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
         kind,
         copies,
         timeout,
+        id_prefix,
         upstream,
         mode,
         requests,
