@@ -280,7 +280,7 @@ fn parse_load(args: &[String]) -> Result<LoadConfig, String> {
     }
     let target = target.ok_or("--target is required")?;
     let upstream = upstream.ok_or("--upstream is required")?;
-    if copies > 1 && (connections % copies != 0 || rate.is_some()) {
+    if copies > 1 && (!connections.is_multiple_of(copies) || rate.is_some()) {
         return Err(format!(
             "--copies {copies}: needs --connections a multiple of it and no --rate"
         ));
