@@ -1,8 +1,10 @@
 //! The `load` subcommand: closed loop (each connection sends its next
 //! request when the previous one returned) or open loop (`--rate`: requests
 //! sent on a fixed schedule whether or not earlier ones returned, latency
-//! measured from each request's scheduled send time, as wrk2 does).
+//! measured from each request's scheduled send time, as wrk2 does), and
+//! with `--copies` each id sent as simultaneous copies on several connections.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,12 +13,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Barrier};
 
-use crate::{LoadConfig, Mode, SUCCESS};
+use crate::report::{percentiles, Report};
+use crate::{Kind, LoadConfig, Mode, SUCCESS};
 
 pub(crate) fn run_load(cfg: LoadConfig) -> ExitCode {
     let rt = if cfg.threads == 1 {
@@ -33,7 +37,8 @@ pub(crate) fn run_load(cfg: LoadConfig) -> ExitCode {
     rt.block_on(load(cfg))
 }
 
-async fn upstream_hits(addr: SocketAddr) -> Result<u64, String> {
+/// The body of `GET path` at the upstream.
+async fn upstream_get(addr: SocketAddr, path: &str) -> Result<String, String> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("upstream {addr}: {e}"))?;
@@ -41,7 +46,7 @@ async fn upstream_hits(addr: SocketAddr) -> Result<u64, String> {
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = Request::get("/__hits")
+    let req = Request::get(path)
         .header("host", addr.to_string())
         .body(Full::new(Bytes::new()))
         .expect("static request");
@@ -52,10 +57,22 @@ async fn upstream_hits(addr: SocketAddr) -> Result<u64, String> {
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    std::str::from_utf8(&body)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .ok_or_else(|| "upstream /__hits: not a number".to_owned())
+    String::from_utf8(body.to_vec()).map_err(|_| format!("upstream {path}: not UTF-8"))
+}
+
+async fn upstream_hits(addr: SocketAddr) -> Result<u64, String> {
+    upstream_get(addr, "/__hits")
+        .await?
+        .trim()
+        .parse()
+        .map_err(|_| "upstream /__hits: not a number".to_owned())
+}
+
+/// A client submission keyed by its `Idempotency-Key` header.
+fn submission(id: &str) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"order":"{id}","amount":100,"currency":"CNY","method":"card"}}"#
+    ))
 }
 
 fn notification(id: &str) -> Bytes {
@@ -88,9 +105,53 @@ async fn connect(target: SocketAddr) -> Option<Sender> {
 struct Shared {
     target: SocketAddr,
     host: Arc<str>,
+    path: String,
+    kind: Kind,
     mode: Mode,
+    timeout: Option<Duration>,
     prefix: String,
-    repeat_bodies: Vec<Bytes>,
+    /// Repeat mode: the ids and their bodies, built once.
+    repeat: Vec<(HeaderValue, Bytes)>,
+}
+
+impl Shared {
+    /// Id `i`'s request.
+    fn request(&self, i: usize) -> Request<Full<Bytes>> {
+        let (id, body) = match self.mode {
+            Mode::First => {
+                let id = format!("{}{i}", self.prefix);
+                let body = self.body(&id);
+                (
+                    HeaderValue::try_from(id).expect("ids are visible ASCII"),
+                    body,
+                )
+            }
+            Mode::Repeat => self.repeat[i % self.repeat.len()].clone(),
+        };
+        let req = Request::post(&self.path)
+            .header("host", &*self.host)
+            .header("content-type", "application/json");
+        match self.kind {
+            Kind::WechatPayV3 => req
+                .header("wechatpay-signature", "x")
+                .header("wechatpay-timestamp", "1764460800")
+                .header("wechatpay-nonce", "fdasflkja484w")
+                .header(
+                    "wechatpay-serial",
+                    "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
+                ),
+            Kind::IdempotencyKey => req.header("idempotency-key", id),
+        }
+        .body(Full::new(body))
+        .expect("request")
+    }
+
+    fn body(&self, id: &str) -> Bytes {
+        match self.kind {
+            Kind::WechatPayV3 => notification(id),
+            Kind::IdempotencyKey => submission(id),
+        }
+    }
 }
 
 /// One connection: (re)opened on demand, one request in flight at a time.
@@ -98,6 +159,8 @@ struct Conn {
     send: Option<Sender>,
     latencies_us: Vec<u32>,
     errors: usize,
+    /// Errors by kind: a status other than 200, `body`, `io`.
+    failures: BTreeMap<String, usize>,
 }
 
 impl Conn {
@@ -106,6 +169,7 @@ impl Conn {
             send: None,
             latencies_us: Vec::with_capacity(expected + 16),
             errors: 0,
+            failures: BTreeMap::new(),
         }
     }
 
@@ -123,46 +187,46 @@ impl Conn {
             }
         }
         let Some(sender) = self.send.as_mut() else {
-            self.errors += 1;
+            self.fail("io");
             return;
         };
-        let body = match s.mode {
-            Mode::First => notification(&format!("{}{i}", s.prefix)),
-            Mode::Repeat => s.repeat_bodies[i % s.repeat_bodies.len()].clone(),
-        };
-        let req = Request::post("/notify")
-            .header("host", &*s.host)
-            .header("content-type", "application/json")
-            .header("wechatpay-signature", "x")
-            .header("wechatpay-timestamp", "1764460800")
-            .header("wechatpay-nonce", "fdasflkja484w")
-            .header(
-                "wechatpay-serial",
-                "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
-            )
-            .body(Full::new(body))
-            .expect("request");
+        let req = s.request(i);
         let t0 = since.unwrap_or_else(Instant::now);
-        let ok = match sender.send_request(req).await {
-            Ok(resp) => {
-                let status = resp.status();
-                match resp.into_body().collect().await {
-                    Ok(b) => status == StatusCode::OK && b.to_bytes() == SUCCESS.as_bytes(),
-                    Err(_) => false,
+        let exchange = async {
+            match sender.send_request(req).await {
+                Ok(resp) => {
+                    let status = resp.status();
+                    match resp.into_body().collect().await.map(|b| b.to_bytes()) {
+                        Ok(_) if status != StatusCode::OK => Some(status.as_str().to_owned()),
+                        Ok(b) if b != SUCCESS.as_bytes() => Some("body".to_owned()),
+                        Ok(_) => None,
+                        Err(_) => Some("io".to_owned()),
+                    }
                 }
-            }
-            Err(_) => {
-                // The connection is gone: count the request as failed and
-                // open a new one for the next.
-                self.send = None;
-                false
+                Err(_) => Some("io".to_owned()),
             }
         };
+        let failure = match s.timeout {
+            Some(limit) => tokio::time::timeout(limit, exchange)
+                .await
+                .unwrap_or_else(|_| Some("timeout".to_owned())),
+            None => exchange.await,
+        };
+        if matches!(failure.as_deref(), Some("io" | "timeout")) {
+            // The connection is gone or stuck: count the request as failed
+            // and open a new one for the next.
+            self.send = None;
+        }
         let us = t0.elapsed().as_micros().min(u32::MAX as u128) as u32;
         self.latencies_us.push(us);
-        if !ok {
-            self.errors += 1;
+        if let Some(f) = failure {
+            self.fail(&f);
         }
+    }
+
+    fn fail(&mut self, kind: &str) {
+        self.errors += 1;
+        *self.failures.entry(kind.to_owned()).or_default() += 1;
     }
 }
 
@@ -204,26 +268,58 @@ async fn load(cfg: LoadConfig) -> ExitCode {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos();
-    let shared = Arc::new(Shared {
+    let mut shared = Shared {
         target: cfg.target,
         host: cfg.host.clone().into(),
+        path: cfg.path.clone(),
+        kind: cfg.kind,
         mode: cfg.mode,
-        prefix: format!("first-{nanos:x}-{}-", std::process::id()),
-        // Repeat mode: the bodies are built once.
-        repeat_bodies: (0..cfg.keys)
-            .map(|k| notification(&format!("repeat-{k}")))
-            .collect(),
-    });
+        timeout: cfg.timeout,
+        prefix: cfg
+            .id_prefix
+            .clone()
+            .unwrap_or_else(|| format!("first-{nanos:x}-{}-", std::process::id())),
+        repeat: Vec::new(),
+    };
+    shared.repeat = (0..cfg.keys)
+        .map(|k| {
+            let id = format!("repeat-{k}");
+            let body = shared.body(&id);
+            (
+                HeaderValue::try_from(id).expect("ids are visible ASCII"),
+                body,
+            )
+        })
+        .collect();
+    let shared = Arc::new(shared);
     let per_conn = cfg.requests / cfg.connections;
     let next = Arc::new(AtomicUsize::new(0));
+    // With copies, each group of `copies` connections sends id
+    // `round * groups + group` together, round after round.
+    let groups = cfg.connections / cfg.copies;
+    let ids = cfg.requests / cfg.copies;
+    let barriers: Vec<Arc<Barrier>> = (0..groups)
+        .map(|_| Arc::new(Barrier::new(cfg.copies)))
+        .collect();
 
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(cfg.connections);
     let mut queues = Vec::new();
-    for _ in 0..cfg.connections {
+    for c in 0..cfg.connections {
         let shared = shared.clone();
         let total = cfg.requests;
-        if cfg.rate.is_some() {
+        if cfg.copies > 1 {
+            let group = c / cfg.copies;
+            let barrier = barriers[group].clone();
+            tasks.push(tokio::spawn(async move {
+                let mut conn = Conn::new(per_conn);
+                for id in (group..ids).step_by(groups) {
+                    barrier.wait().await;
+                    conn.request(&shared, id, None).await;
+                }
+                conn
+            }));
+        } else if cfg.rate.is_some() {
             let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Instant)>();
             queues.push(tx);
             tasks.push(tokio::spawn(async move {
@@ -252,10 +348,14 @@ async fn load(cfg: LoadConfig) -> ExitCode {
         .map(|rate| pace(rate, cfg.requests, start, std::mem::take(&mut queues)));
     let mut lat = Vec::with_capacity(cfg.requests);
     let mut errors = 0usize;
+    let mut failures = BTreeMap::<String, usize>::new();
     for t in tasks {
         if let Ok(c) = t.await {
             lat.extend_from_slice(&c.latencies_us);
             errors += c.errors;
+            for (k, n) in c.failures {
+                *failures.entry(k).or_default() += n;
+            }
         }
     }
     let elapsed = start.elapsed();
@@ -267,12 +367,29 @@ async fn load(cfg: LoadConfig) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Executions per key of this run, when the upstream can tell them apart.
+    let per_key = if cfg.kind == Kind::IdempotencyKey && cfg.mode == Mode::First {
+        match upstream_get(cfg.upstream, &format!("/__keys?prefix={}", shared.prefix)).await {
+            Ok(line) => Some(line),
+            Err(e) => {
+                eprintln!("proxy_bench: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        None
+    };
     let report = Report {
         mode: match cfg.mode {
             Mode::First => "first",
             Mode::Repeat => "repeat",
         },
-        requests: cfg.requests,
+        kind: match cfg.kind {
+            Kind::WechatPayV3 => "wechatpay-v3",
+            Kind::IdempotencyKey => "idempotency-key",
+        },
+        copies: cfg.copies,
+        requests: ids * cfg.copies,
         connections: cfg.connections,
         rate: cfg.rate,
         seconds: elapsed.as_secs_f64(),
@@ -280,80 +397,13 @@ async fn load(cfg: LoadConfig) -> ExitCode {
         pacer_p99_ms: cfg.rate.map(|_| percentiles(&mut lateness)[2]),
         upstream_hits: after.saturating_sub(before),
         errors,
+        failures,
+        per_key,
     };
     report.print(cfg.json);
     if errors > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
-    }
-}
-
-/// p50, p90, p99, p99.9 and max of `us` (microseconds), in milliseconds:
-/// exact order statistics of every sample (nothing is bucketed).
-fn percentiles(us: &mut [u32]) -> [f64; 5] {
-    us.sort_unstable();
-    let at = |p: f64| -> f64 {
-        if us.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((us.len() as f64 * p).ceil() as usize).clamp(1, us.len()) - 1;
-        us[i] as f64 / 1000.0
-    };
-    [at(0.50), at(0.90), at(0.99), at(0.999), at(1.0)]
-}
-
-struct Report {
-    mode: &'static str,
-    requests: usize,
-    connections: usize,
-    rate: Option<f64>,
-    seconds: f64,
-    lat: [f64; 5],
-    pacer_p99_ms: Option<f64>,
-    upstream_hits: u64,
-    errors: usize,
-}
-
-impl Report {
-    fn print(&self, json: bool) {
-        let rps = self.requests as f64 / self.seconds.max(f64::MIN_POSITIVE);
-        let [p50, p90, p99, p999, max] = self.lat;
-        let fields: Vec<(&str, String)> = [
-            ("mode", self.mode.to_owned()),
-            ("requests", self.requests.to_string()),
-            ("connections", self.connections.to_string()),
-            (
-                "rate",
-                self.rate.map_or("closed".into(), |r| format!("{r:.0}")),
-            ),
-            ("seconds", format!("{:.3}", self.seconds)),
-            ("rps", format!("{rps:.0}")),
-            ("p50_ms", format!("{p50:.3}")),
-            ("p90_ms", format!("{p90:.3}")),
-            ("p99_ms", format!("{p99:.3}")),
-            ("p999_ms", format!("{p999:.3}")),
-            ("max_ms", format!("{max:.3}")),
-            (
-                "pacer_p99_ms",
-                self.pacer_p99_ms.map_or("-".into(), |p| format!("{p:.3}")),
-            ),
-            ("upstream_hits", self.upstream_hits.to_string()),
-            ("errors", self.errors.to_string()),
-        ]
-        .into();
-        if json {
-            let body: Vec<String> = fields
-                .iter()
-                .map(|(k, v)| match v.parse::<f64>() {
-                    Ok(_) => format!(r#""{k}":{v}"#),
-                    Err(_) => format!(r#""{k}":"{v}""#),
-                })
-                .collect();
-            println!("{{{}}}", body.join(","));
-        } else {
-            let line: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("{}", line.join(" "));
-        }
     }
 }
