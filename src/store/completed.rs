@@ -321,12 +321,17 @@ impl Completed {
                 let factor = window_ms as f64 / age_ms as f64;
                 Some((self.max_bytes as f64 * factor.max(1.0)) as u64)
             };
+            // How long records last now says more than a huge `needed` when
+            // a burst filled the store in seconds.
             tracing::warn!(
                 budget_bytes = self.max_bytes,
                 needed_bytes = needed,
+                records_last_secs = age_ms / 1000,
+                window_secs = window_ms / 1000,
                 evicted_early = self.stats.evicted_early.load(Ordering::Relaxed),
                 "idempotency store full: completed records are evicted before their window \
-                 ends (a retry of one runs again); a budget of about needed_bytes would hold them"
+                 ends (a retry of one runs again): records last about records_last_secs of \
+                 window_secs; at this rate a budget of about needed_bytes would hold a whole window"
             );
         }
         #[cfg(not(feature = "tracing"))]
