@@ -139,12 +139,17 @@ impl<S, St: Store> Owner<S, St> {
         };
         let verdict = {
             let work = AssertUnwindSafe(serve(&mut inner, req, &mut link, &config)).catch_unwind();
-            let work = renewing(work, &guard, &config);
+            // One timer serves the renewals and the run limit; a call that
+            // is over at its first poll registers none.
+            let limit = Instant::now() + config.max_run;
+            let work = renewing(work, &guard, &config, limit);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Verdict::Cancelled,
-                _ = tokio::time::sleep(config.max_run) => Verdict::RunLimit,
-                v = work => v.unwrap_or(Verdict::Panicked),
+                v = work => match v {
+                    Some(v) => v.unwrap_or(Verdict::Panicked),
+                    None => Verdict::RunLimit,
+                },
             }
         };
         let key = guard.key().clone();
@@ -371,38 +376,53 @@ fn take_frame(
 }
 
 /// Polls `work` and, alongside it, renews the claim every `lease/3` (sooner
-/// after a failed renewal), until `work` finishes. A lost lease and a failed
-/// renewal are logged and counted.
+/// after a failed renewal), until `work` finishes (`Some`) or `limit`, the
+/// end of the run limit, passes (`None`). A lost lease and a failed renewal
+/// are logged and counted.
 async fn renewing<F: Future, St: Store>(
     work: F,
     guard: &ClaimGuard<St>,
     config: &DedupConfig,
-) -> F::Output {
+    limit: Instant,
+) -> Option<F::Output> {
     let period = config.lease / 3;
     let renew = async {
-        let mut next = period;
+        let mut next = Instant::now() + period;
         loop {
-            tokio::time::sleep(next).await;
+            tokio::time::sleep_until(next.min(limit)).await;
+            if Instant::now() >= limit {
+                return;
+            }
             let preset = guard.key().preset_arc();
-            match guard.renew(config.lease).await {
-                Ok(true) => next = period,
+            // A renewal that hangs does not hold the run limit back.
+            let Ok(renewed) = tokio::time::timeout_at(limit, guard.renew(config.lease)).await
+            else {
+                return;
+            };
+            match renewed {
+                Ok(true) => next = Instant::now() + period,
                 Ok(false) => {
                     outcome::record(preset, Outcome::LeaseLost);
                     log_warn!(key = %guard.key().redacted(), "lease lost while the inner service ran");
-                    return std::future::pending::<()>().await;
+                    tokio::time::sleep_until(limit).await;
+                    return;
                 }
                 // The store is down: try again soon; the lease may still hold.
                 Err(error) => {
                     outcome::record(preset, Outcome::StoreError);
                     log_warn!(key = %guard.key().redacted(), error = %error, "renewing the lease failed; retrying");
                     let _ = &error;
-                    next = period / 5;
+                    next = Instant::now() + period / 5;
                 }
             }
         }
     };
+    // The renewal timer is polled outside the task's budget: a body that is
+    // always ready spends it, and a budgeted timer would then never fire.
+    let renew = tokio::task::unconstrained(renew);
     tokio::select! {
-        out = work => out,
-        () = renew => unreachable!("renewal never ends"),
+        biased;
+        out = work => Some(out),
+        () = renew => None,
     }
 }
