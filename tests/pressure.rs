@@ -220,6 +220,31 @@ async fn an_endless_success_stream_arrives_at_once_and_is_not_buffered() {
         .expect("the background drain ends at the run limit");
 }
 
+/// A success whose body is an endless run of empty frames, every one ready
+/// at once: the head still arrives, and the run limit still ends the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_run_of_empty_frames_does_not_hold_the_thread() {
+    let handler = service_fn(move |_req: Request<Full<Bytes>>| async move {
+        let frames = futures_util::stream::repeat_with(|| {
+            Ok::<_, Infallible>(http_body::Frame::data(Bytes::new()))
+        });
+        Ok::<_, Infallible>(Response::new(StreamBody::new(frames)))
+    });
+    let layer = IdempotencyLayer::idempotency_key().max_run(Duration::from_secs(2));
+    let tasks = layer.tasks().clone();
+    let svc = ServiceBuilder::new().layer(layer).service(handler);
+    let res = tokio::time::timeout(Duration::from_secs(5), svc.oneshot(key_req("empty")))
+        .await
+        .expect("the head of an endless answer arrives")
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    drop(res);
+    tasks.close();
+    tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+        .await
+        .expect("the call ends at the run limit");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_over_the_cache_limit_is_streamed_and_its_replay_says_so() {
     let runs = Counter::default();

@@ -267,10 +267,14 @@ where
     // one piece, after its record is kept, without a channel to the caller.
     let mut early = BodyBuffer::default();
     let mut early_error = None;
+    let mut frames = 0;
     let ended = loop {
-        if early.len() > EARLY_MAX {
+        // Bounded in bytes and in frames (a body of empty frames that are
+        // always ready must not hold the thread).
+        if early.len() > EARLY_MAX || frames == EARLY_FRAMES {
             break false;
         }
+        frames += 1;
         let Some(frame) = poll_now(body.as_mut()).await else {
             break false;
         };
@@ -330,8 +334,10 @@ where
     Verdict::Ended(Box::new(capture), trailers)
 }
 
-/// How much of a body is taken at once before its head goes to the caller.
+/// How much of a body is taken at once before its head goes to the caller:
+/// bytes, and frames.
 const EARLY_MAX: usize = 64 * 1024;
+const EARLY_FRAMES: usize = 64;
 
 /// Polls `body` once: `None` if it has nothing ready.
 async fn poll_now<B>(
