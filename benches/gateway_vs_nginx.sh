@@ -52,39 +52,9 @@ echo "# building (release)" >&2
 cargo build --release --quiet --example gateway --example proxy_bench
 BIN=${CARGO_TARGET_DIR:-target}/release/examples
 
-TMP=$(mktemp -d /tmp/gateway_vs_nginx.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do
-        kill "$p" 2>/dev/null || true
-    done
-    for p in "${PIDS[@]}"; do
-        wait "$p" 2>/dev/null || true
-    done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# wait_line FILE PREFIX: the rest of the first line of FILE starting with
-# PREFIX, waiting up to 10 s for it.
-wait_line() {
-    local i
-    for i in $(seq 100); do
-        if grep -q "^$2" "$1" 2>/dev/null; then
-            sed -n "s/^$2//p" "$1" | head -n1
-            return 0
-        fi
-        sleep 0.1
-    done
-    echo "timed out waiting for '$2' in $1" >&2
-    return 1
-}
-
-# A free loopback port for nginx (it cannot report one picked by the kernel).
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
+bench_start gateway_vs_nginx
 
 # --- upstream
 "$BIN/proxy_bench" upstream --listen 127.0.0.1:0 >"$TMP/upstream.out" &

@@ -5,7 +5,6 @@
 mod support_redis;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,28 +27,9 @@ impl std::fmt::Display for Down {
 }
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tower-idempotency-queue-{tag}-{:032x}",
-            OwnerToken::new().as_u128()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn file(&self) -> PathBuf {
-        self.0.join("queue.redb")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "common/temp.rs"]
+mod temp;
+use temp::TempDir;
 
 fn notification(i: usize) -> Message {
     let body = format!(r#"{{"id":"EV-{i}","event_type":"TRANSACTION.SUCCESS","amount":{i}}}"#);
@@ -308,7 +288,7 @@ queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
     dead_letters_are_kept_and_replayed_once,
 );
 queue_tests!(redb_queue, {
-    let dir = TempDir::new("case");
+    let dir = TempDir::new("queue-case");
     Some((RedbQueue::open(dir.file()).unwrap(), dir))
 };
     seven_copies_make_one_entry,
@@ -433,7 +413,7 @@ struct Spec {
 }
 
 async fn redb_spec(tag: &str) -> (Spec, RedbQueue) {
-    let dir = TempDir::new(tag);
+    let dir = TempDir::new(&format!("queue-{tag}"));
     let spec = format!("redb|{}", dir.file().display());
     let queue = RedbQueue::open(dir.file()).unwrap();
     (
@@ -452,7 +432,7 @@ async fn redis_spec(tag: &str, url: &str) -> (Spec, RedisStreamsQueue) {
     (
         Spec {
             child: spec,
-            _dir: TempDir::new(tag),
+            _dir: TempDir::new(&format!("queue-{tag}")),
         },
         queue,
     )
@@ -494,7 +474,7 @@ async fn killed_after_handler<Q: Queue>(
         queue.ingest(notification(i)).await.unwrap();
     }
     drop(queue);
-    let runs_file = spec._dir.0.join("runs.txt");
+    let runs_file = spec._dir.path().join("runs.txt");
     let scope = format!("kill-{:x}", OwnerToken::new().as_u128());
     let mode = format!(
         "handle|{}|{redis_url}|{scope}|{}",

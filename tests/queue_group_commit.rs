@@ -4,12 +4,10 @@
 //! order group.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::service_fn;
 use tower_idempotency::queue::{Delivery, MemoryQueue, Message, Queue, RedbQueue, Worker};
-use tower_idempotency::store::OwnerToken;
 use tower_idempotency::Fingerprint;
 
 /// Entries queued, then acknowledged (the even ones) or left (the odd ones).
@@ -22,28 +20,9 @@ const SEEN_BEFORE_CRASH: usize = 60;
 const LEASE: Duration = Duration::from_secs(1);
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tower-idempotency-group-{tag}-{:032x}",
-            OwnerToken::new().as_u128()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn file(&self) -> PathBuf {
-        self.0.join("queue.redb")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "common/temp.rs"]
+mod temp;
+use temp::TempDir;
 
 fn event(key: &str) -> Message {
     Message::new(
@@ -120,7 +99,7 @@ async fn check_after_crash(queue: RedbQueue, acked: HashSet<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_acks_are_durable_after_the_queue_is_dropped_mid_way() {
-    let dir = TempDir::new("drop");
+    let dir = TempDir::new("group-drop");
     let queue = RedbQueue::open(dir.file()).unwrap();
     let fetched = queue_and_fetch(&queue).await;
     let acked = Arc::new(Mutex::new(HashSet::new()));
@@ -176,7 +155,7 @@ fn child_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_acks_are_durable_after_kill_9() {
     use std::io::BufRead;
-    let dir = TempDir::new("kill");
+    let dir = TempDir::new("group-kill");
     let path = dir.file();
     let acked = tokio::task::spawn_blocking(move || {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -319,7 +298,7 @@ async fn concurrent_workers_keep_each_group_in_order<Q: Queue>(queue: Q) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redb_batch_claim_hands_out_one_event_per_group_in_order() {
-    let dir = TempDir::new("order");
+    let dir = TempDir::new("group-order");
     batch_claim_hands_out_one_event_per_group_in_order(RedbQueue::open(dir.file()).unwrap()).await;
 }
 
@@ -330,6 +309,6 @@ async fn memory_batch_claim_hands_out_one_event_per_group_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redb_concurrent_workers_keep_each_group_in_order() {
-    let dir = TempDir::new("workers");
+    let dir = TempDir::new("group-workers");
     concurrent_workers_keep_each_group_in_order(RedbQueue::open(dir.file()).unwrap()).await;
 }

@@ -1,0 +1,44 @@
+# Shared by the benchmark scripts (sourced from the crate root):
+#
+#   . benches/lib.sh
+#   bench_start NAME   # $TMP, a fresh directory; PIDS, killed on exit
+#
+# Every process a script starts and appends to PIDS is killed (and waited
+# for) when the script exits, and TMP is removed.
+
+bench_start() {
+    TMP=$(mktemp -d "/tmp/$1.XXXXXX")
+    PIDS=()
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+bench_cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$TMP"
+}
+
+# wait_line FILE PREFIX: the rest of the first line of FILE starting with
+# PREFIX, waiting up to 10 s for it.
+wait_line() {
+    local i
+    for i in $(seq 100); do
+        if grep -q "^$2" "$1" 2>/dev/null; then
+            sed -n "s/^$2//p" "$1" | head -n1
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "timed out waiting for '$2' in $1" >&2
+    return 1
+}
+
+# A free loopback port, for servers that cannot report one the kernel picked.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
