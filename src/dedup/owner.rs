@@ -129,7 +129,7 @@ impl<S, St: Store> Owner<S, St> {
     {
         let Owner {
             mut inner,
-            mut guard,
+            guard,
             config,
         } = self;
         let mut link = Link {
@@ -157,37 +157,14 @@ impl<S, St: Store> Owner<S, St> {
         match verdict {
             Verdict::Whole(capture, parts, data, trailers) => {
                 // The record is kept before the caller hears anything.
-                let succeeded = capture.succeeded();
-                let outcome = if succeeded {
-                    let record = Arc::new((*capture).into_record(key.fingerprint()));
-                    let outcome = guard.complete(record, config.window, config.lease).await;
-                    if outcome == Outcome::LeaseLost {
-                        log_warn!(key = %key.redacted(), "the lease ran out before the record completed");
-                    }
-                    outcome::record(preset, outcome);
-                    Outcome::Executed
-                } else {
-                    outcome::record(preset, Outcome::Failed);
-                    guard.release().await;
-                    Outcome::Failed
-                };
+                let outcome = settle(*capture, guard, &config).await;
                 let mut res = Response::from_parts(parts, ResponseBody::full(data, trailers));
                 res.extensions_mut().insert(outcome);
                 link.answer(Head::Done(Ok(res)));
             }
             Verdict::Ended(capture, trailers) => {
-                if capture.succeeded() {
-                    let record = Arc::new((*capture).into_record(key.fingerprint()));
-                    // Always finished, even if the caller hangs up meanwhile.
-                    let outcome = guard.complete(record, config.window, config.lease).await;
-                    if outcome == Outcome::LeaseLost {
-                        log_warn!(key = %key.redacted(), "the lease ran out before the record completed");
-                    }
-                    outcome::record(preset, outcome);
-                } else {
-                    outcome::record(preset, Outcome::Failed);
-                    guard.release().await;
-                }
+                // Always finished, even if the caller hangs up meanwhile.
+                settle(*capture, guard, &config).await;
                 let trailers = trailers.map(|t| Piece::Frame(Frame::trailers(t)));
                 link.finish(trailers.into_iter().chain([Piece::End])).await;
             }
@@ -236,6 +213,29 @@ impl<S, St: Store> Owner<S, St> {
             Verdict::Cancelled => guard.release().await,
         }
     }
+}
+
+/// Ends a claim whose answer ended: completes it with the record of a
+/// success, or releases it. Counts the outcome and returns what the answer
+/// was (`Executed` or `Failed`).
+async fn settle<St: Store>(
+    capture: Capture,
+    mut guard: ClaimGuard<St>,
+    config: &DedupConfig,
+) -> Outcome {
+    let key = guard.key().clone();
+    if !capture.succeeded() {
+        outcome::record(key.preset_arc(), Outcome::Failed);
+        guard.release().await;
+        return Outcome::Failed;
+    }
+    let record = Arc::new(capture.into_record(key.fingerprint()));
+    let outcome = guard.complete(record, config.window, config.lease).await;
+    if outcome == Outcome::LeaseLost {
+        log_warn!(key = %key.redacted(), "the lease ran out before the record completed");
+    }
+    outcome::record(key.preset_arc(), outcome);
+    Outcome::Executed
 }
 
 /// Calls the inner service and streams a success's body to the caller,
