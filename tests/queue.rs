@@ -109,9 +109,10 @@ where
 mod cases {
     use super::*;
 
-    pub(super) async fn seven_copies_make_one_entry<Q: Queue>(queue: Q) {
-        let tasks: Vec<_> = (0..20)
-            .flat_map(|i| (0..7).map(move |_| i))
+    /// Ingests `notification(i)` for every `i` at once; how many were queued
+    /// (the others must be duplicates of a queued one).
+    async fn ingest_at_once<Q: Queue>(queue: &Q, ids: impl Iterator<Item = usize>) -> usize {
+        let tasks: Vec<_> = ids
             .map(|i| {
                 let queue = queue.clone();
                 tokio::spawn(async move { queue.ingest(notification(i)).await.unwrap() })
@@ -125,6 +126,11 @@ mod cases {
                 Ingested::Mismatch => panic!("same payload seen as a mismatch"),
             }
         }
+        queued
+    }
+
+    pub(super) async fn seven_copies_make_one_entry<Q: Queue>(queue: Q) {
+        let queued = ingest_at_once(&queue, (0..20).flat_map(|i| (0..7).map(move |_| i))).await;
         assert_eq!(queued, 20);
         assert_eq!(queue.stats().await.unwrap().depth, 20);
         // Same key, other payload: refused, nothing stored.
@@ -137,22 +143,9 @@ mod cases {
     pub(super) async fn storm_while_upstream_down_delivers_each_once<Q: Queue>(queue: Q) {
         let upstream = Upstream::default();
         upstream.down.store(true, Ordering::SeqCst);
-        // 200 notifications x 7 copies, all at once.
-        let tasks: Vec<_> = (0..200 * 7)
-            .map(|n| {
-                let queue = queue.clone();
-                tokio::spawn(async move { queue.ingest(notification(n % 200)).await.unwrap() })
-            })
-            .collect();
-        let mut queued = 0;
-        for t in tasks {
-            // Every copy is acknowledged: queued or a duplicate of a queued one.
-            match t.await.unwrap() {
-                Ingested::Queued(_) => queued += 1,
-                Ingested::Duplicate => {}
-                Ingested::Mismatch => panic!("mismatch"),
-            }
-        }
+        // 200 notifications x 7 copies, all at once; every copy is
+        // acknowledged, queued or as a duplicate of a queued one.
+        let queued = ingest_at_once(&queue, (0..200 * 7).map(|n| n % 200)).await;
         assert_eq!(queued, 200);
         assert_eq!(queue.stats().await.unwrap().depth, 200);
         let svc = ServiceBuilder::new()
