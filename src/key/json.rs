@@ -1,8 +1,10 @@
 //! Reading a few values out of a JSON body without building a tree: the body
 //! is validated once, then each JSON pointer walks down borrowed raw values,
-//! skipping everything else.
+//! skipping what comes before the member or element it wants and stopping
+//! there (the body is already known to be valid, so the rest need not be
+//! read again).
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
@@ -41,14 +43,18 @@ fn value_at<'a>(root: &'a RawValue, pointer: &str) -> Option<&'a RawValue> {
         };
         let text = current.get();
         let mut de = serde_json::Deserializer::from_str(text);
-        current = match text.as_bytes().first()? {
-            b'{' => de.deserialize_map(FindKey(&token)).ok()??,
+        let mut found = None;
+        // The visitors stop with an error once they hold the value: the
+        // document was validated whole, so the error only means "found".
+        let _ = match text.as_bytes().first()? {
+            b'{' => de.deserialize_map(FindKey(&token, &mut found)).map(drop),
             b'[' => {
                 let index: usize = token.parse().ok()?;
-                de.deserialize_seq(FindIndex(index)).ok()??
+                de.deserialize_seq(FindIndex(index, &mut found)).map(drop)
             }
             _ => return None,
         };
+        current = found?;
     }
     Some(current)
 }
@@ -75,63 +81,53 @@ impl<'de> de::Deserialize<'de> for Str<'de> {
     }
 }
 
-/// Finds one member of an object, skipping the others.
-struct FindKey<'k>(&'k str);
+/// Finds the first member of an object with this name: skips the members
+/// before it, puts it in the slot and stops.
+struct FindKey<'k, 'o, 'de>(&'k str, &'o mut Option<&'de RawValue>);
 
-impl<'de> Visitor<'de> for FindKey<'_> {
-    type Value = Option<&'de RawValue>;
+impl<'de> Visitor<'de> for FindKey<'_, '_, 'de> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(key) = map.next_key::<Str<'de>>()? {
-            if found.is_none() && key.0 == self.0 {
-                found = Some(map.next_value::<&'de RawValue>()?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
+            if key.0 == self.0 {
+                *self.1 = Some(map.next_value::<&'de RawValue>()?);
+                return Err(de::Error::custom(FOUND));
             }
+            map.next_value::<IgnoredAny>()?;
         }
-        Ok(found)
+        Ok(())
     }
 }
 
-/// Finds one element of an array, skipping the others.
-struct FindIndex(usize);
+/// Finds one element of an array: skips the elements before it, puts it in
+/// the slot and stops.
+struct FindIndex<'o, 'de>(usize, &'o mut Option<&'de RawValue>);
 
-impl<'de> Visitor<'de> for FindIndex {
-    type Value = Option<&'de RawValue>;
+impl<'de> Visitor<'de> for FindIndex<'_, 'de> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an array")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        let mut i = 0;
-        loop {
-            if i == self.0 {
-                match seq.next_element::<&'de RawValue>()? {
-                    Some(v) => found = Some(v),
-                    None => break,
-                }
-            } else if seq.next_element::<IgnoredAny>()?.is_none() {
-                break;
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        for _ in 0..self.0 {
+            if seq.next_element::<IgnoredAny>()?.is_none() {
+                return Ok(());
             }
-            i += 1;
         }
-        Ok(found)
+        *self.1 = seq.next_element::<&'de RawValue>()?;
+        Err(de::Error::custom(FOUND))
     }
 }
 
-impl<'de> DeserializeSeed<'de> for FindKey<'_> {
-    type Value = Option<&'de RawValue>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
+/// The error the visitors stop with once they hold the value.
+const FOUND: &str = "found";
 
 #[cfg(test)]
 mod tests {
@@ -150,6 +146,17 @@ mod tests {
         assert_eq!(text_at(root, "/arr/1/k").unwrap(), "second");
         assert_eq!(text_at(root, "/arr/2/k"), None);
         assert_eq!(text_at(root, "/id/deeper"), None);
+    }
+
+    #[test]
+    fn the_first_of_repeated_members_counts_and_the_walk_stops_there() {
+        let root = parse(br#"{"id":"first","o":{"k":1,"k":2},"id":"second","a":[0,1,2]}"#).unwrap();
+        assert_eq!(text_at(root, "/id").unwrap(), "first");
+        assert_eq!(text_at(root, "/o/k").unwrap(), "1");
+        assert_eq!(text_at(root, "/a/0").unwrap(), "0");
+        assert_eq!(text_at(root, "/a/2").unwrap(), "2");
+        assert_eq!(text_at(root, "/a/3"), None);
+        assert_eq!(text_at(root, "/o/missing"), None);
     }
 
     #[test]
