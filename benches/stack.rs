@@ -196,7 +196,10 @@ fn per_layer(c: &mut Criterion) {
         let claim = store.claim(DONE, fp, token, std::time::Duration::from_secs(30));
         assert!(matches!(claim.await.unwrap(), Claim::Acquired(_)));
         let ttl = std::time::Duration::from_secs(3600);
-        store.complete(DONE, token, record.clone(), ttl).await.unwrap();
+        store
+            .complete(DONE, token, record.clone(), ttl)
+            .await
+            .unwrap();
     });
     group.bench_function("store/claim-completed", |b| {
         b.iter(|| {

@@ -301,3 +301,87 @@ proptest! {
         }
     }
 }
+
+/// A JSON value without floats (whose written form a parse does not keep)
+/// and with repeated-free objects, as `serde_json::Value` holds them.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        "[a-c/~\"\\\\é ]{0,6}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 40, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            prop::collection::btree_map("[a-c/~0-9]{0,3}", inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Every pointer into `value`, plus some that miss.
+fn pointers_of(value: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    out.push(at.clone());
+    match value {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let token = k.replace('~', "~0").replace('/', "~1");
+                pointers_of(v, format!("{at}/{token}"), out);
+            }
+            out.push(format!("{at}/zz"));
+        }
+        serde_json::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                pointers_of(v, format!("{at}/{i}"), out);
+            }
+            out.push(format!("{at}/{}", a.len()));
+            out.push(format!("{at}/01"));
+        }
+        _ => out.push(format!("{at}/x")),
+    }
+}
+
+/// What a key field holds, by serde_json's own pointer lookup: strings as
+/// they are, scalars as written, objects and arrays in canonical form.
+fn oracle(value: &serde_json::Value, pointer: &str) -> Option<String> {
+    let text = match value.pointer(pointer)? {
+        serde_json::Value::Null => return None,
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    (!text.is_empty()).then_some(text)
+}
+
+proptest! {
+    /// The one-pass reader finds, for every pointer a spec names at once,
+    /// what serde_json's tree lookup finds, in compact and in spaced JSON.
+    #[test]
+    fn json_fields_read_in_one_pass_match_a_tree_lookup(
+        value in json_value(),
+        pick in prop::collection::vec(any::<prop::sample::Index>(), 1..5),
+        spaced in any::<bool>(),
+    ) {
+        use tower_idempotency::key::{Field, FingerprintSpec, KeySpec};
+        let mut all = Vec::new();
+        pointers_of(&value, String::new(), &mut all);
+        let chosen: Vec<String> = pick.iter().map(|i| i.get(&all).clone()).collect();
+        let body = match spaced {
+            true => serde_json::to_string_pretty(&value).unwrap(),
+            false => value.to_string(),
+        };
+        let body = Bytes::from(body);
+        let (parts, ()) = Request::post("/").body(()).unwrap().into_parts();
+        // Every chosen pointer in one spec (the key reads the first; the
+        // others ride along in the fingerprint's single pass) ...
+        let fields: Vec<Field> = chosen.iter().map(|p| Field::json(p.clone())).collect();
+        for (i, pointer) in chosen.iter().enumerate() {
+            let mut rest = fields.clone();
+            let key_field = rest.remove(i);
+            let spec = KeySpec::new([key_field], FingerprintSpec::Fields(rest));
+            let got = spec.extract(&parts, &body).unwrap().map(|e| e.key);
+            prop_assert_eq!(got, oracle(&value, pointer), "pointer {:?} in {}", pointer, body.len());
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! fields, XML elements, composites of those, or a closure.
 
 use super::form::parse_form;
+use super::json::{Found, Paths};
 use super::scope::escape_into;
 use super::xml::parse_flat_xml;
 use crate::Fingerprint;
@@ -162,14 +163,26 @@ pub enum FingerprintSpec {
 pub struct KeySpec {
     key: Vec<Field>,
     fingerprint: FingerprintSpec,
+    /// The JSON pointers among the fields, read in one pass.
+    json: Paths,
 }
 
 impl KeySpec {
     /// A spec from the key fields and the fingerprint.
     pub fn new(key: impl IntoIterator<Item = Field>, fingerprint: FingerprintSpec) -> Self {
+        let key: Vec<Field> = key.into_iter().collect();
+        let fp: &[Field] = match &fingerprint {
+            FingerprintSpec::Fields(f) => f,
+            _ => &[],
+        };
+        let json = Paths::new(key.iter().chain(fp).filter_map(|f| match f {
+            Field::Json(pointer) => Some(pointer),
+            _ => None,
+        }));
         Self {
-            key: key.into_iter().collect(),
+            key,
             fingerprint,
+            json,
         }
     }
 
@@ -266,7 +279,7 @@ impl<T: ExtractKey + ?Sized> ExtractKey for Arc<T> {
 
 /// A body read once for the fields a spec needs; values borrow from it.
 struct Document<'a> {
-    json: Option<&'a serde_json::value::RawValue>,
+    json: Option<Found<'a, 'a>>,
     form: Option<Vec<(&'a str, Cow<'a, str>)>>,
     xml: Option<Vec<(&'a str, String)>>,
 }
@@ -279,8 +292,8 @@ impl<'a> Document<'a> {
             xml: None,
         };
         let needs = |f: fn(&Field) -> bool| spec.fields().any(f);
-        if needs(|f| matches!(f, Field::Json(_))) {
-            doc.json = Some(super::json::parse(body).map_err(|e| {
+        if !spec.json.is_empty() {
+            doc.json = Some(spec.json.read(body).map_err(|e| {
                 KeyError::new(format!(
                     "expected a JSON body with the {}: {e}",
                     spec.describe()
@@ -328,7 +341,7 @@ impl<'a> Document<'a> {
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(|s| Cow::Borrowed(s.trim())),
-            Field::Json(pointer) => super::json::text_at(self.json?, pointer),
+            Field::Json(pointer) => self.json.as_ref()?.text_at(pointer),
             Field::Form(name) => self
                 .form
                 .as_ref()?
