@@ -1,18 +1,27 @@
 //! The access log line and the duplicate-ratio gauge, read from what the
 //! library put in each response's extensions.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
+use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::proxy::{GatewayResponse, RoutedPreset};
 use tower_idempotency::Outcome;
 use tracing::info;
 
-/// Guarded requests and duplicates per preset, since the start.
-#[derive(Default)]
+/// Guarded requests and duplicates per preset, since the start: one pair of
+/// counters per built-in preset and one for the rest, so that no request
+/// waits on a lock for them.
 pub struct Ratios {
-    by_preset: Mutex<HashMap<&'static str, (AtomicU64, AtomicU64)>>,
+    by_preset: Vec<(AtomicU64, AtomicU64)>,
+}
+
+impl Default for Ratios {
+    fn default() -> Self {
+        let by_preset = (0..=PRESET_NAMES.len()).map(|_| Default::default());
+        Self {
+            by_preset: by_preset.collect(),
+        }
+    }
 }
 
 impl Ratios {
@@ -27,8 +36,8 @@ impl Ratios {
         let outcome = res.extensions().get::<Outcome>().copied();
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
-            let mut map = self.by_preset.lock().unwrap_or_else(|e| e.into_inner());
-            let (guarded, duplicates) = map.entry(preset).or_default();
+            let at = PRESET_NAMES.iter().position(|n| *n == preset);
+            let (guarded, duplicates) = &self.by_preset[at.unwrap_or(PRESET_NAMES.len())];
             let guarded = guarded.fetch_add(1, Ordering::Relaxed) + 1;
             let duplicates = if outcome.is_duplicate() {
                 duplicates.fetch_add(1, Ordering::Relaxed) + 1

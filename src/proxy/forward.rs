@@ -36,15 +36,22 @@ use tower_service::Service;
 /// never cache them. The service never returns `Err`.
 #[derive(Clone)]
 pub struct Forward {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
-    upstream: Arc<Upstream>,
+    /// Cloned for every request: one reference count, not the client's
+    /// several.
+    shared: Arc<Shared>,
     timeout: Duration,
+}
+
+/// What every clone of a [`Forward`] shares.
+struct Shared {
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    upstream: Upstream,
 }
 
 impl fmt::Debug for Forward {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Forward")
-            .field("upstream", &self.upstream)
+            .field("upstream", &self.shared.upstream)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
@@ -77,7 +84,7 @@ impl Forward {
 
     /// The upstream.
     pub fn upstream(&self) -> &Upstream {
-        &self.upstream
+        &self.shared.upstream
     }
 
     /// The deadline for the upstream's whole answer (see
@@ -98,7 +105,8 @@ impl Forward {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let (mut parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let uri = match self.upstream.uri(path_and_query) {
+        let upstream = &self.shared.upstream;
+        let uri = match upstream.uri(path_and_query) {
             Ok(uri) => uri,
             Err(e) => return plain(StatusCode::BAD_REQUEST, format!("bad path: {e}\n")),
         };
@@ -109,13 +117,11 @@ impl Forward {
         // The body's own length (or chunks) frames it upstream.
         parts.headers.remove(header::CONTENT_LENGTH);
         set_forwarded(&mut parts.headers, conn, authority.as_deref());
-        parts
-            .headers
-            .insert(header::HOST, self.upstream.host().clone());
+        parts.headers.insert(header::HOST, upstream.host().clone());
         parts.uri = uri;
         parts.version = Version::HTTP_11;
         let req = Request::from_parts(parts, body);
-        match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+        match tokio::time::timeout_at(deadline, self.shared.client.request(req)).await {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -130,7 +136,7 @@ impl Forward {
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
-                log_warn!(upstream = %self.upstream, %error, "upstream failed");
+                log_warn!(upstream = %upstream, %error, "upstream failed");
                 plain(
                     StatusCode::BAD_GATEWAY,
                     format!("upstream unavailable: {error}\n"),
@@ -138,7 +144,7 @@ impl Forward {
             }
             Err(_) => {
                 upstream_error("timeout");
-                log_warn!(upstream = %self.upstream, timeout = ?self.timeout, "upstream timed out");
+                log_warn!(upstream = %upstream, timeout = ?self.timeout, "upstream timed out");
                 plain(
                     StatusCode::GATEWAY_TIMEOUT,
                     format!("upstream did not answer within {:?}\n", self.timeout),
@@ -212,8 +218,10 @@ impl ForwardBuilder {
             .pool_idle_timeout(self.pool_idle_timeout)
             .build(connector);
         Forward {
-            client,
-            upstream: Arc::new(self.upstream),
+            shared: Arc::new(Shared {
+                client,
+                upstream: self.upstream,
+            }),
             timeout: self.timeout,
         }
     }
