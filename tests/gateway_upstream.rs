@@ -394,3 +394,61 @@ mod redis {
         assert_eq!(up.calls("/redis/hangup"), 1);
     }
 }
+
+/// An upstream that answers a head and part of the body, then hangs: the
+/// forwarder's one deadline covers both, so the head comes through (before
+/// it) and the body fails at it, instead of hanging the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_timeout_covers_the_head_and_then_the_body() {
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
+    use tower_idempotency::proxy::Forward;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap();
+            if buf[..n].starts_with(b"GET /part") {
+                let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nten bytes.";
+                s.write_all(head).await.unwrap();
+            }
+            // `/none` gets nothing at all. Both hang until the test ends.
+            held.push(s);
+        }
+    });
+    let forward = Forward::builder(format!("http://{addr}").parse().unwrap())
+        .timeout(Duration::from_millis(400))
+        .build();
+    let started = Instant::now();
+    let req = Request::get("/none")
+        .body(Full::<bytes::Bytes>::default())
+        .unwrap();
+    let res = forward.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let req = Request::get("/part")
+        .body(Full::<bytes::Bytes>::default())
+        .unwrap();
+    let res = forward.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::OK);
+    let err = tokio::time::timeout(Duration::from_secs(10), res.into_body().collect())
+        .await
+        .expect("the body failed at the deadline, not later")
+        .expect_err("a body cut off at the deadline is an error");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}

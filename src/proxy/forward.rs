@@ -121,15 +121,19 @@ impl Forward {
         parts.uri = uri;
         parts.version = Version::HTTP_11;
         let req = Request::from_parts(parts, body);
-        match tokio::time::timeout_at(deadline, self.shared.client.request(req)).await {
+        // One timer for the head and then the body.
+        let mut sleep = Box::pin(tokio::time::sleep_until(deadline));
+        let answer = tokio::select! {
+            biased;
+            answer = self.shared.client.request(req) => Ok(answer),
+            () = sleep.as_mut() => Err(()),
+        };
+        match answer {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
-                let body = Deadline {
-                    body,
-                    sleep: Box::pin(tokio::time::sleep_until(deadline)),
-                };
+                let body = Deadline { body, sleep };
                 Response::from_parts(parts, body.boxed_unsync())
             }
             Ok(Err(e)) => {
