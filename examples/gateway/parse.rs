@@ -135,6 +135,19 @@ pub fn count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--workers N`: serving threads, 1 to [`MAX_WORKERS`].
+pub fn workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=MAX_WORKERS) => Ok(n),
+        _ => Err(format!(
+            "expected a number of serving threads from 1 to {MAX_WORKERS}"
+        )),
+    }
+}
+
+/// The most serving threads `--workers` takes.
+pub const MAX_WORKERS: usize = 1024;
+
 pub fn policy(s: &str) -> Result<OnStoreError, String> {
     match s {
         "closed" => Ok(OnStoreError::FailClosed),
