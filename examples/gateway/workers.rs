@@ -23,7 +23,7 @@ const BACKLOG: u32 = 1024;
 /// One listener per serving thread, each registered with that thread's
 /// runtime, all on one address.
 pub struct Bound {
-    threads: Vec<(Runtime, TcpListener)>,
+    threads: Vec<(Rt, TcpListener)>,
     /// The address they share (its port picked by the first for port 0).
     pub local: SocketAddr,
 }
@@ -36,9 +36,10 @@ pub fn bind(addr: SocketAddr, n: usize) -> Result<Bound, String> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
+            .map(|rt| Rt(Some(rt)))
             .map_err(|e| format!("cannot start a serving thread's runtime: {e}"))?;
         let listener = {
-            let _in = rt.enter();
+            let _in = rt.0.as_ref().expect("just built").enter();
             listen(at).map_err(|e| format!("cannot listen on {addr}: {e}"))?
         };
         at = listener
@@ -47,6 +48,18 @@ pub fn bind(addr: SocketAddr, n: usize) -> Result<Bound, String> {
         threads.push((rt, listener));
     }
     Ok(Bound { threads, local: at })
+}
+
+/// A serving thread's runtime before its thread runs it: dropped (when
+/// the start fails) without blocking, even inside the control runtime.
+struct Rt(Option<Runtime>);
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -84,7 +97,7 @@ impl Workers {
             drained: Vec::new(),
             threads: Vec::new(),
         };
-        for (i, (rt, listener)) in bound.threads.into_iter().enumerate() {
+        for (i, (mut rt, listener)) in bound.threads.into_iter().enumerate() {
             let gateway = gateway()?;
             let (stop, exit, limits) = (this.stop.clone(), this.exit.clone(), limits.clone());
             let (stopped, stopped_rx) = oneshot::channel();
@@ -103,6 +116,7 @@ impl Workers {
             let thread = std::thread::Builder::new()
                 .name(format!("gw-worker-{i}"))
                 .spawn(move || {
+                    let rt = rt.0.take().expect("taken once");
                     rt.block_on(serve);
                     rt.shutdown_timeout(Duration::from_secs(1));
                 })
