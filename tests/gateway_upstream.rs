@@ -3,7 +3,8 @@
 //! request's own bytes, path and query, `x-forwarded-for` appended,
 //! hop-by-hop headers removed, `Host` set); an HTTP/1.0 upstream; upstream
 //! refused or too slow (the channel's failure reply, never cached); SIGTERM
-//! with a request in flight and SIGINT when idle (exit 0); two instances
+//! with a request in flight (one and two serving threads) and SIGINT when
+//! idle (exit 0); two instances
 //! sharing Redis and Redis Cluster (feature `redis`).
 //!
 //! A plain `cargo test --all-features` builds the examples before it runs
@@ -220,8 +221,20 @@ async fn upstream_timeout_and_upstream_failures_are_never_cached() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_request_in_flight_and_exits_0() {
+    sigterm_drains("1").await;
+}
+
+/// The same with two serving threads: every listener closes, the thread
+/// with the request waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_serving_thread() {
+    sigterm_drains("2").await;
+}
+
+async fn sigterm_drains(workers: &str) {
     let up = Upstream::start().await;
-    let mut gw = Gateway::start(&up.url(), &["--route", "/=wechatpay-v3"]);
+    let args = ["--route", "/=wechatpay-v3", "--workers", workers];
+    let mut gw = Gateway::start(&up.url(), &args);
     let client = client();
     let v = &WECHATPAY_V3_VECTORS[0];
     let headers: Headers = headers_with(v, &[("x-delay-ms", "1500")]);
