@@ -259,6 +259,28 @@ async fn sigterm_drains(workers: &str) {
     assert_eq!(up.calls("/slow"), 1);
 }
 
+/// A second signal during the drain exits 1 at once, whatever still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_1_at_once() {
+    let up = Upstream::start().await;
+    let args = ["--route", "/=wechatpay-v3", "--workers", "2"];
+    let mut gw = Gateway::start(&up.url(), &args);
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let headers: Headers = headers_with(v, &[("x-delay-ms", "20000")]);
+    let _in_flight = tokio::spawn({
+        let (url, body) = (gw.url("/stuck"), v.base().body);
+        async move { send(&client(), &url, &headers, body).await }
+    });
+    up.wait_for_call("/stuck").await;
+    gw.signal(libc::SIGTERM);
+    // Two signals at once would be seen as one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.signal(libc::SIGINT);
+    let status = gw.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1), "{status:?}\n{}", gw.log());
+    assert!(gw.log().contains("SIGINT again"), "{}", gw.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_when_idle_exits_0() {
     let up = Upstream::start().await;
