@@ -329,7 +329,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         workers: args
             .workers
             .or(at.number(&file.workers, "workers", parse::workers)?)
-            .unwrap_or_else(default_workers),
+            .unwrap_or_else(parse::default_workers),
         header_timeout: args
             .header_timeout
             .or(at.value(
@@ -340,11 +340,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .unwrap_or(Duration::from_secs(10)),
         queue,
     })
-}
-
-/// `--workers` when it is not given: one serving thread per core.
-fn default_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(parse::MAX_WORKERS))
 }
 
 /// The queue settings alone (for `gateway dlq`).

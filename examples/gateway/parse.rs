@@ -148,6 +148,11 @@ pub fn workers(s: &str) -> Result<usize, String> {
 /// The most serving threads `--workers` takes.
 pub const MAX_WORKERS: usize = 1024;
 
+/// `--workers` when it is not given: one serving thread per core.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
+}
+
 pub fn policy(s: &str) -> Result<OnStoreError, String> {
     match s {
         "closed" => Ok(OnStoreError::FailClosed),
