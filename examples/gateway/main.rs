@@ -5,9 +5,9 @@
 //!
 //! A thin program over the library's `proxy` module: `cli` (flags and
 //! environment variables), `config` (the TOML file), `store`, `tls`,
-//! `serve` (connections), `workers` (serving threads), `admin` (metrics and health),
-//! `logging` (non-blocking logs), `access` (the access log line), `verify`
-//! (a route's signature keys).
+//! `serve` (connections), `workers` (serving threads and their drain),
+//! `admin` (metrics and health), `logging` (non-blocking logs), `access`
+//! (the access log line), `verify` (a route's signature keys).
 //!
 //! ```text
 //! cargo run --release --example gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
