@@ -38,11 +38,10 @@ CONNECTIONS=${CONNECTIONS:-64}
 RUNS=${RUNS:-3}
 KEYS=${KEYS:-8}
 # nginx worker processes: `auto` is one per core (2 here), which matches the
-# gateway's tokio runtime (one worker thread per core). Set 1 to compare a
-# single nginx worker.
+# gateway's serving threads (`--workers`, one per core by default). Set 1 to
+# compare a single nginx worker.
 NGINX_WORKERS=${NGINX_WORKERS:-auto}
-# Gateway runtime worker threads (passed as TOKIO_WORKER_THREADS, which
-# tokio's default runtime reads); empty means tokio's default, one per core.
+# Gateway serving threads (`--workers`); empty means its default, one per core.
 GATEWAY_WORKERS=${GATEWAY_WORKERS:-}
 
 cd "$(dirname "$0")/.."
@@ -100,8 +99,8 @@ nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
 PIDS+=($!)
 
 # --- gateway
-env RUST_LOG=warn ${GATEWAY_WORKERS:+TOKIO_WORKER_THREADS=$GATEWAY_WORKERS} "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
-    --route /=wechatpay-v3 >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
+RUST_LOG=warn "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
+    --route /=wechatpay-v3 ${GATEWAY_WORKERS:+--workers "$GATEWAY_WORKERS"} >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
 PIDS+=($!)
 GATEWAY=$(wait_line "$TMP/gateway.out" "listening on ")
 
@@ -116,7 +115,7 @@ for i in $(seq 100); do
 done
 
 echo "# upstream $UPSTREAM, nginx 127.0.0.1:$NGINX_PORT (worker_processes $NGINX_WORKERS)," \
-    "gateway $GATEWAY (worker threads ${GATEWAY_WORKERS:-one per core})" >&2
+    "gateway $GATEWAY (serving threads ${GATEWAY_WORKERS:-one per core})" >&2
 echo "# $(nproc) cores; load: $(uptime)" >&2
 echo "# requests/run $REQUESTS, connections $CONNECTIONS, runs $RUNS, repeat keys $KEYS" >&2
 

@@ -3,7 +3,8 @@
 //! vectors from the shared table (`tests/common/vectors.rs`): explicit
 //! routes and `auto` detection, 7 copies at once, one upstream call, the
 //! channel's exact reply bytes; unrecognized requests pass through every
-//! time; body limits, principals, windows, client tokens, HTTP/2.
+//! time; body limits, principals, windows, client tokens, HTTP/2; two
+//! serving threads sharing one store.
 //! Forwarding, upstream failures, signals and Redis are in
 //! `gateway_upstream.rs`; flags and metrics in `gateway_flags.rs`.
 //!
@@ -16,10 +17,10 @@ mod common;
 mod gateway_support;
 
 use common::upstream::Upstream;
-use common::vectors::{ALIPAY_VECTORS, FORM, STRIPE_VECTORS};
+use common::vectors::{ALIPAY_VECTORS, FORM, STRIPE_VECTORS, WECHATPAY_V3_VECTORS};
 use common::{all_at_once, client, Answer, HttpClient};
 use gateway_support::storm::{
-    assert_success, presets, send, send_vector, storm, vectors, Headers, K,
+    assert_success, headers_with, presets, send, send_vector, storm, vectors, Headers, K,
 };
 use gateway_support::Gateway;
 use http::Request;
@@ -237,4 +238,45 @@ async fn http2_clients_are_served_too() {
         assert_success(v, a, "/h2", "h2");
     }
     assert_eq!(up.calls("/h2"), 1);
+}
+
+/// `--workers 2`: 32 connections at once, 8 copies each of 4 notifications
+/// (the upstream takes 300 ms, so copies wait for the first), spread by the
+/// kernel over both serving threads. Every copy gets the success reply and
+/// each notification reaches the upstream once: the threads share one
+/// store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_serving_threads_run_each_notification_once() {
+    const NOTES: usize = 4;
+    const COPIES: usize = 8;
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &["--route", "/wx=wechatpay-v3", "--workers", "2"],
+    );
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let headers: Headers = headers_with(v, &[("x-delay-ms", "300")]);
+    let answers = all_at_once(NOTES * COPIES, |i| {
+        let (url, headers, body) = (
+            gw.url(&format!("/wx/{}", i % NOTES)),
+            headers.clone(),
+            v.base().body,
+        );
+        // A client of its own: one connection per copy.
+        async move { send(&client(), &url, &headers, body).await }
+    })
+    .await;
+    for (i, a) in answers.iter().enumerate() {
+        assert_success(v, a, "/wx", &format!("copy {i} of /wx/{}", i % NOTES));
+    }
+    let replayed = answers.iter().filter(|a| a.replayed()).count();
+    assert_eq!(replayed, NOTES * (COPIES - 1), "replayed copies");
+    for n in 0..NOTES {
+        assert_eq!(
+            up.calls(&format!("/wx/{n}")),
+            1,
+            "upstream calls of /wx/{n}"
+        );
+    }
+    assert_eq!(up.total(), NOTES);
 }

@@ -252,6 +252,57 @@ fn bad_flags_exit_2_with_a_message() {
     assert!(out.stdout.is_empty());
 }
 
+/// `--workers` (flag, environment, config file) takes 1 to 1024 serving
+/// threads; anything else exits 2 naming the flag or the file's line.
+#[test]
+fn workers_must_be_a_number_of_threads() {
+    let base = [
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+    ];
+    let cases: &[(&[&str], &str)] = &[
+        (&["--workers", "0"], "invalid value '0' for '--workers"),
+        (&["--workers", "two"], "invalid value 'two' for '--workers"),
+        (&["--workers=-1"], "invalid value '-1' for '--workers"),
+        (&["--workers", "100000"], "from 1 to 1024"),
+        (&["--workers"], "`--workers` needs a value"),
+    ];
+    for (args, hint) in cases {
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(base).args(*args);
+        exits_2(cmd, hint);
+    }
+    let mut cmd = Command::new(gateway_bin());
+    cmd.args(base).env("IDEMPOTENCY_GATEWAY_WORKERS", "0");
+    exits_2(cmd, "serving threads from 1 to 1024");
+
+    let file = gateway_support::temp_path("workers.toml");
+    std::fs::write(&file, "upstream = \"http://127.0.0.1:1\"\nworkers = 0\n").unwrap();
+    let mut cmd = Command::new(gateway_bin());
+    cmd.args(&base[..2]).arg("--config").arg(&file);
+    exits_2(
+        cmd,
+        ":2: `workers`: expected a number of serving threads from 1 to 1024",
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+/// Runs `cmd`: exit status 2, nothing on stdout, `hint` in the message.
+fn exits_2(mut cmd: Command, hint: &str) {
+    let out = cmd
+        .env("RUST_LOG", "off")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+    assert!(stderr.starts_with("gateway: "), "{cmd:?}: {stderr}");
+    assert!(stderr.contains(hint), "{cmd:?}: {stderr:?} lacks {hint:?}");
+    assert!(out.stdout.is_empty(), "{cmd:?}");
+}
+
 /// `name{labels} value` lines of a Prometheus text body whose labels include
 /// every one of `want`.
 #[cfg(feature = "metrics")]

@@ -122,6 +122,8 @@ async fn https_in_front_and_behind_with_reload_on_sighup() {
             key_path.to_str().unwrap(),
             "--route",
             "/api=idempotency-key",
+            "--workers",
+            "2",
         ],
         &[],
         Stdio::null(),
@@ -171,7 +173,11 @@ async fn https_in_front_and_behind_with_reload_on_sighup() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(send(&client(port, &cert_a), get()).await.0, 502);
+    // Every serving thread has it: new connections land on both.
+    for _ in 0..8 {
+        assert_eq!(send(&client(port, &cert_b), get()).await.0, 200);
+        assert_eq!(send(&client(port, &cert_a), get()).await.0, 502);
+    }
 
     // A bad pair on SIGHUP keeps the working one.
     std::fs::write(&key_path, "not a key").unwrap();

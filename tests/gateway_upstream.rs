@@ -3,7 +3,8 @@
 //! request's own bytes, path and query, `x-forwarded-for` appended,
 //! hop-by-hop headers removed, `Host` set); an HTTP/1.0 upstream; upstream
 //! refused or too slow (the channel's failure reply, never cached); SIGTERM
-//! with a request in flight and SIGINT when idle (exit 0); two instances
+//! with a request in flight (one and two serving threads) and SIGINT when
+//! idle (exit 0); two instances
 //! sharing Redis and Redis Cluster (feature `redis`).
 //!
 //! A plain `cargo test --all-features` builds the examples before it runs
@@ -220,8 +221,20 @@ async fn upstream_timeout_and_upstream_failures_are_never_cached() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_request_in_flight_and_exits_0() {
+    sigterm_drains("1").await;
+}
+
+/// The same with two serving threads: every listener closes, the thread
+/// with the request waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_serving_thread() {
+    sigterm_drains("2").await;
+}
+
+async fn sigterm_drains(workers: &str) {
     let up = Upstream::start().await;
-    let mut gw = Gateway::start(&up.url(), &["--route", "/=wechatpay-v3"]);
+    let args = ["--route", "/=wechatpay-v3", "--workers", workers];
+    let mut gw = Gateway::start(&up.url(), &args);
     let client = client();
     let v = &WECHATPAY_V3_VECTORS[0];
     let headers: Headers = headers_with(v, &[("x-delay-ms", "1500")]);
@@ -244,6 +257,28 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_0() {
     let status = gw.wait_exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "{status:?}\n{}", gw.log());
     assert_eq!(up.calls("/slow"), 1);
+}
+
+/// A second signal during the drain exits 1 at once, whatever still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_1_at_once() {
+    let up = Upstream::start().await;
+    let args = ["--route", "/=wechatpay-v3", "--workers", "2"];
+    let mut gw = Gateway::start(&up.url(), &args);
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let headers: Headers = headers_with(v, &[("x-delay-ms", "20000")]);
+    let _in_flight = tokio::spawn({
+        let (url, body) = (gw.url("/stuck"), v.base().body);
+        async move { send(&client(), &url, &headers, body).await }
+    });
+    up.wait_for_call("/stuck").await;
+    gw.signal(libc::SIGTERM);
+    // Two signals at once would be seen as one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.signal(libc::SIGINT);
+    let status = gw.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1), "{status:?}\n{}", gw.log());
+    assert!(gw.log().contains("SIGINT again"), "{}", gw.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

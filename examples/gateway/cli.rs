@@ -117,6 +117,10 @@ pub struct Args {
     /// Most client connections open at once; more wait to be accepted (default 10000)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_CONNECTIONS", value_parser = parse::count)]
     pub max_connections: Option<usize>,
+    /// Serving threads, each with its own runtime, listener (SO_REUSEPORT) and upstream
+    /// connections (default: one per core)
+    #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_WORKERS", value_parser = parse::workers)]
+    pub workers: Option<usize>,
     /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,

@@ -65,6 +65,7 @@ struct File {
     tls_key: Option<PathBuf>,
     upstream_ca: Option<PathBuf>,
     max_connections: Option<Spanned<u64>>,
+    workers: Option<Spanned<u64>>,
     header_timeout: Field,
     queue: Field,
     data_dir: Option<PathBuf>,
@@ -108,6 +109,8 @@ pub struct Settings {
     pub tls: Option<(PathBuf, PathBuf)>,
     pub upstream_ca: Option<PathBuf>,
     pub max_connections: usize,
+    /// Serving threads.
+    pub workers: usize,
     pub header_timeout: Duration,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
@@ -143,6 +146,21 @@ impl At<'_> {
         field
             .as_ref()
             .map(|v| f(v.get_ref()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))))
+            .transpose()
+    }
+
+    /// A number from the file, checked by the flag's parser `f`.
+    fn number(
+        &self,
+        field: &Option<Spanned<u64>>,
+        key: &str,
+        f: fn(&str) -> Result<usize, String>,
+    ) -> Result<Option<usize>, String> {
+        field
+            .as_ref()
+            .map(|v| {
+                f(&v.get_ref().to_string()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}")))
+            })
             .transpose()
     }
 
@@ -272,16 +290,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         (None, None) => None,
         _ => return Err("`--tls-cert` and `--tls-key` go together".into()),
     };
-    let max_connections = match args.max_connections {
-        Some(n) => n,
-        None => match &file.max_connections {
-            Some(v) if *v.get_ref() == 0 => {
-                return Err(at.err(v.span(), "`max_connections`: must be more than 0"))
-            }
-            Some(v) => usize::try_from(*v.get_ref()).unwrap_or(usize::MAX),
-            None => 10_000,
-        },
-    };
     Ok(Settings {
         listen: listen.ok_or("`--listen ADDR` is required")?,
         upstream: upstream.ok_or("`--upstream URL` is required")?,
@@ -314,7 +322,14 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .unwrap_or(Duration::from_secs(30)),
         tls,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
-        max_connections,
+        max_connections: args
+            .max_connections
+            .or(at.number(&file.max_connections, "max_connections", parse::count)?)
+            .unwrap_or(10_000),
+        workers: args
+            .workers
+            .or(at.number(&file.workers, "workers", parse::workers)?)
+            .unwrap_or_else(parse::default_workers),
         header_timeout: args
             .header_timeout
             .or(at.value(

@@ -5,9 +5,9 @@
 //!
 //! A thin program over the library's `proxy` module: `cli` (flags and
 //! environment variables), `config` (the TOML file), `store`, `tls`,
-//! `serve` (connections and drain), `admin` (metrics and health),
-//! `logging` (non-blocking logs), `access` (the access log line), `verify`
-//! (a route's signature keys).
+//! `serve` (connections), `workers` (serving threads and their drain),
+//! `admin` (metrics and health), `logging` (non-blocking logs), `access`
+//! (the access log line), `verify` (a route's signature keys).
 //!
 //! ```text
 //! cargo run --release --example gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
@@ -34,6 +34,7 @@ mod serve;
 mod store;
 mod tls;
 mod verify;
+mod workers;
 
 /// mimalloc: glibc's malloc spends a fifth of a guarded request's CPU
 /// walking its bins once the store holds many records (measured with `perf`;
@@ -55,8 +56,12 @@ fn no_huge_pages() {
 use config::Settings;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
+use store::GatewayStore;
+use tokio::sync::Semaphore;
 use tower_idempotency::proxy::{Forward, Gateway};
+use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
 
 fn main() -> ExitCode {
@@ -94,7 +99,12 @@ fn main() -> ExitCode {
         };
     }
     let (_log_guard, dropped) = logging::init();
-    let rt = match tokio::runtime::Runtime::new() {
+    // Signals, the store's connections, the queue's worker, metrics and
+    // the drain; requests are served on the `workers` threads.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gateway: cannot start the runtime: {e}");
@@ -160,10 +170,6 @@ async fn run(
         Some(addr) => Some(admin::start(addr, store.clone(), dropped).await?),
         None => None,
     };
-    let mut builder = Gateway::builder(forward(&settings)?, store.clone());
-    for (prefix, target, options) in &settings.routes {
-        builder = builder.route_with(prefix, target.clone(), options.clone());
-    }
     let acked = settings
         .routes
         .iter()
@@ -172,14 +178,36 @@ async fn run(
         true => Some(settings.queue.open().await?),
         false => None,
     };
-    if let Some(queue) = &queue {
-        builder = builder.queue(queue.clone());
-    }
-    let gateway = builder.build().map_err(|e| e.to_string())?;
+    // One tracker for every gateway: the drain waits for all their work.
+    let tasks = TaskTracker::new();
+    let gateway = || -> Result<Gateway<GatewayStore>, String> {
+        let mut builder =
+            Gateway::builder(forward(&settings)?, store.clone()).task_tracker(tasks.clone());
+        for (prefix, target, options) in &settings.routes {
+            builder = builder.route_with(prefix, target.clone(), options.clone());
+        }
+        if let Some(queue) = &queue {
+            builder = builder.queue(queue.clone());
+        }
+        builder.build().map_err(|e| e.to_string())
+    };
+    // The queue's deliveries run here, through a gateway (and upstream
+    // connections) of their own.
+    let control = gateway()?;
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
-    let worker = queue.map(|q| settings.queue.spawn_worker(q, &gateway, worker_stopped));
-    let (listener, local) = serve::bind(settings.listen).await?;
-    let routes: Vec<String> = gateway
+    let worker = queue
+        .clone()
+        .map(|q| settings.queue.spawn_worker(q, &control, worker_stopped));
+    let bound = workers::bind(settings.listen, settings.workers)?;
+    let local = bound.local;
+    let limits = serve::Limits {
+        permits: Arc::new(Semaphore::new(settings.max_connections)),
+        header_timeout: settings.header_timeout,
+        tls: tls.clone(),
+        ratios: Arc::default(),
+    };
+    let mut workers = workers::Workers::start(bound, gateway, &limits)?;
+    let routes: Vec<String> = control
         .routes()
         .map(|(p, what)| format!("{p}={what}"))
         .collect();
@@ -189,6 +217,7 @@ async fn run(
         store = store::describe(&store),
         routes = %routes.join(" "),
         tls = tls.is_some(),
+        workers = settings.workers,
         "gateway started"
     );
     {
@@ -197,21 +226,15 @@ async fn run(
             .and_then(|()| stdout.flush())
             .map_err(|e| format!("cannot write to stdout: {e}"))?;
     }
-    let limits = serve::Limits {
-        max_connections: settings.max_connections,
-        header_timeout: settings.header_timeout,
-    };
-    let tasks = gateway.tasks().clone();
-    let (graceful, signal) =
-        serve::accept_until(listener, gateway, tls, &limits, signals.recv()).await;
+    let signal = signals.recv().await;
+    let connections = workers.stop().await;
     info!(
         signal,
-        connections = graceful.count(),
-        "shutting down: no new connections; finishing the requests in flight"
+        connections, "shutting down: no new connections; finishing the requests in flight"
     );
     let grace = settings.drain_timeout;
     let drained = async {
-        graceful.shutdown().await;
+        workers.drained().await;
         // No request is in flight: nothing spawns on the tracker any more
         // but the work it runs.
         tasks.close();
@@ -233,6 +256,7 @@ async fn run(
             return Err(format!("{again} again: exiting without waiting for {busy} tasks"));
         }
     }
+    workers.exit().await;
     let _ = stop_worker.send(());
     if let Some(worker) = worker {
         // A delivery cut here is delivered again after its lease, and the

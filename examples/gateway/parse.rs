@@ -135,6 +135,24 @@ pub fn count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--workers N`: serving threads, 1 to [`MAX_WORKERS`].
+pub fn workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=MAX_WORKERS) => Ok(n),
+        _ => Err(format!(
+            "expected a number of serving threads from 1 to {MAX_WORKERS}"
+        )),
+    }
+}
+
+/// The most serving threads `--workers` takes.
+pub const MAX_WORKERS: usize = 1024;
+
+/// `--workers` when it is not given: one serving thread per core.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
+}
+
 pub fn policy(s: &str) -> Result<OnStoreError, String> {
     match s {
         "closed" => Ok(OnStoreError::FailClosed),

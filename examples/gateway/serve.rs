@@ -8,7 +8,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -21,21 +20,25 @@ use tracing::{debug, warn};
 
 use crate::store::GatewayStore;
 
-/// How connections are served.
+/// How connections are served; every serving thread shares one.
+#[derive(Clone)]
 pub struct Limits {
-    pub max_connections: usize,
+    /// One permit per open client connection, across every serving thread.
+    pub permits: Arc<Semaphore>,
     pub header_timeout: Duration,
+    pub tls: Option<Tls>,
+    /// The duplicate-ratio gauge, fed by every serving thread.
+    pub ratios: Arc<Ratios>,
 }
 
 /// Serves until `stop` resolves; returns the graceful-shutdown watcher of
-/// the connections still open.
+/// the connections still open. The listener is closed on return.
 pub async fn accept_until(
     listener: TcpListener,
     gateway: Gateway<GatewayStore>,
-    tls: Option<Tls>,
     limits: &Limits,
-    stop: impl std::future::Future<Output = &'static str>,
-) -> (GracefulShutdown, &'static str) {
+    stop: impl std::future::Future<Output = ()>,
+) -> GracefulShutdown {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -48,14 +51,12 @@ pub async fn accept_until(
         .max_concurrent_streams(256)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
-    let ratios = Arc::new(Ratios::default());
     tokio::pin!(stop);
-    let signal = loop {
+    loop {
         let permit = tokio::select! {
-            permit = permits.clone().acquire_owned() => permit.expect("never closed"),
-            signal = &mut stop => break signal,
+            permit = limits.permits.clone().acquire_owned() => permit.expect("never closed"),
+            () = &mut stop => break,
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -66,15 +67,15 @@ pub async fn accept_until(
                     continue;
                 }
             },
-            signal = &mut stop => break signal,
+            () = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
         let conn = ClientConn {
             addr: peer,
-            tls: tls.is_some(),
+            tls: limits.tls.is_some(),
         };
-        let svc = service(gateway.clone(), conn, ratios.clone());
-        let (builder, tls, watcher) = (builder.clone(), tls.clone(), graceful.watcher());
+        let svc = service(gateway.clone(), conn, limits.ratios.clone());
+        let (builder, tls, watcher) = (builder.clone(), limits.tls.clone(), graceful.watcher());
         let header_timeout = limits.header_timeout;
         tokio::spawn(async move {
             let _permit = permit;
@@ -94,8 +95,8 @@ pub async fn accept_until(
                 debug!(%peer, error = %e, "connection ended with an error");
             }
         });
-    };
-    (graceful, signal)
+    }
+    graceful
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -171,15 +172,4 @@ impl Signals {
             _ = self.int.recv() => "SIGINT",
         }
     }
-}
-
-/// Binds the listener.
-pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    Ok((listener, local))
 }
