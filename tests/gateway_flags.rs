@@ -250,6 +250,34 @@ fn bad_flags_exit_2_with_a_message() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.stdout.is_empty());
+
+    // So is the port of a running gateway: the serving threads share their
+    // port among themselves only (a second process with its own store
+    // taking half the connections would run notifications twice).
+    let first = Gateway::start("http://127.0.0.1:1", &["--workers", "2"]);
+    for workers in ["1", "2"] {
+        let mut second = Command::new(&bin)
+            .args(["--listen", &first.addr.to_string(), "--workers", workers])
+            .args(["--upstream", "http://127.0.0.1:1"])
+            .env("RUST_LOG", "off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waited = std::time::Instant::now();
+        while second.try_wait().unwrap().is_none() {
+            if waited.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = second.kill();
+                panic!("--workers {workers}: a second gateway started on a running one's port");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = second.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--workers {workers}: {stderr}");
+        assert!(stderr.contains("cannot listen"), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
 }
 
 /// `--workers` (flag, environment, config file) takes 1 to 1024 serving

@@ -29,9 +29,17 @@ pub struct Bound {
 }
 
 /// Binds `n` listeners to `addr` with `SO_REUSEPORT`.
+///
+/// First a plain listener (no `SO_REUSEPORT`) takes the address for a
+/// moment: that fails if anything listens there already, another gateway
+/// included, which `SO_REUSEPORT` alone would let share the port (and split
+/// its notifications across two stores). Its port is the one the serving
+/// threads then bind, which also settles port 0.
 pub fn bind(addr: SocketAddr, n: usize) -> Result<Bound, String> {
+    let mut at = std::net::TcpListener::bind(addr)
+        .and_then(|probe| probe.local_addr())
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let mut threads = Vec::with_capacity(n);
-    let mut at = addr;
     for _ in 0..n {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
