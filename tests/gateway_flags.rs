@@ -378,4 +378,57 @@ async fn metrics_count_executed_and_replayed() {
         "{text}"
     );
     assert_eq!(get(metrics_addr, "/other").0, 404);
+    // One access line per request, with what the library decided.
+    let log = gw.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("gateway::access"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    for (line, outcome) in lines.iter().zip(["executed", "replayed", "replayed"]) {
+        for part in [
+            "method=POST",
+            "path=/stripe",
+            "preset=\"stripe\"",
+            &format!("outcome=\"{outcome}\""),
+            "status=200",
+        ] {
+            assert!(line.contains(part), "{part} not in {line}");
+        }
+    }
+}
+
+/// With access lines off (`RUST_LOG=warn`) the duplicate ratio is still
+/// kept, and nothing is logged per request.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_duplicate_ratio_is_kept_with_access_lines_off() {
+    let up = Upstream::start().await;
+    let metrics_addr = common::free_addr();
+    let log = std::env::temp_dir().join(format!("gw-ratio-{}.log", std::process::id()));
+    let gw = gateway_support::Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &up.url(),
+            "--metrics-listen",
+            &metrics_addr.to_string(),
+        ],
+        &[("RUST_LOG", "warn")],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let client = client();
+    let v = &STRIPE_VECTORS[0];
+    for _ in 0..4 {
+        let a = send_vector(&client, &format!("http://{}/stripe", gw.addr), v).await;
+        assert_eq!(a.status, 200);
+    }
+    let (_, text) = get(metrics_addr, "/metrics");
+    let ratio = sample(&text, "idempotency_duplicate_ratio", &["preset=\"stripe\""])
+        .unwrap_or_else(|| panic!("no duplicate ratio in\n{text}"));
+    assert!((ratio - 3.0 / 4.0).abs() < 1e-9, "{ratio}");
+    let written = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert!(!written.contains("gateway::access"), "{written}");
 }

@@ -25,14 +25,9 @@ impl Default for Ratios {
 }
 
 impl Ratios {
-    /// Logs one access line for `res` and updates the gauge.
-    pub fn record(
-        &self,
-        method: &http::Method,
-        path: &str,
-        started: Instant,
-        res: &GatewayResponse,
-    ) {
+    /// Updates the gauge for `res` and logs its access line, given the
+    /// request's method, path and start when access lines are logged.
+    pub fn record(&self, line: Option<(http::Method, String, Instant)>, res: &GatewayResponse) {
         let outcome = res.extensions().get::<Outcome>().copied();
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
@@ -47,6 +42,9 @@ impl Ratios {
             metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset)
                 .set(duplicates as f64 / guarded as f64);
         }
+        let Some((method, path, started)) = line else {
+            return;
+        };
         info!(
             target: "gateway::access",
             %method,

@@ -141,10 +141,17 @@ fn service(
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
             req.extensions_mut().insert(conn);
             async move {
-                let started = Instant::now();
-                let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+                // What the access line needs, kept only when it is logged.
+                let line =
+                    tracing::enabled!(target: "gateway::access", tracing::Level::INFO).then(|| {
+                        (
+                            req.method().clone(),
+                            req.uri().path().to_owned(),
+                            Instant::now(),
+                        )
+                    });
                 let res = gateway.oneshot(req).await?;
-                ratios.record(&method, &path, started, &res);
+                ratios.record(line, &res);
                 Ok(res)
             }
         });

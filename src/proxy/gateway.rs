@@ -295,14 +295,13 @@ impl<S: Store> Gateway<S> {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let path = req.uri().path().to_owned();
-        let Some((route, rest)) = self.routes.find(&path) else {
+        let found = self.routes.find(req.uri().path());
+        let Some((route, is_token_path)) = found.map(|(route, rest)| (route, rest == TOKEN_PATH))
+        else {
             return self.pass_through(req).await;
         };
-        if let Some(issuer) = &route.issuer {
-            if rest == TOKEN_PATH {
-                return issue_token(issuer.clone(), req).await;
-            }
+        if let (Some(issuer), true) = (&route.issuer, is_token_path) {
+            return issue_token(issuer.clone(), req).await;
         }
         let Some(limit) = route.auto_limit else {
             let at = route.stacks.iter().position(Option::is_some);
