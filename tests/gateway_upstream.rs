@@ -487,3 +487,40 @@ async fn the_upstream_timeout_covers_the_head_and_then_the_body() {
         started.elapsed()
     );
 }
+
+/// `x-request-id`: made when absent (a random UUID, new per request), sent
+/// upstream and back; one the client sends is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_are_made_when_absent_and_kept_when_given() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&up.url(), &["--route", "/fwd=auto"]);
+    let addr = gw.addr;
+    let ask = |path: &'static str, extra: &'static str| {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n");
+        tokio::task::spawn_blocking(move || raw_http(addr, req.into_bytes()))
+    };
+    let id_in = |reply: &str| -> String {
+        let line = reply
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("x-request-id:"))
+            .unwrap_or_else(|| panic!("no x-request-id in {reply}"));
+        line["x-request-id:".len()..].trim().to_owned()
+    };
+    let mut made = Vec::new();
+    for path in ["/fwd/one", "/fwd/two"] {
+        let reply = ask(path, "").await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        let id = id_in(&reply);
+        let uuid = uuid::Uuid::parse_str(&id).unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(uuid.get_version_num(), 4, "{id}");
+        assert_eq!(id, uuid.hyphenated().to_string(), "lower-case, hyphenated");
+        assert_eq!(up.last(path).headers["x-request-id"], id.as_str());
+        made.push(id);
+    }
+    assert_ne!(made[0], made[1]);
+    let reply = ask("/fwd/three", "X-Request-Id: given-7\r\n")
+        .await
+        .unwrap();
+    assert_eq!(id_in(&reply), "given-7");
+    assert_eq!(up.last("/fwd/three").headers["x-request-id"], "given-7");
+}

@@ -14,7 +14,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
 use tower::ServiceExt;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 use tower_idempotency::proxy::{ClientConn, Gateway};
 use tracing::{debug, warn};
 
@@ -135,7 +137,7 @@ fn service(
 > + Send
        + 'static {
     let svc = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(SetRequestIdLayer::x_request_id(Uuids))
         .layer(PropagateRequestIdLayer::x_request_id())
         .service_fn(move |mut req: http::Request<Incoming>| {
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
@@ -156,6 +158,21 @@ fn service(
             }
         });
     TowerToHyperService::new(svc)
+}
+
+/// Random (v4) UUIDs for `x-request-id`, as tower-http's `MakeRequestUuid`
+/// makes them, written straight into the header value: without its
+/// `to_string` and parse, a replay costs about 4 % fewer instructions
+/// (callgrind).
+#[derive(Clone, Copy)]
+struct Uuids;
+
+impl MakeRequestId for Uuids {
+    fn make_request_id<B>(&mut self, _: &http::Request<B>) -> Option<RequestId> {
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+        http::HeaderValue::from_str(text).ok().map(RequestId::new)
+    }
 }
 
 /// Waits for SIGTERM or SIGINT.
