@@ -137,16 +137,26 @@ impl At<'_> {
         format!("{}:{line}: {why}", self.path)
     }
 
+    /// A value from the file checked by `f`; an error names its line.
+    fn checked<V, T>(
+        &self,
+        field: &Option<Spanned<V>>,
+        key: &str,
+        f: impl Fn(&V) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
+        field
+            .as_ref()
+            .map(|v| f(v.get_ref()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))))
+            .transpose()
+    }
+
     fn value<T>(
         &self,
         field: &Field,
         key: &str,
         f: fn(&str) -> Result<T, String>,
     ) -> Result<Option<T>, String> {
-        field
-            .as_ref()
-            .map(|v| f(v.get_ref()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))))
-            .transpose()
+        self.checked(field, key, |s| f(s))
     }
 
     /// A number from the file, checked by the flag's parser `f`.
@@ -156,12 +166,7 @@ impl At<'_> {
         key: &str,
         f: fn(&str) -> Result<usize, String>,
     ) -> Result<Option<usize>, String> {
-        field
-            .as_ref()
-            .map(|v| {
-                f(&v.get_ref().to_string()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}")))
-            })
-            .transpose()
+        self.checked(field, key, |n| f(&n.to_string()))
     }
 
     fn size(&self, field: &Option<Spanned<SizeValue>>, key: &str) -> Result<Option<usize>, String> {
@@ -174,16 +179,10 @@ impl At<'_> {
         key: &str,
         f: fn(&str) -> Result<usize, String>,
     ) -> Result<Option<usize>, String> {
-        field
-            .as_ref()
-            .map(|v| {
-                match v.get_ref() {
-                    SizeValue::Bytes(n) => usize::try_from(*n).map_err(|_| "too large".to_owned()),
-                    SizeValue::Text(s) => f(s),
-                }
-                .map_err(|e| self.err(v.span(), format!("`{key}`: {e}")))
-            })
-            .transpose()
+        self.checked(field, key, |v| match v {
+            SizeValue::Bytes(n) => usize::try_from(*n).map_err(|_| "too large".to_owned()),
+            SizeValue::Text(s) => f(s),
+        })
     }
 }
 
