@@ -161,9 +161,9 @@ fn service(
 }
 
 /// Random (v4) UUIDs for `x-request-id`, as tower-http's `MakeRequestUuid`
-/// makes them, written straight into the header value: without its
-/// `to_string` and parse, a replay costs about 4 % fewer instructions
-/// (callgrind).
+/// makes them, written straight into the header value instead of through
+/// a `String` and a parse (about 230 fewer instructions per request,
+/// callgrind).
 #[derive(Clone, Copy)]
 struct Uuids;
 
