@@ -16,6 +16,7 @@ use gateway_support::gateway_bin;
 #[cfg(feature = "metrics")]
 use gateway_support::{get, storm::send_vector, Gateway};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 #[test]
 fn bad_flags_exit_2_with_a_message() {
@@ -266,11 +267,11 @@ fn bad_flags_exit_2_with_a_message() {
             .unwrap();
         let waited = std::time::Instant::now();
         while second.try_wait().unwrap().is_none() {
-            if waited.elapsed() > std::time::Duration::from_secs(20) {
+            if waited.elapsed() > Duration::from_secs(20) {
                 let _ = second.kill();
                 panic!("--workers {workers}: a second gateway started on a running one's port");
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(20));
         }
         let out = second.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -378,7 +379,11 @@ async fn metrics_count_executed_and_replayed() {
         "{text}"
     );
     assert_eq!(get(metrics_addr, "/other").0, 404);
-    // One access line per request, with what the library decided.
+    // One access line per request, with what the library decided. Logs go
+    // through a non-blocking writer: read them once the gateway has exited.
+    let mut gw = gw;
+    gw.signal(libc::SIGTERM);
+    assert!(gw.wait_exit(Duration::from_secs(20)).success());
     let log = gw.log();
     let lines: Vec<&str> = log
         .lines()
@@ -428,6 +433,10 @@ async fn the_duplicate_ratio_is_kept_with_access_lines_off() {
     let ratio = sample(&text, "idempotency_duplicate_ratio", &["preset=\"stripe\""])
         .unwrap_or_else(|| panic!("no duplicate ratio in\n{text}"));
     assert!((ratio - 3.0 / 4.0).abs() < 1e-9, "{ratio}");
+    // Read the log once the gateway has exited and flushed it.
+    let mut gw = gw;
+    gw.signal(libc::SIGTERM);
+    assert!(gw.wait_exit(Duration::from_secs(20)).success());
     let written = std::fs::read_to_string(&log).unwrap();
     let _ = std::fs::remove_file(&log);
     assert!(!written.contains("gateway::access"), "{written}");
