@@ -47,6 +47,10 @@ pub enum Outcome {
     /// The sender's signature did not verify (bad or missing signature, stale
     /// timestamp, unknown key); the store was not touched.
     Unverified,
+    /// Something panicked while serving the request: the panic was caught at
+    /// the service boundary and the caller got a 500 (the connection stays
+    /// open). Always a bug: the log has the panic message.
+    Panicked,
 }
 
 impl Outcome {
@@ -68,6 +72,7 @@ impl Outcome {
             Self::ReplyDeadline => "reply_deadline",
             Self::CompletionAbandoned => "completion_abandoned",
             Self::Unverified => "unverified",
+            Self::Panicked => "panicked",
         }
     }
 
