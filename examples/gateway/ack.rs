@@ -89,7 +89,10 @@ impl QueueSettings {
             QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)
                 .await
                 .map(Either::Right)
-                .map_err(|e| format!("cannot open the queue at {url}: {e}")),
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
         }
     }
 
@@ -97,7 +100,7 @@ impl QueueSettings {
     pub fn describe(&self) -> String {
         match &self.spec {
             QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
-            QueueSpec::Redis(url) => url.clone(),
+            QueueSpec::Redis(url) => crate::store::redact(url),
         }
     }
 

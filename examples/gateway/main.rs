@@ -79,7 +79,7 @@ fn main() -> ExitCode {
         return match dlq::run(cmd, &queue) {
             Ok(()) => ExitCode::SUCCESS,
             Err(msg) => {
-                eprintln!("gateway: {msg}");
+                eprintln!("gateway: {}", store::redact_text(&msg));
                 ExitCode::FAILURE
             }
         };
@@ -116,13 +116,15 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("gateway: {msg}");
+            eprintln!("gateway: {}", store::redact_text(&msg));
             ExitCode::FAILURE
         }
     }
 }
 
 fn usage_error(msg: &str) -> ExitCode {
+    // A store or queue URL in the message keeps its password out.
+    let msg = store::redact_text(msg);
     eprintln!("gateway: {msg}\n(gateway --help lists the flags)");
     ExitCode::from(2)
 }

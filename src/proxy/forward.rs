@@ -111,6 +111,7 @@ impl Forward {
             Err(e) => return plain(StatusCode::BAD_REQUEST, format!("bad path: {e}\n")),
         };
         let conn = parts.extensions.get::<ClientConn>().copied();
+        let request_id = parts.headers.get("x-request-id").cloned();
         let authority = parts.uri.authority().map(|a| a.to_string());
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::EXPECT);
@@ -140,11 +141,12 @@ impl Forward {
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
-                log_warn!(upstream = %upstream, %error, "upstream failed");
-                plain(
-                    StatusCode::BAD_GATEWAY,
-                    format!("upstream unavailable: {error}\n"),
-                )
+                let request_id = request_id.as_ref().and_then(|v| v.to_str().ok()).unwrap_or("");
+                log_warn!(upstream = %upstream, request_id, %error, "upstream failed");
+                let _ = (&error, &request_id);
+                // The error chain goes to the log only: it names internal
+                // hosts and ports.
+                plain(StatusCode::BAD_GATEWAY, "bad gateway\n")
             }
             Err(_) => {
                 upstream_error("timeout");

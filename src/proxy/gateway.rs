@@ -4,6 +4,7 @@
 use super::ack::{Ingest, IngestFn};
 use super::detect::detect;
 use super::options::DEFAULT_MAX_RUN;
+use super::panic::catching;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
 use crate::channel::PRESET_NAMES;
@@ -354,11 +355,14 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let mut res = match ack.call(req).await {
-        Ok(res) => res,
-        Err(never) => match never {},
-    };
     let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
+    let mut res = catching(name, async move {
+        match ack.call(req).await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        }
+    })
+    .await;
     res.extensions_mut().insert(RoutedPreset(name));
     res
 }
@@ -372,14 +376,18 @@ where
 {
     let mut stack = route.stacks[at].clone().expect("checked by the caller");
     let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
-    let ready = std::future::poll_fn(|cx| Service::<Request<B>>::poll_ready(&mut stack, cx)).await;
-    let mut res = match ready.map(|()| stack.call(req)) {
-        Ok(fut) => match fut.await {
-            Ok(res) => res,
+    let mut res = catching(name, async move {
+        let ready =
+            std::future::poll_fn(|cx| Service::<Request<B>>::poll_ready(&mut stack, cx)).await;
+        match ready.map(|()| stack.call(req)) {
+            Ok(fut) => match fut.await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            },
             Err(never) => match never {},
-        },
-        Err(never) => match never {},
-    };
+        }
+    })
+    .await;
     res.extensions_mut().insert(RoutedPreset(name));
     res
 }
@@ -412,6 +420,8 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
-        Box::pin(async move { Ok(this.handle(req).await) })
+        // A panic anywhere below answers 500 instead of resetting the
+        // connection (the preset's own stack counts it under its name).
+        Box::pin(async move { Ok(catching("gateway", this.handle(req)).await) })
     }
 }

@@ -59,6 +59,7 @@ mod forward;
 mod gateway;
 mod headers;
 mod options;
+mod panic;
 mod route;
 mod upstream;
 

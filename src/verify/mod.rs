@@ -84,6 +84,7 @@ mod service;
 pub use layer::{Clock, VerifyLayer};
 pub use service::{ResponseFuture, Verify, VerifyBody};
 
+
 /// Declares the modules and types that need the `verify` feature.
 macro_rules! with_crypto {
     ($($item:item)*) => {
@@ -220,15 +221,28 @@ pub(crate) fn check_timestamp(
     now: SystemTime,
     tolerance: Duration,
 ) -> Result<(), VerifyError> {
-    let ts: u64 = ts
-        .trim()
-        .parse()
-        .map_err(|_| VerifyError::Malformed(Cow::Borrowed("timestamp")))?;
-    check_time(
-        SystemTime::UNIX_EPOCH + Duration::from_secs(ts),
-        now,
-        tolerance,
-    )
+    let malformed = || VerifyError::Malformed(Cow::Borrowed("timestamp"));
+    let ts: u64 = ts.trim().parse().map_err(|_| malformed())?;
+    // Checked: a timestamp past what `SystemTime` holds is malformed, not a
+    // panic.
+    let at = SystemTime::UNIX_EPOCH
+        .checked_add(Duration::from_secs(ts))
+        .ok_or_else(malformed)?;
+    check_time(at, now, tolerance)
+}
+
+/// The most signatures a header may list (`Stripe-Signature` `v1=` entries,
+/// `webhook-signature` entries). Senders list one per active secret, two
+/// while rolling; a longer list is refused before any MAC is computed, so a
+/// long header cannot buy CPU time.
+pub const MAX_SIGNATURES: usize = 16;
+
+/// The refusal of a header listing more than [`MAX_SIGNATURES`] signatures.
+#[cfg(feature = "verify")]
+pub(crate) fn too_many_signatures() -> VerifyError {
+    VerifyError::Malformed(Cow::Borrowed(
+        "signature list (more than 16 signatures)",
+    ))
 }
 
 /// Checks that `at` lies within `now ± tolerance`.
@@ -246,6 +260,26 @@ pub(crate) fn check_time(
         return Err(VerifyError::Stale);
     }
     Ok(())
+}
+
+/// Whether the HMAC of `message` under any of `keys` equals any of
+/// `candidates`: each key's MAC is computed once and compared in constant
+/// time with each candidate.
+#[cfg(feature = "verify")]
+pub(crate) fn any_mac_matches(
+    keys: &[ring::hmac::Key],
+    message: &[u8],
+    candidates: &[Vec<u8>],
+) -> bool {
+    use subtle::ConstantTimeEq;
+    let mut ok = subtle::Choice::from(0);
+    for key in keys {
+        let tag = ring::hmac::sign(key, message);
+        for candidate in candidates {
+            ok |= tag.as_ref().ct_eq(candidate);
+        }
+    }
+    ok.into()
 }
 
 /// Standard base64 decoding of a signature.

@@ -207,11 +207,18 @@ fn refuse<B: From<Bytes>>(config: &VerifyLayer, parts: &Parts, err: &VerifyError
     outcome::record(&config.preset, Outcome::Unverified);
     let channel = config.verifier.as_ref().map_or("custom", |v| v.channel());
     let path = parts.uri.path();
-    log_warn!(preset = %config.preset, channel, path, reason = %err, "unverified request refused");
-    let _ = (channel, path);
+    let request_id = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    log_warn!(preset = %config.preset, channel, path, request_id, reason = %err, "unverified request refused");
+    let _ = (channel, path, request_id, err);
+    // The sender learns only that the signature did not verify; which check
+    // failed goes to the log, with the request id.
     let mut res = text_response_owned(
         StatusCode::UNAUTHORIZED,
-        Bytes::from(format!("signature verification failed: {err}\n")),
+        Bytes::from_static(b"signature invalid\n"),
     );
     res.extensions_mut().insert(Outcome::Unverified);
     res

@@ -1,6 +1,9 @@
 //! Stripe: `Stripe-Signature: t=…,v1=…`, HMAC-SHA256 over `t.body`.
 
-use super::{check_timestamp, header, Verified, Verifier, VerifyError};
+use super::{
+    any_mac_matches, check_timestamp, header, too_many_signatures, Verified, Verifier, VerifyError,
+    MAX_SIGNATURES,
+};
 use bytes::Bytes;
 use http::request::Parts;
 use ring::hmac;
@@ -74,14 +77,16 @@ impl Verifier for StripeKeys {
     fn verify(&self, parts: &mut Parts, body: &Bytes, now: SystemTime) -> Result<Verified, VerifyError> {
         let value = header(parts, "stripe-signature")?;
         let mut timestamp = None;
-        let mut signatures = Vec::new();
+        let mut signatures: Vec<&str> = Vec::new();
         for item in value.split(',') {
             match item.trim().split_once('=') {
                 Some(("t", t)) => timestamp = Some(t),
-                Some(("v1", sig)) => signatures.push(
-                    hex::decode(sig)
-                        .map_err(|_| VerifyError::Malformed(Cow::Borrowed("v1 signature")))?,
-                ),
+                Some(("v1", sig)) => {
+                    if signatures.len() == MAX_SIGNATURES {
+                        return Err(too_many_signatures());
+                    }
+                    signatures.push(sig);
+                }
                 _ => {}
             }
         }
@@ -89,17 +94,20 @@ impl Verifier for StripeKeys {
         if signatures.is_empty() {
             return Err(VerifyError::Missing("v1= in Stripe-Signature"));
         }
+        let signatures = signatures
+            .into_iter()
+            .map(|sig| {
+                hex::decode(sig).map_err(|_| VerifyError::Malformed(Cow::Borrowed("v1 signature")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         check_timestamp(timestamp, now, self.tolerance)?;
         let mut message = Vec::with_capacity(timestamp.len() + 1 + body.len());
         message.extend_from_slice(timestamp.as_bytes());
         message.push(b'.');
         message.extend_from_slice(body);
-        let ok = self.secrets.iter().any(|key| {
-            signatures
-                .iter()
-                .any(|sig| hmac::verify(key, &message, sig).is_ok())
-        });
-        if !ok {
+        // One MAC per secret, compared (constant time) with every candidate,
+        // as stripe-go does.
+        if !any_mac_matches(&self.secrets, &message, &signatures) {
             return Err(VerifyError::BadSignature);
         }
         Ok(Verified::new(self.channel(), None))

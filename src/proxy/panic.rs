@@ -1,0 +1,40 @@
+//! Panics caught at the gateway's service boundary: the caller gets a 500 on
+//! a connection that stays open, and the panic is counted and logged.
+
+use super::gateway::GatewayResponse;
+use super::plain;
+use crate::outcome::{self, log_warn, Outcome};
+use crate::ResponseBody;
+use futures_util::FutureExt;
+use http::StatusCode;
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+/// Runs `fut`; a panic becomes a 500 counted as `outcome="panicked"` under
+/// `preset`.
+pub(super) async fn catching<F>(preset: &'static str, fut: F) -> GatewayResponse
+where
+    F: Future<Output = GatewayResponse>,
+{
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(res) => res,
+        Err(payload) => panicked(preset, payload.as_ref()),
+    }
+}
+
+fn panicked(preset: &'static str, payload: &(dyn Any + Send)) -> GatewayResponse {
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    log_warn!(preset, panic = message, "a request panicked: answered 500");
+    let _ = message;
+    outcome::record(&Arc::from(preset), Outcome::Panicked);
+    // Senders retry a 500; the panic message stays in the log.
+    let mut res = plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").map(ResponseBody::stream);
+    res.extensions_mut().insert(Outcome::Panicked);
+    res
+}
