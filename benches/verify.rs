@@ -2,6 +2,11 @@
 //! (buffering, signature check, decryption where configured) over a trivial
 //! inner service, with the recorded vectors of `tests/fixtures/` and their keys.
 //!
+//! The hostile-header cases time one verification at the 64 KiB body limit
+//! with a 400 KB signature list (refused: more than 16 candidates) and with
+//! the longest list accepted (16 candidates, the genuine one last); the
+//! budget is 100 µs per verification whatever the header.
+//!
 //! `cargo bench --features verify --bench verify`
 
 #[path = "../tests/verify_support/mod.rs"]
@@ -13,7 +18,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use std::convert::Infallible;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_idempotency::verify::{VerifyBody, VerifyLayer, WechatPayV3Keys};
+use tower_idempotency::verify::{
+    StandardWebhooksKeys, StripeKeys, VerifyBody, VerifyLayer, WechatPayV3Keys,
+};
 use verify_support::{at, cases, fixture, wechatpay_v3, Case};
 
 fn request(case: &Case) -> Request<Full<Bytes>> {
@@ -37,9 +44,15 @@ fn bench_case(
             Ok::<_, Infallible>(Response::new(Full::<Bytes>::default()))
         },
     ));
-    // The vector must verify, or the bench would time a refusal.
+    // The vector must verify (or be refused where the case says so), or the
+    // bench would time something else.
+    let expected = if name.contains("refused") {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::OK
+    };
     let res = rt.block_on(svc.clone().oneshot(request(case))).unwrap();
-    assert_eq!(res.status(), StatusCode::OK, "{name} did not verify");
+    assert_eq!(res.status(), expected, "{name}");
     c.bench_with_input(BenchmarkId::new("verify", name), case, |b, case| {
         b.to_async(rt).iter(|| svc.clone().oneshot(request(case)));
     });
@@ -66,9 +79,89 @@ fn verify(c: &mut Criterion) {
     for case in cases() {
         let name = match case.name {
             "wechatpay-v3" => "wechatpay-v3 signature + AES-GCM decryption",
+            // Transmission ids are single-use: after the first, every
+            // iteration checks the signature and is then refused as replayed.
+            "paypal" => "paypal (signature checked, replay refused)",
             other => other,
         };
         bench_case(c, &rt, name, case.keys.clone(), &case);
+    }
+    hostile_headers(c, &rt);
+}
+
+/// A 64 KiB JSON body (the body limit).
+fn body_at_limit() -> Vec<u8> {
+    let mut body = br#"{"id":"evt_limit","type":"charge.succeeded","pad":""#.to_vec();
+    body.resize(64 * 1024 - 2, b'x');
+    body.extend_from_slice(br#""}"#);
+    body
+}
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    for p in parts {
+        ctx.update(p);
+    }
+    ctx.sign().as_ref().to_vec()
+}
+
+fn hostile_headers(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let now = 1_700_000_000u64;
+    let body = body_at_limit();
+    let t = now.to_string();
+    let case = |headers: Vec<(String, String)>| Case {
+        name: "hostile",
+        keys: VerifyLayer::off(),
+        body: body.clone(),
+        headers,
+        now,
+        tamper: ("", ""),
+        header_tamper: None,
+        tolerance: None,
+    };
+
+    let secret = "whsec_test_secret";
+    let stripe = || VerifyLayer::new(StripeKeys::new().secret(secret));
+    let genuine: String = hmac(secret.as_bytes(), &[t.as_bytes(), b".", &body])
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut long = format!("t={t},");
+    while long.len() < 400 * 1024 {
+        long.push_str("v1=,");
+    }
+    let sixteen = format!("t={t},{}v1={genuine}", "v1=00,".repeat(15));
+    for (name, header) in [
+        ("stripe 64 KiB, 400 KB header, refused", long),
+        ("stripe 64 KiB, 16 candidates", sixteen),
+    ] {
+        let case = case(vec![("stripe-signature".into(), header)]);
+        bench_case(c, rt, name, stripe(), &case);
+    }
+
+    let sw_secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    let raw = b64.decode(&sw_secret[6..]).unwrap();
+    let sw = || VerifyLayer::new(StandardWebhooksKeys::new().secret(sw_secret).unwrap());
+    let id = "msg_limit";
+    let genuine = b64.encode(hmac(&raw, &[id.as_bytes(), b".", t.as_bytes(), b".", &body]));
+    let mut long = String::new();
+    while long.len() < 400 * 1024 {
+        long.push_str("v1,AAAA ");
+    }
+    let sixteen = format!("{}v1,{genuine}", "v1,AAAA ".repeat(15));
+    for (name, header) in [
+        ("standard-webhooks 64 KiB, 400 KB header, refused", long),
+        ("standard-webhooks 64 KiB, 16 candidates", sixteen),
+    ] {
+        let case = case(vec![
+            ("webhook-id".into(), id.into()),
+            ("webhook-timestamp".into(), t.clone()),
+            ("webhook-signature".into(), header),
+        ]);
+        bench_case(c, rt, name, sw(), &case);
     }
 }
 

@@ -97,7 +97,7 @@ impl Secret {
 /// | `stripe` | `secrets` (`whsec_…`), `tolerance` (default `300s`) |
 /// | `standard-webhooks` | `secrets` (`whsec_…`), `public_keys` (`whpk_…`), `tolerance` (default `5m`) |
 /// | `adyen` | `hmac_keys` (hex) |
-/// | `paypal` | `webhook_id`, `certificates` |
+/// | `paypal` | `webhook_id`, `certificates`, `tolerance` (default `5m`) |
 ///
 /// Secrets (`secrets`, `api_keys`, `hmac_keys`, `api_v3_key`) read a plain
 /// string as the secret; certificates and public keys (`platform_keys`,
@@ -210,7 +210,7 @@ impl VerifyConfig {
             "stripe" => &["secrets", "tolerance"],
             "standard-webhooks" => &["secrets", "public_keys", "tolerance"],
             "adyen" => &["hmac_keys"],
-            "paypal" => &["webhook_id", "certificates"],
+            "paypal" => &["webhook_id", "certificates", "tolerance"],
             other => return Err(ConfigError(format!("preset {other} has no verifier"))),
         };
         if let Some(field) = self.set_fields().into_iter().find(|f| !allowed.contains(f)) {
@@ -305,6 +305,9 @@ impl VerifyConfig {
                 let mut keys = PayPalKeys::new(id);
                 for c in &self.certificates {
                     keys = keys.certificate(key_file(c)?)?;
+                }
+                if let Some(t) = tolerance {
+                    keys = keys.tolerance(t);
                 }
                 VerifyLayer::new(keys)
             }

@@ -18,7 +18,7 @@
 //! | Stripe | [`StripeKeys`] | `Stripe-Signature` `t=`/`v1=` HMAC-SHA256, 300 s window |
 //! | Standard Webhooks | [`StandardWebhooksKeys`] | `webhook-signature` `v1,` HMAC-SHA256 and `v1a,` Ed25519, 5 min window |
 //! | Adyen | [`AdyenKeys`] | HMAC-SHA256 `additionalData.hmacSignature` of every item |
-//! | PayPal | [`PayPalKeys`] | CRC32 + RSA-SHA256 over the transmission fields, configured certificate |
+//! | PayPal | [`PayPalKeys`] | CRC32 + RSA-SHA256 over the transmission fields, configured certificate, 5 min window, single-use transmission ids |
 //!
 //! Several keys may be configured for every channel, so keys rotate without
 //! downtime: a signature is accepted if any configured key verifies it. All
@@ -186,6 +186,9 @@ pub enum VerifyError {
     UnknownKey(String),
     /// The encrypted resource could not be decrypted with the configured key.
     Decrypt,
+    /// A single-use transmission (PayPal's `PAYPAL-TRANSMISSION-ID`) was
+    /// already verified within the window.
+    Replayed,
 }
 
 impl fmt::Display for VerifyError {
@@ -197,6 +200,7 @@ impl fmt::Display for VerifyError {
             Self::Stale => f.write_str("timestamp outside the tolerance"),
             Self::UnknownKey(id) => write!(f, "unknown key id {id:?}"),
             Self::Decrypt => f.write_str("resource could not be decrypted"),
+            Self::Replayed => f.write_str("transmission already used"),
         }
     }
 }

@@ -1,13 +1,16 @@
 //! PayPal: SHA256withRSA over `transmission_id|time|webhook_id|crc32(body)`.
 
 use super::keys::{KeyError, RsaPublicKey};
-use super::{base64_sig, header, Verified, Verifier, VerifyError};
+use super::{base64_sig, check_time, header, Verified, Verifier, VerifyError};
 use bytes::Bytes;
 use http::request::Parts;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
+
+/// The most transmission ids remembered at once (only verified ones are).
+const MAX_SEEN: u64 = 200_000;
 
 /// The webhook id and signing certificates of a PayPal webhook.
 ///
@@ -15,6 +18,21 @@ use std::time::SystemTime;
 /// the `PAYPAL-CERT-URL` header once (it must be served by a `paypal.com`
 /// host) and configure it; add the next one before PayPal rotates. Its
 /// expiry and chain are not checked here.
+///
+/// `PAYPAL-TRANSMISSION-TIME` must lie within the [`tolerance`](Self::tolerance)
+/// of now (5 minutes by default: PayPal signs every HTTP transmission, a
+/// retry included, at the time it sends it), and a verified
+/// `PAYPAL-TRANSMISSION-ID` is single-use for twice the tolerance, so a
+/// captured transmission cannot be replayed (the ids are kept in memory, per
+/// process: a fleet behind a load balancer relies on the idempotency record
+/// for copies that reach another instance).
+///
+/// **The signature binds the body weakly**: PayPal signs a CRC32 of the
+/// body, not a cryptographic hash, and 4 to 6 chosen bytes make any body
+/// match a given CRC32. Take the event id (`/id`) from a verified body, but
+/// fetch the amounts and the state from PayPal by that id
+/// (`GET /v1/notifications/webhooks-events/{id}` or the resource's own
+/// link) before acting on them.
 ///
 /// ```
 /// use tower_idempotency::verify::PayPalKeys;
@@ -26,16 +44,37 @@ use std::time::SystemTime;
 pub struct PayPalKeys {
     webhook_id: Arc<str>,
     certs: Vec<RsaPublicKey>,
+    tolerance: Duration,
+    /// The verified transmission ids of the last two tolerances.
+    seen: moka::sync::Cache<Arc<str>, ()>,
+}
+
+fn seen_cache(tolerance: Duration) -> moka::sync::Cache<Arc<str>, ()> {
+    moka::sync::Cache::builder()
+        .max_capacity(MAX_SEEN)
+        .time_to_live(tolerance.saturating_mul(2).max(Duration::from_secs(1)))
+        .build()
 }
 
 impl PayPalKeys {
     /// The keys of the webhook `webhook_id` (shown in the developer
     /// dashboard); no certificate yet.
     pub fn new(webhook_id: impl Into<Arc<str>>) -> Self {
+        let tolerance = Duration::from_secs(300);
         Self {
             webhook_id: webhook_id.into(),
             certs: Vec::new(),
+            tolerance,
+            seen: seen_cache(tolerance),
         }
+    }
+
+    /// How far `PAYPAL-TRANSMISSION-TIME` may lie from now; transmission ids
+    /// are remembered for twice as long. Defaults to 5 minutes.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self.seen = seen_cache(tolerance);
+        self
     }
 
     /// Adds a signing certificate (PEM or DER) or its public key.
@@ -50,12 +89,13 @@ impl fmt::Debug for PayPalKeys {
         f.debug_struct("PayPalKeys")
             .field("webhook_id", &self.webhook_id)
             .field("certs", &self.certs.len())
-            .finish()
+            .field("tolerance", &self.tolerance)
+            .finish_non_exhaustive()
     }
 }
 
 impl Verifier for PayPalKeys {
-    fn verify(&self, parts: &mut Parts, body: &Bytes, _now: SystemTime) -> Result<Verified, VerifyError> {
+    fn verify(&self, parts: &mut Parts, body: &Bytes, now: SystemTime) -> Result<Verified, VerifyError> {
         let id = header(parts, "paypal-transmission-id")?;
         let time = header(parts, "paypal-transmission-time")?;
         let sig = header(parts, "paypal-transmission-sig")?;
@@ -66,6 +106,9 @@ impl Verifier for PayPalKeys {
                 )));
             }
         }
+        let at = humantime::parse_rfc3339_weak(time.trim())
+            .map_err(|_| VerifyError::Malformed(Cow::Borrowed("PAYPAL-TRANSMISSION-TIME")))?;
+        check_time(at, now, self.tolerance)?;
         let sig = base64_sig(sig)?;
         let message = format!(
             "{id}|{time}|{}|{}",
@@ -78,6 +121,11 @@ impl Verifier for PayPalKeys {
             .any(|cert| cert.verify_sha256(message.as_bytes(), &sig))
         {
             return Err(VerifyError::BadSignature);
+        }
+        // Single-use: the first verified copy of a transmission inserts it.
+        let first = self.seen.entry(Arc::from(id)).or_insert(()).is_fresh();
+        if !first {
+            return Err(VerifyError::Replayed);
         }
         Ok(Verified::new(self.channel(), None))
     }
