@@ -1,11 +1,16 @@
-//! Reading a few fields out of an `application/x-www-form-urlencoded` body
-//! (Alipay notifications) in one pass, decoding only the values wanted.
+//! Reading the fields of an `application/x-www-form-urlencoded` body
+//! (Alipay notifications): a few wanted ones in one pass for the key, or all
+//! of them, strictly, for the verifier. Both decode values in the charset the
+//! body declares (`charset=GBK`, as Alipay sends for GBK applications).
 
+use encoding_rs::{Encoding, GB18030, GBK, UTF_8};
 use std::borrow::Cow;
 
 /// Reads the `wanted` fields of a form body in one pass; only their values
-/// are decoded. The first occurrence of a name wins.
+/// are decoded, in the body's [`charset`](form_charset). The first
+/// occurrence of a name wins (the verifier refuses a repeated name).
 pub(crate) fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
+    let charset = form_charset(body).unwrap_or(UTF_8);
     let mut out: Vec<(&'a str, Cow<'a, str>)> = Vec::with_capacity(wanted.len());
     for pair in body.split(|&b| b == b'&') {
         let (name, value) = match pair.iter().position(|&b| b == b'=') {
@@ -17,16 +22,90 @@ pub(crate) fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str
             continue;
         };
         if out.iter().all(|(k, _)| *k != hit) {
-            out.push((hit, decode_form(value)));
+            out.push((hit, decode_in(value, charset)));
         }
     }
     out
 }
 
-/// `application/x-www-form-urlencoded` decoding: `+` is a space, `%XX` a byte.
-pub(crate) fn decode_form(raw: &[u8]) -> Cow<'_, str> {
+/// The charset a form body declares in its `charset` parameter: UTF-8 when
+/// absent; `Err` with the label when it is none of UTF-8, GBK, GB2312 and
+/// GB18030 (GB2312 bodies decode as GBK, its superset).
+pub(crate) fn form_charset(body: &[u8]) -> Result<&'static Encoding, String> {
+    let label = body.split(|&b| b == b'&').find_map(|pair| {
+        let (name, value) = pair.split_at(pair.iter().position(|&b| b == b'=')?);
+        (name == b"charset").then(|| decode_form(&value[1..]))
+    });
+    let Some(label) = label else {
+        return Ok(UTF_8);
+    };
+    match label.trim().to_ascii_lowercase().as_str() {
+        "utf-8" | "utf8" => Ok(UTF_8),
+        "gbk" | "gb2312" => Ok(GBK),
+        "gb18030" => Ok(GB18030),
+        _ => Err(label.into_owned()),
+    }
+}
+
+/// Percent-decodes `raw` and decodes the bytes in `charset`, replacing what
+/// does not decode.
+fn decode_in<'a>(raw: &'a [u8], charset: &'static Encoding) -> Cow<'a, str> {
+    if charset == UTF_8 {
+        return decode_form(raw);
+    }
+    let bytes = percent_decode(raw);
+    let (text, _) = charset.decode_without_bom_handling(&bytes);
+    Cow::Owned(text.into_owned())
+}
+
+/// One field of a form body as the verifier reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FormField {
+    /// The decoded name.
+    pub(crate) name: String,
+    /// The percent-decoded value bytes, in the body's charset (what the
+    /// sender signed).
+    pub(crate) raw: Vec<u8>,
+    /// The value decoded in the body's charset.
+    pub(crate) value: String,
+}
+
+/// Every field of a form body, strictly: a name that repeats, a segment that
+/// is no `name=value` pair, a name that is not UTF-8, a value that does not
+/// decode in the body's charset, or an unknown charset is an `Err` naming
+/// the fault. Empty segments (`a=1&&b=2`, a trailing `&`) are skipped.
+pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'static, str>> {
+    let charset = form_charset(body).map_err(|label| {
+        Cow::Owned(format!("form charset {label:?} (UTF-8, GBK, GB2312 or GB18030)"))
+    })?;
+    let mut out: Vec<FormField> = Vec::new();
+    for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        let Some(at) = pair.iter().position(|&b| b == b'=') else {
+            return Err(Cow::Borrowed("form segment without `=`"));
+        };
+        let name = String::from_utf8(percent_decode(&pair[..at]).into_owned())
+            .map_err(|_| Cow::Borrowed("form parameter name"))?;
+        if name.is_empty() {
+            return Err(Cow::Borrowed("form parameter without a name"));
+        }
+        if out.iter().any(|f| f.name == name) {
+            return Err(Cow::Owned(format!("repeated form parameter {name:?}")));
+        }
+        let raw = percent_decode(&pair[at + 1..]).into_owned();
+        let value = charset
+            .decode_without_bom_handling_and_without_replacement(&raw)
+            .ok_or_else(|| Cow::Owned(format!("form parameter {name:?} is not {}", charset.name())))?
+            .into_owned();
+        out.push(FormField { name, raw, value });
+    }
+    Ok(out)
+}
+
+/// `application/x-www-form-urlencoded` byte decoding: `+` is a space, `%XX`
+/// a byte; a `%` not followed by two hex digits stays as it is.
+fn percent_decode(raw: &[u8]) -> Cow<'_, [u8]> {
     if !raw.iter().any(|&b| b == b'+' || b == b'%') {
-        return String::from_utf8_lossy(raw);
+        return Cow::Borrowed(raw);
     }
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
@@ -47,7 +126,15 @@ pub(crate) fn decode_form(raw: &[u8]) -> Cow<'_, str> {
         }
         i += 1;
     }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+    Cow::Owned(out)
+}
+
+/// `application/x-www-form-urlencoded` decoding to UTF-8 text (lossy).
+pub(crate) fn decode_form(raw: &[u8]) -> Cow<'_, str> {
+    match percent_decode(raw) {
+        Cow::Borrowed(b) => String::from_utf8_lossy(b),
+        Cow::Owned(b) => Cow::Owned(String::from_utf8_lossy(&b).into_owned()),
+    }
 }
 
 #[cfg(test)]
@@ -75,5 +162,26 @@ mod tests {
         assert_eq!(got[2], expected[3]);
         assert_eq!(got[3], expected[4]);
         assert_eq!(got.len(), 4);
+    }
+
+    #[test]
+    fn strict_form_refuses_what_two_readers_could_read_differently() {
+        for body in [
+            &b"a=1&trade_status=&trade_status=TRADE_SUCCESS"[..],
+            b"a=1&flag",
+            b"a=1&=2",
+            b"charset=latin1&a=1",
+            b"charset=GBK&subject=%FF",
+            b"a=%FF%FE",
+        ] {
+            assert!(parse_form_strict(body).is_err(), "{:?}", String::from_utf8_lossy(body));
+        }
+        let got = parse_form_strict(b"charset=GBK&subject=%D6%D0%CE%C4&empty=&&").unwrap();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[1].value, "中文");
+        assert_eq!(got[1].raw, [0xD6, 0xD0, 0xCE, 0xC4]);
+        assert_eq!(got[2].value, "");
+        let wanted = parse_form(b"charset=gb2312&subject=%D6%D0%CE%C4", &["subject"]);
+        assert_eq!(wanted[0].1, "中文");
     }
 }

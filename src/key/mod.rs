@@ -49,7 +49,11 @@ mod xml;
 pub use crate::fingerprint::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 #[cfg(feature = "verify")]
-pub(crate) use form::decode_form;
+pub(crate) use form::{parse_form_strict, FormField};
+#[cfg(feature = "verify")]
+pub(crate) use json::unique_members;
+#[cfg(feature = "verify")]
+pub(crate) use xml::flat_fields;
 #[cfg(feature = "proxy")]
 pub(crate) use form::parse_form;
 pub use principal::{

@@ -2,6 +2,7 @@
 
 use super::keys::KeyError;
 use super::{base64_sig, Verified, Verifier, VerifyError};
+use crate::key::unique_members;
 use bytes::Bytes;
 use http::request::Parts;
 use ring::hmac;
@@ -17,6 +18,10 @@ use std::time::SystemTime;
 /// must equal the item's `additionalData.hmacSignature`, for every item.
 /// Platform webhooks (no `notificationItems`) are verified over the raw body
 /// with the `HmacSignature` header.
+///
+/// A body that readers could read differently is refused before any of it
+/// is trusted: a repeated member name in any object (JSON readers keep the
+/// first or the last), an object or array where a signed field is expected.
 ///
 /// ```
 /// use tower_idempotency::verify::AdyenKeys;
@@ -58,17 +63,23 @@ impl fmt::Debug for AdyenKeys {
     }
 }
 
-/// A field of an item as text; absent fields sign as empty.
-fn text(item: &Value, pointer: &str) -> String {
-    match item.pointer(pointer) {
+/// A field of an item as text; absent fields sign as empty; an object or
+/// array where a field is expected is refused.
+fn text(item: &Value, pointer: &str) -> Result<String, VerifyError> {
+    Ok(match item.pointer(pointer) {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Null) | None => String::new(),
+        Some(Value::Object(_) | Value::Array(_)) => {
+            return Err(VerifyError::Malformed(Cow::Owned(format!(
+                "an object where the field {pointer} is expected"
+            ))))
+        }
         Some(other) => other.to_string(),
-    }
+    })
 }
 
-fn signing_string(item: &Value) -> String {
-    [
+fn signing_string(item: &Value) -> Result<String, VerifyError> {
+    Ok([
         "/pspReference",
         "/originalReference",
         "/merchantAccountCode",
@@ -80,12 +91,16 @@ fn signing_string(item: &Value) -> String {
     ]
     .iter()
     .map(|p| text(item, p))
-    .collect::<Vec<_>>()
-    .join(":")
+    .collect::<Result<Vec<_>, _>>()?
+    .join(":"))
 }
 
 impl Verifier for AdyenKeys {
     fn verify(&self, parts: &mut Parts, body: &Bytes, _now: SystemTime) -> Result<Verified, VerifyError> {
+        // One reading for every reader: a repeated member (two
+        // `notificationItems`, two `pspReference`) is refused before anything
+        // is read from the body.
+        unique_members(body).map_err(|e| VerifyError::Malformed(Cow::Owned(format!("JSON body: {e}"))))?;
         let json: Value = serde_json::from_slice(body)
             .map_err(|_| VerifyError::Malformed(Cow::Borrowed("JSON body")))?;
         let Some(items) = json.get("notificationItems") else {
@@ -109,7 +124,7 @@ impl Verifier for AdyenKeys {
                 .and_then(Value::as_str)
                 .ok_or(VerifyError::Missing("additionalData.hmacSignature"))?;
             let sig = base64_sig(sig)?;
-            if !self.any_key(signing_string(item).as_bytes(), &sig) {
+            if !self.any_key(signing_string(item)?.as_bytes(), &sig) {
                 return Err(VerifyError::BadSignature);
             }
         }

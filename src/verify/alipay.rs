@@ -2,7 +2,7 @@
 
 use super::keys::{KeyError, RsaPublicKey};
 use super::{base64_sig, Verified, Verifier, VerifyError};
-use crate::key::decode_form;
+use crate::key::{parse_form_strict, FormField};
 use bytes::Bytes;
 use http::request::Parts;
 use std::fmt;
@@ -10,12 +10,20 @@ use std::time::SystemTime;
 
 /// The Alipay public keys of an application.
 ///
-/// The signed content is every non-empty parameter except `sign` and
-/// `sign_type`, sorted by name, decoded, as `k=v&…` (the SDKs' "V1" check,
-/// used for payment notifications). Some notifications (e.g. service market
-/// orders) are signed with `sign_type` kept (the "V2" check); like the SDKs,
-/// a signature that fails the first is tried against the second. Only `RSA2`
-/// is accepted.
+/// The signed content is built as the official SDKs build it
+/// (`AlipaySignature.getSignCheckContentV1` in alipay-sdk-java,
+/// `checkNotifySign` in alipay-sdk-nodejs-all): every parameter except
+/// `sign` and `sign_type`, **empty values included** (`k=`), sorted by name,
+/// decoded, as `k=v&…`, in the bytes of the body's `charset` (UTF-8, GBK,
+/// GB2312 or GB18030; UTF-8 when absent) — the "V1" check, used for payment
+/// notifications. Some notifications (e.g. service market orders) are signed
+/// with `sign_type` kept (the "V2" check); like the SDKs, a signature that
+/// fails the first is tried against the second. Only `RSA2` is accepted.
+///
+/// A body two readers could read differently is refused before the
+/// signature is checked: a repeated parameter, a segment that is no
+/// `name=value` pair, a value that does not decode in the declared charset,
+/// an unknown charset.
 ///
 /// ```
 /// use tower_idempotency::verify::AlipayKeys;
@@ -50,34 +58,32 @@ impl fmt::Debug for AlipayKeys {
     }
 }
 
-fn content(params: &[(String, String)], keep_sign_type: bool) -> Vec<u8> {
+fn content(params: &[FormField], keep_sign_type: bool) -> Vec<u8> {
     let mut out = Vec::new();
-    for (k, v) in params {
-        if k == "sign" || (k == "sign_type" && !keep_sign_type) || v.is_empty() {
+    for field in params {
+        if field.name == "sign" || (field.name == "sign_type" && !keep_sign_type) {
             continue;
         }
         if !out.is_empty() {
             out.push(b'&');
         }
-        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(field.name.as_bytes());
         out.push(b'=');
-        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(&field.raw);
     }
     out
 }
 
 impl Verifier for AlipayKeys {
     fn verify(&self, _parts: &mut Parts, body: &Bytes, _now: SystemTime) -> Result<Verified, VerifyError> {
-        let mut params: Vec<(String, String)> = Vec::new();
-        for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
-            let (name, value) = match pair.iter().position(|&b| b == b'=') {
-                Some(i) => (&pair[..i], &pair[i + 1..]),
-                None => (pair, &pair[..0]),
-            };
-            params.push((decode_form(name).into_owned(), decode_form(value).into_owned()));
-        }
-        params.sort();
-        let find = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let mut params = parse_form_strict(body).map_err(VerifyError::Malformed)?;
+        params.sort_by(|a, b| a.name.cmp(&b.name));
+        let find = |name: &str| {
+            params
+                .iter()
+                .find(|f| f.name == name)
+                .map(|f| f.value.as_str())
+        };
         let sign = find("sign").ok_or(VerifyError::Missing("sign"))?;
         if find("sign_type").is_some_and(|t| t != "RSA2") {
             return Err(VerifyError::Malformed("sign_type (only RSA2 is accepted)".into()));

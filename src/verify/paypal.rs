@@ -2,6 +2,7 @@
 
 use super::keys::{KeyError, RsaPublicKey};
 use super::{base64_sig, check_time, header, Verified, Verifier, VerifyError};
+use crate::key::unique_members;
 use bytes::Bytes;
 use http::request::Parts;
 use std::borrow::Cow;
@@ -122,6 +123,12 @@ impl Verifier for PayPalKeys {
         {
             return Err(VerifyError::BadSignature);
         }
+        // The CRC32 binds the body weakly: at least let every reader read
+        // the same event (a repeated `id` or `event_type` would be read
+        // first by the key and last by most upstreams).
+        unique_members(body).map_err(|e| {
+            VerifyError::Malformed(Cow::Owned(format!("JSON body: {e}")))
+        })?;
         // Single-use: the first verified copy of a transmission inserts it.
         let first = self.seen.entry(Arc::from(id)).or_insert(()).is_fresh();
         if !first {

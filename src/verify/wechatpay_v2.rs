@@ -1,6 +1,7 @@
 //! WeChat Pay API v2: the `sign` field, MD5 or HMAC-SHA256 with the API key.
 
 use super::{Verified, Verifier, VerifyError};
+use crate::key::flat_fields;
 use bytes::Bytes;
 use http::request::Parts;
 use md5::{Digest, Md5};
@@ -12,7 +13,8 @@ use subtle::ConstantTimeEq;
 
 /// The API keys of a WeChat Pay v2 merchant.
 ///
-/// The string signed is every non-empty field except `sign`, sorted by name,
+/// The string signed is every non-empty field except `sign` (WeChat Pay's
+/// rule: empty values are not signed), sorted by name,
 /// as `k=v&…&key=API_KEY`; `sign_type` `HMAC-SHA256` selects HMAC-SHA256 with
 /// the API key, anything else (or none) MD5 (a 64-digit `sign` without
 /// `sign_type` is taken as HMAC-SHA256). MD5 is only here because the channel
@@ -50,64 +52,11 @@ impl fmt::Debug for WechatPayV2Keys {
     }
 }
 
-/// Every child of the root element, text and CDATA alike.
-fn xml_fields(body: &[u8]) -> Result<Vec<(String, String)>, VerifyError> {
-    use quick_xml::events::Event;
-    let malformed = || VerifyError::Malformed(Cow::Borrowed("XML body"));
-    let mut reader = quick_xml::Reader::from_reader(body);
-    let mut out = Vec::new();
-    let mut depth = 0usize;
-    let mut current: Option<(String, String)> = None;
-    loop {
-        match reader.read_event().map_err(|_| malformed())? {
-            Event::Start(e) => {
-                depth += 1;
-                if depth == 2 {
-                    let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
-                    current = Some((name, String::new()));
-                }
-            }
-            Event::Empty(e) if depth == 1 => {
-                let name = String::from_utf8_lossy(e.name().as_ref()).into_owned();
-                out.push((name, String::new()));
-            }
-            Event::Text(t) if depth == 2 => {
-                if let Some((_, v)) = current.as_mut() {
-                    v.push_str(&t.decode().map_err(|_| malformed())?);
-                }
-            }
-            Event::GeneralRef(r) if depth == 2 => {
-                if let Some((_, v)) = current.as_mut() {
-                    let reference = format!("&{};", r.decode().map_err(|_| malformed())?);
-                    v.push_str(&quick_xml::escape::unescape(&reference).map_err(|_| malformed())?);
-                }
-            }
-            Event::CData(c) if depth == 2 => {
-                if let Some((_, v)) = current.as_mut() {
-                    v.push_str(&String::from_utf8_lossy(&c));
-                }
-            }
-            Event::End(_) => {
-                if depth == 2 {
-                    if let Some((name, value)) = current.take() {
-                        out.push((name, value.trim().to_owned()));
-                    }
-                }
-                depth = depth.saturating_sub(1);
-            }
-            Event::Eof => break,
-            _ => {}
-        }
-    }
-    if depth != 0 || out.is_empty() {
-        return Err(malformed());
-    }
-    Ok(out)
-}
-
 impl Verifier for WechatPayV2Keys {
     fn verify(&self, _parts: &mut Parts, body: &Bytes, _now: SystemTime) -> Result<Verified, VerifyError> {
-        let mut fields = xml_fields(body)?;
+        // The same strict parse the key reads: a body with a nested element,
+        // a repeated field, stray text or a second root is refused.
+        let mut fields = flat_fields(body).map_err(VerifyError::Malformed)?;
         let sign = fields
             .iter()
             .find(|(k, _)| k == "sign")
