@@ -22,7 +22,8 @@ pub(super) fn parse_flat_xml<'w>(
 }
 
 /// Every child of the root element of a flat XML document, as
-/// `(name, text)` with CDATA and entities resolved and the text trimmed.
+/// `(name, text)` with CDATA and entities resolved, the text as sent (the
+/// channel signs it untrimmed).
 ///
 /// Refused, so that no two readers can read the document differently: more
 /// than one root, a nested element where a field's text is expected, text or
@@ -101,7 +102,7 @@ pub(crate) fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'sta
             Event::End(_) => {
                 if depth == 2 {
                     if let Some((name, value)) = current.take() {
-                        push(&mut out, name, value.trim().to_owned())?;
+                        push(&mut out, name, value)?;
                     }
                 }
                 depth = depth.saturating_sub(1);

@@ -1,0 +1,441 @@
+//! One parse: a signed body that two readers could read differently is
+//! refused before the claim, the signed content is built as the channels'
+//! SDKs build it (Alipay signs `k=` too, in the body's charset), and — the
+//! property — whenever a body verifies, the key and fingerprint read from it
+//! are those of the fields the verifier checked.
+
+mod verify_support;
+
+use base64::Engine;
+use bytes::Bytes;
+use http::request::Parts;
+use http::Request;
+use md5::{Digest, Md5};
+use proptest::prelude::*;
+use ring::{hmac, rand, signature};
+use std::time::SystemTime;
+use tower_idempotency::key::Extracted;
+use tower_idempotency::verify::{
+    AdyenKeys, AlipayKeys, Verifier, VerifyError, WechatPayV2Keys,
+};
+use tower_idempotency::Preset;
+use verify_support::fixture;
+
+const WECHAT_KEY: &str = "192006250b4c09247ec02edce69f6a2d";
+const ADYEN_KEY: &str = "74F490DD33F7327BAECC88B2947C011FC02D014A473AAA33A8EC93E4DC069174";
+
+fn parts(content_type: &str) -> Parts {
+    Request::post("/notify")
+        .header("content-type", content_type)
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0
+}
+
+fn verify(v: &dyn Verifier, content_type: &str, body: &[u8]) -> Result<(), VerifyError> {
+    v.verify(&mut parts(content_type), &Bytes::copy_from_slice(body), SystemTime::now())
+        .map(|_| ())
+}
+
+fn extract(preset: &Preset, content_type: &str, body: &[u8]) -> Option<Extracted> {
+    preset
+        .extractor()
+        .extract(&parts(content_type), &Bytes::copy_from_slice(body))
+        .ok()
+        .flatten()
+}
+
+// ---- WeChat Pay v2 -------------------------------------------------------
+
+fn wechat() -> WechatPayV2Keys {
+    WechatPayV2Keys::new().api_key(WECHAT_KEY)
+}
+
+/// The MD5 `sign` of `fields` as WeChat Pay computes it: non-empty fields but
+/// `sign`, sorted, `k=v&…&key=KEY`, upper-case hex.
+fn wechat_sign(fields: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> =
+        fields.iter().filter(|(k, v)| k != "sign" && !v.is_empty()).collect();
+    sorted.sort();
+    let mut s = String::new();
+    for (k, v) in sorted {
+        s.push_str(&format!("{k}={v}&"));
+    }
+    s.push_str(&format!("key={WECHAT_KEY}"));
+    hex::encode_upper(Md5::digest(s.as_bytes()))
+}
+
+fn xml(fields: &[(String, String)]) -> String {
+    let mut out = String::from("<xml>");
+    for (k, v) in fields {
+        out.push_str(&format!("<{k}><![CDATA[{v}]]></{k}>"));
+    }
+    out.push_str("</xml>");
+    out
+}
+
+#[test]
+fn wechat_v2_a_nested_element_inside_a_signed_field_is_refused() {
+    let genuine = fixture("wechatpay_v2_notify_SYNTHESIZED_md5_doc_key.xml");
+    assert!(verify(&wechat(), "text/xml", &genuine).is_ok());
+    let text = String::from_utf8(genuine).unwrap();
+    for forged in [
+        text.replace("<total_fee>1</total_fee>", "<total_fee>1<a>100000</a></total_fee>"),
+        text.replace("<total_fee>1</total_fee>", "<total_fee><a>100000</a></total_fee>"),
+        text.replace("</xml>", "<total_fee>100000</total_fee></xml>"),
+        text.replace("<xml>", "<xml>100000"),
+        format!("{text}<xml><total_fee>100000</total_fee></xml>"),
+    ] {
+        let err = verify(&wechat(), "text/xml", forged.as_bytes()).unwrap_err();
+        assert!(matches!(err, VerifyError::Malformed(_)), "{err}: {forged}");
+    }
+}
+
+// ---- Alipay --------------------------------------------------------------
+
+fn alipay_key() -> signature::RsaKeyPair {
+    signature::RsaKeyPair::from_pkcs8(&fixture("alipay_gbk_test_app_key.pk8")).unwrap()
+}
+
+fn alipay() -> AlipayKeys {
+    AlipayKeys::new()
+        .public_key(fixture("alipay_gbk_test_public_key.pem"))
+        .unwrap()
+}
+
+/// Percent-encodes every byte but the unreserved ones.
+fn pct(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Signs `fields` (name, value text) as Alipay does: every field but `sign`
+/// and `sign_type`, empty ones included, sorted, `k=v&…`, in the bytes of
+/// `charset`; returns the form body (values percent-encoded in `charset`)
+/// with `sign` and `sign_type=RSA2`.
+fn alipay_body(fields: &[(&str, &str)], charset: &'static encoding_rs::Encoding) -> String {
+    let enc = |s: &str| charset.encode(s).0.into_owned();
+    let mut sorted: Vec<&(&str, &str)> = fields.iter().collect();
+    sorted.sort();
+    let mut content = Vec::new();
+    for (i, (k, v)) in sorted.iter().enumerate() {
+        if i > 0 {
+            content.push(b'&');
+        }
+        content.extend_from_slice(k.as_bytes());
+        content.push(b'=');
+        content.extend_from_slice(&enc(v));
+    }
+    let key = alipay_key();
+    let mut sig = vec![0; key.public().modulus_len()];
+    key.sign(&signature::RSA_PKCS1_SHA256, &rand::SystemRandom::new(), &content, &mut sig)
+        .unwrap();
+    let mut body: Vec<String> =
+        fields.iter().map(|(k, v)| format!("{k}={}", pct(&enc(v)))).collect();
+    body.push(format!(
+        "sign={}",
+        pct(base64::engine::general_purpose::STANDARD.encode(sig).as_bytes())
+    ));
+    body.push("sign_type=RSA2".into());
+    body.join("&")
+}
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+fn trade(charset: &'static str, subject: &'static str) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("app_id", "2019073166072302"),
+        ("charset", charset),
+        ("notify_id", "2019081500222155624068450559358070"),
+        ("notify_type", "trade_status_sync"),
+        ("out_trade_no", "20190815155618536-564-57"),
+        ("subject", subject),
+        ("total_amount", "0.10"),
+        ("trade_no", "2019081522001468450512505578"),
+        ("trade_status", "TRADE_SUCCESS"),
+    ]
+}
+
+#[test]
+fn alipay_gbk_notifications_signed_over_their_gbk_bytes_verify() {
+    let subject = "语雀空间 500人规模";
+    for (label, charset) in [
+        ("GBK", encoding_rs::GBK),
+        ("gbk", encoding_rs::GBK),
+        ("GB2312", encoding_rs::GBK),
+        ("GB18030", encoding_rs::GB18030),
+        ("UTF-8", encoding_rs::UTF_8),
+    ] {
+        let body = alipay_body(&trade(label, subject), charset);
+        if charset != encoding_rs::UTF_8 {
+            assert!(!body.contains("%E8%AF%AD"), "the subject is in {label}, not UTF-8");
+        }
+        let got = verify(&alipay(), FORM, body.as_bytes());
+        assert!(got.is_ok(), "{label}: {got:?}");
+        let key = extract(&Preset::alipay(), FORM, body.as_bytes()).unwrap();
+        assert_eq!(key.key, "2019081500222155624068450559358070");
+    }
+    // A body that says UTF-8 but carries GBK bytes does not decode: refused.
+    let gbk = alipay_body(&trade("GBK", subject), encoding_rs::GBK);
+    let lying = gbk.replace("charset=GBK", "charset=UTF-8");
+    assert!(verify(&alipay(), FORM, lying.as_bytes()).is_err());
+    let unknown = gbk.replace("charset=GBK", "charset=Big5");
+    assert!(verify(&alipay(), FORM, unknown.as_bytes()).is_err());
+}
+
+#[test]
+fn alipay_signs_empty_values_like_the_sdks_and_refuses_a_repeated_parameter() {
+    let mut fields = trade("utf-8", "order");
+    fields.push(("passback_params", ""));
+    let body = alipay_body(&fields, encoding_rs::UTF_8);
+    assert!(verify(&alipay(), FORM, body.as_bytes()).is_ok(), "`passback_params=` is signed");
+    // Dropping the signed empty parameter, or adding one, breaks the signature.
+    let dropped = body.replace("passback_params=&", "");
+    assert!(verify(&alipay(), FORM, dropped.as_bytes()).is_err());
+    let genuine = alipay_body(&trade("utf-8", "order"), encoding_rs::UTF_8);
+    let added = format!("{genuine}&refund_fee=");
+    assert!(matches!(
+        verify(&alipay(), FORM, added.as_bytes()),
+        Err(VerifyError::BadSignature)
+    ));
+    // The issue's forgery: `&trade_status=` appended to a signed form.
+    let forged = format!("{genuine}&trade_status=");
+    assert!(matches!(
+        verify(&alipay(), FORM, forged.as_bytes()),
+        Err(VerifyError::Malformed(_))
+    ));
+    let stray = format!("{genuine}&trade_status");
+    assert!(verify(&alipay(), FORM, stray.as_bytes()).is_err());
+}
+
+// ---- Adyen ---------------------------------------------------------------
+
+fn adyen() -> AdyenKeys {
+    AdyenKeys::new().hmac_key(ADYEN_KEY).unwrap()
+}
+
+/// An Adyen item with `psp` and `value`, signed with the test key.
+fn adyen_item(psp: &str, value: i64, event: &str) -> String {
+    let signed = format!("{psp}::TestMerchant:ref-{psp}:{value}:EUR:{event}:true");
+    let key = hmac::Key::new(hmac::HMAC_SHA256, &hex::decode(ADYEN_KEY).unwrap());
+    let sig = base64::engine::general_purpose::STANDARD.encode(hmac::sign(&key, signed.as_bytes()));
+    format!(
+        r#"{{"NotificationRequestItem":{{"additionalData":{{"hmacSignature":"{sig}"}},"amount":{{"currency":"EUR","value":{value}}},"eventCode":"{event}","merchantAccountCode":"TestMerchant","merchantReference":"ref-{psp}","pspReference":"{psp}","success":"true"}}}}"#
+    )
+}
+
+#[test]
+fn adyen_notification_items_twice_are_refused() {
+    let genuine = adyen_item("PSP1", 100, "AUTHORISATION");
+    let other = adyen_item("PSP2", 100000, "AUTHORISATION");
+    let body = format!(r#"{{"live":"false","notificationItems":[{genuine}]}}"#);
+    assert!(verify(&adyen(), "application/json", body.as_bytes()).is_ok());
+    for forged in [
+        format!(r#"{{"notificationItems":[{other}],"live":"false","notificationItems":[{genuine}]}}"#),
+        body.replace(r#""pspReference":"PSP1""#, r#""pspReference":"PSPX","pspReference":"PSP1""#),
+        body.replace(r#""value":100"#, r#""value":{"v":100000},"value":100"#),
+        body.replace(r#""value":100"#, r#""value":{"v":100}"#),
+    ] {
+        let err = verify(&adyen(), "application/json", forged.as_bytes()).unwrap_err();
+        assert!(matches!(err, VerifyError::Malformed(_)), "{err}: {forged}");
+    }
+    // The original vectors still verify.
+    for name in ["backslash", "colon", "forwardslash", "mixed"] {
+        let body = fixture(&format!("adyen_notify_adyen-python_{name}_ENVELOPED.json"));
+        assert!(verify(&adyen(), "application/json", &body).is_ok(), "{name}");
+    }
+}
+
+// ---- The property --------------------------------------------------------
+
+/// How a forger rewrites a genuine body while keeping its signature.
+#[derive(Debug, Clone)]
+enum Mutation {
+    /// The body as signed.
+    None,
+    /// One field again, with another value, before or after the genuine one.
+    Repeat { field: usize, value: String, before: bool },
+    /// Nested markup inside a field (XML) or an object where a field is
+    /// expected (JSON).
+    Nest { field: usize, value: String },
+    /// Text outside the fields (XML) or a segment without `=` (form).
+    Stray(String),
+    /// A second root / document after the first.
+    SecondRoot(String),
+    /// The fields in another order (must still verify, with the same key).
+    Reverse,
+}
+
+fn mutation(fields: usize) -> impl Strategy<Value = Mutation> {
+    let value = "[0-9a-zA-Z语中]{0,6}";
+    prop_oneof![
+        Just(Mutation::None),
+        (0..fields, value, any::<bool>())
+            .prop_map(|(field, value, before)| Mutation::Repeat { field, value, before }),
+        (0..fields, value).prop_map(|(field, value)| Mutation::Nest { field, value }),
+        "[a-z0-9]{1,5}".prop_map(Mutation::Stray),
+        value.prop_map(Mutation::SecondRoot),
+        Just(Mutation::Reverse),
+    ]
+}
+
+/// WeChat Pay v2 bodies: the key's fields plus random others.
+fn wechat_fields() -> impl Strategy<Value = Vec<(String, String)>> {
+    (
+        "[0-9]{1,12}",
+        "[0-9]{1,6}",
+        prop::sample::select(vec!["SUCCESS", "FAIL"]),
+        prop::collection::btree_map("[a-z]{1,3}", "[0-9a-zA-Z语 ]{0,6}", 0..4),
+    )
+        .prop_map(|(tx, fee, result, extra)| {
+            let mut fields = vec![
+                ("transaction_id".to_owned(), tx.clone()),
+                ("out_trade_no".to_owned(), format!("o{tx}")),
+                ("total_fee".to_owned(), fee),
+                ("result_code".to_owned(), result.to_owned()),
+            ];
+            fields.extend(extra.into_iter().map(|(k, v)| (format!("x_{k}"), v)));
+            fields
+        })
+}
+
+fn wechat_mutated(fields: &[(String, String)], sign: &str, m: &Mutation) -> String {
+    let mut fields = fields.to_vec();
+    fields.push(("sign".into(), sign.into()));
+    match m {
+        Mutation::None => xml(&fields),
+        Mutation::Repeat { field, value, before } => {
+            let (k, _) = fields[*field].clone();
+            let at = if *before { *field } else { *field + 1 };
+            fields.insert(at, (k, value.clone()));
+            xml(&fields)
+        }
+        Mutation::Nest { field, value } => {
+            let (k, v) = &fields[*field];
+            xml(&fields).replacen(
+                &format!("<{k}><![CDATA[{v}]]></{k}>"),
+                &format!("<{k}><![CDATA[{v}]]><a>{value}</a></{k}>"),
+                1,
+            )
+        }
+        Mutation::Stray(text) => xml(&fields).replacen("<xml>", &format!("<xml>{text}"), 1),
+        Mutation::SecondRoot(v) => format!("{}<xml><total_fee>{v}</total_fee></xml>", xml(&fields)),
+        Mutation::Reverse => {
+            fields.reverse();
+            xml(&fields)
+        }
+    }
+}
+
+fn adyen_mutated(psp: &str, value: i64, m: &Mutation) -> String {
+    let item = adyen_item(psp, value, "AUTHORISATION");
+    let body = format!(r#"{{"live":"false","notificationItems":[{item}]}}"#);
+    match m {
+        Mutation::None | Mutation::Reverse => body,
+        Mutation::Repeat { value: v, before, .. } => {
+            let forged = format!(r#"[{{"NotificationRequestItem":{{"pspReference":"F{v}","eventCode":"REFUND","success":"true"}}}}]"#);
+            if *before {
+                body.replacen(r#""notificationItems""#, &format!(r#""notificationItems":{forged},"notificationItems""#), 1)
+            } else {
+                body.replacen(r#""pspReference""#, &format!(r#""pspReference":"F{v}","pspReference""#), 1)
+            }
+        }
+        Mutation::Nest { value: v, .. } => {
+            body.replacen(r#""value":"#, &format!(r#""value":{{"x":"{v}"}},"value":"#), 1)
+        }
+        Mutation::Stray(t) => format!("{body} {t}"),
+        Mutation::SecondRoot(v) => format!(r#"{body}{{"notificationItems":"{v}"}}"#),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whenever a rewritten WeChat Pay v2 body still verifies, its key and
+    /// fingerprint are those of the body as signed.
+    #[test]
+    fn wechat_v2_what_the_key_reads_is_what_the_verifier_checked(
+        fields in wechat_fields(),
+        m in mutation(4),
+    ) {
+        let sign = wechat_sign(&fields);
+        let clean = wechat_mutated(&fields, &sign, &Mutation::None);
+        prop_assert!(verify(&wechat(), "text/xml", clean.as_bytes()).is_ok());
+        let want = extract(&Preset::wechatpay_v2(), "text/xml", clean.as_bytes()).unwrap();
+        let body = wechat_mutated(&fields, &sign, &m);
+        if verify(&wechat(), "text/xml", body.as_bytes()).is_ok() {
+            let got = extract(&Preset::wechatpay_v2(), "text/xml", body.as_bytes());
+            prop_assert_eq!(got.as_ref().map(|g| &g.key), Some(&want.key), "{}", body);
+            prop_assert_eq!(got.map(|g| g.fingerprint), Some(want.fingerprint), "{}", body);
+        } else {
+            prop_assert!(!matches!(m, Mutation::None | Mutation::Reverse), "{}", body);
+        }
+    }
+
+    /// The same for Adyen JSON bodies.
+    #[test]
+    fn adyen_what_the_key_reads_is_what_the_verifier_checked(
+        psp in "[A-Z0-9]{4,16}",
+        value in 0i64..1_000_000,
+        m in mutation(1),
+    ) {
+        let clean = adyen_mutated(&psp, value, &Mutation::None);
+        let want = extract(&Preset::adyen(), "application/json", clean.as_bytes()).unwrap();
+        let body = adyen_mutated(&psp, value, &m);
+        if verify(&adyen(), "application/json", body.as_bytes()).is_ok() {
+            let got = extract(&Preset::adyen(), "application/json", body.as_bytes());
+            prop_assert_eq!(got.as_ref().map(|g| &g.key), Some(&want.key), "{}", body);
+            prop_assert_eq!(got.map(|g| g.fingerprint), Some(want.fingerprint), "{}", body);
+        } else {
+            prop_assert!(!matches!(m, Mutation::None | Mutation::Reverse), "{}", body);
+        }
+    }
+
+    /// The same for Alipay forms (signed once per case with the test key).
+    #[test]
+    fn alipay_what_the_key_reads_is_what_the_verifier_checked(
+        status in prop::sample::select(vec!["TRADE_SUCCESS", "TRADE_CLOSED", ""]),
+        amount in "[0-9]{1,4}\\.[0-9]{2}",
+        m in mutation(3),
+        gbk in any::<bool>(),
+    ) {
+        let (label, charset) = if gbk { ("GBK", encoding_rs::GBK) } else { ("UTF-8", encoding_rs::UTF_8) };
+        let fields = vec![
+            ("charset", label),
+            ("notify_id", "N1"),
+            ("subject", "中文"),
+            ("total_amount", amount.as_str()),
+            ("trade_status", status),
+        ];
+        let clean = alipay_body(&fields, charset);
+        prop_assert!(verify(&alipay(), FORM, clean.as_bytes()).is_ok());
+        let want = extract(&Preset::alipay(), FORM, clean.as_bytes()).unwrap();
+        let names = ["notify_id", "total_amount", "trade_status"];
+        let body = match &m {
+            Mutation::None => clean.clone(),
+            Mutation::Repeat { field, value, before } => {
+                let extra = format!("{}={}", names[*field], pct(value.as_bytes()));
+                if *before { format!("{extra}&{clean}") } else { format!("{clean}&{extra}") }
+            }
+            Mutation::Nest { field, value } => format!("{clean}&{}%5B{}%5D=1", names[*field], pct(value.as_bytes())),
+            Mutation::Stray(t) => format!("{clean}&{t}"),
+            Mutation::SecondRoot(v) => format!("{clean}&&{}", pct(v.as_bytes())),
+            Mutation::Reverse => clean.split('&').rev().collect::<Vec<_>>().join("&"),
+        };
+        if verify(&alipay(), FORM, body.as_bytes()).is_ok() {
+            let got = extract(&Preset::alipay(), FORM, body.as_bytes());
+            prop_assert_eq!(got.as_ref().map(|g| &g.key), Some(&want.key), "{}", body);
+            prop_assert_eq!(got.map(|g| g.fingerprint), Some(want.fingerprint), "{}", body);
+        } else {
+            prop_assert!(!matches!(m, Mutation::None | Mutation::Reverse), "{}", body);
+        }
+    }
+}
