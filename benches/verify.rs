@@ -81,7 +81,7 @@ fn verify(c: &mut Criterion) {
             "wechatpay-v3" => "wechatpay-v3 signature + AES-GCM decryption",
             // Transmission ids are single-use: after the first, every
             // iteration checks the signature and is then refused as replayed.
-            "paypal" => "paypal (signature checked, replay refused)",
+            "paypal" => "paypal (signature checked, later copies replays)",
             other => other,
         };
         bench_case(c, &rt, name, case.keys.clone(), &case);
