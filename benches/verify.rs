@@ -146,7 +146,10 @@ fn hostile_headers(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let raw = b64.decode(&sw_secret[6..]).unwrap();
     let sw = || VerifyLayer::new(StandardWebhooksKeys::new().secret(sw_secret).unwrap());
     let id = "msg_limit";
-    let genuine = b64.encode(hmac(&raw, &[id.as_bytes(), b".", t.as_bytes(), b".", &body]));
+    let genuine = b64.encode(hmac(
+        &raw,
+        &[id.as_bytes(), b".", t.as_bytes(), b".", &body],
+    ));
     let mut long = String::new();
     while long.len() < 400 * 1024 {
         long.push_str("v1,AAAA ");

@@ -108,15 +108,24 @@ async fn a_timestamp_past_2_63_is_refused_as_malformed_and_the_connection_answer
         let a = post(&client, gw.addr, path, &h, body.clone()).await;
         assert_eq!(a.status, 401, "{path}: {}", a.text());
         let text = a.text();
-        assert!(!text.contains("timestamp") && !text.contains("malformed"), "{path}: {text}");
+        assert!(
+            !text.contains("timestamp") && !text.contains("malformed"),
+            "{path}: {text}"
+        );
         if path == "/notify/stripe" {
-            assert_eq!(text, "signature invalid\n", "{path}: the body names no check");
+            assert_eq!(
+                text, "signature invalid\n",
+                "{path}: the body names no check"
+            );
         }
     }
     assert_eq!(up.total(), 0);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("panicked"), "no panic in the log:\n{text}");
-    assert!(text.contains("malformed timestamp"), "the reason is logged:\n{text}");
+    assert!(
+        text.contains("malformed timestamp"),
+        "the reason is logged:\n{text}"
+    );
     assert!(text.contains("request_id"), "with the request id:\n{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -151,7 +160,12 @@ async fn more_than_16_signature_candidates_are_refused_even_with_a_genuine_one()
     assert_eq!(a.status, 401, "17 candidates: {}", a.text());
     assert_eq!(up.total(), 0);
     let a = send(16).await;
-    assert_eq!(a.status, 200, "16 candidates, the last genuine: {}", a.text());
+    assert_eq!(
+        a.status,
+        200,
+        "16 candidates, the last genuine: {}",
+        a.text()
+    );
     assert_eq!(up.total(), 1);
 
     // The 400 KB header of the issue: refused, and the gateway answers the
@@ -160,7 +174,10 @@ async fn more_than_16_signature_candidates_are_refused_even_with_a_genuine_one()
     while long.len() < 400 * 1024 {
         long.push_str("v1=,");
     }
-    let h = [("content-type", "application/json"), ("stripe-signature", long.as_str())];
+    let h = [
+        ("content-type", "application/json"),
+        ("stripe-signature", long.as_str()),
+    ];
     let a = post(&client, gw.addr, "/notify/stripe", &h, body.clone()).await;
     assert_eq!(a.status, 401, "{}", a.text());
     let text = std::fs::read_to_string(&log).unwrap();
@@ -178,7 +195,10 @@ async fn a_dead_upstream_answers_bad_gateway_and_logs_the_error_chain() {
     let dir = config("", &upstream, &[]);
     let log = dir.join("stderr.log");
     let gw = start(&dir, &log);
-    let h = [("content-type", "application/json"), ("x-request-id", "req-502-test")];
+    let h = [
+        ("content-type", "application/json"),
+        ("x-request-id", "req-502-test"),
+    ];
     let a = post(&client(), gw.addr, "/anything", &h, "{}").await;
     assert_eq!(a.status, 502);
     assert_eq!(a.text(), "bad gateway\n", "the body carries no error chain");
@@ -190,8 +210,14 @@ async fn a_dead_upstream_answers_bad_gateway_and_logs_the_error_chain() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(text.contains("req-502-test"), "the request id is logged:\n{text}");
-    assert!(text.contains("Connection refused") || text.contains("connect"), "{text}");
+    assert!(
+        text.contains("req-502-test"),
+        "the request id is logged:\n{text}"
+    );
+    assert!(
+        text.contains("Connection refused") || text.contains("connect"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -213,10 +239,20 @@ fn a_store_or_queue_password_is_never_echoed_in_a_start_error() {
     let port = dead.local_addr().unwrap().port();
     drop(dead);
     let url = format!("redis://:s3cr3t-pw@127.0.0.1:{port}");
-    let (code, text) = run_to_exit(&["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9", "--store", &url]);
+    let (code, text) = run_to_exit(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--store",
+        &url,
+    ]);
     assert_ne!(code, 0, "an unreachable store stops the start: {text}");
     assert!(!text.contains("s3cr3t-pw"), "the password leaked:\n{text}");
-    assert!(text.contains(&format!("redis://:***@127.0.0.1:{port}")), "{text}");
+    assert!(
+        text.contains(&format!("redis://:***@127.0.0.1:{port}")),
+        "{text}"
+    );
 
     let data = temp_path("hostile-data");
     let (code, text) = run_to_exit(&[
@@ -246,7 +282,8 @@ fn a_store_password_is_never_logged_when_the_gateway_starts() {
         return;
     }
     let redis = support_redis::RedisServer::start();
-    let reply = support_redis::raw_command(redis.port(), "CONFIG SET requirepass s3cr3t-pw").unwrap();
+    let reply =
+        support_redis::raw_command(redis.port(), "CONFIG SET requirepass s3cr3t-pw").unwrap();
     assert!(reply.contains("OK"), "{reply}");
     let url = format!("redis://:s3cr3t-pw@127.0.0.1:{}", redis.port());
     let log = temp_path("hostile-log");
@@ -282,7 +319,10 @@ fn a_store_password_is_never_logged_when_the_gateway_starts() {
     drop(gw);
     assert!(text.contains("gateway started"), "{text}");
     assert!(!text.contains("s3cr3t-pw"), "the password leaked:\n{text}");
-    assert!(text.contains("redis://:***@127.0.0.1"), "the queue is named, redacted:\n{text}");
+    assert!(
+        text.contains("redis://:***@127.0.0.1"),
+        "the queue is named, redacted:\n{text}"
+    );
     let _ = std::fs::remove_file(log);
     let _ = std::fs::remove_dir_all(data);
 }

@@ -166,7 +166,11 @@ async fn timestamps_outside_the_shipped_tolerance_are_refused() {
         // At the edge of the window the vector still verifies… (with fresh
         // keys each time: PayPal transmission ids are single-use)
         for now in [case.now + tolerance, case.now - tolerance] {
-            let keys = cases().into_iter().find(|c| c.name == case.name).unwrap().keys;
+            let keys = cases()
+                .into_iter()
+                .find(|c| c.name == case.name)
+                .unwrap()
+                .keys;
             let (status, _, _) = through(keys, now, &case.headers, case.body.clone()).await;
             assert_eq!(status, StatusCode::OK, "{} at {now}", case.name);
         }

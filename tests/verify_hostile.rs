@@ -71,7 +71,10 @@ fn a_panic_below_the_gateway_answers_500_and_is_counted_as_panicked() {
             .collect();
         if let ("idempotency_requests_total", DebugValue::Counter(n)) = (key.name(), value) {
             if labels.contains(&("outcome".into(), "panicked".into())) {
-                assert!(labels.contains(&("preset".into(), "stripe".into())), "{labels:?}");
+                assert!(
+                    labels.contains(&("preset".into(), "stripe".into())),
+                    "{labels:?}"
+                );
                 panicked += n;
             }
         }
@@ -123,27 +126,39 @@ async fn the_2019_paypal_delivery_is_stale_today_and_fresh_at_its_time() {
         StatusCode::UNAUTHORIZED,
         "a 2019 transmission is refused by default"
     );
-    assert_eq!(paypal_at(paypal_keys(), Some(PAYPAL_SENT + 300)).await, StatusCode::OK);
+    assert_eq!(
+        paypal_at(paypal_keys(), Some(PAYPAL_SENT + 300)).await,
+        StatusCode::OK
+    );
     assert_eq!(
         paypal_at(paypal_keys(), Some(PAYPAL_SENT + 301)).await,
         StatusCode::UNAUTHORIZED,
         "one second past the 5 minute default"
     );
     let wide = paypal_keys().tolerance(std::time::Duration::from_secs(3600));
-    assert_eq!(paypal_at(wide, Some(PAYPAL_SENT + 3000)).await, StatusCode::OK);
+    assert_eq!(
+        paypal_at(wide, Some(PAYPAL_SENT + 3000)).await,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
 async fn a_paypal_transmission_id_is_single_use_within_the_window() {
     let keys = paypal_keys();
-    assert_eq!(paypal_at(keys.clone(), Some(PAYPAL_SENT)).await, StatusCode::OK);
+    assert_eq!(
+        paypal_at(keys.clone(), Some(PAYPAL_SENT)).await,
+        StatusCode::OK
+    );
     assert_eq!(
         paypal_at(keys.clone(), Some(PAYPAL_SENT + 10)).await,
         StatusCode::UNAUTHORIZED,
         "the same transmission again is a replay"
     );
     // Other keys (another process) have not seen it.
-    assert_eq!(paypal_at(paypal_keys(), Some(PAYPAL_SENT)).await, StatusCode::OK);
+    assert_eq!(
+        paypal_at(paypal_keys(), Some(PAYPAL_SENT)).await,
+        StatusCode::OK
+    );
 }
 
 #[test]
@@ -152,5 +167,7 @@ fn a_paypal_verify_table_reads_tolerance() {
         r#"{ "webhook_id": "0FV983392A0531201", "certificates": ["tests/fixtures/paypal_cert_ValidateCertTest.pem"], "tolerance": "10m" }"#,
     )
     .unwrap();
-    assert!(config.layer("paypal", std::path::Path::new(env!("CARGO_MANIFEST_DIR"))).is_ok());
+    assert!(config
+        .layer("paypal", std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+        .is_ok());
 }

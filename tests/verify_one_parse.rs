@@ -15,9 +15,7 @@ use proptest::prelude::*;
 use ring::{hmac, rand, signature};
 use std::time::SystemTime;
 use tower_idempotency::key::Extracted;
-use tower_idempotency::verify::{
-    AdyenKeys, AlipayKeys, Verifier, VerifyError, WechatPayV2Keys,
-};
+use tower_idempotency::verify::{AdyenKeys, AlipayKeys, Verifier, VerifyError, WechatPayV2Keys};
 use tower_idempotency::Preset;
 use verify_support::fixture;
 
@@ -34,8 +32,12 @@ fn parts(content_type: &str) -> Parts {
 }
 
 fn verify(v: &dyn Verifier, content_type: &str, body: &[u8]) -> Result<(), VerifyError> {
-    v.verify(&mut parts(content_type), &Bytes::copy_from_slice(body), SystemTime::now())
-        .map(|_| ())
+    v.verify(
+        &mut parts(content_type),
+        &Bytes::copy_from_slice(body),
+        SystemTime::now(),
+    )
+    .map(|_| ())
 }
 
 fn extract(preset: &Preset, content_type: &str, body: &[u8]) -> Option<Extracted> {
@@ -55,8 +57,10 @@ fn wechat() -> WechatPayV2Keys {
 /// The MD5 `sign` of `fields` as WeChat Pay computes it: non-empty fields but
 /// `sign`, sorted, `k=v&…&key=KEY`, upper-case hex.
 fn wechat_sign(fields: &[(String, String)]) -> String {
-    let mut sorted: Vec<&(String, String)> =
-        fields.iter().filter(|(k, v)| k != "sign" && !v.is_empty()).collect();
+    let mut sorted: Vec<&(String, String)> = fields
+        .iter()
+        .filter(|(k, v)| k != "sign" && !v.is_empty())
+        .collect();
     sorted.sort();
     let mut s = String::new();
     for (k, v) in sorted {
@@ -81,8 +85,14 @@ fn wechat_v2_a_nested_element_inside_a_signed_field_is_refused() {
     assert!(verify(&wechat(), "text/xml", &genuine).is_ok());
     let text = String::from_utf8(genuine).unwrap();
     for forged in [
-        text.replace("<total_fee>1</total_fee>", "<total_fee>1<a>100000</a></total_fee>"),
-        text.replace("<total_fee>1</total_fee>", "<total_fee><a>100000</a></total_fee>"),
+        text.replace(
+            "<total_fee>1</total_fee>",
+            "<total_fee>1<a>100000</a></total_fee>",
+        ),
+        text.replace(
+            "<total_fee>1</total_fee>",
+            "<total_fee><a>100000</a></total_fee>",
+        ),
         text.replace("</xml>", "<total_fee>100000</total_fee></xml>"),
         text.replace("<xml>", "<xml>100000"),
         format!("{text}<xml><total_fee>100000</total_fee></xml>"),
@@ -136,13 +146,22 @@ fn alipay_body(fields: &[(&str, &str)], charset: &'static encoding_rs::Encoding)
     }
     let key = alipay_key();
     let mut sig = vec![0; key.public().modulus_len()];
-    key.sign(&signature::RSA_PKCS1_SHA256, &rand::SystemRandom::new(), &content, &mut sig)
-        .unwrap();
-    let mut body: Vec<String> =
-        fields.iter().map(|(k, v)| format!("{k}={}", pct(&enc(v)))).collect();
+    key.sign(
+        &signature::RSA_PKCS1_SHA256,
+        &rand::SystemRandom::new(),
+        &content,
+        &mut sig,
+    )
+    .unwrap();
+    let mut body: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| format!("{k}={}", pct(&enc(v))))
+        .collect();
     body.push(format!(
         "sign={}",
-        pct(base64::engine::general_purpose::STANDARD.encode(sig).as_bytes())
+        pct(base64::engine::general_purpose::STANDARD
+            .encode(sig)
+            .as_bytes())
     ));
     body.push("sign_type=RSA2".into());
     body.join("&")
@@ -176,7 +195,10 @@ fn alipay_gbk_notifications_signed_over_their_gbk_bytes_verify() {
     ] {
         let body = alipay_body(&trade(label, subject), charset);
         if charset != encoding_rs::UTF_8 {
-            assert!(!body.contains("%E8%AF%AD"), "the subject is in {label}, not UTF-8");
+            assert!(
+                !body.contains("%E8%AF%AD"),
+                "the subject is in {label}, not UTF-8"
+            );
         }
         let got = verify(&alipay(), FORM, body.as_bytes());
         assert!(got.is_ok(), "{label}: {got:?}");
@@ -196,7 +218,10 @@ fn alipay_signs_empty_values_like_the_sdks_and_refuses_a_repeated_parameter() {
     let mut fields = trade("utf-8", "order");
     fields.push(("passback_params", ""));
     let body = alipay_body(&fields, encoding_rs::UTF_8);
-    assert!(verify(&alipay(), FORM, body.as_bytes()).is_ok(), "`passback_params=` is signed");
+    assert!(
+        verify(&alipay(), FORM, body.as_bytes()).is_ok(),
+        "`passback_params=` is signed"
+    );
     // Dropping the signed empty parameter, or adding one, breaks the signature.
     let dropped = body.replace("passback_params=&", "");
     assert!(verify(&alipay(), FORM, dropped.as_bytes()).is_err());
@@ -239,8 +264,13 @@ fn adyen_notification_items_twice_are_refused() {
     let body = format!(r#"{{"live":"false","notificationItems":[{genuine}]}}"#);
     assert!(verify(&adyen(), "application/json", body.as_bytes()).is_ok());
     for forged in [
-        format!(r#"{{"notificationItems":[{other}],"live":"false","notificationItems":[{genuine}]}}"#),
-        body.replace(r#""pspReference":"PSP1""#, r#""pspReference":"PSPX","pspReference":"PSP1""#),
+        format!(
+            r#"{{"notificationItems":[{other}],"live":"false","notificationItems":[{genuine}]}}"#
+        ),
+        body.replace(
+            r#""pspReference":"PSP1""#,
+            r#""pspReference":"PSPX","pspReference":"PSP1""#,
+        ),
         body.replace(r#""value":100"#, r#""value":{"v":100000},"value":100"#),
         body.replace(r#""value":100"#, r#""value":{"v":100}"#),
     ] {
@@ -250,7 +280,10 @@ fn adyen_notification_items_twice_are_refused() {
     // The original vectors still verify.
     for name in ["backslash", "colon", "forwardslash", "mixed"] {
         let body = fixture(&format!("adyen_notify_adyen-python_{name}_ENVELOPED.json"));
-        assert!(verify(&adyen(), "application/json", &body).is_ok(), "{name}");
+        assert!(
+            verify(&adyen(), "application/json", &body).is_ok(),
+            "{name}"
+        );
     }
 }
 
@@ -262,7 +295,11 @@ enum Mutation {
     /// The body as signed.
     None,
     /// One field again, with another value, before or after the genuine one.
-    Repeat { field: usize, value: String, before: bool },
+    Repeat {
+        field: usize,
+        value: String,
+        before: bool,
+    },
     /// Nested markup inside a field (XML) or an object where a field is
     /// expected (JSON).
     Nest { field: usize, value: String },
@@ -278,8 +315,11 @@ fn mutation(fields: usize) -> impl Strategy<Value = Mutation> {
     let value = "[0-9a-zA-Z语中]{0,6}";
     prop_oneof![
         Just(Mutation::None),
-        (0..fields, value, any::<bool>())
-            .prop_map(|(field, value, before)| Mutation::Repeat { field, value, before }),
+        (0..fields, value, any::<bool>()).prop_map(|(field, value, before)| Mutation::Repeat {
+            field,
+            value,
+            before
+        }),
         (0..fields, value).prop_map(|(field, value)| Mutation::Nest { field, value }),
         "[a-z0-9]{1,5}".prop_map(Mutation::Stray),
         value.prop_map(Mutation::SecondRoot),
@@ -312,7 +352,11 @@ fn wechat_mutated(fields: &[(String, String)], sign: &str, m: &Mutation) -> Stri
     fields.push(("sign".into(), sign.into()));
     match m {
         Mutation::None => xml(&fields),
-        Mutation::Repeat { field, value, before } => {
+        Mutation::Repeat {
+            field,
+            value,
+            before,
+        } => {
             let (k, _) = fields[*field].clone();
             let at = if *before { *field } else { *field + 1 };
             fields.insert(at, (k, value.clone()));
@@ -340,17 +384,31 @@ fn adyen_mutated(psp: &str, value: i64, m: &Mutation) -> String {
     let body = format!(r#"{{"live":"false","notificationItems":[{item}]}}"#);
     match m {
         Mutation::None | Mutation::Reverse => body,
-        Mutation::Repeat { value: v, before, .. } => {
-            let forged = format!(r#"[{{"NotificationRequestItem":{{"pspReference":"F{v}","eventCode":"REFUND","success":"true"}}}}]"#);
+        Mutation::Repeat {
+            value: v, before, ..
+        } => {
+            let forged = format!(
+                r#"[{{"NotificationRequestItem":{{"pspReference":"F{v}","eventCode":"REFUND","success":"true"}}}}]"#
+            );
             if *before {
-                body.replacen(r#""notificationItems""#, &format!(r#""notificationItems":{forged},"notificationItems""#), 1)
+                body.replacen(
+                    r#""notificationItems""#,
+                    &format!(r#""notificationItems":{forged},"notificationItems""#),
+                    1,
+                )
             } else {
-                body.replacen(r#""pspReference""#, &format!(r#""pspReference":"F{v}","pspReference""#), 1)
+                body.replacen(
+                    r#""pspReference""#,
+                    &format!(r#""pspReference":"F{v}","pspReference""#),
+                    1,
+                )
             }
         }
-        Mutation::Nest { value: v, .. } => {
-            body.replacen(r#""value":"#, &format!(r#""value":{{"x":"{v}"}},"value":"#), 1)
-        }
+        Mutation::Nest { value: v, .. } => body.replacen(
+            r#""value":"#,
+            &format!(r#""value":{{"x":"{v}"}},"value":"#),
+            1,
+        ),
         Mutation::Stray(t) => format!("{body} {t}"),
         Mutation::SecondRoot(v) => format!(r#"{body}{{"notificationItems":"{v}"}}"#),
     }

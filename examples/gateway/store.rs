@@ -136,7 +136,10 @@ mod tests {
     #[test]
     fn passwords_are_redacted() {
         for (url, shown) in [
-            ("redis://:s3cr3t-pw@10.0.0.5:6379", "redis://:***@10.0.0.5:6379"),
+            (
+                "redis://:s3cr3t-pw@10.0.0.5:6379",
+                "redis://:***@10.0.0.5:6379",
+            ),
             ("redis://user:s3cr3t-pw@h:1/0", "redis://user:***@h:1/0"),
             ("rediss://s3cr3t-pw@h:1", "rediss://***@h:1"),
             ("redis://h:1/0", "redis://h:1/0"),

@@ -59,6 +59,7 @@ fn decode_in<'a>(raw: &'a [u8], charset: &'static Encoding) -> Cow<'a, str> {
 }
 
 /// One field of a form body as the verifier reads it.
+#[cfg(feature = "verify")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FormField {
     /// The decoded name.
@@ -74,9 +75,12 @@ pub(crate) struct FormField {
 /// is no `name=value` pair, a name that is not UTF-8, a value that does not
 /// decode in the body's charset, or an unknown charset is an `Err` naming
 /// the fault. Empty segments (`a=1&&b=2`, a trailing `&`) are skipped.
+#[cfg(feature = "verify")]
 pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'static, str>> {
     let charset = form_charset(body).map_err(|label| {
-        Cow::Owned(format!("form charset {label:?} (UTF-8, GBK, GB2312 or GB18030)"))
+        Cow::Owned(format!(
+            "form charset {label:?} (UTF-8, GBK, GB2312 or GB18030)"
+        ))
     })?;
     let mut out: Vec<FormField> = Vec::new();
     for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
@@ -94,7 +98,9 @@ pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'stat
         let raw = percent_decode(&pair[at + 1..]).into_owned();
         let value = charset
             .decode_without_bom_handling_and_without_replacement(&raw)
-            .ok_or_else(|| Cow::Owned(format!("form parameter {name:?} is not {}", charset.name())))?
+            .ok_or_else(|| {
+                Cow::Owned(format!("form parameter {name:?} is not {}", charset.name()))
+            })?
             .into_owned();
         out.push(FormField { name, raw, value });
     }
@@ -164,6 +170,7 @@ mod tests {
         assert_eq!(got.len(), 4);
     }
 
+    #[cfg(feature = "verify")]
     #[test]
     fn strict_form_refuses_what_two_readers_could_read_differently() {
         for body in [
@@ -174,7 +181,11 @@ mod tests {
             b"charset=GBK&subject=%FF",
             b"a=%FF%FE",
         ] {
-            assert!(parse_form_strict(body).is_err(), "{:?}", String::from_utf8_lossy(body));
+            assert!(
+                parse_form_strict(body).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
         }
         let got = parse_form_strict(b"charset=GBK&subject=%D6%D0%CE%C4&empty=&&").unwrap();
         assert_eq!(got.len(), 3);

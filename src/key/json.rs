@@ -221,6 +221,7 @@ impl<'de> Visitor<'de> for Walk<'_, '_, 'de> {
 /// name, at any depth: the readers that keep the first of repeated members
 /// and those that keep the last (`JSON.parse`, Jackson) then read the same
 /// document. `Err` names the first repeated member.
+#[cfg(feature = "verify")]
 pub(crate) fn unique_members(body: &[u8]) -> Result<(), String> {
     let mut de = serde_json::Deserializer::from_slice(body);
     de::Deserializer::deserialize_any(&mut de, Unique).map_err(|e| e.to_string())?;
@@ -228,8 +229,10 @@ pub(crate) fn unique_members(body: &[u8]) -> Result<(), String> {
 }
 
 /// Walks one JSON value, refusing repeated member names.
+#[cfg(feature = "verify")]
 struct Unique;
 
+#[cfg(feature = "verify")]
 impl<'de> DeserializeSeed<'de> for Unique {
     type Value = ();
 
@@ -238,6 +241,7 @@ impl<'de> DeserializeSeed<'de> for Unique {
     }
 }
 
+#[cfg(feature = "verify")]
 impl<'de> Visitor<'de> for Unique {
     type Value = ();
 
@@ -422,6 +426,7 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    #[cfg(feature = "verify")]
     #[test]
     fn repeated_members_are_refused_at_any_depth() {
         for body in [
@@ -431,7 +436,11 @@ mod tests {
             br#"{"a":1} {"a":1}"#,
             br#"{"a":1"#,
         ] {
-            assert!(unique_members(body).is_err(), "{}", String::from_utf8_lossy(body));
+            assert!(
+                unique_members(body).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
         assert!(unique_members(br#"{"a":{"b":1},"b":[{"b":1},{"b":2}],"c":"b"}"#).is_ok());
     }

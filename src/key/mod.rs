@@ -48,14 +48,12 @@ mod xml;
 
 pub use crate::fingerprint::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
+#[cfg(feature = "proxy")]
+pub(crate) use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
 #[cfg(feature = "verify")]
 pub(crate) use json::unique_members;
-#[cfg(feature = "verify")]
-pub(crate) use xml::flat_fields;
-#[cfg(feature = "proxy")]
-pub(crate) use form::parse_form;
 pub use principal::{
     AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
 };
@@ -63,6 +61,8 @@ pub(crate) use scope::route_of;
 pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};
 pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
+#[cfg(feature = "verify")]
+pub(crate) use xml::flat_fields;
 
 use bytes::Bytes;
 use std::fmt;

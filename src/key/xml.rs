@@ -85,8 +85,8 @@ pub(crate) fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'sta
             Event::GeneralRef(r) => match current.as_mut() {
                 Some((_, v)) if depth == 2 => {
                     let reference = format!("&{};", r.decode().map_err(|e| bad(e.into()))?);
-                    let text = quick_xml::escape::unescape(&reference)
-                        .map_err(|e| bad(e.into()))?;
+                    let text =
+                        quick_xml::escape::unescape(&reference).map_err(|e| bad(e.into()))?;
                     v.push_str(&text);
                 }
                 _ => return Err(Cow::Borrowed("XML text outside the fields")),
@@ -108,7 +108,9 @@ pub(crate) fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'sta
                 depth = depth.saturating_sub(1);
             }
             Event::Comment(_) | Event::PI(_) if depth > 0 => {
-                return Err(Cow::Borrowed("XML comment or processing instruction inside the root"));
+                return Err(Cow::Borrowed(
+                    "XML comment or processing instruction inside the root",
+                ));
             }
             Event::DocType(_) => return Err(Cow::Borrowed("XML DOCTYPE")),
             Event::Eof => break,
@@ -156,10 +158,18 @@ mod tests {
             b"<xml><a>1</a><b/><b/></xml>",
             b"<xml><a><b/></a></xml>",
         ] {
-            assert!(flat_fields(xml).is_err(), "{}", String::from_utf8_lossy(xml));
+            assert!(
+                flat_fields(xml).is_err(),
+                "{}",
+                String::from_utf8_lossy(xml)
+            );
         }
-        let ok = flat_fields(b"<?xml version=\"1.0\"?>\n<xml>\n <a>1</a>\n <b/>\n</xml>\n").unwrap();
-        assert_eq!(ok, vec![("a".into(), "1".into()), ("b".into(), String::new())]);
+        let ok =
+            flat_fields(b"<?xml version=\"1.0\"?>\n<xml>\n <a>1</a>\n <b/>\n</xml>\n").unwrap();
+        assert_eq!(
+            ok,
+            vec![("a".into(), "1".into()), ("b".into(), String::new())]
+        );
     }
 
     #[test]

@@ -141,7 +141,10 @@ impl Forward {
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
-                let request_id = request_id.as_ref().and_then(|v| v.to_str().ok()).unwrap_or("");
+                let request_id = request_id
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
                 log_warn!(upstream = %upstream, request_id, %error, "upstream failed");
                 let _ = (&error, &request_id);
                 // The error chain goes to the log only: it names internal

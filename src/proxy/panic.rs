@@ -34,7 +34,8 @@ fn panicked(preset: &'static str, payload: &(dyn Any + Send)) -> GatewayResponse
     let _ = message;
     outcome::record(&Arc::from(preset), Outcome::Panicked);
     // Senders retry a 500; the panic message stays in the log.
-    let mut res = plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").map(ResponseBody::stream);
+    let mut res =
+        plain(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").map(ResponseBody::stream);
     res.extensions_mut().insert(Outcome::Panicked);
     res
 }

@@ -84,7 +84,6 @@ mod service;
 pub use layer::{Clock, VerifyLayer};
 pub use service::{ResponseFuture, Verify, VerifyBody};
 
-
 /// Declares the modules and types that need the `verify` feature.
 macro_rules! with_crypto {
     ($($item:item)*) => {
@@ -244,9 +243,7 @@ pub const MAX_SIGNATURES: usize = 16;
 /// The refusal of a header listing more than [`MAX_SIGNATURES`] signatures.
 #[cfg(feature = "verify")]
 pub(crate) fn too_many_signatures() -> VerifyError {
-    VerifyError::Malformed(Cow::Borrowed(
-        "signature list (more than 16 signatures)",
-    ))
+    VerifyError::Malformed(Cow::Borrowed("signature list (more than 16 signatures)"))
 }
 
 /// Checks that `at` lies within `now ± tolerance`.
