@@ -6,78 +6,11 @@
 
 mod verify_support;
 
-use base64::Engine;
-use bytes::Bytes;
-use http::request::Parts;
-use http::Request;
-use md5::{Digest, Md5};
 use proptest::prelude::*;
-use ring::{hmac, rand, signature};
-use std::time::SystemTime;
-use tower_idempotency::key::Extracted;
-use tower_idempotency::verify::{AdyenKeys, AlipayKeys, Verifier, VerifyError, WechatPayV2Keys};
+use tower_idempotency::verify::VerifyError;
 use tower_idempotency::Preset;
 use verify_support::fixture;
-
-const WECHAT_KEY: &str = "192006250b4c09247ec02edce69f6a2d";
-const ADYEN_KEY: &str = "74F490DD33F7327BAECC88B2947C011FC02D014A473AAA33A8EC93E4DC069174";
-
-fn parts(content_type: &str) -> Parts {
-    Request::post("/notify")
-        .header("content-type", content_type)
-        .body(())
-        .unwrap()
-        .into_parts()
-        .0
-}
-
-fn verify(v: &dyn Verifier, content_type: &str, body: &[u8]) -> Result<(), VerifyError> {
-    v.verify(
-        &mut parts(content_type),
-        &Bytes::copy_from_slice(body),
-        SystemTime::now(),
-    )
-    .map(|_| ())
-}
-
-fn extract(preset: &Preset, content_type: &str, body: &[u8]) -> Option<Extracted> {
-    preset
-        .extractor()
-        .extract(&parts(content_type), &Bytes::copy_from_slice(body))
-        .ok()
-        .flatten()
-}
-
-// ---- WeChat Pay v2 -------------------------------------------------------
-
-fn wechat() -> WechatPayV2Keys {
-    WechatPayV2Keys::new().api_key(WECHAT_KEY)
-}
-
-/// The MD5 `sign` of `fields` as WeChat Pay computes it: non-empty fields but
-/// `sign`, sorted, `k=v&…&key=KEY`, upper-case hex.
-fn wechat_sign(fields: &[(String, String)]) -> String {
-    let mut sorted: Vec<&(String, String)> = fields
-        .iter()
-        .filter(|(k, v)| k != "sign" && !v.is_empty())
-        .collect();
-    sorted.sort();
-    let mut s = String::new();
-    for (k, v) in sorted {
-        s.push_str(&format!("{k}={v}&"));
-    }
-    s.push_str(&format!("key={WECHAT_KEY}"));
-    hex::encode_upper(Md5::digest(s.as_bytes()))
-}
-
-fn xml(fields: &[(String, String)]) -> String {
-    let mut out = String::from("<xml>");
-    for (k, v) in fields {
-        out.push_str(&format!("<{k}><![CDATA[{v}]]></{k}>"));
-    }
-    out.push_str("</xml>");
-    out
-}
+use verify_support::signed::*;
 
 #[test]
 fn wechat_v2_a_nested_element_inside_a_signed_field_is_refused() {
@@ -100,87 +33,6 @@ fn wechat_v2_a_nested_element_inside_a_signed_field_is_refused() {
         let err = verify(&wechat(), "text/xml", forged.as_bytes()).unwrap_err();
         assert!(matches!(err, VerifyError::Malformed(_)), "{err}: {forged}");
     }
-}
-
-// ---- Alipay --------------------------------------------------------------
-
-fn alipay_key() -> signature::RsaKeyPair {
-    signature::RsaKeyPair::from_pkcs8(&fixture("alipay_gbk_test_app_key.pk8")).unwrap()
-}
-
-fn alipay() -> AlipayKeys {
-    AlipayKeys::new()
-        .public_key(fixture("alipay_gbk_test_public_key.pem"))
-        .unwrap()
-}
-
-/// Percent-encodes every byte but the unreserved ones.
-fn pct(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|&b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// Signs `fields` (name, value text) as Alipay does: every field but `sign`
-/// and `sign_type`, empty ones included, sorted, `k=v&…`, in the bytes of
-/// `charset`; returns the form body (values percent-encoded in `charset`)
-/// with `sign` and `sign_type=RSA2`.
-fn alipay_body(fields: &[(&str, &str)], charset: &'static encoding_rs::Encoding) -> String {
-    let enc = |s: &str| charset.encode(s).0.into_owned();
-    let mut sorted: Vec<&(&str, &str)> = fields.iter().collect();
-    sorted.sort();
-    let mut content = Vec::new();
-    for (i, (k, v)) in sorted.iter().enumerate() {
-        if i > 0 {
-            content.push(b'&');
-        }
-        content.extend_from_slice(k.as_bytes());
-        content.push(b'=');
-        content.extend_from_slice(&enc(v));
-    }
-    let key = alipay_key();
-    let mut sig = vec![0; key.public().modulus_len()];
-    key.sign(
-        &signature::RSA_PKCS1_SHA256,
-        &rand::SystemRandom::new(),
-        &content,
-        &mut sig,
-    )
-    .unwrap();
-    let mut body: Vec<String> = fields
-        .iter()
-        .map(|(k, v)| format!("{k}={}", pct(&enc(v))))
-        .collect();
-    body.push(format!(
-        "sign={}",
-        pct(base64::engine::general_purpose::STANDARD
-            .encode(sig)
-            .as_bytes())
-    ));
-    body.push("sign_type=RSA2".into());
-    body.join("&")
-}
-
-const FORM: &str = "application/x-www-form-urlencoded";
-
-fn trade(charset: &'static str, subject: &'static str) -> Vec<(&'static str, &'static str)> {
-    vec![
-        ("app_id", "2019073166072302"),
-        ("charset", charset),
-        ("notify_id", "2019081500222155624068450559358070"),
-        ("notify_type", "trade_status_sync"),
-        ("out_trade_no", "20190815155618536-564-57"),
-        ("subject", subject),
-        ("total_amount", "0.10"),
-        ("trade_no", "2019081522001468450512505578"),
-        ("trade_status", "TRADE_SUCCESS"),
-    ]
 }
 
 #[test]
@@ -239,22 +91,6 @@ fn alipay_signs_empty_values_like_the_sdks_and_refuses_a_repeated_parameter() {
     ));
     let stray = format!("{genuine}&trade_status");
     assert!(verify(&alipay(), FORM, stray.as_bytes()).is_err());
-}
-
-// ---- Adyen ---------------------------------------------------------------
-
-fn adyen() -> AdyenKeys {
-    AdyenKeys::new().hmac_key(ADYEN_KEY).unwrap()
-}
-
-/// An Adyen item with `psp` and `value`, signed with the test key.
-fn adyen_item(psp: &str, value: i64, event: &str) -> String {
-    let signed = format!("{psp}::TestMerchant:ref-{psp}:{value}:EUR:{event}:true");
-    let key = hmac::Key::new(hmac::HMAC_SHA256, &hex::decode(ADYEN_KEY).unwrap());
-    let sig = base64::engine::general_purpose::STANDARD.encode(hmac::sign(&key, signed.as_bytes()));
-    format!(
-        r#"{{"NotificationRequestItem":{{"additionalData":{{"hmacSignature":"{sig}"}},"amount":{{"currency":"EUR","value":{value}}},"eventCode":"{event}","merchantAccountCode":"TestMerchant","merchantReference":"ref-{psp}","pspReference":"{psp}","success":"true"}}}}"#
-    )
 }
 
 #[test]

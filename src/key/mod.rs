@@ -44,6 +44,8 @@ mod json;
 mod principal;
 mod scope;
 mod service;
+#[cfg(feature = "verify")]
+mod unique;
 mod xml;
 
 pub use crate::fingerprint::Fingerprint;
@@ -52,8 +54,6 @@ pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySp
 pub(crate) use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
-#[cfg(feature = "verify")]
-pub(crate) use json::unique_members;
 pub use principal::{
     AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
 };
@@ -61,6 +61,8 @@ pub(crate) use scope::route_of;
 pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};
 pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
+#[cfg(feature = "verify")]
+pub(crate) use unique::unique_members;
 #[cfg(feature = "verify")]
 pub(crate) use xml::flat_fields;
 

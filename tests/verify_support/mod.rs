@@ -1,6 +1,8 @@
 //! The verification vectors of `tests/fixtures/`, as cases with their keys.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod signed;
+
 use serde_json::Value;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tower_idempotency::verify::{

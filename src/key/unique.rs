@@ -1,0 +1,99 @@
+//! Refusing JSON bodies that repeat a member name: readers disagree on
+//! which of the repeated members counts (the key reads the first, most
+//! upstreams the last), so a signed body must not repeat any.
+
+use super::json::Str;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::borrow::Cow;
+use std::fmt;
+
+/// Checks that `body` is one JSON value in which no object repeats a member
+/// name, at any depth: the readers that keep the first of repeated members
+/// and those that keep the last (`JSON.parse`, Jackson) then read the same
+/// document. `Err` names the first repeated member.
+pub(crate) fn unique_members(body: &[u8]) -> Result<(), String> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    de::Deserializer::deserialize_any(&mut de, Unique).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())
+}
+
+/// Walks one JSON value, refusing repeated member names.
+struct Unique;
+
+impl<'de> DeserializeSeed<'de> for Unique {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Unique {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut names: Vec<Cow<'de, str>> = Vec::new();
+        while let Some(name) = map.next_key::<Str<'de>>()? {
+            if names.contains(&name.0) {
+                return Err(de::Error::custom(format_args!(
+                    "repeated JSON member {:?}",
+                    name.0
+                )));
+            }
+            names.push(name.0);
+            map.next_value_seed(Unique)?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Unique)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_members_are_refused_at_any_depth() {
+        for body in [
+            &br#"{"notificationItems":[],"notificationItems":[]}"#[..],
+            br#"{"a":{"b":1,"b":2}}"#,
+            br#"[{"x":1},{"y":{"z":1,"\u007a":2}}]"#,
+            br#"{"a":1} {"a":1}"#,
+            br#"{"a":1"#,
+        ] {
+            assert!(
+                unique_members(body).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(unique_members(br#"{"a":{"b":1},"b":[{"b":1},{"b":2}],"c":"b"}"#).is_ok());
+    }
+}
