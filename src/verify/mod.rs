@@ -24,6 +24,22 @@
 //! downtime: a signature is accepted if any configured key verifies it. All
 //! comparisons of secrets and MACs are constant-time.
 //!
+//! # Hostile input
+//!
+//! - **Bounded work**: a signature header lists at most [`MAX_SIGNATURES`]
+//!   candidates (`Stripe-Signature` `v1=`, `webhook-signature` entries); a
+//!   longer list is refused before any MAC is computed, and each secret's
+//!   MAC is computed once and compared in constant time with every
+//!   candidate. A timestamp the clock cannot hold is malformed.
+//! - **One parse**: a signed body that two readers could read differently is
+//!   refused: a JSON member repeated in any object (Adyen, PayPal), a
+//!   repeated form parameter or a segment that is no `name=value` pair
+//!   (Alipay), a repeated XML element, a nested element where a field's text
+//!   is expected, text outside the fields or a second root (WeChat Pay v2).
+//!   WeChat Pay v2 and Alipay keys are read by the verifier's own parser.
+//! - **Nothing leaked**: the refusal's body says only `signature invalid`;
+//!   the reason is logged with the request's `x-request-id`.
+//!
 //! The cryptography comes from [`ring`] (RSA PKCS#1 v1.5, HMAC, AES-256-GCM,
 //! Ed25519: audited, constant-time, no open RustSec advisory for these
 //! operations), `md-5` only for the legacy WeChat Pay v2 MD5 `sign`, and
