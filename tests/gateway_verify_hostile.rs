@@ -326,3 +326,39 @@ fn a_store_password_is_never_logged_when_the_gateway_starts() {
     let _ = std::fs::remove_file(log);
     let _ = std::fs::remove_dir_all(data);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signed_body_read_two_ways_is_refused_before_the_claim_and_the_genuine_copy_runs() {
+    let up = Upstream::start().await;
+    let routes = "[[route]]\nprefix = \"/notify/adyen\"\npreset = \"adyen\"\n\
+                  verify = { hmac_keys = [\"74F490DD33F7327BAECC88B2947C011FC02D014A473AAA33A8EC93E4DC069174\"] }\n";
+    let dir = config(routes, &up.url(), &[]);
+    let log = dir.join("stderr.log");
+    let gw = start(&dir, &log);
+    let client = client();
+    let genuine = fixture("adyen_notify_adyen-python_colon_ENVELOPED.json");
+    let text = String::from_utf8(genuine.to_vec()).unwrap();
+    // The captured genuine item, and before it a second `notificationItems`
+    // with an invented item: the verifier of old checked the last, the key
+    // read the first.
+    let forged = text.replacen(
+        "\"notificationItems\"",
+        "\"notificationItems\": [{\"NotificationRequestItem\": {\"pspReference\": \"INVENTED\", \
+         \"eventCode\": \"AUTHORISATION\", \"success\": \"true\"}}], \"notificationItems\"",
+        1,
+    );
+    let h = [("content-type", "application/json")];
+    let a = post(&client, gw.addr, "/notify/adyen", &h, forged).await;
+    assert_eq!(a.status, 401, "{}", a.text());
+    assert_eq!(up.total(), 0, "the forged copy never reached the upstream");
+    let a = post(&client, gw.addr, "/notify/adyen", &h, genuine.to_vec()).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert!(
+        !a.replayed(),
+        "the genuine copy runs: the forged one claimed nothing"
+    );
+    assert_eq!(up.total(), 1);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("repeated JSON member"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
