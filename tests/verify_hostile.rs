@@ -2,6 +2,7 @@
 //! panics, signature lists, bodies read two ways, stale PayPal
 //! transmissions, Alipay charsets.
 
+mod common;
 mod verify_support;
 
 use bytes::Bytes;
@@ -170,4 +171,62 @@ fn a_paypal_verify_table_reads_tolerance() {
     assert!(config
         .layer("paypal", std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
         .is_ok());
+}
+
+/// An ack-then-deliver PayPal route whose verifier reads `clock` (Unix
+/// seconds), the queue and the upstream.
+async fn paypal_ack_route(
+    clock: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> (
+    Gateway<MemoryStore>,
+    tower_idempotency::queue::MemoryQueue,
+    common::upstream::Upstream,
+) {
+    use tower_idempotency::verify::VerifyLayer;
+    let up = common::upstream::Upstream::start().await;
+    let queue = tower_idempotency::queue::MemoryQueue::new();
+    let verify = VerifyLayer::new(paypal_keys())
+        .clock(move || verify_support::at(clock.load(std::sync::atomic::Ordering::SeqCst)));
+    let gateway = Gateway::builder(Forward::new(up.url().parse().unwrap()), MemoryStore::new())
+        .queue(queue.clone())
+        .route_with(
+            "/notify/paypal",
+            Target::Preset(Preset::paypal()),
+            RouteOptions::new().ack_then_deliver(true).verify(verify),
+        )
+        .build()
+        .unwrap();
+    (gateway, queue, up)
+}
+
+#[tokio::test]
+async fn a_queued_paypal_notification_is_delivered_though_its_transmission_was_used_and_is_stale() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tower_idempotency::queue::Queue;
+    let clock = std::sync::Arc::new(AtomicU64::new(PAYPAL_SENT));
+    let (gateway, queue, up) = paypal_ack_route(clock.clone()).await;
+    let m = verify_support::meta("paypal_webhook_PayPal-Java-SDK_ValidateCertTest.meta.json");
+    let mut req = Request::post("/notify/paypal").header("content-type", "application/json");
+    for (k, v) in m["headers"].as_object().unwrap() {
+        req = req.header(k.as_str(), v.as_str().unwrap());
+    }
+    let body = verify_support::fixture("paypal_webhook_PayPal-Java-SDK_ValidateCertTest.json");
+    let res = gateway
+        .clone()
+        .oneshot(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "verified and queued");
+    let message = queue.fetch(1, std::time::Duration::ZERO).await.unwrap()[0]
+        .message
+        .clone();
+    // Delivered an hour later: the transmission id was used at ingest and
+    // its time is past the tolerance; it was verified before it was queued.
+    clock.store(PAYPAL_SENT + 3600, Ordering::SeqCst);
+    gateway.deliver(message).await.unwrap();
+    assert_eq!(
+        up.total(),
+        1,
+        "the queued notification reached the upstream"
+    );
 }

@@ -215,7 +215,15 @@ impl<S: Store> Gateway<S> {
                 "{path} is not an ack-then-deliver route"
             )));
         };
-        let res = guarded(route, at, message.to_request().map(Full::new)).await;
+        let mut req = message.to_request().map(Full::new);
+        // Verified when it was queued; not checked again on delivery.
+        let channel = crate::channel::PRESET_NAMES
+            .get(at)
+            .copied()
+            .unwrap_or("custom");
+        req.extensions_mut()
+            .insert(crate::verify::Verified::new(channel, None));
+        let res = guarded(route, at, req).await;
         let status = res.status();
         // Read the whole answer: the dedup layer records it at its end.
         let mut body = std::pin::pin!(res.into_body());

@@ -6,7 +6,9 @@
 //! real notification id cannot hold the claim and delay the genuine one. Every
 //! refusal is counted as the outcome `unverified` and logged with its reason
 //! (never the secret, never the body). A verified request carries a
-//! [`Verified`] marker in its extensions.
+//! [`Verified`] marker in its extensions; a request that already carries one
+//! when it reaches the layer (a notification verified when it was queued,
+//! delivered later by the gateway's queue worker) is not checked again.
 //!
 //! One [`Verifier`] per channel, each built from that channel's keys:
 //!

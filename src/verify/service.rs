@@ -1,6 +1,6 @@
 //! [`Verify`]: buffers the body, checks the signature, passes the request on.
 
-use super::{VerifyError, VerifyLayer};
+use super::{Verified, VerifyError, VerifyLayer};
 use crate::body::{text_response_owned, BodyBuffer};
 use crate::outcome::{self, log_warn, Outcome};
 use bytes::{Buf, Bytes};
@@ -135,7 +135,10 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        if self.config.verifier.is_none() {
+        // A request verified before (a queued notification delivered later:
+        // its transmission was used and its timestamp may be stale by now)
+        // is not checked again.
+        if self.config.verifier.is_none() || req.extensions().get::<Verified>().is_some() {
             let (parts, body) = req.into_parts();
             let req = Request::from_parts(parts, VerifyBody::unchecked(body));
             return ResponseFuture {
