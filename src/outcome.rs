@@ -47,6 +47,12 @@ pub enum Outcome {
     /// The sender's signature did not verify (bad or missing signature, stale
     /// timestamp, unknown key); the store was not touched.
     Unverified,
+    /// The request was refused at once with the retryable failure (503 with
+    /// `Retry-After`, or the channel's failure reply) because a bound was
+    /// full: the budget of buffered request bodies or the cap on upstream
+    /// calls. Nothing was claimed or run; the sender's retry gets through
+    /// once the load is gone.
+    Shed,
 }
 
 impl Outcome {
@@ -68,6 +74,7 @@ impl Outcome {
             Self::ReplyDeadline => "reply_deadline",
             Self::CompletionAbandoned => "completion_abandoned",
             Self::Unverified => "unverified",
+            Self::Shed => "shed",
         }
     }
 

@@ -17,6 +17,8 @@ use tower::ServiceExt;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
+use http::HeaderValue;
+use tower_idempotency::limit::{BodyLimitError, BodyLimits};
 use tower_idempotency::proxy::{ClientConn, Gateway};
 use tracing::{debug, warn};
 
@@ -31,6 +33,9 @@ pub struct Limits {
     pub tls: Option<Tls>,
     /// The duplicate-ratio gauge, fed by every serving thread.
     pub ratios: Arc<Ratios>,
+    /// The body deadline and the budget of bodies being read (shared).
+    pub bodies: BodyLimits,
+    pub h2_max_streams: u32,
 }
 
 /// Serves until `stop` resolves; returns the graceful-shutdown watcher of
@@ -50,7 +55,7 @@ pub async fn accept_until(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(limits.h2_max_streams)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
     let graceful = GracefulShutdown::new();
@@ -76,7 +81,12 @@ pub async fn accept_until(
             addr: peer,
             tls: limits.tls.is_some(),
         };
-        let svc = service(gateway.clone(), conn, limits.ratios.clone());
+        let svc = service(
+            gateway.clone(),
+            conn,
+            limits.ratios.clone(),
+            limits.bodies.clone(),
+        );
         let (builder, tls, watcher) = (builder.clone(), limits.tls.clone(), graceful.watcher());
         let header_timeout = limits.header_timeout;
         tokio::spawn(async move {
@@ -124,11 +134,14 @@ where
 }
 
 /// The gateway for one connection: its client's address, request ids
-/// (`x-request-id`, made if absent, sent upstream and back), the access log.
+/// (`x-request-id`, made if absent, sent upstream and back), the body
+/// deadline and budget (an HTTP/1 connection whose body ran past one is
+/// closed: the rest of that body is not read), the access log.
 fn service(
     gateway: Gateway<GatewayStore>,
     conn: ClientConn,
     ratios: Arc<Ratios>,
+    bodies: BodyLimits,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
     Response = tower_idempotency::proxy::GatewayResponse,
@@ -139,9 +152,11 @@ fn service(
     let svc = ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(Uuids))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .service_fn(move |mut req: http::Request<Incoming>| {
+        .service_fn(move |req: http::Request<Incoming>| {
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
+            let mut req = req.map(|body| bodies.wrap(body));
             req.extensions_mut().insert(conn);
+            let http1 = req.version() < http::Version::HTTP_2;
             async move {
                 // What the access line needs, kept only when it is logged.
                 let line =
@@ -152,7 +167,11 @@ fn service(
                             Instant::now(),
                         )
                     });
-                let res = gateway.oneshot(req).await?;
+                let mut res = gateway.oneshot(req).await?;
+                if http1 && res.extensions().get::<BodyLimitError>().is_some() {
+                    res.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 ratios.record(line, &res);
                 Ok(res)
             }

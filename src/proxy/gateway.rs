@@ -321,10 +321,7 @@ impl<S: Store> Gateway<S> {
                 return plain(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
                     .map(ResponseBody::stream)
             }
-            Err(_) => {
-                return plain(StatusCode::BAD_REQUEST, "could not read the request body\n")
-                    .map(ResponseBody::stream)
-            }
+            Err(e) => return unreadable(&*e),
         };
         let at = detect(&parts.headers, &body)
             .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
@@ -345,6 +342,22 @@ impl<S: Store> Gateway<S> {
             Ok(res) => res.map(ResponseBody::stream),
             Err(never) => match never {},
         }
+    }
+}
+
+/// The answer to an `auto` route's body that could not be read: 408 or the
+/// shed answer past a body limit, 400 otherwise.
+fn unreadable(e: &(dyn std::error::Error + 'static)) -> GatewayResponse {
+    match crate::limit::BodyLimitError::find(e) {
+        Some(limit) => {
+            let res: GatewayResponse = crate::body::body_limit_response(limit);
+            if let Some(outcome) = res.extensions().get::<crate::Outcome>() {
+                crate::outcome::record(&Arc::from("auto"), *outcome);
+            }
+            res
+        }
+        None => plain(StatusCode::BAD_REQUEST, "could not read the request body\n")
+            .map(ResponseBody::stream),
     }
 }
 
