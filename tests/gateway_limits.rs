@@ -1,0 +1,273 @@
+//! The gateway's bounds under floods, through the gateway binary over real
+//! TCP: stalled bodies time out (`--body-timeout`), bodies being read share
+//! one budget (`--max-buffered`), a hung upstream holds at most
+//! `--max-upstream-calls` calls (and descriptors). And the library's
+//! builders take durations that cannot work without panicking later.
+//!
+//! Build the binary first when running this file alone:
+//! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_limits`.
+
+mod common;
+mod gateway_support;
+
+use common::upstream::Upstream;
+use gateway_support::{get, Gateway};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// A Stripe event (`auto` detects it by its signature header; nothing
+/// verifies it there).
+fn stripe(id: &str, content_length: Option<usize>) -> (String, String) {
+    let body = format!(r#"{{"id":"{id}","object":"event","type":"charge.succeeded"}}"#);
+    let len = content_length.unwrap_or(body.len());
+    let head = format!(
+        "POST /notify HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n\
+         Stripe-Signature: t=1,v1=00\r\nContent-Length: {len}\r\n\r\n"
+    );
+    (head, body)
+}
+
+/// Sends the head and `part` of a body that is never finished; the stream
+/// is kept open.
+fn stall(addr: SocketAddr, head: &str, part: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(part).unwrap();
+    s
+}
+
+/// What the server wrote until it closed the stream (or `within` passed).
+fn answer_of(mut s: TcpStream, within: Duration) -> String {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One whole request on a fresh connection, `Connection: close`; the answer
+/// (empty if none came within `within`).
+fn send(addr: SocketAddr, head: &str, body: &str, within: Duration) -> String {
+    let head = head.replace("Host: gw\r\n", "Host: gw\r\nConnection: close\r\n");
+    let s = stall(addr, &head, body.as_bytes());
+    answer_of(s, within)
+}
+
+fn status(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 60 clients send a head and part of a body, then stall, against 50
+/// connections: each gets 408 once the body deadline passes and its
+/// connection is closed, and a genuine notification is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_time_out_and_genuine_senders_are_served() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        // One serving thread: with several, one may hold a free connection
+        // slot while its listener waits, and let the genuine sender in by luck.
+        &[
+            "--max-connections",
+            "50",
+            "--body-timeout",
+            "1s",
+            "--workers",
+            "1",
+        ],
+    );
+    let addr = gw.addr;
+    let result = tokio::task::spawn_blocking(move || {
+        let (head, body) = stripe("evt_stalled", Some(1000));
+        let stalled: Vec<TcpStream> = (0..60)
+            .map(|_| stall(addr, &head, &body.as_bytes()[..20]))
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let (head, body) = stripe("evt_genuine", None);
+        let genuine = send(addr, &head, &body, Duration::from_secs(20));
+        let answers: Vec<String> = stalled
+            .into_iter()
+            .map(|s| answer_of(s, Duration::from_secs(20)))
+            .collect();
+        (genuine, answers)
+    })
+    .await
+    .unwrap();
+    let (genuine, answers) = result;
+    assert_eq!(status(&genuine), 200, "genuine notification: {genuine:?}");
+    assert!(genuine.contains(r#"{"received":true}"#), "{genuine}");
+    for a in &answers {
+        // read_to_end returned: the gateway closed the connection.
+        assert_eq!(status(a), 408, "{a:?}");
+        assert!(a.to_ascii_lowercase().contains("connection: close"), "{a}");
+    }
+    assert_eq!(up.calls("/notify"), 1);
+}
+
+/// Bodies being read share `--max-buffered`: once stalled bodies fill it,
+/// the next body gets 503 with `Retry-After` at once (counted as shed), and
+/// a genuine notification gets through once the stalled ones time out.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_flood_is_shed_past_the_budget() {
+    let up = Upstream::start().await;
+    let metrics = common::free_addr();
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--max-buffered",
+            "1MiB",
+            "--body-timeout",
+            "3s",
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    );
+    let addr = gw.addr;
+    let (shed, genuine) = tokio::task::spawn_blocking(move || {
+        // 8 x 200 KiB of 1 MiB bodies: 1.6 MiB would be held.
+        let (head, _) = stripe("evt_flood", Some(1 << 20));
+        let part = vec![b' '; 200 << 10];
+        let flood: Vec<TcpStream> = (0..8).map(|_| stall(addr, &head, &part)).collect();
+        let answers: Vec<String> = flood
+            .into_iter()
+            .map(|s| answer_of(s, Duration::from_secs(20)))
+            .collect();
+        let shed: Vec<String> = answers.into_iter().filter(|a| status(a) == 503).collect();
+        let (head, body) = stripe("evt_genuine", None);
+        let genuine = send(addr, &head, &body, Duration::from_secs(20));
+        (shed, genuine)
+    })
+    .await
+    .unwrap();
+    assert!(!shed.is_empty(), "no body was shed past the budget");
+    for a in &shed {
+        assert!(a.to_ascii_lowercase().contains("retry-after: 1"), "{a}");
+    }
+    assert_eq!(status(&genuine), 200, "{genuine:?}");
+    let (_, text) = get(metrics, "/metrics");
+    let shed_count = text
+        .lines()
+        .find(|l| l.starts_with("idempotency_requests_total{") && l.contains("outcome=\"shed\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        shed_count.is_some_and(|n| n >= shed.len() as f64),
+        "{text}"
+    );
+}
+
+/// An upstream that accepts connections and never answers.
+fn hung_upstream() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>> = Default::default();
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming().map_while(Result::ok) {
+            keep.lock().unwrap().push(s);
+        }
+    });
+    (addr, held)
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// A hung upstream, a short reply deadline and a long run limit: each
+/// notification leaves a call running in the background. At most
+/// `--max-upstream-calls` of them reach the upstream (so the gateway's
+/// descriptors stay bounded); the rest get the channel's retryable failure
+/// at once, counted as shed, and an unguarded request gets 503.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_hung_upstream_holds_at_most_the_cap_of_calls() {
+    let (upstream, held) = hung_upstream();
+    let metrics = common::free_addr();
+    let gw = Gateway::start(
+        &format!("http://{upstream}"),
+        &[
+            "--route",
+            "/notify=stripe",
+            "--upstream-timeout",
+            "200ms",
+            "--max-run",
+            "120s",
+            "--max-upstream-calls",
+            "8",
+            "--workers",
+            "2",
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    );
+    let before = open_fds(gw.child.id());
+    let mut answers = Vec::new();
+    for i in 0..40 {
+        let (head, body) = stripe(&format!("evt_hung_{i}"), None);
+        answers.push(send(gw.addr, &head, &body, Duration::from_secs(20)));
+    }
+    for a in &answers {
+        // Stripe's failure reply: retryable.
+        assert_eq!(status(a), 500, "{a:?}");
+    }
+    assert!(
+        held.lock().unwrap().len() <= 8,
+        "{} upstream connections",
+        held.lock().unwrap().len()
+    );
+    let after = open_fds(gw.child.id());
+    assert!(
+        after <= before + 8 + 4,
+        "descriptors grew from {before} to {after}"
+    );
+    let unguarded = get(gw.addr, "/health");
+    assert_eq!(unguarded.0, 503, "{unguarded:?}");
+    let (_, text) = get(metrics, "/metrics");
+    let value = |name: &str, label: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        value("idempotency_requests_total{", "outcome=\"shed\""),
+        Some(32.0),
+        "{text}"
+    );
+    assert_eq!(value("idempotency_upstream_calls", ""), Some(8.0), "{text}");
+}
+
+/// `Duration::MAX` for the lease, the wait and the run limit (and a lease of
+/// 2 ns) are taken within bounds: requests are served, never a panic.
+#[tokio::test]
+async fn builders_take_durations_that_cannot_work() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::{ServiceBuilder, ServiceExt};
+    use tower_idempotency::IdempotencyLayer;
+
+    for lease in [Duration::MAX, Duration::from_nanos(2)] {
+        let layer = IdempotencyLayer::stripe()
+            .lease(lease)
+            .wait(Duration::MAX)
+            .max_run(Duration::MAX)
+            .window(Duration::MAX)
+            .reply_timeout(Duration::MAX);
+        let svc = ServiceBuilder::new().layer(layer).service_fn(|_req| async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+        });
+        for replayed in [false, true] {
+            let req = common::request("/", &[], r#"{"id":"evt_1","type":"charge.succeeded"}"#);
+            let res = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.status(), 200);
+            assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
+        }
+    }
+}
