@@ -229,8 +229,10 @@ pub(crate) fn body_limit_response<B: From<Bytes>>(error: BodyLimitError) -> http
                 http::StatusCode::SERVICE_UNAVAILABLE,
                 "too many request bodies in progress; retry later\n",
             );
-            res.headers_mut()
-                .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
             (res, Outcome::Shed)
         }
     };

@@ -472,13 +472,20 @@ fn values_that_cannot_work_exit_2() {
         ("max_memory", "0", "`max_memory`: must be more than 0"),
         ("max_buffered", "0", "`max_buffered`: must be more than 0"),
         ("wait", "\"10000000d\"", "`wait`: must be at most a year"),
-        ("body_timeout", "\"0s\"", "`body_timeout`: must be more than 0"),
+        (
+            "body_timeout",
+            "\"0s\"",
+            "`body_timeout`: must be more than 0",
+        ),
         ("max_upstream_calls", "0", "`max_upstream_calls`: expected"),
         ("h2_max_streams", "0", "`h2_max_streams`: expected"),
     ] {
         let file = gateway_support::temp_path("bad.toml");
-        std::fs::write(&file, format!("upstream = \"http://127.0.0.1:1\"\n{key} = {value}\n"))
-            .unwrap();
+        std::fs::write(
+            &file,
+            format!("upstream = \"http://127.0.0.1:1\"\n{key} = {value}\n"),
+        )
+        .unwrap();
         let mut cmd = Command::new(gateway_bin());
         cmd.args(["--listen", "127.0.0.1:0", "--check-config", "--config"])
             .arg(&file);
@@ -564,7 +571,10 @@ fn sighup_without_tls_keeps_serving() {
     let mut gw = Gateway::start("http://127.0.0.1:1", &[]);
     gw.signal(libc::SIGHUP);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(gw.child.try_wait().unwrap().is_none(), "SIGHUP stopped the gateway");
+    assert!(
+        gw.child.try_wait().unwrap().is_none(),
+        "SIGHUP stopped the gateway"
+    );
     // Unguarded, forwarded to a dead upstream: the gateway itself answers.
     assert_eq!(get(gw.addr, "/health").0, 502);
     gw.signal(libc::SIGHUP);

@@ -155,10 +155,7 @@ async fn a_body_flood_is_shed_past_the_budget() {
         .find(|l| l.starts_with("idempotency_requests_total{") && l.contains("outcome=\"shed\""))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok());
-    assert!(
-        shed_count.is_some_and(|n| n >= shed.len() as f64),
-        "{text}"
-    );
+    assert!(shed_count.is_some_and(|n| n >= shed.len() as f64), "{text}");
 }
 
 /// An upstream that accepts connections and never answers.
@@ -176,7 +173,9 @@ fn hung_upstream() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<TcpStream
 }
 
 fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// A hung upstream, a short reply deadline and a long run limit: each
@@ -269,5 +268,67 @@ async fn builders_take_durations_that_cannot_work() {
             assert_eq!(res.status(), 200);
             assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
         }
+    }
+}
+
+/// An HTTP/2 client that sends its preface and then only answers what the
+/// server asks (SETTINGS and PING acknowledgements), as an idle browser
+/// connection does. Returns the server's `SETTINGS_MAX_CONCURRENT_STREAMS`
+/// and whether the server closed the connection within `within`.
+fn idle_h2(addr: SocketAddr, within: Duration) -> (Option<u32>, bool) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut streams = None;
+    loop {
+        let mut header = [0u8; 9];
+        if s.read_exact(&mut header).is_err() {
+            // EOF (or a reset): closed. A timeout is not.
+            let mut probe = [0u8; 1];
+            let closed =
+                !matches!(s.read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+            return (streams, closed);
+        }
+        let len =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).is_err() {
+            return (streams, true);
+        }
+        let (kind, flags) = (header[3], header[4]);
+        if kind == 0x4 && flags & 1 == 0 {
+            streams = payload.chunks_exact(6).find_map(|setting| {
+                (setting[..2] == [0, 3])
+                    .then(|| u32::from_be_bytes(setting[2..].try_into().unwrap()))
+            });
+            let _ = s.write_all(&[0, 0, 0, 0x4, 1, 0, 0, 0, 0]);
+        }
+        if kind == 0x6 && flags & 1 == 0 {
+            let mut ack = vec![0, 0, 8, 0x6, 1, 0, 0, 0, 0];
+            ack.extend_from_slice(&payload);
+            let _ = s.write_all(&ack);
+        }
+    }
+}
+
+/// An HTTP/2 client that opens a connection and sends nothing more: the
+/// gateway announces `--h2-max-streams` and closes the idle connection
+/// (after about `--header-timeout`; there is no header timeout between
+/// HTTP/2 streams).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_are_closed_and_streams_capped() {
+    let up = Upstream::start().await;
+    for (args, streams) in [(&["--h2-max-streams", "7"][..], 7), (&[][..], 64)] {
+        let mut all = vec!["--header-timeout", "1s"];
+        all.extend_from_slice(args);
+        let gw = Gateway::start(&up.url(), &all);
+        let addr = gw.addr;
+        let (announced, closed) =
+            tokio::task::spawn_blocking(move || idle_h2(addr, Duration::from_secs(15)))
+                .await
+                .unwrap();
+        assert_eq!(announced, Some(streams));
+        assert!(closed, "the idle HTTP/2 connection stayed open");
     }
 }

@@ -23,12 +23,12 @@
 use crate::ack::{self, QueueSettings};
 use crate::cli::Args;
 use crate::parse::{self, StoreSpec};
+use crate::spanned::{At, Field, SizeValue};
 use http::HeaderName;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-use crate::spanned::{At, Field, SizeValue};
 use toml::Spanned;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
 use tower_idempotency::verify::VerifyConfig;

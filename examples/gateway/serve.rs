@@ -1,23 +1,26 @@
 //! Accepting connections: TLS, a cap on connections, header read timeout,
-//! request ids, the access log; and the drain on SIGTERM or SIGINT.
+//! body deadline and budget, idle connections closed (HTTP/2 too), request
+//! ids, the access log; and the drain on SIGTERM or SIGINT.
 
 use crate::access::Ratios;
 use crate::tls::Tls;
+use http::HeaderValue;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 use tower::ServiceExt;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
-use http::HeaderValue;
 use tower_idempotency::limit::{BodyLimitError, BodyLimits};
 use tower_idempotency::proxy::{ClientConn, Gateway};
 use tracing::{debug, warn};
@@ -38,14 +41,34 @@ pub struct Limits {
     pub h2_max_streams: u32,
 }
 
-/// Serves until `stop` resolves; returns the graceful-shutdown watcher of
-/// the connections still open. The listener is closed on return.
+/// The connections a serving thread still has open.
+pub struct Open {
+    close: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Open {
+    /// How many.
+    pub fn count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Asks each to finish its requests in flight and close, and waits.
+    pub async fn shutdown(self) {
+        self.close.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// Serves until `stop` resolves; returns the connections still open. The
+/// listener is closed on return.
 pub async fn accept_until(
     listener: TcpListener,
     gateway: Gateway<GatewayStore>,
     limits: &Limits,
     stop: impl std::future::Future<Output = ()>,
-) -> GracefulShutdown {
+) -> Open {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -58,7 +81,10 @@ pub async fn accept_until(
         .max_concurrent_streams(limits.h2_max_streams)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    let graceful = GracefulShutdown::new();
+    let open = Open {
+        close: CancellationToken::new(),
+        tasks: TaskTracker::new(),
+    };
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
@@ -81,23 +107,32 @@ pub async fn accept_until(
             addr: peer,
             tls: limits.tls.is_some(),
         };
+        // Bumped by each request: a connection that got none for a while
+        // is closed (HTTP/2 has no header timeout between streams).
+        let requests = Arc::new(AtomicUsize::new(0));
         let svc = service(
             gateway.clone(),
             conn,
             limits.ratios.clone(),
             limits.bodies.clone(),
+            requests.clone(),
         );
-        let (builder, tls, watcher) = (builder.clone(), limits.tls.clone(), graceful.watcher());
+        let (builder, tls) = (builder.clone(), limits.tls.clone());
         let header_timeout = limits.header_timeout;
-        tokio::spawn(async move {
+        let watch = Watch {
+            close: open.close.clone(),
+            requests,
+            idle: header_timeout,
+        };
+        open.tasks.spawn(async move {
             let _permit = permit;
             let result = match tls {
-                None => serve_io(stream, &builder, svc, watcher).await,
+                None => serve_io(stream, &builder, svc, watch).await,
                 Some(tls) => {
                     let accepted =
                         tokio::time::timeout(header_timeout, tls.acceptor().accept(stream)).await;
                     match accepted {
-                        Ok(Ok(stream)) => serve_io(stream, &builder, svc, watcher).await,
+                        Ok(Ok(stream)) => serve_io(stream, &builder, svc, watch).await,
                         Ok(Err(e)) => Err(e.into()),
                         Err(_) => Err("TLS handshake timed out".into()),
                     }
@@ -108,7 +143,14 @@ pub async fn accept_until(
             }
         });
     }
-    graceful
+    open
+}
+
+/// When a connection should finish: the drain, or no request for `idle`.
+struct Watch {
+    close: CancellationToken,
+    requests: Arc<AtomicUsize>,
+    idle: Duration,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -117,7 +159,7 @@ async fn serve_io<I, S, B>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
     svc: S,
-    watcher: hyper_util::server::graceful::Watcher,
+    watch: Watch,
 ) -> Result<(), BoxError>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -130,7 +172,23 @@ where
     B::Error: Into<BoxError>,
 {
     let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-    watcher.watch(conn).await
+    tokio::pin!(conn);
+    let start = tokio::time::Instant::now() + watch.idle;
+    let mut idle = tokio::time::interval_at(start, watch.idle);
+    loop {
+        tokio::select! {
+            done = conn.as_mut() => return done.map_err(Into::into),
+            () = watch.close.cancelled() => break,
+            _ = idle.tick() => {
+                // Graceful: requests in flight finish first.
+                if watch.requests.swap(0, Ordering::Relaxed) == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    conn.await.map_err(Into::into)
 }
 
 /// The gateway for one connection: its client's address, request ids
@@ -142,6 +200,7 @@ fn service(
     conn: ClientConn,
     ratios: Arc<Ratios>,
     bodies: BodyLimits,
+    requests: Arc<AtomicUsize>,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
     Response = tower_idempotency::proxy::GatewayResponse,
@@ -154,6 +213,7 @@ fn service(
         .layer(PropagateRequestIdLayer::x_request_id())
         .service_fn(move |req: http::Request<Incoming>| {
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
+            requests.fetch_add(1, Ordering::Relaxed);
             let mut req = req.map(|body| bodies.wrap(body));
             req.extensions_mut().insert(conn);
             let http1 = req.version() < http::Version::HTTP_2;

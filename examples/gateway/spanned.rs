@@ -62,7 +62,11 @@ impl At<'_> {
         self.checked(field, key, |n| f(&n.to_string()))
     }
 
-    pub fn size(&self, field: &Option<Spanned<SizeValue>>, key: &str) -> Result<Option<usize>, String> {
+    pub fn size(
+        &self,
+        field: &Option<Spanned<SizeValue>>,
+        key: &str,
+    ) -> Result<Option<usize>, String> {
         self.size_by(field, key, parse::body_size)
     }
 
@@ -78,4 +82,3 @@ impl At<'_> {
         })
     }
 }
-

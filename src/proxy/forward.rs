@@ -155,6 +155,12 @@ impl Forward {
                 Response::from_parts(parts, body.boxed_unsync())
             }
             Ok(Err(e)) => {
+                // The client's body ran past its deadline or budget.
+                if let Some(limit) = crate::limit::BodyLimitError::find(&e) {
+                    let res =
+                        crate::body::body_limit_response::<http_body_util::Full<Bytes>>(limit);
+                    return res.map(|b| b.map_err(|never| match never {}).boxed_unsync());
+                }
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
