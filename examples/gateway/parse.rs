@@ -106,7 +106,7 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 
 /// `--lease`: from 100ms (renewed every lease/3) to a year.
 pub fn lease(s: &str) -> Result<Duration, String> {
-    match duration(s)? {
+    match positive_duration(s)? {
         d if d < tower_idempotency::dedup::MIN_LEASE => {
             Err("must be at least 100ms (the lease is renewed every lease/3)".into())
         }

@@ -77,7 +77,8 @@ impl At<'_> {
         f: fn(&str) -> Result<usize, String>,
     ) -> Result<Option<usize>, String> {
         self.checked(field, key, |v| match v {
-            SizeValue::Bytes(n) => usize::try_from(*n).map_err(|_| "too large".to_owned()),
+            // Bytes pass the same checks as text (`0` included).
+            SizeValue::Bytes(n) => f(&n.to_string()),
             SizeValue::Text(s) => f(s),
         })
     }
