@@ -124,11 +124,12 @@ pub struct Args {
     /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
-    /// Time a client has to send a request's whole body once its headers are in: past it
-    /// 408 and the connection closes (per stream over HTTP/2) (default 10s)
+    /// Time a client has to send a body that a guarded or auto route buffers, once its
+    /// headers are in: past it 408 and the connection closes (per stream over HTTP/2);
+    /// streamed bodies have --upstream-timeout (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_BODY_TIMEOUT", value_parser = parse::positive_duration)]
     pub body_timeout: Option<Duration>,
-    /// Budget of the request bodies being read, all connections together: a body that
+    /// Budget of the request bodies being buffered, all connections together: a body that
     /// would take it past this gets the retryable failure at once (default 64MiB)
     #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_BUFFERED", value_parser = parse::body_size)]
     pub max_buffered: Option<usize>,

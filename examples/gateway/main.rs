@@ -191,9 +191,15 @@ async fn run(
     // One cap for the upstream, across the serving threads and the queue's
     // deliveries (built once the metrics recorder is in, for its gauge).
     let calls = CallLimit::new(settings.max_upstream_calls);
+    // One budget of bodies being read, across the serving threads.
+    let bodies = BodyLimits::new()
+        .timeout(settings.body_timeout)
+        .budget(BodyBudget::new(settings.max_buffered));
     let gateway = || -> Result<Gateway<GatewayStore>, String> {
         let forward = forward(&settings, Some(&calls))?;
-        let mut builder = Gateway::builder(forward, store.clone()).task_tracker(tasks.clone());
+        let mut builder = Gateway::builder(forward, store.clone())
+            .task_tracker(tasks.clone())
+            .body_limits(bodies.clone());
         for (prefix, target, options) in &settings.routes {
             builder = builder.route_with(prefix, target.clone(), options.clone());
         }
@@ -216,9 +222,6 @@ async fn run(
         header_timeout: settings.header_timeout,
         tls: tls.clone(),
         ratios: Arc::default(),
-        bodies: BodyLimits::new()
-            .timeout(settings.body_timeout)
-            .budget(BodyBudget::new(settings.max_buffered)),
         h2_max_streams: settings.h2_max_streams,
     };
     let mut workers = workers::Workers::start(bound, gateway, &limits)?;

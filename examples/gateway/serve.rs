@@ -1,6 +1,6 @@
 //! Accepting connections: TLS, a cap on connections, header read timeout,
-//! body deadline and budget, idle connections closed (HTTP/2 too), request
-//! ids, the access log; and the drain on SIGTERM or SIGINT.
+//! idle connections closed (HTTP/2 too), request ids, the access log; and
+//! the drain on SIGTERM or SIGINT.
 
 use crate::access::Ratios;
 use crate::tls::Tls;
@@ -21,7 +21,7 @@ use tower::ServiceExt;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
-use tower_idempotency::limit::{BodyLimitError, BodyLimits};
+use tower_idempotency::limit::BodyLimitError;
 use tower_idempotency::proxy::{ClientConn, Gateway};
 use tracing::{debug, warn};
 
@@ -36,8 +36,6 @@ pub struct Limits {
     pub tls: Option<Tls>,
     /// The duplicate-ratio gauge, fed by every serving thread.
     pub ratios: Arc<Ratios>,
-    /// The body deadline and the budget of bodies being read (shared).
-    pub bodies: BodyLimits,
     pub h2_max_streams: u32,
 }
 
@@ -114,7 +112,6 @@ pub async fn accept_until(
             gateway.clone(),
             conn,
             limits.ratios.clone(),
-            limits.bodies.clone(),
             requests.clone(),
         );
         let (builder, tls) = (builder.clone(), limits.tls.clone());
@@ -192,14 +189,13 @@ where
 }
 
 /// The gateway for one connection: its client's address, request ids
-/// (`x-request-id`, made if absent, sent upstream and back), the body
-/// deadline and budget (an HTTP/1 connection whose body ran past one is
-/// closed: the rest of that body is not read), the access log.
+/// (`x-request-id`, made if absent, sent upstream and back), the access
+/// log; an HTTP/1 connection whose body ran past its deadline or the budget
+/// is closed (the rest of that body is not read).
 fn service(
     gateway: Gateway<GatewayStore>,
     conn: ClientConn,
     ratios: Arc<Ratios>,
-    bodies: BodyLimits,
     requests: Arc<AtomicUsize>,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
@@ -211,10 +207,9 @@ fn service(
     let svc = ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(Uuids))
         .layer(PropagateRequestIdLayer::x_request_id())
-        .service_fn(move |req: http::Request<Incoming>| {
+        .service_fn(move |mut req: http::Request<Incoming>| {
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
             requests.fetch_add(1, Ordering::Relaxed);
-            let mut req = req.map(|body| bodies.wrap(body));
             req.extensions_mut().insert(conn);
             let http1 = req.version() < http::Version::HTTP_2;
             async move {
