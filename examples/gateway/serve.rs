@@ -174,7 +174,7 @@ where
     let mut idle = tokio::time::interval_at(start, watch.idle);
     loop {
         tokio::select! {
-            done = conn.as_mut() => return done.map_err(Into::into),
+            done = conn.as_mut() => return done,
             () = watch.close.cancelled() => break,
             _ = idle.tick() => {
                 // Graceful: requests in flight finish first.
@@ -185,7 +185,7 @@ where
         }
     }
     conn.as_mut().graceful_shutdown();
-    conn.await.map_err(Into::into)
+    conn.await
 }
 
 /// The gateway for one connection: its client's address, request ids
