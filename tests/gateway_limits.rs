@@ -270,6 +270,23 @@ async fn builders_take_durations_that_cannot_work() {
             assert_eq!(res.status(), 200);
             assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
         }
+        // The same for a message consumer.
+        let consumer = tower_idempotency::consumer::Consumer::new(
+            tower_idempotency::store::MemoryStore::new(),
+        )
+        .lease(lease)
+        .wait(Duration::MAX)
+        .window(Duration::MAX);
+        let fp = tower_idempotency::Fingerprint::of(b"p");
+        for _ in 0..2 {
+            let got = consumer
+                .once("msg-1", fp.clone(), async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, std::io::Error>(())
+                })
+                .await;
+            assert!(got.is_ok(), "{got:?}");
+        }
     }
 }
 
