@@ -351,3 +351,91 @@ async fn idle_http2_connections_are_closed_and_streams_capped() {
         assert!(closed, "the idle HTTP/2 connection stayed open");
     }
 }
+
+/// The library's `BodyLimits` in front of an idempotency stack: a body that
+/// stalls past the deadline gets 408 (a channel: its failure reply), one
+/// past the budget 503 with `Retry-After`, counted as shed; neither reaches
+/// the handler.
+#[tokio::test]
+async fn body_limits_in_front_of_the_stack() {
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+    use http_body_util::{Full, StreamBody};
+    use tower::{ServiceBuilder, ServiceExt};
+    use tower_idempotency::limit::{BodyBudget, BodyLimitError, BodyLimits};
+    use tower_idempotency::{IdempotencyLayer, Outcome};
+
+    type Frames = std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<Item = Result<http_body::Frame<Bytes>, std::io::Error>> + Send,
+        >,
+    >;
+    let stalled = || -> StreamBody<Frames> {
+        let first = futures_util::stream::iter([Ok(http_body::Frame::data(Bytes::from_static(
+            br#"{"id":"evt_"#,
+        )))]);
+        StreamBody::new(first.chain(futures_util::stream::pending()).boxed())
+    };
+    let whole = |body: &'static str| -> StreamBody<Frames> {
+        let frame = Ok(http_body::Frame::data(Bytes::from_static(body.as_bytes())));
+        StreamBody::new(futures_util::stream::iter([frame]).boxed())
+    };
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stack = |layer: IdempotencyLayer, limits: BodyLimits| {
+        let calls = calls.clone();
+        ServiceBuilder::new()
+            .layer(limits)
+            .layer(layer)
+            .service_fn(move |_req| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+                }
+            })
+    };
+    let post = |body, key: Option<&str>| {
+        let mut req = http::Request::post("/orders").header("content-type", "application/json");
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req.body(body).unwrap()
+    };
+
+    let limits = BodyLimits::new().timeout(Duration::from_millis(200));
+    let res = stack(IdempotencyLayer::idempotency_key(), limits.clone())
+        .oneshot(post(stalled(), Some("k1")))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 408);
+    assert_eq!(
+        res.extensions().get::<BodyLimitError>(),
+        Some(&BodyLimitError::Timeout(Duration::from_millis(200)))
+    );
+    let res = stack(IdempotencyLayer::stripe(), limits)
+        .oneshot(post(stalled(), None))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 500, "Stripe's failure reply");
+    assert!(res.extensions().get::<BodyLimitError>().is_some());
+
+    let budget = BodyBudget::new(16);
+    let limits = BodyLimits::new().budget(budget.clone());
+    let res = stack(IdempotencyLayer::idempotency_key(), limits.clone())
+        .oneshot(post(
+            whole(r#"{"order":"more than sixteen bytes"}"#),
+            Some("k2"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(res.extensions().get::<Outcome>(), Some(&Outcome::Shed));
+    assert_eq!(budget.used(), 0, "a shed body gives its bytes back");
+    let res = stack(IdempotencyLayer::idempotency_key(), limits)
+        .oneshot(post(whole(r#"{"order":1}"#), Some("k3")))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(budget.used(), 0);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
