@@ -280,7 +280,7 @@ async fn builders_take_durations_that_cannot_work() {
         let fp = tower_idempotency::Fingerprint::of(b"p");
         for _ in 0..2 {
             let got = consumer
-                .once("msg-1", fp.clone(), async {
+                .once("msg-1", fp, async {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     Ok::<_, std::io::Error>(())
                 })
