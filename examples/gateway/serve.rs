@@ -72,7 +72,11 @@ pub async fn accept_until(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .keep_alive(true);
+        .keep_alive(true)
+        // A connection's read buffer grows up to this (hyper's default is
+        // about 400 KiB): what a flood of bulk bodies holds beyond the bodies
+        // themselves. Headers must fit in it.
+        .max_buf_size(64 << 10);
     builder
         .http2()
         .timer(TokioTimer::new())
