@@ -1,5 +1,7 @@
 //! The response body type of the dedup layer.
 
+use crate::limit::BodyLimitError;
+use crate::Outcome;
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
@@ -209,6 +211,36 @@ pub(crate) fn too_large<B: From<Bytes>>() -> http::Response<B> {
     )
 }
 
+/// The answer to a body past its deadline (408) or its budget (503 with
+/// `Retry-After`, counted as shed): both retryable, both carrying the
+/// [`BodyLimitError`] (so that a server closes the connection, whose body
+/// was not read to the end) and the [`Outcome`].
+pub(crate) fn body_limit_response<B: From<Bytes>>(error: BodyLimitError) -> http::Response<B> {
+    let (mut res, outcome) = match error {
+        BodyLimitError::Timeout(_) => (
+            text_response(
+                http::StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time\n",
+            ),
+            Outcome::RejectedBadInput,
+        ),
+        BodyLimitError::OverBudget => {
+            let mut res = text_response(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "too many request bodies in progress; retry later\n",
+            );
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+            (res, Outcome::Shed)
+        }
+    };
+    res.extensions_mut().insert(error);
+    res.extensions_mut().insert(outcome);
+    res
+}
+
 /// Accumulates data frames; a body of one frame is kept without a copy.
 #[derive(Debug, Default)]
 pub(crate) struct BodyBuffer {
@@ -243,8 +275,9 @@ impl BodyBuffer {
     }
 
     /// Reads `body`'s data frames into the buffer until the body ends
-    /// (`Ok`), passes `limit` bytes (a 413 answer) or fails (a 400 answer).
-    /// Trailers are not kept.
+    /// (`Ok`), passes `limit` bytes (a 413 answer) or fails (a 400 answer,
+    /// or [`body_limit_response`] for a [`BodyLimitError`]). Trailers are
+    /// not kept.
     pub(crate) fn poll_collect<B, R>(
         &mut self,
         mut body: Pin<&mut B>,
@@ -253,6 +286,7 @@ impl BodyBuffer {
     ) -> Poll<Result<(), http::Response<R>>>
     where
         B: Body,
+        B::Error: Into<BoxError>,
         R: From<Bytes>,
     {
         loop {
@@ -267,11 +301,15 @@ impl BodyBuffer {
                         self.push(data);
                     }
                 }
-                Some(Err(_)) => {
-                    return Poll::Ready(Err(text_response(
-                        http::StatusCode::BAD_REQUEST,
-                        "could not read the request body\n",
-                    )))
+                Some(Err(e)) => {
+                    let e: BoxError = e.into();
+                    return Poll::Ready(Err(match BodyLimitError::find(&*e) {
+                        Some(limit) => body_limit_response(limit),
+                        None => text_response(
+                            http::StatusCode::BAD_REQUEST,
+                            "could not read the request body\n",
+                        ),
+                    }));
                 }
             }
         }

@@ -121,6 +121,7 @@ mod fingerprint;
 mod headers;
 pub mod key;
 mod layer;
+pub mod limit;
 pub mod normalize;
 mod outcome;
 mod path;

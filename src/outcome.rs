@@ -51,6 +51,12 @@ pub enum Outcome {
     /// the service boundary and the caller got a 500 (the connection stays
     /// open). Always a bug: the log has the panic message.
     Panicked,
+    /// The request was refused at once with the retryable failure (503 with
+    /// `Retry-After`, or the channel's failure reply) because a bound was
+    /// full: the budget of buffered request bodies or the cap on upstream
+    /// calls. Nothing was claimed or run; the sender's retry gets through
+    /// once the load is gone.
+    Shed,
 }
 
 impl Outcome {
@@ -73,6 +79,7 @@ impl Outcome {
             Self::CompletionAbandoned => "completion_abandoned",
             Self::Unverified => "unverified",
             Self::Panicked => "panicked",
+            Self::Shed => "shed",
         }
     }
 

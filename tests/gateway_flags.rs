@@ -12,9 +12,11 @@ mod gateway_support;
 
 #[cfg(feature = "metrics")]
 use common::{client, upstream::Upstream, vectors::STRIPE_VECTORS};
-use gateway_support::gateway_bin;
 #[cfg(feature = "metrics")]
-use gateway_support::{get, storm::send_vector, Gateway};
+use gateway_support::storm::send_vector;
+use gateway_support::{exits_2, gateway_bin};
+#[cfg(feature = "metrics")]
+use gateway_support::{get, Gateway};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -309,20 +311,6 @@ fn workers_must_be_a_number_of_threads() {
         ":2: `workers`: expected a number of serving threads from 1 to 1024",
     );
     let _ = std::fs::remove_file(&file);
-}
-
-/// Runs `cmd`: exit status 2, nothing on stdout, `hint` in the message.
-fn exits_2(mut cmd: Command, hint: &str) {
-    let out = cmd
-        .env("RUST_LOG", "off")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
-    assert!(stderr.starts_with("gateway: "), "{cmd:?}: {stderr}");
-    assert!(stderr.contains(hint), "{cmd:?}: {stderr:?} lacks {hint:?}");
-    assert!(out.stdout.is_empty(), "{cmd:?}");
 }
 
 /// `name{labels} value` lines of a Prometheus text body whose labels include

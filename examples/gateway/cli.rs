@@ -29,7 +29,7 @@ pub enum Parsed {
     override_usage = "gateway --listen ADDR --upstream URL [--route PREFIX=PRESET]... [options]\n       \
                       gateway --config FILE [options]\n       \
                       gateway dlq list|replay ID|replay --all [--queue QUEUE|--data-dir DIR]",
-    after_help = "DUR: 500ms, 30s, 5m, 25h, 2d    SIZE: 65536, 64KiB, 1MiB\n\
+    after_help = "DUR: 500ms, 30s, 5m, 25h, 2d (at most a year)    SIZE: 65536, 64KiB, 1MiB\n\
                   Every flag can also be set with IDEMPOTENCY_GATEWAY_<FLAG> (e.g. \
                   IDEMPOTENCY_GATEWAY_UPSTREAM, IDEMPOTENCY_GATEWAY_ROUTE=/a=stripe,/b=alipay)."
 )]
@@ -58,8 +58,8 @@ pub struct Args {
     /// How long a success is replayed (default: the preset's)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_WINDOW", value_parser = parse::positive_duration)]
     pub window: Option<Duration>,
-    /// Claim lease, renewed every lease/3 (default 30s)
-    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_LEASE", value_parser = parse::positive_duration)]
+    /// Claim lease, renewed every lease/3; at least 100ms (default 30s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_LEASE", value_parser = parse::lease)]
     pub lease: Option<Duration>,
     /// How long a duplicate waits for the first (default 4s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_WAIT", value_parser = parse::duration)]
@@ -82,7 +82,7 @@ pub struct Args {
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_TIMEOUT", value_parser = parse::positive_duration)]
     pub upstream_timeout: Option<Duration>,
     /// Memory store budget (default 256MiB)
-    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_MEMORY", value_parser = parse::size)]
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_MEMORY", value_parser = parse::body_size)]
     pub max_memory: Option<usize>,
     /// Run limit of a guarded upstream call: past it the call is cancelled and the key
     /// freed for the next retry (default 5m)
@@ -124,6 +124,22 @@ pub struct Args {
     /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
+    /// Time a client has to send a body that a guarded or auto route buffers, once its
+    /// headers are in: past it 408 and the connection closes (per stream over HTTP/2);
+    /// streamed bodies have --upstream-timeout (default 10s)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_BODY_TIMEOUT", value_parser = parse::positive_duration)]
+    pub body_timeout: Option<Duration>,
+    /// Budget of the request bodies being buffered, all connections together: a body that
+    /// would take it past this gets the retryable failure at once (default 64MiB)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_MAX_BUFFERED", value_parser = parse::body_size)]
+    pub max_buffered: Option<usize>,
+    /// Most concurrent HTTP/2 streams per client connection (default 64)
+    #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_H2_MAX_STREAMS", value_parser = parse::streams)]
+    pub h2_max_streams: Option<u32>,
+    /// Most calls in flight to the upstream, those finishing in the background included;
+    /// past it a request gets the retryable failure at once (default 1024)
+    #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_UPSTREAM_CALLS", value_parser = parse::count)]
+    pub max_upstream_calls: Option<usize>,
     /// Repeatable: the route with this prefix answers once the notification is
     /// durably queued, and delivers it later (the route must name a channel preset)
     #[arg(long, value_name = "PREFIX", env = "IDEMPOTENCY_GATEWAY_ACK_THEN_DELIVER",

@@ -23,6 +23,7 @@
 use crate::ack::{self, QueueSettings};
 use crate::cli::Args;
 use crate::parse::{self, StoreSpec};
+use crate::spanned::{At, Field, SizeValue};
 use http::HeaderName;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -32,16 +33,6 @@ use toml::Spanned;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
 use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
-
-type Field = Option<Spanned<String>>;
-
-/// A size written as a number of bytes or a string (`"64KiB"`).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum SizeValue {
-    Bytes(u64),
-    Text(String),
-}
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +58,10 @@ struct File {
     max_connections: Option<Spanned<u64>>,
     workers: Option<Spanned<u64>>,
     header_timeout: Field,
+    body_timeout: Field,
+    max_buffered: Option<Spanned<SizeValue>>,
+    h2_max_streams: Option<Spanned<u64>>,
+    max_upstream_calls: Option<Spanned<u64>>,
     queue: Field,
     data_dir: Option<PathBuf>,
     max_attempts: Option<Spanned<u64>>,
@@ -112,79 +107,25 @@ pub struct Settings {
     /// Serving threads.
     pub workers: usize,
     pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    /// The budget of request bodies being read.
+    pub max_buffered: usize,
+    pub h2_max_streams: u32,
+    pub max_upstream_calls: usize,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
+    /// Warnings to log once logging is on.
+    pub warnings: Vec<String>,
 }
 
 /// The memory store's budget when `--max-memory` is not given.
 pub const DEFAULT_MAX_MEMORY: usize = 256 << 20;
 
+/// The budget of request bodies being read when `--max-buffered` is not given.
+pub const DEFAULT_MAX_BUFFERED: usize = 64 << 20;
+
 /// The Redis store's local tier budget when `--local-max-memory` is not given.
 pub const DEFAULT_LOCAL_MAX_MEMORY: usize = 64 << 20;
-
-/// A bad file: `FILE:LINE: reason`.
-struct At<'a> {
-    path: &'a str,
-    text: &'a str,
-}
-
-impl At<'_> {
-    fn err(&self, span: std::ops::Range<usize>, why: impl std::fmt::Display) -> String {
-        let line = self.text[..span.start.min(self.text.len())]
-            .matches('\n')
-            .count()
-            + 1;
-        format!("{}:{line}: {why}", self.path)
-    }
-
-    /// A value from the file checked by `f`; an error names its line.
-    fn checked<V, T>(
-        &self,
-        field: &Option<Spanned<V>>,
-        key: &str,
-        f: impl Fn(&V) -> Result<T, String>,
-    ) -> Result<Option<T>, String> {
-        field
-            .as_ref()
-            .map(|v| f(v.get_ref()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))))
-            .transpose()
-    }
-
-    fn value<T>(
-        &self,
-        field: &Field,
-        key: &str,
-        f: fn(&str) -> Result<T, String>,
-    ) -> Result<Option<T>, String> {
-        self.checked(field, key, |s| f(s))
-    }
-
-    /// A number from the file, checked by the flag's parser `f`.
-    fn number(
-        &self,
-        field: &Option<Spanned<u64>>,
-        key: &str,
-        f: fn(&str) -> Result<usize, String>,
-    ) -> Result<Option<usize>, String> {
-        self.checked(field, key, |n| f(&n.to_string()))
-    }
-
-    fn size(&self, field: &Option<Spanned<SizeValue>>, key: &str) -> Result<Option<usize>, String> {
-        self.size_by(field, key, parse::body_size)
-    }
-
-    fn size_by(
-        &self,
-        field: &Option<Spanned<SizeValue>>,
-        key: &str,
-        f: fn(&str) -> Result<usize, String>,
-    ) -> Result<Option<usize>, String> {
-        self.checked(field, key, |v| match v {
-            SizeValue::Bytes(n) => usize::try_from(*n).map_err(|_| "too large".to_owned()),
-            SizeValue::Text(s) => f(s),
-        })
-    }
-}
 
 /// The settings from `args` and the file it names; `Err` is the message for
 /// exit status 2.
@@ -211,9 +152,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         window: args
             .window
             .or(at.value(&file.window, "window", parse::positive_duration)?),
-        lease: args
-            .lease
-            .or(at.value(&file.lease, "lease", parse::positive_duration)?),
+        lease: args.lease.or(at.value(&file.lease, "lease", parse::lease)?),
         wait: args.wait.or(at.value(&file.wait, "wait", parse::duration)?),
         max_run: args
             .max_run
@@ -231,7 +170,11 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     };
     let mut routes = Vec::new();
     let mut seen = RouteTable::new();
+    let mut warnings = Vec::new();
     if !args.route.is_empty() {
+        if let Some(w) = dropped_routes(&file, &at)? {
+            warnings.push(w);
+        }
         for r in &args.route {
             seen.insert(&r.prefix, ())
                 .map_err(|e| format!("bad value `{}` for `--route`: {e}", r.prefix))?;
@@ -250,7 +193,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 parse::target(r.preset.get_ref()).map_err(|e| at.err(r.preset.span(), e))?;
             let own = Global {
                 window: at.value(&r.window, "window", parse::positive_duration)?,
-                lease: at.value(&r.lease, "lease", parse::positive_duration)?,
+                lease: at.value(&r.lease, "lease", parse::lease)?,
                 wait: at.value(&r.wait, "wait", parse::duration)?,
                 max_run: at.value(&r.max_run, "max_run", parse::positive_duration)?,
                 max_body: at.size(&r.max_body, "max_body")?,
@@ -337,8 +280,54 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 parse::positive_duration,
             )?)
             .unwrap_or(Duration::from_secs(10)),
+        body_timeout: args
+            .body_timeout
+            .or(at.value(&file.body_timeout, "body_timeout", parse::positive_duration)?)
+            .unwrap_or(tower_idempotency::limit::DEFAULT_BODY_TIMEOUT),
+        max_buffered: args
+            .max_buffered
+            .or(at.size(&file.max_buffered, "max_buffered")?)
+            .unwrap_or(DEFAULT_MAX_BUFFERED),
+        h2_max_streams: args
+            .h2_max_streams
+            .or(at.checked(&file.h2_max_streams, "h2_max_streams", |n| {
+                parse::streams(&n.to_string())
+            })?)
+            .unwrap_or(64),
+        max_upstream_calls: args
+            .max_upstream_calls
+            .or(at.number(&file.max_upstream_calls, "max_upstream_calls", parse::count)?)
+            .unwrap_or(tower_idempotency::proxy::DEFAULT_MAX_UPSTREAM_CALLS),
         queue,
+        warnings,
     })
+}
+
+/// `--route` flags replace the file's routes: refused when one of those
+/// verifies its sender (it would be served unverified), else a warning
+/// naming them.
+fn dropped_routes(file: &File, at: &At<'_>) -> Result<Option<String>, String> {
+    if let Some(r) = file.route.iter().find(|r| r.get_ref().verify.is_some()) {
+        let prefix = r.get_ref().prefix.get_ref();
+        return Err(at.err(
+            r.span(),
+            format!(
+                "`--route` replaces the config file's routes, and route `{prefix}` has a \
+                 `verify` table: it would run unverified; put the routes in one place"
+            ),
+        ));
+    }
+    let dropped: Vec<&str> = file
+        .route
+        .iter()
+        .map(|r| r.get_ref().prefix.get_ref().as_str())
+        .collect();
+    Ok((!dropped.is_empty()).then(|| {
+        format!(
+            "`--route` replaces the config file's routes; dropped: {}",
+            dropped.join(" ")
+        )
+    }))
 }
 
 /// The queue settings alone (for `gateway dlq`).

@@ -6,7 +6,7 @@
 //! A thin program over the library's `proxy` module: `cli` (flags and
 //! environment variables), `config` (the TOML file), `store`, `tls`,
 //! `serve` (connections), `workers` (serving threads and their drain),
-//! `admin` (metrics and health), `logging` (non-blocking logs), `access`
+//! `spanned` (a config value's line), `admin` (metrics and health), `logging` (non-blocking logs), `access`
 //! (the access log line), `verify` (a route's signature keys).
 //!
 //! ```text
@@ -31,6 +31,7 @@ mod dlq;
 mod logging;
 mod parse;
 mod serve;
+mod spanned;
 mod store;
 mod tls;
 mod verify;
@@ -60,7 +61,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::GatewayStore;
 use tokio::sync::Semaphore;
-use tower_idempotency::proxy::{Forward, Gateway};
+use tower_idempotency::limit::{BodyBudget, BodyLimits};
+use tower_idempotency::proxy::{CallLimit, Forward, Gateway};
 use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
 
@@ -134,12 +136,17 @@ fn check_files(settings: &Settings) -> Result<(), String> {
     if let Some((cert, key)) = &settings.tls {
         tls::Tls::load(cert, key)?;
     }
-    forward(settings).map(drop)
+    forward(settings, None).map(drop)
 }
 
-fn forward(settings: &Settings) -> Result<Forward, String> {
+/// A forwarder to the upstream; every one shares the cap on upstream calls
+/// `calls` (none: a cap of its own, for `--check-config`).
+fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
     let mut builder =
         Forward::builder(settings.upstream.clone()).timeout(settings.upstream_timeout);
+    if let Some(calls) = calls {
+        builder = builder.call_limit(calls.clone());
+    }
     if let Some(ca) = &settings.upstream_ca {
         let pem = std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
         builder = builder
@@ -154,15 +161,16 @@ async fn run(
     dropped: tracing_appender::non_blocking::ErrorCounter,
 ) -> Result<(), String> {
     let mut signals = serve::Signals::new().map_err(|e| format!("cannot handle signals: {e}"))?;
+    for warning in &settings.warnings {
+        warn!("{warning}");
+    }
+    // SIGHUP reloads the certificate, or is logged: it never stops the
+    // gateway (`systemctl reload` sends it).
     let tls = match &settings.tls {
-        Some((cert, key)) => {
-            let tls = tls::Tls::load(cert, key)?;
-            tls.reload_on_sighup()
-                .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
-            Some(tls)
-        }
+        Some((cert, key)) => Some(tls::Tls::load(cert, key)?),
         None => None,
     };
+    tls::reload_on_sighup(tls.clone()).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     let budgets = store::Budgets {
         max_memory: settings.max_memory as u64,
         local_max_memory: settings.local_max_memory as u64,
@@ -182,9 +190,18 @@ async fn run(
     };
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
+    // One cap for the upstream, across the serving threads and the queue's
+    // deliveries (built once the metrics recorder is in, for its gauge).
+    let calls = CallLimit::new(settings.max_upstream_calls);
+    // One budget of bodies being read, across the serving threads.
+    let bodies = BodyLimits::new()
+        .timeout(settings.body_timeout)
+        .budget(BodyBudget::new(settings.max_buffered));
     let gateway = || -> Result<Gateway<GatewayStore>, String> {
-        let mut builder =
-            Gateway::builder(forward(&settings)?, store.clone()).task_tracker(tasks.clone());
+        let forward = forward(&settings, Some(&calls))?;
+        let mut builder = Gateway::builder(forward, store.clone())
+            .task_tracker(tasks.clone())
+            .body_limits(bodies.clone());
         for (prefix, target, options) in &settings.routes {
             builder = builder.route_with(prefix, target.clone(), options.clone());
         }
@@ -207,6 +224,7 @@ async fn run(
         header_timeout: settings.header_timeout,
         tls: tls.clone(),
         ratios: Arc::default(),
+        h2_max_streams: settings.h2_max_streams,
     };
     let mut workers = workers::Workers::start(bound, gateway, &limits)?;
     let routes: Vec<String> = control

@@ -94,10 +94,24 @@ pub fn route(s: &str) -> Result<RouteArg, String> {
     })
 }
 
-/// `500ms`, `30s`, `25h`, `2d`, `1h 30m` (humantime).
+/// `500ms`, `30s`, `25h`, `2d`, `1h 30m` (humantime), at most a year.
 pub fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{e}; expected a number and a unit: 500ms, 30s, 5m, 25h, 2d"))
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; expected a number and a unit: 500ms, 30s, 5m, 25h, 2d"))?;
+    if d > tower_idempotency::dedup::MAX_SETTING {
+        return Err("must be at most a year (365d)".into());
+    }
+    Ok(d)
+}
+
+/// `--lease`: from 100ms (renewed every lease/3) to a year.
+pub fn lease(s: &str) -> Result<Duration, String> {
+    match positive_duration(s)? {
+        d if d < tower_idempotency::dedup::MIN_LEASE => {
+            Err("must be at least 100ms (the lease is renewed every lease/3)".into())
+        }
+        d => Ok(d),
+    }
 }
 
 pub fn positive_duration(s: &str) -> Result<Duration, String> {
@@ -132,6 +146,14 @@ pub fn count(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) | Err(_) => Err("expected a whole number more than 0".into()),
         Ok(n) => Ok(n),
+    }
+}
+
+/// `--h2-max-streams N`: 1 to 2^31-1.
+pub fn streams(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n @ 1..=0x7fff_ffff) => Ok(n),
+        _ => Err("expected a whole number from 1 to 2147483647".into()),
     }
 }
 

@@ -1,22 +1,27 @@
 //! Accepting connections: TLS, a cap on connections, header read timeout,
-//! request ids, the access log; and the drain on SIGTERM or SIGINT.
+//! idle connections closed (HTTP/2 too), request ids, the access log; and
+//! the drain on SIGTERM or SIGINT.
 
 use crate::access::Ratios;
 use crate::tls::Tls;
+use http::HeaderValue;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 use tower::ServiceExt;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
+use tower_idempotency::limit::BodyLimitError;
 use tower_idempotency::proxy::{ClientConn, Gateway};
 use tracing::{debug, warn};
 
@@ -31,29 +36,57 @@ pub struct Limits {
     pub tls: Option<Tls>,
     /// The duplicate-ratio gauge, fed by every serving thread.
     pub ratios: Arc<Ratios>,
+    pub h2_max_streams: u32,
 }
 
-/// Serves until `stop` resolves; returns the graceful-shutdown watcher of
-/// the connections still open. The listener is closed on return.
+/// The connections a serving thread still has open.
+pub struct Open {
+    close: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Open {
+    /// How many.
+    pub fn count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Asks each to finish its requests in flight and close, and waits.
+    pub async fn shutdown(self) {
+        self.close.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// Serves until `stop` resolves; returns the connections still open. The
+/// listener is closed on return.
 pub async fn accept_until(
     listener: TcpListener,
     gateway: Gateway<GatewayStore>,
     limits: &Limits,
     stop: impl std::future::Future<Output = ()>,
-) -> GracefulShutdown {
+) -> Open {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .keep_alive(true);
+        .keep_alive(true)
+        // A connection's read buffer grows up to this (hyper's default is
+        // about 400 KiB): what a flood of bulk bodies holds beyond the bodies
+        // themselves. Headers must fit in it.
+        .max_buf_size(64 << 10);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(limits.h2_max_streams)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    let graceful = GracefulShutdown::new();
+    let open = Open {
+        close: CancellationToken::new(),
+        tasks: TaskTracker::new(),
+    };
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
@@ -76,18 +109,31 @@ pub async fn accept_until(
             addr: peer,
             tls: limits.tls.is_some(),
         };
-        let svc = service(gateway.clone(), conn, limits.ratios.clone());
-        let (builder, tls, watcher) = (builder.clone(), limits.tls.clone(), graceful.watcher());
+        // Bumped by each request: a connection that got none for a while
+        // is closed (HTTP/2 has no header timeout between streams).
+        let requests = Arc::new(AtomicUsize::new(0));
+        let svc = service(
+            gateway.clone(),
+            conn,
+            limits.ratios.clone(),
+            requests.clone(),
+        );
+        let (builder, tls) = (builder.clone(), limits.tls.clone());
         let header_timeout = limits.header_timeout;
-        tokio::spawn(async move {
+        let watch = Watch {
+            close: open.close.clone(),
+            requests,
+            idle: header_timeout,
+        };
+        open.tasks.spawn(async move {
             let _permit = permit;
             let result = match tls {
-                None => serve_io(stream, &builder, svc, watcher).await,
+                None => serve_io(stream, &builder, svc, watch).await,
                 Some(tls) => {
                     let accepted =
                         tokio::time::timeout(header_timeout, tls.acceptor().accept(stream)).await;
                     match accepted {
-                        Ok(Ok(stream)) => serve_io(stream, &builder, svc, watcher).await,
+                        Ok(Ok(stream)) => serve_io(stream, &builder, svc, watch).await,
                         Ok(Err(e)) => Err(e.into()),
                         Err(_) => Err("TLS handshake timed out".into()),
                     }
@@ -98,7 +144,14 @@ pub async fn accept_until(
             }
         });
     }
-    graceful
+    open
+}
+
+/// When a connection should finish: the drain, or no request for `idle`.
+struct Watch {
+    close: CancellationToken,
+    requests: Arc<AtomicUsize>,
+    idle: Duration,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -107,7 +160,7 @@ async fn serve_io<I, S, B>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
     svc: S,
-    watcher: hyper_util::server::graceful::Watcher,
+    watch: Watch,
 ) -> Result<(), BoxError>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -120,15 +173,34 @@ where
     B::Error: Into<BoxError>,
 {
     let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
-    watcher.watch(conn).await
+    tokio::pin!(conn);
+    let start = tokio::time::Instant::now() + watch.idle;
+    let mut idle = tokio::time::interval_at(start, watch.idle);
+    loop {
+        tokio::select! {
+            done = conn.as_mut() => return done,
+            () = watch.close.cancelled() => break,
+            _ = idle.tick() => {
+                // Graceful: requests in flight finish first.
+                if watch.requests.swap(0, Ordering::Relaxed) == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    conn.await
 }
 
 /// The gateway for one connection: its client's address, request ids
-/// (`x-request-id`, made if absent, sent upstream and back), the access log.
+/// (`x-request-id`, made if absent, sent upstream and back), the access
+/// log; an HTTP/1 connection whose body ran past its deadline or the budget
+/// is closed (the rest of that body is not read).
 fn service(
     gateway: Gateway<GatewayStore>,
     conn: ClientConn,
     ratios: Arc<Ratios>,
+    requests: Arc<AtomicUsize>,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
     Response = tower_idempotency::proxy::GatewayResponse,
@@ -141,7 +213,9 @@ fn service(
         .layer(PropagateRequestIdLayer::x_request_id())
         .service_fn(move |mut req: http::Request<Incoming>| {
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
+            requests.fetch_add(1, Ordering::Relaxed);
             req.extensions_mut().insert(conn);
+            let http1 = req.version() < http::Version::HTTP_2;
             async move {
                 // What the access line needs, kept only when it is logged.
                 let line =
@@ -152,7 +226,11 @@ fn service(
                             Instant::now(),
                         )
                     });
-                let res = gateway.oneshot(req).await?;
+                let mut res = gateway.oneshot(req).await?;
+                if http1 && res.extensions().get::<BodyLimitError>().is_some() {
+                    res.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 ratios.record(line, &res);
                 Ok(res)
             }

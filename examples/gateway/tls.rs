@@ -35,26 +35,30 @@ impl Tls {
             .clone();
         TlsAcceptor::from(config)
     }
+}
 
-    /// Reloads the files on every SIGHUP, for as long as the process runs.
-    pub fn reload_on_sighup(&self) -> std::io::Result<()> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = signal(SignalKind::hangup())?;
-        let this = self.clone();
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                let (cert, key) = &*this.files;
-                match server_config(cert, key) {
-                    Ok(config) => {
-                        *this.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
-                        info!(cert = %cert.display(), "TLS certificate reloaded");
-                    }
-                    Err(error) => warn!(%error, "TLS reload failed; keeping the old certificate"),
+/// On every SIGHUP, for as long as the process runs: reloads `tls`'s files,
+/// or logs that there is nothing to reload. SIGHUP never stops the gateway.
+pub fn reload_on_sighup(tls: Option<Tls>) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let Some(tls) = &tls else {
+                info!("SIGHUP: nothing to reload (no TLS certificate)");
+                continue;
+            };
+            let (cert, key) = &*tls.files;
+            match server_config(cert, key) {
+                Ok(config) => {
+                    *tls.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+                    info!(cert = %cert.display(), "TLS certificate reloaded");
                 }
+                Err(error) => warn!(%error, "TLS reload failed; keeping the old certificate"),
             }
-        });
-        Ok(())
-    }
+        }
+    });
+    Ok(())
 }
 
 fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, String> {

@@ -111,10 +111,10 @@ impl Workers {
             let (stopped, stopped_rx) = oneshot::channel();
             let (drained, drained_rx) = oneshot::channel();
             let serve = async move {
-                let graceful =
+                let open =
                     serve::accept_until(listener, gateway, &limits, stop.cancelled_owned()).await;
-                let _ = stopped.send(graceful.count());
-                graceful.shutdown().await;
+                let _ = stopped.send(open.count());
+                open.shutdown().await;
                 let _ = drained.send(());
                 // The background work this thread's requests left on the
                 // task tracker runs here until the drain is over.

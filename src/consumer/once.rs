@@ -2,6 +2,7 @@
 
 use super::lease::{timed, Held};
 use super::{ConsumeError, Once, Receipt};
+use crate::dedup::{MAX_SETTING, MIN_LEASE};
 use crate::outcome::{self, log_warn, Outcome};
 use crate::store::{Claim, CompletedRecord, OwnerToken, Store, StoredResponse};
 use crate::Fingerprint;
@@ -62,23 +63,24 @@ impl<St: Store> Consumer<St> {
 
     /// How long a success is remembered: a copy of the message within the
     /// window does not run the handler. Keep it longer than the sender's
-    /// redelivery horizon. Defaults to 25 hours.
+    /// redelivery horizon. Defaults to 25 hours. At most a year.
     pub fn window(self, window: Duration) -> Self {
-        self.with(|c| c.window = window)
+        self.with(|c| c.window = window.min(MAX_SETTING))
     }
 
     /// How long a claim holds without renewal; it is renewed every `lease/3`
     /// while the handler runs, and runs out if the process dies, so that a
-    /// redelivery runs the handler again. Defaults to 30 seconds.
+    /// redelivery runs the handler again. Defaults to 30 seconds. From 100 ms
+    /// to a year: a value outside is taken as the nearest end.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.lease = lease)
+        self.with(|c| c.lease = lease.clamp(MIN_LEASE, MAX_SETTING))
     }
 
     /// How long a copy that finds the key in flight waits for the first one
     /// before it answers [`ConsumeError::InFlight`]. Defaults to zero (answer
-    /// at once: a queue redelivers later anyway).
+    /// at once: a queue redelivers later anyway). At most a year.
     pub fn wait(self, wait: Duration) -> Self {
-        self.with(|c| c.wait = wait)
+        self.with(|c| c.wait = wait.min(MAX_SETTING))
     }
 
     /// The timeout of every store call. Defaults to 1 second.

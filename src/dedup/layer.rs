@@ -6,6 +6,25 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
+/// The shortest lease [`DedupLayer::lease`] takes: a shorter one would
+/// make the renewal (every `lease/3`) spin.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The longest window, lease, wait, run limit or reply deadline the
+/// builders take (a year); a longer one is taken as this.
+pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `d` within `min..=max`.
+const fn clamp(d: Duration, min: Duration, max: Duration) -> Duration {
+    if d.as_nanos() < min.as_nanos() {
+        min
+    } else if d.as_nanos() > max.as_nanos() {
+        max
+    } else {
+        d
+    }
+}
+
 /// Applies [`Dedup`] to a service. See the [module docs](crate::dedup).
 #[derive(Debug, Clone)]
 pub struct DedupLayer<St> {
@@ -25,25 +44,27 @@ impl<St: Store> DedupLayer<St> {
     }
 
     /// How long a completed record is replayed. Defaults to 25 hours (longer
-    /// than every payment channel's retry schedule).
+    /// than every payment channel's retry schedule). At most a year (a longer
+    /// one is taken as a year).
     pub const fn window(mut self, window: Duration) -> Self {
-        self.config.window = window;
+        self.config.window = clamp(window, Duration::ZERO, MAX_SETTING);
         self
     }
 
     /// How long a claim holds without renewal; it is renewed every `lease/3`
     /// while the inner service runs, and runs out if the instance dies.
-    /// Defaults to 30 seconds.
+    /// Defaults to 30 seconds. From [`MIN_LEASE`] (100 ms) to a year: a
+    /// value outside is taken as the nearest end.
     pub const fn lease(mut self, lease: Duration) -> Self {
-        self.config.lease = lease;
+        self.config.lease = clamp(lease, MIN_LEASE, MAX_SETTING);
         self
     }
 
     /// How long a duplicate waits for the first request before it gets a
     /// retryable answer; zero answers at once. Keep it below the sender's
-    /// timeout (WeChat Pay waits 5 s). Defaults to 4 seconds.
+    /// timeout (WeChat Pay waits 5 s). Defaults to 4 seconds. At most a year.
     pub const fn wait(mut self, wait: Duration) -> Self {
-        self.config.wait = wait;
+        self.config.wait = clamp(wait, Duration::ZERO, MAX_SETTING);
         self
     }
 
@@ -112,9 +133,9 @@ impl<St: Store> DedupLayer<St> {
     /// reply) and the event is logged and counted as
     /// [`Outcome::RunLimitExceeded`](crate::Outcome::RunLimitExceeded). No
     /// key stays blocked longer than this by a hung handler or upstream.
-    /// Defaults to 5 minutes.
+    /// Defaults to 5 minutes. At most a year.
     pub const fn max_run(mut self, limit: Duration) -> Self {
-        self.config.max_run = limit;
+        self.config.max_run = clamp(limit, Duration::ZERO, MAX_SETTING);
         self
     }
 
@@ -127,7 +148,7 @@ impl<St: Store> DedupLayer<St> {
     /// Defaults to no deadline: the caller waits as long as the inner call
     /// runs (up to the run limit).
     pub const fn reply_timeout(mut self, timeout: Duration) -> Self {
-        self.config.reply_timeout = Some(timeout);
+        self.config.reply_timeout = Some(clamp(timeout, Duration::ZERO, MAX_SETTING));
         self
     }
 

@@ -77,7 +77,7 @@ mod service;
 mod store_call;
 
 pub use config::OnStoreError;
-pub use layer::DedupLayer;
+pub use layer::{DedupLayer, MAX_SETTING, MIN_LEASE};
 pub use service::{Dedup, ResponseFuture};
 
 /// The header that marks a replayed response.

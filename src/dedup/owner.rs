@@ -169,10 +169,13 @@ impl<S, St: Store> Owner<S, St> {
                 link.finish(trailers.into_iter().chain([Piece::End])).await;
             }
             Verdict::Failure(parts, body) => {
-                outcome::record(preset, Outcome::Failed);
+                // A call refused before it was sent (a full cap) is shed.
+                let shed = parts.extensions.get::<Outcome>() == Some(&Outcome::Shed);
+                let outcome = if shed { Outcome::Shed } else { Outcome::Failed };
+                outcome::record(preset, outcome);
                 guard.release().await;
                 let mut res = Response::from_parts(parts, ResponseBody::stream(body));
-                res.extensions_mut().insert(Outcome::Failed);
+                res.extensions_mut().insert(outcome);
                 link.answer(Head::Done(Ok(res)));
             }
             Verdict::Error(e) => {

@@ -215,6 +215,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Key<S>
 where
     S: Service<Request<KeyBody>, Response = Response<ResBody>> + Clone,
     ReqBody: Body,
+    ReqBody::Error: Into<crate::BoxError>,
     ResBody: From<Bytes>,
 {
     type Response = Response<ResBody>;
@@ -380,6 +381,7 @@ impl<ReqBody, S, ResBody> Future for ResponseFuture<ReqBody, S, ResBody>
 where
     S: Service<Request<KeyBody>, Response = Response<ResBody>>,
     ReqBody: Body,
+    ReqBody::Error: Into<crate::BoxError>,
     ResBody: From<Bytes>,
 {
     type Output = Result<Response<ResBody>, S::Error>;
@@ -401,7 +403,9 @@ where
                     let mut inner = inner.take().expect("polled after completion");
                     match failure {
                         Some(res) => {
-                            outcome::record(&config.preset, Outcome::RejectedBadInput);
+                            let outcome = res.extensions().get::<Outcome>();
+                            let outcome = outcome.copied().unwrap_or(Outcome::RejectedBadInput);
+                            outcome::record(&config.preset, outcome);
                             State::Done { res: Some(res) }
                         }
                         None => {

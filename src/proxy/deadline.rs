@@ -11,6 +11,8 @@ use std::task::{Context, Poll};
 pub(crate) struct Deadline<B> {
     pub(crate) body: B,
     pub(crate) sleep: Pin<Box<tokio::time::Sleep>>,
+    /// The call's slot in the upstream's cap, held until the body is dropped.
+    pub(crate) _slot: Option<super::upstream::CallPermit>,
 }
 
 impl<B> Body for Deadline<B>

@@ -2,6 +2,7 @@
 
 use super::deadline::Deadline;
 use super::headers::{set_forwarded, strip_hop_by_hop, ClientConn};
+use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
 use crate::outcome::log_warn;
 use bytes::Bytes;
@@ -46,6 +47,7 @@ pub struct Forward {
 struct Shared {
     client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
     upstream: Upstream,
+    calls: CallLimit,
 }
 
 impl fmt::Debug for Forward {
@@ -53,6 +55,7 @@ impl fmt::Debug for Forward {
         f.debug_struct("Forward")
             .field("upstream", &self.shared.upstream)
             .field("timeout", &self.timeout)
+            .field("calls", &self.shared.calls)
             .finish_non_exhaustive()
     }
 }
@@ -64,6 +67,7 @@ pub struct ForwardBuilder {
     timeout: Duration,
     pool_idle_timeout: Duration,
     roots: Vec<CertificateDer<'static>>,
+    calls: Option<CallLimit>,
 }
 
 impl Forward {
@@ -79,6 +83,7 @@ impl Forward {
             timeout: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(30),
             roots: Vec::new(),
+            calls: None,
         }
     }
 
@@ -101,7 +106,16 @@ impl Forward {
         }
     }
 
+    /// The cap on this upstream's calls in flight (see
+    /// [`ForwardBuilder::call_limit`]).
+    pub fn call_limit(&self) -> &CallLimit {
+        &self.shared.calls
+    }
+
     async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
+        let Some(slot) = self.shared.calls.try_acquire() else {
+            return shed(&self.shared.upstream, self.shared.calls.max());
+        };
         let deadline = tokio::time::Instant::now() + self.timeout;
         let (mut parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -134,10 +148,20 @@ impl Forward {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
-                let body = Deadline { body, sleep };
+                let body = Deadline {
+                    body,
+                    sleep,
+                    _slot: Some(slot),
+                };
                 Response::from_parts(parts, body.boxed_unsync())
             }
             Ok(Err(e)) => {
+                // The client's body ran past its deadline or budget.
+                if let Some(limit) = crate::limit::BodyLimitError::find(&e) {
+                    let res =
+                        crate::body::body_limit_response::<http_body_util::Full<Bytes>>(limit);
+                    return res.map(|b| b.map_err(|never| match never {}).boxed_unsync());
+                }
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
@@ -163,6 +187,21 @@ impl Forward {
     }
 }
 
+/// The answer to a call past the cap: 503 with `Retry-After`, marked as
+/// shed for the dedup layer's count.
+fn shed(upstream: &Upstream, max: usize) -> Response<ProxyBody> {
+    upstream_error("shed");
+    log_warn!(upstream = %upstream, max, "upstream calls at their cap; request shed");
+    let mut res = plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many calls in progress to the upstream; retry later\n",
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    res.extensions_mut().insert(crate::Outcome::Shed);
+    res
+}
+
 /// Counts an upstream failure in `gateway_upstream_errors_total{kind}`.
 fn upstream_error(kind: &'static str) {
     #[cfg(feature = "metrics")]
@@ -184,6 +223,14 @@ impl ForwardBuilder {
     /// How long an idle pooled connection is kept. Defaults to 30 seconds.
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
+        self
+    }
+
+    /// The cap on calls in flight to the upstream, shared with every
+    /// forwarder given a clone of `limit` (see [`CallLimit`]). Defaults to a
+    /// cap of [`DEFAULT_MAX_UPSTREAM_CALLS`] (1024) of this forwarder's own.
+    pub fn call_limit(mut self, limit: CallLimit) -> Self {
+        self.calls = Some(limit);
         self
     }
 
@@ -230,6 +277,9 @@ impl ForwardBuilder {
             shared: Arc::new(Shared {
                 client,
                 upstream: self.upstream,
+                calls: self
+                    .calls
+                    .unwrap_or_else(|| CallLimit::new(DEFAULT_MAX_UPSTREAM_CALLS)),
             }),
             timeout: self.timeout,
         }

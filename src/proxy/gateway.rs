@@ -9,6 +9,7 @@ use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
 use crate::channel::PRESET_NAMES;
 use crate::key::{is_guarded_method, HeaderPrincipal, Key};
+use crate::limit::BodyLimits;
 use crate::normalize::Normalize;
 use crate::queue::Queue;
 use crate::store::Store;
@@ -97,6 +98,7 @@ pub struct Gateway<S> {
     pub(super) routes: Arc<RouteTable<Route<S>>>,
     forward: Forward,
     tasks: TaskTracker,
+    bodies: Arc<BodyLimits>,
 }
 
 impl<S> Clone for Gateway<S> {
@@ -105,6 +107,7 @@ impl<S> Clone for Gateway<S> {
             routes: self.routes.clone(),
             forward: self.forward.clone(),
             tasks: self.tasks.clone(),
+            bodies: self.bodies.clone(),
         }
     }
 }
@@ -128,6 +131,7 @@ pub struct GatewayBuilder<S> {
     error: Option<RouteError>,
     tasks: TaskTracker,
     queue: Option<IngestFn>,
+    bodies: BodyLimits,
 }
 
 impl<S: Store> Gateway<S> {
@@ -141,6 +145,7 @@ impl<S: Store> Gateway<S> {
             error: None,
             tasks: TaskTracker::new(),
             queue: None,
+            bodies: BodyLimits::new(),
         }
     }
 }
@@ -169,6 +174,17 @@ impl<S: Store> GatewayBuilder<S> {
     /// [`Gateway::tasks`].
     pub fn task_tracker(mut self, tracker: TaskTracker) -> Self {
         self.tasks = tracker;
+        self
+    }
+
+    /// The deadline and the budget of the request bodies that guarded and
+    /// `auto` routes buffer (see [`BodyLimits`]): past the deadline 408,
+    /// past the budget the retryable failure at once (counted as shed).
+    /// Streamed bodies (unrouted requests, safe methods on `auto` routes)
+    /// are bounded by the [`Forward`]'s timeout instead. Defaults to
+    /// [`BodyLimits::new`]: a deadline of 10 seconds and no budget.
+    pub fn body_limits(mut self, limits: BodyLimits) -> Self {
+        self.bodies = limits;
         self
     }
 
@@ -201,6 +217,7 @@ impl<S: Store> GatewayBuilder<S> {
             return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
         }
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
+        let bodies = Arc::new(self.bodies);
         let routes = self.routes.map(|_, (target, options)| {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
@@ -262,6 +279,7 @@ impl<S: Store> GatewayBuilder<S> {
             routes: Arc::new(routes),
             forward,
             tasks,
+            bodies,
         })
     }
 }
@@ -307,6 +325,7 @@ impl<S: Store> Gateway<S> {
         let Some(limit) = route.auto_limit else {
             let at = route.stacks.iter().position(Option::is_some);
             let at = at.expect("a preset route has its stack");
+            let req = req.map(|body| self.bodies.wrap(body));
             if let Some(ack) = &route.ack {
                 return queued(ack.clone(), at, req).await;
             }
@@ -316,16 +335,14 @@ impl<S: Store> Gateway<S> {
             return self.pass_through(req).await;
         }
         let (parts, body) = req.into_parts();
+        let body = self.bodies.wrap(body);
         let body = match Limited::new(body, limit).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
                 return plain(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
                     .map(ResponseBody::stream)
             }
-            Err(_) => {
-                return plain(StatusCode::BAD_REQUEST, "could not read the request body\n")
-                    .map(ResponseBody::stream)
-            }
+            Err(e) => return unreadable(&*e),
         };
         let at = detect(&parts.headers, &body)
             .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
@@ -346,6 +363,22 @@ impl<S: Store> Gateway<S> {
             Ok(res) => res.map(ResponseBody::stream),
             Err(never) => match never {},
         }
+    }
+}
+
+/// The answer to an `auto` route's body that could not be read: 408 or the
+/// shed answer past a body limit, 400 otherwise.
+fn unreadable(e: &(dyn std::error::Error + 'static)) -> GatewayResponse {
+    match crate::limit::BodyLimitError::find(e) {
+        Some(limit) => {
+            let res: GatewayResponse = crate::body::body_limit_response(limit);
+            if let Some(outcome) = res.extensions().get::<crate::Outcome>() {
+                crate::outcome::record(&Arc::from("auto"), *outcome);
+            }
+            res
+        }
+        None => plain(StatusCode::BAD_REQUEST, "could not read the request body\n")
+            .map(ResponseBody::stream),
     }
 }
 

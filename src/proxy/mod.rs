@@ -70,7 +70,7 @@ pub use gateway::{Gateway, GatewayBuilder, GatewayResponse, RoutedPreset, Target
 pub use headers::ClientConn;
 pub use options::RouteOptions;
 pub use route::{RouteError, RouteTable};
-pub use upstream::{Upstream, UpstreamError};
+pub use upstream::{CallLimit, Upstream, UpstreamError, DEFAULT_MAX_UPSTREAM_CALLS};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};

@@ -106,3 +106,97 @@ impl FromStr for Upstream {
         })
     }
 }
+
+/// A cap on the calls in flight to an upstream, shared by its clones (give
+/// one to the [`Forward`](super::Forward) of every serving thread with
+/// [`ForwardBuilder::call_limit`](super::ForwardBuilder::call_limit)).
+///
+/// A call holds its slot from the moment it is sent until the upstream's
+/// answer has ended (its body read to the end, failed or dropped),
+/// whoever waits for it: a call finished in the background after the
+/// caller's reply deadline, or after the caller hung up, keeps its slot to
+/// the end. So the cap also bounds the connections (descriptors) a hung
+/// upstream can make the gateway hold. A call that finds no free slot is
+/// not sent: the caller gets `503 Service Unavailable` with `Retry-After`
+/// at once (a guarded route answers its retryable failure and counts it as
+/// [`Outcome::Shed`](crate::Outcome::Shed)).
+///
+/// With the `metrics` feature the calls in flight are the gauge
+/// `idempotency_upstream_calls` (install the recorder before building the
+/// limit).
+///
+/// ```
+/// use tower_idempotency::proxy::CallLimit;
+///
+/// let limit = CallLimit::new(1024);
+/// assert_eq!(limit.max(), 1024);
+/// assert_eq!(limit.in_flight(), 0);
+/// ```
+#[derive(Clone)]
+pub struct CallLimit {
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    max: usize,
+    #[cfg(feature = "metrics")]
+    gauge: metrics::Gauge,
+}
+
+/// The cap of a [`ForwardBuilder`](super::ForwardBuilder) given none.
+pub const DEFAULT_MAX_UPSTREAM_CALLS: usize = 1024;
+
+impl CallLimit {
+    /// At most `max` calls at once (at least one).
+    pub fn new(max: usize) -> Self {
+        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self {
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+            #[cfg(feature = "metrics")]
+            gauge: metrics::gauge!("idempotency_upstream_calls"),
+        }
+    }
+
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// The calls holding a slot now.
+    pub fn in_flight(&self) -> usize {
+        self.max - self.slots.available_permits()
+    }
+
+    /// A slot, if one is free now.
+    pub(crate) fn try_acquire(&self) -> Option<CallPermit> {
+        let permit = self.slots.clone().try_acquire_owned().ok()?;
+        #[cfg(feature = "metrics")]
+        self.gauge.increment(1.0);
+        Some(CallPermit {
+            _permit: permit,
+            #[cfg(feature = "metrics")]
+            gauge: self.gauge.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for CallLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallLimit")
+            .field("max", &self.max)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+/// One call's slot of a [`CallLimit`], given back when dropped.
+pub(crate) struct CallPermit {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    #[cfg(feature = "metrics")]
+    gauge: metrics::Gauge,
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for CallPermit {
+    fn drop(&mut self) {
+        self.gauge.decrement(1.0);
+    }
+}

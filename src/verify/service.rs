@@ -122,6 +122,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Verify<S>
 where
     S: Service<Request<VerifyBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     ReqBody: Body,
+    ReqBody::Error: Into<crate::BoxError>,
     ResBody: From<Bytes>,
 {
     type Response = Response<ResBody>;
@@ -231,6 +232,7 @@ impl<ReqBody, S, ResBody> Future for ResponseFuture<ReqBody, S, ResBody>
 where
     S: Service<Request<VerifyBody<ReqBody>>, Response = Response<ResBody>>,
     ReqBody: Body,
+    ReqBody::Error: Into<crate::BoxError>,
     ResBody: From<Bytes>,
 {
     type Output = Result<Response<ResBody>, S::Error>;
@@ -251,7 +253,9 @@ where
                     let mut parts = parts.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
                     if let Some(res) = failure {
-                        outcome::record(&config.preset, Outcome::RejectedBadInput);
+                        let outcome = res.extensions().get::<Outcome>();
+                        let outcome = outcome.copied().unwrap_or(Outcome::RejectedBadInput);
+                        outcome::record(&config.preset, outcome);
                         State::Done { res: Some(res) }
                     } else {
                         let body = std::mem::take(buf).into_bytes();

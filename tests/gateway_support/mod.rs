@@ -247,3 +247,17 @@ pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .to_owned();
     (status, body)
 }
+
+/// Runs `cmd`: exit status 2, nothing on stdout, `hint` in the message.
+pub fn exits_2(mut cmd: Command, hint: &str) {
+    let out = cmd
+        .env("RUST_LOG", "off")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+    assert!(stderr.starts_with("gateway: "), "{cmd:?}: {stderr}");
+    assert!(stderr.contains(hint), "{cmd:?}: {stderr:?} lacks {hint:?}");
+    assert!(out.stdout.is_empty(), "{cmd:?}");
+}
