@@ -124,6 +124,9 @@ pub struct Args {
     /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
+    /// How far back the `idempotency_duplicate_ratio` gauge looks (default 5m)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RATIO_WINDOW", value_parser = parse::positive_duration)]
+    pub ratio_window: Option<Duration>,
     /// Repeatable: the route with this prefix answers once the notification is
     /// durably queued, and delivers it later (the route must name a channel preset)
     #[arg(long, value_name = "PREFIX", env = "IDEMPOTENCY_GATEWAY_ACK_THEN_DELIVER",

@@ -67,6 +67,7 @@ struct File {
     max_connections: Option<Spanned<u64>>,
     workers: Option<Spanned<u64>>,
     header_timeout: Field,
+    ratio_window: Field,
     queue: Field,
     data_dir: Option<PathBuf>,
     max_attempts: Option<Spanned<u64>>,
@@ -112,6 +113,8 @@ pub struct Settings {
     /// Serving threads.
     pub workers: usize,
     pub header_timeout: Duration,
+    /// How far back the duplicate-ratio gauge looks.
+    pub ratio_window: Duration,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
 }
@@ -337,6 +340,10 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 parse::positive_duration,
             )?)
             .unwrap_or(Duration::from_secs(10)),
+        ratio_window: args
+            .ratio_window
+            .or(at.value(&file.ratio_window, "ratio_window", parse::positive_duration)?)
+            .unwrap_or(crate::access::DEFAULT_WINDOW),
         queue,
     })
 }

@@ -60,7 +60,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::GatewayStore;
 use tokio::sync::Semaphore;
-use tower_idempotency::proxy::{Forward, Gateway};
+use tower_idempotency::channel::PRESET_NAMES;
+use tower_idempotency::proxy::{Forward, Gateway, RouteOptions, Target};
 use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
 
@@ -135,6 +136,20 @@ fn check_files(settings: &Settings) -> Result<(), String> {
     forward(settings).map(drop)
 }
 
+/// The presets the routes guard with: every built-in one on an `auto` route.
+fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
+    let mut presets = Vec::new();
+    for (_, target, _) in routes {
+        match target {
+            Target::Preset(p) => presets.push(p.name()),
+            Target::Auto => presets.extend_from_slice(PRESET_NAMES),
+        }
+    }
+    presets.sort_unstable();
+    presets.dedup();
+    presets
+}
+
 fn forward(settings: &Settings) -> Result<Forward, String> {
     let mut builder =
         Forward::builder(settings.upstream.clone()).timeout(settings.upstream_timeout);
@@ -167,7 +182,10 @@ async fn run(
     };
     let store = store::connect(&settings.store, &budgets).await?;
     let metrics = match settings.metrics_listen {
-        Some(addr) => Some(admin::start(addr, store.clone(), dropped).await?),
+        Some(addr) => {
+            let presets = route_presets(&settings.routes);
+            Some(admin::start(addr, store.clone(), dropped, &presets).await?)
+        }
         None => None,
     };
     let acked = settings
@@ -200,11 +218,13 @@ async fn run(
         .map(|q| settings.queue.spawn_worker(q, &control, worker_stopped));
     let bound = workers::bind(settings.listen, settings.workers)?;
     let local = bound.local;
+    let ratios = Arc::new(access::Ratios::new(settings.ratio_window));
+    tokio::spawn(ratios.clone().keep_moving());
     let limits = serve::Limits {
         permits: Arc::new(Semaphore::new(settings.max_connections)),
         header_timeout: settings.header_timeout,
         tls: tls.clone(),
-        ratios: Arc::default(),
+        ratios,
     };
     let mut workers = workers::Workers::start(bound, gateway, &limits)?;
     let routes: Vec<String> = control

@@ -143,17 +143,12 @@ fn service(
             let (gateway, ratios) = (gateway.clone(), ratios.clone());
             req.extensions_mut().insert(conn);
             async move {
+                let started = Instant::now();
                 // What the access line needs, kept only when it is logged.
-                let line =
-                    tracing::enabled!(target: "gateway::access", tracing::Level::INFO).then(|| {
-                        (
-                            req.method().clone(),
-                            req.uri().path().to_owned(),
-                            Instant::now(),
-                        )
-                    });
+                let line = tracing::enabled!(target: "gateway::access", tracing::Level::INFO)
+                    .then(|| (req.method().clone(), req.uri().path().to_owned()));
                 let res = gateway.oneshot(req).await?;
-                ratios.record(line, &res);
+                ratios.record(line, started, &res);
                 Ok(res)
             }
         });
