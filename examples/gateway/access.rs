@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_idempotency::channel::PRESET_NAMES;
-use tower_idempotency::proxy::{GatewayResponse, RoutedPreset};
-use tower_idempotency::Outcome;
+use tower_idempotency::journal::{Journal, JournalEvent};
+use tower_idempotency::proxy::{GatewayResponse, MatchedRoute, RoutedPreset, UpstreamAnswer};
+use tower_idempotency::{IdempotencyKey, Outcome};
 use tracing::info;
 
 /// How far back `idempotency_duplicate_ratio` looks unless `--ratio-window`
@@ -28,6 +29,7 @@ pub struct Ratios {
     /// Totals at every step, oldest first, at most one window's worth.
     history: Mutex<VecDeque<Vec<(u64, u64)>>>,
     window: Duration,
+    journal: Option<Journal>,
 }
 
 #[derive(Default)]
@@ -52,13 +54,15 @@ impl Counts {
 }
 
 impl Ratios {
-    /// Ratios over the last `window`.
-    pub fn new(window: Duration) -> Self {
+    /// Ratios over the last `window`; every guarded response also goes to
+    /// `journal`, if there is one.
+    pub fn new(window: Duration, journal: Option<Journal>) -> Self {
         let by_preset = (0..=PRESET_NAMES.len()).map(|_| Counts::default());
         Self {
             by_preset: by_preset.collect(),
             history: Mutex::default(),
             window,
+            journal,
         }
     }
 
@@ -80,6 +84,9 @@ impl Ratios {
                 .record(elapsed.as_secs_f64());
             let ratio = self.count(preset, outcome.is_duplicate());
             metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset).set(ratio);
+            if let Some(journal) = &self.journal {
+                journal_event(journal, res, outcome);
+            }
         }
         let Some((method, path)) = line else {
             return;
@@ -156,4 +163,19 @@ impl Ratios {
             self.tick();
         }
     }
+}
+
+/// One guarded response's event: its stored key, route, outcome and status,
+/// and what the upstream answered when it ran.
+fn journal_event(journal: &Journal, res: &GatewayResponse, outcome: Outcome) {
+    let Some(key) = res.extensions().get::<IdempotencyKey>() else {
+        return;
+    };
+    let route = res.extensions().get::<MatchedRoute>().map_or("", |r| &r.0);
+    let mut event = JournalEvent::new(key.as_str(), key.preset(), route, outcome.as_str())
+        .status(res.status().as_u16());
+    if let Some(up) = res.extensions().get::<UpstreamAnswer>() {
+        event = event.upstream(up.status.as_u16(), up.took);
+    }
+    journal.record(event);
 }

@@ -4,6 +4,7 @@
 //! this listener serves the three paths itself, `/metrics` with the
 //! exporter's `PrometheusHandle::render`.
 
+pub use crate::admin_api::{read_token, Admin};
 use crate::store::GatewayStore;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -26,6 +27,7 @@ pub async fn start(
     store: GatewayStore,
     dropped: ErrorCounter,
     presets: &[&str],
+    admin: Option<Admin>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listener = TcpListener::bind(addr)
         .await
@@ -52,9 +54,19 @@ pub async fn start(
                 continue;
             };
             let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
+            let admin = admin.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-                async move { Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await) }
+                let admin = admin.clone();
+                async move {
+                    if req.uri().path().starts_with("/admin/") {
+                        return Ok::<_, Infallible>(match &admin {
+                            Some(admin) => admin.answer(req, &store).await,
+                            None => crate::admin_api::not_found(),
+                        });
+                    }
+                    Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await)
+                }
             });
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)

@@ -124,6 +124,21 @@ pub struct Args {
     /// Time a client has to send a request's headers; also bounds the TLS handshake and idle keep-alive connections (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
+    /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL")]
+    pub journal: bool,
+    /// Journal records not seen for this long are removed (default 7d)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_JOURNAL_RETENTION", value_parser = parse::positive_duration)]
+    pub journal_retention: Option<Duration>,
+    /// File holding the bearer token of the admin API on --metrics-listen (off without it);
+    /// also the token `inspect`, `forget` and `journal` send
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE"
+    )]
+    pub admin_token_file: Option<PathBuf>,
     /// How far back the `idempotency_duplicate_ratio` gauge looks (default 5m)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RATIO_WINDOW", value_parser = parse::positive_duration)]
     pub ratio_window: Option<Duration>,

@@ -68,6 +68,9 @@ struct File {
     workers: Option<Spanned<u64>>,
     header_timeout: Field,
     ratio_window: Field,
+    journal: Option<bool>,
+    journal_retention: Field,
+    admin_token_file: Option<PathBuf>,
     queue: Field,
     data_dir: Option<PathBuf>,
     max_attempts: Option<Spanned<u64>>,
@@ -115,6 +118,10 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// How far back the duplicate-ratio gauge looks.
     pub ratio_window: Duration,
+    /// The journal's file and retention, when it is on.
+    pub journal: Option<(PathBuf, Duration)>,
+    /// The admin API's bearer token, when it is on.
+    pub admin_token: Option<String>,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
 }
@@ -203,6 +210,15 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         text: &text,
     };
     let queue = queue_settings(&args, &file, &at)?;
+    let journal = journal_settings(&args, &file, &at)?;
+    let admin_token = match args
+        .admin_token_file
+        .as_ref()
+        .or(file.admin_token_file.as_ref())
+    {
+        Some(path) => Some(crate::admin::read_token(path)?),
+        None => None,
+    };
     let listen = args
         .listen
         .or(at.value(&file.listen, "listen", parse::addr)?);
@@ -344,6 +360,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .ratio_window
             .or(at.value(&file.ratio_window, "ratio_window", parse::positive_duration)?)
             .unwrap_or(crate::access::DEFAULT_WINDOW),
+        journal,
+        admin_token,
         queue,
     })
 }
@@ -359,6 +377,27 @@ pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
             text: &text,
         },
     )
+}
+
+fn journal_settings(
+    args: &Args,
+    file: &File,
+    at: &At<'_>,
+) -> Result<Option<(PathBuf, Duration)>, String> {
+    if !(args.journal || file.journal == Some(true)) {
+        return Ok(None);
+    }
+    let dir = args.data_dir.clone().or(file.data_dir.clone());
+    let dir = dir.unwrap_or_else(|| PathBuf::from(ack::DEFAULT_DATA_DIR));
+    let retention = args.journal_retention.or(at.value(
+        &file.journal_retention,
+        "journal_retention",
+        parse::positive_duration,
+    )?);
+    Ok(Some((
+        dir.join("journal.redb"),
+        retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),
+    )))
 }
 
 fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings, String> {

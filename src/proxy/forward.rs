@@ -102,7 +102,8 @@ impl Forward {
     }
 
     async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.timeout;
         let (mut parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let upstream = &self.shared.upstream;
@@ -133,6 +134,10 @@ impl Forward {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
+                parts.extensions.insert(UpstreamAnswer {
+                    status: parts.status,
+                    took: started.elapsed(),
+                });
                 let body = Deadline { body, sleep };
                 Response::from_parts(parts, body.boxed_unsync())
             }
@@ -156,6 +161,17 @@ impl Forward {
             }
         }
     }
+}
+
+/// What the upstream answered, in the response's extensions: its status
+/// and how long its head took. Outer layers may rewrite the status (a
+/// channel's reply); this keeps the upstream's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamAnswer {
+    /// The upstream's status.
+    pub status: StatusCode,
+    /// From sending the request to the answer's head.
+    pub took: Duration,
 }
 
 /// Counts an upstream failure in `gateway_upstream_errors_total{kind}`.
