@@ -253,3 +253,145 @@ async fn the_admin_api_is_off_by_default() {
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
     drop(gw);
 }
+
+/// The admin API's answers: `(method, path template, path, status, body)`.
+fn call(ops: &Ops, method: &str, path: &str, auth: bool) -> (u16, serde_json::Value) {
+    let auth = if auth {
+        format!("Authorization: Bearer {TOKEN}\r\n")
+    } else {
+        String::new()
+    };
+    let raw = raw_http(
+        ops.metrics,
+        format!("{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"),
+    );
+    let status: u16 = raw[9..12].parse().unwrap();
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let json = serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{e}: {raw}"));
+    (status, json)
+}
+
+/// Every answer of the admin API, on each path, method and status it
+/// documents, matches `deploy/openapi/admin.json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_answers_as_its_openapi_file_says() {
+    let spec_path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/openapi/admin.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(spec_path).unwrap()).unwrap();
+    let up = Upstream::with(Replies::default().delay(Duration::from_millis(1500))).await;
+    let ops = start(&up.url(), "memory");
+    assert_eq!(send(&ops, "evt_spec").await, 200);
+    assert_eq!(send(&ops, "evt_spec").await, 200);
+    let key = "idem:stripe:/notify/stripe::evt_spec";
+    let enc = |k: &str| k.replace('/', "%2F").replace(':', "%3A");
+    let addr = ops.gw.addr;
+    let slow = tokio::spawn(async move {
+        let body = r#"{"id":"evt_slow","object":"event","type":"charge.succeeded"}"#;
+        let headers = [("content-type", "application/json")];
+        post(&client(), addr, "/notify/stripe", &headers, body)
+            .await
+            .status
+    });
+    while up.total() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let slow_key = "idem:stripe:/notify/stripe::evt_slow";
+    let calls: Vec<(&str, &str, String, bool)> = vec![
+        (
+            "get",
+            "/admin/keys/{key}",
+            format!("/admin/keys/{}", enc(key)),
+            true,
+        ),
+        (
+            "get",
+            "/admin/keys/{key}",
+            format!("/admin/keys/{}", enc(slow_key)),
+            true,
+        ),
+        (
+            "get",
+            "/admin/keys/{key}",
+            "/admin/keys/nothing-here".into(),
+            true,
+        ),
+        ("get", "/admin/keys/{key}", "/admin/keys/%FF".into(), true),
+        (
+            "get",
+            "/admin/keys/{key}",
+            format!("/admin/keys/{}", enc(key)),
+            false,
+        ),
+        ("get", "/admin/keys", "/admin/keys?id=evt_spec".into(), true),
+        ("get", "/admin/keys", "/admin/keys".into(), true),
+        (
+            "get",
+            "/admin/journal",
+            "/admin/journal?outcome=replayed&since=2020-01-01T00:00:00Z".into(),
+            true,
+        ),
+        (
+            "get",
+            "/admin/journal",
+            "/admin/journal?since=yesterday".into(),
+            true,
+        ),
+        (
+            "delete",
+            "/admin/keys/{key}",
+            format!("/admin/keys/{}", enc(slow_key)),
+            true,
+        ),
+        (
+            "delete",
+            "/admin/keys/{key}",
+            format!("/admin/keys/{}?by=spec", enc(key)),
+            true,
+        ),
+        (
+            "delete",
+            "/admin/keys/{key}",
+            format!("/admin/keys/{}", enc(key)),
+            true,
+        ),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for (method, template, path, auth) in calls {
+        let (status, body) = call(&ops, &method.to_uppercase(), &path, auth);
+        let op = &spec["paths"][template][method];
+        let schema = &op["responses"][status.to_string()]["content"]["application/json"]["schema"];
+        assert!(
+            !schema.is_null(),
+            "{method} {path}: {status} is not documented: {body}"
+        );
+        let mut root = serde_json::json!({ "components": spec["components"].clone() });
+        root["allOf"] = serde_json::json!([schema]);
+        let validator = jsonschema::validator_for(&root).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&body)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {path} {status}: {errors:?} in {body}"
+        );
+        seen.insert((method, template, status));
+    }
+    // The calls above met these documented answers.
+    for want in [
+        ("get", "/admin/keys/{key}", 200),
+        ("get", "/admin/keys/{key}", 400),
+        ("get", "/admin/keys/{key}", 401),
+        ("get", "/admin/keys", 200),
+        ("get", "/admin/keys", 400),
+        ("get", "/admin/journal", 200),
+        ("get", "/admin/journal", 400),
+        ("delete", "/admin/keys/{key}", 200),
+        ("delete", "/admin/keys/{key}", 404),
+        ("delete", "/admin/keys/{key}", 409),
+    ] {
+        assert!(seen.contains(&want), "{want:?} not met: {seen:?}");
+    }
+    assert_eq!(slow.await.unwrap(), 200);
+}
