@@ -119,6 +119,9 @@ pub mod consumer;
 pub mod dedup;
 mod fingerprint;
 mod headers;
+#[cfg(feature = "journal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "journal")))]
+pub mod journal;
 pub mod key;
 mod layer;
 pub mod limit;

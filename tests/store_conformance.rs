@@ -11,7 +11,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoredResponse,
+    Claim, CompletedRecord, Forgotten, MemoryStore, OwnerToken, RecordState, Store, StoredResponse,
 };
 use tower_idempotency::Fingerprint;
 
@@ -352,6 +352,68 @@ mod cases {
         );
     }
 
+    /// `inspect` follows a key through its life cycle without changing it, and
+    /// `forget` deletes a completed record (the next claim acquires) but never
+    /// an in-flight claim.
+    pub(super) async fn inspect_and_forget_follow_the_life_cycle<S: Store>(store: S) {
+        let key = unique_key("inspect");
+        assert!(matches!(
+            store.inspect(&key).await.unwrap(),
+            RecordState::Absent
+        ));
+        assert_eq!(store.forget(&key).await.unwrap(), Forgotten::Absent);
+        let token = OwnerToken::new();
+        assert_acquired(&claim(&store, &key, fp("p"), LEASE).await);
+        // That claim's owner is unknown here; claim a second key with `token`.
+        let owned = unique_key("inspect-owned");
+        store.claim(&owned, fp("p"), token, LEASE).await.unwrap();
+        match store.inspect(&owned).await.unwrap() {
+            RecordState::InFlight {
+                fingerprint,
+                age,
+                lease_left,
+            } => {
+                assert_eq!(fingerprint, fp("p"));
+                assert!(
+                    lease_left <= LEASE && lease_left > LEASE / 2,
+                    "{lease_left:?}"
+                );
+                assert!(age.is_none_or(|a| a < LEASE / 2), "{age:?}");
+            }
+            other => panic!("expected InFlight, got {other:?}"),
+        }
+        assert_eq!(store.forget(&owned).await.unwrap(), Forgotten::InFlight);
+        // Still the owner's: forget left it alone.
+        assert_in_flight(&claim(&store, &owned, fp("other"), LEASE).await, fp("p"));
+        let rec = record(fp("p"), false, true);
+        assert!(store
+            .complete(&owned, token, rec.clone(), WINDOW)
+            .await
+            .unwrap());
+        match store.inspect(&owned).await.unwrap() {
+            RecordState::Completed { record, left } => {
+                assert_same(&record, &rec);
+                assert!(left <= WINDOW && left > WINDOW / 2, "{left:?}");
+            }
+            other => panic!("expected Completed, got {other:?}"),
+        }
+        assert_eq!(store.forget(&owned).await.unwrap(), Forgotten::Deleted);
+        assert!(matches!(
+            store.inspect(&owned).await.unwrap(),
+            RecordState::Absent
+        ));
+        // The next copy runs again.
+        assert_acquired(&claim(&store, &owned, fp("p"), LEASE).await);
+        // A client token is not a record: forget leaves it.
+        let tok = unique_key("inspect-token");
+        store
+            .put_token(&tok, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(store.forget(&tok).await.unwrap(), Forgotten::Absent);
+        assert!(store.take_token(&tok, OwnerToken::new()).await.unwrap());
+    }
+
     pub(super) async fn client_tokens_are_consumed_once<S: Store>(store: S) {
         let key = unique_key("token");
         store
@@ -424,7 +486,9 @@ macro_rules! store_tests {
                 waiters_wake_on_complete_and_release,
                 client_tokens_are_consumed_once,
                 resent_calls_answer_the_same,
+                inspect_and_forget_follow_the_life_cycle,
             );
+
         }
     };
     (@cases $setup:path; $($case:ident,)*) => {

@@ -1,48 +1,94 @@
 //! The access log line and the duplicate-ratio gauge, read from what the
 //! library put in each response's extensions.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use tower_idempotency::channel::PRESET_NAMES;
-use tower_idempotency::proxy::{GatewayResponse, RoutedPreset};
-use tower_idempotency::Outcome;
+use tower_idempotency::journal::{Journal, JournalEvent};
+use tower_idempotency::proxy::{GatewayResponse, MatchedRoute, RoutedPreset, UpstreamAnswer};
+use tower_idempotency::{IdempotencyKey, Outcome};
 use tracing::info;
 
-/// Guarded requests and duplicates per preset, since the start: one pair of
-/// counters per built-in preset and one for the rest, so that no request
-/// waits on a lock for them.
+/// How far back `idempotency_duplicate_ratio` looks unless `--ratio-window`
+/// says otherwise.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
+/// The window moves on in this many steps (every 10 s for 5 minutes).
+const STEPS: u32 = 30;
+
+/// Guarded requests and duplicates per preset: running totals, and the
+/// totals as they stood one window ago, so that the gauge is the ratio over
+/// the last five minutes (`--ratio-window`), not since the start (a spike
+/// after a week of quiet would barely move a ratio since the start). One
+/// set of counters per built-in preset and one for the rest, so that no
+/// request waits on a lock for them; the lock guards only the window's
+/// history, which [`tick`](Self::tick) moves on every thirtieth of the window.
 pub struct Ratios {
-    by_preset: Vec<(AtomicU64, AtomicU64)>,
+    by_preset: Vec<Counts>,
+    /// Totals at every step, oldest first, at most one window's worth.
+    history: Mutex<VecDeque<Vec<(u64, u64)>>>,
+    window: Duration,
+    journal: Option<Journal>,
 }
 
-impl Default for Ratios {
-    fn default() -> Self {
-        let by_preset = (0..=PRESET_NAMES.len()).map(|_| Default::default());
-        Self {
-            by_preset: by_preset.collect(),
+#[derive(Default)]
+struct Counts {
+    guarded: AtomicU64,
+    duplicates: AtomicU64,
+    /// The totals at the start of the window.
+    base_guarded: AtomicU64,
+    base_duplicates: AtomicU64,
+}
+
+impl Counts {
+    fn ratio(&self, guarded: u64, duplicates: u64) -> f64 {
+        let g = guarded.saturating_sub(self.base_guarded.load(Ordering::Relaxed));
+        let d = duplicates.saturating_sub(self.base_duplicates.load(Ordering::Relaxed));
+        if g == 0 {
+            0.0
+        } else {
+            d as f64 / g as f64
         }
     }
 }
 
 impl Ratios {
-    /// Updates the gauge for `res` and logs its access line, given the
-    /// request's method, path and start when access lines are logged.
-    pub fn record(&self, line: Option<(http::Method, String, Instant)>, res: &GatewayResponse) {
+    /// Ratios over the last `window`; every guarded response also goes to
+    /// `journal`, if there is one.
+    pub fn new(window: Duration, journal: Option<Journal>) -> Self {
+        let by_preset = (0..=PRESET_NAMES.len()).map(|_| Counts::default());
+        Self {
+            by_preset: by_preset.collect(),
+            history: Mutex::default(),
+            window,
+            journal,
+        }
+    }
+
+    /// Updates the gauge and the latency histogram for `res`, answered
+    /// for a request that started at `started`, and logs its access line,
+    /// given the request's method and path when access lines are logged.
+    pub fn record(
+        &self,
+        line: Option<(http::Method, String)>,
+        started: Instant,
+        res: &GatewayResponse,
+    ) {
         let outcome = res.extensions().get::<Outcome>().copied();
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
+        let elapsed = started.elapsed();
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
-            let at = PRESET_NAMES.iter().position(|n| *n == preset);
-            let (guarded, duplicates) = &self.by_preset[at.unwrap_or(PRESET_NAMES.len())];
-            let guarded = guarded.fetch_add(1, Ordering::Relaxed) + 1;
-            let duplicates = if outcome.is_duplicate() {
-                duplicates.fetch_add(1, Ordering::Relaxed) + 1
-            } else {
-                duplicates.load(Ordering::Relaxed)
-            };
-            metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset)
-                .set(duplicates as f64 / guarded as f64);
+            // Until the head is answered: a streamed body may take longer.
+            metrics::histogram!("idempotency_request_seconds", "preset" => preset)
+                .record(elapsed.as_secs_f64());
+            let ratio = self.count(preset, outcome.is_duplicate());
+            metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset).set(ratio);
+            if let Some(journal) = &self.journal {
+                journal_event(journal, res, outcome);
+            }
         }
-        let Some((method, path, started)) = line else {
+        let Some((method, path)) = line else {
             return;
         };
         info!(
@@ -52,7 +98,84 @@ impl Ratios {
             preset = preset.unwrap_or("-"),
             outcome = outcome.map_or("-", Outcome::as_str),
             status = res.status().as_u16(),
-            ms = started.elapsed().as_millis() as u64,
+            ms = elapsed.as_millis() as u64,
         );
     }
+
+    /// Counts one guarded request; returns the preset's ratio in the window.
+    fn count(&self, preset: &str, duplicate: bool) -> f64 {
+        let counts = &self.by_preset[Self::index(preset)];
+        let guarded = counts.guarded.fetch_add(1, Ordering::Relaxed) + 1;
+        let duplicates = if duplicate {
+            counts.duplicates.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            counts.duplicates.load(Ordering::Relaxed)
+        };
+        counts.ratio(guarded, duplicates)
+    }
+
+    fn index(preset: &str) -> usize {
+        let at = PRESET_NAMES.iter().position(|n| *n == preset);
+        at.unwrap_or(PRESET_NAMES.len())
+    }
+
+    /// Moves the window on: the base becomes the totals of one window ago
+    /// (of the start, while the gateway is younger than a window), and the
+    /// gauge of every preset seen is set again, so that it falls back once
+    /// duplicates stop.
+    pub fn tick(&self) {
+        let now: Vec<(u64, u64)> = self
+            .by_preset
+            .iter()
+            .map(|c| {
+                let g = c.guarded.load(Ordering::Relaxed);
+                (g, c.duplicates.load(Ordering::Relaxed))
+            })
+            .collect();
+        let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        history.push_back(now.clone());
+        let oldest = if history.len() > STEPS as usize {
+            history.pop_front()
+        } else {
+            None
+        };
+        drop(history);
+        for (i, counts) in self.by_preset.iter().enumerate() {
+            if let Some(base) = &oldest {
+                counts.base_guarded.store(base[i].0, Ordering::Relaxed);
+                counts.base_duplicates.store(base[i].1, Ordering::Relaxed);
+            }
+            let (guarded, duplicates) = now[i];
+            if let (true, Some(name)) = (guarded > 0, PRESET_NAMES.get(i)) {
+                metrics::gauge!("idempotency_duplicate_ratio", "preset" => *name)
+                    .set(counts.ratio(guarded, duplicates));
+            }
+        }
+    }
+
+    /// Moves the window on at every step, for as long as the gateway runs.
+    pub async fn keep_moving(self: std::sync::Arc<Self>) {
+        let step = (self.window / STEPS).max(Duration::from_millis(10));
+        let mut every = tokio::time::interval(step);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            self.tick();
+        }
+    }
+}
+
+/// One guarded response's event: its stored key, route, outcome and status,
+/// and what the upstream answered when it ran.
+fn journal_event(journal: &Journal, res: &GatewayResponse, outcome: Outcome) {
+    let Some(key) = res.extensions().get::<IdempotencyKey>() else {
+        return;
+    };
+    let route = res.extensions().get::<MatchedRoute>().map_or("", |r| &r.0);
+    let mut event = JournalEvent::new(key.as_str(), key.preset(), route, outcome.as_str())
+        .status(res.status().as_u16());
+    if let Some(up) = res.extensions().get::<UpstreamAnswer>() {
+        event = event.upstream(up.status.as_u16(), up.took);
+    }
+    journal.record(event);
 }

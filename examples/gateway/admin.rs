@@ -4,6 +4,7 @@
 //! this listener serves the three paths itself, `/metrics` with the
 //! exporter's `PrometheusHandle::render`.
 
+pub use crate::admin_api::{read_token, Admin};
 use crate::store::GatewayStore;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -25,11 +26,14 @@ pub async fn start(
     addr: SocketAddr,
     store: GatewayStore,
     dropped: ErrorCounter,
+    presets: &[&str],
+    admin: Option<Admin>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
     let handle = install()?;
+    zeros(presets);
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;
@@ -50,9 +54,19 @@ pub async fn start(
                 continue;
             };
             let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
+            let admin = admin.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-                async move { Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await) }
+                let admin = admin.clone();
+                async move {
+                    if req.uri().path().starts_with("/admin/") {
+                        return Ok::<_, Infallible>(match &admin {
+                            Some(admin) => admin.answer(req, &store).await,
+                            None => crate::admin_api::not_found(),
+                        });
+                    }
+                    Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await)
+                }
             });
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
@@ -110,6 +124,14 @@ fn install() -> Result<PrometheusHandle, String> {
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             ],
         )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("idempotency_request_seconds".into()),
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ],
+            )
+        })
         .and_then(PrometheusBuilder::install_recorder)
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     metrics::describe_counter!(
@@ -121,9 +143,14 @@ fn install() -> Result<PrometheusHandle, String> {
         metrics::Unit::Seconds,
         "Latency of store calls"
     );
+    metrics::describe_histogram!(
+        "idempotency_request_seconds",
+        metrics::Unit::Seconds,
+        "Time from a guarded request's arrival to its answer's head, by preset"
+    );
     metrics::describe_gauge!(
         "idempotency_duplicate_ratio",
-        "Duplicates over guarded requests since the gateway started, by preset"
+        "Duplicates over guarded requests in the last 5 minutes, by preset"
     );
     metrics::describe_counter!(
         "gateway_upstream_errors_total",
@@ -143,8 +170,62 @@ fn install() -> Result<PrometheusHandle, String> {
         "Records evicted: early (before their window ended: raise --max-memory) or expired"
     );
     metrics::describe_counter!(
+        "idempotency_store_data_loss_total",
+        "Times the Redis store was found to have lost its data (restart without persistence, failover)"
+    );
+    metrics::describe_gauge!(
+        "idempotency_queue_depth",
+        "Acknowledged notifications waiting for delivery"
+    );
+    metrics::describe_gauge!(
+        "idempotency_queue_oldest_seconds",
+        metrics::Unit::Seconds,
+        "Age of the oldest acknowledged notification not yet delivered"
+    );
+    metrics::describe_gauge!(
+        "idempotency_queue_dead_letters",
+        "Notifications in the dead-letter queue"
+    );
+    metrics::describe_counter!(
+        "idempotency_queue_attempts_total",
+        "Delivery attempts from the queue, by result"
+    );
+    metrics::describe_counter!(
         "gateway_log_lines_dropped_total",
         "Log lines dropped because stderr was not read fast enough"
     );
     Ok(handle)
+}
+
+/// The outcomes the shipped alert rules and dashboard read.
+const ALERTED: &[&str] = &[
+    "executed",
+    "replayed",
+    "waited",
+    "in_flight_rejected",
+    "mismatch",
+    "unverified",
+    "store_error",
+    "shed",
+];
+
+/// Every counter the alert rules read, at zero from the start: Prometheus'
+/// `increase()` and `rate()` need a sample before the first event, or the
+/// first mismatch, data loss or early eviction would never fire an alert.
+/// `presets` are the routes' presets (every built-in one for `auto`).
+fn zeros(presets: &[&str]) {
+    for preset in presets {
+        for outcome in ALERTED {
+            let preset = metrics::SharedString::from(preset.to_string());
+            metrics::counter!("idempotency_requests_total", "preset" => preset, "outcome" => *outcome)
+                .increment(0);
+        }
+    }
+    for reason in ["early", "expired"] {
+        metrics::counter!("idempotency_store_evictions_total", "reason" => reason).increment(0);
+    }
+    metrics::counter!("idempotency_store_data_loss_total").increment(0);
+    for kind in ["connect", "timeout", "other"] {
+        metrics::counter!("gateway_upstream_errors_total", "kind" => kind).increment(0);
+    }
 }

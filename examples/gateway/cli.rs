@@ -140,6 +140,24 @@ pub struct Args {
     /// past it a request gets the retryable failure at once (default 1024)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_UPSTREAM_CALLS", value_parser = parse::count)]
     pub max_upstream_calls: Option<usize>,
+    /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL")]
+    pub journal: bool,
+    /// Journal records not seen for this long are removed (default 7d)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_JOURNAL_RETENTION", value_parser = parse::positive_duration)]
+    pub journal_retention: Option<Duration>,
+    /// File holding the bearer token of the admin API on --metrics-listen (off without it);
+    /// also the token `inspect`, `forget` and `journal` send
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+    /// How far back the `idempotency_duplicate_ratio` gauge looks (default 5m)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RATIO_WINDOW", value_parser = parse::positive_duration)]
+    pub ratio_window: Option<Duration>,
     /// Repeatable: the route with this prefix answers once the notification is
     /// durably queued, and delivers it later (the route must name a channel preset)
     #[arg(long, value_name = "PREFIX", env = "IDEMPOTENCY_GATEWAY_ACK_THEN_DELIVER",

@@ -62,6 +62,10 @@ struct File {
     max_buffered: Option<Spanned<SizeValue>>,
     h2_max_streams: Option<Spanned<u64>>,
     max_upstream_calls: Option<Spanned<u64>>,
+    ratio_window: Field,
+    journal: Option<bool>,
+    journal_retention: Field,
+    admin_token_file: Option<PathBuf>,
     queue: Field,
     data_dir: Option<PathBuf>,
     max_attempts: Option<Spanned<u64>>,
@@ -112,6 +116,12 @@ pub struct Settings {
     pub max_buffered: usize,
     pub h2_max_streams: u32,
     pub max_upstream_calls: usize,
+    /// How far back the duplicate-ratio gauge looks.
+    pub ratio_window: Duration,
+    /// The journal's file and retention, when it is on.
+    pub journal: Option<(PathBuf, Duration)>,
+    /// The admin API's bearer token, when it is on.
+    pub admin_token: Option<String>,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
     /// Warnings to log once logging is on.
@@ -141,6 +151,15 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         text: &text,
     };
     let queue = queue_settings(&args, &file, &at)?;
+    let journal = journal_settings(&args, &file, &at)?;
+    let admin_token = match args
+        .admin_token_file
+        .as_ref()
+        .or(file.admin_token_file.as_ref())
+    {
+        Some(path) => Some(crate::admin::read_token(path)?),
+        None => None,
+    };
     let listen = args
         .listen
         .or(at.value(&file.listen, "listen", parse::addr)?);
@@ -298,6 +317,12 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .max_upstream_calls
             .or(at.number(&file.max_upstream_calls, "max_upstream_calls", parse::count)?)
             .unwrap_or(tower_idempotency::proxy::DEFAULT_MAX_UPSTREAM_CALLS),
+        ratio_window: args
+            .ratio_window
+            .or(at.value(&file.ratio_window, "ratio_window", parse::positive_duration)?)
+            .unwrap_or(crate::access::DEFAULT_WINDOW),
+        journal,
+        admin_token,
         queue,
         warnings,
     })
@@ -341,6 +366,27 @@ pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
             text: &text,
         },
     )
+}
+
+fn journal_settings(
+    args: &Args,
+    file: &File,
+    at: &At<'_>,
+) -> Result<Option<(PathBuf, Duration)>, String> {
+    if !(args.journal || file.journal == Some(true)) {
+        return Ok(None);
+    }
+    let dir = args.data_dir.clone().or(file.data_dir.clone());
+    let dir = dir.unwrap_or_else(|| PathBuf::from(ack::DEFAULT_DATA_DIR));
+    let retention = args.journal_retention.or(at.value(
+        &file.journal_retention,
+        "journal_retention",
+        parse::positive_duration,
+    )?);
+    Ok(Some((
+        dir.join("journal.redb"),
+        retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),
+    )))
 }
 
 fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings, String> {

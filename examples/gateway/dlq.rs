@@ -14,6 +14,12 @@ pub enum Command {
         #[command(subcommand)]
         action: Dlq,
     },
+    /// What the running gateway holds for a key: its record and its journal
+    Inspect(crate::admin_cli::Inspect),
+    /// Delete a completed record in the running gateway's store, so the next copy runs again
+    Forget(crate::admin_cli::Forget),
+    /// The running gateway's journal of notifications, by time, route and outcome
+    Journal(crate::admin_cli::Journal),
 }
 
 /// What to do with the dead letters.
@@ -57,7 +63,9 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
     }
     rt.block_on(async {
         let queue = settings.open().await?;
-        let Command::Dlq { action } = cmd;
+        let Command::Dlq { action } = cmd else {
+            return Err("not a dlq command".into());
+        };
         let mut out = std::io::stdout().lock();
         let write = |e: std::io::Error| format!("cannot write to stdout: {e}");
         match action {

@@ -25,6 +25,8 @@
 mod access;
 mod ack;
 mod admin;
+mod admin_api;
+mod admin_cli;
 mod cli;
 mod config;
 mod dlq;
@@ -61,8 +63,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::GatewayStore;
 use tokio::sync::Semaphore;
+use tower_idempotency::channel::PRESET_NAMES;
+use tower_idempotency::journal::{Journal, JournalOptions};
 use tower_idempotency::limit::{BodyBudget, BodyLimits};
-use tower_idempotency::proxy::{CallLimit, Forward, Gateway};
+use tower_idempotency::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
 use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
 
@@ -74,6 +78,21 @@ fn main() -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     if let Some(cmd) = &args.command {
+        let admin = match cmd {
+            dlq::Command::Inspect(a) => Some(admin_cli::Call::Inspect(a)),
+            dlq::Command::Forget(a) => Some(admin_cli::Call::Forget(a)),
+            dlq::Command::Journal(a) => Some(admin_cli::Call::Journal(a)),
+            dlq::Command::Dlq { .. } => None,
+        };
+        if let Some(call) = admin {
+            return match admin_cli::run(call, args.admin_token_file.as_ref()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(msg) => {
+                    eprintln!("gateway: {msg}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         let queue = match config::queue_only(&args) {
             Ok(queue) => queue,
             Err(msg) => return usage_error(&msg),
@@ -139,6 +158,20 @@ fn check_files(settings: &Settings) -> Result<(), String> {
     forward(settings, None).map(drop)
 }
 
+/// The presets the routes guard with: every built-in one on an `auto` route.
+fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
+    let mut presets = Vec::new();
+    for (_, target, _) in routes {
+        match target {
+            Target::Preset(p) => presets.push(p.name()),
+            Target::Auto => presets.extend_from_slice(PRESET_NAMES),
+        }
+    }
+    presets.sort_unstable();
+    presets.dedup();
+    presets
+}
+
 /// A forwarder to the upstream; every one shares the cap on upstream calls
 /// `calls` (none: a cap of its own, for `--check-config`).
 fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
@@ -176,8 +209,18 @@ async fn run(
         local_max_memory: settings.local_max_memory as u64,
     };
     let store = store::connect(&settings.store, &budgets).await?;
+    let admin = settings.admin_token.clone().map(admin::Admin::new);
     let metrics = match settings.metrics_listen {
-        Some(addr) => Some(admin::start(addr, store.clone(), dropped).await?),
+        Some(addr) => {
+            let presets = route_presets(&settings.routes);
+            let started = admin::start(addr, store.clone(), dropped, &presets, admin.clone());
+            Some(started.await?)
+        }
+        None if admin.is_some() => {
+            return Err(
+                "--admin-token-file needs --metrics-listen (the admin API's listener)".into(),
+            )
+        }
         None => None,
     };
     let acked = settings
@@ -219,11 +262,31 @@ async fn run(
         .map(|q| settings.queue.spawn_worker(q, &control, worker_stopped));
     let bound = workers::bind(settings.listen, settings.workers)?;
     let local = bound.local;
+    let journal = match &settings.journal {
+        Some((path, retention)) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            }
+            let options = JournalOptions::new().retention(*retention);
+            let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
+            tokio::spawn(writer);
+            info!(path = %path.display(), ?retention, "journal of notifications on");
+            Some(journal)
+        }
+        None => None,
+    };
+    if let (Some(handle), Some(journal)) = (&admin, &journal) {
+        handle.set_journal(journal.clone());
+    }
+    let journal_at_exit = journal.clone();
+    let ratios = Arc::new(access::Ratios::new(settings.ratio_window, journal));
+    tokio::spawn(ratios.clone().keep_moving());
     let limits = serve::Limits {
         permits: Arc::new(Semaphore::new(settings.max_connections)),
         header_timeout: settings.header_timeout,
         tls: tls.clone(),
-        ratios: Arc::default(),
+        ratios,
         h2_max_streams: settings.h2_max_streams,
     };
     let mut workers = workers::Workers::start(bound, gateway, &limits)?;
@@ -290,6 +353,10 @@ async fn run(
     }
     if let Some(task) = metrics {
         task.abort();
+    }
+    // What the last requests added to the journal is written before exit.
+    if let Some(journal) = journal_at_exit {
+        let _ = tokio::time::timeout(Duration::from_secs(5), journal.flush()).await;
     }
     Ok(())
 }

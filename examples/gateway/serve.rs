@@ -217,21 +217,16 @@ fn service(
             req.extensions_mut().insert(conn);
             let http1 = req.version() < http::Version::HTTP_2;
             async move {
+                let started = Instant::now();
                 // What the access line needs, kept only when it is logged.
-                let line =
-                    tracing::enabled!(target: "gateway::access", tracing::Level::INFO).then(|| {
-                        (
-                            req.method().clone(),
-                            req.uri().path().to_owned(),
-                            Instant::now(),
-                        )
-                    });
+                let line = tracing::enabled!(target: "gateway::access", tracing::Level::INFO)
+                    .then(|| (req.method().clone(), req.uri().path().to_owned()));
                 let mut res = gateway.oneshot(req).await?;
                 if http1 && res.extensions().get::<BodyLimitError>().is_some() {
                     res.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
-                ratios.record(line, &res);
+                ratios.record(line, started, &res);
                 Ok(res)
             }
         });

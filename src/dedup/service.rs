@@ -174,7 +174,13 @@ where
         };
         ResponseFuture {
             kind: Kind::Guarded {
-                fut: Box::pin(run.run(req)),
+                fut: Box::pin(async move {
+                    let key = run.key.clone();
+                    let mut res = run.run(req).await?;
+                    // Outer code (an access log, a journal) reads the key here.
+                    res.extensions_mut().insert(key);
+                    Ok(res)
+                }),
             },
         }
     }

@@ -116,7 +116,8 @@ impl Forward {
         let Some(slot) = self.shared.calls.try_acquire() else {
             return shed(&self.shared.upstream, self.shared.calls.max());
         };
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.timeout;
         let (mut parts, body) = req.into_parts();
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let upstream = &self.shared.upstream;
@@ -148,6 +149,10 @@ impl Forward {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
+                parts.extensions.insert(UpstreamAnswer {
+                    status: parts.status,
+                    took: started.elapsed(),
+                });
                 let body = Deadline {
                     body,
                     sleep,
@@ -200,6 +205,17 @@ fn shed(upstream: &Upstream, max: usize) -> Response<ProxyBody> {
         .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
     res.extensions_mut().insert(crate::Outcome::Shed);
     res
+}
+
+/// What the upstream answered, in the response's extensions: its status
+/// and how long its head took. Outer layers may rewrite the status (a
+/// channel's reply); this keeps the upstream's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamAnswer {
+    /// The upstream's status.
+    pub status: StatusCode,
+    /// From sending the request to the answer's head.
+    pub took: Duration,
 }
 
 /// Counts an upstream failure in `gateway_upstream_errors_total{kind}`.

@@ -46,6 +46,11 @@ pub enum Target {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutedPreset(pub &'static str);
 
+/// The prefix of the route that took a request, in the response's
+/// extensions (absent for an unrouted request).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatchedRoute(pub Arc<str>);
+
 /// The response of a [`Gateway`].
 pub type GatewayResponse = Response<ResponseBody<ProxyBody>>;
 
@@ -60,6 +65,8 @@ type AckStack = Normalize<Verify<Key<Ingest>>>;
 
 /// One route: its stacks, indexed like [`PRESET_NAMES`].
 pub(super) struct Route<S> {
+    /// The route's prefix, for [`MatchedRoute`].
+    prefix: Arc<str>,
     pub(super) stacks: Vec<Option<Stack<S>>>,
     /// What an `auto` route buffers to detect; `None` for a preset route.
     auto_limit: Option<usize>,
@@ -218,7 +225,7 @@ impl<S: Store> GatewayBuilder<S> {
         }
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
         let bodies = Arc::new(self.bodies);
-        let routes = self.routes.map(|_, (target, options)| {
+        let routes = self.routes.map(|prefix, (target, options)| {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
@@ -269,6 +276,7 @@ impl<S: Store> GatewayBuilder<S> {
                 }
             }
             Route {
+                prefix: Arc::from(prefix),
                 stacks,
                 auto_limit,
                 issuer,
@@ -327,7 +335,7 @@ impl<S: Store> Gateway<S> {
             let at = at.expect("a preset route has its stack");
             let req = req.map(|body| self.bodies.wrap(body));
             if let Some(ack) = &route.ack {
-                return queued(ack.clone(), at, req).await;
+                return queued(ack.clone(), route, at, req).await;
             }
             return guarded(route, at, req).await;
         };
@@ -383,7 +391,12 @@ fn unreadable(e: &(dyn std::error::Error + 'static)) -> GatewayResponse {
 }
 
 /// Queues `req` through an acknowledge-then-deliver route's pipeline.
-async fn queued<B>(mut ack: AckStack, at: usize, req: Request<B>) -> GatewayResponse
+async fn queued<S, B>(
+    mut ack: AckStack,
+    route: &Route<S>,
+    at: usize,
+    req: Request<B>,
+) -> GatewayResponse
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -397,6 +410,8 @@ where
     })
     .await;
     res.extensions_mut().insert(RoutedPreset(name));
+    res.extensions_mut()
+        .insert(MatchedRoute(route.prefix.clone()));
     res
 }
 
@@ -422,6 +437,8 @@ where
     })
     .await;
     res.extensions_mut().insert(RoutedPreset(name));
+    res.extensions_mut()
+        .insert(MatchedRoute(route.prefix.clone()));
     res
 }
 

@@ -65,8 +65,8 @@ mod upstream;
 
 pub use ack::{Deliver, DeliveryError};
 pub use detect::detect;
-pub use forward::{Forward, ForwardBuilder};
-pub use gateway::{Gateway, GatewayBuilder, GatewayResponse, RoutedPreset, Target};
+pub use forward::{Forward, ForwardBuilder, UpstreamAnswer};
+pub use gateway::{Gateway, GatewayBuilder, GatewayResponse, MatchedRoute, RoutedPreset, Target};
 pub use headers::ClientConn;
 pub use options::RouteOptions;
 pub use route::{RouteError, RouteTable};

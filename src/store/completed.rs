@@ -192,6 +192,39 @@ impl Completed {
         codec::decode(&buf).ok().map(Arc::new)
     }
 
+    /// The record under `key` and the time left in its window, without
+    /// counting it as a use (for operators).
+    pub(crate) fn peek(&self, key: &str) -> Option<(Arc<CompletedRecord>, Duration)> {
+        let now = self.now_ms();
+        let (buf, expires) = {
+            let shard = self.shard(key.as_bytes());
+            let (slot, &expires) = shard.map.get_key_value(key.as_bytes())?;
+            (slot.record(), expires)
+        };
+        if expires <= now {
+            return None;
+        }
+        let record = codec::decode(&buf).ok()?;
+        Some((Arc::new(record), Duration::from_millis(expires - now)))
+    }
+
+    /// Deletes the record under `key`; `true` if there was one whose
+    /// window had not ended.
+    pub(crate) fn remove(&self, key: &str) -> bool {
+        let now = self.now_ms();
+        let mut shard = self.shard(key.as_bytes());
+        let Some((slot, expires)) = shard.map.remove_entry(key.as_bytes()) else {
+            return false;
+        };
+        let cost = charge(slot.0.len());
+        shard.bytes -= cost;
+        drop(shard);
+        self.stats.records.fetch_sub(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_sub(cost, Ordering::Relaxed);
+        self.publish();
+        expires > now
+    }
+
     /// Keeps `record` under `key` for `window`, replacing what was there,
     /// and evicts the oldest records of its shard past the budget.
     pub(crate) fn insert(&self, key: &str, record: &CompletedRecord, window: Duration) {

@@ -23,7 +23,7 @@
 //! store needs), the trait stays as it is, and choices nest
 //! (`Either<MemoryStore, Either<RedisStore, RedisClusterStore>>`).
 
-use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;
 use ::either::Either;
 use std::sync::Arc;
@@ -86,6 +86,20 @@ impl<A: Store, B: Store> Store for Either<A, B> {
         match self {
             Either::Left(s) => s.take_token(key, owner).await,
             Either::Right(s) => s.take_token(key, owner).await,
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
+        match self {
+            Either::Left(a) => a.inspect(key).await,
+            Either::Right(b) => b.inspect(key).await,
+        }
+    }
+
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        match self {
+            Either::Left(a) => a.forget(key).await,
+            Either::Right(b) => b.forget(key).await,
         }
     }
 }

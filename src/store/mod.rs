@@ -130,6 +130,43 @@ pub struct CompletedRecord {
     pub response: StoredResponse,
 }
 
+/// What a store holds for one key, as [`Store::inspect`] finds it: for
+/// operators (`gateway inspect`), never on a request's path.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// Nothing: the next request with this key runs the inner service.
+    Absent,
+    /// Claimed by a request that is still running.
+    InFlight {
+        /// The fingerprint of the owner's request.
+        fingerprint: Fingerprint,
+        /// How long ago the owner claimed it, where the store knows.
+        age: Option<Duration>,
+        /// How long until the owner's lease runs out (unless renewed).
+        lease_left: Duration,
+    },
+    /// The first success, replayed to every copy until its window ends.
+    Completed {
+        /// The record.
+        record: Arc<CompletedRecord>,
+        /// How long until the window ends.
+        left: Duration,
+    },
+}
+
+/// What [`Store::forget`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forgotten {
+    /// The completed record was deleted: the next copy runs again.
+    Deleted,
+    /// There was no record.
+    Absent,
+    /// The key is in flight: nothing was deleted (its owner decides).
+    InFlight,
+}
+
 /// What a claim found.
 #[derive(Debug)]
 pub enum Claim {
@@ -355,6 +392,31 @@ pub trait Store: Clone + Send + Sync + 'static {
         std::future::ready(Err(StoreError::new(
             StoreErrorKind::Unsupported,
             "this store does not keep client tokens",
+        )))
+    }
+
+    /// What the store holds for `key`, without changing it (a completed
+    /// record read here does not count as a use). For operators: it is
+    /// never called on a request's path. The default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn inspect(&self, key: &str) -> impl Future<Output = Result<RecordState, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store cannot be inspected",
+        )))
+    }
+
+    /// Deletes the completed record of `key`, so that the next copy runs
+    /// the inner service again (after a business rollback, say). Atomic: a
+    /// key in flight is left to its owner and answers
+    /// [`Forgotten::InFlight`]. The default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn forget(&self, key: &str) -> impl Future<Output = Result<Forgotten, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store cannot forget records",
         )))
     }
 }

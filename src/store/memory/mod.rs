@@ -1,7 +1,9 @@
 //! The in-memory store: one process, nothing to start.
 
 use super::completed::{self, Completed};
-use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError, WatchSender};
+use super::{
+    Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError, WatchSender,
+};
 use crate::Fingerprint;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
@@ -73,6 +75,8 @@ struct InFlight {
     token: OwnerToken,
     fingerprint: Fingerprint,
     deadline: Instant,
+    /// When the owner claimed it (for `inspect`).
+    since: Instant,
     /// Created when the first duplicate waits; dropping it wakes them all.
     watch: Option<WatchSender>,
 }
@@ -256,6 +260,7 @@ impl MemoryStore {
                 token,
                 fingerprint,
                 deadline: now + lease,
+                since: now,
                 watch: None,
             },
         );
@@ -290,6 +295,39 @@ impl MemoryStore {
                 true
             }
             _ => false,
+        }
+    }
+
+    fn inspect_now(&self, key: &str) -> RecordState {
+        let now = Instant::now();
+        let shard = self.shard(key);
+        if let Some(current) = shard.get(key).filter(|c| c.deadline > now) {
+            return RecordState::InFlight {
+                fingerprint: current.fingerprint,
+                age: Some(now - current.since),
+                lease_left: current.deadline - now,
+            };
+        }
+        match self.inner.completed.peek(key) {
+            Some((record, left)) => RecordState::Completed { record, left },
+            None => RecordState::Absent,
+        }
+    }
+
+    fn forget_now(&self, key: &str) -> Forgotten {
+        let now = Instant::now();
+        // The in-flight shard's lock is held while the record goes, so a
+        // claim cannot slip in between.
+        let shard = self.shard(key);
+        if shard.get(key).is_some_and(|c| c.deadline > now) {
+            return Forgotten::InFlight;
+        }
+        let deleted = self.inner.completed.remove(key);
+        drop(shard);
+        if deleted {
+            Forgotten::Deleted
+        } else {
+            Forgotten::Absent
         }
     }
 
@@ -372,6 +410,20 @@ impl Store for MemoryStore {
             },
         );
         std::future::ready(Ok(()))
+    }
+
+    fn inspect(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = Result<RecordState, StoreError>> + Send {
+        std::future::ready(Ok(self.inspect_now(key)))
+    }
+
+    fn forget(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = Result<Forgotten, StoreError>> + Send {
+        std::future::ready(Ok(self.forget_now(key)))
     }
 
     fn take_token(

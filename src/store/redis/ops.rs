@@ -1,12 +1,12 @@
 //! The [`Store`] operations of [`RedisStore`]: one script call each.
 
 use super::scripts::{
-    in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, IN_FLIGHT, IN_FLIGHT_LEN,
-    OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN, TOKEN_VALUE,
+    in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FORGET, INSPECT, IN_FLIGHT,
+    IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN, TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
 use crate::store::codec::{decode, encode};
-use crate::store::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;
 use ::redis::aio::ConnectionLike;
 use bytes::Bytes;
@@ -168,5 +168,71 @@ where
             .await
             .map_err(|e| map_err("take_token", e))?;
         Ok(taken == 1)
+    }
+
+    /// One script: the value and its time to live. The local tier is not
+    /// consulted: this shows what every instance would find.
+    async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        let found: ::redis::Value = INSPECT
+            .key(&key)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("inspect", e))?;
+        let (value, ttl) = match found {
+            ::redis::Value::Nil => return Ok(RecordState::Absent),
+            ::redis::Value::Array(mut parts) if parts.len() == 2 => {
+                match (parts.swap_remove(0), parts.swap_remove(0)) {
+                    (::redis::Value::BulkString(v), ::redis::Value::Int(ttl)) => (v, ttl),
+                    _ => return Err(corrupt("inspect answer of an unexpected shape")),
+                }
+            }
+            other => return Err(corrupt(format_args!("inspect answered {other:?}"))),
+        };
+        let left = Duration::from_millis(u64::try_from(ttl).unwrap_or(0));
+        match value.first() {
+            Some(&IN_FLIGHT) if value.len() == IN_FLIGHT_LEN => {
+                let mut fp = [0u8; 16];
+                fp.copy_from_slice(&value[OWNER_LEN..]);
+                Ok(RecordState::InFlight {
+                    fingerprint: Fingerprint::from_bytes(fp),
+                    // The claim's time is not stored in Redis.
+                    age: None,
+                    lease_left: left,
+                })
+            }
+            Some(&IN_FLIGHT) => Err(corrupt(format_args!(
+                "in-flight value of {} bytes",
+                value.len()
+            ))),
+            // A client token, not a record.
+            Some(b'~') => Ok(RecordState::Absent),
+            _ => Ok(RecordState::Completed {
+                record: Arc::new(decode(&Bytes::from(value))?),
+                left,
+            }),
+        }
+    }
+
+    /// One script: deletes a completed record, never a claim; then this
+    /// instance's local tier forgets it too. Other instances' local tiers
+    /// keep their copy until its window ends: forget on each of them, or
+    /// run them without a local tier.
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        let key = self.full_key(key);
+        let mut conn = self.conn.clone();
+        let done: i64 = FORGET
+            .key(&key)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("forget", e))?;
+        let local = self.local.as_ref().is_some_and(|local| local.remove(&key));
+        Ok(match done {
+            1 => Forgotten::Deleted,
+            -1 => Forgotten::InFlight,
+            _ if local => Forgotten::Deleted,
+            _ => Forgotten::Absent,
+        })
     }
 }

@@ -86,6 +86,37 @@ return 0
     )
 });
 
+/// What a key holds, with its remaining time to live: nil when absent.
+pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v then
+  return {v, redis.call('PTTL', KEYS[1])}
+end
+return false
+",
+    )
+});
+
+/// A completed record → absent (1); an in-flight claim is left to its
+/// owner (-1); an absent key or a client token is not a record (0).
+pub(super) static FORGET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.byte(v, 1) == 126 then
+  return 0
+end
+if string.byte(v, 1) == 241 then
+  return -1
+end
+redis.call('DEL', KEYS[1])
+return 1
+",
+    )
+});
+
 /// A client token → taken by this request (same expiry); never touches
 /// anything else. Taken by this request already (a resent script) → 1 again.
 pub(super) static TAKE_TOKEN: LazyLock<Script> = LazyLock::new(|| {

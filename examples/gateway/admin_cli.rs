@@ -1,0 +1,343 @@
+//! `gateway inspect`, `gateway forget` and `gateway journal`: clients of a
+//! running gateway's admin API (`--metrics-listen` with
+//! `--admin-token-file`), so that they work on every store, the memory
+//! store included, while the gateway runs.
+
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use http::{header, Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Where the running gateway's admin API is, and how to print.
+#[derive(Args, Debug, Clone)]
+pub struct Target {
+    /// http://HOST:PORT of the running gateway's --metrics-listen
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IDEMPOTENCY_GATEWAY_ADMIN",
+        default_value = "http://127.0.0.1:9100"
+    )]
+    admin: String,
+    /// text (default) or json (the admin API's answer)
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Text,
+    Json,
+}
+
+/// `gateway inspect KEY`.
+#[derive(Args, Debug, Clone)]
+pub struct Inspect {
+    /// The stored key (`idem:PRESET:ROUTE:PRINCIPAL:KEY`), or with --id the channel's own id
+    key: String,
+    /// KEY is the channel's id (WeChat Pay's notification id, Stripe's event id, ...):
+    /// every stored key the journal knows that ends with it
+    #[arg(long)]
+    id: bool,
+    /// With --id: only this preset's keys
+    #[arg(long, value_name = "PRESET", requires = "id")]
+    preset: Option<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `gateway forget KEY`.
+#[derive(Args, Debug, Clone)]
+pub struct Forget {
+    /// The stored key of a completed record (from `inspect` or `journal`)
+    key: String,
+    /// Who asks, for the journal (default: $USER@hostname)
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `gateway journal`.
+#[derive(Args, Debug, Clone)]
+pub struct Journal {
+    /// Records whose last copy came at or after T (RFC 3339, or ms since the epoch)
+    #[arg(long, value_name = "T")]
+    since: Option<String>,
+    /// Records whose first copy came at or before T
+    #[arg(long, value_name = "T")]
+    until: Option<String>,
+    /// Only this route (its prefix)
+    #[arg(long, value_name = "PREFIX")]
+    route: Option<String>,
+    /// Only records with a copy that got this outcome (executed, replayed, mismatch, ...)
+    #[arg(long, value_name = "OUTCOME")]
+    outcome: Option<String>,
+    /// At most this many
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    limit: usize,
+    #[command(flatten)]
+    target: Target,
+}
+
+fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn query(pairs: &[(&str, Option<&str>)]) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            out.append_pair(k, v);
+        }
+    }
+    out.finish()
+}
+
+/// One call to the admin API: its status and JSON.
+async fn call(
+    target: &Target,
+    token: &str,
+    method: Method,
+    path: &str,
+) -> Result<(u16, Value), String> {
+    let base = target.admin.trim_end_matches('/');
+    let uri = format!("{base}{path}");
+    let req = Request::builder()
+        .method(method)
+        .uri(&uri)
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("bad --admin {}: {e}", target.admin))?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let res = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
+        .await
+        .map_err(|_| format!("{uri}: no answer within 10s"))?
+        .map_err(|e| format!("cannot reach the gateway's admin API at {uri}: {e}"))?;
+    let status = res.status().as_u16();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{uri}: {e}"))?
+        .to_bytes();
+    let json = serde_json::from_slice(&body).map_err(|_| {
+        format!(
+            "{uri} answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        )
+    })?;
+    Ok((status, json))
+}
+
+fn ms(v: &Value) -> String {
+    match v.as_u64() {
+        Some(ms) => {
+            humantime::format_duration(std::time::Duration::from_secs(ms / 1000)).to_string()
+        }
+        None => "?".into(),
+    }
+}
+
+fn record_line(r: &Value) -> String {
+    match r["state"].as_str() {
+        Some("completed") => format!(
+            "completed: status {}, body {} bytes{}, {} left",
+            r["status"],
+            r["body_bytes"],
+            if r["body_omitted"] == Value::Bool(true) {
+                " (omitted: above the cache limit)"
+            } else {
+                ""
+            },
+            ms(&r["left_ms"])
+        ),
+        Some("in_flight") => format!(
+            "in flight: owner age {}, lease left {}",
+            if r["owner_age_ms"].is_null() {
+                "unknown".into()
+            } else {
+                ms(&r["owner_age_ms"])
+            },
+            ms(&r["lease_left_ms"])
+        ),
+        Some(other) => other.to_owned(),
+        None => "?".into(),
+    }
+}
+
+fn journal_line(j: &Value) -> String {
+    if j.is_null() {
+        return "no journal record".into();
+    }
+    let outcomes: Vec<String> = j["outcomes"]
+        .as_object()
+        .map(|o| o.iter().map(|(k, v)| format!("{k} {v}")).collect())
+        .unwrap_or_default();
+    let mut line = format!(
+        "{} copies ({}) from {} to {}, preset {}, route {}",
+        j["copies"],
+        outcomes.join(", "),
+        j["first_seen"].as_str().unwrap_or("?"),
+        j["last_seen"].as_str().unwrap_or("?"),
+        j["preset"].as_str().unwrap_or("?"),
+        j["route"].as_str().unwrap_or("?"),
+    );
+    if let Some(status) = j["upstream_status"].as_u64() {
+        line += &format!("; upstream answered {status} in {} ms", j["upstream_ms"]);
+    }
+    if let Some(n) = j["attempts"].as_u64().filter(|n| *n > 0) {
+        line += &format!("; {n} delivery attempts");
+    }
+    if let Some(notes) = j["notes"].as_array() {
+        for n in notes {
+            line += &format!("; {}", n.as_str().unwrap_or_default());
+        }
+    }
+    line
+}
+
+fn print(
+    target: &Target,
+    json: &Value,
+    text: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    let written = match target.format {
+        Format::Json => writeln!(out, "{json}"),
+        Format::Text => text(&mut out),
+    };
+    written.map_err(|e| format!("cannot write to stdout: {e}"))
+}
+
+fn failed(status: u16, json: &Value) -> String {
+    let message = json["error"]
+        .as_str()
+        .map_or_else(|| json.to_string(), str::to_owned);
+    format!("the admin API answered {status}: {message}")
+}
+
+/// What a subcommand needs besides its own flags.
+pub enum Call<'a> {
+    Inspect(&'a Inspect),
+    Forget(&'a Forget),
+    Journal(&'a Journal),
+}
+
+/// Runs an admin subcommand; `Err` is the message for exit status 1.
+pub fn run(what: Call<'_>, token_file: Option<&PathBuf>) -> Result<(), String> {
+    let Some(token_file) = token_file else {
+        return Err(
+            "the admin commands need --admin-token-file (the running gateway's token)".into(),
+        );
+    };
+    let token = crate::admin::read_token(token_file)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        match what {
+            Call::Inspect(a) => {
+                let path = if a.id {
+                    let q = query(&[("id", Some(&a.key)), ("preset", a.preset.as_deref())]);
+                    format!("/admin/keys?{q}")
+                } else {
+                    format!("/admin/keys/{}", enc(&a.key))
+                };
+                let (status, json) = call_ok(&a.target, &token, Method::GET, &path).await?;
+                let _ = status;
+                print(&a.target, &json, |out| {
+                    let found: Vec<&Value> = match json["matches"].as_array() {
+                        Some(m) => m.iter().collect(),
+                        None => vec![&json],
+                    };
+                    if found.is_empty() {
+                        writeln!(out, "no key ending in :{} in the journal", a.key)?;
+                    }
+                    for m in found {
+                        writeln!(out, "key: {}", m["key"].as_str().unwrap_or("?"))?;
+                        writeln!(out, "  record: {}", record_line(&m["record"]))?;
+                        writeln!(out, "  journal: {}", journal_line(&m["journal"]))?;
+                    }
+                    Ok(())
+                })
+            }
+            Call::Forget(a) => {
+                let by = a.by.clone().unwrap_or_else(default_by);
+                let path = format!(
+                    "/admin/keys/{}?{}",
+                    enc(&a.key),
+                    query(&[("by", Some(&by))])
+                );
+                let (status, json) = call(&a.target, &token, Method::DELETE, &path).await?;
+                match status {
+                    200 => print(&a.target, &json, |out| {
+                        writeln!(out, "forgotten: {} (the next copy runs again)", a.key)
+                    }),
+                    404 => Err(format!("{}: no completed record to forget", a.key)),
+                    409 => Err(format!(
+                        "{}: in flight; nothing forgotten (try again once it has finished)",
+                        a.key
+                    )),
+                    _ => Err(failed(status, &json)),
+                }
+            }
+            Call::Journal(a) => {
+                let limit = a.limit.to_string();
+                let q = query(&[
+                    ("since", a.since.as_deref()),
+                    ("until", a.until.as_deref()),
+                    ("route", a.route.as_deref()),
+                    ("outcome", a.outcome.as_deref()),
+                    ("limit", Some(&limit)),
+                ]);
+                let (_, json) = call_ok(
+                    &a.target,
+                    &token,
+                    Method::GET,
+                    &format!("/admin/journal?{q}"),
+                )
+                .await?;
+                print(&a.target, &json, |out| {
+                    for r in json["records"].as_array().into_iter().flatten() {
+                        writeln!(
+                            out,
+                            "{}\t{}",
+                            r["key"].as_str().unwrap_or("?"),
+                            journal_line(r)
+                        )?;
+                    }
+                    Ok(())
+                })
+            }
+        }
+    })
+}
+
+async fn call_ok(
+    target: &Target,
+    token: &str,
+    method: Method,
+    path: &str,
+) -> Result<(u16, Value), String> {
+    let (status, json) = call(target, token, method, path).await?;
+    if status != 200 {
+        return Err(failed(status, &json));
+    }
+    Ok((status, json))
+}
+
+fn default_by() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    match host.trim() {
+        "" => user,
+        host => format!("{user}@{host}"),
+    }
+}

@@ -1,0 +1,388 @@
+//! A journal of notifications: one record per distinct stored key, for the
+//! operator who must answer "the channel says it sent X at 02:14: did we run
+//! it, what did we answer, why not?".
+//!
+//! Each guarded request adds a [`JournalEvent`]: the record of its key
+//! counts the copies, when the first and the last came, what each got (its
+//! [`Outcome`](crate::Outcome)) and what the upstream answered the copy that
+//! ran. Events go through a bounded channel to one writer task, so a request
+//! never waits for the journal: when the channel is full the event is
+//! dropped and counted ([`Journal::dropped`]). The writer commits a batch at
+//! a time to a [redb](https://docs.rs/redb) file (the embedded queue's
+//! engine: pure Rust, atomic commits, one process at a time) and removes the
+//! records not seen for the retention, in bounded batches.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::journal::{Journal, JournalEvent, JournalFilter, JournalOptions};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let dir = std::env::temp_dir().join(format!("journal-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let (journal, writer) = Journal::open(dir.join("journal.redb"), JournalOptions::new()).unwrap();
+//! let writer = tokio::spawn(writer);
+//! for outcome in ["executed", "replayed", "replayed"] {
+//!     journal.record(JournalEvent::new("idem:stripe:/notify:evt_1", "stripe", "/notify", outcome));
+//! }
+//! journal.flush().await;
+//! let record = journal.get("idem:stripe:/notify:evt_1").unwrap().unwrap();
+//! assert_eq!(record.copies, 3);
+//! assert_eq!(record.outcomes["replayed"], 2);
+//! let found = journal.query(&JournalFilter::default().outcome("executed")).unwrap();
+//! assert_eq!(found.len(), 1);
+//! # drop(journal); writer.await.unwrap(); std::fs::remove_dir_all(&dir).unwrap();
+//! # }
+//! ```
+
+mod db;
+
+use self::db::Db;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One copy of a notification, as the journal takes it.
+#[derive(Debug, Clone)]
+pub struct JournalEvent {
+    key: Arc<str>,
+    preset: Arc<str>,
+    route: Arc<str>,
+    outcome: &'static str,
+    at_ms: u64,
+    status: Option<u16>,
+    upstream: Option<(u16, u64)>,
+    attempt: bool,
+    note: Option<String>,
+}
+
+impl JournalEvent {
+    /// A copy of the notification stored as `key`, guarded by `preset` on
+    /// `route`, that got `outcome` (an [`Outcome`](crate::Outcome)'s label), now.
+    pub fn new(
+        key: impl Into<Arc<str>>,
+        preset: impl Into<Arc<str>>,
+        route: impl Into<Arc<str>>,
+        outcome: &'static str,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            preset: preset.into(),
+            route: route.into(),
+            outcome,
+            at_ms: now_ms(),
+            status: None,
+            upstream: None,
+            attempt: false,
+            note: None,
+        }
+    }
+
+    /// The status this copy was answered.
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// What the upstream answered this copy (it ran), and how long it took.
+    pub fn upstream(mut self, status: u16, took: Duration) -> Self {
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.upstream = Some((status, ms));
+        self
+    }
+
+    /// This event is a delivery attempt from the queue (acknowledge-then-deliver routes).
+    pub fn attempt(mut self) -> Self {
+        self.attempt = true;
+        self
+    }
+
+    /// An operator's action on the key (e.g. "forgotten by ops@host"),
+    /// kept in the record's notes.
+    pub fn note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+
+    /// When it happened, in milliseconds since the Unix epoch (defaults to now).
+    pub fn at_ms(mut self, at_ms: u64) -> Self {
+        self.at_ms = at_ms;
+        self
+    }
+}
+
+/// Everything the journal knows of one stored key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalRecord {
+    /// The stored key (`prefix:preset:route:principal:key`).
+    pub key: String,
+    /// The preset that guarded it.
+    pub preset: String,
+    /// The route it came in on.
+    pub route: String,
+    /// When the first copy came, in milliseconds since the Unix epoch.
+    pub first_seen_ms: u64,
+    /// When the last copy came.
+    pub last_seen_ms: u64,
+    /// How many copies came.
+    pub copies: u64,
+    /// How many copies got each outcome (`executed`, `replayed`, `waited`,
+    /// `mismatch`, `unverified`, `shed`, ...).
+    pub outcomes: BTreeMap<String, u64>,
+    /// The status the last copy was answered.
+    pub last_status: Option<u16>,
+    /// What the upstream answered the last copy that reached it.
+    pub upstream_status: Option<u16>,
+    /// How long that upstream call took, in milliseconds.
+    pub upstream_ms: Option<u64>,
+    /// Delivery attempts from the queue (acknowledge-then-deliver routes).
+    pub attempts: u64,
+    /// Operators' actions on the key, oldest first (at most 16 kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl JournalRecord {
+    fn first(event: &JournalEvent) -> Self {
+        Self {
+            key: event.key.to_string(),
+            preset: event.preset.to_string(),
+            route: event.route.to_string(),
+            first_seen_ms: event.at_ms,
+            last_seen_ms: event.at_ms,
+            copies: 0,
+            outcomes: BTreeMap::new(),
+            last_status: None,
+            upstream_status: None,
+            upstream_ms: None,
+            attempts: 0,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Adds one event; an operator's note is not a copy.
+    fn add(&mut self, event: &JournalEvent) {
+        self.first_seen_ms = self.first_seen_ms.min(event.at_ms);
+        self.last_seen_ms = self.last_seen_ms.max(event.at_ms);
+        if let Some(note) = &event.note {
+            if self.notes.len() == MAX_NOTES {
+                self.notes.remove(0);
+            }
+            self.notes.push(note.clone());
+            return;
+        }
+        self.copies += 1;
+        *self.outcomes.entry(event.outcome.to_owned()).or_default() += 1;
+        if event.status.is_some() {
+            self.last_status = event.status;
+        }
+        if let Some((status, ms)) = event.upstream {
+            self.upstream_status = Some(status);
+            self.upstream_ms = Some(ms);
+        }
+        self.attempts += u64::from(event.attempt);
+    }
+}
+
+const MAX_NOTES: usize = 16;
+
+/// Which records [`Journal::query`] returns: all of them by default, newest
+/// last, at most 1,000.
+#[derive(Debug, Clone)]
+pub struct JournalFilter {
+    since_ms: u64,
+    until_ms: u64,
+    route: Option<String>,
+    outcome: Option<String>,
+    limit: usize,
+}
+
+impl Default for JournalFilter {
+    fn default() -> Self {
+        Self {
+            since_ms: 0,
+            until_ms: u64::MAX,
+            route: None,
+            outcome: None,
+            limit: 1000,
+        }
+    }
+}
+
+impl JournalFilter {
+    /// Records whose last copy came at or after `ms` (since the Unix epoch).
+    pub fn since_ms(mut self, ms: u64) -> Self {
+        self.since_ms = ms;
+        self
+    }
+
+    /// Records whose first copy came at or before `ms`.
+    pub fn until_ms(mut self, ms: u64) -> Self {
+        self.until_ms = ms;
+        self
+    }
+
+    /// Records of this route only.
+    pub fn route(mut self, route: impl Into<String>) -> Self {
+        self.route = Some(route.into());
+        self
+    }
+
+    /// Records with at least one copy that got this outcome.
+    pub fn outcome(mut self, outcome: impl Into<String>) -> Self {
+        self.outcome = Some(outcome.into());
+        self
+    }
+
+    /// At most this many records. Defaults to 1,000.
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    fn matches(&self, r: &JournalRecord) -> bool {
+        r.last_seen_ms >= self.since_ms
+            && r.first_seen_ms <= self.until_ms
+            && self.route.as_deref().is_none_or(|p| r.route == p)
+            && self
+                .outcome
+                .as_deref()
+                .is_none_or(|o| r.outcomes.get(o).is_some_and(|n| *n > 0))
+    }
+}
+
+/// How a [`Journal`] keeps its records.
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    retention: Duration,
+    capacity: usize,
+}
+
+impl JournalOptions {
+    /// The defaults: 7 days of retention, 65,536 events in the channel.
+    pub const fn new() -> Self {
+        Self {
+            retention: Duration::from_secs(7 * 24 * 3600),
+            capacity: 65_536,
+        }
+    }
+
+    /// Records not seen for this long are removed. Defaults to 7 days.
+    pub const fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Events the channel holds before new ones are dropped (and counted).
+    /// Defaults to 65,536.
+    pub const fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why the journal could not be opened or read.
+#[derive(Debug, Clone)]
+pub struct JournalError(Arc<str>);
+
+impl JournalError {
+    fn new(message: impl Into<Arc<str>>) -> Self {
+        Self(message.into())
+    }
+}
+
+impl fmt::Display for JournalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for JournalError {}
+
+enum Command {
+    Event(JournalEvent),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The journal: cheap to clone; [`record`](Self::record) never waits.
+#[derive(Clone)]
+pub struct Journal {
+    tx: mpsc::Sender<Command>,
+    dropped: Arc<AtomicU64>,
+    db: Db,
+}
+
+impl fmt::Debug for Journal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Journal")
+            .field("dropped", &self.dropped())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Journal {
+    /// Opens (or creates) the journal file at `path`; returns the journal
+    /// and its writer, a future to spawn. The writer ends once every clone
+    /// of the journal is dropped and what they recorded is written.
+    pub fn open(
+        path: impl AsRef<Path>,
+        options: JournalOptions,
+    ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), JournalError> {
+        let db = Db::open(path.as_ref())?;
+        let (tx, rx) = mpsc::channel(options.capacity.max(1));
+        let journal = Self {
+            tx,
+            dropped: Arc::default(),
+            db: db.clone(),
+        };
+        Ok((journal, db.write_loop(rx, options.retention)))
+    }
+
+    /// Adds `event`; when the channel is full it is dropped and counted.
+    pub fn record(&self, event: JournalEvent) {
+        if self.tx.try_send(Command::Event(event)).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Events dropped because the channel was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every event recorded before this call is written.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Command::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+
+    /// The record of `key`.
+    pub fn get(&self, key: &str) -> Result<Option<JournalRecord>, JournalError> {
+        self.db.get(key)
+    }
+
+    /// The records `filter` selects, oldest last copy first.
+    pub fn query(&self, filter: &JournalFilter) -> Result<Vec<JournalRecord>, JournalError> {
+        self.db.query(filter)
+    }
+}
