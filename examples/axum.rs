@@ -98,6 +98,8 @@ async fn create_order(
 
 /// The app: one store shared by every route (keys are scoped by route).
 pub fn app(shop: Shop, store: MemoryStore) -> Router {
+    // The token issuer takes this layer's store, principal and prefix.
+    let orders = IdempotencyLayer::new_in(Preset::client_token(), store.clone());
     Router::new()
         .route(
             "/notify/wechatpay",
@@ -117,11 +119,8 @@ pub fn app(shop: Shop, store: MemoryStore) -> Router {
                 store.clone(),
             )),
         )
-        .route("/orders/token", get_service(IssueToken::new(store.clone())))
-        .route(
-            "/orders",
-            post(create_order).layer(IdempotencyLayer::new_in(Preset::client_token(), store)),
-        )
+        .route("/orders/token", get_service(IssueToken::for_layer(&orders)))
+        .route("/orders", post(create_order).layer(orders))
         .with_state(shop)
 }
 

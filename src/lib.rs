@@ -98,12 +98,23 @@
 //! |---|---|
 //! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances); with `queue`, `queue::RedisStreamsQueue` |
 //! | `queue` | durable queues: `queue::RedbQueue` (one node), `queue::MemoryQueue` (tests), `queue::Worker` |
-//! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
+//! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor, and with `verify` the decrypted WeChat Pay v3 resource (`verify::DecryptedResource`); the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 //! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
-
+//!
+//! With `tracing`, a channel route without verification (no `.verify(..)`)
+//! says so once, with a warning, when its layer is applied.
+// Links to items of features that are off go to docs.rs, not nowhere.
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "\n\n[`store::RedisStore`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.RedisStore.html"
+)]
+#![cfg_attr(
+    not(feature = "proxy"),
+    doc = "\n\n[`proxy`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/proxy/index.html"
+)]
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -141,6 +152,12 @@ pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use outcome::Outcome;
+// Every Rust block of the README is a doctest: `cargo test --doc` compiles
+// and runs them.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}
+
 /// Tracks the background work of the dedup layers (see
 /// [`DedupLayer::task_tracker`](crate::dedup::DedupLayer::task_tracker)).
 pub use tokio_util::task::TaskTracker;

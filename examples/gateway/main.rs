@@ -60,7 +60,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::GatewayStore;
 use tokio::sync::Semaphore;
-use tower_idempotency::proxy::{Forward, Gateway};
+use tower_idempotency::proxy::{Forward, Gateway, Target};
 use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
 
@@ -135,6 +135,28 @@ fn check_files(settings: &Settings) -> Result<(), String> {
     forward(settings).map(drop)
 }
 
+/// Once at start, per channel route that does not verify the sender.
+fn warn_unverified(settings: &Settings) {
+    for (prefix, target, options) in &settings.routes {
+        match target {
+            Target::Auto => warn!(
+                route = %prefix,
+                preset = "auto",
+                "channel route without verification: notifications nobody signed reach the \
+                 upstream; an `auto` route cannot verify, give each channel a route with its \
+                 preset and a `verify` table"
+            ),
+            Target::Preset(p) if !p.is_client_api() && !options.verifies() => warn!(
+                route = %prefix,
+                preset = p.name(),
+                "channel route without verification: notifications nobody signed reach the \
+                 upstream; give the route a `verify` table in the config file"
+            ),
+            Target::Preset(_) => {}
+        }
+    }
+}
+
 fn forward(settings: &Settings) -> Result<Forward, String> {
     let mut builder =
         Forward::builder(settings.upstream.clone()).timeout(settings.upstream_timeout);
@@ -207,6 +229,7 @@ async fn run(
         ratios: Arc::default(),
     };
     let mut workers = workers::Workers::start(bound, gateway, &limits)?;
+    warn_unverified(&settings);
     let routes: Vec<String> = control
         .routes()
         .map(|(p, what)| format!("{p}={what}"))
