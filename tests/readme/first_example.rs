@@ -22,5 +22,8 @@ fn app(wechat_keys: impl Into<VerifyLayer>) -> Router {
             "/notify/wechatpay",
             post(on_wechat_paid).layer(IdempotencyLayer::wechatpay_v3().verify(wechat_keys)),
         )
-        .route("/orders", post(create_order).layer(IdempotencyLayer::idempotency_key()))
+        .route(
+            "/orders",
+            post(create_order).layer(IdempotencyLayer::idempotency_key()),
+        )
 }
