@@ -19,14 +19,15 @@ pub type Idempotency<S, St = MemoryStore> = Normalize<Verify<Key<Dedup<S, St>>>>
 /// The normalize, verify, key and dedup layers composed for one [`Preset`]
 /// (verification is off until [`verify`](Self::verify) is given keys).
 ///
-/// Adding WeChat Pay v3 to an axum route is one line:
+/// Adding WeChat Pay v3 to an axum route is one line (give it the channel's
+/// keys with [`verify`](Self::verify) too, or anyone can post a notification):
 ///
 /// ```
 /// use axum::{routing::post, Router};
 /// use tower_idempotency::IdempotencyLayer;
 ///
 /// async fn on_paid(body: String) -> &'static str {
-///     // verify, decrypt, mark the order paid…
+///     // mark the order paid…
 ///     "ok"
 /// }
 ///

@@ -7,19 +7,34 @@
 //!
 //! # Quick start
 //!
+//! A WeChat Pay v3 notification route that checks the signature, decrypts
+//! the resource for its handler and runs it once per notification, and a
+//! client API keyed by `Idempotency-Key`:
+//!
 //! ```
-//! use axum::{routing::post, Router};
+//! use axum::{http::StatusCode, routing::post, Router};
+//! use tower_idempotency::verify::{DecryptedResource, WechatPayV3Keys};
 //! use tower_idempotency::IdempotencyLayer;
 //!
-//! async fn on_wechat_paid(body: String) -> &'static str { "ok" }
-//! async fn on_alipay_paid(body: String) -> &'static str { "ok" }
+//! async fn on_wechat_paid(DecryptedResource(tx): DecryptedResource) -> StatusCode {
+//!     // `tx` is the decrypted transaction JSON: mark it paid…
+//!     StatusCode::OK // any 2xx is success
+//! }
 //! async fn create_order(body: String) -> String { format!("created from {body}") }
 //!
+//! // The platform certificate under its `Wechatpay-Serial`, and the APIv3 key
+//! // (here wechatpay-go's test keys).
+//! let pem = std::fs::read("tests/fixtures/wechatpay_v3_platform_cert.pem").unwrap();
+//! let keys = WechatPayV3Keys::new()
+//!     .platform_key("D7CE59D1F522D701", pem).unwrap()
+//!     .api_v3_key("testMchAPIv3Key0").unwrap();
 //! let app: Router = Router::new()
-//!     .route("/notify/wechat", post(on_wechat_paid).layer(IdempotencyLayer::wechatpay_v3()))
-//!     .route("/notify/alipay", post(on_alipay_paid).layer(IdempotencyLayer::alipay()))
+//!     .route("/notify/wechat", post(on_wechat_paid).layer(IdempotencyLayer::wechatpay_v3().verify(keys)))
 //!     .route("/orders", post(create_order).layer(IdempotencyLayer::idempotency_key()));
 //! ```
+//!
+//! A channel route without [`verify`](IdempotencyLayer::verify) accepts
+//! notifications nobody signed; with `tracing` its layer warns once.
 //!
 //! # The stack
 //!
