@@ -1,7 +1,12 @@
-//! An axum app with a WeChat Pay v3 notification route, an Alipay
-//! notification route, an `Idempotency-Key` client API, and the one-time
-//! token flow (`GET /orders/token`, then `POST /orders` with the token), all
-//! sharing one in-memory store.
+//! An axum app with a verified WeChat Pay v3 notification route (its
+//! handler takes the decrypted resource), an Alipay notification route, an
+//! `Idempotency-Key` client API, and the one-time token flow
+//! (`GET /orders/token`, then `POST /orders` with the token), all sharing one
+//! in-memory store.
+//!
+//! The WeChat Pay keys come from `WECHATPAY_SERIAL`, `WECHATPAY_PLATFORM_KEY`
+//! (a PEM file) and `WECHATPAY_APIV3_KEY`; without them, wechatpay-go's test
+//! keys of `tests/fixtures/`.
 //!
 //! ```sh
 //! cargo run --example axum            # listens on 127.0.0.1:3000 (or $ADDR)
@@ -25,6 +30,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::token::IssueToken;
+use tower_idempotency::verify::{DecryptedResource, VerifyLayer, WechatPayV3Keys};
 use tower_idempotency::{IdempotencyLayer, Preset};
 
 /// The business side: orders and how often the "after pay" side effects ran.
@@ -55,13 +61,17 @@ impl Shop {
     }
 }
 
-/// WeChat Pay v3: verify the signature and decrypt `resource` here (elided),
-/// then act on the transaction.
+/// WeChat Pay v3: the layers checked the signature and decrypted
+/// `resource`; act on the transaction.
 async fn wechat_notify(
     State(shop): State<Shop>,
+    DecryptedResource(resource): DecryptedResource,
     Json(notification): Json<serde_json::Value>,
 ) -> StatusCode {
-    let Some(id) = notification["id"].as_str() else {
+    let (Some(id), Ok(_transaction)) = (
+        notification["id"].as_str(),
+        serde_json::from_slice::<serde_json::Value>(&resource),
+    ) else {
         return StatusCode::BAD_REQUEST;
     };
     shop.do_after_pay(id);
@@ -97,14 +107,15 @@ async fn create_order(
 }
 
 /// The app: one store shared by every route (keys are scoped by route).
-pub fn app(shop: Shop, store: MemoryStore) -> Router {
+pub fn app(shop: Shop, store: MemoryStore, wechat_keys: impl Into<VerifyLayer>) -> Router {
+    // The token issuer takes this layer's store, principal and prefix.
+    let orders = IdempotencyLayer::new_in(Preset::client_token(), store.clone());
     Router::new()
         .route(
             "/notify/wechatpay",
-            post(wechat_notify).layer(IdempotencyLayer::new_in(
-                Preset::wechatpay_v3(),
-                store.clone(),
-            )),
+            post(wechat_notify).layer(
+                IdempotencyLayer::new_in(Preset::wechatpay_v3(), store.clone()).verify(wechat_keys),
+            ),
         )
         .route(
             "/notify/alipay",
@@ -117,11 +128,8 @@ pub fn app(shop: Shop, store: MemoryStore) -> Router {
                 store.clone(),
             )),
         )
-        .route("/orders/token", get_service(IssueToken::new(store.clone())))
-        .route(
-            "/orders",
-            post(create_order).layer(IdempotencyLayer::new_in(Preset::client_token(), store)),
-        )
+        .route("/orders/token", get_service(IssueToken::for_layer(&orders)))
+        .route("/orders", post(create_order).layer(orders))
         .with_state(shop)
 }
 
@@ -131,5 +139,21 @@ async fn main() -> std::io::Result<()> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on {}", listener.local_addr()?);
-    axum::serve(listener, app(Shop::default(), MemoryStore::new())).await
+    let keys = wechat_keys().map_err(std::io::Error::other)?;
+    axum::serve(listener, app(Shop::default(), MemoryStore::new(), keys)).await
+}
+
+/// The WeChat Pay keys from the environment, or the test keys.
+#[allow(dead_code)] // unused when this file is included by tests/axum_example.rs
+fn wechat_keys() -> Result<WechatPayV3Keys, Box<dyn std::error::Error + Send + Sync>> {
+    let var = |name, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let serial = var("WECHATPAY_SERIAL", "D7CE59D1F522D701");
+    let pem = std::fs::read(var(
+        "WECHATPAY_PLATFORM_KEY",
+        "tests/fixtures/wechatpay_v3_platform_cert.pem",
+    ))?;
+    let api_v3_key = var("WECHATPAY_APIV3_KEY", "testMchAPIv3Key0");
+    Ok(WechatPayV3Keys::new()
+        .platform_key(serial, pem)?
+        .api_v3_key(api_v3_key)?)
 }

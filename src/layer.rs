@@ -7,6 +7,7 @@ use crate::store::{MemoryStore, Store};
 use crate::verify::{Verify, VerifyLayer};
 use crate::Preset;
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
@@ -18,14 +19,15 @@ pub type Idempotency<S, St = MemoryStore> = Normalize<Verify<Key<Dedup<S, St>>>>
 /// The normalize, verify, key and dedup layers composed for one [`Preset`]
 /// (verification is off until [`verify`](Self::verify) is given keys).
 ///
-/// Adding WeChat Pay v3 to an axum route is one line:
+/// Adding WeChat Pay v3 to an axum route is one line (give it the channel's
+/// keys with [`verify`](Self::verify) too, or anyone can post a notification):
 ///
 /// ```
 /// use axum::{routing::post, Router};
 /// use tower_idempotency::IdempotencyLayer;
 ///
 /// async fn on_paid(body: String) -> &'static str {
-///     // verify, decrypt, mark the order paid…
+///     // mark the order paid…
 ///     "ok"
 /// }
 ///
@@ -36,12 +38,20 @@ pub type Idempotency<S, St = MemoryStore> = Normalize<Verify<Key<Dedup<S, St>>>>
 /// Each builder method documents its default; the preset sets the window,
 /// wait and body limit. Clones share the store, so one layer value (or one
 /// store passed to several layers) protects every instance of a route.
+///
+/// A channel preset without [`verify`](Self::verify) accepts notifications
+/// that nobody signed, and WeChat Pay v3 resources stay encrypted: with the
+/// `tracing` feature the layer says so once, at a warning level, the first
+/// time it is applied to a service.
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer<St = MemoryStore> {
     key: KeyLayer,
     dedup: DedupLayer<St>,
     normalize: NormalizeLayer,
     verify: VerifyLayer,
+    /// Channel presets only: set once the "unverified" warning was given (or
+    /// when it must not be: the gateway warns per route itself).
+    unverified_warned: Option<Arc<AtomicBool>>,
 }
 
 impl IdempotencyLayer<MemoryStore> {
@@ -121,6 +131,7 @@ impl<St: Store> IdempotencyLayer<St> {
             verify: VerifyLayer::off()
                 .preset(Arc::<str>::from(preset.name()))
                 .max_body(preset.max_body()),
+            unverified_warned: (!preset.is_client_api()).then(Arc::default),
         }
     }
 
@@ -132,6 +143,7 @@ impl<St: Store> IdempotencyLayer<St> {
             dedup: self.dedup.with_store(store),
             normalize: self.normalize,
             verify: self.verify,
+            unverified_warned: self.unverified_warned,
         }
     }
 
@@ -264,8 +276,8 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Verifies the sender before the key is claimed: pass the channel's keys
-    /// (for example [`WechatPayV3Keys`](crate::verify::WechatPayV3Keys), with
-    /// the `verify` feature) or a [`VerifyLayer`] (to inject a clock). A
+    /// (for example `WechatPayV3Keys`, with the `verify` feature: see
+    /// [`verify`](crate::verify)) or a [`VerifyLayer`] (to inject a clock). A
     /// request that does not verify gets the channel's failure reply with
     /// status 401 and never touches the store. Defaults to no verification.
     pub fn verify(mut self, verify: impl Into<VerifyLayer>) -> Self {
@@ -278,6 +290,35 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The store.
     pub fn store(&self) -> &St {
         self.dedup.store()
+    }
+
+    /// The key layer (its principal and prefix, for the token issuer).
+    pub(crate) fn key_layer(&self) -> &KeyLayer {
+        &self.key
+    }
+
+    /// No "unverified" warning from this layer (its user gives its own).
+    #[cfg(feature = "proxy")]
+    pub(crate) fn quiet(mut self) -> Self {
+        self.unverified_warned = None;
+        self
+    }
+
+    /// Warns once per layer (clones included) that a channel runs unverified.
+    fn warn_if_unverified(&self) {
+        let Some(warned) = &self.unverified_warned else {
+            return;
+        };
+        if self.verify.is_on() || warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let preset = &self.verify.preset;
+        crate::outcome::log_warn!(
+            preset = %preset,
+            "a {preset} route runs without verification: notifications nobody signed \
+             run the handler and nothing is decrypted; give the channel's keys to .verify(..)"
+        );
+        let _ = preset;
     }
 
     /// The layers in front of the dedup layer (normalize, verify, key) over
@@ -294,6 +335,7 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = Idempotency<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        self.warn_if_unverified();
         self.normalize
             .layer(self.verify.layer(self.key.layer(self.dedup.layer(inner))))
     }

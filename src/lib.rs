@@ -7,19 +7,34 @@
 //!
 //! # Quick start
 //!
+//! A WeChat Pay v3 notification route that checks the signature, decrypts
+//! the resource for its handler and runs it once per notification, and a
+//! client API keyed by `Idempotency-Key`:
+//!
 //! ```
-//! use axum::{routing::post, Router};
+//! use axum::{http::StatusCode, routing::post, Router};
+//! use tower_idempotency::verify::{DecryptedResource, WechatPayV3Keys};
 //! use tower_idempotency::IdempotencyLayer;
 //!
-//! async fn on_wechat_paid(body: String) -> &'static str { "ok" }
-//! async fn on_alipay_paid(body: String) -> &'static str { "ok" }
+//! async fn on_wechat_paid(DecryptedResource(tx): DecryptedResource) -> StatusCode {
+//!     // `tx` is the decrypted transaction JSON: mark it paid…
+//!     StatusCode::OK // any 2xx is success
+//! }
 //! async fn create_order(body: String) -> String { format!("created from {body}") }
 //!
+//! // The platform certificate under its `Wechatpay-Serial`, and the APIv3 key
+//! // (here wechatpay-go's test keys).
+//! let pem = std::fs::read("tests/fixtures/wechatpay_v3_platform_cert.pem").unwrap();
+//! let keys = WechatPayV3Keys::new()
+//!     .platform_key("D7CE59D1F522D701", pem).unwrap()
+//!     .api_v3_key("testMchAPIv3Key0").unwrap();
 //! let app: Router = Router::new()
-//!     .route("/notify/wechat", post(on_wechat_paid).layer(IdempotencyLayer::wechatpay_v3()))
-//!     .route("/notify/alipay", post(on_alipay_paid).layer(IdempotencyLayer::alipay()))
+//!     .route("/notify/wechat", post(on_wechat_paid).layer(IdempotencyLayer::wechatpay_v3().verify(keys)))
 //!     .route("/orders", post(create_order).layer(IdempotencyLayer::idempotency_key()));
 //! ```
+//!
+//! A channel route without [`verify`](IdempotencyLayer::verify) accepts
+//! notifications nobody signed; with `tracing` its layer warns once.
 //!
 //! # The stack
 //!
@@ -98,12 +113,23 @@
 //! |---|---|
 //! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances); with `queue`, `queue::RedisStreamsQueue` |
 //! | `queue` | durable queues: `queue::RedbQueue` (one node), `queue::MemoryQueue` (tests), `queue::Worker` |
-//! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor; the layers themselves work with axum without it |
+//! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor, and with `verify` the decrypted WeChat Pay v3 resource (`verify::DecryptedResource`); the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 //! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
-
+//!
+//! With `tracing`, a channel route without verification (no `.verify(..)`)
+//! says so once, with a warning, when its layer is applied.
+// Links to items of features that are off go to docs.rs, not nowhere.
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "\n\n[`store::RedisStore`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.RedisStore.html"
+)]
+#![cfg_attr(
+    not(feature = "proxy"),
+    doc = "\n\n[`proxy`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/proxy/index.html"
+)]
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -145,6 +171,12 @@ pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use outcome::Outcome;
+// Every Rust block of the README is a doctest: `cargo test --doc` compiles
+// and runs them.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}
+
 /// Tracks the background work of the dedup layers (see
 /// [`DedupLayer::task_tracker`](crate::dedup::DedupLayer::task_tracker)).
 pub use tokio_util::task::TaskTracker;

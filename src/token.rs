@@ -3,12 +3,27 @@
 //! Before a user submits an order, the page asks [`IssueToken`] for a token;
 //! the submit carries it in `Idempotency-Token` to a route guarded by
 //! [`IdempotencyLayer::client_token`](crate::IdempotencyLayer::client_token)
-//! over the same store. The first submit consumes the token atomically and
-//! becomes a dedup record: copies that arrive while it runs wait and get its
-//! response replayed, later copies get the replay too (or 409 in strict
-//! mode). An unknown, expired, used, or other user's token gets 400 and the
-//! handler is not called. A token whose submit fails is given back, so the
-//! client can retry with it.
+//! over the same store. Build the issuer from the consuming layer with
+//! [`IssueToken::for_layer`]: it takes the layer's store, principal and
+//! prefix, so the two cannot disagree (an issuer with another principal or
+//! prefix issues tokens that the route refuses as unknown).
+//!
+//! What a submit gets:
+//!
+//! - **The first** with a token consumes it atomically and runs the handler;
+//!   the token becomes a dedup record, kept for the layer's window (24 hours
+//!   by default).
+//! - **A copy** (the same token, method, path and body) that arrives while the
+//!   first runs waits and gets its response replayed; a later copy within
+//!   the window gets the replay at once (`idempotent-replayed: true`). With
+//!   `.strict(true)` copies get 409 instead.
+//! - **The same token with another body** (or method, or path) within the
+//!   window gets 422 "idempotency token already used for a different
+//!   request"; the handler is not called.
+//! - **An unknown, expired or other user's token**, or a used one after the
+//!   window, gets 400 "unknown, expired or already used idempotency token".
+//! - **A submit that fails** (non-2xx, error, panic) gives the token back, so
+//!   the client can retry with it.
 //!
 //! ```
 //! use axum::{routing::{get, post}, Router};
@@ -18,17 +33,16 @@
 //!
 //! async fn create_order(body: String) -> String { format!("created {body}") }
 //!
-//! let store = MemoryStore::new();
+//! let orders = IdempotencyLayer::new_in(Preset::client_token(), MemoryStore::new());
 //! let app: Router = Router::new()
-//!     .route_service("/orders/token", IssueToken::new(store.clone()))
-//!     .route(
-//!         "/orders",
-//!         post(create_order).layer(IdempotencyLayer::new_in(Preset::client_token(), store)),
-//!     );
+//!     .route_service("/orders/token", IssueToken::for_layer(&orders))
+//!     .route("/orders", post(create_order).layer(orders));
 //! ```
 
+use crate::body::text_response;
 use crate::key::{AuthorizationHash, IdempotencyKey, Principal};
 use crate::store::Store;
+use crate::IdempotencyLayer;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -48,7 +62,9 @@ use tower_service::Service;
 ///
 /// Mount it on any method (e.g. `GET /orders/token` or
 /// `POST /idempotency-tokens`). The principal and prefix must match the
-/// consuming route's: both default to a hash of `Authorization` and `idem`.
+/// consuming route's (both default to a hash of `Authorization` and `idem`):
+/// build it with [`for_layer`](Self::for_layer) to take them from the
+/// consuming layer.
 #[derive(Clone)]
 pub struct IssueToken<St> {
     store: St,
@@ -71,6 +87,27 @@ impl<St: Store> IssueToken<St> {
         }
     }
 
+    /// An issuer for the route guarded by `layer` (a
+    /// [`client_token`](crate::IdempotencyLayer::client_token) layer): over
+    /// its store, with its principal and prefix, so that every token issued
+    /// is one the route accepts. Tokens live 5 minutes.
+    ///
+    /// In debug builds, panics if `layer` does not consume tokens (its preset
+    /// is not `client-token`): the tokens would never be used.
+    pub fn for_layer(layer: &IdempotencyLayer<St>) -> Self {
+        let key = &layer.key_layer().config;
+        debug_assert!(
+            key.consume_token,
+            "IssueToken::for_layer: the layer's preset ({}) does not consume tokens",
+            key.preset
+        );
+        Self {
+            principal: key.principal.clone(),
+            prefix: key.prefix.clone(),
+            ..Self::new(layer.store().clone())
+        }
+    }
+
     /// The timeout of the store call that keeps a new token; past it the
     /// caller gets 503 with `Retry-After`. Defaults to 1 second.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
@@ -84,13 +121,15 @@ impl<St: Store> IssueToken<St> {
         self
     }
 
-    /// Who the token belongs to. Defaults to [`AuthorizationHash`].
+    /// Who the token belongs to: the consuming layer's principal. Defaults to
+    /// [`AuthorizationHash`] ([`for_layer`](Self::for_layer): the layer's).
     pub fn principal(mut self, principal: impl Principal) -> Self {
         self.principal = Arc::new(principal);
         self
     }
 
-    /// The key prefix (as on the consuming layer). Defaults to `idem`.
+    /// The key prefix (as on the consuming layer). Defaults to `idem`
+    /// ([`for_layer`](Self::for_layer): the layer's).
     pub fn prefix(mut self, prefix: impl Into<Cow<'static, str>>) -> Self {
         self.prefix = prefix.into();
         self
@@ -191,10 +230,10 @@ impl<St: Store, B> Service<Request<B>> for IssueToken<St> {
 }
 
 fn unavailable() -> Response<Full<Bytes>> {
-    let mut res = Response::new(Full::new(Bytes::from_static(
-        b"could not issue a token; retry later\n",
-    )));
-    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let mut res = text_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "could not issue a token; retry later\n",
+    );
     res.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     res

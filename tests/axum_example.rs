@@ -3,18 +3,24 @@
 mod common;
 #[path = "../examples/axum.rs"]
 mod example;
+mod verify_support;
 
 use common::vectors::{check, ALIPAY, ALIPAY_VECTORS, WECHATPAY_V3, WECHATPAY_V3_VECTORS};
 use common::{all_at_once, client, post};
 use example::{app, Shop};
 use std::time::Duration;
 use tower_idempotency::store::MemoryStore;
+use tower_idempotency::verify::VerifyLayer;
 
 async fn start() -> (std::net::SocketAddr, Shop) {
     let shop = Shop::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = app(shop.clone(), MemoryStore::new());
+    // The wechatpay-go test keys, the clock at that vector's signing time.
+    let now = verify_support::wechatpay_v3().now;
+    let keys = VerifyLayer::new(verify_support::wechatpay_v3_keys())
+        .clock(move || verify_support::at(now));
+    let router = app(shop.clone(), MemoryStore::new(), keys);
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     (addr, shop)
 }
@@ -23,8 +29,8 @@ async fn start() -> (std::net::SocketAddr, Shop) {
 async fn wechat_storm_runs_after_pay_once_and_every_copy_gets_success() {
     let (addr, shop) = start().await;
     let client = client();
-    // The official doc notification, id EV-2018022511223320873.
-    let wx = WECHATPAY_V3_VECTORS[1].base();
+    // wechatpay-go's signed and encrypted notification.
+    let wx = WECHATPAY_V3_VECTORS[0].base();
     let answers = all_at_once(7, |_| {
         let (client, wx) = (client.clone(), wx.clone());
         async move {
@@ -43,7 +49,26 @@ async fn wechat_storm_runs_after_pay_once_and_every_copy_gets_success() {
     for a in &answers {
         check(a, success, "wechat copy");
     }
-    assert_eq!(shop.after_pay_runs("EV-2018022511223320873"), 1);
+    assert_eq!(
+        shop.after_pay_runs("3119dfba-e649-5eec-ab1e-3412bc4d2e17"),
+        1
+    );
+    // The official doc's notification is not signed by these keys: refused,
+    // the handler not called.
+    let doc = WECHATPAY_V3_VECTORS[1].base();
+    let a = post(
+        &client,
+        addr,
+        "/notify/wechatpay",
+        &doc.header_refs(),
+        doc.body.clone(),
+    )
+    .await;
+    assert_eq!(
+        (a.status, a.text()),
+        (401, common::vectors::WECHAT_FAIL.to_owned())
+    );
+    assert_eq!(shop.after_pay_runs("EV-2018022511223320873"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -274,6 +274,61 @@ async fn tokens_are_distinct<St: Store>(store: St) {
     }
 }
 
+/// A used token within the window: the same body gets the replay, another
+/// body 422 and a copy that cannot wait 409, both speaking of the token.
+async fn a_used_token_with_another_body_gets_422_about_the_token<St: Store>(store: St) {
+    let runs = Counter::default();
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new_in(Preset::client_token(), store.clone()).wait(Duration::ZERO))
+        .service(orders(runs.clone(), false));
+    let token = issue(&IssueToken::new(store.clone()), "alice").await;
+    let first = svc.clone().oneshot(submit("/orders", "alice", &token));
+    let first = tokio::spawn(async move { read(first.await.unwrap()).await });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // While the first runs (the handler takes 100 ms), a copy cannot wait.
+    let copy = read(
+        svc.clone()
+            .oneshot(submit("/orders", "alice", &token))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(copy.status, 409);
+    assert!(
+        copy.text()
+            .contains("idempotency token is still in progress"),
+        "{}",
+        copy.text()
+    );
+    assert_eq!(first.await.unwrap().status, 201);
+    let same = read(
+        svc.clone()
+            .oneshot(submit("/orders", "alice", &token))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((same.status, same.replayed()), (201, true));
+    let other = request(
+        "/orders",
+        &[
+            ("idempotency-token", token.as_str()),
+            ("authorization", "Bearer alice"),
+            ("content-type", "application/json"),
+        ],
+        r#"{"sku":"coffee"}"#,
+    );
+    let other = read(svc.clone().oneshot(other).await.unwrap()).await;
+    assert_eq!(other.status, 422);
+    assert!(
+        other.text().contains("idempotency token already used"),
+        "{}",
+        other.text()
+    );
+    assert!(!other.text().contains("key"), "{}", other.text());
+    assert_eq!(runs.get(), 1);
+}
+
 macro_rules! token_tests {
     ($store:ident: $make:expr) => {
         token_tests!(@cases $store: $make;
@@ -282,7 +337,8 @@ macro_rules! token_tests {
             other_principals_unknown_and_expired_tokens_are_refused,
             tokens_cannot_be_replayed_across_routes,
             a_failed_submit_gives_the_token_back,
-            tokens_are_distinct
+            tokens_are_distinct,
+            a_used_token_with_another_body_gets_422_about_the_token
         );
     };
     (@cases $store:ident: $make:expr; $($case:ident),*) => {
@@ -324,3 +380,121 @@ token_tests!(redis_cluster: match support_redis::shared_cluster() {
     }
     None => None,
 });
+
+/// A submit for a route whose layer sets its own principal (a tenant
+/// header) and prefix.
+fn tenant_submit(tenant: &str, token: &str) -> Request<Full<Bytes>> {
+    request(
+        "/orders",
+        &[
+            ("idempotency-token", token),
+            ("x-tenant-id", tenant),
+            ("content-type", "application/json"),
+        ],
+        r#"{"sku":"tea"}"#,
+    )
+}
+
+async fn issue_for_tenant<St: Store>(issuer: &IssueToken<St>, tenant: &str) -> String {
+    let req = Request::get("/orders/token")
+        .header("x-tenant-id", tenant)
+        .body(())
+        .unwrap();
+    let a = read(issuer.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(a.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+    v["token"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn an_issuer_for_the_layer_shares_its_store_principal_and_prefix() {
+    let tenant = |parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-tenant-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let layer = IdempotencyLayer::client_token()
+        .principal(tenant)
+        .prefix("shop");
+    let runs = Counter::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(orders(runs.clone(), false));
+    let issuer = IssueToken::for_layer(&layer);
+    let token = issue_for_tenant(&issuer, "t1").await;
+    let a = read(
+        svc.clone()
+            .oneshot(tenant_submit("t1", &token))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.text());
+    let token = issue_for_tenant(&issuer, "t1").await;
+    let a = read(
+        svc.clone()
+            .oneshot(tenant_submit("t2", &token))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(a.status, 400, "another tenant's token: {}", a.text());
+    // An issuer built by hand with the defaults disagrees with the route:
+    // its tokens are unknown there.
+    for issuer in [
+        IssueToken::new(layer.store().clone()).principal(tenant),
+        IssueToken::new(layer.store().clone()).prefix("shop"),
+    ] {
+        let token = issue_for_tenant(&issuer, "t1").await;
+        let a = read(
+            svc.clone()
+                .oneshot(tenant_submit("t1", &token))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(a.status, 400, "{}", a.text());
+    }
+    assert_eq!(runs.get(), 1);
+}
+
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "does not consume tokens")]
+fn an_issuer_for_a_layer_that_takes_no_tokens_is_a_mistake() {
+    let _ = IssueToken::for_layer(&IdempotencyLayer::idempotency_key());
+}
+
+/// A store that cannot keep tokens.
+#[derive(Clone)]
+struct NoTokens;
+
+impl common::faults::Faults for NoTokens {
+    fn before(
+        &self,
+        op: common::faults::Op,
+        _key: &str,
+    ) -> impl std::future::Future<Output = Result<(), tower_idempotency::store::StoreError>> + Send
+    {
+        let fail = op == common::faults::Op::PutToken;
+        async move {
+            match fail {
+                true => Err(common::faults::backend_error("tokens down")),
+                false => Ok(()),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_issuers_503_is_plain_text_like_the_other_refusals() {
+    let issuer = IssueToken::new(common::faults::FaultStore::new(NoTokens));
+    let req = Request::get("/orders/token").body(()).unwrap();
+    let a = read(issuer.oneshot(req).await.unwrap()).await;
+    assert_eq!(a.status, 503);
+    assert_eq!(a.headers["retry-after"], "1");
+    assert_eq!(a.headers["content-type"], "text/plain; charset=utf-8");
+    assert!(a.text().contains("retry later"), "{}", a.text());
+}

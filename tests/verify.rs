@@ -206,7 +206,7 @@ async fn an_unknown_key_is_refused() {
     )
     .await;
     // The other channels: a key that is not the signer's.
-    let other = StripeKeys::new().secret("whsec_not_the_signer");
+    let other = StripeKeys::new().secret("whsec_not_the_signer").unwrap();
     let stripe = cases().into_iter().find(|c| c.name == "stripe").unwrap();
     let (status, outcome, _) = through(
         VerifyLayer::new(other),
@@ -258,8 +258,16 @@ async fn keys_rotate_with_two_keys_configured() {
         .unwrap()
         .to_owned();
     for keys in [
-        StripeKeys::new().secret("whsec_old").secret(&secret),
-        StripeKeys::new().secret(&secret).secret("whsec_old"),
+        StripeKeys::new()
+            .secret("whsec_old")
+            .unwrap()
+            .secret(&secret)
+            .unwrap(),
+        StripeKeys::new()
+            .secret(&secret)
+            .unwrap()
+            .secret("whsec_old")
+            .unwrap(),
     ] {
         let (status, _, ran) = through(
             VerifyLayer::new(keys),

@@ -158,6 +158,28 @@ fn check_files(settings: &Settings) -> Result<(), String> {
     forward(settings, None).map(drop)
 }
 
+/// Once at start, per channel route that does not verify the sender.
+fn warn_unverified(settings: &Settings) {
+    for (prefix, target, options) in &settings.routes {
+        match target {
+            Target::Auto => warn!(
+                route = %prefix,
+                preset = "auto",
+                "channel route without verification: notifications nobody signed reach the \
+                 upstream; an `auto` route cannot verify, give each channel a route with its \
+                 preset and a `verify` table"
+            ),
+            Target::Preset(p) if !p.is_client_api() && !options.verifies() => warn!(
+                route = %prefix,
+                preset = p.name(),
+                "channel route without verification: notifications nobody signed reach the \
+                 upstream; give the route a `verify` table in the config file"
+            ),
+            Target::Preset(_) => {}
+        }
+    }
+}
+
 /// The presets the routes guard with: every built-in one on an `auto` route.
 fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
     let mut presets = Vec::new();
@@ -290,6 +312,7 @@ async fn run(
         h2_max_streams: settings.h2_max_streams,
     };
     let mut workers = workers::Workers::start(bound, gateway, &limits)?;
+    warn_unverified(&settings);
     let routes: Vec<String> = control
         .routes()
         .map(|(p, what)| format!("{p}={what}"))

@@ -33,7 +33,9 @@ fn cases() -> &'static [Case] {
                 ),
                 preset: Preset::wechatpay_v2(),
                 verifier: Box::new(
-                    WechatPayV2Keys::new().api_key("192006250b4c09247ec02edce69f6a2d"),
+                    WechatPayV2Keys::new()
+                        .api_key("192006250b4c09247ec02edce69f6a2d")
+                        .unwrap(),
                 ),
             },
             Case {

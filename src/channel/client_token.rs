@@ -1,8 +1,10 @@
 //! Client tokens (anti-resubmit tokens): the server hands out a
 //! one-time token ([`IssueToken`](crate::token::IssueToken)); the submit
 //! carries it in `Idempotency-Token`; the first submit consumes it and runs,
-//! copies wait and get its response replayed (or 409 in strict mode), and an
-//! unknown, expired or other principal's token gets 400.
+//! copies within the window wait and get its response replayed (or 409 in
+//! strict mode), the same token with another body gets 422, and an unknown,
+//! expired or other principal's token (or a used one after the window) gets
+//! 400. See the [`token`](crate::token) module.
 
 use super::Preset;
 use crate::key::{Field, FingerprintSpec, KeySpec};

@@ -48,13 +48,14 @@ pub(super) fn replay<B>(
     res
 }
 
-/// A copy found the key in flight and could not wait (longer).
-pub(super) fn in_flight<B>() -> Response<ResponseBody<B>> {
-    retry_later(
-        StatusCode::CONFLICT,
-        "a request with this idempotency key is still in progress; retry later\n",
-        Outcome::InFlightRejected,
-    )
+/// A copy found the key (a client token's, with `token`) in flight and could
+/// not wait (longer).
+pub(super) fn in_flight<B>(token: bool) -> Response<ResponseBody<B>> {
+    let message = match token {
+        true => "a request with this idempotency token is still in progress; retry later\n",
+        false => "a request with this idempotency key is still in progress; retry later\n",
+    };
+    retry_later(StatusCode::CONFLICT, message, Outcome::InFlightRejected)
 }
 
 /// The retryable failure: 503 with `Retry-After` (a channel's normalize

@@ -124,7 +124,7 @@ impl<S, St: Store> Run<S, St> {
                     }
                     if Instant::now() >= deadline {
                         outcome::record(self.key.preset_arc(), Outcome::InFlightRejected);
-                        return Ok(in_flight());
+                        return Ok(in_flight(self.key.token_key().is_some()));
                     }
                     waited = true;
                     let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
@@ -291,11 +291,13 @@ impl<S, St: Store> Run<S, St> {
             key = %self.key.redacted(),
             "idempotency key reused with a different payload: possible tampering"
         );
-        refusal(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency key reused with a different request payload\n",
-            Outcome::Mismatch,
-        )
+        let message = match self.key.token_key() {
+            Some(_) => {
+                "idempotency token already used for a different request (method, path or body)\n"
+            }
+            None => "idempotency key reused with a different request payload\n",
+        };
+        refusal(StatusCode::UNPROCESSABLE_ENTITY, message, Outcome::Mismatch)
     }
 }
 

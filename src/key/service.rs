@@ -22,7 +22,7 @@ use tower_service::Service;
 /// Applies [`Key`] to a service. See the [module docs](crate::key).
 #[derive(Clone)]
 pub struct KeyLayer {
-    config: KeyConfig,
+    pub(crate) config: KeyConfig,
 }
 
 #[derive(Clone)]

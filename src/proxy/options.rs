@@ -152,7 +152,7 @@ impl RouteOptions {
     /// use tower_idempotency::verify::StripeKeys;
     /// use tower_idempotency::Preset;
     ///
-    /// let opts = RouteOptions::new().verify(StripeKeys::new().secret("whsec_test_secret"));
+    /// let opts = RouteOptions::new().verify(StripeKeys::new().secret("whsec_test_secret").unwrap());
     /// assert!(opts.verifies());
     /// let gateway = |target| {
     ///     let forward = Forward::new("http://127.0.0.1:1".parse().unwrap());
@@ -187,7 +187,10 @@ impl RouteOptions {
     /// The layer for `preset` with these settings.
     pub(crate) fn layer<S: Store>(&self, preset: Preset, store: S) -> IdempotencyLayer<S> {
         let limit = self.body_limit(&preset);
-        let mut layer = IdempotencyLayer::new_in(preset, store).max_body(limit);
+        // The gateway warns about an unverified route once, at start.
+        let mut layer = IdempotencyLayer::new_in(preset, store)
+            .max_body(limit)
+            .quiet();
         if let Some(policy) = self.on_store_error {
             layer = layer.on_store_error(policy);
         }

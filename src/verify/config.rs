@@ -247,7 +247,7 @@ impl VerifyConfig {
             "wechatpay-v2" => {
                 need(self.api_keys.len(), "api_keys")?;
                 let keys = self.api_keys.iter().try_fold(WechatPayV2Keys::new(), |k, s| {
-                    Ok::<_, ConfigError>(k.api_key(secret(s)?))
+                    Ok::<_, ConfigError>(k.api_key(secret(s)?)?)
                 })?;
                 VerifyLayer::new(keys)
             }
@@ -263,7 +263,7 @@ impl VerifyConfig {
                 need(self.secrets.len(), "secrets")?;
                 let mut keys = StripeKeys::new();
                 for s in &self.secrets {
-                    keys = keys.secret(secret(s)?);
+                    keys = keys.secret(secret(s)?)?;
                 }
                 if let Some(t) = tolerance {
                     keys = keys.tolerance(t);

@@ -24,7 +24,10 @@
 //!
 //! Several keys may be configured for every channel, so keys rotate without
 //! downtime: a signature is accepted if any configured key verifies it. All
-//! comparisons of secrets and MACs are constant-time.
+//! comparisons of secrets and MACs are constant-time. Every method that adds
+//! a key or secret returns `Result<Self, KeyError>`: a key that cannot be
+//! read, or an empty secret, is refused when the keys are built, not when the
+//! first notification arrives.
 //!
 //! # Hostile input
 //!
@@ -57,7 +60,7 @@
 //! use tower_idempotency::IdempotencyLayer;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let keys = StripeKeys::new().secret("whsec_test_secret");
+//! let keys = StripeKeys::new().secret("whsec_test_secret").unwrap();
 //! // The clock is injectable (tests with recorded notifications); it defaults
 //! // to the system clock.
 //! let verify = VerifyLayer::new(keys).clock(|| UNIX_EPOCH + Duration::from_secs(1_700_000_000));
@@ -95,6 +98,11 @@
 //! - **PayPal**: the webhook id of the app's webhook (developer dashboard) and
 //!   the certificate named by the `PAYPAL-CERT-URL` header, downloaded once and
 //!   configured (no network call is made while verifying).
+// Without the `verify` feature the channel types are absent: link to docs.rs.
+#![cfg_attr(
+    not(feature = "verify"),
+    doc = "\n\n[`WechatPayV3Keys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.WechatPayV3Keys.html\n[`WechatPayV2Keys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.WechatPayV2Keys.html\n[`AlipayKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.AlipayKeys.html\n[`StripeKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.StripeKeys.html\n[`StandardWebhooksKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.StandardWebhooksKeys.html\n[`AdyenKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.AdyenKeys.html\n[`PayPalKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.PayPalKeys.html\n[`ring`]: https://docs.rs/ring"
+)]
 
 mod layer;
 mod service;

@@ -16,8 +16,54 @@ use std::time::{Duration, SystemTime};
 /// or refund JSON), put into the request extensions when an APIv3 key is
 /// configured. The body itself is left as signed, so the key (`/id`) and any
 /// later check still see the original notification.
+///
+/// With the `axum` feature a handler takes it as an extractor:
+/// `async fn on_paid(DecryptedResource(tx): DecryptedResource)`. On a route
+/// that does not decrypt (no [`WechatPayV3Keys::api_v3_key`], or no
+/// `.verify(..)`) the extractor answers 500, which the WeChat Pay layers turn
+/// into the channel's failure reply: the notification is retried, never lost.
+/// `Option<DecryptedResource>` is `None` there instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecryptedResource(pub Bytes);
+
+#[cfg(feature = "axum")]
+mod axum_extract {
+    use super::DecryptedResource;
+    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+    use http::request::Parts;
+    use http::StatusCode;
+    use std::convert::Infallible;
+
+    /// The resource the verify layer decrypted; 500 on a route that does not
+    /// decrypt (a configuration error: the channel retries).
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    impl<S: Send + Sync> FromRequestParts<S> for DecryptedResource {
+        type Rejection = (StatusCode, &'static str);
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Self, Self::Rejection> {
+            parts.extensions.get::<DecryptedResource>().cloned().ok_or((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "this route does not decrypt WeChat Pay v3 resources: \
+                 configure WechatPayV3Keys::api_v3_key and .verify(..)\n",
+            ))
+        }
+    }
+
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    impl<S: Send + Sync> OptionalFromRequestParts<S> for DecryptedResource {
+        type Rejection = Infallible;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Option<Self>, Self::Rejection> {
+            Ok(parts.extensions.get::<DecryptedResource>().cloned())
+        }
+    }
+}
 
 /// The keys of a WeChat Pay v3 route.
 ///

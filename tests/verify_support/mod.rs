@@ -79,7 +79,9 @@ pub fn wechatpay_v3() -> Case {
 
 fn wechatpay_v2(name: &'static str, file: &str) -> Case {
     let m = meta("wechatpay_v2_notify_SYNTHESIZED.meta.json");
-    let keys = WechatPayV2Keys::new().api_key(m["api_v2_key"].as_str().unwrap());
+    let keys = WechatPayV2Keys::new()
+        .api_key(m["api_v2_key"].as_str().unwrap())
+        .unwrap();
     Case {
         name,
         keys: VerifyLayer::new(keys),
@@ -114,7 +116,11 @@ fn stripe() -> Case {
     let sig = m["headers"]["Stripe-Signature"].as_str().unwrap();
     Case {
         name: "stripe",
-        keys: VerifyLayer::new(StripeKeys::new().secret(m["secret"].as_str().unwrap())),
+        keys: VerifyLayer::new(
+            StripeKeys::new()
+                .secret(m["secret"].as_str().unwrap())
+                .unwrap(),
+        ),
         body: fixture("stripe_webhook_SYNTHESIZED_stripe-go_testPayload.json"),
         headers: headers_of(&m),
         now: m["now_unix"].as_u64().unwrap(),

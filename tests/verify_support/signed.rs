@@ -47,7 +47,7 @@ pub fn extract(preset: &Preset, content_type: &str, body: &[u8]) -> Option<Extra
 // ---- WeChat Pay v2 -------------------------------------------------------
 
 pub fn wechat() -> WechatPayV2Keys {
-    WechatPayV2Keys::new().api_key(WECHAT_KEY)
+    WechatPayV2Keys::new().api_key(WECHAT_KEY).unwrap()
 }
 
 /// The MD5 `sign` of `fields` as WeChat Pay computes it: non-empty fields but
