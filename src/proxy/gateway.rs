@@ -2,22 +2,27 @@
 //! route and preset, in front of a [`Forward`].
 
 use super::ack::{Ingest, IngestFn};
-use super::detect::detect;
+use super::detect::{detect, looks_like};
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
+use crate::body::text_response;
 use crate::channel::PRESET_NAMES;
-use crate::key::{is_guarded_method, HeaderPrincipal, Key};
-use crate::normalize::Normalize;
+use crate::key::{is_guarded_method, Key};
+use crate::normalize::{Normalize, Reply};
+use crate::outcome::{self, log_warn, Outcome};
+use crate::path::{self, Unsafe};
 use crate::queue::Queue;
 use crate::store::Store;
 use crate::token::IssueToken;
 use crate::verify::Verify;
 use crate::{Idempotency, Preset, ResponseBody, TaskTracker};
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::uri::PathAndQuery;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
@@ -59,6 +64,10 @@ type AckStack = Normalize<Verify<Key<Ingest>>>;
 /// One route: its stacks, indexed like [`PRESET_NAMES`].
 pub(super) struct Route<S> {
     pub(super) stacks: Vec<Option<Stack<S>>>,
+    /// The reply format of a route's preset (`None` for `auto`).
+    reply: Option<Reply>,
+    /// Whether the route's preset is a channel's (POST only).
+    channel: bool,
     /// What an `auto` route buffers to detect; `None` for a preset route.
     auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
@@ -74,11 +83,34 @@ pub(super) struct Route<S> {
 /// with a safe method on `auto` routes and requests `auto` does not
 /// recognise are forwarded unguarded, their bodies streamed.
 ///
-/// A `client-token` route also answers `GET` or `POST
-/// PREFIX/idempotency-token` with a one-time token, scoped like its keys.
-/// The key's scope is the route and the request path, so two paths never
-/// share a record. An `auto` route buffers the body up to the largest body
-/// limit of its presets (413 past it) to detect the sender.
+/// **One path.** The request path is normalised once, at the entrance:
+/// escapes of unreserved characters decoded (`%73` is `s`), dot segments
+/// resolved, repeated and trailing slashes dropped. That one form is routed
+/// (prefixes match regardless of ASCII case, see [`RouteTable`]), verified,
+/// scoped and forwarded: the upstream gets `/notify/stripe` for
+/// `//notify/./%73tripe/`. A path with no safe normal form (a `;` in a
+/// segment, `%2F`, `\`, `%5C`, an escaped control character such as `%00`,
+/// escapes that are not UTF-8, a `%` that is not an escape) is answered 400 if
+/// it, or the way a lenient server reads it (path parameters dropped, `%2F`
+/// taken as `/`), falls on a guarded route; otherwise it is forwarded as
+/// written, escapes upper-cased.
+///
+/// **Channel routes take POST only**: any other method gets 405 with
+/// `Allow: POST` and is never forwarded. A route's principal (see
+/// [`RouteOptions::principal_header`]) scopes client-API presets only.
+///
+/// **A verified preset is never accepted unverified**: when a route verifies
+/// a preset (see [`RouteOptions::verify`]), a request on an `auto` route that
+/// looks like that preset (by [`detect`]'s table, whatever else it looks
+/// like) gets 401 in the channel's failure form, counted as `unverified` and
+/// logged with the route that verifies it.
+///
+/// The route part of every stored key is the matched route's prefix, never
+/// the client's spelling of the path: every spelling of a route shares its
+/// records. A `client-token` route also answers `GET` or `POST
+/// PREFIX/idempotency-token` with a one-time token, scoped like its keys. An
+/// `auto` route buffers the body up to the largest body limit of its presets
+/// (413 past it) to detect the sender.
 ///
 /// On a guarded route the [`Forward`]'s timeout is the reply deadline
 /// (unless the route sets its own, [`RouteOptions::reply_timeout`]): past it
@@ -96,6 +128,16 @@ pub struct Gateway<S> {
     pub(super) routes: Arc<RouteTable<Route<S>>>,
     forward: Forward,
     tasks: TaskTracker,
+    verified: Arc<[Verified]>,
+}
+
+/// A built-in preset that some route verifies.
+struct Verified {
+    /// Its name in [`PRESET_NAMES`].
+    name: &'static str,
+    /// The prefixes of the routes that verify it.
+    routes: String,
+    reply: Reply,
 }
 
 impl<S> Clone for Gateway<S> {
@@ -104,6 +146,7 @@ impl<S> Clone for Gateway<S> {
             routes: self.routes.clone(),
             forward: self.forward.clone(),
             tasks: self.tasks.clone(),
+            verified: self.verified.clone(),
         }
     }
 }
@@ -199,16 +242,41 @@ impl<S: Store> GatewayBuilder<S> {
             };
             return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
         }
+        let mut verified: Vec<Verified> = Vec::new();
+        for (prefix, (target, options)) in self.routes.iter() {
+            let Target::Preset(preset) = target else {
+                continue;
+            };
+            let Some(name) = PRESET_NAMES.iter().find(|n| **n == preset.name()) else {
+                continue;
+            };
+            if !options.verifies() {
+                continue;
+            }
+            match verified.iter_mut().find(|v| v.name == *name) {
+                Some(v) => {
+                    v.routes.push_str(", ");
+                    v.routes.push_str(prefix);
+                }
+                None => verified.push(Verified {
+                    name,
+                    routes: prefix.to_owned(),
+                    reply: preset.reply().clone(),
+                }),
+            }
+        }
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
-        let routes = self.routes.map(|_, (target, options)| {
+        let routes = self.routes.map(|prefix, (target, options)| {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
             let guarded = forward.with_timeout(max_run.max(forward.timeout()));
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
+            // Every spelling of the route shares its records.
             let stack = |preset: Preset| {
                 options
                     .layer(preset, store.clone())
+                    .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
@@ -217,12 +285,16 @@ impl<S: Store> GatewayBuilder<S> {
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
+            let mut route_reply = None;
+            let mut channel = false;
             match target {
                 Target::Preset(preset) => {
+                    route_reply = Some(preset.reply().clone());
+                    channel = !preset.is_client_api();
                     if preset.consumes_token() {
                         let mut i = IssueToken::new(store.clone());
-                        if let Some(name) = options.get_principal_header() {
-                            i = i.principal(HeaderPrincipal(name.clone()));
+                        if let Some(principal) = options.principal_for(&preset) {
+                            i = i.principal(principal);
                         }
                         issuer = Some(i);
                     }
@@ -230,7 +302,8 @@ impl<S: Store> GatewayBuilder<S> {
                         let ingest = Ingest {
                             queue: queue.clone(),
                         };
-                        ack = Some(options.layer(preset.clone(), store.clone()).front(ingest));
+                        let layer = options.layer(preset.clone(), store.clone()).route(prefix);
+                        ack = Some(layer.front(ingest));
                     }
                     // A preset outside the built-in names gets the last slot.
                     let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
@@ -252,6 +325,8 @@ impl<S: Store> GatewayBuilder<S> {
             }
             Route {
                 stacks,
+                reply: route_reply,
+                channel,
                 auto_limit,
                 issuer,
                 ack,
@@ -261,6 +336,7 @@ impl<S: Store> GatewayBuilder<S> {
             routes: Arc::new(routes),
             forward,
             tasks,
+            verified: verified.into(),
         })
     }
 }
@@ -276,30 +352,36 @@ impl<S: Store> Gateway<S> {
     /// Every routed prefix and what it does (`auto` or the preset's name),
     /// longest first.
     pub fn routes(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.routes.iter().map(|(prefix, route)| {
-            let what = match route.auto_limit {
-                Some(_) => "auto",
-                None => route
-                    .stacks
-                    .iter()
-                    .position(Option::is_some)
-                    .and_then(|i| PRESET_NAMES.get(i).copied())
-                    .unwrap_or("custom"),
-            };
-            (prefix, what)
-        })
+        self.routes
+            .iter()
+            .map(|(prefix, route)| (prefix, route.preset_name()))
     }
 
-    async fn handle<B>(self, req: Request<B>) -> GatewayResponse
+    async fn handle<B>(self, mut req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let found = self.routes.find(req.uri().path());
-        let Some((route, is_token_path)) = found.map(|(route, rest)| (route, rest == TOKEN_PATH))
+        let normal = match path::strict(req.uri().path()) {
+            Ok(Cow::Borrowed(_)) => None,
+            Ok(Cow::Owned(normal)) => Some(normal),
+            Err(why) => return self.unsafe_path(req, why).await,
+        };
+        if let Some(normal) = normal {
+            match with_path(req.uri(), &normal) {
+                Some(uri) => *req.uri_mut() = uri,
+                None => return bad_path::<S>(None, "the path cannot be normalised"),
+            }
+        }
+        let found = self.routes.find_entry(req.uri().path());
+        let Some((prefix, route, is_token_path)) =
+            found.map(|(prefix, route, rest)| (prefix, route, rest == TOKEN_PATH))
         else {
             return self.pass_through(req).await;
         };
+        if route.channel && req.method() != Method::POST {
+            return method_not_allowed(route);
+        }
         if let (Some(issuer), true) = (&route.issuer, is_token_path) {
             return issue_token(issuer.clone(), req).await;
         }
@@ -326,6 +408,13 @@ impl<S: Store> Gateway<S> {
                     .map(ResponseBody::stream)
             }
         };
+        let elsewhere = self
+            .verified
+            .iter()
+            .find(|v| looks_like(v.name, &parts.headers, &body));
+        if let Some(v) = elsewhere {
+            return refuse_verified_elsewhere(v, prefix, parts.uri.path());
+        }
         let at = detect(&parts.headers, &body)
             .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
             .filter(|at| route.stacks[*at].is_some());
@@ -334,6 +423,31 @@ impl<S: Store> Gateway<S> {
             Some(at) => guarded(route, at, req).await,
             None => self.pass_through(req).await,
         }
+    }
+
+    /// A path without a safe normal form: 400 where any reading of it is
+    /// guarded, otherwise forwarded in its lenient normal form.
+    async fn unsafe_path<B>(self, mut req: Request<B>, why: Unsafe) -> GatewayResponse
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let written = path::normalize(req.uri().path()).into_owned();
+        for reading in [written.clone(), path::lenient(req.uri().path())] {
+            let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
+                continue;
+            };
+            if route.guards(req.method()) {
+                log_warn!(route = prefix, path = req.uri().path(), reason = %why, "request path refused");
+                let _ = prefix;
+                return bad_path(Some(route), &why.to_string());
+            }
+        }
+        match with_path(req.uri(), &written) {
+            Some(uri) => *req.uri_mut() = uri,
+            None => return bad_path::<S>(None, "the path cannot be normalised"),
+        }
+        self.pass_through(req).await
     }
 
     async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
@@ -346,6 +460,85 @@ impl<S: Store> Gateway<S> {
             Err(never) => match never {},
         }
     }
+}
+
+impl<S> Route<S> {
+    /// Whether a request with `method` goes through one of this route's
+    /// stacks: every method on a channel route (it answers 405 to all but
+    /// POST), the unsafe ones elsewhere.
+    fn guards(&self, method: &Method) -> bool {
+        self.channel || is_guarded_method(method)
+    }
+
+    /// The preset's name of a preset route, for metrics.
+    fn preset_name(&self) -> &'static str {
+        match self.auto_limit {
+            Some(_) => "auto",
+            None => self
+                .stacks
+                .iter()
+                .position(Option::is_some)
+                .and_then(|i| PRESET_NAMES.get(i).copied())
+                .unwrap_or("custom"),
+        }
+    }
+}
+
+/// `uri` with another path, its query kept.
+fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(PathAndQuery::from_maybe_shared(Bytes::from(pq)).ok()?);
+    Uri::from_parts(parts).ok()
+}
+
+/// 400 for a path with no safe normal form, in the route's reply form.
+fn bad_path<S>(route: Option<&Route<S>>, why: &str) -> GatewayResponse {
+    let name = route.map_or("auto", Route::preset_name);
+    outcome::record(&Arc::from(name), Outcome::RejectedBadInput);
+    let msg = Bytes::from(format!("bad request path: {why}\n"));
+    let mut res: GatewayResponse = crate::body::text_response_owned(StatusCode::BAD_REQUEST, msg);
+    res.extensions_mut().insert(Outcome::RejectedBadInput);
+    match route.and_then(|r| r.reply.as_ref()) {
+        Some(reply) => reply.apply(res),
+        None => res,
+    }
+}
+
+/// 405 for a channel route: channels only POST.
+fn method_not_allowed<S>(route: &Route<S>) -> GatewayResponse {
+    outcome::record(&Arc::from(route.preset_name()), Outcome::RejectedBadInput);
+    let mut res: GatewayResponse = text_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this route takes notifications: use POST\n",
+    );
+    res.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    res.extensions_mut().insert(Outcome::RejectedBadInput);
+    res
+}
+
+/// 401 in the channel's failure form: a request on an `auto` route that looks
+/// like a preset another route verifies.
+fn refuse_verified_elsewhere(v: &Verified, route: &str, path: &str) -> GatewayResponse {
+    outcome::record(&Arc::from(v.name), Outcome::Unverified);
+    log_warn!(
+        preset = v.name,
+        route,
+        path,
+        verified_by = %v.routes,
+        "a request that looks like a verified channel came to an `auto` route: refused \
+         unverified (send it to the route that verifies it)"
+    );
+    let _ = (route, path);
+    let mut res: GatewayResponse = text_response(StatusCode::UNAUTHORIZED, "signature invalid\n");
+    res.extensions_mut().insert(Outcome::Unverified);
+    let mut res = v.reply.apply(res);
+    res.extensions_mut().insert(RoutedPreset(v.name));
+    res
 }
 
 /// Queues `req` through an acknowledge-then-deliver route's pipeline.
