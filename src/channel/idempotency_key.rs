@@ -26,11 +26,7 @@ fn extract(parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
         .map_err(|_| KeyError::invalid_key("the `Idempotency-Key` header must be visible ASCII"))?
         .trim();
     let key = match value.strip_prefix('"') {
-        Some(rest) => sf_string(rest).ok_or_else(|| {
-            KeyError::invalid_key(
-                "the `Idempotency-Key` header is not a valid Structured Field string",
-            )
-        })?,
+        Some(rest) => sf_string(rest).map_err(KeyError::invalid_key)?,
         None => value.to_owned(),
     };
     if key.is_empty() {
@@ -43,26 +39,28 @@ fn extract(parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
 }
 
 /// The rest of an RFC 8941 string after its opening quote: its value, or
-/// `None` when it is not closed, has a bad escape or character, or anything
-/// but parameters follows it.
-fn sf_string(rest: &str) -> Option<String> {
+/// why not (not closed, a bad escape or character, anything but parameters
+/// after it).
+fn sf_string(rest: &str) -> Result<String, &'static str> {
+    const INVALID: &str = "the `Idempotency-Key` header is not a valid Structured Field string";
     let mut out = String::with_capacity(rest.len());
     let mut chars = rest.char_indices();
     while let Some((at, c)) = chars.next() {
         match c {
             '\\' => match chars.next() {
                 Some((_, e @ ('"' | '\\'))) => out.push(e),
-                _ => return None,
+                _ => return Err(INVALID),
             },
             '"' => {
                 let after = &rest[at + 1..];
-                return (after.is_empty() || after.starts_with(';')).then_some(out);
+                let params = after.is_empty() || after.starts_with(';');
+                return if params { Ok(out) } else { Err(INVALID) };
             }
             ' '..='~' => out.push(c),
-            _ => return None,
+            _ => return Err(INVALID),
         }
     }
-    None
+    Err("the `Idempotency-Key` header has an unclosed quote")
 }
 
 /// Refusals are problem details, as the draft's examples.
@@ -78,13 +76,14 @@ mod tests {
 
     #[test]
     fn structured_field_strings() {
-        assert_eq!(sf_string("abc\"").as_deref(), Some("abc"));
-        assert_eq!(sf_string(r#"a\"b\\c""#).as_deref(), Some(r#"a"b\c"#));
-        assert_eq!(sf_string("abc\";p=1").as_deref(), Some("abc"));
-        assert_eq!(sf_string("").as_deref(), None);
-        assert_eq!(sf_string("abc").as_deref(), None);
-        assert_eq!(sf_string("a\"b\"").as_deref(), None);
-        assert_eq!(sf_string(r#"a\x""#).as_deref(), None);
-        assert_eq!(sf_string("a\tb\"").as_deref(), None);
+        let ok = |s: &str| sf_string(s).ok();
+        assert_eq!(ok("abc\"").as_deref(), Some("abc"));
+        assert_eq!(ok(r#"a\"b\\c""#).as_deref(), Some(r#"a"b\c"#));
+        assert_eq!(ok("abc\";p=1").as_deref(), Some("abc"));
+        assert!(sf_string("").unwrap_err().contains("unclosed"));
+        assert!(sf_string("abc").unwrap_err().contains("unclosed"));
+        for bad in ["a\"b\"", r#"a\x""#, "a\tb\""] {
+            assert!(sf_string(bad).unwrap_err().contains("Structured Field"), "{bad}");
+        }
     }
 }
