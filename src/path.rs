@@ -36,7 +36,16 @@ impl fmt::Display for Unsafe {
 
 /// The normal form of a request path at the gateway's entrance, or why it
 /// has none that every server would agree on.
+///
+/// A path that does not start with `/` (`*`, or the empty path of a
+/// `CONNECT`) is left as it is: no route matches it.
 pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
+    if !path.starts_with('/') {
+        return Ok(Cow::Borrowed(path));
+    }
+    if !path.bytes().any(|b| matches!(b, b';' | b'\\' | b'%')) {
+        return Ok(normalize(path));
+    }
     if path.contains(';') {
         return Err(Unsafe::Semicolon);
     }
@@ -224,6 +233,8 @@ mod tests {
             ("/caf%C3%A9", "/caf%C3%A9"),
             ("/a%3Bb", "/a%3Bb"),
             ("/NOTIFY/stripe", "/NOTIFY/stripe"),
+            ("*", "*"),
+            ("", ""),
         ] {
             assert_eq!(strict(raw).as_deref(), Ok(normal), "{raw}");
         }

@@ -83,7 +83,10 @@ mod tests {
         assert!(sf_string("").unwrap_err().contains("unclosed"));
         assert!(sf_string("abc").unwrap_err().contains("unclosed"));
         for bad in ["a\"b\"", r#"a\x""#, "a\tb\""] {
-            assert!(sf_string(bad).unwrap_err().contains("Structured Field"), "{bad}");
+            assert!(
+                sf_string(bad).unwrap_err().contains("Structured Field"),
+                "{bad}"
+            );
         }
     }
 }

@@ -495,14 +495,14 @@ fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
     Uri::from_parts(parts).ok()
 }
 
-/// 400 for a path with no safe normal form, in the route's reply form.
+/// 400 for a path with no safe normal form, in a channel route's reply form.
 fn bad_path<S>(route: Option<&Route<S>>, why: &str) -> GatewayResponse {
     let name = route.map_or("auto", Route::preset_name);
     outcome::record(&Arc::from(name), Outcome::RejectedBadInput);
     let msg = Bytes::from(format!("bad request path: {why}\n"));
     let mut res: GatewayResponse = crate::body::text_response_owned(StatusCode::BAD_REQUEST, msg);
     res.extensions_mut().insert(Outcome::RejectedBadInput);
-    match route.and_then(|r| r.reply.as_ref()) {
+    match route.filter(|r| r.channel).and_then(|r| r.reply.as_ref()) {
         Some(reply) => reply.apply(res),
         None => res,
     }
