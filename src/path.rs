@@ -2,12 +2,14 @@
 //! `/shop/../orders` and `/%6Frders` route, scope and fingerprint alike.
 
 use std::borrow::Cow;
+#[cfg(feature = "proxy")]
 use std::fmt;
 
 /// Why a path has no safe normal form: servers behind a proxy read such a
 /// path in more than one way (Tomcat drops `;params`, some decode `%2F` into a
 /// separator or treat `\` as one, C code stops at a NUL), so no one spelling
 /// can stand for what the upstream will see.
+#[cfg(feature = "proxy")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unsafe {
     /// A `;` in a segment (path parameters).
@@ -22,6 +24,7 @@ pub(crate) enum Unsafe {
     BadEscape,
 }
 
+#[cfg(feature = "proxy")]
 impl fmt::Display for Unsafe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -39,6 +42,7 @@ impl fmt::Display for Unsafe {
 ///
 /// A path that does not start with `/` (`*`, or the empty path of a
 /// `CONNECT`) is left as it is: no route matches it.
+#[cfg(feature = "proxy")]
 pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
     if !path.starts_with('/') {
         return Ok(Cow::Borrowed(path));
@@ -88,6 +92,7 @@ pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
 /// every segment, escaped separators and `\` taken as `/`, then normalised.
 /// The gateway refuses an unsafe path when this reading (or the normal form
 /// of the path as written) lands on a guarded route.
+#[cfg(feature = "proxy")]
 pub(crate) fn lenient(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     let mut rest = path;
@@ -196,7 +201,9 @@ fn decode_unreserved(segment: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{lenient, normalize, strict, Unsafe};
+    use super::normalize;
+    #[cfg(feature = "proxy")]
+    use super::{lenient, strict, Unsafe};
 
     #[test]
     fn spellings_of_one_path() {
@@ -224,6 +231,7 @@ mod tests {
         ));
     }
 
+    #[cfg(feature = "proxy")]
     #[test]
     fn strict_refuses_what_servers_read_two_ways() {
         for (raw, normal) in [
@@ -256,6 +264,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "proxy")]
     #[test]
     fn lenient_reads_path_parameters_and_escaped_separators_away() {
         for (raw, read) in [

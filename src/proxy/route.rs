@@ -26,6 +26,7 @@ use std::fmt;
 /// assert_eq!(routes.find("/NOTIFY/wechat"), Some((&"notify", "/wechat")));
 /// assert!(routes.insert("/notify/", "again").is_err());
 /// assert!(routes.insert("/Notify", "again").is_err());
+/// assert!(routes.insert("//notify/./", "again").is_err());
 /// ```
 #[derive(Debug, Clone)]
 pub struct RouteTable<T> {
@@ -80,12 +81,15 @@ impl<T> RouteTable<T> {
         }
     }
 
-    /// Routes `prefix` (and every path below it) to `value`.
+    /// Routes `prefix` (and every path below it) to `value`. The prefix is
+    /// kept in normal form, as request paths are matched: `/a//b/` and
+    /// `/a/./b` are `/a/b`.
     pub fn insert(&mut self, prefix: &str, value: T) -> Result<(), RouteError> {
         if !prefix.starts_with('/') {
             return Err(RouteError::NotAbsolute(prefix.to_owned()));
         }
-        let prefix = prefix.trim_end_matches('/');
+        let normal = crate::path::normalize(prefix);
+        let prefix = normal.trim_end_matches('/');
         if self
             .entries
             .iter()
