@@ -14,7 +14,7 @@ mod gateway_support;
 
 use common::upstream::Upstream;
 use common::vectors::{fixture, STRIPE_VECTORS};
-use gateway_support::{temp_path, Gateway};
+use gateway_support::{gateway_bin, temp_path, Gateway};
 use ring::hmac;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -466,5 +466,48 @@ async fn principal_cookie_scopes_client_keys_by_session() {
         );
         assert_eq!(up.calls(path), 3);
     }
+    let _ = std::fs::remove_file(cfg);
+}
+
+#[test]
+fn a_bad_principal_cookie_name_exits_2() {
+    for args in [
+        vec!["--principal-cookie", "s id"],
+        vec!["--principal-cookie", "s;id"],
+    ] {
+        let out = std::process::Command::new(gateway_bin())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ])
+            .args(&args)
+            .arg("--check-config")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("not a cookie name"), "{args:?}: {stderr}");
+    }
+    let cfg = config("principal_cookie = \"a=b\"\n");
+    let out = std::process::Command::new(gateway_bin())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--check-config",
+        ])
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(":1:") && stderr.contains("principal_cookie"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_file(cfg);
 }

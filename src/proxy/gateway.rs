@@ -44,8 +44,9 @@ pub enum Target {
     Auto,
 }
 
-/// The preset that guarded a request, in the response's extensions (absent
-/// for a request no preset guarded).
+/// The preset that guarded a request, or whose route refused it (a method
+/// other than POST on a channel route, a bad path), in the response's
+/// extensions (absent for a request no preset guarded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutedPreset(pub &'static str);
 
@@ -433,7 +434,9 @@ impl<S: Store> Gateway<S> {
         B::Error: Into<BoxError>,
     {
         let written = path::normalize(req.uri().path()).into_owned();
-        for reading in [written.clone(), path::lenient(req.uri().path())] {
+        // The lenient reading first: it finds the route a lenient upstream
+        // would serve (`/notify/stripe` for `/notify/stripe;x`).
+        for reading in [path::lenient(req.uri().path()), written.clone()] {
             let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
                 continue;
             };
@@ -502,6 +505,10 @@ fn bad_path<S>(route: Option<&Route<S>>, why: &str) -> GatewayResponse {
     let msg = Bytes::from(format!("bad request path: {why}\n"));
     let mut res: GatewayResponse = crate::body::text_response_owned(StatusCode::BAD_REQUEST, msg);
     res.extensions_mut().insert(Outcome::RejectedBadInput);
+    if let Some(route) = route.filter(|r| r.auto_limit.is_none()) {
+        res.extensions_mut()
+            .insert(RoutedPreset(route.preset_name()));
+    }
     match route.filter(|r| r.channel).and_then(|r| r.reply.as_ref()) {
         Some(reply) => reply.apply(res),
         None => res,
@@ -518,6 +525,8 @@ fn method_not_allowed<S>(route: &Route<S>) -> GatewayResponse {
     res.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("POST"));
     res.extensions_mut().insert(Outcome::RejectedBadInput);
+    res.extensions_mut()
+        .insert(RoutedPreset(route.preset_name()));
     res
 }
 
