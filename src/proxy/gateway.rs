@@ -3,14 +3,16 @@
 
 use super::ack::{Ingest, IngestFn};
 use super::detect::{detect, looks_like};
+use super::entrance::{
+    bad_path, method_not_allowed, refuse_verified_elsewhere, verified_presets, with_path, Verified,
+};
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
-use crate::body::text_response;
 use crate::channel::PRESET_NAMES;
 use crate::key::{is_guarded_method, Key};
 use crate::normalize::{Normalize, Reply};
-use crate::outcome::{self, log_warn, Outcome};
+use crate::outcome::log_warn;
 use crate::path::{self, Unsafe};
 use crate::queue::Queue;
 use crate::store::Store;
@@ -18,8 +20,7 @@ use crate::token::IssueToken;
 use crate::verify::Verify;
 use crate::{Idempotency, Preset, ResponseBody, TaskTracker};
 use bytes::Bytes;
-use http::uri::PathAndQuery;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use std::borrow::Cow;
@@ -132,15 +133,6 @@ pub struct Gateway<S> {
     verified: Arc<[Verified]>,
 }
 
-/// A built-in preset that some route verifies.
-struct Verified {
-    /// Its name in [`PRESET_NAMES`].
-    name: &'static str,
-    /// The prefixes of the routes that verify it.
-    routes: String,
-    reply: Reply,
-}
-
 impl<S> Clone for Gateway<S> {
     fn clone(&self) -> Self {
         Self {
@@ -243,29 +235,7 @@ impl<S: Store> GatewayBuilder<S> {
             };
             return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
         }
-        let mut verified: Vec<Verified> = Vec::new();
-        for (prefix, (target, options)) in self.routes.iter() {
-            let Target::Preset(preset) = target else {
-                continue;
-            };
-            let Some(name) = PRESET_NAMES.iter().find(|n| **n == preset.name()) else {
-                continue;
-            };
-            if !options.verifies() {
-                continue;
-            }
-            match verified.iter_mut().find(|v| v.name == *name) {
-                Some(v) => {
-                    v.routes.push_str(", ");
-                    v.routes.push_str(prefix);
-                }
-                None => verified.push(Verified {
-                    name,
-                    routes: prefix.to_owned(),
-                    reply: preset.reply().clone(),
-                }),
-            }
-        }
+        let verified = verified_presets(self.routes.iter());
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
         let routes = self.routes.map(|prefix, (target, options)| {
             // The reply deadline answers the caller; the run limit, not the
@@ -371,7 +341,7 @@ impl<S: Store> Gateway<S> {
         if let Some(normal) = normal {
             match with_path(req.uri(), &normal) {
                 Some(uri) => *req.uri_mut() = uri,
-                None => return bad_path::<S>(None, "the path cannot be normalised"),
+                None => return bad_path(None, None, "the path cannot be normalised"),
             }
         }
         let found = self.routes.find_entry(req.uri().path());
@@ -381,7 +351,7 @@ impl<S: Store> Gateway<S> {
             return self.pass_through(req).await;
         };
         if route.channel && req.method() != Method::POST {
-            return method_not_allowed(route);
+            return method_not_allowed(route.preset_name());
         }
         if let (Some(issuer), true) = (&route.issuer, is_token_path) {
             return issue_token(issuer.clone(), req).await;
@@ -443,12 +413,14 @@ impl<S: Store> Gateway<S> {
             if route.guards(req.method()) {
                 log_warn!(route = prefix, path = req.uri().path(), reason = %why, "request path refused");
                 let _ = prefix;
-                return bad_path(Some(route), &why.to_string());
+                let preset = route.auto_limit.is_none().then(|| route.preset_name());
+                let reply = route.reply.as_ref().filter(|_| route.channel);
+                return bad_path(preset, reply, &why.to_string());
             }
         }
         match with_path(req.uri(), &written) {
             Some(uri) => *req.uri_mut() = uri,
-            None => return bad_path::<S>(None, "the path cannot be normalised"),
+            None => return bad_path(None, None, "the path cannot be normalised"),
         }
         self.pass_through(req).await
     }
@@ -485,69 +457,6 @@ impl<S> Route<S> {
                 .unwrap_or("custom"),
         }
     }
-}
-
-/// `uri` with another path, its query kept.
-fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
-    let pq = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_owned(),
-    };
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query = Some(PathAndQuery::from_maybe_shared(Bytes::from(pq)).ok()?);
-    Uri::from_parts(parts).ok()
-}
-
-/// 400 for a path with no safe normal form, in a channel route's reply form.
-fn bad_path<S>(route: Option<&Route<S>>, why: &str) -> GatewayResponse {
-    let name = route.map_or("auto", Route::preset_name);
-    outcome::record(&Arc::from(name), Outcome::RejectedBadInput);
-    let msg = Bytes::from(format!("bad request path: {why}\n"));
-    let mut res: GatewayResponse = crate::body::text_response_owned(StatusCode::BAD_REQUEST, msg);
-    res.extensions_mut().insert(Outcome::RejectedBadInput);
-    if let Some(route) = route.filter(|r| r.auto_limit.is_none()) {
-        res.extensions_mut()
-            .insert(RoutedPreset(route.preset_name()));
-    }
-    match route.filter(|r| r.channel).and_then(|r| r.reply.as_ref()) {
-        Some(reply) => reply.apply(res),
-        None => res,
-    }
-}
-
-/// 405 for a channel route: channels only POST.
-fn method_not_allowed<S>(route: &Route<S>) -> GatewayResponse {
-    outcome::record(&Arc::from(route.preset_name()), Outcome::RejectedBadInput);
-    let mut res: GatewayResponse = text_response(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "this route takes notifications: use POST\n",
-    );
-    res.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static("POST"));
-    res.extensions_mut().insert(Outcome::RejectedBadInput);
-    res.extensions_mut()
-        .insert(RoutedPreset(route.preset_name()));
-    res
-}
-
-/// 401 in the channel's failure form: a request on an `auto` route that looks
-/// like a preset another route verifies.
-fn refuse_verified_elsewhere(v: &Verified, route: &str, path: &str) -> GatewayResponse {
-    outcome::record(&Arc::from(v.name), Outcome::Unverified);
-    log_warn!(
-        preset = v.name,
-        route,
-        path,
-        verified_by = %v.routes,
-        "a request that looks like a verified channel came to an `auto` route: refused \
-         unverified (send it to the route that verifies it)"
-    );
-    let _ = (route, path);
-    let mut res: GatewayResponse = text_response(StatusCode::UNAUTHORIZED, "signature invalid\n");
-    res.extensions_mut().insert(Outcome::Unverified);
-    let mut res = v.reply.apply(res);
-    res.extensions_mut().insert(RoutedPreset(v.name));
-    res
 }
 
 /// Queues `req` through an acknowledge-then-deliver route's pipeline.
