@@ -307,7 +307,7 @@ impl<S: Store> GatewayBuilder<S> {
             routes: Arc::new(routes),
             forward,
             tasks,
-            verified: verified.into(),
+            verified,
         })
     }
 }
