@@ -25,16 +25,33 @@ impl Fingerprint {
         Self::from_digest(Sha256::new_with_prefix(bytes))
     }
 
-    /// The fingerprint of a client request: method, path and body.
+    /// The fingerprint of a client request: method, path, query and body.
     ///
     /// The path is taken in its normal form, so `/orders/1`, `/orders/%31`
-    /// and `/orders/1/` are one request.
+    /// and `/orders/1/` are one request; the query is taken as sent (no query
+    /// and an empty one are the same), so `?amount=1` and `?amount=1000` are
+    /// two requests, and so are two orders of the same parameters.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    /// let fp = |uri: &str| {
+    ///     let (parts, _) = http::Request::post(uri).body(()).unwrap().into_parts();
+    ///     Fingerprint::of_request(&parts, b"{}")
+    /// };
+    /// assert_eq!(fp("/pay?amount=1"), fp("//pay/?amount=1"));
+    /// assert_ne!(fp("/pay?amount=1"), fp("/pay?amount=1000"));
+    /// assert_eq!(fp("/pay"), fp("/pay?"));
+    /// ```
     pub fn of_request(parts: &Parts, body: &[u8]) -> Self {
         let mut h = Sha256::new();
         h.update(parts.method.as_str().as_bytes());
         h.update([0]);
         h.update(crate::path::normalize(parts.uri.path()).as_bytes());
         h.update([0]);
+        let query = parts.uri.query().unwrap_or("");
+        // Length-prefixed: the query may hold any byte the body starts with.
+        h.update((query.len() as u64).to_le_bytes());
+        h.update(query.as_bytes());
         h.update(body);
         Self::from_digest(h)
     }

@@ -31,9 +31,15 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explicit_routes_run_each_vector_once_and_answer_the_channel_reply() {
     let up = Upstream::start().await;
-    let routes: Vec<String> = presets()
+    // A route per vector: a route's records are shared by every path under
+    // it, and some vectors of one channel carry the same key.
+    let mut routes: Vec<String> = presets()
         .flat_map(|p| ["--route".to_owned(), format!("/p/{p}={p}")])
         .collect();
+    for (i, v) in vectors().enumerate() {
+        let p = v.channel.name;
+        routes.extend(["--route".to_owned(), format!("/p/{p}/{i}={p}")]);
+    }
     let args: Vec<&str> = routes.iter().map(String::as_str).collect();
     let gw = Gateway::start(&up.url(), &args);
     let client = client();
@@ -54,7 +60,14 @@ async fn explicit_routes_run_each_vector_once_and_answer_the_channel_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_detects_every_channel_and_passes_the_rest_through() {
     let up = Upstream::start().await;
-    let gw = Gateway::start(&up.url(), &[]);
+    // An `auto` route per vector (some vectors of one channel carry the same
+    // key, and every path under a route shares its records), and `/=auto`.
+    let mut routes = vec!["--route".to_owned(), "/=auto".to_owned()];
+    for i in 0..vectors().count() {
+        routes.extend(["--route".to_owned(), format!("/hooks/{i}=auto")]);
+    }
+    let args: Vec<&str> = routes.iter().map(String::as_str).collect();
+    let gw = Gateway::start(&up.url(), &args);
     let client = client();
     for (i, v) in vectors().enumerate() {
         storm(&client, &gw, &up, v, &format!("/hooks/{i}")).await;
@@ -241,10 +254,10 @@ async fn http2_clients_are_served_too() {
 }
 
 /// `--workers 2`: 32 connections at once, 8 copies each of 4 notifications
-/// (the upstream takes 300 ms, so copies wait for the first), spread by the
-/// kernel over both serving threads. Every copy gets the success reply and
-/// each notification reaches the upstream once: the threads share one
-/// store.
+/// (one per route; the upstream takes 300 ms, so copies wait for the
+/// first), spread by the kernel over both serving threads. Every copy gets
+/// the success reply and each notification reaches the upstream once: the
+/// threads share one store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_serving_threads_run_each_notification_once() {
     const NOTES: usize = 4;
@@ -252,7 +265,12 @@ async fn two_serving_threads_run_each_notification_once() {
     let up = Upstream::start().await;
     let gw = Gateway::start(
         &up.url(),
-        &["--route", "/wx=wechatpay-v3", "--workers", "2"],
+        &[
+            "--route",
+            "/wx/0=wechatpay-v3,/wx/1=wechatpay-v3,/wx/2=wechatpay-v3,/wx/3=wechatpay-v3",
+            "--workers",
+            "2",
+        ],
     );
     let v = &WECHATPAY_V3_VECTORS[0];
     let headers: Headers = headers_with(v, &[("x-delay-ms", "300")]);

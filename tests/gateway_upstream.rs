@@ -329,8 +329,10 @@ mod redis {
         };
         let up = Upstream::start().await;
         let store = format!("redis://127.0.0.1:{}", redis.port());
-        let a = Gateway::start(&up.url(), &["--store", &store]);
-        let b = Gateway::start(&up.url(), &["--store", &store]);
+        // A route of its own: the other tests share this Redis and vector.
+        let route = ["--store", &store, "--route", "/redis/two=auto"];
+        let a = Gateway::start(&up.url(), &route);
+        let b = Gateway::start(&up.url(), &route);
         storm_over(&a, &b, &up, "/redis/two").await;
     }
 
@@ -346,8 +348,9 @@ mod redis {
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         let store = format!("redis+cluster://{}", nodes.join(","));
-        let a = Gateway::start(&up.url(), &["--store", &store]);
-        let b = Gateway::start(&up.url(), &["--store", &store]);
+        let route = ["--store", &store, "--route", "/cluster/two=auto"];
+        let a = Gateway::start(&up.url(), &route);
+        let b = Gateway::start(&up.url(), &route);
         storm_over(&a, &b, &up, "/cluster/two").await;
     }
 
@@ -402,7 +405,9 @@ mod redis {
         };
         let up = Upstream::start().await;
         let store = format!("redis://127.0.0.1:{}", redis.port());
-        let mut a = Gateway::start(&up.url(), &["--store", &store]);
+        // A route of its own: the other tests share this Redis and vector.
+        let route = ["--store", &store, "--route", "/redis/hangup=auto"];
+        let mut a = Gateway::start(&up.url(), &route);
         let v = &WECHATPAY_V3_VECTORS[0];
         let headers: Headers = headers_with(v, &[("x-delay-ms", "1000")]);
         // Raw TCP, so that hanging up really closes the connection.
@@ -422,7 +427,7 @@ mod redis {
         let status = a.wait_exit(Duration::from_secs(10));
         assert_eq!(status.code(), Some(0), "{status:?}\n{}", a.log());
 
-        let b = Gateway::start(&up.url(), &["--store", &store]);
+        let b = Gateway::start(&up.url(), &route);
         let r = send_vector(&client(), &b.url("/redis/hangup"), v).await;
         assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
         assert!(r.replayed(), "the first call's record was not written");

@@ -12,7 +12,8 @@ use http_body_util::Full;
 use std::convert::Infallible;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::key::{
-    ExtensionPrincipal, ExtractKey, Field, FingerprintSpec, KeySpec, MAX_STORED_KEY_LEN,
+    AuthorizationHash, CookiePrincipal, ExtensionPrincipal, ExtractKey, Field, FingerprintSpec,
+    HeaderPrincipal, KeySpec, Principal, MAX_STORED_KEY_LEN,
 };
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Preset};
 
@@ -310,4 +311,130 @@ fn adyen_keys_keep_their_form() {
         .unwrap()
         .unwrap();
     assert_eq!(got.key, "P1:AUTHORISATION:true");
+}
+
+/// Requests (`path`, headers) with one key and one body through one stack:
+/// how many times the handler ran, and the last answer.
+async fn runs(
+    layer: IdempotencyLayer,
+    requests: &[(&str, &[(&str, &str)])],
+) -> (usize, common::Answer) {
+    let count = Counter::default();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(handler(count.clone()));
+    let mut last = None;
+    for (path, headers) in requests {
+        let mut h = headers.to_vec();
+        if !h.iter().any(|(k, _)| *k == "idempotency-key") {
+            h.push(("idempotency-key", "k"));
+        }
+        last = Some(
+            read(
+                svc.clone()
+                    .oneshot(request(path, &h, "order"))
+                    .await
+                    .unwrap(),
+            )
+            .await,
+        );
+    }
+    (count.get(), last.expect("one request at least"))
+}
+
+#[test]
+fn header_principals_are_named_in_any_case_and_checked() {
+    let p = HeaderPrincipal::new("X-Tenant-Id").unwrap();
+    assert_eq!(p.name().as_str(), "x-tenant-id");
+    for bad in ["", "x tenant", "x:tenant", "tenant\n"] {
+        let e = HeaderPrincipal::new(bad).unwrap_err();
+        assert!(
+            e.to_string().contains("not a valid header name"),
+            "{bad:?}: {e}"
+        );
+    }
+    assert!(CookiePrincipal::new("sid").is_ok());
+    for bad in ["", "s id", "s;id", "s=id", "\"sid\""] {
+        assert!(CookiePrincipal::new(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_header_principal_replaces_the_authorization_hash_unless_combined() {
+    let alice: &[(&str, &str)] = &[("x-tenant", "acme"), ("authorization", "Bearer alice")];
+    let bob: &[(&str, &str)] = &[("x-tenant", "acme"), ("authorization", "Bearer bob")];
+    let tenant = || HeaderPrincipal::new("x-tenant").unwrap();
+    // Replaced: two users of one tenant share one scope.
+    let layer = IdempotencyLayer::idempotency_key().principal(tenant());
+    let (n, last) = runs(layer, &[("/orders", alice), ("/orders", bob)]).await;
+    assert_eq!(n, 1);
+    assert!(last.replayed());
+    // Combined: the tenant and the user.
+    let layer = IdempotencyLayer::idempotency_key().principal(tenant().and(AuthorizationHash));
+    let (n, last) = runs(layer, &[("/orders", alice), ("/orders", bob)]).await;
+    assert_eq!(n, 2);
+    assert!(!last.replayed());
+    let key = String::from_utf8(last.body.to_vec()).unwrap();
+    assert!(
+        key.contains(":acme%3A"),
+        "tenant, then the user's hash: {key}"
+    );
+    // Another tenant, same user: another scope as well.
+    let layer = IdempotencyLayer::idempotency_key().principal(tenant().and(AuthorizationHash));
+    let other: &[(&str, &str)] = &[("x-tenant", "zeta"), ("authorization", "Bearer alice")];
+    assert_eq!(
+        runs(layer, &[("/orders", alice), ("/orders", other)])
+            .await
+            .0,
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_cookie_principal_scopes_sessions_and_falls_back_to_authorization() {
+    let layer = || {
+        IdempotencyLayer::idempotency_key()
+            .principal(CookiePrincipal::new("sid").unwrap().or(AuthorizationHash))
+    };
+    let a: &[(&str, &str)] = &[("cookie", "theme=dark; sid=s-1")];
+    let a_again: &[(&str, &str)] = &[("cookie", "sid=s-1"), ("authorization", "Bearer x")];
+    let b: &[(&str, &str)] = &[("cookie", "sid=s-2")];
+    assert_eq!(runs(layer(), &[("/o", a), ("/o", a_again)]).await.0, 1);
+    assert_eq!(runs(layer(), &[("/o", a), ("/o", b)]).await.0, 2);
+    // No cookie: the Authorization hash scopes it.
+    let bearer: &[(&str, &str)] = &[("authorization", "Bearer x")];
+    let bearer2: &[(&str, &str)] = &[("authorization", "Bearer y")];
+    assert_eq!(runs(layer(), &[("/o", bearer), ("/o", bearer)]).await.0, 1);
+    assert_eq!(runs(layer(), &[("/o", bearer), ("/o", bearer2)]).await.0, 2);
+    // Neither: the route's scope, shared by every such request.
+    assert_eq!(runs(layer(), &[("/o", &[]), ("/o", &[])]).await.0, 1);
+}
+
+#[tokio::test]
+async fn client_fingerprints_cover_the_query_and_refusals_are_problem_details() {
+    let layer = || IdempotencyLayer::idempotency_key();
+    let (n, last) = runs(
+        layer(),
+        &[("/pay?amount=1", &[]), ("/pay?amount=1000", &[])],
+    )
+    .await;
+    assert_eq!(n, 1);
+    assert_eq!(last.status, 422);
+    assert_eq!(last.headers["content-type"], "application/problem+json");
+    let json: serde_json::Value = serde_json::from_slice(&last.body).unwrap();
+    assert_eq!(json["title"], "Idempotency-Key is already used");
+    assert_eq!(json["status"], 422);
+    assert!(json["type"].as_str().unwrap().starts_with("https://"));
+    assert!(json["detail"]
+        .as_str()
+        .unwrap()
+        .contains("different request payload"));
+    // One query, both spellings of the key: one record.
+    let quoted: &[(&str, &str)] = &[("idempotency-key", "\"k\"")];
+    let (n, last) = runs(
+        layer(),
+        &[("/pay?amount=1", &[]), ("/pay?amount=1", quoted)],
+    )
+    .await;
+    assert_eq!((n, last.replayed()), (1, true), "{}", last.text());
 }

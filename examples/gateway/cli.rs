@@ -70,9 +70,12 @@ pub struct Args {
     /// closed (default) | open
     #[arg(long, value_name = "POLICY", env = "IDEMPOTENCY_GATEWAY_ON_STORE_ERROR", value_parser = parse::policy)]
     pub on_store_error: Option<tower_idempotency::OnStoreError>,
-    /// Scope keys to this header's value (e.g. a tenant id)
+    /// Scope client-API keys to this header's value (e.g. a tenant id)
     #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_HEADER", value_parser = parse::header_name)]
     pub principal_header: Option<HeaderName>,
+    /// Scope client-API keys to a hash of this cookie (a session id), else of Authorization
+    #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::config::cookie_name)]
+    pub principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
     /// Serve /metrics, /healthz and /readyz at http://ADDR
     #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]
     pub metrics_listen: Option<SocketAddr>,

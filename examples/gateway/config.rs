@@ -8,7 +8,7 @@
 //! [[route]]
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
-//! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header
+//! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
 //! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
@@ -30,6 +30,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use toml::Spanned;
+use tower_idempotency::key::CookiePrincipal;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
 use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
@@ -46,6 +47,7 @@ struct File {
     max_body: Option<Spanned<SizeValue>>,
     on_store_error: Field,
     principal_header: Field,
+    principal_cookie: Field,
     metrics_listen: Field,
     upstream_timeout: Field,
     max_memory: Option<Spanned<SizeValue>>,
@@ -86,6 +88,7 @@ struct FileRoute {
     max_run: Field,
     max_body: Option<Spanned<SizeValue>>,
     principal_header: Field,
+    principal_cookie: Field,
     mode: Field,
     verify: Option<Spanned<VerifyConfig>>,
 }
@@ -182,6 +185,11 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             "principal_header",
             parse::header_name,
         )?),
+        principal_cookie: args.principal_cookie.or(at.value(
+            &file.principal_cookie,
+            "principal_cookie",
+            cookie_name,
+        )?),
         on_store_error: args
             .on_store_error
             .or(at.value(&file.on_store_error, "on_store_error", parse::policy)?)
@@ -221,6 +229,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                     "principal_header",
                     parse::header_name,
                 )?,
+                principal_cookie: at.value(&r.principal_cookie, "principal_cookie", cookie_name)?,
                 on_store_error: global.on_store_error,
             };
             seen.insert(&prefix, ())
@@ -441,6 +450,7 @@ struct Global {
     max_run: Option<Duration>,
     max_body: Option<usize>,
     principal_header: Option<HeaderName>,
+    principal_cookie: Option<CookiePrincipal>,
     on_store_error: OnStoreError,
 }
 
@@ -452,6 +462,7 @@ impl Global {
         max_run: None,
         max_body: None,
         principal_header: None,
+        principal_cookie: None,
         on_store_error: OnStoreError::FailClosed,
     };
 
@@ -480,6 +491,18 @@ impl Global {
         {
             o = o.principal_header(h.clone());
         }
+        if let Some(c) = own
+            .principal_cookie
+            .as_ref()
+            .or(self.principal_cookie.as_ref())
+        {
+            o = o.principal_cookie(c.clone());
+        }
         o
     }
+}
+
+/// `--principal-cookie` and `principal_cookie`: a cookie name.
+pub fn cookie_name(s: &str) -> Result<CookiePrincipal, String> {
+    CookiePrincipal::new(s).map_err(|_| "not a cookie name".into())
 }

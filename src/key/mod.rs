@@ -55,7 +55,8 @@ pub(crate) use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
 pub use principal::{
-    AuthorizationHash, ExtensionPrincipal, HeaderPrincipal, NoPrincipal, Principal,
+    AndPrincipal, AuthorizationHash, CookiePrincipal, ExtensionPrincipal, HeaderPrincipal,
+    InvalidPrincipalName, NoPrincipal, OrPrincipal, Principal,
 };
 pub(crate) use scope::route_of;
 pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};

@@ -307,6 +307,13 @@ where
     }
 }
 
+/// A 400 with `message`, its outcome in the extensions.
+fn refused<B: From<Bytes>>(outcome: Outcome, message: String) -> Response<B> {
+    let mut res = text_response_owned(StatusCode::BAD_REQUEST, Bytes::from(message));
+    res.extensions_mut().insert(outcome);
+    res
+}
+
 /// What to do with a buffered request.
 fn admit<B: From<Bytes>>(
     config: &KeyConfig,
@@ -318,12 +325,9 @@ fn admit<B: From<Bytes>>(
         Ok(Some(found)) => {
             if found.key.len() > config.max_key_len {
                 outcome::record(&config.preset, Outcome::RejectedBadInput);
-                return Err(text_response_owned(
-                    StatusCode::BAD_REQUEST,
-                    Bytes::from(format!(
-                        "idempotency key longer than {} bytes\n",
-                        config.max_key_len
-                    )),
+                return Err(refused(
+                    Outcome::RejectedBadInput,
+                    format!("idempotency key longer than {} bytes\n", config.max_key_len),
                 ));
             }
             let principal = config.principal.principal(parts);
@@ -355,21 +359,21 @@ fn admit<B: From<Bytes>>(
         }
         Ok(None) if guarded && config.required => {
             outcome::record(&config.preset, Outcome::KeyMissing);
-            Err(text_response_owned(
-                StatusCode::BAD_REQUEST,
-                Bytes::from(format!(
+            Err(refused(
+                Outcome::KeyMissing,
+                format!(
                     "missing idempotency key: expected the {}\n",
                     config.describe
-                )),
+                ),
             ))
         }
         // A key that was sent but cannot be used is refused even where keys
         // are optional: running unguarded would ignore the client's intent.
         Err(e) if guarded && (config.required || e.is_invalid_key()) => {
             outcome::record(&config.preset, Outcome::RejectedBadInput);
-            Err(text_response_owned(
-                StatusCode::BAD_REQUEST,
-                Bytes::from(format!("malformed request: {e}\n")),
+            Err(refused(
+                Outcome::RejectedBadInput,
+                format!("malformed request: {e}\n"),
             ))
         }
         // Optional key, or a safe method: pass through untouched.

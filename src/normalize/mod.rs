@@ -33,6 +33,8 @@
 //! # }
 //! ```
 
+mod problem;
+
 use crate::body::Rejection;
 use crate::headers::is_grpc;
 use bytes::Bytes;
@@ -88,12 +90,18 @@ impl FixedReply {
 pub struct Reply {
     success: Option<FixedReply>,
     failure: Option<FixedReply>,
+    /// The key's header when the layers' own refusals are problem details.
+    problems: Option<&'static str>,
 }
 
 impl Reply {
     /// A reply format from a success and a failure reply.
     pub const fn new(success: Option<FixedReply>, failure: Option<FixedReply>) -> Self {
-        Self { success, failure }
+        Self {
+            success,
+            failure,
+            problems: None,
+        }
     }
 
     /// Pass every response through unchanged.
@@ -101,7 +109,34 @@ impl Reply {
         Self {
             success: None,
             failure: None,
+            problems: None,
         }
+    }
+
+    /// This format with the layers' own refusals (400 missing or malformed
+    /// key, 409 in flight, 422 reused with another payload, 413, 503…)
+    /// written as RFC 9457 problem details, `application/problem+json` with
+    /// `type`, `title`, `status` and `detail`, titled as the IETF
+    /// Idempotency-Key draft's examples are (`"Idempotency-Key is missing"`,
+    /// `"A request is outstanding for this Idempotency-Key"`,
+    /// `"Idempotency-Key is already used"`) with the key's `header` name.
+    /// The handler's own responses are never touched. The `idempotency-key`
+    /// preset answers so.
+    ///
+    /// ```
+    /// use tower_idempotency::Preset;
+    /// assert_eq!(Preset::idempotency_key().reply().problem_details(), Some("Idempotency-Key"));
+    /// assert_eq!(Preset::stripe().reply().problem_details(), None);
+    /// ```
+    pub const fn with_problem_details(mut self, header: &'static str) -> Self {
+        self.problems = Some(header);
+        self
+    }
+
+    /// The key's header name when refusals are problem details (see
+    /// [`with_problem_details`](Self::with_problem_details)).
+    pub const fn problem_details(&self) -> Option<&'static str> {
+        self.problems
     }
 
     /// The success reply.
@@ -116,6 +151,11 @@ impl Reply {
 
     /// Rewrites one response into the channel's form.
     pub fn apply<B: From<Bytes>>(&self, res: Response<B>) -> Response<B> {
+        if let Some(header) = self.problems {
+            if res.extensions().get::<Rejection>().is_some() {
+                return problem::rewrite(res, header);
+            }
+        }
         let success = res.status().is_success();
         let fixed = if success {
             &self.success

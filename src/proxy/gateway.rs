@@ -2,15 +2,20 @@
 //! route and preset, in front of a [`Forward`].
 
 use super::ack::{Ingest, IngestFn};
-use super::detect::detect;
+use super::detect::{detect, looks_like};
+use super::entrance::{
+    bad_path, method_not_allowed, refuse_verified_elsewhere, verified_presets, with_path, Verified,
+};
 use super::options::DEFAULT_MAX_RUN;
 use super::panic::catching;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
 use crate::channel::PRESET_NAMES;
-use crate::key::{is_guarded_method, HeaderPrincipal, Key};
+use crate::key::{is_guarded_method, Key};
 use crate::limit::BodyLimits;
-use crate::normalize::Normalize;
+use crate::normalize::{Normalize, Reply};
+use crate::outcome::log_warn;
+use crate::path::{self, Unsafe};
 use crate::queue::Queue;
 use crate::store::Store;
 use crate::token::IssueToken;
@@ -20,6 +25,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
@@ -41,8 +47,9 @@ pub enum Target {
     Auto,
 }
 
-/// The preset that guarded a request, in the response's extensions (absent
-/// for a request no preset guarded).
+/// The preset that guarded a request, or whose route refused it (a method
+/// other than POST on a channel route, a bad path), in the response's
+/// extensions (absent for a request no preset guarded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutedPreset(pub &'static str);
 
@@ -68,6 +75,10 @@ pub(super) struct Route<S> {
     /// The route's prefix, for [`MatchedRoute`].
     prefix: Arc<str>,
     pub(super) stacks: Vec<Option<Stack<S>>>,
+    /// The reply format of a route's preset (`None` for `auto`).
+    reply: Option<Reply>,
+    /// Whether the route's preset is a channel's (POST only).
+    channel: bool,
     /// What an `auto` route buffers to detect; `None` for a preset route.
     auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
@@ -83,11 +94,34 @@ pub(super) struct Route<S> {
 /// with a safe method on `auto` routes and requests `auto` does not
 /// recognise are forwarded unguarded, their bodies streamed.
 ///
-/// A `client-token` route also answers `GET` or `POST
-/// PREFIX/idempotency-token` with a one-time token, scoped like its keys.
-/// The key's scope is the route and the request path, so two paths never
-/// share a record. An `auto` route buffers the body up to the largest body
-/// limit of its presets (413 past it) to detect the sender.
+/// **One path.** The request path is normalised once, at the entrance:
+/// escapes of unreserved characters decoded (`%73` is `s`), dot segments
+/// resolved, repeated and trailing slashes dropped. That one form is routed
+/// (prefixes match regardless of ASCII case, see [`RouteTable`]), verified,
+/// scoped and forwarded: the upstream gets `/notify/stripe` for
+/// `//notify/./%73tripe/`. A path with no safe normal form (a `;` in a
+/// segment, `%2F`, `\`, `%5C`, an escaped control character such as `%00`,
+/// escapes that are not UTF-8, a `%` that is not an escape) is answered 400 if
+/// it, or the way a lenient server reads it (path parameters dropped, `%2F`
+/// taken as `/`), falls on a guarded route; otherwise it is forwarded as
+/// written, escapes upper-cased.
+///
+/// **Channel routes take POST only**: any other method gets 405 with
+/// `Allow: POST` and is never forwarded. A route's principal (see
+/// [`RouteOptions::principal_header`]) scopes client-API presets only.
+///
+/// **A verified preset is never accepted unverified**: when a route verifies
+/// a preset (see [`RouteOptions::verify`]), a request on an `auto` route that
+/// looks like that preset (by [`detect`]'s table, whatever else it looks
+/// like) gets 401 in the channel's failure form, counted as `unverified` and
+/// logged with the route that verifies it.
+///
+/// The route part of every stored key is the matched route's prefix, never
+/// the client's spelling of the path: every spelling of a route shares its
+/// records. A `client-token` route also answers `GET` or `POST
+/// PREFIX/idempotency-token` with a one-time token, scoped like its keys. An
+/// `auto` route buffers the body up to the largest body limit of its presets
+/// (413 past it) to detect the sender.
 ///
 /// On a guarded route the [`Forward`]'s timeout is the reply deadline
 /// (unless the route sets its own, [`RouteOptions::reply_timeout`]): past it
@@ -106,6 +140,7 @@ pub struct Gateway<S> {
     forward: Forward,
     tasks: TaskTracker,
     bodies: Arc<BodyLimits>,
+    verified: Arc<[Verified]>,
 }
 
 impl<S> Clone for Gateway<S> {
@@ -115,6 +150,7 @@ impl<S> Clone for Gateway<S> {
             forward: self.forward.clone(),
             tasks: self.tasks.clone(),
             bodies: self.bodies.clone(),
+            verified: self.verified.clone(),
         }
     }
 }
@@ -223,6 +259,7 @@ impl<S: Store> GatewayBuilder<S> {
             };
             return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
         }
+        let verified = verified_presets(self.routes.iter());
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
         let bodies = Arc::new(self.bodies);
         let routes = self.routes.map(|prefix, (target, options)| {
@@ -231,9 +268,11 @@ impl<S: Store> GatewayBuilder<S> {
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
             let guarded = forward.with_timeout(max_run.max(forward.timeout()));
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
+            // Every spelling of the route shares its records.
             let stack = |preset: Preset| {
                 options
                     .layer(preset, store.clone())
+                    .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
@@ -242,12 +281,16 @@ impl<S: Store> GatewayBuilder<S> {
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
+            let mut route_reply = None;
+            let mut channel = false;
             match target {
                 Target::Preset(preset) => {
+                    route_reply = Some(preset.reply().clone());
+                    channel = !preset.is_client_api();
                     if preset.consumes_token() {
                         let mut i = IssueToken::new(store.clone());
-                        if let Some(name) = options.get_principal_header() {
-                            i = i.principal(HeaderPrincipal(name.clone()));
+                        if let Some(principal) = options.principal_for(&preset) {
+                            i = i.principal(principal);
                         }
                         issuer = Some(i);
                     }
@@ -255,7 +298,8 @@ impl<S: Store> GatewayBuilder<S> {
                         let ingest = Ingest {
                             queue: queue.clone(),
                         };
-                        ack = Some(options.layer(preset.clone(), store.clone()).front(ingest));
+                        let layer = options.layer(preset.clone(), store.clone()).route(prefix);
+                        ack = Some(layer.front(ingest));
                     }
                     // A preset outside the built-in names gets the last slot.
                     let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
@@ -278,6 +322,8 @@ impl<S: Store> GatewayBuilder<S> {
             Route {
                 prefix: Arc::from(prefix),
                 stacks,
+                reply: route_reply,
+                channel,
                 auto_limit,
                 issuer,
                 ack,
@@ -288,6 +334,7 @@ impl<S: Store> GatewayBuilder<S> {
             forward,
             tasks,
             bodies,
+            verified,
         })
     }
 }
@@ -303,30 +350,36 @@ impl<S: Store> Gateway<S> {
     /// Every routed prefix and what it does (`auto` or the preset's name),
     /// longest first.
     pub fn routes(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.routes.iter().map(|(prefix, route)| {
-            let what = match route.auto_limit {
-                Some(_) => "auto",
-                None => route
-                    .stacks
-                    .iter()
-                    .position(Option::is_some)
-                    .and_then(|i| PRESET_NAMES.get(i).copied())
-                    .unwrap_or("custom"),
-            };
-            (prefix, what)
-        })
+        self.routes
+            .iter()
+            .map(|(prefix, route)| (prefix, route.preset_name()))
     }
 
-    async fn handle<B>(self, req: Request<B>) -> GatewayResponse
+    async fn handle<B>(self, mut req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let found = self.routes.find(req.uri().path());
-        let Some((route, is_token_path)) = found.map(|(route, rest)| (route, rest == TOKEN_PATH))
+        let normal = match path::strict(req.uri().path()) {
+            Ok(Cow::Borrowed(_)) => None,
+            Ok(Cow::Owned(normal)) => Some(normal),
+            Err(why) => return self.unsafe_path(req, why).await,
+        };
+        if let Some(normal) = normal {
+            match with_path(req.uri(), &normal) {
+                Some(uri) => *req.uri_mut() = uri,
+                None => return bad_path(None, None, "the path cannot be normalised"),
+            }
+        }
+        let found = self.routes.find_entry(req.uri().path());
+        let Some((prefix, route, is_token_path)) =
+            found.map(|(prefix, route, rest)| (prefix, route, rest == TOKEN_PATH))
         else {
             return self.pass_through(req).await;
         };
+        if route.channel && req.method() != Method::POST {
+            return method_not_allowed(route.preset_name());
+        }
         if let (Some(issuer), true) = (&route.issuer, is_token_path) {
             return issue_token(issuer.clone(), req).await;
         }
@@ -352,6 +405,13 @@ impl<S: Store> Gateway<S> {
             }
             Err(e) => return unreadable(&*e),
         };
+        let elsewhere = self
+            .verified
+            .iter()
+            .find(|v| looks_like(v.name, &parts.headers, &body));
+        if let Some(v) = elsewhere {
+            return refuse_verified_elsewhere(v, prefix, parts.uri.path());
+        }
         let at = detect(&parts.headers, &body)
             .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
             .filter(|at| route.stacks[*at].is_some());
@@ -360,6 +420,35 @@ impl<S: Store> Gateway<S> {
             Some(at) => guarded(route, at, req).await,
             None => self.pass_through(req).await,
         }
+    }
+
+    /// A path without a safe normal form: 400 where any reading of it is
+    /// guarded, otherwise forwarded in its lenient normal form.
+    async fn unsafe_path<B>(self, mut req: Request<B>, why: Unsafe) -> GatewayResponse
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let written = path::normalize(req.uri().path()).into_owned();
+        // The lenient reading first: it finds the route a lenient upstream
+        // would serve (`/notify/stripe` for `/notify/stripe;x`).
+        for reading in [path::lenient(req.uri().path()), written.clone()] {
+            let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
+                continue;
+            };
+            if route.guards(req.method()) {
+                log_warn!(route = prefix, path = req.uri().path(), reason = %why, "request path refused");
+                let _ = prefix;
+                let preset = route.auto_limit.is_none().then(|| route.preset_name());
+                let reply = route.reply.as_ref().filter(|_| route.channel);
+                return bad_path(preset, reply, &why.to_string());
+            }
+        }
+        match with_path(req.uri(), &written) {
+            Some(uri) => *req.uri_mut() = uri,
+            None => return bad_path(None, None, "the path cannot be normalised"),
+        }
+        self.pass_through(req).await
     }
 
     async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
@@ -387,6 +476,28 @@ fn unreadable(e: &(dyn std::error::Error + 'static)) -> GatewayResponse {
         }
         None => plain(StatusCode::BAD_REQUEST, "could not read the request body\n")
             .map(ResponseBody::stream),
+    }
+}
+
+impl<S> Route<S> {
+    /// Whether a request with `method` goes through one of this route's
+    /// stacks: every method on a channel route (it answers 405 to all but
+    /// POST), the unsafe ones elsewhere.
+    fn guards(&self, method: &Method) -> bool {
+        self.channel || is_guarded_method(method)
+    }
+
+    /// The preset's name of a preset route, for metrics.
+    fn preset_name(&self) -> &'static str {
+        match self.auto_limit {
+            Some(_) => "auto",
+            None => self
+                .stacks
+                .iter()
+                .position(Option::is_some)
+                .and_then(|i| PRESET_NAMES.get(i).copied())
+                .unwrap_or("custom"),
+        }
     }
 }
 

@@ -55,6 +55,7 @@
 mod ack;
 mod deadline;
 mod detect;
+mod entrance;
 mod forward;
 mod gateway;
 mod headers;

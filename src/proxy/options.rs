@@ -1,11 +1,12 @@
 //! [`RouteOptions`]: per-route settings of the idempotency stack.
 
 use crate::dedup::OnStoreError;
-use crate::key::HeaderPrincipal;
+use crate::key::{AuthorizationHash, CookiePrincipal, HeaderPrincipal, Principal};
 use crate::store::Store;
 use crate::verify::VerifyLayer;
 use crate::{IdempotencyLayer, Preset};
 use http::HeaderName;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Settings of one route's idempotency stack; every unset one is the
@@ -26,6 +27,7 @@ pub struct RouteOptions {
     wait: Option<Duration>,
     max_body: Option<usize>,
     principal_header: Option<HeaderName>,
+    principal_cookie: Option<CookiePrincipal>,
     on_store_error: Option<OnStoreError>,
     max_run: Option<Duration>,
     reply_timeout: Option<Duration>,
@@ -45,6 +47,7 @@ impl RouteOptions {
             wait: None,
             max_body: None,
             principal_header: None,
+            principal_cookie: None,
             on_store_error: None,
             max_run: None,
             reply_timeout: None,
@@ -77,10 +80,23 @@ impl RouteOptions {
         self
     }
 
-    /// Scopes every key to this header's value (a tenant id set by an auth
-    /// proxy). Defaults to the preset's principal.
+    /// Scopes client-API keys to this header's value (a tenant id set by an
+    /// auth proxy) instead of the hash of `Authorization`. Channel presets
+    /// are never scoped to a principal: a channel is one sender, and a copy
+    /// with another header value is the same notification. Defaults to the
+    /// preset's principal.
     pub fn principal_header(mut self, name: HeaderName) -> Self {
         self.principal_header = Some(name);
+        self
+    }
+
+    /// Scopes client-API keys to a hash of this cookie's value (a session
+    /// id, for clients without `Authorization`), falling back to the hash of
+    /// `Authorization` for requests without the cookie. With
+    /// [`principal_header`](Self::principal_header) too, keys are scoped to
+    /// both. Never applies to channel presets. Defaults to none.
+    pub fn principal_cookie(mut self, cookie: CookiePrincipal) -> Self {
+        self.principal_cookie = Some(cookie);
         self
     }
 
@@ -187,6 +203,7 @@ impl RouteOptions {
     /// The layer for `preset` with these settings.
     pub(crate) fn layer<S: Store>(&self, preset: Preset, store: S) -> IdempotencyLayer<S> {
         let limit = self.body_limit(&preset);
+        let principal = self.principal_for(&preset);
         // The gateway warns about an unverified route once, at start.
         let mut layer = IdempotencyLayer::new_in(preset, store)
             .max_body(limit)
@@ -203,8 +220,8 @@ impl RouteOptions {
         if let Some(wait) = self.wait {
             layer = layer.wait(wait);
         }
-        if let Some(name) = &self.principal_header {
-            layer = layer.principal(HeaderPrincipal(name.clone()));
+        if let Some(principal) = principal {
+            layer = layer.principal(principal);
         }
         if let Some(limit) = self.max_run {
             layer = layer.max_run(limit);
@@ -218,8 +235,22 @@ impl RouteOptions {
         layer
     }
 
-    /// The principal header, if set.
-    pub(crate) fn get_principal_header(&self) -> Option<&HeaderName> {
-        self.principal_header.as_ref()
+    /// The principal of `preset`'s keys when these options set one: only
+    /// client-API presets have a principal.
+    pub(crate) fn principal_for(&self, preset: &Preset) -> Option<Arc<dyn Principal>> {
+        if !preset.is_client_api() {
+            return None;
+        }
+        let header = self.principal_header.clone().map(HeaderPrincipal);
+        let cookie = self
+            .principal_cookie
+            .clone()
+            .map(|c| c.or(AuthorizationHash));
+        Some(match (header, cookie) {
+            (Some(h), Some(c)) => Arc::new(h.and(c)),
+            (Some(h), None) => Arc::new(h),
+            (None, Some(c)) => Arc::new(c),
+            (None, None) => return None,
+        })
     }
 }

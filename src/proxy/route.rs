@@ -6,7 +6,14 @@ use std::fmt;
 ///
 /// A prefix matches its own path and every path below it: `/notify`
 /// matches `/notify` and `/notify/wechat`, not `/notifyx`; `/` matches
-/// everything. A trailing `/` is ignored (`/x/` is `/x`).
+/// everything. A trailing `/` is ignored (`/x/` is `/x`). Prefixes match
+/// regardless of ASCII case (`/NOTIFY/wechat` is under `/notify`), so that a
+/// case-insensitive upstream (IIS, many Java and PHP routers) can never be
+/// reached under a guarded prefix by spelling it in other letters; two
+/// prefixes that differ only in case are the same prefix. Give
+/// [`find`](Self::find) the normal form of a path (the
+/// [`Gateway`](super::Gateway) does): `find` compares spellings, it does not
+/// resolve `..` or escapes.
 ///
 /// ```
 /// use tower_idempotency::proxy::RouteTable;
@@ -16,7 +23,10 @@ use std::fmt;
 /// routes.insert("/notify", "notify").unwrap();
 /// assert_eq!(routes.find("/notify/wechat"), Some((&"notify", "/wechat")));
 /// assert_eq!(routes.find("/notifyx"), Some((&"root", "/notifyx")));
+/// assert_eq!(routes.find("/NOTIFY/wechat"), Some((&"notify", "/wechat")));
 /// assert!(routes.insert("/notify/", "again").is_err());
+/// assert!(routes.insert("/Notify", "again").is_err());
+/// assert!(routes.insert("//notify/./", "again").is_err());
 /// ```
 #[derive(Debug, Clone)]
 pub struct RouteTable<T> {
@@ -71,13 +81,20 @@ impl<T> RouteTable<T> {
         }
     }
 
-    /// Routes `prefix` (and every path below it) to `value`.
+    /// Routes `prefix` (and every path below it) to `value`. The prefix is
+    /// kept in normal form, as request paths are matched: `/a//b/` and
+    /// `/a/./b` are `/a/b`.
     pub fn insert(&mut self, prefix: &str, value: T) -> Result<(), RouteError> {
         if !prefix.starts_with('/') {
             return Err(RouteError::NotAbsolute(prefix.to_owned()));
         }
-        let prefix = prefix.trim_end_matches('/');
-        if self.entries.iter().any(|(p, _)| p == prefix) {
+        let normal = crate::path::normalize(prefix);
+        let prefix = normal.trim_end_matches('/');
+        if self
+            .entries
+            .iter()
+            .any(|(p, _)| p.eq_ignore_ascii_case(prefix))
+        {
             return Err(RouteError::Duplicate(display(prefix).to_owned()));
         }
         let at = self
@@ -89,13 +106,20 @@ impl<T> RouteTable<T> {
         Ok(())
     }
 
-    /// The value of the longest prefix of `path`, and the rest of the path
-    /// (`""` or starting with `/`).
+    /// The value of the longest prefix of `path` (ASCII case ignored), and
+    /// the rest of the path (`""` or starting with `/`).
     pub fn find<'p>(&self, path: &'p str) -> Option<(&T, &'p str)> {
+        self.find_entry(path).map(|(_, value, rest)| (value, rest))
+    }
+
+    /// The longest prefix of `path` as it was routed (`/` for the root), its
+    /// value and the rest of the path.
+    pub(crate) fn find_entry<'p>(&self, path: &'p str) -> Option<(&str, &T, &'p str)> {
         self.entries.iter().find_map(|(prefix, value)| {
-            path.strip_prefix(prefix.as_str())
-                .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-                .map(|rest| (value, rest))
+            let head = path.get(..prefix.len())?;
+            let rest = &path[prefix.len()..];
+            (head.eq_ignore_ascii_case(prefix) && (rest.is_empty() || rest.starts_with('/')))
+                .then(|| (display(prefix), value, rest))
         })
     }
 

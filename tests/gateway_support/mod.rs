@@ -4,6 +4,7 @@
 //! `mod common;` beside `mod gateway_support;`).
 #![allow(dead_code, unreachable_pub)]
 
+pub mod raw;
 pub mod storm;
 
 use std::io::{BufRead, BufReader};
