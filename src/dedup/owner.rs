@@ -260,6 +260,11 @@ where
         return Verdict::Failure(parts, body);
     }
     let mut capture = Capture::new(parts.status, &parts.headers, config.max_cached_body);
+    // The whole body's size, read before any of it is taken: a body's hint
+    // may shrink as it is read (hyper's counts what is left), and the
+    // caller's body answers for every byte, the early ones included. A hint
+    // read later would frame the answer shorter than its `Content-Length`.
+    let hint = body.size_hint();
     let mut body = std::pin::pin!(body);
     let mut trailers: Option<HeaderMap> = None;
     // Whatever of the body is ready now is taken without waiting: a small
@@ -296,7 +301,7 @@ where
     let (tx, rx) = mpsc::channel(2);
     if let Some(head) = link.head.take() {
         if head
-            .send(Head::Streamed(parts, rx, body.size_hint()))
+            .send(Head::Streamed(parts, rx, hint))
             .is_ok()
         {
             link.body = Some(tx);
