@@ -13,7 +13,7 @@ mod gateway_support;
 use gateway_support::Gateway;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,6 +36,8 @@ struct Answer {
 struct RawUpstream {
     addr: SocketAddr,
     calls: Arc<AtomicUsize>,
+    /// The last request's head, lower-cased.
+    last: Arc<Mutex<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -44,16 +46,18 @@ impl RawUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
-        let counted = calls.clone();
+        let last: Arc<Mutex<String>> = Arc::default();
+        let (counted, seen) = (calls.clone(), last.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (answer, calls) = (answer.clone(), counted.clone());
+                let (answer, calls, seen) = (answer.clone(), counted.clone(), seen.clone());
                 tokio::spawn(async move {
                     let _ = stream.set_nodelay(true);
-                    while read_request(&mut stream).await.is_some() {
+                    while let Some(request) = read_request(&mut stream).await {
+                        *seen.lock().unwrap() = String::from_utf8_lossy(&request).to_lowercase();
                         calls.fetch_add(1, Ordering::SeqCst);
                         if write_answer(&mut stream, &answer).await.is_err() {
                             return;
@@ -62,7 +66,12 @@ impl RawUpstream {
                 });
             }
         });
-        Self { addr, calls, task }
+        Self {
+            addr,
+            calls,
+            last,
+            task,
+        }
     }
 
     fn url(&self) -> String {
@@ -71,6 +80,11 @@ impl RawUpstream {
 
     fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The last request's head and body, lower-cased.
+    fn last(&self) -> String {
+        self.last.lock().unwrap().clone()
     }
 }
 
@@ -213,6 +227,57 @@ async fn first_answers_in_several_segments_arrive_whole_on_a_client_api_route() 
                 short.len()
             );
             assert_eq!(up.calls() - before, 40, "one upstream call per key");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_reach_the_first_answer_and_the_replay() {
+    let answer = Answer {
+        head: b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntrailer: x-checksum\r\n\
+                transfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+        pieces: vec![
+            b"5\r\nhello\r\n".to_vec(),
+            b"6\r\n world\r\n".to_vec(),
+            b"0\r\nx-checksum: abc\r\n\r\n".to_vec(),
+        ],
+        pause: Duration::from_millis(5),
+    };
+    let up = RawUpstream::start(answer).await;
+    let gw = Gateway::start(&up.url(), &["--route", "/api=idempotency-key"]);
+    let te = "TE: trailers\r\n";
+    for (path, key, what) in [
+        ("/api/orders", "trl-1", "first answer"),
+        ("/api/orders", "trl-1", "replay"),
+        ("/plain", "none", "unrouted answer"),
+    ] {
+        let before = up.calls();
+        let read = exchange(gw.addr, &post(path, key, te), Duration::from_secs(5)).await;
+        assert_eq!(read.status(), 200, "{what}: {}", read.head);
+        let calls = up.calls() - before;
+        assert_eq!(calls, usize::from(what != "replay"), "{what}: upstream calls");
+        assert_eq!(
+            read.header("trailer").as_deref(),
+            Some("x-checksum"),
+            "{what}: no `Trailer` header: {}",
+            read.head
+        );
+        let body = String::from_utf8_lossy(&read.body).to_lowercase();
+        assert!(
+            body.contains("hello") && body.contains(" world"),
+            "{what}: body {body:?}"
+        );
+        assert!(
+            body.contains("\r\n0\r\nx-checksum: abc\r\n"),
+            "{what}: the trailer is missing from the chunked body {body:?}"
+        );
+        if calls == 1 {
+            assert!(
+                up.last().contains("\r\nte: trailers\r\n"),
+                "{what}: `TE: trailers` did not reach the upstream: {}",
+                up.last()
+            );
         }
     }
 }
