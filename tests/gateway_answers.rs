@@ -140,7 +140,10 @@ fn sized(len: usize, pieces: usize, pause: Duration) -> Answer {
     let body = vec![b'x'; len];
     Answer {
         head: head.into_bytes(),
-        pieces: body.chunks(len.div_ceil(pieces)).map(<[u8]>::to_vec).collect(),
+        pieces: body
+            .chunks(len.div_ceil(pieces))
+            .map(<[u8]>::to_vec)
+            .collect(),
         pause,
     }
 }
@@ -256,7 +259,11 @@ async fn trailers_reach_the_first_answer_and_the_replay() {
         let read = exchange(gw.addr, &post(path, key, te), Duration::from_secs(5)).await;
         assert_eq!(read.status(), 200, "{what}: {}", read.head);
         let calls = up.calls() - before;
-        assert_eq!(calls, usize::from(what != "replay"), "{what}: upstream calls");
+        assert_eq!(
+            calls,
+            usize::from(what != "replay"),
+            "{what}: upstream calls"
+        );
         assert_eq!(
             read.header("trailer").as_deref(),
             Some("x-checksum"),
@@ -280,4 +287,59 @@ async fn trailers_reach_the_first_answer_and_the_replay() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_does_not_make_the_request_run_again() {
+    const LEN: usize = 64 << 20;
+    let up = RawUpstream::start(sized(LEN, 64, Duration::ZERO)).await;
+    let gw = Gateway::start(
+        &up.url(),
+        &["--route", "/api=idempotency-key", "--max-run", "2s"],
+    );
+    let req = post("/api/orders", "stopped-reader", "");
+    // The client reads the head, waits 3 s without reading, and leaves.
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("the head arrives")
+            .unwrap();
+        assert!(n > 0, "the gateway closed before the head");
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop(stream);
+
+    // The retry replays the success: the upstream ran once.
+    let read = exchange(gw.addr, &req, Duration::from_secs(10)).await;
+    assert_eq!(read.status(), 200, "the retry: {}", read.head);
+    assert_eq!(
+        up.calls(),
+        1,
+        "the retry ran the upstream again: {}",
+        read.head
+    );
+    assert_eq!(
+        read.header("idempotent-replayed").as_deref(),
+        Some("true"),
+        "{}",
+        read.head
+    );
+    // Past the cache limit the record keeps the head, not the body.
+    assert_eq!(
+        read.header("idempotent-body-omitted").as_deref(),
+        Some("true"),
+        "{}",
+        read.head
+    );
+    assert!(read.body.is_empty(), "{} body bytes", read.body.len());
 }
