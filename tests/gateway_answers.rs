@@ -10,6 +10,7 @@
 mod common;
 mod gateway_support;
 
+use gateway_support::storm::send_vector;
 use gateway_support::Gateway;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -342,4 +343,135 @@ async fn a_reader_that_stops_does_not_make_the_request_run_again() {
         read.head
     );
     assert!(read.body.is_empty(), "{} body bytes", read.body.len());
+}
+
+/// One Stripe event, then 60 client-key records of 64 KiB with random
+/// keys, through a gateway with `--max-memory 2MiB` and `routes`: the
+/// Stripe event still replays.
+async fn client_keys_leave_the_channel_records(routes: &[&str], stripe: &str, api: &str) {
+    let up = RawUpstream::start(sized(64 * 1024, 2, Duration::ZERO)).await;
+    let mut args = vec!["--max-memory", "2MiB"];
+    args.extend_from_slice(routes);
+    let gw = Gateway::start(&up.url(), &args);
+    let client = common::client();
+    let event = &common::vectors::STRIPE_VECTORS[0];
+    let first = send_vector(&client, &gw.url(stripe), event).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{routes:?}: the event: {:?}",
+        first.text()
+    );
+    assert_eq!(up.calls(), 1);
+    for i in 0..60u64 {
+        let key = format!("random-{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let read = exchange(gw.addr, &post(api, &key, ""), Duration::from_secs(5)).await;
+        assert_eq!(
+            read.status(),
+            200,
+            "{routes:?}: client key {i}: {}",
+            read.head
+        );
+        assert_eq!(read.body.len(), 64 * 1024, "{routes:?}: client key {i}");
+    }
+    assert_eq!(up.calls(), 61);
+    let again = send_vector(&client, &gw.url(stripe), event).await;
+    assert_eq!(
+        again.status,
+        200,
+        "{routes:?}: the resent event: {:?}",
+        again.text()
+    );
+    assert_eq!(
+        up.calls(),
+        61,
+        "{routes:?}: the Stripe event ran again after 60 client-key records: \
+         client keys pushed the channel's record out"
+    );
+    assert_eq!(
+        again
+            .headers
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_key_records_never_push_a_channel_record_out() {
+    // The default route: `/` = auto, channels and client keys on one route.
+    client_keys_leave_the_channel_records(&[], "/webhooks/stripe", "/orders").await;
+    // A route each.
+    client_keys_leave_the_channel_records(
+        &[
+            "--route",
+            "/stripe=stripe",
+            "--route",
+            "/api=idempotency-key",
+        ],
+        "/stripe",
+        "/api/orders",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_s_own_max_memory_keeps_its_records() {
+    let config = gateway_support::temp_path("budgets.toml");
+    std::fs::write(
+        &config,
+        "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\nmax_memory = \"256KiB\"\n\
+         [[route]]\nprefix = \"/api\"\npreset = \"idempotency-key\"\n",
+    )
+    .unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    client_keys_leave_the_channel_records(&args, "/stripe", "/api/orders").await;
+    let _ = std::fs::remove_file(&config);
+}
+
+/// `gateway ARGS --check-config` exits 2 with `hint` in its message.
+fn refused(args: &[&str], hint: &str) {
+    let out = std::process::Command::new(gateway_support::gateway_bin())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ])
+        .args(args)
+        .arg("--check-config")
+        .env("RUST_LOG", "off")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(hint), "{args:?}: {stderr:?} lacks {hint:?}");
+}
+
+#[test]
+fn route_budgets_that_cannot_work_are_refused_at_start() {
+    let config = gateway_support::temp_path("over.toml");
+    std::fs::write(
+        &config,
+        "max_memory = \"1MiB\"\n\
+         [[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\nmax_memory = \"1MiB\"\n\
+         [[route]]\nprefix = \"/api\"\npreset = \"idempotency-key\"\n",
+    )
+    .unwrap();
+    // The routes' own budgets leave nothing for `/api`.
+    refused(&["--config", config.to_str().unwrap()], "--max-memory");
+    // 20 KiB shared by two routes: too little for either.
+    refused(
+        &[
+            "--max-memory",
+            "20KiB",
+            "--route",
+            "/a=stripe",
+            "--route",
+            "/b=idempotency-key",
+        ],
+        "route /a",
+    );
+    let _ = std::fs::remove_file(&config);
 }

@@ -552,7 +552,11 @@ mod memory_only {
             .unwrap());
         assert_eq!(store.evicted_early(), 0, "the record was dropped");
         assert!(store.bytes_used() <= budget);
-        match store.claim(&key, fp("h"), OwnerToken::new(), LEASE).await.unwrap() {
+        match store
+            .claim(&key, fp("h"), OwnerToken::new(), LEASE)
+            .await
+            .unwrap()
+        {
             Claim::Completed(kept) => {
                 let kept = &kept.response;
                 assert!(kept.body_omitted && kept.body.is_empty());

@@ -180,9 +180,16 @@ async fn run(
     };
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
+    // Each route's records in a memory store of its own (shared by every
+    // serving thread), so that no route pushes another's records out.
+    let stores = store::per_route(&settings.store, &settings.budgets).map(Arc::new);
     let gateway = || -> Result<Gateway<GatewayStore>, String> {
         let mut builder =
             Gateway::builder(forward(&settings)?, store.clone()).task_tracker(tasks.clone());
+        if let Some(stores) = &stores {
+            let stores = stores.clone();
+            builder = builder.stores(move |prefix, preset| stores(prefix, preset));
+        }
         for (prefix, target, options) in &settings.routes {
             builder = builder.route_with(prefix, target.clone(), options.clone());
         }

@@ -127,6 +127,16 @@ pub struct GatewayBuilder<S> {
     error: Option<RouteError>,
     tasks: TaskTracker,
     queue: Option<IngestFn>,
+    stores: Option<PickStore<S>>,
+}
+
+/// Picks the store of a route's records for one preset.
+struct PickStore<S>(Box<dyn Fn(&str, &Preset) -> S + Send + Sync>);
+
+impl<S> fmt::Debug for PickStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PickStore")
+    }
 }
 
 impl<S: Store> Gateway<S> {
@@ -140,6 +150,7 @@ impl<S: Store> Gateway<S> {
             error: None,
             tasks: TaskTracker::new(),
             queue: None,
+            stores: None,
         }
     }
 }
@@ -180,6 +191,35 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// The store of each route's records: `pick(prefix, preset)` for every
+    /// preset a route guards (its preset, or each preset of an `auto`
+    /// route), its client tokens and its queued deliveries included.
+    /// Give routes stores of their own (each with its own memory budget) so
+    /// that one route's traffic, or client keys anyone can make up, never
+    /// pushes another route's or a channel's records out. Defaults to the
+    /// builder's store for every route.
+    ///
+    /// ```
+    /// use tower_idempotency::proxy::{Forward, Gateway, Target};
+    /// use tower_idempotency::store::MemoryStore;
+    /// use tower_idempotency::Preset;
+    ///
+    /// let (channels, clients) = (MemoryStore::new(), MemoryStore::new());
+    /// let forward = Forward::new("http://127.0.0.1:9000".parse().unwrap());
+    /// let gateway = Gateway::builder(forward, channels.clone())
+    ///     .route("/", Target::Auto)
+    ///     .stores(move |_prefix, preset: &Preset| {
+    ///         if preset.is_client_api() { clients.clone() } else { channels.clone() }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = gateway;
+    /// ```
+    pub fn stores(mut self, pick: impl Fn(&str, &Preset) -> S + Send + Sync + 'static) -> Self {
+        self.stores = Some(PickStore(Box::new(pick)));
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
@@ -200,15 +240,21 @@ impl<S: Store> GatewayBuilder<S> {
             return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
         }
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
-        let routes = self.routes.map(|_, (target, options)| {
+        let pick = self.stores;
+        let routes = self.routes.map(|prefix, (target, options)| {
+            let store_for = |preset: &Preset| match &pick {
+                Some(pick) => (pick.0)(prefix, preset),
+                None => store.clone(),
+            };
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
             let guarded = forward.with_timeout(max_run.max(forward.timeout()));
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
             let stack = |preset: Preset| {
+                let store = store_for(&preset);
                 options
-                    .layer(preset, store.clone())
+                    .layer(preset, store)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
@@ -220,7 +266,7 @@ impl<S: Store> GatewayBuilder<S> {
             match target {
                 Target::Preset(preset) => {
                     if preset.consumes_token() {
-                        let mut i = IssueToken::new(store.clone());
+                        let mut i = IssueToken::new(store_for(&preset));
                         if let Some(name) = options.get_principal_header() {
                             i = i.principal(HeaderPrincipal(name.clone()));
                         }
@@ -230,7 +276,11 @@ impl<S: Store> GatewayBuilder<S> {
                         let ingest = Ingest {
                             queue: queue.clone(),
                         };
-                        ack = Some(options.layer(preset.clone(), store.clone()).front(ingest));
+                        ack = Some(
+                            options
+                                .layer(preset.clone(), store_for(&preset))
+                                .front(ingest),
+                        );
                     }
                     // A preset outside the built-in names gets the last slot.
                     let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
