@@ -130,8 +130,11 @@ pub struct GatewayBuilder<S> {
     stores: Option<PickStore<S>>,
 }
 
+/// The function that picks a route's store for one of its presets.
+type PickFn<S> = dyn Fn(&str, &Preset) -> S + Send + Sync;
+
 /// Picks the store of a route's records for one preset.
-struct PickStore<S>(Box<dyn Fn(&str, &Preset) -> S + Send + Sync>);
+struct PickStore<S>(Box<PickFn<S>>);
 
 impl<S> fmt::Debug for PickStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
