@@ -82,6 +82,15 @@ impl<B, E> Link<B, E> {
     /// limit, so that its success is still recorded.
     async fn send(&mut self, piece: Piece, clock: &RunClock) {
         let Some(tx) = &self.body else { return };
+        // Room in the channel: no timer.
+        let piece = match tx.try_send(piece) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.body = None;
+                return;
+            }
+            Err(mpsc::error::TrySendError::Full(piece)) => piece,
+        };
         clock.on_caller(true);
         let sent = tokio::time::timeout_at(clock.caller_end(), tx.send(piece)).await;
         clock.on_caller(false);
