@@ -155,13 +155,14 @@ impl<S, St: Store> Owner<S, St> {
             guard,
             config,
         } = self;
+        let clock = RunClock::start(config.max_run);
+        let end = clock.caller_end();
         let mut link = Link {
             head: Some(head),
             body: None,
-            until: Instant::now() + config.max_run + GRACE,
+            until: end.checked_add(GRACE).unwrap_or(end),
             let_go: false,
         };
-        let clock = RunClock::start(config.max_run);
         let verdict = {
             let work =
                 AssertUnwindSafe(serve(&mut inner, req, &mut link, &config, &clock)).catch_unwind();
