@@ -270,6 +270,95 @@ async fn a_success_over_the_cache_limit_is_streamed_and_its_replay_says_so() {
     assert_eq!(runs.get(), 1);
 }
 
+/// A body that, like hyper's, announces what is left of it; its second
+/// frame is not ready at the first poll.
+struct Shrinking {
+    frames: std::collections::VecDeque<Bytes>,
+    waited: bool,
+}
+
+impl http_body::Body for Shrinking {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if self.frames.len() == 1 && !self.waited {
+            self.waited = true;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(
+            self.frames
+                .pop_front()
+                .map(|b| Ok(http_body::Frame::data(b))),
+        )
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.frames.iter().map(|b| b.len() as u64).sum())
+    }
+}
+
+/// A streamed first answer announces its whole size, the part read before
+/// its head went out included (hyper frames the answer by it).
+#[tokio::test]
+async fn a_streamed_first_answer_announces_its_whole_size() {
+    let handler = service_fn(|_req: Request<Full<Bytes>>| async {
+        let frames = [Bytes::from(vec![b'a'; 8000]), Bytes::from(vec![b'b'; 3000])];
+        let body = Shrinking {
+            frames: frames.into_iter().collect(),
+            waited: false,
+        };
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::idempotency_key())
+        .service(handler);
+    let res = svc.oneshot(key_req("whole-size")).await.unwrap();
+    assert_eq!(http_body::Body::size_hint(res.body()).exact(), Some(11_000));
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 11_000);
+}
+
+/// The run limit bounds the call, not the caller's reading: a caller that
+/// holds a streamed success without reading it past the limit is let go
+/// (its body ends in error), and the success is still recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_reading_past_the_run_limit_does_not_make_the_call_run_again() {
+    let runs = Counter::default();
+    let r = runs.clone();
+    let handler = service_fn(move |_req: Request<Full<Bytes>>| {
+        r.bump();
+        async move {
+            let frames = (0..1024).map(|_| {
+                Ok::<_, Infallible>(http_body::Frame::data(Bytes::from(vec![b'z'; 4096])))
+            });
+            let body = StreamBody::new(futures_util::stream::iter(frames));
+            Ok::<_, Infallible>(Response::new(body))
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(
+            IdempotencyLayer::idempotency_key()
+                .max_cached_body(10_000)
+                .max_run(Duration::from_millis(300)),
+        )
+        .service(handler);
+    let first = svc.clone().oneshot(key_req("stops")).await.unwrap();
+    assert_eq!(first.status(), 200);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let cut = first.into_body().collect().await;
+    assert!(cut.is_err(), "a body cut short must end in error");
+    let again = read(svc.clone().oneshot(key_req("stops")).await.unwrap()).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(again.headers["idempotent-body-omitted"], "true");
+    assert_eq!(runs.get(), 1, "the call ran again");
+}
+
 /// A handler whose first answer is a 200 whose body fails half way, and
 /// whose later answers are a 200 with `whole`.
 fn half_then_whole(

@@ -594,6 +594,43 @@ mod memory_only {
         assert_eq!(store.expired(), 0);
     }
 
+    /// A record larger than the store can hold is kept without its body
+    /// (as a body past the cache limit is), never dropped as it is
+    /// written: the call does not run again.
+    #[tokio::test]
+    async fn a_record_larger_than_the_store_is_kept_without_its_body() {
+        let budget = 1 << 20;
+        let store = MemoryStore::builder().max_bytes(budget).build();
+        let key = unique_key("huge");
+        let owner = OwnerToken::new();
+        let mut rec = (*record(fp("h"), false, false)).clone();
+        rec.response.body = Bytes::from(vec![b'x'; 2 * budget as usize]);
+        rec.response.headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(2 * budget),
+        );
+        assert_acquired(&store.claim(&key, fp("h"), owner, LEASE).await.unwrap());
+        assert!(store
+            .complete(&key, owner, Arc::new(rec.clone()), WINDOW)
+            .await
+            .unwrap());
+        assert_eq!(store.evicted_early(), 0, "the record was dropped");
+        assert!(store.bytes_used() <= budget);
+        match store
+            .claim(&key, fp("h"), OwnerToken::new(), LEASE)
+            .await
+            .unwrap()
+        {
+            Claim::Completed(kept) => {
+                let kept = &kept.response;
+                assert!(kept.body_omitted && kept.body.is_empty());
+                assert_eq!(kept.status, rec.response.status);
+                assert!(!kept.headers.contains_key(http::header::CONTENT_LENGTH));
+            }
+            other => panic!("the record is gone: {other:?}"),
+        }
+    }
+
     /// Records whose window ended are counted apart from early evictions.
     #[tokio::test]
     async fn expiry_is_not_an_early_eviction() {

@@ -8,7 +8,7 @@
 //! [[route]]
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
-//! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie
+//! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie, max_memory
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
 //! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
@@ -91,6 +91,8 @@ struct FileRoute {
     principal_cookie: Field,
     mode: Field,
     verify: Option<Spanned<VerifyConfig>>,
+    /// The memory store's budget of this route's records.
+    max_memory: Option<Spanned<SizeValue>>,
 }
 
 /// Everything the gateway runs with.
@@ -104,6 +106,9 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     pub upstream_timeout: Duration,
     pub max_memory: usize,
+    /// The memory store's budget of each route's records (`max_memory`
+    /// split, see `store::split`).
+    pub budgets: Vec<crate::store::RouteBudget>,
     /// The Redis store's local tier budget.
     pub local_max_memory: usize,
     /// The longest drain on SIGTERM or SIGINT.
@@ -196,6 +201,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .unwrap_or_default(),
     };
     let mut routes = Vec::new();
+    let mut own_memory = Vec::new();
     let mut seen = RouteTable::new();
     let mut warnings = Vec::new();
     if !args.route.is_empty() {
@@ -234,6 +240,9 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             };
             seen.insert(&prefix, ())
                 .map_err(|e| at.err(r.prefix.span(), e))?;
+            if let Some(n) = at.size(&r.max_memory, "max_memory")? {
+                own_memory.push((prefix.clone(), n));
+            }
             let acked = match &r.mode {
                 None => false,
                 Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
@@ -260,10 +269,19 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         (None, None) => None,
         _ => return Err("`--tls-cert` and `--tls-key` go together".into()),
     };
+    let max_memory = args
+        .max_memory
+        .or(at.size(&file.max_memory, "max_memory")?)
+        .unwrap_or(DEFAULT_MAX_MEMORY);
+    let store = store.unwrap_or(StoreSpec::Memory);
+    let budgets = match store {
+        StoreSpec::Memory => crate::store::split(max_memory, &routes, &own_memory)?,
+        _ => Vec::new(),
+    };
     Ok(Settings {
         listen: listen.ok_or("`--listen ADDR` is required")?,
         upstream: upstream.ok_or("`--upstream URL` is required")?,
-        store: store.unwrap_or(StoreSpec::Memory),
+        store,
         routes,
         metrics_listen: args.metrics_listen.or(at.value(
             &file.metrics_listen,
@@ -278,10 +296,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 parse::positive_duration,
             )?)
             .unwrap_or(Duration::from_secs(30)),
-        max_memory: args
-            .max_memory
-            .or(at.size(&file.max_memory, "max_memory")?)
-            .unwrap_or(DEFAULT_MAX_MEMORY),
+        max_memory,
+        budgets,
         local_max_memory: args
             .local_max_memory
             .or(at.size_by(&file.local_max_memory, "local_max_memory", parse::size)?)

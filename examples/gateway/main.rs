@@ -262,11 +262,18 @@ async fn run(
     let bodies = BodyLimits::new()
         .timeout(settings.body_timeout)
         .budget(BodyBudget::new(settings.max_buffered));
+    // Each route's records in a memory store of its own (shared by every
+    // serving thread), so that no route pushes another's records out.
+    let stores = store::per_route(&settings.store, &settings.budgets).map(Arc::new);
     let gateway = || -> Result<Gateway<GatewayStore>, String> {
         let forward = forward(&settings, Some(&calls))?;
         let mut builder = Gateway::builder(forward, store.clone())
             .task_tracker(tasks.clone())
             .body_limits(bodies.clone());
+        if let Some(stores) = &stores {
+            let stores = stores.clone();
+            builder = builder.stores(move |prefix, preset| stores(prefix, preset));
+        }
         for (prefix, target, options) in &settings.routes {
             builder = builder.route_with(prefix, target.clone(), options.clone());
         }

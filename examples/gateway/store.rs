@@ -1,10 +1,14 @@
 //! The store picked on the command line: the library's `Either` of the
-//! memory store, Redis and Redis Cluster.
+//! memory store, Redis and Redis Cluster; with the memory store, the
+//! budget of each route's records.
 
 use crate::parse::StoreSpec;
+use std::collections::HashMap;
+use tower_idempotency::proxy::{RouteOptions, Target};
 use tower_idempotency::store::{
     Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, Store,
 };
+use tower_idempotency::Preset;
 
 /// The gateway's store; clones share it.
 pub type GatewayStore = Either<MemoryStore, Either<RedisStore, RedisClusterStore>>;
@@ -57,6 +61,127 @@ pub async fn ready(store: &GatewayStore) -> bool {
         .take_token("gateway:readyz-probe", OwnerToken::new())
         .await
         .is_ok()
+}
+
+/// The smallest memory budget of one route's records (of each half of an
+/// `auto` route's): a few records' heads.
+pub const MIN_ROUTE_MEMORY: usize = 64 << 10;
+
+/// The memory budget of one route's records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteBudget {
+    pub prefix: String,
+    /// The channels' records (every record of a preset route).
+    pub channels: usize,
+    /// An `auto` route's client-key records, kept apart from its channels'.
+    pub clients: Option<usize>,
+}
+
+/// Splits `total` (`--max-memory`) between the routes: a route with its
+/// own `max_memory` (in `own`) gets it, the others share what is left
+/// evenly, and an `auto` route gives half of its budget to channels and
+/// half to client keys, so that client keys (which anyone can make up)
+/// never push a channel's records out. `Err` is the reason to exit 2.
+pub fn split(
+    total: usize,
+    routes: &[(String, Target, RouteOptions)],
+    own: &[(String, usize)],
+) -> Result<Vec<RouteBudget>, String> {
+    let own: HashMap<&str, usize> = own.iter().map(|(p, n)| (p.as_str(), *n)).collect();
+    let given: usize = routes
+        .iter()
+        .filter_map(|(p, _, _)| own.get(p.as_str()))
+        .fold(0usize, |sum, n| sum.saturating_add(*n));
+    let rest: Vec<&str> = routes
+        .iter()
+        .map(|(p, _, _)| p.as_str())
+        .filter(|p| !own.contains_key(p))
+        .collect();
+    if given > total || (given == total && !rest.is_empty()) {
+        return Err(format!(
+            "the routes' own `max_memory` add up to {given} bytes, which leaves nothing of \
+             `--max-memory` ({total} bytes){}: raise `--max-memory` (the total of every route)",
+            if rest.is_empty() {
+                String::new()
+            } else {
+                format!(" for {}", rest.join(", "))
+            }
+        ));
+    }
+    let share = match rest.len() {
+        0 => 0,
+        n => (total - given) / n,
+    };
+    routes
+        .iter()
+        .map(|(prefix, target, _)| {
+            let (budget, whose) = match own.get(prefix.as_str()) {
+                Some(n) => (*n, "its `max_memory`"),
+                None => (share, "its share of `--max-memory`"),
+            };
+            let auto = matches!(target, Target::Auto);
+            let least = if auto {
+                2 * MIN_ROUTE_MEMORY
+            } else {
+                MIN_ROUTE_MEMORY
+            };
+            if budget < least {
+                return Err(format!(
+                    "route {prefix}: {whose} is {budget} bytes; a route needs at least {least} \
+                     bytes{}",
+                    if auto {
+                        " (an `auto` route keeps channels and client keys apart, half each)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            Ok(RouteBudget {
+                prefix: prefix.clone(),
+                channels: if auto { budget - budget / 2 } else { budget },
+                clients: auto.then_some(budget / 2),
+            })
+        })
+        .collect()
+}
+
+/// One memory store per route (two for an `auto` route: channels, client
+/// keys) with its budget: the gateway's `stores` picker. `None` for the
+/// Redis stores, which keep every route's records in Redis.
+pub fn per_route(
+    spec: &StoreSpec,
+    budgets: &[RouteBudget],
+) -> Option<impl Fn(&str, &Preset) -> GatewayStore + Send + Sync + 'static> {
+    if !matches!(spec, StoreSpec::Memory) {
+        return None;
+    }
+    let memory = |n: usize| Either::Left(MemoryStore::builder().max_bytes(n as u64).build());
+    let stores: HashMap<String, (GatewayStore, Option<GatewayStore>)> = budgets
+        .iter()
+        .map(|b| {
+            let stores = (memory(b.channels), b.clients.map(memory));
+            (same_prefix(&b.prefix).to_owned(), stores)
+        })
+        .collect();
+    let fallback = memory(MIN_ROUTE_MEMORY);
+    Some(move |prefix: &str, preset: &Preset| {
+        match stores.get(same_prefix(prefix)) {
+            Some((_, Some(clients))) if preset.is_client_api() => clients.clone(),
+            Some((channels, _)) => channels.clone(),
+            // Every route has its budget; a route without one would be a
+            // bug of ours, and gets a small store rather than a shared one.
+            None => fallback.clone(),
+        }
+    })
+}
+
+/// A prefix as the gateway's route table writes it (no trailing `/`, but
+/// `/` itself).
+fn same_prefix(prefix: &str) -> &str {
+    match prefix.trim_end_matches('/') {
+        "" => "/",
+        p => p,
+    }
 }
 
 /// `url` with its password replaced by `***` (`redis://:pw@host` ->

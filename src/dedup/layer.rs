@@ -133,7 +133,15 @@ impl<St: Store> DedupLayer<St> {
     /// reply) and the event is logged and counted as
     /// [`Outcome::RunLimitExceeded`](crate::Outcome::RunLimitExceeded). No
     /// key stays blocked longer than this by a hung handler or upstream.
-    /// Defaults to 5 minutes. At most a year.
+    ///
+    /// The limit bounds the inner call, not the caller's reading: a success
+    /// streams at the caller's pace, and when the limit passes while the
+    /// call waits for a caller that stopped reading, that caller is let go
+    /// (its body ends in error) and the call gets the limit once more, from
+    /// then, to read the rest of its body and record the success (its body
+    /// up to [`max_cached_body`](Self::max_cached_body)); the retry replays
+    /// it. A key is thus blocked at most twice the limit. Defaults to 5
+    /// minutes. At most a year.
     pub const fn max_run(mut self, limit: Duration) -> Self {
         self.config.max_run = clamp(limit, Duration::ZERO, MAX_SETTING);
         self

@@ -27,7 +27,9 @@
 //! [reply deadline](DedupLayer::reply_timeout) the caller gets the retryable
 //! failure while the call goes on and records its success; past the
 //! [run limit](DedupLayer::max_run) the call is cancelled and its claim
-//! released.
+//! released. The run limit bounds the call, not the caller's reading: a
+//! caller that stops reading a streamed success is let go at the limit, and
+//! the call goes on (once more the limit) to record its success.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -67,6 +69,7 @@
 //! ```
 
 mod capture;
+mod clock;
 mod config;
 mod guard;
 mod layer;

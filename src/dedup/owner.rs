@@ -8,6 +8,7 @@
 //! task goes on, so that a success is recorded and the next retry replays it.
 
 use super::capture::{grpc_failed, Capture};
+use super::clock::{renewing, RunClock};
 use super::config::DedupConfig;
 use super::guard::ClaimGuard;
 use super::reply::{refusal, retry_later};
@@ -18,7 +19,6 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +65,8 @@ struct Link<B, E> {
     /// The end of the run limit: a caller that holds the body without
     /// reading it is not waited for past it.
     until: Instant,
+    /// Whether the caller was let go because it stopped reading.
+    let_go: bool,
 }
 
 impl<B, E> Link<B, E> {
@@ -74,10 +76,31 @@ impl<B, E> Link<B, E> {
         }
     }
 
-    async fn send(&mut self, piece: Piece) {
-        if let Some(tx) = &self.body {
-            if tx.send(piece).await.is_err() {
-                // The caller stopped reading: go on without it.
+    /// Sends a piece of the body at the caller's pace, but not past the
+    /// run limit: a caller that stops reading is then let go (its body ends
+    /// in error) and the call goes on without it, under its second run
+    /// limit, so that its success is still recorded.
+    async fn send(&mut self, piece: Piece, clock: &RunClock) {
+        let Some(tx) = &self.body else { return };
+        // Room in the channel: no timer.
+        let piece = match tx.try_send(piece) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.body = None;
+                return;
+            }
+            Err(mpsc::error::TrySendError::Full(piece)) => piece,
+        };
+        clock.on_caller(true);
+        let sent = tokio::time::timeout_at(clock.caller_end(), tx.send(piece)).await;
+        clock.on_caller(false);
+        match sent {
+            Ok(Ok(())) => {}
+            // The caller hung up: go on without it.
+            Ok(Err(_)) => self.body = None,
+            Err(_) => {
+                clock.extend();
+                self.let_go = true;
                 self.body = None;
             }
         }
@@ -132,17 +155,20 @@ impl<S, St: Store> Owner<S, St> {
             guard,
             config,
         } = self;
+        let clock = RunClock::start(config.max_run);
+        let end = clock.caller_end();
         let mut link = Link {
             head: Some(head),
             body: None,
-            until: Instant::now() + config.max_run + GRACE,
+            until: end.checked_add(GRACE).unwrap_or(end),
+            let_go: false,
         };
         let verdict = {
-            let work = AssertUnwindSafe(serve(&mut inner, req, &mut link, &config)).catch_unwind();
+            let work =
+                AssertUnwindSafe(serve(&mut inner, req, &mut link, &config, &clock)).catch_unwind();
             // One timer serves the renewals and the run limit; a call that
             // is over at its first poll registers none.
-            let limit = Instant::now() + config.max_run;
-            let work = renewing(work, &guard, &config, limit);
+            let work = renewing(work, &guard, &config, &clock);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Verdict::Cancelled,
@@ -154,6 +180,9 @@ impl<S, St: Store> Owner<S, St> {
         };
         let key = guard.key().clone();
         let preset = key.preset_arc();
+        if link.let_go {
+            log_warn!(key = %key.redacted(), limit = ?config.max_run, "the caller stopped reading its answer until the run limit ended: its answer was cut short; the call went on to record its result");
+        }
         match verdict {
             Verdict::Whole(capture, parts, data, trailers) => {
                 // The record is kept before the caller hears anything.
@@ -248,6 +277,7 @@ async fn serve<S, ReqBody, B>(
     req: Request<ReqBody>,
     link: &mut Link<B, S::Error>,
     config: &DedupConfig,
+    clock: &RunClock,
 ) -> Verdict<B, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<B>>,
@@ -263,6 +293,11 @@ where
         return Verdict::Failure(parts, body);
     }
     let mut capture = Capture::new(parts.status, &parts.headers, config.max_cached_body);
+    // The whole body's size, read before any of it is taken: a body's hint
+    // may shrink as it is read (hyper's counts what is left), and the
+    // caller's body answers for every byte, the early ones included. A hint
+    // read later would frame the answer shorter than its `Content-Length`.
+    let hint = body.size_hint();
     let mut body = std::pin::pin!(body);
     let mut trailers: Option<HeaderMap> = None;
     // Whatever of the body is ready now is taken without waiting: a small
@@ -298,15 +333,12 @@ where
     // A couple of frames in transit: the caller's pace is the handler's.
     let (tx, rx) = mpsc::channel(2);
     if let Some(head) = link.head.take() {
-        if head
-            .send(Head::Streamed(parts, rx, body.size_hint()))
-            .is_ok()
-        {
+        if head.send(Head::Streamed(parts, rx, hint)).is_ok() {
             link.body = Some(tx);
         }
     }
     if !early.is_empty() {
-        link.send(Piece::Frame(Frame::data(early.into_bytes())))
+        link.send(Piece::Frame(Frame::data(early.into_bytes())), clock)
             .await;
     }
     if let Some(e) = early_error {
@@ -327,7 +359,7 @@ where
         let mut data = None;
         take_frame(frame, &mut capture, &mut trailers, |d| data = Some(d));
         if let Some(data) = data {
-            link.send(Piece::Frame(Frame::data(data))).await;
+            link.send(Piece::Frame(Frame::data(data)), clock).await;
         }
         debug_assert!(capture.held() <= config.max_cached_body);
         // A body that is always ready (and nobody reading it) must still let
@@ -381,57 +413,5 @@ fn take_frame(
                 }
             }
         }
-    }
-}
-
-/// Polls `work` and, alongside it, renews the claim every `lease/3` (sooner
-/// after a failed renewal), until `work` finishes (`Some`) or `limit`, the
-/// end of the run limit, passes (`None`). A lost lease and a failed renewal
-/// are logged and counted.
-async fn renewing<F: Future, St: Store>(
-    work: F,
-    guard: &ClaimGuard<St>,
-    config: &DedupConfig,
-    limit: Instant,
-) -> Option<F::Output> {
-    let period = config.lease / 3;
-    let renew = async {
-        let mut next = Instant::now() + period;
-        loop {
-            tokio::time::sleep_until(next.min(limit)).await;
-            if Instant::now() >= limit {
-                return;
-            }
-            let preset = guard.key().preset_arc();
-            // A renewal that hangs does not hold the run limit back.
-            let Ok(renewed) = tokio::time::timeout_at(limit, guard.renew(config.lease)).await
-            else {
-                return;
-            };
-            match renewed {
-                Ok(true) => next = Instant::now() + period,
-                Ok(false) => {
-                    outcome::record(preset, Outcome::LeaseLost);
-                    log_warn!(key = %guard.key().redacted(), "lease lost while the inner service ran");
-                    tokio::time::sleep_until(limit).await;
-                    return;
-                }
-                // The store is down: try again soon; the lease may still hold.
-                Err(error) => {
-                    outcome::record(preset, Outcome::StoreError);
-                    log_warn!(key = %guard.key().redacted(), error = %error, "renewing the lease failed; retrying");
-                    let _ = &error;
-                    next = Instant::now() + period / 5;
-                }
-            }
-        }
-    };
-    // The renewal timer is polled outside the task's budget: a body that is
-    // always ready spends it, and a budgeted timer would then never fire.
-    let renew = tokio::task::unconstrained(renew);
-    tokio::select! {
-        biased;
-        out = work => Some(out),
-        () = renew => None,
     }
 }

@@ -1,7 +1,9 @@
 //! [`Forward`]: the service that sends each request to the upstream.
 
 use super::deadline::Deadline;
-use super::headers::{set_forwarded, strip_hop_by_hop, ClientConn};
+use super::headers::{
+    set_forwarded, strip_request_hop_by_hop, strip_response_hop_by_hop, ClientConn,
+};
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
 use crate::outcome::log_warn;
@@ -31,7 +33,9 @@ use tower_service::Service;
 /// its body as it arrives, `Host` set to the upstream, `x-forwarded-for`
 /// with the client's address appended (from [`ClientConn`]),
 /// `x-forwarded-proto`, `x-forwarded-host`, and no hop-by-hop headers (nor
-/// `Expect`). An upstream that refuses or resets the connection gets
+/// `Expect`) but `TE: trailers` when the client accepts trailers. The
+/// answer keeps its `Trailer` header, so that its trailers reach a client
+/// that accepts them. An upstream that refuses or resets the connection gets
 /// `502 Bad Gateway`; one that does not answer in full within the timeout
 /// gets `504 Gateway Timeout`. Both are failures, so the idempotency layers
 /// never cache them. The service never returns `Err`.
@@ -128,7 +132,7 @@ impl Forward {
         let conn = parts.extensions.get::<ClientConn>().copied();
         let request_id = parts.headers.get("x-request-id").cloned();
         let authority = parts.uri.authority().map(|a| a.to_string());
-        strip_hop_by_hop(&mut parts.headers);
+        strip_request_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::EXPECT);
         // The body's own length (or chunks) frames it upstream.
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -147,7 +151,7 @@ impl Forward {
         match answer {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
+                strip_response_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
                 parts.extensions.insert(UpstreamAnswer {
                     status: parts.status,

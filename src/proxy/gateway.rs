@@ -175,6 +175,19 @@ pub struct GatewayBuilder<S> {
     tasks: TaskTracker,
     queue: Option<IngestFn>,
     bodies: BodyLimits,
+    stores: Option<PickStore<S>>,
+}
+
+/// The function that picks a route's store for one of its presets.
+type PickFn<S> = dyn Fn(&str, &Preset) -> S + Send + Sync;
+
+/// Picks the store of a route's records for one preset.
+struct PickStore<S>(Box<PickFn<S>>);
+
+impl<S> fmt::Debug for PickStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PickStore")
+    }
 }
 
 impl<S: Store> Gateway<S> {
@@ -189,6 +202,7 @@ impl<S: Store> Gateway<S> {
             tasks: TaskTracker::new(),
             queue: None,
             bodies: BodyLimits::new(),
+            stores: None,
         }
     }
 }
@@ -240,6 +254,35 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// The store of each route's records: `pick(prefix, preset)` for every
+    /// preset a route guards (its preset, or each preset of an `auto`
+    /// route), its client tokens and its queued deliveries included.
+    /// Give routes stores of their own (each with its own memory budget) so
+    /// that one route's traffic, or client keys anyone can make up, never
+    /// pushes another route's or a channel's records out. Defaults to the
+    /// builder's store for every route.
+    ///
+    /// ```
+    /// use tower_idempotency::proxy::{Forward, Gateway, Target};
+    /// use tower_idempotency::store::MemoryStore;
+    /// use tower_idempotency::Preset;
+    ///
+    /// let (channels, clients) = (MemoryStore::new(), MemoryStore::new());
+    /// let forward = Forward::new("http://127.0.0.1:9000".parse().unwrap());
+    /// let gateway = Gateway::builder(forward, channels.clone())
+    ///     .route("/", Target::Auto)
+    ///     .stores(move |_prefix, preset: &Preset| {
+    ///         if preset.is_client_api() { clients.clone() } else { channels.clone() }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = gateway;
+    /// ```
+    pub fn stores(mut self, pick: impl Fn(&str, &Preset) -> S + Send + Sync + 'static) -> Self {
+        self.stores = Some(PickStore(Box::new(pick)));
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
@@ -262,7 +305,12 @@ impl<S: Store> GatewayBuilder<S> {
         let verified = verified_presets(self.routes.iter());
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
         let bodies = Arc::new(self.bodies);
+        let pick = self.stores;
         let routes = self.routes.map(|prefix, (target, options)| {
+            let store_for = |preset: &Preset| match &pick {
+                Some(pick) => (pick.0)(prefix, preset),
+                None => store.clone(),
+            };
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
@@ -270,8 +318,9 @@ impl<S: Store> GatewayBuilder<S> {
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
             // Every spelling of the route shares its records.
             let stack = |preset: Preset| {
+                let store = store_for(&preset);
                 options
-                    .layer(preset, store.clone())
+                    .layer(preset, store)
                     .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
@@ -288,7 +337,7 @@ impl<S: Store> GatewayBuilder<S> {
                     route_reply = Some(preset.reply().clone());
                     channel = !preset.is_client_api();
                     if preset.consumes_token() {
-                        let mut i = IssueToken::new(store.clone());
+                        let mut i = IssueToken::new(store_for(&preset));
                         if let Some(principal) = options.principal_for(&preset) {
                             i = i.principal(principal);
                         }
@@ -298,7 +347,9 @@ impl<S: Store> GatewayBuilder<S> {
                         let ingest = Ingest {
                             queue: queue.clone(),
                         };
-                        let layer = options.layer(preset.clone(), store.clone()).route(prefix);
+                        let layer = options
+                            .layer(preset.clone(), store_for(&preset))
+                            .route(prefix);
                         ack = Some(layer.front(ingest));
                     }
                     // A preset outside the built-in names gets the last slot.

@@ -18,13 +18,34 @@ pub struct ClientConn {
     pub tls: bool,
 }
 
-/// Removes hop-by-hop headers: `Connection` and the headers it names,
-/// `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in connection_named(headers) {
-        headers.remove(name);
-    }
+/// Removes hop-by-hop headers from a request on its way upstream:
+/// `Connection` and the headers it names, `Keep-Alive`, `Proxy-*`, `TE`,
+/// `Trailer`, `Transfer-Encoding`, `Upgrade`. A client that accepts
+/// trailers (`TE: trailers`) still says so upstream, as `TE: trailers`
+/// alone: an upstream may send trailers only to a client that accepts them.
+pub(crate) fn strip_request_hop_by_hop(headers: &mut HeaderMap) {
+    let trailers = accepts_trailers(headers);
+    strip(headers);
     headers.remove(header::TRAILER);
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Removes hop-by-hop headers from the upstream's answer: `Connection` and
+/// the headers it names, `Keep-Alive`, `Proxy-*`, `TE`,
+/// `Transfer-Encoding`, `Upgrade`. `Trailer` is kept: it announces the
+/// trailers that follow the body, and hyper sends only announced ones.
+pub(crate) fn strip_response_hop_by_hop(headers: &mut HeaderMap) {
+    strip(headers);
+}
+
+fn strip(headers: &mut HeaderMap) {
+    for name in connection_named(headers) {
+        if name != header::TRAILER {
+            headers.remove(name);
+        }
+    }
     let dropped: Vec<HeaderName> = headers
         .keys()
         .filter(|k| is_hop_by_hop(k) || k.as_str().starts_with("proxy-"))
@@ -33,6 +54,20 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in dropped {
         headers.remove(name);
     }
+}
+
+/// Whether a `TE` header lists `trailers`.
+fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
 }
 
 /// Appends the client's IP to `x-forwarded-for` (one header,

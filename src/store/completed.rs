@@ -4,7 +4,7 @@
 //! records really occupy.
 
 use crate::store::codec;
-use crate::store::CompletedRecord;
+use crate::store::{CompletedRecord, StoredResponse};
 use bytes::Bytes;
 use foldhash::fast::RandomState;
 use hashlink::LinkedHashMap;
@@ -244,23 +244,25 @@ impl Completed {
         let mut shard = self.shard(key.as_bytes());
         if let Some((old, _)) = shard.map.remove_entry(key.as_bytes()) {
             shard.bytes -= charge(old.0.len());
-            self.stats.records.fetch_sub(1, Ordering::Relaxed);
-            self.stats
-                .bytes
-                .fetch_sub(charge(old.0.len()), Ordering::Relaxed);
+            self.lost(charge(old.0.len()));
         }
         if cost > self.shard_budget {
-            // Larger than the store can ever hold: dropped at once.
             drop(shard);
-            self.stats.records.fetch_add(1, Ordering::Relaxed);
-            self.stats.bytes.fetch_add(cost, Ordering::Relaxed);
+            // Larger than its shard can hold. A store of record keeps the
+            // record without its body, as for a body past the cache limit:
+            // the call never runs again, and its replay says the body was
+            // omitted. A cache in front of another store (which has it
+            // whole) does not keep it.
+            if self.report && !record.response.body_omitted {
+                return self.insert(key, &without_body(record), window);
+            }
+            self.gained(cost);
             self.left_with(Reason::Early, cost, window_ms, 0, now);
             return;
         }
         shard.map.insert(slot, expires);
         shard.bytes += cost;
-        self.stats.records.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(cost, Ordering::Relaxed);
+        self.gained(cost);
         let mut gone = Vec::new();
         while shard.bytes > self.shard_budget {
             let Some((oldest, ends)) = shard.map.pop_front() else {
@@ -301,8 +303,7 @@ impl Completed {
     /// Counts a record that left `age_ms` after it was written, of a window
     /// of `window_ms`.
     fn left_with(&self, reason: Reason, cost: u64, window_ms: u64, age_ms: u64, now: u64) {
-        self.stats.records.fetch_sub(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_sub(cost, Ordering::Relaxed);
+        self.lost(cost);
         let label = match reason {
             Reason::Early => {
                 self.stats.evicted_early.fetch_add(1, Ordering::Relaxed);
@@ -371,14 +372,73 @@ impl Completed {
         let _ = (window_ms, age_ms);
     }
 
-    /// Sets the gauges (feature `metrics`).
+    /// Counts a record of `cost` that came in.
+    fn gained(&self, cost: u64) {
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(cost, Ordering::Relaxed);
+        if self.report {
+            REPORTED.records.fetch_add(1, Ordering::Relaxed);
+            REPORTED.bytes.fetch_add(cost, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a record of `cost` that left.
+    fn lost(&self, cost: u64) {
+        self.stats.records.fetch_sub(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_sub(cost, Ordering::Relaxed);
+        if self.report {
+            REPORTED.records.fetch_sub(1, Ordering::Relaxed);
+            REPORTED.bytes.fetch_sub(cost, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the gauges (feature `metrics`): the sums over every store of
+    /// record in the process (a gateway keeps one per route).
     fn publish(&self) {
         #[cfg(feature = "metrics")]
         if self.report {
             metrics::gauge!("idempotency_store_bytes")
-                .set(self.stats.bytes.load(Ordering::Relaxed) as f64);
+                .set(REPORTED.bytes.load(Ordering::Relaxed) as f64);
             metrics::gauge!("idempotency_store_records")
-                .set(self.stats.records.load(Ordering::Relaxed) as f64);
+                .set(REPORTED.records.load(Ordering::Relaxed) as f64);
         }
+    }
+}
+
+impl Drop for Completed {
+    fn drop(&mut self) {
+        if self.report {
+            let records = self.stats.records.load(Ordering::Relaxed);
+            let bytes = self.stats.bytes.load(Ordering::Relaxed);
+            REPORTED.records.fetch_sub(records, Ordering::Relaxed);
+            REPORTED.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What every store of record in the process holds, for the gauges.
+struct Reported {
+    records: AtomicU64,
+    bytes: AtomicU64,
+}
+
+static REPORTED: Reported = Reported {
+    records: AtomicU64::new(0),
+    bytes: AtomicU64::new(0),
+};
+
+/// `record` without its body, as a body past the cache limit is kept.
+fn without_body(record: &CompletedRecord) -> CompletedRecord {
+    let mut headers = record.response.headers.clone();
+    headers.remove(http::header::CONTENT_LENGTH);
+    CompletedRecord {
+        fingerprint: record.fingerprint,
+        response: StoredResponse {
+            status: record.response.status,
+            headers,
+            body: Bytes::new(),
+            trailers: record.response.trailers.clone(),
+            body_omitted: true,
+        },
     }
 }

@@ -1,10 +1,12 @@
 //! The gateway example as a process, for the gateway tests: start it with
 //! arguments, environment and a chosen stderr; read its `listening on` line.
 //! [`storm`] sends the shared channel vectors through it (it needs
-//! `mod common;` beside `mod gateway_support;`).
+//! `mod common;` beside `mod gateway_support;`); [`raw`] is an upstream and
+//! a client on raw TCP, for what reaches the client byte for byte.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod raw;
+pub mod segments;
 pub mod storm;
 
 use std::io::{BufRead, BufReader};

@@ -27,6 +27,11 @@ const SHARDS: usize = 64;
 ///
 /// When the budget is full, the **least recently used** records go first
 /// (a replay counts as a use); a fresh record is never refused. A record
+/// larger than its shard can hold (the budget is split into up to 64
+/// shards of at least 4 MiB; a smaller store is one shard) is kept without
+/// its body, as a body past the dedup layer's `max_cached_body` is: the call
+/// does not run again, and its replay has the status and headers, an empty
+/// body and `idempotent-body-omitted: true`. A record
 /// pushed out before its window ended is counted in
 /// [`evicted_early`](MemoryStore::evicted_early) (and, with the `tracing`
 /// feature, warned about at most once a minute with the budget that would
@@ -44,7 +49,8 @@ const SHARDS: usize = 64;
 /// `benches/memory_budget.rs`), so size a container as its baseline plus
 /// the budget plus 15 %. With the `metrics` feature the store exports
 /// `idempotency_store_bytes`, `idempotency_store_records` and
-/// `idempotency_store_evictions_total{reason="early"|"expired"}`.
+/// `idempotency_store_evictions_total{reason="early"|"expired"}` (the gauges
+/// sum every memory store of the process).
 ///
 /// Every operation holds one shard's lock for a few map operations and never
 /// awaits, so claim, complete, renew and release are atomic.
