@@ -73,10 +73,12 @@ pub async fn accept_until(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .keep_alive(true)
-        // A connection's read buffer grows up to this (hyper's default is
-        // about 400 KiB): what a flood of bulk bodies holds beyond the bodies
-        // themselves. Headers must fit in it.
-        .max_buf_size(64 << 10);
+        // A connection's read buffer grows up to this: what a flood of bulk
+        // bodies holds beyond the bodies themselves. Headers must fit in it,
+        // and a hostile one (a 400 KB `Stripe-Signature` list) must reach the
+        // verifier to get its channel's 401 rather than a bare 431: a little
+        // above hyper's default (about 408 KiB).
+        .max_buf_size(448 << 10);
     builder
         .http2()
         .timer(TokioTimer::new())
