@@ -15,6 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
 use tower_idempotency::journal::{now_ms, Journal, JournalEvent, JournalFilter, JournalRecord};
 use tower_idempotency::store::{Forgotten, RecordState, Store};
+use tower_idempotency::Preset;
 use tracing::{info, warn};
 
 /// The longest an admin call waits for the store.
@@ -34,11 +35,16 @@ pub fn read_token(path: &Path) -> Result<String, String> {
     Ok(token)
 }
 
-/// The admin API's state: its token and the journal, once it is open.
+/// Picks the store of a route's records for one of its presets.
+pub type PickStore = dyn Fn(&str, &Preset) -> GatewayStore + Send + Sync;
+
+/// The admin API's state: its token, the journal once it is open, and the
+/// routes' own stores when each route has one (the memory store).
 #[derive(Clone)]
 pub struct Admin {
     token: Arc<str>,
     journal: Arc<OnceLock<Journal>>,
+    stores: Arc<OnceLock<Arc<PickStore>>>,
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -130,6 +136,31 @@ impl Admin {
         Self {
             token: token.into(),
             journal: Arc::default(),
+            stores: Arc::default(),
+        }
+    }
+
+    /// The routes' own stores: a key is looked up in its route's.
+    pub fn set_stores(&self, pick: Arc<PickStore>) {
+        let _ = self.stores.set(pick);
+    }
+
+    /// The store that holds `key`: its route's (the route and the preset
+    /// are the stored key's third and second parts), or the one store.
+    fn store_of(&self, key: &str, store: &GatewayStore) -> GatewayStore {
+        let Some(pick) = self.stores.get() else {
+            return store.clone();
+        };
+        let mut parts = key.splitn(4, ':');
+        let (_, Some(preset), Some(route)) = (parts.next(), parts.next(), parts.next()) else {
+            return store.clone();
+        };
+        let (Ok(preset), Ok(route)) = (percent_decode(preset), percent_decode(route)) else {
+            return store.clone();
+        };
+        match Preset::from_name(&preset) {
+            Some(preset) => pick(&route, &preset),
+            None => store.clone(),
         }
     }
 
@@ -194,6 +225,7 @@ impl Admin {
     }
 
     async fn state(&self, key: &str, store: &GatewayStore) -> Result<Value, Answer> {
+        let store = self.store_of(key, store);
         match tokio::time::timeout(STORE_TIMEOUT, store.inspect(key)).await {
             Ok(Ok(state)) => Ok(state_json(&state)),
             Ok(Err(e)) => {
@@ -257,6 +289,7 @@ impl Admin {
     }
 
     async fn forget(&self, key: &str, who: &str, store: &GatewayStore) -> Answer {
+        let store = self.store_of(key, store);
         let done = match tokio::time::timeout(STORE_TIMEOUT, store.forget(key)).await {
             Ok(Ok(done)) => done,
             Ok(Err(e)) => {

@@ -265,6 +265,9 @@ async fn run(
     // Each route's records in a memory store of its own (shared by every
     // serving thread), so that no route pushes another's records out.
     let stores = store::per_route(&settings.store, &settings.budgets).map(Arc::new);
+    if let (Some(admin), Some(stores)) = (&admin, &stores) {
+        admin.set_stores(stores.clone());
+    }
     let gateway = || -> Result<Gateway<GatewayStore>, String> {
         let forward = forward(&settings, Some(&calls))?;
         let mut builder = Gateway::builder(forward, store.clone())
