@@ -7,8 +7,8 @@ use either::Either;
 use std::path::PathBuf;
 use std::time::Duration;
 use tower_idempotency::proxy::{Gateway, RouteOptions, Target};
-use tower_idempotency::queue::{RedbQueue, RedisStreamsQueue, Worker};
-use tracing::info;
+use tower_idempotency::queue::{Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tracing::{info, warn};
 
 /// The queue: the embedded file, or Redis Streams.
 pub type GatewayQueue = Either<RedbQueue, RedisStreamsQueue>;
@@ -93,6 +93,37 @@ impl QueueSettings {
         }
     }
 
+    /// The queue to deliver from: always when a route acknowledges first
+    /// (`acked`); otherwise the queue of an earlier run if it still holds
+    /// entries (an acknowledgement is owed to the entry, not to the
+    /// configuration), or a Redis queue named by `--queue` (other instances
+    /// may fill it).
+    pub async fn open_for(&self, acked: bool) -> Result<Option<GatewayQueue>, String> {
+        if acked {
+            return self.open().await.map(Some);
+        }
+        if let QueueSpec::Dir(dir) = &self.spec {
+            if !dir.join("queue.redb").exists() {
+                return Ok(None);
+            }
+        }
+        let queue = match self.open().await {
+            Ok(queue) => queue,
+            Err(e) => {
+                warn!(error = %e, "no route acknowledges first, and the queue of earlier runs cannot be opened: its entries wait for the next start");
+                return Ok(None);
+            }
+        };
+        if let Either::Left(embedded) = &queue {
+            match embedded.stats().await {
+                Ok(stats) if stats.depth == 0 => return Ok(None),
+                Ok(stats) => info!(entries = stats.depth, "no route acknowledges first; delivering the entries queued by earlier runs"),
+                Err(e) => warn!(error = %e, "cannot read the queue of earlier runs"),
+            }
+        }
+        Ok(Some(queue))
+    }
+
     /// Where the queue is, for the start line.
     pub fn describe(&self) -> String {
         match &self.spec {
@@ -116,6 +147,17 @@ impl QueueSettings {
         tokio::spawn(worker.run(async move {
             let _ = stop.await;
         }))
+    }
+}
+
+/// Warns about every ack-then-deliver route that does not verify its
+/// sender: anyone can queue a notification there, and a copy with another
+/// payload is queued beside the first (the upstream must check them).
+pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
+    for (prefix, _, options) in routes {
+        if options.is_ack_then_deliver() && !options.verifies() {
+            warn!(route = %prefix, "ack-then-deliver route without `verify`: its notifications are acknowledged before anyone checked their sender; copies with another payload are queued beside the first (up to 4) and the upstream decides; configure the channel's keys in the route's `verify` table");
+        }
     }
 }
 

@@ -174,10 +174,8 @@ async fn run(
         .routes
         .iter()
         .any(|(_, _, o)| o.is_ack_then_deliver());
-    let queue = match acked {
-        true => Some(settings.queue.open().await?),
-        false => None,
-    };
+    ack::warn_unverified(&settings.routes);
+    let queue = settings.queue.open_for(acked).await?;
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     let gateway = || -> Result<Gateway<GatewayStore>, String> {

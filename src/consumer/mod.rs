@@ -62,6 +62,7 @@
 //! know whether that system acted: after the lease, the next delivery runs
 //! again. Keep a unique index in the business database as the backstop.
 
+pub(crate) mod failure;
 mod lease;
 mod once;
 mod service;
@@ -184,6 +185,10 @@ impl<E> ConsumeError<E> {
 
 impl<E: fmt::Display> fmt::Display for ConsumeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A queue's worker dead-letters what can never succeed at once.
+        if !self.is_retryable() {
+            failure::mark(f, failure::PERMANENT)?;
+        }
         match self {
             Self::Handler(e) => write!(f, "message handler failed: {e}"),
             Self::Panicked => f.write_str("message handler panicked"),

@@ -1,8 +1,8 @@
 //! [`Gateway`]: routing, `auto` detection and one idempotency stack per
 //! route and preset, in front of a [`Forward`].
 
-use super::ack::{Ingest, IngestFn};
 use super::detect::detect;
+use super::ingest::{Ingest, IngestFn};
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
 use super::{plain, BoxError, Forward, ProxyBody, RouteOptions};
@@ -50,7 +50,7 @@ pub type GatewayResponse = Response<ResponseBody<ProxyBody>>;
 /// Under a `client-token` route, the path that issues tokens.
 const TOKEN_PATH: &str = "/idempotency-token";
 
-type Stack<S> = Idempotency<Forward, S>;
+pub(super) type Stack<S> = Idempotency<Forward, S>;
 
 /// An acknowledge-then-deliver route's pipeline: the same layers in front
 /// of the queue as a synchronous route has in front of its dedup layer.
@@ -60,12 +60,16 @@ type AckStack = Normalize<Verify<Key<Ingest>>>;
 pub(super) struct Route<S> {
     pub(super) stacks: Vec<Option<Stack<S>>>,
     /// What an `auto` route buffers to detect; `None` for a preset route.
-    auto_limit: Option<usize>,
+    pub(super) auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
     issuer: Option<IssueToken<S>>,
     /// The queueing pipeline of an acknowledge-then-deliver route (its
     /// stack in `stacks` delivers).
     pub(super) ack: Option<AckStack>,
+    /// The stack that delivers queued notifications when it differs from
+    /// the one in `stacks`: the same without verification (a notification
+    /// is verified once, when it is queued).
+    pub(super) deliver: Option<Stack<S>>,
 }
 
 /// A whole idempotency gateway as one tower service: each request goes to
@@ -206,7 +210,7 @@ impl<S: Store> GatewayBuilder<S> {
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
             let guarded = forward.with_timeout(max_run.max(forward.timeout()));
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
-            let stack = |preset: Preset| {
+            let stack = |preset: Preset, options: &RouteOptions| {
                 options
                     .layer(preset, store.clone())
                     .reply_timeout(reply)
@@ -217,6 +221,7 @@ impl<S: Store> GatewayBuilder<S> {
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
+            let mut deliver = None;
             match target {
                 Target::Preset(preset) => {
                     if preset.consumes_token() {
@@ -229,14 +234,18 @@ impl<S: Store> GatewayBuilder<S> {
                     if let (true, Some(queue)) = (options.is_ack_then_deliver(), &queue) {
                         let ingest = Ingest {
                             queue: queue.clone(),
+                            verified: options.verifies(),
                         };
                         ack = Some(options.layer(preset.clone(), store.clone()).front(ingest));
+                    }
+                    if options.verifies() {
+                        deliver = Some(stack(preset.clone(), &options.without_verify()));
                     }
                     // A preset outside the built-in names gets the last slot.
                     let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
                     match at {
-                        Some(at) => stacks[at] = Some(stack(preset)),
-                        None => stacks.push(Some(stack(preset))),
+                        Some(at) => stacks[at] = Some(stack(preset, &options)),
+                        None => stacks.push(Some(stack(preset, &options))),
                     }
                 }
                 Target::Auto => {
@@ -244,7 +253,7 @@ impl<S: Store> GatewayBuilder<S> {
                     for (at, name) in PRESET_NAMES.iter().enumerate() {
                         if let Some(preset) = Preset::from_name(name) {
                             limit = limit.max(options.body_limit(&preset));
-                            stacks[at] = Some(stack(preset));
+                            stacks[at] = Some(stack(preset, &options));
                         }
                     }
                     auto_limit = Some(limit);
@@ -255,6 +264,7 @@ impl<S: Store> GatewayBuilder<S> {
                 auto_limit,
                 issuer,
                 ack,
+                deliver,
             }
         });
         Ok(Gateway {
@@ -370,18 +380,28 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let mut stack = route.stacks[at].clone().expect("checked by the caller");
+    let stack = route.stacks[at].clone().expect("checked by the caller");
     let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
+    let mut res = run_stack(stack, req).await;
+    res.extensions_mut().insert(RoutedPreset(name));
+    res
+}
+
+/// Runs `req` through `stack`.
+pub(super) async fn run_stack<S, B>(mut stack: Stack<S>, req: Request<B>) -> GatewayResponse
+where
+    S: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let ready = std::future::poll_fn(|cx| Service::<Request<B>>::poll_ready(&mut stack, cx)).await;
-    let mut res = match ready.map(|()| stack.call(req)) {
+    match ready.map(|()| stack.call(req)) {
         Ok(fut) => match fut.await {
             Ok(res) => res,
             Err(never) => match never {},
         },
         Err(never) => match never {},
-    };
-    res.extensions_mut().insert(RoutedPreset(name));
-    res
+    }
 }
 
 async fn issue_token<S: Store, B>(mut issuer: IssueToken<S>, req: Request<B>) -> GatewayResponse {

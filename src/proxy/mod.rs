@@ -58,6 +58,7 @@ mod detect;
 mod forward;
 mod gateway;
 mod headers;
+mod ingest;
 mod options;
 mod route;
 mod upstream;

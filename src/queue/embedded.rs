@@ -184,19 +184,25 @@ impl Embedded {
                 taken.push((id.value(), s));
             }
         }
-        let messages = txn.open_table(MESSAGES).map_err(err)?;
         let mut out = Vec::with_capacity(taken.len());
+        let mut unreadable = Vec::new();
         for (id, mut s) in taken {
             s.attempts += 1;
             s.lease = fresh_lease();
             s.due = now + lease.as_millis() as u64;
-            state.insert(id, s.encode().as_slice()).map_err(err)?;
-            let bytes = messages
+            let raw = txn
+                .open_table(MESSAGES)
+                .map_err(err)?
                 .get(id)
                 .map_err(err)?
-                .ok_or_else(|| err("entry without message"))?;
-            let message =
-                Message::decode(bytes.value()).ok_or_else(|| err("unreadable message"))?;
+                .map(|v| v.value().to_vec());
+            let Some(message) = raw.as_deref().and_then(Message::decode) else {
+                // Written by another version, or damaged: set aside with its
+                // reason, and the others delivered.
+                unreadable.push((id, s.attempts, raw.unwrap_or_default()));
+                continue;
+            };
+            state.insert(id, s.encode().as_slice()).map_err(err)?;
             out.push(Delivery {
                 id: EntryId::new(id.to_string()),
                 message,
@@ -204,6 +210,13 @@ impl Embedded {
                 enqueued_at: time_of(s.enqueued),
                 lease: s.lease,
             });
+        }
+        drop(state);
+        for (id, attempts, raw) in unreadable {
+            Self::remove(txn, id)?;
+            let why = "undecodable entry: not a message this version can read";
+            crate::outcome::log_warn!(entry = id, "{why}; dead-lettered");
+            Self::bury(txn, id, attempts, why, &raw)?;
         }
         Ok(out)
     }
@@ -293,14 +306,19 @@ impl Embedded {
         Ok(())
     }
 
+    /// Due again after `after`; `uncounted`: this attempt does not count.
     pub(super) fn retry(
         txn: &WriteTransaction,
         delivery: &Delivery,
         after: Duration,
+        uncounted: bool,
     ) -> Result<bool, QueueError> {
         let Some((id, mut s)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
+        if uncounted {
+            s.attempts = s.attempts.saturating_sub(1);
+        }
         s.lease = 0;
         s.due = now_ms() + after.as_millis() as u64;
         txn.open_table(STATE)

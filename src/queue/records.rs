@@ -101,7 +101,11 @@ pub(super) fn decode_dead(id: u64, b: &[u8]) -> Result<DeadLetter, QueueError> {
     let dead_at = u64::from_le_bytes(b.get(4..12).ok_or_else(bad)?.try_into().map_err(err)?);
     let len = u32::from_le_bytes(b.get(12..16).ok_or_else(bad)?.try_into().map_err(err)?) as usize;
     let error = String::from_utf8_lossy(b.get(16..16 + len).ok_or_else(bad)?).into_owned();
-    let message = Message::decode(b.get(16 + len..).ok_or_else(bad)?).ok_or_else(bad)?;
+    let raw = b.get(16 + len..).ok_or_else(bad)?;
+    // An entry dead-lettered because it could not be read is listed as
+    // its raw bytes.
+    let message =
+        Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id.to_string(), raw));
     Ok(DeadLetter {
         id: EntryId::new(id.to_string()),
         message,

@@ -158,19 +158,27 @@ static FETCH: LazyLock<Script> = LazyLock::new(|| {
            redis.call('ZREM', r, k)
          end
          local out = {}
-         local function push(e)
+         local function push(e, reclaimed)
            if type(e) ~= 'table' or type(e[2]) ~= 'table' then return end
            local f = {}
            for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+           -- This attempt: the failures recorded, plus every time this
+           -- stream entry was handed out (a reclaim counts).
+           local handed = 1
+           if reclaimed then
+             local p = redis.call('XPENDING', s, g, e[1], e[1], 1)
+             if p[1] then handed = tonumber(p[1][4]) end
+           end
            table.insert(out, e[1]); table.insert(out, f['m'] or '')
-           table.insert(out, f['a'] or '0'); table.insert(out, f['t'] or '0')
+           table.insert(out, tostring(tonumber(f['a'] or '0') + handed))
+           table.insert(out, f['t'] or '0')
          end
          local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, '0-0', 'COUNT', n)
-         for _, e in ipairs(claimed[2]) do push(e) end
+         for _, e in ipairs(claimed[2]) do push(e, true) end
          local left = n - #out / 4
          if left > 0 then
            local read = redis.call('XREADGROUP', 'GROUP', g, c, 'COUNT', left, 'STREAMS', s, '>')
-           if read then for _, e in ipairs(read[1][2]) do push(e) end end
+           if read then for _, e in ipairs(read[1][2]) do push(e, false) end end
          end
          return out",
     )
@@ -282,13 +290,19 @@ where
             .map_err(err)?;
         let mut out = Vec::with_capacity(got.len() / 4);
         for e in got.chunks_exact(4) {
-            let message = bytes(&e[1])
-                .and_then(Message::decode)
-                .ok_or_else(|| err("unreadable entry"))?;
+            let id = text(&e[0]);
+            let attempt = number(&e[2]) as u32;
+            let Some(message) = bytes(&e[1]).and_then(Message::decode) else {
+                // Added by another version or by hand: set aside with its
+                // reason, and the others delivered.
+                self.bury_unreadable(&id, bytes(&e[1]).unwrap_or_default(), attempt)
+                    .await?;
+                continue;
+            };
             out.push(Delivery {
-                id: EntryId::new(text(&e[0])),
+                id: EntryId::new(id),
                 message,
-                attempt: number(&e[2]) as u32 + 1,
+                attempt,
                 enqueued_at: time_of(number(&e[3])),
                 lease: 0,
             });
@@ -316,26 +330,17 @@ where
         after: Duration,
         _error: &str,
     ) -> Result<bool, QueueError> {
-        let enqueued = delivery
-            .enqueued_at
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let got: i64 = RETRY
-            .key(self.key("s"))
-            .key(self.key("r"))
-            .key(self.key("rh"))
-            .arg(GROUP)
-            .arg(&*self.consumer)
-            .arg(delivery.id.as_str())
-            .arg(now_ms() + after.as_millis() as u64)
-            .arg(delivery.message.encode())
-            .arg(delivery.attempt)
-            .arg(enqueued)
-            .invoke_async(&mut self.conn.clone())
+        self.back_off(delivery, after, delivery.attempt).await
+    }
+
+    async fn postpone(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        _error: &str,
+    ) -> Result<bool, QueueError> {
+        self.back_off(delivery, after, delivery.attempt.saturating_sub(1))
             .await
-            .map_err(err)?;
-        Ok(got == 1)
     }
 
     async fn dead_letter(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
@@ -369,10 +374,9 @@ where
         rows.into_iter()
             .map(|(id, f)| {
                 let field = |k: &str| f.get(k).unwrap_or(&nil);
+                let raw = bytes(field("m")).unwrap_or_default();
                 Ok(DeadLetter {
-                    message: bytes(field("m"))
-                        .and_then(Message::decode)
-                        .ok_or_else(|| err("unreadable dead letter"))?,
+                    message: Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
                     id: EntryId::new(id),
                     attempts: number(field("a")) as u32,
                     error: text(field("e")),
@@ -435,5 +439,60 @@ where
             oldest,
             dead,
         })
+    }
+}
+
+impl<C> RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Moves an entry this version cannot read to the dead letters.
+    async fn bury_unreadable(&self, id: &str, raw: &[u8], attempt: u32) -> Result<(), QueueError> {
+        let why = "undecodable entry: not a message this version can read";
+        crate::outcome::log_warn!(entry = %id, "{why}; dead-lettered");
+        let _: i64 = DEAD
+            .key(self.key("s"))
+            .key(self.key("d"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(id)
+            .arg(raw)
+            .arg(attempt)
+            .arg(why)
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    /// Moves a leased entry to the backoff set, due after `after`, with
+    /// `attempts` recorded.
+    async fn back_off(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        attempts: u32,
+    ) -> Result<bool, QueueError> {
+        let enqueued = delivery
+            .enqueued_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let got: i64 = RETRY
+            .key(self.key("s"))
+            .key(self.key("r"))
+            .key(self.key("rh"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(now_ms() + after.as_millis() as u64)
+            .arg(delivery.message.encode())
+            .arg(attempts)
+            .arg(enqueued)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
     }
 }
