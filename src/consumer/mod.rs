@@ -166,6 +166,9 @@ pub enum ConsumeError<E> {
     KeyMissing,
     /// The stored receipt could not be decoded by [`Receipt::decode`].
     CorruptReceipt,
+    /// The handler ran past the consumer's run limit
+    /// ([`Consumer::max_run`]): it was cancelled and its claim released.
+    RunLimit,
     /// The store failed or timed out.
     Store(StoreError),
 }
@@ -196,6 +199,7 @@ impl<E: fmt::Display> fmt::Display for ConsumeError<E> {
             Self::Mismatch => f.write_str("message key reused with a different payload"),
             Self::KeyMissing => f.write_str("message has no key"),
             Self::CorruptReceipt => f.write_str("stored receipt could not be decoded"),
+            Self::RunLimit => f.write_str("message handler ran past the run limit"),
             Self::Store(e) => write!(f, "idempotency store failed: {e}"),
         }
     }
