@@ -4,17 +4,13 @@
 //! by the consumer's run limit, and a success is never released because
 //! its caller went away while it was being recorded.
 
-mod common;
-
-use common::faults::{FaultStore, Faults, Op};
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::service_fn;
 use tower_idempotency::consumer::{ConsumeError, Consumer, ConsumerLayer, Once};
 use tower_idempotency::queue::{Message, MemoryQueue, Queue, Worker};
-use tower_idempotency::store::{MemoryStore, StoreError};
+use tower_idempotency::store::{Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError};
 use tower_idempotency::Fingerprint;
 use tower_layer::Layer;
 
@@ -149,28 +145,52 @@ fn consumer_run_limit_defaults_to_five_minutes() {
     assert_eq!(consumer.get_max_run(), Duration::from_secs(300));
 }
 
-/// Slows every completion down, so that a test can cancel one under way.
+/// A memory store whose completions take a while (the store acts only
+/// at the end of it), so that a test can cancel one under way.
 #[derive(Clone, Default)]
 struct SlowComplete {
+    inner: MemoryStore,
     completing: Arc<AtomicBool>,
 }
 
-impl Faults for SlowComplete {
-    fn before(&self, op: Op, _key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let completing = self.completing.clone();
-        async move {
-            if op == Op::Complete {
-                completing.store(true, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Ok(())
-        }
+impl Store for SlowComplete {
+    async fn claim(
+        &self,
+        key: &str,
+        fp: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.inner.claim(key, fp, token, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        self.completing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.inner.complete(key, token, record, window).await
+    }
+    async fn renew(&self, key: &str, token: OwnerToken, lease: Duration) -> Result<bool, StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.put_token(key, ttl).await
+    }
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        self.inner.take_token(key, owner).await
     }
 }
 
 #[tokio::test]
 async fn cancelled_while_completing_a_success_keeps_it() {
-    let store = FaultStore::new(SlowComplete::default());
+    let store = SlowComplete::default();
     let consumer = Consumer::new(store.clone()).wait(Duration::from_secs(5));
     let runs = Arc::new(AtomicUsize::new(0));
     let first = {

@@ -37,6 +37,7 @@ pub struct RedisStreamsQueue<C = ConnectionManager> {
     name: Arc<str>,
     consumer: Arc<str>,
     window: Duration,
+    replicas: u32,
 }
 
 impl<C: Clone> Clone for RedisStreamsQueue<C> {
@@ -46,6 +47,7 @@ impl<C: Clone> Clone for RedisStreamsQueue<C> {
             name: self.name.clone(),
             consumer: self.consumer.clone(),
             window: self.window,
+            replicas: self.replicas,
         }
     }
 }
@@ -60,6 +62,10 @@ impl<C> fmt::Debug for RedisStreamsQueue<C> {
 }
 
 const GROUP: &str = "workers";
+
+/// How long [`RedisStreamsQueue::replicas`] waits for the replicas (`WAIT`
+/// blocks the connection it runs on: kept short).
+const REPLICA_WAIT: Duration = Duration::from_millis(250);
 
 /// One stream entry as `XRANGE` answers it: its id and its fields.
 type StreamEntry = (String, HashMap<String, Value>);
@@ -100,6 +106,7 @@ where
                 crate::store::OwnerToken::new().as_u128()
             )),
             window: Duration::from_secs(25 * 3600),
+            replicas: 0,
         };
         let mut conn = queue.conn.clone();
         let created: Result<(), _> = ::redis::cmd("XGROUP")
@@ -111,9 +118,32 @@ where
             .query_async(&mut conn)
             .await;
         match created {
-            Err(e) if e.code() != Some("BUSYGROUP") => Err(err(e)),
-            _ => Ok(queue),
+            Err(e) if e.code() != Some("BUSYGROUP") => return Err(err(e)),
+            _ => {}
         }
+        // The consumers of earlier runs (each run joins under a fresh
+        // name): those holding no entry are removed, so that names do not
+        // pile up across restarts. A live instance's consumer is created
+        // again by its next read; one holding entries keeps them until
+        // another instance reclaims them.
+        let _: i64 = PRUNE
+            .key(queue.key("s"))
+            .arg(GROUP)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(err)?;
+        Ok(queue)
+    }
+
+    /// Answers [`ingest`](Queue::ingest) only once `replicas` replicas hold
+    /// the entry (Redis `WAIT`, up to 250 ms; fewer is an error, and the
+    /// sender gets the failure reply and retries). Defaults to 0: an
+    /// acknowledgement is then as durable as the master alone (its AOF
+    /// setting), and a failover to a replica that had not received the
+    /// entry loses it.
+    pub fn replicas(mut self, replicas: u32) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// How long a delivered key is remembered. Defaults to 25 hours.
@@ -144,6 +174,21 @@ static INGEST: LazyLock<Script> = LazyLock::new(|| {
          local id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[2], 'a', '0', 't', ARGV[3])
          redis.call('SET', KEYS[2], ARGV[1])
          return id",
+    )
+});
+
+static PRUNE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local n = 0
+         for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+           local f = {}
+           for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+           if f['pending'] == 0 then
+             redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+             n = n + 1
+           end
+         end
+         return n",
     )
 });
 
@@ -268,11 +313,26 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
-        Ok(match got {
+        let got = match got {
             Value::Int(1) => Ingested::Duplicate,
-            Value::Int(_) => Ingested::Mismatch,
+            Value::Int(_) => return Ok(Ingested::Mismatch),
             id => Ingested::Queued(EntryId::new(text(&id))),
-        })
+        };
+        if self.replicas > 0 {
+            let acked: u32 = ::redis::cmd("WAIT")
+                .arg(self.replicas)
+                .arg(REPLICA_WAIT.as_millis() as u64)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(err)?;
+            if acked < self.replicas {
+                return Err(err(format!(
+                    "{acked} of {} replicas hold the entry after {REPLICA_WAIT:?}",
+                    self.replicas
+                )));
+            }
+        }
+        Ok(got)
     }
 
     async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
