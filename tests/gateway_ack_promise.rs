@@ -387,6 +387,35 @@ async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_embedded() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_replicas_hold_the_acknowledgement_and_memory_store_is_warned_about() {
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    let up = Upstream::start().await;
+    let route = ["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"];
+    // No replica: the notification is not acknowledged (the channel retries).
+    let args = [&route[..], &["--queue", &url, "--queue-replicas", "1"]].concat();
+    let gw = Gateway::start(&up.url(), &args);
+    let headers = [("content-type", "application/json")];
+    let a = post(&client(), gw.addr, "/wx/notify", &headers, wechat("EV-REPLICAS")).await;
+    assert_eq!(a.text(), common::vectors::WECHAT_FAIL, "not acknowledged");
+    // Several instances on this queue would each keep their own records.
+    assert!(gw.log().contains("--store memory"), "{}", gw.log());
+    drop(gw);
+    let status = Command::new(gateway_bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
+        .args(route)
+        .args(["--queue-replicas", "1", "--data-dir", "/tmp/unused-ack-dir"])
+        .output()
+        .unwrap()
+        .status;
+    assert_eq!(status.code(), Some(2), "replicas need a Redis Streams queue");
+}
+
 /// The test binary's own check that the gateway it runs is current.
 #[test]
 fn gateway_binary_is_built() {

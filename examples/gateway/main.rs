@@ -175,6 +175,8 @@ async fn run(
         .iter()
         .any(|(_, _, o)| o.is_ack_then_deliver());
     ack::warn_unverified(&settings.routes);
+    let memory = matches!(store, tower_idempotency::store::Either::Left(_));
+    ack::warn_memory_store(&settings.queue, memory);
     let queue = settings.queue.open_for(acked).await?;
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
