@@ -146,11 +146,13 @@ fn consumer_run_limit_defaults_to_five_minutes() {
 }
 
 /// A memory store whose completions take a while (the store acts only
-/// at the end of it), so that a test can cancel one under way.
+/// at the end of it), so that a test can cancel one under way; with
+/// `hang_renewals`, its first renewal hangs (the store acts only after it).
 #[derive(Clone, Default)]
 struct SlowComplete {
     inner: MemoryStore,
     completing: Arc<AtomicBool>,
+    hang_renewals: Arc<AtomicUsize>,
 }
 
 impl Store for SlowComplete {
@@ -175,6 +177,13 @@ impl Store for SlowComplete {
         self.inner.complete(key, token, record, window).await
     }
     async fn renew(&self, key: &str, token: OwnerToken, lease: Duration) -> Result<bool, StoreError> {
+        let hang = self
+            .hang_renewals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if hang {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
         self.inner.renew(key, token, lease).await
     }
     async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
@@ -218,5 +227,33 @@ async fn cancelled_while_completing_a_success_keeps_it() {
         })
         .await;
     assert!(matches!(again, Ok(Once::Done(()))), "{again:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_renewal_that_timed_out_is_retried_before_the_lease_runs_out() {
+    // Lease 1.5 s, renewed every 500 ms; the first renewal hangs and times
+    // out at 1.3 s. The next one must come before the lease ends at 1.5 s
+    // (a whole period later, 1.8 s, is too late).
+    let store = SlowComplete::default();
+    store.hang_renewals.store(1, Ordering::SeqCst);
+    let consumer = Consumer::new(store.clone())
+        .lease(Duration::from_millis(1500))
+        .store_timeout(Duration::from_millis(800));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = |runs: Arc<AtomicUsize>| async move {
+        runs.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        Ok::<_, Down>(())
+    };
+    let first = tokio::spawn({
+        let (consumer, runs) = (consumer.clone(), runs.clone());
+        async move { consumer.once("k", fp("p"), handler(runs)).await }
+    });
+    // After the first lease would have run out without a prompt retry.
+    tokio::time::sleep(Duration::from_millis(1650)).await;
+    let copy = consumer.once("k", fp("p"), handler(runs.clone())).await;
+    assert!(matches!(copy, Err(ConsumeError::InFlight)), "{copy:?}");
+    assert!(matches!(first.await.unwrap(), Ok(Once::Ran(()))));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

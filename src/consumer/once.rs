@@ -223,7 +223,7 @@ impl<St: Store> Consumer<St> {
         let config = &self.config;
         let work = AssertUnwindSafe(handler).catch_unwind();
         let limited = tokio::time::timeout(config.max_run, work);
-        let (result, lost) = held.renewing(limited, config.lease).await;
+        let (result, lost) = held.renewing(limited, config.lease, &config.scope).await;
         let Ok(result) = result else {
             outcome::record(&config.scope, Outcome::RunLimitExceeded);
             log_warn!(scope = %config.scope, limit = ?config.max_run, "message handler ran past the run limit; cancelled, claim released");
