@@ -123,7 +123,10 @@ fn dlq(queue: &[&str], args: &[&str]) -> (i32, String) {
 async fn send_stripe(gw: &Gateway, secret: &str) {
     let body = fixture(STRIPE_BODY);
     let sig = stripe_signature(secret, &body);
-    let headers = [("content-type", "application/json"), ("stripe-signature", &sig)];
+    let headers = [
+        ("content-type", "application/json"),
+        ("stripe-signature", &sig),
+    ];
     let a = post(&client(), gw.addr, "/stripe/hook", &headers, body).await;
     assert_eq!(a.status, 200, "acknowledged: {}", a.text());
 }
@@ -148,7 +151,10 @@ async fn acknowledged_then_retried_past_the_signature_tolerance_is_delivered() {
     send_stripe(&gw, SECRET).await;
     // Attempts at about 0, 1, 3 s fail; the fourth, at about 7 s, is past the
     // 3 s tolerance.
-    wait_until("the delivery", Duration::from_secs(25), || delivered(&up) == 1).await;
+    wait_until("the delivery", Duration::from_secs(25), || {
+        delivered(&up) == 1
+    })
+    .await;
     assert_eq!(up.total(), 4, "{:?}", up.seen());
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
@@ -166,7 +172,11 @@ async fn queued_then_secret_rotated_out_or_dead_lettered_is_still_delivered() {
     let config = stripe_config(&dir, SECRET);
     let mut args = vec!["--config", &config, "--retry-backoff", "200ms"];
     args.extend_from_slice(&queue);
-    let dead = [&args[..], &["--max-attempts", "1", "--metrics-listen", &metrics]].concat();
+    let dead = [
+        &args[..],
+        &["--max-attempts", "1", "--metrics-listen", &metrics],
+    ]
+    .concat();
     let mut gw = Gateway::start(&up.url(), &dead);
     send_stripe(&gw, SECRET).await;
     let m: SocketAddr = metrics.parse().unwrap();
@@ -185,7 +195,10 @@ async fn queued_then_secret_rotated_out_or_dead_lettered_is_still_delivered() {
     let mut args = vec!["--config", &rotated, "--retry-backoff", "200ms"];
     args.extend_from_slice(&queue);
     let gw = Gateway::start(&up.url(), &args);
-    wait_until("the delivery", Duration::from_secs(20), || delivered(&up) == 1).await;
+    wait_until("the delivery", Duration::from_secs(20), || {
+        delivered(&up) == 1
+    })
+    .await;
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -242,9 +255,11 @@ async fn forged_first_copy_does_not_keep_the_genuine_one_out() {
     // The forged entry's next attempt finds the key done with another
     // payload: a dead letter at once, with that reason.
     let m: SocketAddr = metrics.parse().unwrap();
-    wait_until("the forged copy's dead letter", Duration::from_secs(20), || {
-        gauge(m, "idempotency_queue_dead_letters") == Some(1.0)
-    })
+    wait_until(
+        "the forged copy's dead letter",
+        Duration::from_secs(20),
+        || gauge(m, "idempotency_queue_dead_letters") == Some(1.0),
+    )
     .await;
     assert!(
         gw.log().contains("without `verify`"),
@@ -256,7 +271,10 @@ async fn forged_first_copy_does_not_keep_the_genuine_one_out() {
     let (code, listed) = dlq(&queue, &["list"]);
     assert_eq!(code, 0);
     assert!(listed.contains("different"), "{listed}");
-    assert!(listed.contains("attempts=1") || listed.contains("attempts=2"), "{listed}");
+    assert!(
+        listed.contains("attempts=1") || listed.contains("attempts=2"),
+        "{listed}"
+    );
     assert_eq!(delivered(&up), 1, "{:?}", up.seen());
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -280,7 +298,11 @@ async fn entry_of_a_route_now_synchronous_is_delivered_and_an_unrouted_one_kept(
     let up = Upstream::with(failing_first(0, down.clone())).await;
     let dir = temp_path("ack-stranded");
     let queue = ["--data-dir", dir.to_str().unwrap()];
-    let acked = [&queue[..], &["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"]].concat();
+    let acked = [
+        &queue[..],
+        &["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"],
+    ]
+    .concat();
     let mut gw = Gateway::start(&up.url(), &acked);
     send_wechat(&gw, "EV-STRANDED-1").await;
     gw.signal(libc::SIGTERM);
@@ -288,7 +310,11 @@ async fn entry_of_a_route_now_synchronous_is_delivered_and_an_unrouted_one_kept(
     down.store(false, Ordering::SeqCst);
     // No route matches the entry's path: kept and reported, not delivered.
     let metrics = free_addr().to_string();
-    let other = [&queue[..], &["--route", "/other=stripe", "--metrics-listen", &metrics]].concat();
+    let other = [
+        &queue[..],
+        &["--route", "/other=stripe", "--metrics-listen", &metrics],
+    ]
+    .concat();
     let mut gw = Gateway::start(&up.url(), &other);
     let m: SocketAddr = metrics.parse().unwrap();
     wait_until("the stranded gauge", Duration::from_secs(20), || {
@@ -304,7 +330,10 @@ async fn entry_of_a_route_now_synchronous_is_delivered_and_an_unrouted_one_kept(
     // The route is synchronous now: delivered through its dedup layer.
     let sync = [&queue[..], &["--route", "/wx=wechatpay-v3"]].concat();
     let gw = Gateway::start(&up.url(), &sync);
-    wait_until("the delivery", Duration::from_secs(20), || delivered(&up) == 1).await;
+    wait_until("the delivery", Duration::from_secs(20), || {
+        delivered(&up) == 1
+    })
+    .await;
     // A copy sent synchronously now is replayed, not run again.
     send_wechat(&gw, "EV-STRANDED-1").await;
     assert_eq!(delivered(&up), 1);
@@ -318,14 +347,22 @@ async fn entry_of_a_route_now_synchronous_is_delivered_and_an_unrouted_one_kept(
 async fn undecodable_entry_set_aside(queue: &[&str], inject: impl FnOnce()) {
     let down = Arc::new(AtomicBool::new(true));
     let up = Upstream::with(failing_first(0, down.clone())).await;
-    let acked = [queue, &["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"]].concat();
+    let acked = [
+        queue,
+        &["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"],
+    ]
+    .concat();
     let mut gw = Gateway::start(&up.url(), &acked);
     send_wechat(&gw, "EV-BEFORE").await;
     gw.signal(libc::SIGTERM);
     gw.wait_exit(Duration::from_secs(10));
     inject();
     let metrics = free_addr().to_string();
-    let args = [&acked[..], &["--retry-backoff", "200ms", "--metrics-listen", &metrics]].concat();
+    let args = [
+        &acked[..],
+        &["--retry-backoff", "200ms", "--metrics-listen", &metrics],
+    ]
+    .concat();
     let mut gw = Gateway::start(&up.url(), &args);
     for id in ["EV-AFTER-1", "EV-AFTER-2", "EV-AFTER-3"] {
         send_wechat(&gw, id).await;
@@ -377,7 +414,10 @@ async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_embedded() {
             let id = 1 << 40;
             let mut state = [0u8; 36];
             state[20..28].copy_from_slice(&1u64.to_le_bytes());
-            txn.open_table(STATE).unwrap().insert(id, &state[..]).unwrap();
+            txn.open_table(STATE)
+                .unwrap()
+                .insert(id, &state[..])
+                .unwrap();
             let mut messages = txn.open_table(MESSAGES).unwrap();
             messages.insert(id, &b"\x07not-a-message"[..]).unwrap();
         }
@@ -401,19 +441,35 @@ async fn queue_replicas_hold_the_acknowledgement_and_memory_store_is_warned_abou
     let args = [&route[..], &["--queue", &url, "--queue-replicas", "1"]].concat();
     let gw = Gateway::start(&up.url(), &args);
     let headers = [("content-type", "application/json")];
-    let a = post(&client(), gw.addr, "/wx/notify", &headers, wechat("EV-REPLICAS")).await;
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &headers,
+        wechat("EV-REPLICAS"),
+    )
+    .await;
     assert_eq!(a.text(), common::vectors::WECHAT_FAIL, "not acknowledged");
     // Several instances on this queue would each keep their own records.
     assert!(gw.log().contains("--store memory"), "{}", gw.log());
     drop(gw);
     let status = Command::new(gateway_bin())
-        .args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ])
         .args(route)
         .args(["--queue-replicas", "1", "--data-dir", "/tmp/unused-ack-dir"])
         .output()
         .unwrap()
         .status;
-    assert_eq!(status.code(), Some(2), "replicas need a Redis Streams queue");
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "replicas need a Redis Streams queue"
+    );
 }
 
 /// The test binary's own check that the gateway it runs is current.

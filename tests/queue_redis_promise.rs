@@ -58,7 +58,11 @@ async fn consumers_of_earlier_runs_do_not_pile_up() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(consumers.len() <= 1, "{} consumers: {consumers:?}", consumers.len());
+    assert!(
+        consumers.len() <= 1,
+        "{} consumers: {consumers:?}",
+        consumers.len()
+    );
 }
 
 #[tokio::test]

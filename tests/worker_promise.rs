@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::service_fn;
 use tower_idempotency::consumer::{ConsumeError, Consumer, ConsumerLayer, Once};
-use tower_idempotency::queue::{Message, MemoryQueue, Queue, Worker};
-use tower_idempotency::store::{Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError};
+use tower_idempotency::queue::{MemoryQueue, Message, Queue, Worker};
+use tower_idempotency::store::{
+    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError,
+};
 use tower_idempotency::Fingerprint;
 use tower_layer::Layer;
 
@@ -37,7 +39,11 @@ fn consumer_key(m: &Message) -> Option<(String, Fingerprint)> {
 #[tokio::test]
 async fn worker_dead_letters_a_mismatch_and_a_missing_key_at_once_with_the_reason() {
     let queue = MemoryQueue::new();
-    for (key, body) in [("tx-1#a", "paid 100"), ("tx-1#b", "paid 999"), ("nokey", "x")] {
+    for (key, body) in [
+        ("tx-1#a", "paid 100"),
+        ("tx-1#b", "paid 999"),
+        ("nokey", "x"),
+    ] {
         queue
             .ingest(Message::new(key, fp(body), body))
             .await
@@ -176,7 +182,12 @@ impl Store for SlowComplete {
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.inner.complete(key, token, record, window).await
     }
-    async fn renew(&self, key: &str, token: OwnerToken, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
         let hang = self
             .hang_renewals
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

@@ -137,7 +137,10 @@ impl QueueSettings {
         if let Either::Left(embedded) = &queue {
             match embedded.stats().await {
                 Ok(stats) if stats.depth == 0 => return Ok(None),
-                Ok(stats) => info!(entries = stats.depth, "no route acknowledges first; delivering the entries queued by earlier runs"),
+                Ok(stats) => info!(
+                    entries = stats.depth,
+                    "no route acknowledges first; delivering the entries queued by earlier runs"
+                ),
                 Err(e) => warn!(error = %e, "cannot read the queue of earlier runs"),
             }
         }

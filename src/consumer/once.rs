@@ -262,12 +262,20 @@ impl<St: Store> Consumer<St> {
             let (store, key, token) = (self.store.clone(), held.key.clone(), held.token);
             let (record, window, timeout) = (record.clone(), config.window, config.store_timeout);
             tokio::spawn(async move {
-                timed(timeout, "complete", store.complete(&key, token, record, window)).await
+                timed(
+                    timeout,
+                    "complete",
+                    store.complete(&key, token, record, window),
+                )
+                .await
             })
         };
-        let completed = completion
-            .await
-            .unwrap_or_else(|_| Err(crate::store::StoreError::timeout("complete", config.store_timeout)));
+        let completed = completion.await.unwrap_or_else(|_| {
+            Err(crate::store::StoreError::timeout(
+                "complete",
+                config.store_timeout,
+            ))
+        });
         let outcome = match completed {
             Ok(true) if !lost => Outcome::Executed,
             Ok(_) => {

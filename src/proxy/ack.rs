@@ -7,8 +7,8 @@ use super::detect::detect;
 use super::gateway::{run_stack, Stack};
 use super::ingest::original_key;
 use super::Gateway;
-use crate::consumer::failure::{mark, KEPT, PERMANENT};
 use crate::channel::PRESET_NAMES;
+use crate::consumer::failure::{mark, KEPT, PERMANENT};
 use crate::outcome::Outcome;
 use crate::queue::Message;
 use crate::store::Store;
@@ -124,7 +124,11 @@ impl Turns {
             let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
             map.entry(key.to_owned()).or_default().clone()
         };
-        let _done = TurnDone { turns: self, key, lock: &lock };
+        let _done = TurnDone {
+            turns: self,
+            key,
+            lock: &lock,
+        };
         let _turn = lock.lock().await;
         fut.await
     }
@@ -204,7 +208,10 @@ impl<S: Store> Gateway<S> {
             )));
         };
         let stack: Option<&Stack<S>> = match route.auto_limit {
-            None => route.deliver.as_ref().or_else(|| route.stacks.iter().flatten().next()),
+            None => route
+                .deliver
+                .as_ref()
+                .or_else(|| route.stacks.iter().flatten().next()),
             Some(_) => detect(&message.headers, &message.body)
                 .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
                 .and_then(|at| route.stacks[at].as_ref()),

@@ -174,8 +174,14 @@ mod tests {
 
     #[test]
     fn copies_name_their_key() {
-        assert_eq!(original_key(&copy_key("idem:alipay:/a:N1", 0)), "idem:alipay:/a:N1");
-        assert_eq!(original_key(&copy_key("idem:alipay:/a:N1", 3)), "idem:alipay:/a:N1");
+        assert_eq!(
+            original_key(&copy_key("idem:alipay:/a:N1", 0)),
+            "idem:alipay:/a:N1"
+        );
+        assert_eq!(
+            original_key(&copy_key("idem:alipay:/a:N1", 3)),
+            "idem:alipay:/a:N1"
+        );
         assert_eq!(original_key("k~copy"), "k~copy");
         assert_eq!(original_key("k~copyx"), "k~copyx");
     }

@@ -362,7 +362,9 @@ async fn unsettled<Q: Queue>(
     );
     super::metrics::attempt(&config.name, "dead_lettered");
     crate::outcome::log_warn!(queue = %config.name, entry = %delivery.id, "{why}; dead-lettered");
-    Ok(Settled::DeadLettered(queue.dead_letter(delivery, &why).await?))
+    Ok(Settled::DeadLettered(
+        queue.dead_letter(delivery, &why).await?,
+    ))
 }
 
 async fn settle<Q: Queue, E: fmt::Display>(
