@@ -56,6 +56,8 @@ mod metrics;
 mod records;
 mod redb;
 #[cfg(feature = "redis")]
+mod redis_scripts;
+#[cfg(feature = "redis")]
 mod redis_streams;
 mod worker;
 
