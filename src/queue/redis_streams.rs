@@ -1,8 +1,8 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
+use super::redis_scripts::{ACK, DEAD, FETCH, INGEST, PRUNE, REPLAY, RETRY};
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
-use super::redis_scripts::{ACK, DEAD, FETCH, INGEST, PRUNE, REPLAY, RETRY};
 use ::redis::{IntoConnectionInfo, Value};
 use std::collections::HashMap;
 use std::fmt;
