@@ -147,16 +147,24 @@ async fn queue_error_and_mismatch_get_the_failure_reply_never_success() {
             .status,
         200
     );
-    let forged = request("/wx", &[], wechat("EV-3", "REFUND.SUCCESS"));
+    // This route does not verify its sender: the first copy is not trusted
+    // over the later ones, and up to 4 payloads of one key are queued (the
+    // dedup layer runs the key once at delivery). The next one is refused.
+    for event in ["REFUND.SUCCESS", "TRANSACTION.CLOSED", "REFUND.ABNORMAL"] {
+        let other = request("/wx", &[], wechat("EV-3", event));
+        let answer = read(gateway.clone().oneshot(other).await.unwrap()).await;
+        assert_eq!(answer.status, 200, "{event} queued beside the first");
+    }
+    let forged = request("/wx", &[], wechat("EV-3", "REFUND.CLOSED"));
     let answer = read(gateway.clone().oneshot(forged).await.unwrap()).await;
-    check(&answer, WECHATPAY_V3.failure, "a mismatch");
+    check(&answer, WECHATPAY_V3.failure, "a mismatch past the cap");
     // No key: refused before the queue.
     let keyless = request("/wx", &[], r#"{"event_type":"TRANSACTION.SUCCESS"}"#);
     assert_ne!(
         read(gateway.oneshot(keyless).await.unwrap()).await.status,
         200
     );
-    assert_eq!(queue.stats().await.unwrap().depth, 1);
+    assert_eq!(queue.stats().await.unwrap().depth, 4);
     assert_eq!(up.total(), 0);
 }
 

@@ -633,3 +633,62 @@ fn queue_metrics_count_attempts_and_report_depth_age_and_dead_letters() {
         "{gauges:?}"
     );
 }
+
+/// The embedded queue's clock never runs backwards: entries scheduled
+/// while the wall clock was an hour ahead (a step back since) are not
+/// delayed by that hour. The step is simulated by writing the queue's own
+/// clock an hour ahead, as the run before the step left it, with a lease
+/// that ends a moment after that.
+#[tokio::test]
+async fn a_wall_clock_step_back_does_not_delay_leased_entries() {
+    const STATE: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("state");
+    const META: redb::TableDefinition<'_, &str, u64> = redb::TableDefinition::new("meta");
+    let dir = TempDir::new("clock-step");
+    let path = dir.path().join("queue.redb");
+    {
+        let queue = RedbQueue::open(&path).unwrap();
+        let fp = Fingerprint::of(b"x");
+        queue
+            .ingest(Message::new("stepped", fp, "x"))
+            .await
+            .unwrap();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let ahead = now + 3_600_000;
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            use redb::ReadableTable;
+            let mut state = txn.open_table(STATE).unwrap();
+            let (id, mut s) = {
+                let (k, v) = state.first().unwrap().unwrap();
+                (k.value(), v.value().to_vec())
+            };
+            // Leased an hour ahead, for 300 ms.
+            s[..4].copy_from_slice(&1u32.to_le_bytes());
+            s[4..12].copy_from_slice(&(ahead + 300).to_le_bytes());
+            s[12..20].copy_from_slice(&7u64.to_le_bytes());
+            state.insert(id, s.as_slice()).unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert("clock", ahead)
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let queue = RedbQueue::open(&path).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        got = queue.fetch(10, Duration::from_secs(30)).await.unwrap();
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got.len(), 1, "the lease ran out 300 ms after the step");
+    assert_eq!(got[0].attempt, 2);
+}

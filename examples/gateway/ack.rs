@@ -7,8 +7,8 @@ use either::Either;
 use std::path::PathBuf;
 use std::time::Duration;
 use tower_idempotency::proxy::{Gateway, RouteOptions, Target};
-use tower_idempotency::queue::{RedbQueue, RedisStreamsQueue, Worker};
-use tracing::info;
+use tower_idempotency::queue::{Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tracing::{info, warn};
 
 /// The queue: the embedded file, or Redis Streams.
 pub type GatewayQueue = Either<RedbQueue, RedisStreamsQueue>;
@@ -58,6 +58,9 @@ pub struct QueueSettings {
     pub max_attempts: u32,
     /// The backoff after the first failure (doubled after each, up to 15 minutes).
     pub backoff: Duration,
+    /// Replicas that must hold an entry before it is acknowledged (Redis
+    /// Streams only).
+    pub replicas: u32,
 }
 
 impl QueueSettings {
@@ -73,7 +76,24 @@ impl QueueSettings {
             spec: queue.unwrap_or(QueueSpec::Dir(dir)),
             max_attempts: max_attempts.unwrap_or(25),
             backoff: backoff.unwrap_or(Duration::from_secs(1)),
+            replicas: 0,
         }
+    }
+
+    /// `--queue-replicas N`: only for a Redis Streams queue.
+    pub fn replicas(mut self, replicas: u32) -> Result<Self, String> {
+        if replicas > 0 && !matches!(self.spec, QueueSpec::Redis(_)) {
+            return Err(
+                "`--queue-replicas` needs a Redis Streams queue (`--queue redis://HOST:PORT`); the embedded queue is one file on one node".into(),
+            );
+        }
+        self.replicas = replicas;
+        Ok(self)
+    }
+
+    /// Whether this is a Redis Streams queue.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.spec, QueueSpec::Redis(_))
     }
 
     /// Opens (or creates) the queue.
@@ -88,12 +108,46 @@ impl QueueSettings {
             }
             QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)
                 .await
-                .map(Either::Right)
+                .map(|q| Either::Right(q.replicas(self.replicas)))
                 .map_err(|e| {
                     let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
                 }),
         }
+    }
+
+    /// The queue to deliver from: always when a route acknowledges first
+    /// (`acked`); otherwise the queue of an earlier run if it still holds
+    /// entries (an acknowledgement is owed to the entry, not to the
+    /// configuration), or a Redis queue named by `--queue` (other instances
+    /// may fill it).
+    pub async fn open_for(&self, acked: bool) -> Result<Option<GatewayQueue>, String> {
+        if acked {
+            return self.open().await.map(Some);
+        }
+        if let QueueSpec::Dir(dir) = &self.spec {
+            if !dir.join("queue.redb").exists() {
+                return Ok(None);
+            }
+        }
+        let queue = match self.open().await {
+            Ok(queue) => queue,
+            Err(e) => {
+                warn!(error = %e, "no route acknowledges first, and the queue of earlier runs cannot be opened: its entries wait for the next start");
+                return Ok(None);
+            }
+        };
+        if let Either::Left(embedded) = &queue {
+            match embedded.stats().await {
+                Ok(stats) if stats.depth == 0 => return Ok(None),
+                Ok(stats) => info!(
+                    entries = stats.depth,
+                    "no route acknowledges first; delivering the entries queued by earlier runs"
+                ),
+                Err(e) => warn!(error = %e, "cannot read the queue of earlier runs"),
+            }
+        }
+        Ok(Some(queue))
     }
 
     /// Where the queue is, for the start line.
@@ -119,6 +173,27 @@ impl QueueSettings {
         tokio::spawn(worker.run(async move {
             let _ = stop.await;
         }))
+    }
+}
+
+/// Warns about every ack-then-deliver route that does not verify its
+/// sender: anyone can queue a notification there, and a copy with another
+/// payload is queued beside the first (the upstream must check them).
+pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
+    for (prefix, _, options) in routes {
+        if options.is_ack_then_deliver() && !options.verifies() {
+            warn!(route = %prefix, "ack-then-deliver route without `verify`: its notifications are acknowledged before anyone checked their sender; copies with another payload are queued beside the first (up to 4) and the upstream decides; configure the channel's keys in the route's `verify` table");
+        }
+    }
+}
+
+/// Warns when a Redis Streams queue is delivered through a memory store:
+/// every instance on that queue keeps its own records, so an entry another
+/// instance reclaims (its worker died or its lease ran out) or a redelivery
+/// finds no record there and reaches the upstream again.
+pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
+    if queue.is_shared() && memory_store {
+        warn!(queue = %queue.describe(), "THE REDIS STREAMS QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
     }
 }
 

@@ -180,6 +180,9 @@ pub struct Args {
     /// Failed deliveries of a queued notification before it is dead-lettered (default 25)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_ATTEMPTS", value_parser = crate::ack::attempts)]
     pub max_attempts: Option<u32>,
+    /// Replicas that must hold a queued notification before it is acknowledged (Redis `WAIT`; Redis Streams queue only; default 0)
+    #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_QUEUE_REPLICAS")]
+    pub queue_replicas: Option<u32>,
     /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
     pub retry_backoff: Option<Duration>,

@@ -71,6 +71,7 @@ struct File {
     queue: Field,
     data_dir: Option<PathBuf>,
     max_attempts: Option<Spanned<u64>>,
+    queue_replicas: Option<Spanned<u64>>,
     retry_backoff: Field,
     #[serde(default)]
     route: Vec<Spanned<FileRoute>>,
@@ -425,7 +426,13 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
         ),
         (None, None) => None,
     };
-    Ok(QueueSettings::new(
+    let replicas = match (args.queue_replicas, &file.queue_replicas) {
+        (Some(n), _) => n,
+        (None, Some(v)) => u32::try_from(*v.get_ref())
+            .map_err(|_| at.err(v.span(), "`queue_replicas`: expected 0 to 4294967295"))?,
+        (None, None) => 0,
+    };
+    let settings = QueueSettings::new(
         args.queue
             .clone()
             .or(at.value(&file.queue, "queue", ack::queue_spec)?),
@@ -436,7 +443,8 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
             "retry_backoff",
             parse::positive_duration,
         )?),
-    ))
+    );
+    settings.replicas(replicas)
 }
 
 /// The config file `args` names (empty if none), its text and its path.

@@ -249,10 +249,10 @@ async fn run(
         .routes
         .iter()
         .any(|(_, _, o)| o.is_ack_then_deliver());
-    let queue = match acked {
-        true => Some(settings.queue.open().await?),
-        false => None,
-    };
+    ack::warn_unverified(&settings.routes);
+    let memory = matches!(store, tower_idempotency::store::Either::Left(_));
+    ack::warn_memory_store(&settings.queue, memory);
+    let queue = settings.queue.open_for(acked).await?;
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's

@@ -1,9 +1,10 @@
 //! Holding a claim: renewal while the handler runs, release on every exit.
 
+use crate::outcome::{self, log_warn, Outcome};
 use crate::store::{OwnerToken, Store, StoreError};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -57,38 +58,53 @@ impl<St: Store> Held<St> {
         .await;
     }
 
-    /// Polls `work`, renewing the claim every `lease/3` until it finishes.
-    /// Returns the output and whether a renewal found the claim lost.
-    pub(super) async fn renewing<F: Future>(&self, work: F, lease: Duration) -> (F::Output, bool) {
+    /// Polls `work` and, alongside it, renews the claim every `lease/3`
+    /// (sooner after a failed renewal: a fifth of that), until `work`
+    /// finishes; `work` is polled while a renewal is under way. Returns the
+    /// output and whether a renewal found the claim lost. A failed renewal is
+    /// logged and counted under `scope`.
+    pub(super) async fn renewing<F: Future>(
+        &self,
+        work: F,
+        lease: Duration,
+        scope: &Arc<str>,
+    ) -> (F::Output, bool) {
         let period = lease / 3;
-        let mut work = std::pin::pin!(work);
-        let mut tick = std::pin::pin!(tokio::time::sleep(period));
-        let mut lost = false;
-        loop {
-            let ready = std::future::poll_fn(|cx| {
-                if let Poll::Ready(out) = work.as_mut().poll(cx) {
-                    return Poll::Ready(Some(out));
+        let lost = AtomicBool::new(false);
+        let renew = async {
+            let mut next = Instant::now() + period;
+            loop {
+                tokio::time::sleep_until(next).await;
+                let renewed = timed(
+                    self.timeout,
+                    "renew",
+                    self.store.renew(&self.key, self.token, lease),
+                )
+                .await;
+                match renewed {
+                    Ok(true) => next = Instant::now() + period,
+                    // Logged and counted once the handler ends.
+                    Ok(false) => {
+                        lost.store(true, Ordering::Relaxed);
+                        return std::future::pending::<()>().await;
+                    }
+                    // The store is down: try again soon; the lease may still hold.
+                    Err(_error) => {
+                        outcome::record(scope, Outcome::StoreError);
+                        log_warn!(scope = %scope, error = %_error, "renewing the consumer's lease failed; retrying");
+                        next = Instant::now() + period / 5;
+                    }
                 }
-                if !lost && tick.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                Poll::Pending
-            })
-            .await;
-            if let Some(out) = ready {
-                return (out, lost);
             }
-            let renewed = timed(
-                self.timeout,
-                "renew",
-                self.store.renew(&self.key, self.token, lease),
-            )
-            .await;
-            // A store error keeps trying: the lease may still hold.
-            if let Ok(false) = renewed {
-                lost = true;
-            }
-            tick.as_mut().reset(Instant::now() + period);
+        };
+        // The renewal timer is polled outside the task's budget: a handler
+        // that is always ready spends it, and a budgeted timer would then
+        // never fire.
+        let renew = tokio::task::unconstrained(renew);
+        tokio::select! {
+            biased;
+            out = work => (out, lost.load(Ordering::Relaxed)),
+            () = renew => unreachable!("the renewal loop never ends"),
         }
     }
 }

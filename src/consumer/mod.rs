@@ -62,6 +62,7 @@
 //! know whether that system acted: after the lease, the next delivery runs
 //! again. Keep a unique index in the business database as the backstop.
 
+pub(crate) mod failure;
 mod lease;
 mod once;
 mod service;
@@ -165,6 +166,9 @@ pub enum ConsumeError<E> {
     KeyMissing,
     /// The stored receipt could not be decoded by [`Receipt::decode`].
     CorruptReceipt,
+    /// The handler ran past the consumer's run limit
+    /// ([`Consumer::max_run`]): it was cancelled and its claim released.
+    RunLimit,
     /// The store failed or timed out.
     Store(StoreError),
 }
@@ -184,6 +188,10 @@ impl<E> ConsumeError<E> {
 
 impl<E: fmt::Display> fmt::Display for ConsumeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A queue's worker dead-letters what can never succeed at once.
+        if !self.is_retryable() {
+            failure::mark(f, failure::PERMANENT)?;
+        }
         match self {
             Self::Handler(e) => write!(f, "message handler failed: {e}"),
             Self::Panicked => f.write_str("message handler panicked"),
@@ -191,6 +199,7 @@ impl<E: fmt::Display> fmt::Display for ConsumeError<E> {
             Self::Mismatch => f.write_str("message key reused with a different payload"),
             Self::KeyMissing => f.write_str("message has no key"),
             Self::CorruptReceipt => f.write_str("stored receipt could not be decoded"),
+            Self::RunLimit => f.write_str("message handler ran past the run limit"),
             Self::Store(e) => write!(f, "idempotency store failed: {e}"),
         }
     }

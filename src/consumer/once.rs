@@ -21,6 +21,7 @@ struct Config {
     lease: Duration,
     wait: Duration,
     store_timeout: Duration,
+    max_run: Duration,
 }
 
 /// Runs a message handler at most once per key, over any [`Store`].
@@ -43,6 +44,7 @@ impl<St: Store> Consumer<St> {
                 lease: Duration::from_secs(30),
                 wait: Duration::ZERO,
                 store_timeout: Duration::from_secs(1),
+                max_run: Duration::from_secs(300),
             }),
         }
     }
@@ -86,6 +88,20 @@ impl<St: Store> Consumer<St> {
     /// The timeout of every store call. Defaults to 1 second.
     pub fn store_timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.store_timeout = timeout)
+    }
+
+    /// The run limit: a handler still running after it is cancelled, its
+    /// claim released, and [`ConsumeError::RunLimit`] returned, so that a
+    /// handler that never ends does not keep its key claimed (and its
+    /// queue entry undelivered) for good. Keep it longer than any handler
+    /// run. Defaults to 5 minutes.
+    pub fn max_run(self, limit: Duration) -> Self {
+        self.with(|c| c.max_run = limit)
+    }
+
+    /// The run limit (see [`max_run`](Self::max_run)).
+    pub fn get_max_run(&self) -> Duration {
+        self.config.max_run
     }
 
     /// The same settings over another store. Defaults to the store given
@@ -208,7 +224,14 @@ impl<St: Store> Consumer<St> {
     {
         let config = &self.config;
         let work = AssertUnwindSafe(handler).catch_unwind();
-        let (result, lost) = held.renewing(work, config.lease).await;
+        let limited = tokio::time::timeout(config.max_run, work);
+        let (result, lost) = held.renewing(limited, config.lease, &config.scope).await;
+        let Ok(result) = result else {
+            outcome::record(&config.scope, Outcome::RunLimitExceeded);
+            log_warn!(scope = %config.scope, limit = ?config.max_run, "message handler ran past the run limit; cancelled, claim released");
+            held.release().await;
+            return Err(ConsumeError::RunLimit);
+        };
         let value = match result {
             Err(_panic) => {
                 outcome::record(&config.scope, Outcome::Failed);
@@ -233,14 +256,28 @@ impl<St: Store> Consumer<St> {
                 body_omitted: false,
             },
         });
-        let completed = timed(
-            config.store_timeout,
-            "complete",
-            self.store
-                .complete(&held.key, held.token, record.clone(), config.window),
-        )
-        .await;
+        // The handler succeeded: from here on the claim is never released.
+        // The completion runs in a task of its own, so that cancelling this
+        // future (a worker's shutdown) does not cut it off either.
         held.disarm();
+        let completion = {
+            let (store, key, token) = (self.store.clone(), held.key.clone(), held.token);
+            let (record, window, timeout) = (record.clone(), config.window, config.store_timeout);
+            tokio::spawn(async move {
+                timed(
+                    timeout,
+                    "complete",
+                    store.complete(&key, token, record, window),
+                )
+                .await
+            })
+        };
+        let completed = completion.await.unwrap_or_else(|_| {
+            Err(crate::store::StoreError::timeout(
+                "complete",
+                config.store_timeout,
+            ))
+        });
         let outcome = match completed {
             Ok(true) if !lost => Outcome::Executed,
             Ok(_) => {

@@ -1,162 +1,152 @@
-//! Acknowledge-then-deliver routes: the request pipeline of a route
-//! (normalize, key) in front of [`Ingest`], which queues the notification
-//! durably and only then answers; and [`Deliver`], which takes the queued
-//! notifications to the upstream through the route's dedup layer.
+//! The delivering end of acknowledge-then-deliver routes: [`Deliver`], which
+//! takes queued notifications to the upstream through the dedup layer of
+//! the route their path matches now, without verifying them again (they
+//! were verified once, when they were queued).
 
-use super::gateway::guarded;
-use super::headers::{set_forwarded, ClientConn};
-use super::{plain, Gateway, GatewayResponse};
-use crate::key::KeyBody;
-use crate::outcome::{self, Outcome};
-use crate::queue::{Ingested, Message, Queue, QueueError};
+use super::detect::detect;
+use super::gateway::{run_stack, Stack};
+use super::ingest::original_key;
+use super::Gateway;
+use crate::channel::PRESET_NAMES;
+use crate::consumer::failure::{mark, KEPT, PERMANENT};
+use crate::outcome::Outcome;
+use crate::queue::Message;
 use crate::store::Store;
-use crate::{IdempotencyKey, ResponseBody};
-use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use std::convert::Infallible;
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tower_service::Service;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// A queue's `ingest`, type-erased so that a gateway does not carry the
-/// queue's type.
-#[derive(Clone)]
-pub(crate) struct IngestFn(
-    Arc<dyn Fn(Message) -> BoxFuture<Result<Ingested, QueueError>> + Send + Sync>,
-);
-
-impl IngestFn {
-    pub(crate) fn new<Q: Queue>(queue: Q) -> Self {
-        Self(Arc::new(move |message| {
-            let queue = queue.clone();
-            Box::pin(async move { queue.ingest(message).await })
-        }))
-    }
-}
-
-impl fmt::Debug for IngestFn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("IngestFn")
-    }
-}
-
-/// The innermost service of an acknowledge-then-deliver route: queues the
-/// request under its scoped key (set by the key layer in front) and answers
-/// 200 only once the queue says the entry is durable; 422 for a key seen
-/// with another fingerprint, 503 when the queue fails. The route's
-/// normalize layer turns these into the channel's replies.
+/// Why [`Deliver`] did not deliver a message. A
+/// [`Worker`](crate::queue::Worker) retries it, dead-letters it at once when
+/// no later delivery can succeed ([`is_permanent`](Self::is_permanent): the
+/// key was done with another payload, or the message has no key), and keeps
+/// it, never dead-lettered for it, when no route delivers its path now
+/// ([`is_kept`](Self::is_kept)).
 #[derive(Debug, Clone)]
-pub(crate) struct Ingest {
-    pub(crate) queue: IngestFn,
+pub struct DeliveryError {
+    message: Arc<str>,
+    kind: Kind,
 }
 
-impl Service<Request<KeyBody>> for Ingest {
-    type Response = GatewayResponse;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<GatewayResponse, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<KeyBody>) -> Self::Future {
-        let queue = self.queue.clone();
-        Box::pin(async move { Ok(ingest(queue, req).await) })
-    }
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Retry,
+    Permanent,
+    Kept,
 }
-
-async fn ingest(queue: IngestFn, req: Request<KeyBody>) -> GatewayResponse {
-    let Some(key) = req.extensions().get::<IdempotencyKey>().cloned() else {
-        return reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "this route queues notifications: use POST\n",
-        );
-    };
-    let (mut parts, body) = req.into_parts();
-    let body = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(never) => match never {},
-    };
-    // Who sent it is known now, not at delivery.
-    let conn = parts.extensions.get::<ClientConn>().copied();
-    let authority = parts.uri.authority().map(|a| a.to_string());
-    set_forwarded(&mut parts.headers, conn, authority.as_deref());
-    parts.extensions = http::Extensions::new();
-    let message = Message::from_request(
-        key.as_str(),
-        key.fingerprint(),
-        Request::from_parts(parts, body),
-    )
-    .order(key.as_str());
-    match (queue.0)(message).await {
-        Ok(Ingested::Queued(_)) => {
-            outcome::record(key.preset_arc(), Outcome::Executed);
-            reply(StatusCode::OK, "queued\n")
-        }
-        Ok(Ingested::Duplicate) => {
-            outcome::record(key.preset_arc(), Outcome::Replayed);
-            reply(StatusCode::OK, "already queued\n")
-        }
-        Ok(Ingested::Mismatch) => {
-            outcome::record(key.preset_arc(), Outcome::Mismatch);
-            outcome::log_warn!(key = %key.redacted(), "idempotency key reused with a different payload: possible tampering; not queued");
-            reply(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency key reused with a different request payload\n",
-            )
-        }
-        Err(_e) => {
-            outcome::record(key.preset_arc(), Outcome::StoreError);
-            outcome::log_warn!(key = %key.redacted(), error = %_e, "cannot queue the notification; answering a failure");
-            reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "cannot queue the notification\n",
-            )
-        }
-    }
-}
-
-fn reply(status: StatusCode, msg: &'static str) -> GatewayResponse {
-    plain(status, msg).map(ResponseBody::stream)
-}
-
-/// Why [`Deliver`] did not deliver a message (the worker retries it).
-#[derive(Debug, Clone)]
-pub struct DeliveryError(Arc<str>);
 
 impl DeliveryError {
     pub(crate) fn new(message: impl Into<Arc<str>>) -> Self {
-        Self(message.into())
+        Self {
+            message: message.into(),
+            kind: Kind::Retry,
+        }
+    }
+
+    fn permanent(message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind: Kind::Permanent,
+            ..Self::new(message)
+        }
+    }
+
+    fn kept(message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind: Kind::Kept,
+            ..Self::new(message)
+        }
+    }
+
+    /// Whether no later delivery can succeed (dead-letter it now).
+    pub fn is_permanent(&self) -> bool {
+        self.kind == Kind::Permanent
+    }
+
+    /// Whether no route delivers the message's path now (keep it).
+    pub fn is_kept(&self) -> bool {
+        self.kind == Kind::Kept
     }
 }
 
 impl fmt::Display for DeliveryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self.kind {
+            Kind::Retry => {}
+            Kind::Permanent => mark(f, PERMANENT)?,
+            Kind::Kept => mark(f, KEPT)?,
+        }
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for DeliveryError {}
 
-/// Delivers queued notifications of a [`Gateway`]'s acknowledge-then-deliver
-/// routes to the upstream, each through its route's dedup layer (so an
-/// entry the queue hands out again does not reach the upstream twice once
-/// it succeeded). `Ok` when the upstream answered 2xx (or the dedup layer
-/// replayed such an answer); `Err` otherwise, to be retried. Give it to a
+/// Delivers queued notifications to the upstream, each through the dedup
+/// layer of the [`Gateway`] route its path matches now (so an entry the
+/// queue hands out again does not reach the upstream twice once it
+/// succeeded), whether that route acknowledges first or not. `Ok` when the
+/// upstream answered 2xx (or the dedup layer replayed such an answer);
+/// `Err` otherwise (see [`DeliveryError`]). The copies of one key (on a
+/// route that does not verify its sender, see
+/// [`RouteOptions::ack_then_deliver`](super::RouteOptions::ack_then_deliver))
+/// are delivered one at a time. Give it to a
 /// [`Worker`](crate::queue::Worker); from [`Gateway::deliverer`].
 pub struct Deliver<S> {
     pub(crate) gateway: Gateway<S>,
+    turns: Arc<Turns>,
 }
 
 impl<S> Clone for Deliver<S> {
     fn clone(&self) -> Self {
         Self {
             gateway: self.gateway.clone(),
+            turns: self.turns.clone(),
+        }
+    }
+}
+
+/// One lock per key being delivered: the copies of a key never run at the
+/// same time here, so a copy finding another payload in the store means
+/// that payload is done, not still running.
+#[derive(Default)]
+struct Turns(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Turns {
+    async fn run<T>(&self, key: &str, fut: impl Future<Output = T>) -> T {
+        let lock = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key.to_owned()).or_default().clone()
+        };
+        let _done = TurnDone {
+            turns: self,
+            key,
+            lock: &lock,
+        };
+        let _turn = lock.lock().await;
+        fut.await
+    }
+}
+
+/// Forgets a key's lock once no delivery holds or waits for it.
+struct TurnDone<'a> {
+    turns: &'a Turns,
+    key: &'a str,
+    lock: &'a Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for TurnDone<'_> {
+    fn drop(&mut self) {
+        let mut map = self.turns.0.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's and this delivery's: nobody else waits.
+        if Arc::strong_count(self.lock) <= 2 {
+            map.remove(self.key);
         }
     }
 }
@@ -179,58 +169,81 @@ impl<S: Store> Service<Message> for Deliver<S> {
     }
 
     fn call(&mut self, message: Message) -> Self::Future {
-        let gateway = self.gateway.clone();
-        Box::pin(async move { gateway.deliver(message).await })
+        let (gateway, turns) = (self.gateway.clone(), self.turns.clone());
+        Box::pin(async move {
+            let key = original_key(&message.key).to_owned();
+            turns.run(&key, gateway.deliver(message)).await
+        })
     }
 }
 
 impl<S: Store> Gateway<S> {
-    /// Whether a route acknowledges, then delivers (a worker is needed).
+    /// Whether a route acknowledges, then delivers (a worker is needed; it
+    /// is also needed while the queue holds entries of earlier runs).
     pub fn has_ack_routes(&self) -> bool {
         self.routes.iter().any(|(_, route)| route.ack.is_some())
     }
 
-    /// A service that delivers the queued notifications of the
-    /// acknowledge-then-deliver routes; give it to a
+    /// A service that delivers the queued notifications; give it to a
     /// [`Worker`](crate::queue::Worker) over the queue given to
-    /// [`GatewayBuilder::queue`](super::GatewayBuilder::queue).
+    /// [`GatewayBuilder::queue`](super::GatewayBuilder::queue), and run that
+    /// worker whenever the queue holds entries, even when no route
+    /// acknowledges first any more.
     pub fn deliverer(&self) -> Deliver<S> {
         Deliver {
             gateway: self.clone(),
+            turns: Arc::default(),
         }
     }
 
-    /// Delivers one queued notification through its route's stack (the
-    /// route found by the message's path). `Ok` once the upstream answered
-    /// 2xx, or the dedup layer replayed such an answer of an earlier
-    /// delivery.
+    /// Delivers one queued notification through the dedup layer of the
+    /// route its path matches now, without verifying it again. `Ok` once the
+    /// upstream answered 2xx, or the dedup layer replayed such an answer of
+    /// an earlier delivery.
     pub async fn deliver(&self, message: Message) -> Result<(), DeliveryError> {
-        let path = message.uri.path();
-        let Some((route, _)) = self.routes.find(path) else {
-            return Err(DeliveryError::new(format!("no route for {path}")));
-        };
-        let at = route.stacks.iter().position(Option::is_some);
-        let Some(at) = at.filter(|_| route.ack.is_some()) else {
-            return Err(DeliveryError::new(format!(
-                "{path} is not an ack-then-deliver route"
+        let path = message.uri.path().to_owned();
+        let Some((route, _)) = self.routes.find(&path) else {
+            return Err(DeliveryError::kept(format!(
+                "no route for {path}: kept until one delivers it"
             )));
         };
-        let mut req = message.to_request().map(Full::new);
-        // Verified when it was queued; not checked again on delivery.
-        let channel = crate::channel::PRESET_NAMES
-            .get(at)
-            .copied()
-            .unwrap_or("custom");
-        req.extensions_mut()
-            .insert(crate::verify::Verified::new(channel, None));
-        let res = guarded(route, at, req).await;
+        let stack: Option<&Stack<S>> = match route.auto_limit {
+            None => route
+                .deliver
+                .as_ref()
+                .or_else(|| route.stacks.iter().flatten().next()),
+            Some(_) => detect(&message.headers, &message.body)
+                .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
+                .and_then(|at| route.stacks[at].as_ref()),
+        };
+        let Some(stack) = stack else {
+            return Err(DeliveryError::kept(format!(
+                "the route of {path} guards no channel this notification is from: kept until one delivers it"
+            )));
+        };
+        // A panic below is caught as on a request (500, counted as
+        // panicked): the delivery fails and is retried.
+        let run = run_stack(stack.clone(), message.to_request().map(Full::new));
+        let res = super::panic::catching("queue", run).await;
         let status = res.status();
+        let refused = res.extensions().get::<Outcome>().copied();
         // Read the whole answer: the dedup layer records it at its end.
         let mut body = std::pin::pin!(res.into_body());
         while let Some(frame) = body.frame().await {
             if let Err(e) = frame {
                 return Err(DeliveryError::new(format!("upstream answer cut: {e}")));
             }
+        }
+        match refused {
+            Some(Outcome::Mismatch) => {
+                return Err(DeliveryError::permanent(
+                    "idempotency key reused with a different payload: the key ran with another one",
+                ))
+            }
+            Some(Outcome::KeyMissing) => {
+                return Err(DeliveryError::permanent("the notification has no key"))
+            }
+            _ => {}
         }
         if status.is_success() {
             Ok(())

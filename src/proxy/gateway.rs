@@ -1,11 +1,11 @@
 //! [`Gateway`]: routing, `auto` detection and one idempotency stack per
 //! route and preset, in front of a [`Forward`].
 
-use super::ack::{Ingest, IngestFn};
 use super::detect::{detect, looks_like};
 use super::entrance::{
     bad_path, method_not_allowed, refuse_verified_elsewhere, verified_presets, with_path, Verified,
 };
+use super::ingest::{Ingest, IngestFn};
 use super::options::DEFAULT_MAX_RUN;
 use super::panic::catching;
 use super::route::{RouteError, RouteTable};
@@ -64,7 +64,7 @@ pub type GatewayResponse = Response<ResponseBody<ProxyBody>>;
 /// Under a `client-token` route, the path that issues tokens.
 const TOKEN_PATH: &str = "/idempotency-token";
 
-type Stack<S> = Idempotency<Forward, S>;
+pub(super) type Stack<S> = Idempotency<Forward, S>;
 
 /// An acknowledge-then-deliver route's pipeline: the same layers in front
 /// of the queue as a synchronous route has in front of its dedup layer.
@@ -80,12 +80,16 @@ pub(super) struct Route<S> {
     /// Whether the route's preset is a channel's (POST only).
     channel: bool,
     /// What an `auto` route buffers to detect; `None` for a preset route.
-    auto_limit: Option<usize>,
+    pub(super) auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
     issuer: Option<IssueToken<S>>,
     /// The queueing pipeline of an acknowledge-then-deliver route (its
     /// stack in `stacks` delivers).
     pub(super) ack: Option<AckStack>,
+    /// The stack that delivers queued notifications when it differs from
+    /// the one in `stacks`: the same without verification (a notification
+    /// is verified once, when it is queued).
+    pub(super) deliver: Option<Stack<S>>,
 }
 
 /// A whole idempotency gateway as one tower service: each request goes to
@@ -317,7 +321,7 @@ impl<S: Store> GatewayBuilder<S> {
             let guarded = forward.with_timeout(max_run.max(forward.timeout()));
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
             // Every spelling of the route shares its records.
-            let stack = |preset: Preset| {
+            let stack = |preset: Preset, options: &RouteOptions| {
                 let store = store_for(&preset);
                 options
                     .layer(preset, store)
@@ -332,6 +336,7 @@ impl<S: Store> GatewayBuilder<S> {
             let mut ack = None;
             let mut route_reply = None;
             let mut channel = false;
+            let mut deliver = None;
             match target {
                 Target::Preset(preset) => {
                     route_reply = Some(preset.reply().clone());
@@ -346,17 +351,21 @@ impl<S: Store> GatewayBuilder<S> {
                     if let (true, Some(queue)) = (options.is_ack_then_deliver(), &queue) {
                         let ingest = Ingest {
                             queue: queue.clone(),
+                            verified: options.verifies(),
                         };
                         let layer = options
                             .layer(preset.clone(), store_for(&preset))
                             .route(prefix);
                         ack = Some(layer.front(ingest));
                     }
+                    if options.verifies() {
+                        deliver = Some(stack(preset.clone(), &options.without_verify()));
+                    }
                     // A preset outside the built-in names gets the last slot.
                     let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
                     match at {
-                        Some(at) => stacks[at] = Some(stack(preset)),
-                        None => stacks.push(Some(stack(preset))),
+                        Some(at) => stacks[at] = Some(stack(preset, &options)),
+                        None => stacks.push(Some(stack(preset, &options))),
                     }
                 }
                 Target::Auto => {
@@ -364,7 +373,7 @@ impl<S: Store> GatewayBuilder<S> {
                     for (at, name) in PRESET_NAMES.iter().enumerate() {
                         if let Some(preset) = Preset::from_name(name) {
                             limit = limit.max(options.body_limit(&preset));
-                            stacks[at] = Some(stack(preset));
+                            stacks[at] = Some(stack(preset, &options));
                         }
                     }
                     auto_limit = Some(limit);
@@ -378,6 +387,7 @@ impl<S: Store> GatewayBuilder<S> {
                 auto_limit,
                 issuer,
                 ack,
+                deliver,
             }
         });
         Ok(Gateway {
@@ -584,24 +594,30 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let mut stack = route.stacks[at].clone().expect("checked by the caller");
+    let stack = route.stacks[at].clone().expect("checked by the caller");
     let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
-    let mut res = catching(name, async move {
-        let ready =
-            std::future::poll_fn(|cx| Service::<Request<B>>::poll_ready(&mut stack, cx)).await;
-        match ready.map(|()| stack.call(req)) {
-            Ok(fut) => match fut.await {
-                Ok(res) => res,
-                Err(never) => match never {},
-            },
-            Err(never) => match never {},
-        }
-    })
-    .await;
+    let mut res = catching(name, run_stack(stack, req)).await;
     res.extensions_mut().insert(RoutedPreset(name));
     res.extensions_mut()
         .insert(MatchedRoute(route.prefix.clone()));
     res
+}
+
+/// Runs `req` through `stack`.
+pub(super) async fn run_stack<S, B>(mut stack: Stack<S>, req: Request<B>) -> GatewayResponse
+where
+    S: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let ready = std::future::poll_fn(|cx| Service::<Request<B>>::poll_ready(&mut stack, cx)).await;
+    match ready.map(|()| stack.call(req)) {
+        Ok(fut) => match fut.await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        },
+        Err(never) => match never {},
+    }
 }
 
 async fn issue_token<S: Store, B>(mut issuer: IssueToken<S>, req: Request<B>) -> GatewayResponse {

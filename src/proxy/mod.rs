@@ -59,6 +59,7 @@ mod entrance;
 mod forward;
 mod gateway;
 mod headers;
+mod ingest;
 mod options;
 mod panic;
 mod route;

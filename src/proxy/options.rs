@@ -190,6 +190,15 @@ impl RouteOptions {
         self.verify.as_ref().is_some_and(VerifyLayer::is_on)
     }
 
+    /// The same settings without verification: the stack that delivers a
+    /// queued notification, verified once when it was queued.
+    pub(crate) fn without_verify(&self) -> Self {
+        Self {
+            verify: None,
+            ..self.clone()
+        }
+    }
+
     /// The body limit set with [`max_body`](Self::max_body), if any.
     pub fn get_max_body(&self) -> Option<usize> {
         self.max_body

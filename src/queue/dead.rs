@@ -2,7 +2,7 @@
 //! good to the `dead` table, listing it, and replaying it as a new entry.
 
 use super::embedded::{Embedded, DEAD, KEYS};
-use super::records::{decode_dead, err, now_ms, Marker};
+use super::records::{decode_dead, err, queue_now, Marker};
 use super::{DeadLetter, Delivery, QueueError};
 use redb::{ReadableTable, WriteTransaction};
 
@@ -16,18 +16,30 @@ impl Embedded {
             return Ok(false);
         };
         let message = Self::remove(txn, id)?.ok_or_else(|| err("entry without message"))?;
+        Self::bury(txn, id, s.attempts, error, &message)?;
+        // The key stays marked (as live): a copy arriving now is a duplicate.
+        Ok(true)
+    }
+
+    /// Writes the dead letter `id` (the live entry is already removed).
+    pub(super) fn bury(
+        txn: &WriteTransaction,
+        id: u64,
+        attempts: u32,
+        error: &str,
+        message: &[u8],
+    ) -> Result<(), QueueError> {
         let mut record = Vec::with_capacity(16 + error.len() + message.len());
-        record.extend_from_slice(&s.attempts.to_le_bytes());
-        record.extend_from_slice(&now_ms().to_le_bytes());
+        record.extend_from_slice(&attempts.to_le_bytes());
+        record.extend_from_slice(&queue_now(txn)?.to_le_bytes());
         record.extend_from_slice(&(error.len() as u32).to_le_bytes());
         record.extend_from_slice(error.as_bytes());
-        record.extend_from_slice(&message);
+        record.extend_from_slice(message);
         txn.open_table(DEAD)
             .map_err(err)?
             .insert(id, record.as_slice())
             .map_err(err)?;
-        // The key stays marked (as live): a copy arriving now is a duplicate.
-        Ok(true)
+        Ok(())
     }
 
     pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
@@ -62,7 +74,8 @@ impl Embedded {
             .map_err(err)?
             .insert(letter.message.key.as_str(), marker.encode().as_slice())
             .map_err(err)?;
-        Self::enqueue(txn, new_id, &letter.message, now_ms())?;
+        let now = queue_now(txn)?;
+        Self::enqueue(txn, new_id, &letter.message, now)?;
         Ok(true)
     }
 

@@ -37,7 +37,19 @@ macro_rules! embedded_queue {
             ) -> Result<bool, QueueError> {
                 let d = delivery.clone();
                 self.inner
-                    .grouped(move |txn| Embedded::retry(txn, &d, after))
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, false))
+                    .await
+            }
+
+            async fn postpone(
+                &self,
+                delivery: &Delivery,
+                after: Duration,
+                _error: &str,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, true))
                     .await
             }
 

@@ -50,6 +50,15 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
         both!(self, q => q.retry(delivery, after, error))
     }
 
+    async fn postpone(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> Result<bool, QueueError> {
+        both!(self, q => q.postpone(delivery, after, error))
+    }
+
     async fn dead_letter(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
         both!(self, q => q.dead_letter(delivery, error))
     }

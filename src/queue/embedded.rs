@@ -9,7 +9,7 @@
 //! durable before its caller hears back.
 
 use super::group::Committer;
-use super::records::{err, now_ms, time_of, Marker, State};
+use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
 use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
@@ -22,7 +22,7 @@ const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages
 pub(super) const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
 const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
 pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
-const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
 /// Expired keys removed per acknowledgement, so that cleanup keeps pace
 /// without one long transaction.
@@ -104,7 +104,7 @@ impl Embedded {
             .get(message.key.as_str())
             .map_err(err)?
             .and_then(|v| Marker::decode(v.value()));
-        let now = now_ms();
+        let now = queue_now(txn)?;
         if let Some(marker) = found {
             if marker.expires == 0 || marker.expires > now {
                 return Ok(if marker.fingerprint == message.fingerprint.to_bytes() {
@@ -166,7 +166,7 @@ impl Embedded {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
-        let now = now_ms();
+        let now = queue_now(txn)?;
         let mut state = txn.open_table(STATE).map_err(err)?;
         let mut blocked = HashSet::new();
         let mut taken = Vec::new();
@@ -184,19 +184,25 @@ impl Embedded {
                 taken.push((id.value(), s));
             }
         }
-        let messages = txn.open_table(MESSAGES).map_err(err)?;
         let mut out = Vec::with_capacity(taken.len());
+        let mut unreadable = Vec::new();
         for (id, mut s) in taken {
             s.attempts += 1;
             s.lease = fresh_lease();
             s.due = now + lease.as_millis() as u64;
-            state.insert(id, s.encode().as_slice()).map_err(err)?;
-            let bytes = messages
+            let raw = txn
+                .open_table(MESSAGES)
+                .map_err(err)?
                 .get(id)
                 .map_err(err)?
-                .ok_or_else(|| err("entry without message"))?;
-            let message =
-                Message::decode(bytes.value()).ok_or_else(|| err("unreadable message"))?;
+                .map(|v| v.value().to_vec());
+            let Some(message) = raw.as_deref().and_then(Message::decode) else {
+                // Written by another version, or damaged: set aside with its
+                // reason, and the others delivered.
+                unreadable.push((id, s.attempts, raw.unwrap_or_default()));
+                continue;
+            };
+            state.insert(id, s.encode().as_slice()).map_err(err)?;
             out.push(Delivery {
                 id: EntryId::new(id.to_string()),
                 message,
@@ -204,6 +210,13 @@ impl Embedded {
                 enqueued_at: time_of(s.enqueued),
                 lease: s.lease,
             });
+        }
+        drop(state);
+        for (id, attempts, raw) in unreadable {
+            Self::remove(txn, id)?;
+            let why = "undecodable entry: not a message this version can read";
+            crate::outcome::log_warn!(entry = id, "{why}; dead-lettered");
+            Self::bury(txn, id, attempts, why, &raw)?;
         }
         Ok(out)
     }
@@ -249,7 +262,7 @@ impl Embedded {
             return Ok(false);
         };
         Self::remove(txn, id)?;
-        let now = now_ms();
+        let now = queue_now(txn)?;
         let expires = now + window.as_millis() as u64;
         let key = delivery.message.key.as_str();
         let marker = Marker {
@@ -293,16 +306,21 @@ impl Embedded {
         Ok(())
     }
 
+    /// Due again after `after`; `uncounted`: this attempt does not count.
     pub(super) fn retry(
         txn: &WriteTransaction,
         delivery: &Delivery,
         after: Duration,
+        uncounted: bool,
     ) -> Result<bool, QueueError> {
         let Some((id, mut s)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
+        if uncounted {
+            s.attempts = s.attempts.saturating_sub(1);
+        }
         s.lease = 0;
-        s.due = now_ms() + after.as_millis() as u64;
+        s.due = queue_now(txn)? + after.as_millis() as u64;
         txn.open_table(STATE)
             .map_err(err)?
             .insert(id, s.encode().as_slice())
@@ -312,11 +330,12 @@ impl Embedded {
 
     pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
         let txn = self.db.begin_read().map_err(err)?;
+        let now = queue_now_read(&txn)?;
         let state = txn.open_table(STATE).map_err(err)?;
         let oldest = match state.first().map_err(err)? {
             Some((_, v)) => {
                 let s = State::decode(v.value())?;
-                Some(Duration::from_millis(now_ms().saturating_sub(s.enqueued)))
+                Some(Duration::from_millis(now.saturating_sub(s.enqueued)))
             }
             None => None,
         };

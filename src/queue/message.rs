@@ -75,6 +75,17 @@ impl Message {
         req
     }
 
+    /// What a dead letter shows of an entry whose bytes could not be read
+    /// (written by another version, or by hand): its raw bytes as the body,
+    /// under a key naming the entry.
+    pub(crate) fn undecodable(entry: &str, raw: &[u8]) -> Self {
+        Self::new(
+            format!("undecodable-entry:{entry}"),
+            Fingerprint::of(raw),
+            Bytes::copy_from_slice(raw),
+        )
+    }
+
     /// The encoded form: version, key, fingerprint, order, method, uri,
     /// headers, body; lengths as little-endian u32.
     pub(crate) fn encode(&self) -> Vec<u8> {

@@ -26,3 +26,15 @@ pub(super) fn stats(queue: &std::sync::Arc<str>, stats: &QueueStats) {
         .set(stats.oldest.map_or(0.0, |d| d.as_secs_f64()));
     metrics::gauge!("idempotency_queue_dead_letters", "queue" => label()).set(stats.dead as f64);
 }
+
+/// Sets `idempotency_queue_stranded{queue}`: entries kept because no route
+/// delivers their path now.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(super) fn stranded(queue: &std::sync::Arc<str>, n: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(
+        "idempotency_queue_stranded",
+        "queue" => metrics::SharedString::from(queue.clone())
+    )
+    .set(n as f64);
+}

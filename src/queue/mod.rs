@@ -56,6 +56,8 @@ mod metrics;
 mod records;
 mod redb;
 #[cfg(feature = "redis")]
+mod redis_scripts;
+#[cfg(feature = "redis")]
 mod redis_streams;
 mod worker;
 
@@ -209,6 +211,20 @@ pub trait Queue: Clone + Send + Sync + 'static {
         after: Duration,
         error: &str,
     ) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// The delivery was not made for a reason that is not the entry's (no
+    /// route delivers its path now): the entry is due again after `after`,
+    /// and this attempt does not count towards the dead letters. `false` if
+    /// the lease was lost. Defaults to [`retry`](Self::retry) (the attempt
+    /// counts).
+    fn postpone(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.retry(delivery, after, error)
+    }
 
     /// Moves the entry to the dead letters. `false` if the lease was lost.
     fn dead_letter(

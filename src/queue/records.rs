@@ -16,6 +16,37 @@ pub(super) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The queue's clock in a write transaction: the wall clock plus the sum of
+/// every step back it was seen to take (kept in `meta`), so that it never
+/// runs backwards. Every stored time is on it: a wall clock stepped back
+/// by an hour does not delay every leased and backing-off entry by an hour
+/// (a step forward only makes entries due early).
+pub(super) fn queue_now(txn: &redb::WriteTransaction) -> Result<u64, QueueError> {
+    use redb::ReadableTable;
+    let mut meta = txn.open_table(super::embedded::META).map_err(err)?;
+    let read = |k: &str| -> Result<u64, QueueError> {
+        Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
+    };
+    let (last, mut skew) = (read("clock")?, read("skew")?);
+    let mut now = now_ms().saturating_add(skew);
+    if now < last {
+        skew += last - now;
+        now = last;
+        meta.insert("skew", skew).map_err(err)?;
+    }
+    meta.insert("clock", now).map_err(err)?;
+    Ok(now)
+}
+
+/// The queue's clock (see [`queue_now`]) in a read transaction.
+pub(super) fn queue_now_read(txn: &redb::ReadTransaction) -> Result<u64, QueueError> {
+    let meta = txn.open_table(super::embedded::META).map_err(err)?;
+    let get = |k: &str| -> Result<u64, QueueError> {
+        Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
+    };
+    Ok(now_ms().saturating_add(get("skew")?).max(get("clock")?))
+}
+
 /// A stored time as a `SystemTime`.
 pub(super) fn time_of(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
@@ -101,7 +132,11 @@ pub(super) fn decode_dead(id: u64, b: &[u8]) -> Result<DeadLetter, QueueError> {
     let dead_at = u64::from_le_bytes(b.get(4..12).ok_or_else(bad)?.try_into().map_err(err)?);
     let len = u32::from_le_bytes(b.get(12..16).ok_or_else(bad)?.try_into().map_err(err)?) as usize;
     let error = String::from_utf8_lossy(b.get(16..16 + len).ok_or_else(bad)?).into_owned();
-    let message = Message::decode(b.get(16 + len..).ok_or_else(bad)?).ok_or_else(bad)?;
+    let raw = b.get(16 + len..).ok_or_else(bad)?;
+    // An entry dead-lettered because it could not be read is listed as
+    // its raw bytes.
+    let message =
+        Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id.to_string(), raw));
     Ok(DeadLetter {
         id: EntryId::new(id.to_string()),
         message,

@@ -1,11 +1,12 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
+use super::redis_scripts::{ACK, DEAD, FETCH, INGEST, PRUNE, REPLAY, RETRY};
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
-use ::redis::{IntoConnectionInfo, Script, Value};
+use ::redis::{IntoConnectionInfo, Value};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A queue on Redis Streams, shared by every instance that names it.
@@ -37,6 +38,7 @@ pub struct RedisStreamsQueue<C = ConnectionManager> {
     name: Arc<str>,
     consumer: Arc<str>,
     window: Duration,
+    replicas: u32,
 }
 
 impl<C: Clone> Clone for RedisStreamsQueue<C> {
@@ -46,6 +48,7 @@ impl<C: Clone> Clone for RedisStreamsQueue<C> {
             name: self.name.clone(),
             consumer: self.consumer.clone(),
             window: self.window,
+            replicas: self.replicas,
         }
     }
 }
@@ -60,6 +63,10 @@ impl<C> fmt::Debug for RedisStreamsQueue<C> {
 }
 
 const GROUP: &str = "workers";
+
+/// How long [`RedisStreamsQueue::replicas`] waits for the replicas (`WAIT`
+/// blocks the connection it runs on: kept short).
+const REPLICA_WAIT: Duration = Duration::from_millis(250);
 
 /// One stream entry as `XRANGE` answers it: its id and its fields.
 type StreamEntry = (String, HashMap<String, Value>);
@@ -100,6 +107,7 @@ where
                 crate::store::OwnerToken::new().as_u128()
             )),
             window: Duration::from_secs(25 * 3600),
+            replicas: 0,
         };
         let mut conn = queue.conn.clone();
         let created: Result<(), _> = ::redis::cmd("XGROUP")
@@ -111,9 +119,32 @@ where
             .query_async(&mut conn)
             .await;
         match created {
-            Err(e) if e.code() != Some("BUSYGROUP") => Err(err(e)),
-            _ => Ok(queue),
+            Err(e) if e.code() != Some("BUSYGROUP") => return Err(err(e)),
+            _ => {}
         }
+        // The consumers of earlier runs (each run joins under a fresh
+        // name): those holding no entry are removed, so that names do not
+        // pile up across restarts. A live instance's consumer is created
+        // again by its next read; one holding entries keeps them until
+        // another instance reclaims them.
+        let _: i64 = PRUNE
+            .key(queue.key("s"))
+            .arg(GROUP)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(err)?;
+        Ok(queue)
+    }
+
+    /// Answers [`ingest`](Queue::ingest) only once `replicas` replicas hold
+    /// the entry (Redis `WAIT`, up to 250 ms; fewer is an error, and the
+    /// sender gets the failure reply and retries). Defaults to 0: an
+    /// acknowledgement is then as durable as the master alone (its AOF
+    /// setting), and a failover to a replica that had not received the
+    /// entry loses it.
+    pub fn replicas(mut self, replicas: u32) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// How long a delivered key is remembered. Defaults to 25 hours.
@@ -130,95 +161,6 @@ where
         format!("{{{}}}:k:{key}", self.name)
     }
 }
-
-/// Owner check shared by the scripts: the entry is pending for this consumer.
-const OWNED: &str = "
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
-if #p == 0 then return 0 end
-";
-
-static INGEST: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local cur = redis.call('GET', KEYS[2])
-         if cur then if cur == ARGV[1] then return 1 else return 2 end end
-         local id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[2], 'a', '0', 't', ARGV[3])
-         redis.call('SET', KEYS[2], ARGV[1])
-         return id",
-    )
-});
-
-static FETCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local s, r, rh = KEYS[1], KEYS[2], KEYS[3]
-         local g, c, n, lease, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-         for _, k in ipairs(redis.call('ZRANGEBYSCORE', r, '-inf', now, 'LIMIT', 0, 256)) do
-           local e = redis.call('HMGET', rh, k .. ':m', k .. ':a', k .. ':t')
-           if e[1] then redis.call('XADD', s, '*', 'm', e[1], 'a', e[2], 't', e[3]) end
-           redis.call('HDEL', rh, k .. ':m', k .. ':a', k .. ':t')
-           redis.call('ZREM', r, k)
-         end
-         local out = {}
-         local function push(e)
-           if type(e) ~= 'table' or type(e[2]) ~= 'table' then return end
-           local f = {}
-           for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
-           table.insert(out, e[1]); table.insert(out, f['m'] or '')
-           table.insert(out, f['a'] or '0'); table.insert(out, f['t'] or '0')
-         end
-         local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, '0-0', 'COUNT', n)
-         for _, e in ipairs(claimed[2]) do push(e) end
-         local left = n - #out / 4
-         if left > 0 then
-           local read = redis.call('XREADGROUP', 'GROUP', g, c, 'COUNT', left, 'STREAMS', s, '>')
-           if read then for _, e in ipairs(read[1][2]) do push(e) end end
-         end
-         return out",
-    )
-});
-
-static ACK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{OWNED}
-         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-         redis.call('XDEL', KEYS[1], ARGV[3])
-         redis.call('PEXPIRE', KEYS[2], ARGV[4])
-         return 1"
-    ))
-});
-
-static RETRY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{OWNED}
-         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-         redis.call('XDEL', KEYS[1], ARGV[3])
-         local k = ARGV[3]
-         redis.call('HSET', KEYS[3], k .. ':m', ARGV[5], k .. ':a', ARGV[6], k .. ':t', ARGV[7])
-         redis.call('ZADD', KEYS[2], ARGV[4], k)
-         return 1"
-    ))
-});
-
-static DEAD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{OWNED}
-         redis.call('XADD', KEYS[2], '*', 'm', ARGV[4], 'a', ARGV[5], 'e', ARGV[6], 'at', ARGV[7])
-         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-         redis.call('XDEL', KEYS[1], ARGV[3])
-         return 1"
-    ))
-});
-
-static REPLAY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-         if #e == 0 then return 0 end
-         local f = {}
-         for i = 1, #e[1][2], 2 do f[e[1][2][i]] = e[1][2][i + 1] end
-         redis.call('XADD', KEYS[2], '*', 'm', f['m'], 'a', '0', 't', ARGV[2])
-         redis.call('XDEL', KEYS[1], ARGV[1])
-         return 1",
-    )
-});
 
 fn bytes(v: &Value) -> Option<&[u8]> {
     match v {
@@ -260,11 +202,26 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
-        Ok(match got {
+        let got = match got {
             Value::Int(1) => Ingested::Duplicate,
-            Value::Int(_) => Ingested::Mismatch,
+            Value::Int(_) => return Ok(Ingested::Mismatch),
             id => Ingested::Queued(EntryId::new(text(&id))),
-        })
+        };
+        if self.replicas > 0 {
+            let acked: u32 = ::redis::cmd("WAIT")
+                .arg(self.replicas)
+                .arg(REPLICA_WAIT.as_millis() as u64)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(err)?;
+            if acked < self.replicas {
+                return Err(err(format!(
+                    "{acked} of {} replicas hold the entry after {REPLICA_WAIT:?}",
+                    self.replicas
+                )));
+            }
+        }
+        Ok(got)
     }
 
     async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
@@ -282,13 +239,19 @@ where
             .map_err(err)?;
         let mut out = Vec::with_capacity(got.len() / 4);
         for e in got.chunks_exact(4) {
-            let message = bytes(&e[1])
-                .and_then(Message::decode)
-                .ok_or_else(|| err("unreadable entry"))?;
+            let id = text(&e[0]);
+            let attempt = number(&e[2]) as u32;
+            let Some(message) = bytes(&e[1]).and_then(Message::decode) else {
+                // Added by another version or by hand: set aside with its
+                // reason, and the others delivered.
+                self.bury_unreadable(&id, bytes(&e[1]).unwrap_or_default(), attempt)
+                    .await?;
+                continue;
+            };
             out.push(Delivery {
-                id: EntryId::new(text(&e[0])),
+                id: EntryId::new(id),
                 message,
-                attempt: number(&e[2]) as u32 + 1,
+                attempt,
                 enqueued_at: time_of(number(&e[3])),
                 lease: 0,
             });
@@ -316,26 +279,17 @@ where
         after: Duration,
         _error: &str,
     ) -> Result<bool, QueueError> {
-        let enqueued = delivery
-            .enqueued_at
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        let got: i64 = RETRY
-            .key(self.key("s"))
-            .key(self.key("r"))
-            .key(self.key("rh"))
-            .arg(GROUP)
-            .arg(&*self.consumer)
-            .arg(delivery.id.as_str())
-            .arg(now_ms() + after.as_millis() as u64)
-            .arg(delivery.message.encode())
-            .arg(delivery.attempt)
-            .arg(enqueued)
-            .invoke_async(&mut self.conn.clone())
+        self.back_off(delivery, after, delivery.attempt).await
+    }
+
+    async fn postpone(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        _error: &str,
+    ) -> Result<bool, QueueError> {
+        self.back_off(delivery, after, delivery.attempt.saturating_sub(1))
             .await
-            .map_err(err)?;
-        Ok(got == 1)
     }
 
     async fn dead_letter(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
@@ -369,10 +323,9 @@ where
         rows.into_iter()
             .map(|(id, f)| {
                 let field = |k: &str| f.get(k).unwrap_or(&nil);
+                let raw = bytes(field("m")).unwrap_or_default();
                 Ok(DeadLetter {
-                    message: bytes(field("m"))
-                        .and_then(Message::decode)
-                        .ok_or_else(|| err("unreadable dead letter"))?,
+                    message: Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
                     id: EntryId::new(id),
                     attempts: number(field("a")) as u32,
                     error: text(field("e")),
@@ -435,5 +388,60 @@ where
             oldest,
             dead,
         })
+    }
+}
+
+impl<C> RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Moves an entry this version cannot read to the dead letters.
+    async fn bury_unreadable(&self, id: &str, raw: &[u8], attempt: u32) -> Result<(), QueueError> {
+        let why = "undecodable entry: not a message this version can read";
+        crate::outcome::log_warn!(entry = %id, "{why}; dead-lettered");
+        let _: i64 = DEAD
+            .key(self.key("s"))
+            .key(self.key("d"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(id)
+            .arg(raw)
+            .arg(attempt)
+            .arg(why)
+            .arg(now_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    /// Moves a leased entry to the backoff set, due after `after`, with
+    /// `attempts` recorded.
+    async fn back_off(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        attempts: u32,
+    ) -> Result<bool, QueueError> {
+        let enqueued = delivery
+            .enqueued_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let got: i64 = RETRY
+            .key(self.key("s"))
+            .key(self.key("r"))
+            .key(self.key("rh"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(now_ms() + after.as_millis() as u64)
+            .arg(delivery.message.encode())
+            .arg(attempts)
+            .arg(enqueued)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
     }
 }

@@ -1,0 +1,188 @@
+//! The queueing end of an acknowledge-then-deliver route: [`Ingest`], the
+//! innermost service of the route's pipeline (normalize, verify, key),
+//! which queues the notification durably and only then answers.
+
+use super::headers::{set_forwarded, ClientConn};
+use super::{plain, GatewayResponse};
+use crate::key::KeyBody;
+use crate::outcome::{self, Outcome};
+use crate::queue::{Ingested, Message, Queue, QueueError};
+use crate::{IdempotencyKey, ResponseBody};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_service::Service;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// On a route that does not verify its sender, how many copies of one key
+/// with distinct fingerprints are queued (the first copy is not trusted
+/// over the later ones); a copy past them gets the failure reply.
+pub(crate) const MAX_UNVERIFIED_COPIES: usize = 4;
+
+/// What separates a key from the number of its copy in the queue.
+const COPY: &str = "~copy";
+
+/// The queue key of copy `n` of `key` (copy 0 is the key itself).
+fn copy_key(key: &str, n: usize) -> String {
+    match n {
+        0 => key.to_owned(),
+        n => format!("{key}{COPY}{n}"),
+    }
+}
+
+/// The key a queue key is a copy of.
+pub(crate) fn original_key(queued: &str) -> &str {
+    match queued.rsplit_once(COPY) {
+        Some((key, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => key,
+        _ => queued,
+    }
+}
+
+/// A queue's `ingest`, type-erased so that a gateway does not carry the
+/// queue's type.
+#[derive(Clone)]
+pub(crate) struct IngestFn(
+    Arc<dyn Fn(Message) -> BoxFuture<Result<Ingested, QueueError>> + Send + Sync>,
+);
+
+impl IngestFn {
+    pub(crate) fn new<Q: Queue>(queue: Q) -> Self {
+        Self(Arc::new(move |message| {
+            let queue = queue.clone();
+            Box::pin(async move { queue.ingest(message).await })
+        }))
+    }
+}
+
+impl fmt::Debug for IngestFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IngestFn")
+    }
+}
+
+/// The innermost service of an acknowledge-then-deliver route: queues the
+/// request under its scoped key (set by the key layer in front) and answers
+/// 200 only once the queue says the entry is durable; 422 for a key seen
+/// with another fingerprint, 503 when the queue fails. The route's
+/// normalize layer turns these into the channel's replies.
+///
+/// On a route that does not verify its sender (`verified` false), a copy
+/// whose fingerprint differs from the first one's is queued as an entry of
+/// its own (up to [`MAX_UNVERIFIED_COPIES`]): delivery runs the key once
+/// through the dedup layer, so the upstream decides, not the order of
+/// arrival.
+#[derive(Debug, Clone)]
+pub(crate) struct Ingest {
+    pub(crate) queue: IngestFn,
+    pub(crate) verified: bool,
+}
+
+impl Service<Request<KeyBody>> for Ingest {
+    type Response = GatewayResponse;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<GatewayResponse, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<KeyBody>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.ingest(req).await) })
+    }
+}
+
+impl Ingest {
+    async fn ingest(self, req: Request<KeyBody>) -> GatewayResponse {
+        let Some(key) = req.extensions().get::<IdempotencyKey>().cloned() else {
+            return reply(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this route queues notifications: use POST\n",
+            );
+        };
+        let (mut parts, body) = req.into_parts();
+        let body = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(never) => match never {},
+        };
+        // Who sent it is known now, not at delivery.
+        let conn = parts.extensions.get::<ClientConn>().copied();
+        let authority = parts.uri.authority().map(|a| a.to_string());
+        set_forwarded(&mut parts.headers, conn, authority.as_deref());
+        parts.extensions = http::Extensions::new();
+        let req = Request::from_parts(parts, body);
+        let copies = if self.verified {
+            1
+        } else {
+            MAX_UNVERIFIED_COPIES
+        };
+        let mut got = Ok(Ingested::Mismatch);
+        for n in 0..copies {
+            let queued = copy_key(key.as_str(), n);
+            let message = Message::from_request(queued.as_str(), key.fingerprint(), req.clone())
+                .order(queued.as_str());
+            got = (self.queue.0)(message).await;
+            if !matches!(got, Ok(Ingested::Mismatch)) {
+                if n > 0 && matches!(got, Ok(Ingested::Queued(_))) {
+                    outcome::log_warn!(key = %key.redacted(), copy = n, "a copy with another payload on a route that does not verify its sender: queued as its own entry (delivery runs the key once)");
+                }
+                break;
+            }
+        }
+        match got {
+            Ok(Ingested::Queued(_)) => {
+                outcome::record(key.preset_arc(), Outcome::Executed);
+                reply(StatusCode::OK, "queued\n")
+            }
+            Ok(Ingested::Duplicate) => {
+                outcome::record(key.preset_arc(), Outcome::Replayed);
+                reply(StatusCode::OK, "already queued\n")
+            }
+            Ok(Ingested::Mismatch) => {
+                outcome::record(key.preset_arc(), Outcome::Mismatch);
+                outcome::log_warn!(key = %key.redacted(), "idempotency key reused with a different payload: possible tampering; not queued");
+                reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency key reused with a different request payload\n",
+                )
+            }
+            Err(_e) => {
+                outcome::record(key.preset_arc(), Outcome::StoreError);
+                outcome::log_warn!(key = %key.redacted(), error = %_e, "cannot queue the notification; answering a failure");
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot queue the notification\n",
+                )
+            }
+        }
+    }
+}
+
+fn reply(status: StatusCode, msg: &'static str) -> GatewayResponse {
+    plain(status, msg).map(ResponseBody::stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_name_their_key() {
+        assert_eq!(
+            original_key(&copy_key("idem:alipay:/a:N1", 0)),
+            "idem:alipay:/a:N1"
+        );
+        assert_eq!(
+            original_key(&copy_key("idem:alipay:/a:N1", 3)),
+            "idem:alipay:/a:N1"
+        );
+        assert_eq!(original_key("k~copy"), "k~copy");
+        assert_eq!(original_key("k~copyx"), "k~copyx");
+    }
+}

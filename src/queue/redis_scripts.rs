@@ -1,0 +1,117 @@
+//! The Lua scripts of [`RedisStreamsQueue`](super::RedisStreamsQueue): each
+//! change of the queue is one script, atomic on the server.
+
+use ::redis::Script;
+use std::sync::LazyLock;
+
+/// Owner check shared by the scripts: the entry is pending for this consumer.
+const OWNED: &str = "
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #p == 0 then return 0 end
+";
+
+pub(super) static INGEST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local cur = redis.call('GET', KEYS[2])
+         if cur then if cur == ARGV[1] then return 1 else return 2 end end
+         local id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[2], 'a', '0', 't', ARGV[3])
+         redis.call('SET', KEYS[2], ARGV[1])
+         return id",
+    )
+});
+
+pub(super) static PRUNE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local n = 0
+         for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+           local f = {}
+           for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+           if f['pending'] == 0 then
+             redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+             n = n + 1
+           end
+         end
+         return n",
+    )
+});
+
+pub(super) static FETCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local s, r, rh = KEYS[1], KEYS[2], KEYS[3]
+         local g, c, n, lease, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+         for _, k in ipairs(redis.call('ZRANGEBYSCORE', r, '-inf', now, 'LIMIT', 0, 256)) do
+           local e = redis.call('HMGET', rh, k .. ':m', k .. ':a', k .. ':t')
+           if e[1] then redis.call('XADD', s, '*', 'm', e[1], 'a', e[2], 't', e[3]) end
+           redis.call('HDEL', rh, k .. ':m', k .. ':a', k .. ':t')
+           redis.call('ZREM', r, k)
+         end
+         local out = {}
+         local function push(e, reclaimed)
+           if type(e) ~= 'table' or type(e[2]) ~= 'table' then return end
+           local f = {}
+           for i = 1, #e[2], 2 do f[e[2][i]] = e[2][i + 1] end
+           -- This attempt: the failures recorded, plus every time this
+           -- stream entry was handed out (a reclaim counts).
+           local handed = 1
+           if reclaimed then
+             local p = redis.call('XPENDING', s, g, e[1], e[1], 1)
+             if p[1] then handed = tonumber(p[1][4]) end
+           end
+           table.insert(out, e[1]); table.insert(out, f['m'] or '')
+           table.insert(out, tostring(tonumber(f['a'] or '0') + handed))
+           table.insert(out, f['t'] or '0')
+         end
+         local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, '0-0', 'COUNT', n)
+         for _, e in ipairs(claimed[2]) do push(e, true) end
+         local left = n - #out / 4
+         if left > 0 then
+           local read = redis.call('XREADGROUP', 'GROUP', g, c, 'COUNT', left, 'STREAMS', s, '>')
+           if read then for _, e in ipairs(read[1][2]) do push(e, false) end end
+         end
+         return out",
+    )
+});
+
+pub(super) static ACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         redis.call('PEXPIRE', KEYS[2], ARGV[4])
+         return 1"
+    ))
+});
+
+pub(super) static RETRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         local k = ARGV[3]
+         redis.call('HSET', KEYS[3], k .. ':m', ARGV[5], k .. ':a', ARGV[6], k .. ':t', ARGV[7])
+         redis.call('ZADD', KEYS[2], ARGV[4], k)
+         return 1"
+    ))
+});
+
+pub(super) static DEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XADD', KEYS[2], '*', 'm', ARGV[4], 'a', ARGV[5], 'e', ARGV[6], 'at', ARGV[7])
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         return 1"
+    ))
+});
+
+pub(super) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+         if #e == 0 then return 0 end
+         local f = {}
+         for i = 1, #e[1][2], 2 do f[e[1][2][i]] = e[1][2][i + 1] end
+         redis.call('XADD', KEYS[2], '*', 'm', f['m'], 'a', '0', 't', ARGV[2])
+         redis.call('XDEL', KEYS[1], ARGV[1])
+         return 1",
+    )
+});
