@@ -4,6 +4,8 @@
 
 #[cfg(feature = "redis")]
 mod support_redis;
+#[cfg(feature = "sql")]
+mod support_sql;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -598,6 +600,39 @@ store_tests!(redis_prefixed, redis_prefixed_setup);
 store_tests!(redis_cluster, redis_cluster_setup);
 #[cfg(feature = "redis")]
 store_tests!(either_redis, redis_setup::either);
+
+#[cfg(feature = "sql")]
+mod sql_setup {
+    use super::support_sql::{shared_mariadb, shared_postgres, SqliteFile};
+    use super::*;
+    use tower_idempotency::store::SqlStore;
+
+    pub(super) async fn postgres() -> Option<(SqlStore, Guard)> {
+        let server = shared_postgres()?;
+        let store = SqlStore::connect(server.url()).await.unwrap();
+        Some((store, Some(server)))
+    }
+
+    pub(super) async fn mariadb() -> Option<(SqlStore, Guard)> {
+        let server = shared_mariadb()?;
+        let store = SqlStore::connect(server.url()).await.unwrap();
+        Some((store, Some(server)))
+    }
+
+    /// A database file of its own per test.
+    pub(super) async fn sqlite() -> Option<(SqlStore, Guard)> {
+        let file = SqliteFile::new();
+        let store = SqlStore::connect(&file.url()).await.unwrap();
+        Some((store, Some(Arc::new(file))))
+    }
+}
+
+#[cfg(feature = "sql")]
+store_tests!(sql_postgres, sql_setup::postgres);
+#[cfg(feature = "sql")]
+store_tests!(sql_mariadb, sql_setup::mariadb);
+#[cfg(feature = "sql")]
+store_tests!(sql_sqlite, sql_setup::sqlite);
 
 /// What only the Redis store does.
 #[cfg(feature = "redis")]
