@@ -129,7 +129,12 @@ pub struct ActiveClaim {
 impl ActiveClaim {
     /// A claim of `key` (the stored key, as the store sees it) by `owner`,
     /// whose record is kept for `window` once completed.
-    pub fn new(key: Arc<str>, owner: OwnerToken, fingerprint: Fingerprint, window: Duration) -> Self {
+    pub fn new(
+        key: Arc<str>,
+        owner: OwnerToken,
+        fingerprint: Fingerprint,
+        window: Duration,
+    ) -> Self {
         Self {
             key,
             owner,

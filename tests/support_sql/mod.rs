@@ -69,7 +69,10 @@ pub fn postgres_available() -> bool {
     *OK.get_or_init(|| {
         let ok = pg_bin().is_some();
         if !ok {
-            warn_missing("PostgreSQL (initdb, postgres)", "apt-get install -y postgresql");
+            warn_missing(
+                "PostgreSQL (initdb, postgres)",
+                "apt-get install -y postgresql",
+            );
         }
         ok
     })
@@ -187,7 +190,11 @@ impl DbServer {
         let bin = pg_bin().expect("postgres binaries");
         let dir = temp_dir("pg");
         let data = dir.join("data");
-        let ids = if is_root() { user_ids("postgres") } else { None };
+        let ids = if is_root() {
+            user_ids("postgres")
+        } else {
+            None
+        };
         if is_root() {
             let (uid, gid) = ids.expect("a `postgres` user (the Debian package creates it)");
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown temp dir");

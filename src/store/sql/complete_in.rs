@@ -26,26 +26,38 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// and for a [`Transaction`] or [`PoolConnection`] of one of them. Sealed.
 pub trait SqlConnection: sealed::Sealed + Send {
     #[doc(hidden)]
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> BoxFuture<'a, sqlx::Result<bool>>;
+    fn complete_record<'a>(
+        &'a mut self,
+        args: &'a CompleteArgs<'a>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
 }
 
 impl sealed::Sealed for PgConnection {}
 impl SqlConnection for PgConnection {
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(
+        &'a mut self,
+        args: &'a CompleteArgs<'a>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
         Box::pin(postgres::complete(self, args))
     }
 }
 
 impl sealed::Sealed for MySqlConnection {}
 impl SqlConnection for MySqlConnection {
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(
+        &'a mut self,
+        args: &'a CompleteArgs<'a>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
         Box::pin(mysql::complete(self, args))
     }
 }
 
 impl sealed::Sealed for SqliteConnection {}
 impl SqlConnection for SqliteConnection {
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(
+        &'a mut self,
+        args: &'a CompleteArgs<'a>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
         Box::pin(sqlite::complete(self, args))
     }
 }
@@ -55,7 +67,10 @@ impl<DB: Database> SqlConnection for Transaction<'_, DB>
 where
     DB::Connection: SqlConnection,
 {
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(
+        &'a mut self,
+        args: &'a CompleteArgs<'a>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
         (**self).complete_record(args)
     }
 }
@@ -65,7 +80,10 @@ impl<DB: Database> SqlConnection for PoolConnection<DB>
 where
     DB::Connection: SqlConnection,
 {
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(
+        &'a mut self,
+        args: &'a CompleteArgs<'a>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
         (**self).complete_record(args)
     }
 }

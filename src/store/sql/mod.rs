@@ -141,10 +141,14 @@ impl SqlStore {
             None => url,
         };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = PgPool::connect(url).await.map_err(|e| map_err("connect", e))?;
+            let pool = PgPool::connect(url)
+                .await
+                .map_err(|e| map_err("connect", e))?;
             Self::postgres(pool).await
         } else if url.starts_with("mysql://") {
-            let pool = MySqlPool::connect(url).await.map_err(|e| map_err("connect", e))?;
+            let pool = MySqlPool::connect(url)
+                .await
+                .map_err(|e| map_err("connect", e))?;
             Self::mysql(pool).await
         } else if url.starts_with("sqlite:") {
             if url.contains(":memory:") || url.contains("mode=memory") {

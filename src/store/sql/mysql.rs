@@ -59,21 +59,27 @@ pub(super) const CLAIM: &str = concat!(
 
 /// Binds: key.
 pub(super) const READ: &str = concat!(
-    "SELECT state, owner_token, fingerprint, response, expires_at - ", now_ms!(), " AS remaining
+    "SELECT state, owner_token, fingerprint, response, expires_at - ",
+    now_ms!(),
+    " AS remaining
     FROM idempotency_records WHERE idem_key = ?"
 );
 
 /// Binds: key. What a waiter's poller compares (no response bytes).
 pub(super) const PEEK: &str = concat!(
     "SELECT state, owner_token, NULL AS fingerprint, NULL AS response,
-        expires_at - ", now_ms!(), " AS remaining
+        expires_at - ",
+    now_ms!(),
+    " AS remaining
     FROM idempotency_records WHERE idem_key = ?"
 );
 
 /// Binds: fingerprint, record, window ms, key, owner.
 const COMPLETE: &str = concat!(
     "UPDATE idempotency_records
-    SET state = 2, lease_until = NULL, fingerprint = ?, response = ?, expires_at = ", now_ms!(), " + ?
+    SET state = 2, lease_until = NULL, fingerprint = ?, response = ?, expires_at = ",
+    now_ms!(),
+    " + ?
     WHERE idem_key = ? AND state = 1 AND owner_token = ?"
 );
 
@@ -90,7 +96,11 @@ const COMPLETE_ABSENT: &str = concat!(
 /// Binds: lease ms, lease ms, key, owner.
 pub(super) const RENEW: &str = concat!(
     "UPDATE idempotency_records
-    SET lease_until = ", now_ms!(), " + ?, expires_at = ", now_ms!(), " + ?
+    SET lease_until = ",
+    now_ms!(),
+    " + ?, expires_at = ",
+    now_ms!(),
+    " + ?
     WHERE idem_key = ? AND state = 1 AND owner_token = ?"
 );
 
@@ -111,7 +121,9 @@ pub(super) const PUT_TOKEN: &str = concat!(
 /// (`CLIENT_FOUND_ROWS`), so a resent take answers 1 again.
 pub(super) const TAKE_TOKEN: &str = concat!(
     "UPDATE idempotency_records SET state = 4, owner_token = ?
-    WHERE idem_key = ? AND expires_at > ", now_ms!(), "
+    WHERE idem_key = ? AND expires_at > ",
+    now_ms!(),
+    "
         AND (state = 3 OR (state = 4 AND owner_token = ?))"
 );
 
@@ -125,7 +137,10 @@ pub(super) const SWEEP: &str = concat!(
 /// Completes the record on `conn` (the store's pool, or the caller's
 /// transaction): an update of the owner's claim, or, when the row is gone,
 /// an insert.
-pub(super) async fn complete(conn: &mut MySqlConnection, a: &CompleteArgs<'_>) -> sqlx::Result<bool> {
+pub(super) async fn complete(
+    conn: &mut MySqlConnection,
+    a: &CompleteArgs<'_>,
+) -> sqlx::Result<bool> {
     let done = sqlx::query(COMPLETE)
         .bind(&a.fingerprint[..])
         .bind(a.bytes)

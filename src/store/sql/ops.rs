@@ -263,9 +263,24 @@ impl Store for SqlStore {
         let (k, ms) = (key.as_bytes(), millis(ttl));
         retrying(|| async {
             match &self.pool {
-                Pool::Postgres(p) => sqlx::query(postgres::PUT_TOKEN).bind(k).bind(ms).execute(p).await?.rows_affected(),
-                Pool::Sqlite(p) => sqlx::query(sqlite::PUT_TOKEN).bind(k).bind(ms).execute(p).await?.rows_affected(),
-                Pool::MySql(p) => sqlx::query(mysql::PUT_TOKEN).bind(k).bind(ms).execute(p).await?.rows_affected(),
+                Pool::Postgres(p) => sqlx::query(postgres::PUT_TOKEN)
+                    .bind(k)
+                    .bind(ms)
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::Sqlite(p) => sqlx::query(sqlite::PUT_TOKEN)
+                    .bind(k)
+                    .bind(ms)
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::MySql(p) => sqlx::query(mysql::PUT_TOKEN)
+                    .bind(k)
+                    .bind(ms)
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
             };
             Ok(())
         })

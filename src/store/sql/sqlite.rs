@@ -53,14 +53,18 @@ pub(super) const CLAIM: &str = concat!(
 
 /// `?1` key: the row and the milliseconds it has left.
 pub(super) const READ: &str = concat!(
-    "SELECT state, owner_token, fingerprint, response, expires_at - ", now_ms!(), " AS remaining
+    "SELECT state, owner_token, fingerprint, response, expires_at - ",
+    now_ms!(),
+    " AS remaining
     FROM idempotency_records WHERE idem_key = ?1"
 );
 
 /// `?1` key: what a waiter's poller compares (no response bytes).
 pub(super) const PEEK: &str = concat!(
     "SELECT state, owner_token, NULL AS fingerprint, NULL AS response,
-        expires_at - ", now_ms!(), " AS remaining
+        expires_at - ",
+    now_ms!(),
+    " AS remaining
     FROM idempotency_records WHERE idem_key = ?1"
 );
 
@@ -83,7 +87,11 @@ pub(super) const COMPLETE: &str = concat!(
 /// `?1` key, `?2` owner, `?3` lease ms.
 pub(super) const RENEW: &str = concat!(
     "UPDATE idempotency_records
-    SET lease_until = ", now_ms!(), " + ?3, expires_at = ", now_ms!(), " + ?3
+    SET lease_until = ",
+    now_ms!(),
+    " + ?3, expires_at = ",
+    now_ms!(),
+    " + ?3
     WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2"
 );
 
@@ -103,20 +111,27 @@ pub(super) const PUT_TOKEN: &str = concat!(
 /// `?1` key, `?2` the taking request's owner token.
 pub(super) const TAKE_TOKEN: &str = concat!(
     "UPDATE idempotency_records SET state = 4, owner_token = ?2
-    WHERE idem_key = ?1 AND expires_at > ", now_ms!(), "
+    WHERE idem_key = ?1 AND expires_at > ",
+    now_ms!(),
+    "
         AND (state = 3 OR (state = 4 AND owner_token = ?2))"
 );
 
 /// `?1` batch size: deletes up to that many expired rows.
 pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idempotency_records WHERE idem_key IN (
-        SELECT idem_key FROM idempotency_records WHERE expires_at <= ", now_ms!(), " LIMIT ?1
+        SELECT idem_key FROM idempotency_records WHERE expires_at <= ",
+    now_ms!(),
+    " LIMIT ?1
     )"
 );
 
 /// Completes `op`'s record on `conn` (the store's pool, or the caller's
 /// transaction).
-pub(super) async fn complete(conn: &mut SqliteConnection, a: &CompleteArgs<'_>) -> sqlx::Result<bool> {
+pub(super) async fn complete(
+    conn: &mut SqliteConnection,
+    a: &CompleteArgs<'_>,
+) -> sqlx::Result<bool> {
     let done = sqlx::query(COMPLETE)
         .bind(a.key)
         .bind(&a.owner[..])

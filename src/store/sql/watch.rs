@@ -97,9 +97,21 @@ pub(super) async fn sweep_all(pool: &Pool, batch: u32) -> sqlx::Result<u64> {
     let mut total = 0;
     loop {
         let n = match pool {
-            Pool::Postgres(p) => sqlx::query(postgres::SWEEP).bind(i64::from(batch)).execute(p).await?.rows_affected(),
-            Pool::MySql(p) => sqlx::query(mysql::SWEEP).bind(i64::from(batch)).execute(p).await?.rows_affected(),
-            Pool::Sqlite(p) => sqlx::query(sqlite::SWEEP).bind(i64::from(batch)).execute(p).await?.rows_affected(),
+            Pool::Postgres(p) => sqlx::query(postgres::SWEEP)
+                .bind(i64::from(batch))
+                .execute(p)
+                .await?
+                .rows_affected(),
+            Pool::MySql(p) => sqlx::query(mysql::SWEEP)
+                .bind(i64::from(batch))
+                .execute(p)
+                .await?
+                .rows_affected(),
+            Pool::Sqlite(p) => sqlx::query(sqlite::SWEEP)
+                .bind(i64::from(batch))
+                .execute(p)
+                .await?
+                .rows_affected(),
         };
         total += n;
         if n < u64::from(batch) {
