@@ -103,6 +103,7 @@
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 //! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
+//! | `sql` | `store::SqlStore` for PostgreSQL, MySQL / MariaDB and SQLite; a handler can complete its record in its own transaction (`store::ActiveClaim`) |
 
 #![forbid(unsafe_code)]
 #![warn(
