@@ -627,6 +627,26 @@ mod sql_setup {
     }
 }
 
+/// Redis in front of PostgreSQL.
+#[cfg(all(feature = "sql", feature = "redis"))]
+async fn tiered_redis_postgres() -> Option<(
+    tower_idempotency::store::TieredStore<
+        tower_idempotency::store::RedisStore,
+        tower_idempotency::store::SqlStore,
+    >,
+    Guard,
+)> {
+    let (front, redis) = redis_setup::standalone().await?;
+    let (back, pg) = sql_setup::postgres().await?;
+    let guard: Guard = Some(Arc::new((redis, pg)));
+    Some((
+        tower_idempotency::store::TieredStore::new(front, back),
+        guard,
+    ))
+}
+
+#[cfg(all(feature = "sql", feature = "redis"))]
+store_tests!(tiered_redis_sql, tiered_redis_postgres);
 #[cfg(feature = "sql")]
 store_tests!(sql_postgres, sql_setup::postgres);
 #[cfg(feature = "sql")]

@@ -36,6 +36,7 @@ mod memory;
 mod redis;
 #[cfg(feature = "sql")]
 mod sql;
+mod tiered;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -47,6 +48,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub use sql::{SqlConnection, SqlStore};
+pub use tiered::TieredStore;
 
 use crate::Fingerprint;
 use bytes::Bytes;
