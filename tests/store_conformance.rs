@@ -654,6 +654,110 @@ store_tests!(sql_mariadb, sql_setup::mariadb);
 #[cfg(feature = "sql")]
 store_tests!(sql_sqlite, sql_setup::sqlite);
 
+/// What only the SQL store does.
+#[cfg(feature = "sql")]
+mod sql_only {
+    use super::support_sql::SqliteFile;
+    use super::*;
+    use tower_idempotency::store::SqlStore;
+
+    async fn rows(store: &SqlStore) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+            .fetch_one(store.as_sqlite().unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// Expired rows go in batches of the given size; live ones stay.
+    #[tokio::test]
+    async fn expired_rows_are_swept_in_bounded_batches() {
+        let file = SqliteFile::new();
+        let store = SqlStore::connect(&file.url())
+            .await
+            .unwrap()
+            .sweep(None, 10);
+        for i in 0..25 {
+            let key = unique_key(&format!("sweep-{i}"));
+            let owner = OwnerToken::new();
+            store
+                .claim(&key, fp("s"), owner, Duration::from_millis(50))
+                .await
+                .unwrap();
+        }
+        let live = unique_key("sweep-live");
+        assert_acquired(&claim(&store, &live, fp("s"), LEASE).await);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(rows(&store).await, 26);
+        assert_eq!(store.sweep_expired(10).await.unwrap(), 25);
+        assert_eq!(rows(&store).await, 1);
+        assert_in_flight(&claim(&store, &live, fp("s"), LEASE).await, fp("s"));
+        // And in the background.
+        let store = store.sweep(Some(Duration::from_millis(50)), 3);
+        for i in 0..7 {
+            let key = unique_key(&format!("sweep-bg-{i}"));
+            claim(&store, &key, fp("s"), Duration::from_millis(20)).await;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while rows(&store).await > 1 {
+            assert!(std::time::Instant::now() < deadline, "not swept");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Keys are bytes: no collation folds case or trailing spaces, and any
+    /// byte (a NUL from a JSON `\u0000`) is stored as it is.
+    #[tokio::test]
+    async fn keys_are_compared_byte_for_byte() {
+        let mut stores = vec![];
+        let file = SqliteFile::new();
+        stores.push(SqlStore::connect(&file.url()).await.unwrap());
+        if let Some((s, _)) = sql_setup::mariadb().await {
+            stores.push(s);
+        }
+        if let Some((s, _)) = sql_setup::postgres().await {
+            stores.push(s);
+        }
+        for store in stores {
+            let base = unique_key("bytes");
+            for key in [
+                base.clone(),
+                base.to_uppercase(),
+                format!("{base} "),
+                format!("{base}\0x"),
+                format!("{base}é"),
+                format!("{base}e\u{301}"),
+            ] {
+                assert_acquired(&claim(&store, &key, fp("b"), LEASE).await);
+            }
+            assert_in_flight(&claim(&store, &base, fp("b"), LEASE).await, fp("b"));
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_urls_and_shared_memory_are_refused() {
+        for url in ["redis://localhost/", "sqlite::memory:", "nonsense"] {
+            let err = SqlStore::connect(url).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                tower_idempotency::store::StoreErrorKind::Unsupported,
+                "{url}: {err}"
+            );
+        }
+    }
+
+    /// Migrations run again (every constructor runs them) change nothing.
+    #[tokio::test]
+    async fn migrate_is_idempotent() {
+        let file = SqliteFile::new();
+        let store = SqlStore::connect(&file.url()).await.unwrap();
+        let key = unique_key("migrate");
+        assert_acquired(&claim(&store, &key, fp("m"), LEASE).await);
+        store.migrate().await.unwrap();
+        let again = SqlStore::connect(&file.url()).await.unwrap();
+        assert_in_flight(&claim(&again, &key, fp("m"), LEASE).await, fp("m"));
+    }
+}
+
 /// What only the Redis store does.
 #[cfg(feature = "redis")]
 mod redis_only {
