@@ -15,8 +15,8 @@ pub use complete_in::SqlConnection;
 
 use self::watch::Poller;
 use super::{StoreError, StoreErrorKind};
-use sqlx::mysql::MySqlPool;
-use sqlx::postgres::PgPool;
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use std::collections::HashMap;
 use std::fmt;
@@ -123,6 +123,9 @@ impl fmt::Debug for SqlStore {
 /// statement.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 const SWEEP_BATCH: u32 = 1000;
+/// How long `connect` (and a call that finds every connection busy) waits
+/// for a connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl SqlStore {
     /// Connects to `url` and applies the migrations:
@@ -130,7 +133,9 @@ impl SqlStore {
     /// `mysql://user:password@host/db` (MariaDB too; `mariadb://` is taken
     /// as `mysql://`), or `sqlite:PATH` (created if missing, in WAL mode,
     /// with a 10 s busy timeout; `sqlite::memory:` is refused, each
-    /// connection would see its own database). No TLS.
+    /// connection would see its own database). No TLS. The pool has sqlx's
+    /// defaults (10 connections), and gives up on a connection after 5 s:
+    /// a database that cannot be reached now fails `connect` within that.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let mysql_url;
         let url = match url.strip_prefix("mariadb://") {
@@ -141,12 +146,16 @@ impl SqlStore {
             None => url,
         };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = PgPool::connect(url)
+            let pool = PgPoolOptions::new()
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect(url)
                 .await
                 .map_err(|e| map_err("connect", e))?;
             Self::postgres(pool).await
         } else if url.starts_with("mysql://") {
-            let pool = MySqlPool::connect(url)
+            let pool = MySqlPoolOptions::new()
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect(url)
                 .await
                 .map_err(|e| map_err("connect", e))?;
             Self::mysql(pool).await
@@ -163,6 +172,7 @@ impl SqlStore {
                 .journal_mode(SqliteJournalMode::Wal)
                 .busy_timeout(Duration::from_secs(10));
             let pool = SqlitePoolOptions::new()
+                .acquire_timeout(ACQUIRE_TIMEOUT)
                 .connect_with(options)
                 .await
                 .map_err(|e| map_err("connect", e))?;
