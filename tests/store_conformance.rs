@@ -745,6 +745,45 @@ mod sql_only {
         }
     }
 
+    /// PostgreSQL: a waiter on another instance is woken by the owner's
+    /// `NOTIFY`, long before its own poller (here once a second) would look.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_notify_wakes_waiters_of_other_instances() {
+        let Some((owner_store, _g)) = sql_setup::postgres().await else {
+            return;
+        };
+        let (waiter_store, _g2) = sql_setup::postgres().await.unwrap();
+        let waiter_store = waiter_store.poll_interval(Duration::from_secs(1));
+        for complete in [true, false] {
+            let key = unique_key("notify");
+            let owner = OwnerToken::new();
+            owner_store
+                .claim(&key, fp("n"), owner, LEASE)
+                .await
+                .unwrap();
+            let Claim::InFlight { watch, .. } = claim(&waiter_store, &key, fp("n"), LEASE).await
+            else {
+                panic!("expected InFlight");
+            };
+            let woken = tokio::spawn(watch.changed());
+            // The listener connects on the first wait.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if complete {
+                let rec = record(fp("n"), false, false);
+                assert!(owner_store
+                    .complete(&key, owner, rec, WINDOW)
+                    .await
+                    .unwrap());
+            } else {
+                assert!(owner_store.release(&key, owner).await.unwrap());
+            }
+            tokio::time::timeout(Duration::from_millis(600), woken)
+                .await
+                .expect("woken by the NOTIFY, not the 1 s poller")
+                .unwrap();
+        }
+    }
+
     /// Migrations run again (every constructor runs them) change nothing.
     #[tokio::test]
     async fn migrate_is_idempotent() {

@@ -62,7 +62,11 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// instance shares per key: one small `SELECT` (no response bytes) every
 /// [`poll_interval`](SqlStore::poll_interval) (25 ms by default) while
 /// anyone waits, however many wait; an owner on the same instance wakes its
-/// waiters at once when it completes or releases.
+/// waiters at once when it completes or releases. On PostgreSQL, completing
+/// and releasing also send a `NOTIFY` on the channel `idempotency_records`
+/// (the key in hex; sent when the transaction commits), which one `LISTEN`
+/// connection per store (opened by the first waiter) turns into an
+/// immediate wake-up of that instance's waiters.
 ///
 /// Expired rows are deleted in the background, in batches of at most
 /// [`sweep`](SqlStore::sweep) rows, every minute by default; a row whose
@@ -95,6 +99,9 @@ pub struct SqlStore {
     pollers: Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
     /// Stops the background sweep when the last clone is dropped.
     sweeper: Arc<Mutex<Option<DropGuard>>>,
+    /// PostgreSQL: the `LISTEN` task, started by the first waiter; stops
+    /// when the last clone is dropped.
+    listener: Arc<std::sync::OnceLock<DropGuard>>,
 }
 
 /// One connection pool of one of the three databases.
@@ -208,6 +215,7 @@ impl SqlStore {
             poll_interval: Duration::from_millis(25),
             pollers: Arc::default(),
             sweeper: Arc::default(),
+            listener: Arc::default(),
         };
         store.migrate().await?;
         Ok(store.sweep(Some(SWEEP_EVERY), SWEEP_BATCH))

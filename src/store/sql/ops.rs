@@ -234,9 +234,9 @@ impl Store for SqlStore {
                 Pool::Postgres(p) => sqlx::query(postgres::RELEASE)
                     .bind(k)
                     .bind(&owner[..])
-                    .execute(p)
+                    .fetch_all(p)
                     .await?
-                    .rows_affected(),
+                    .len() as u64,
                 Pool::Sqlite(p) => sqlx::query(sqlite::RELEASE)
                     .bind(k)
                     .bind(&owner[..])

@@ -74,9 +74,12 @@ pub(super) const PEEK: &str = concat!(
 
 /// `$1` key, `$2` owner, `$3` fingerprint, `$4` encoded record, `$5`
 /// window ms. The owner's claim (or an absent key: the owner's expired
-/// lease was swept and nobody claimed since) becomes the completed record.
+/// lease was swept and nobody claimed since) becomes the completed record;
+/// one row back when it did, and a `NOTIFY` on [`CHANNEL`] (delivered when
+/// the transaction commits) wakes the waiters of every instance.
 pub(super) const COMPLETE: &str = concat!(
-    "INSERT INTO idempotency_records AS r
+    "WITH done AS (
+    INSERT INTO idempotency_records AS r
         (idem_key, state, owner_token, fence, lease_until, fingerprint, response, created_at, expires_at)
     VALUES ($1, 2, $2, 1, NULL, $3, $4, ", now_ms!(), ", ", now_ms!(), " + $5)
     ON CONFLICT (idem_key) DO UPDATE SET
@@ -85,8 +88,15 @@ pub(super) const COMPLETE: &str = concat!(
         fingerprint = EXCLUDED.fingerprint,
         response = EXCLUDED.response,
         expires_at = EXCLUDED.expires_at
-    WHERE r.state = 1 AND r.owner_token = EXCLUDED.owner_token"
+    WHERE r.state = 1 AND r.owner_token = EXCLUDED.owner_token
+    RETURNING idem_key
+    )
+    SELECT pg_notify('idempotency_records', encode(idem_key, 'hex'))::TEXT FROM done"
 );
+
+/// The channel of the `NOTIFY`s sent when a record completes or a claim is
+/// released; the payload is the key in hex.
+pub(super) const CHANNEL: &str = "idempotency_records";
 
 /// `$1` key, `$2` owner, `$3` lease ms.
 pub(super) const RENEW: &str = concat!(
@@ -100,8 +110,12 @@ pub(super) const RENEW: &str = concat!(
 );
 
 /// `$1` key, `$2` owner.
-pub(super) const RELEASE: &str =
-    "DELETE FROM idempotency_records WHERE idem_key = $1 AND state = 1 AND owner_token = $2";
+/// One row back when it deleted the claim, and a `NOTIFY` on [`CHANNEL`].
+pub(super) const RELEASE: &str = "WITH done AS (
+        DELETE FROM idempotency_records WHERE idem_key = $1 AND state = 1 AND owner_token = $2
+        RETURNING idem_key
+    )
+    SELECT pg_notify('idempotency_records', encode(idem_key, 'hex'))::TEXT FROM done";
 
 /// `$1` key, `$2` ttl ms.
 pub(super) const PUT_TOKEN: &str = concat!(
@@ -139,10 +153,9 @@ pub(super) async fn complete(conn: &mut PgConnection, a: &CompleteArgs<'_>) -> s
         .bind(&a.fingerprint[..])
         .bind(a.bytes)
         .bind(a.window_ms)
-        .execute(conn)
-        .await?
-        .rows_affected();
-    Ok(done == 1)
+        .fetch_all(conn)
+        .await?;
+    Ok(done.len() == 1)
 }
 
 /// Reads a row of [`READ`] or [`PEEK`].

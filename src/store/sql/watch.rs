@@ -46,6 +46,17 @@ impl SqlStore {
                 return poller.sender.subscribe();
             }
         }
+        if let Pool::Postgres(pool) = &self.pool {
+            self.listener.get_or_init(|| {
+                let stop = CancellationToken::new();
+                runtime.spawn(listen(
+                    pool.clone(),
+                    Arc::downgrade(&self.pollers),
+                    stop.clone(),
+                ));
+                stop.drop_guard()
+            });
+        }
         let poller = Arc::new(Poller {
             owner,
             sender: WatchSender::new(),
@@ -90,6 +101,61 @@ async fn poll(pool: Pool, pollers: Pollers, key: Vec<u8>, poller: Arc<Poller>, e
         }
     }
     poller.sender.notify();
+}
+
+/// PostgreSQL: wakes this instance's waiters on a key as soon as a
+/// `NOTIFY` says its record completed or its claim was released (by any
+/// instance). The pollers stay, for leases that run out and for missed
+/// notifications (a notification sent while the connection was down is lost).
+async fn listen(
+    pool: sqlx::PgPool,
+    pollers: std::sync::Weak<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
+    stop: CancellationToken,
+) {
+    let work = async {
+        loop {
+            let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+                Ok(l) => l,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if listener.listen(postgres::CHANNEL).await.is_err() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            // `recv` reconnects by itself; an error ends this connection.
+            while let Ok(n) = listener.recv().await {
+                let Some(pollers) = pollers.upgrade() else {
+                    return;
+                };
+                let Some(key) = unhex(n.payload()) else {
+                    continue;
+                };
+                let poller = lock(&pollers).remove(&key);
+                if let Some(poller) = poller {
+                    poller.sender.notify();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = work => {}
+    }
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let s = s.as_bytes();
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    s.chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
 }
 
 /// Deletes every expired row, `batch` at a time.
