@@ -150,7 +150,7 @@ async fn listen(
 fn unhex(s: &str) -> Option<Vec<u8>> {
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let s = s.as_bytes();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     s.chunks(2)
