@@ -132,11 +132,13 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
 }
 
 /// A shell that kills `pid` and removes `dir` once this test process is
-/// gone (servers held in statics are never dropped).
+/// gone (servers held in statics are never dropped); the removal is tried
+/// again while the server's children are still writing into it.
 fn watchdog(pid: u32, dir: &Path) -> Option<Child> {
     let script = format!(
         "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 {pid} 2>/dev/null; \
-         sleep 0.3; rm -rf '{dir}'",
+         for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.3; rm -rf '{dir}' 2>/dev/null; \
+         [ -e '{dir}' ] || break; done",
         parent = std::process::id(),
         dir = dir.display()
     );
