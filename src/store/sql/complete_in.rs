@@ -105,6 +105,13 @@ impl ActiveClaim {
     /// first copy gets what the handler returns. Give only end-to-end
     /// headers (no `Connection`, `Transfer-Encoding`).
     ///
+    /// **Only behind a layer whose store is this database's
+    /// [`SqlStore`](super::SqlStore)** (alone, or as the back of a
+    /// [`TieredStore`](crate::store::TieredStore)): the layer trusts the
+    /// handler's record and writes none of its own, so with a memory or
+    /// Redis store the record would be lost and the next copy would run
+    /// again.
+    ///
     /// ```no_run
     /// use bytes::Bytes;
     /// use http::{HeaderMap, StatusCode};
