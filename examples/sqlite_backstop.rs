@@ -9,27 +9,30 @@
 //!
 //! Two lines of defence, each enough on its own for a different failure:
 //!
-//! 1. **The layers** (`IdempotencyLayer::wechatpay_v3()` on the route): the
-//!    seven copies of a notification that WeChat Pay sends within seconds
-//!    reach the handler once; the others wait for it and get the same
-//!    `{"code":"SUCCESS","message":"成功"}`. The database sees one
-//!    transaction instead of seven.
-//! 2. **The backstop** (in the handler, one database transaction): an
-//!    `INSERT` into `pay_callback_log`, whose `transaction_id` is `UNIQUE`,
-//!    then `UPDATE orders SET status='PAID' WHERE order_no=? AND
-//!    status='UNPAID'`, and points only when that update changed a row. It
-//!    holds when the layers cannot: a restart that lost the in-memory store,
-//!    a second notification id for one payment, an instance that died after
-//!    the handler committed and before its result was recorded.
+//! 1. **The layers** (`IdempotencyLayer::wechatpay_v3()` on the route, over
+//!    a `SqlStore` in the same database): the seven copies of a notification
+//!    that WeChat Pay sends within seconds reach the handler once; the others
+//!    wait for it and get the same `{"code":"SUCCESS","message":"成功"}`.
+//!    The handler writes the idempotency record **in its own transaction**
+//!    (`claim.complete_in(&mut db, &response)`), so the payment and "this
+//!    notification is done" commit together: an instance that dies before
+//!    the commit leaves neither (the retry runs), one that dies after it
+//!    leaves both (the retry replays). Records outlive restarts: they are
+//!    rows of `idempotency_records`, created by the store.
+//! 2. **The backstop** (in the same transaction): `UPDATE orders SET
+//!    status='PAID' WHERE order_no=? AND status='UNPAID'`, and points only
+//!    when that update changed a row. It holds when the layers are not there
+//!    or cannot see a repeat: a second notification id for one payment.
 //!
 //! `app(shop, false)` leaves the dedup layers out (only the channel's reply
 //! format stays), so `tests/sqlite_backstop.rs` can show the backstop alone
 //! holding under a storm.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
+use bytes::Bytes;
 use serde::Deserialize;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use std::path::Path;
@@ -37,12 +40,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::normalize::NormalizeLayer;
+use tower_idempotency::store::{ActiveClaim, SqlStore, StoreError, StoredResponse};
 use tower_idempotency::{IdempotencyLayer, Preset};
 
-/// The schema: users with points, orders, the callback log and the points
-/// ledger. The unique index on `pay_callback_log.transaction_id` is the
-/// backstop's first half; the ledger has no unique index on purpose, so a
-/// double award would show.
+/// The schema: users with points, orders and the points ledger. The
+/// idempotency records live in the store's own table
+/// (`idempotency_records`, created by `SqlStore::sqlite`). The ledger has no
+/// unique index on purpose, so a double award would show.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS users (
     id      INTEGER PRIMARY KEY,
@@ -56,16 +60,6 @@ CREATE TABLE IF NOT EXISTS orders (
     transaction_id  TEXT,
     paid_at         TEXT
 );
-CREATE TABLE IF NOT EXISTS pay_callback_log (
-    id              INTEGER PRIMARY KEY AUTOINCREMENT,
-    transaction_id  TEXT NOT NULL,
-    out_trade_no    TEXT NOT NULL,
-    notify_id       TEXT NOT NULL,
-    amount          INTEGER NOT NULL,
-    received_at     TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-);
-CREATE UNIQUE INDEX IF NOT EXISTS pay_callback_log_transaction_id
-    ON pay_callback_log (transaction_id);
 CREATE TABLE IF NOT EXISTS points_ledger (
     id        INTEGER PRIMARY KEY AUTOINCREMENT,
     user_id   INTEGER NOT NULL REFERENCES users(id),
@@ -112,21 +106,24 @@ pub async fn place_order(
     Ok(())
 }
 
-/// The application state: the pool, and how often the handler was entered
-/// (to show what the layers keep away from the database).
+/// The application state: the pool, the idempotency store in the same
+/// database, and how often the handler was entered (to show what the layers
+/// keep away from the database).
 #[derive(Clone, Debug)]
 pub struct Shop {
     pool: SqlitePool,
+    store: SqlStore,
     entries: Arc<AtomicUsize>,
 }
 
 impl Shop {
-    /// A shop over `pool`.
-    pub fn new(pool: SqlitePool) -> Self {
-        Self {
+    /// A shop over `pool`; creates the store's table if it is missing.
+    pub async fn new(pool: SqlitePool) -> Result<Self, StoreError> {
+        Ok(Self {
+            store: SqlStore::sqlite(pool.clone()).await?,
             pool,
             entries: Arc::default(),
-        }
+        })
     }
 
     /// How many times the notification handler was entered.
@@ -135,11 +132,10 @@ impl Shop {
     }
 }
 
-/// A WeChat Pay v3 notification (the fields this handler reads).
+/// A WeChat Pay v3 notification (the fields this handler reads; its `id`
+/// is the layers' key).
 #[derive(Debug, Deserialize)]
 pub struct Notification {
-    /// The notification id (the layers' key).
-    pub id: String,
     /// `TRANSACTION.SUCCESS` for a payment.
     pub event_type: String,
     /// The encrypted transaction.
@@ -226,6 +222,7 @@ fn points_for(amount: i64) -> i64 {
 /// notification cannot be read.
 async fn wechat_notify(
     State(shop): State<Shop>,
+    claim: Option<Extension<ActiveClaim>>,
     Json(notification): Json<Notification>,
 ) -> StatusCode {
     shop.entries.fetch_add(1, Ordering::SeqCst);
@@ -240,7 +237,9 @@ async fn wechat_notify(
     if tx.trade_state != "SUCCESS" {
         return StatusCode::OK;
     }
-    match record_payment(&shop.pool, &notification.id, &tx).await {
+    let claim = claim.map(|Extension(claim)| claim);
+    match record_payment(&shop.pool, claim.as_ref(), &tx).await {
+        Ok(Recorded::LostClaim) => StatusCode::SERVICE_UNAVAILABLE,
         Ok(_) => StatusCode::OK,
         Err(e) => {
             eprintln!("recording payment {} failed: {e}", tx.transaction_id);
@@ -254,38 +253,35 @@ async fn wechat_notify(
 pub enum Recorded {
     /// The order moved to PAID and the points were awarded.
     Paid,
-    /// This transaction was already logged: a repeat, nothing done.
-    Duplicate,
-    /// Logged, but the order was not UNPAID with this amount (already paid
-    /// by another transaction, unknown, or the amount differs): no points.
+    /// The order was not UNPAID with this amount (already paid, by this
+    /// transaction or another, unknown, or the amount differs): no points.
     NotApplied,
+    /// The claim on the notification was lost (its lease ran out and another
+    /// copy took it over): rolled back, the other copy does the work.
+    LostClaim,
 }
 
-/// The backstop, in one database transaction.
+/// What the handler answers, and what every later copy replays.
+fn success() -> StoredResponse {
+    StoredResponse {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: Bytes::new(),
+        trailers: None,
+        body_omitted: false,
+    }
+}
+
+/// The payment, the backstop and (behind the layers) the idempotency
+/// record, in one database transaction.
 pub async fn record_payment(
     pool: &SqlitePool,
-    notify_id: &str,
+    claim: Option<&ActiveClaim>,
     tx: &Transaction,
-) -> sqlx::Result<Recorded> {
+) -> Result<Recorded, Box<dyn std::error::Error + Send + Sync>> {
     // IMMEDIATE takes the write lock up front: concurrent copies queue on the
     // busy timeout instead of failing to upgrade a read transaction.
     let mut db = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let logged = sqlx::query(
-        "INSERT INTO pay_callback_log (transaction_id, out_trade_no, notify_id, amount)
-         VALUES (?, ?, ?, ?)
-         ON CONFLICT (transaction_id) DO NOTHING",
-    )
-    .bind(&tx.transaction_id)
-    .bind(&tx.out_trade_no)
-    .bind(notify_id)
-    .bind(tx.amount.total)
-    .execute(&mut *db)
-    .await?
-    .rows_affected();
-    if logged == 0 {
-        db.rollback().await?;
-        return Ok(Recorded::Duplicate);
-    }
     // The conditional update: only one transaction can move UNPAID to PAID.
     let paid: Option<(i64, i64)> = sqlx::query_as(
         "UPDATE orders SET status = 'PAID', transaction_id = ?, paid_at = CURRENT_TIMESTAMP
@@ -316,17 +312,24 @@ pub async fn record_payment(
         }
         None => Recorded::NotApplied,
     };
+    // "This notification is done", committed with the payment or not at all.
+    if let Some(claim) = claim {
+        if !claim.complete_in(&mut db, &success()).await? {
+            db.rollback().await?;
+            return Ok(Recorded::LostClaim);
+        }
+    }
     db.commit().await?;
     Ok(recorded)
 }
 
 /// The app. With `with_layers`, the route has the full WeChat Pay v3 stack
-/// (normalize, key, dedup over an in-memory store); without, only the
+/// (normalize, key, dedup over the shop's `SqlStore`); without, only the
 /// channel's reply format, and the backstop alone stands between a storm and
 /// the points.
 pub fn app(shop: Shop, with_layers: bool) -> Router {
     let route = if with_layers {
-        post(wechat_notify).layer(IdempotencyLayer::wechatpay_v3())
+        post(wechat_notify).layer(IdempotencyLayer::wechatpay_v3().with_store(shop.store.clone()))
     } else {
         post(wechat_notify).layer(NormalizeLayer::new(Preset::wechatpay_v3().reply().clone()))
     };
@@ -351,6 +354,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3001".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on {}, database {db}", listener.local_addr()?);
-    axum::serve(listener, app(Shop::new(pool), true)).await?;
+    axum::serve(listener, app(Shop::new(pool).await?, true)).await?;
     Ok(())
 }

@@ -118,6 +118,8 @@
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
 //! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
+//! | `journal` | `journal::Journal`: one record per notification key (copies, outcomes, the upstream's answer) in a redb file, written off the request path |
+//! | `sql` | `store::SqlStore` for PostgreSQL, MySQL / MariaDB and SQLite; a handler can complete its record in its own transaction (`store::ActiveClaim`) |
 //!
 //! With `tracing`, a channel route without verification (no `.verify(..)`)
 //! says so once, with a warning, when its layer is applied.

@@ -13,6 +13,8 @@ pub enum StoreSpec {
     Memory,
     Redis(String),
     Cluster(Vec<String>),
+    /// `postgres://…`, `mysql://…` (or `mariadb://…`), `sqlite:PATH`.
+    Sql(String),
 }
 
 /// `PREFIX=PRESET` of `--route`.
@@ -62,7 +64,24 @@ pub fn store(s: &str) -> Result<StoreSpec, String> {
         host_port(hp.rsplit('@').next().unwrap_or(hp))?;
         return Ok(StoreSpec::Redis(s.to_owned()));
     }
-    Err("expected memory, redis://HOST:PORT or redis+cluster://HOST:PORT[,HOST:PORT...]".into())
+    let sql = ["postgres://", "postgresql://", "mysql://", "mariadb://"];
+    if sql
+        .iter()
+        .any(|scheme| s.len() > scheme.len() && s.starts_with(scheme))
+    {
+        return Ok(StoreSpec::Sql(s.to_owned()));
+    }
+    if let Some(path) = s.strip_prefix("sqlite:") {
+        if path.is_empty() || path.contains(":memory:") {
+            return Err("sqlite:PATH needs a file (an in-memory database is not shared)".into());
+        }
+        return Ok(StoreSpec::Sql(s.to_owned()));
+    }
+    Err(
+        "expected memory, redis://HOST:PORT, redis+cluster://HOST:PORT[,HOST:PORT...], \
+         postgres://…, mysql://… or sqlite:PATH"
+            .into(),
+    )
 }
 
 /// A preset name or `auto`.

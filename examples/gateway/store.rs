@@ -1,17 +1,18 @@
 //! The store picked on the command line: the library's `Either` of the
-//! memory store, Redis and Redis Cluster; with the memory store, the
-//! budget of each route's records.
+//! memory store, Redis, Redis Cluster and a SQL database; with the memory
+//! store, the budget of each route's records.
 
 use crate::parse::StoreSpec;
 use std::collections::HashMap;
 use tower_idempotency::proxy::{RouteOptions, Target};
 use tower_idempotency::store::{
-    Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, Store,
+    Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, SqlStore, Store,
 };
 use tower_idempotency::Preset;
 
 /// The gateway's store; clones share it.
-pub type GatewayStore = Either<MemoryStore, Either<RedisStore, RedisClusterStore>>;
+pub type GatewayStore =
+    Either<MemoryStore, Either<RedisStore, Either<RedisClusterStore, SqlStore>>>;
 
 /// Budgets of the stores' memory.
 pub struct Budgets {
@@ -33,7 +34,7 @@ pub async fn connect(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
                 .map_err(|e| format!("cannot reach Redis at {}: {}", redact(url), scrub(url, e)))?
                 .local_max_bytes(budgets.local_max_memory),
         )),
-        StoreSpec::Cluster(nodes) => Either::Right(Either::Right(
+        StoreSpec::Cluster(nodes) => Either::Right(Either::Right(Either::Left(
             RedisStore::cluster(nodes.iter().map(String::as_str))
                 .await
                 .map_err(|e| {
@@ -42,7 +43,14 @@ pub async fn connect(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
                     format!("cannot reach the Redis Cluster at {shown:?}: {e}")
                 })?
                 .local_max_bytes(budgets.local_max_memory),
-        )),
+        ))),
+        // The URL may carry a password: the message names the scheme only.
+        StoreSpec::Sql(url) => Either::Right(Either::Right(Either::Right(
+            SqlStore::connect(url).await.map_err(|e| {
+                let scheme = url.split(':').next().unwrap_or_default();
+                format!("cannot open the {scheme} store: {e}")
+            })?,
+        ))),
     })
 }
 
@@ -51,7 +59,8 @@ pub fn describe(store: &GatewayStore) -> &'static str {
     match store {
         Either::Left(_) => "memory",
         Either::Right(Either::Left(_)) => "redis",
-        Either::Right(Either::Right(_)) => "redis-cluster",
+        Either::Right(Either::Right(Either::Left(_))) => "redis-cluster",
+        Either::Right(Either::Right(Either::Right(_))) => "sql",
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::store_call::store_call;
 use crate::outcome::{self, log_warn, Outcome};
-use crate::store::{CompletedRecord, OwnerToken, Store, StoreError};
+use crate::store::{ActiveClaim, CompletedRecord, OwnerToken, Store, StoreError};
 use crate::IdempotencyKey;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +21,9 @@ pub(super) struct ClaimGuard<St: Store> {
     tasks: TaskTracker,
     /// A consumed client token to put back if the claim is released.
     restore_token: Option<(Arc<str>, Duration)>,
+    /// The claim as the inner service sees it (request extensions): it may
+    /// complete the record itself, in its own transaction.
+    active: Option<ActiveClaim>,
     armed: bool,
 }
 
@@ -39,8 +42,29 @@ impl<St: Store> ClaimGuard<St> {
             store_timeout,
             tasks,
             restore_token: None,
+            active: None,
             armed: true,
         }
+    }
+
+    /// The claim for the inner service's request extensions, with which it
+    /// can complete the record in its own transaction (SQL stores).
+    pub(super) fn active_claim(&mut self, window: Duration) -> ActiveClaim {
+        let claim = ActiveClaim::new(
+            self.key.as_arc().clone(),
+            self.token,
+            self.key.fingerprint(),
+            window,
+        );
+        self.active = Some(claim.clone());
+        claim
+    }
+
+    /// The inner service completed the record itself.
+    fn completed_by_handler(&self) -> bool {
+        self.active
+            .as_ref()
+            .is_some_and(ActiveClaim::completed_by_handler)
     }
 
     /// The key this claim is for.
@@ -76,6 +100,15 @@ impl<St: Store> ClaimGuard<St> {
         lease: Duration,
     ) -> Outcome {
         self.armed = false;
+        if self.completed_by_handler() {
+            // The handler wrote the record in its own transaction. Deleting
+            // the claim (owner-checked, in flight only) changes nothing once
+            // that transaction committed, and frees the key for the next
+            // copy if it rolled back.
+            let fut = self.store.release(self.key.as_str(), self.token);
+            let _ = store_call(self.store_timeout, "release", fut).await;
+            return Outcome::Executed;
+        }
         let fut = self
             .store
             .complete(self.key.as_str(), self.token, record.clone(), window);
@@ -114,6 +147,8 @@ impl<St: Store> ClaimGuard<St> {
     pub(super) async fn release(mut self) {
         self.armed = false;
         let restore = self.restore_token.take();
+        // A record the handler completed keeps its client token consumed.
+        let restore = restore.filter(|_| !self.completed_by_handler());
         release(
             &self.store,
             &self.key,

@@ -163,8 +163,8 @@ impl<S, St: Store> Run<S, St> {
     /// deadline (the task goes on).
     async fn execute<ReqBody, ResBody>(
         self,
-        req: Request<ReqBody>,
-        guard: ClaimGuard<St>,
+        mut req: Request<ReqBody>,
+        mut guard: ClaimGuard<St>,
     ) -> Answer<ResBody, S::Err>
     where
         S: Inner<ReqBody, ResBody>,
@@ -179,6 +179,9 @@ impl<S, St: Store> Run<S, St> {
             key,
             ..
         } = self;
+        // The handler may complete the record in its own transaction.
+        req.extensions_mut()
+            .insert(guard.active_claim(config.window));
         let (head_tx, mut head_rx) = oneshot::channel();
         let cancel = CancellationToken::new();
         let owner = Owner {

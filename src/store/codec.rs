@@ -24,7 +24,7 @@ const FLAG_TRAILERS: u8 = 2;
 
 /// Encodes a completed record into one binary string (the Redis store's
 /// value; the memory store encodes in place).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "sql")), allow(dead_code))]
 pub(crate) fn encode(record: &CompletedRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(encoded_len(record));
     encode_into(&mut out, record);

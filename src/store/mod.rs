@@ -34,6 +34,9 @@ mod either;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sql")]
+mod sql;
+mod tiered;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -42,13 +45,17 @@ pub use self::redis::{RedisClusterStore, RedisStore};
 /// [`either`](https://docs.rs/either) crate).
 pub use ::either::Either;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "sql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
+pub use sql::{SqlConnection, SqlStore};
+pub use tiered::TieredStore;
 
 use crate::Fingerprint;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -101,6 +108,74 @@ impl Default for OwnerToken {
 impl fmt::Debug for OwnerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "OwnerToken({:032x})", self.0)
+    }
+}
+
+/// The claim the dedup layer holds for a request, put into the request's
+/// extensions while the inner service runs.
+///
+/// With a [`SqlStore`] (feature `sql`) a handler can complete the record
+/// inside its own business transaction (`claim.complete_in(&mut tx,
+/// &response)`), so that the business write and "this key is done" commit
+/// together or not at all. The layer then writes no record of its own for
+/// that call. Other stores ignore it.
+#[derive(Clone, Debug)]
+pub struct ActiveClaim {
+    key: Arc<str>,
+    owner: OwnerToken,
+    fingerprint: Fingerprint,
+    window: Duration,
+    completed: Arc<AtomicBool>,
+}
+
+impl ActiveClaim {
+    /// A claim of `key` (the stored key, as the store sees it) by `owner`,
+    /// whose record is kept for `window` once completed.
+    pub fn new(
+        key: Arc<str>,
+        owner: OwnerToken,
+        fingerprint: Fingerprint,
+        window: Duration,
+    ) -> Self {
+        Self {
+            key,
+            owner,
+            fingerprint,
+            window,
+            completed: Arc::default(),
+        }
+    }
+
+    /// The stored key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The owner token of the claim.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// The fingerprint of the request that holds the claim.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// How long the completed record is kept.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Whether the inner service completed the record itself (in its own
+    /// transaction): the layer then only releases the claim, which changes
+    /// nothing once that transaction has committed.
+    pub fn completed_by_handler(&self) -> bool {
+        self.completed.load(Ordering::Acquire)
+    }
+
+    #[cfg_attr(not(feature = "sql"), allow(dead_code))]
+    pub(crate) fn mark_completed(&self) {
+        self.completed.store(true, Ordering::Release);
     }
 }
 

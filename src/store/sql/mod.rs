@@ -1,0 +1,366 @@
+//! The SQL store: PostgreSQL, MySQL / MariaDB and SQLite, one table whose
+//! primary key is the stored key.
+//!
+//! Everything public is on [`SqlStore`]; the statements live in one file per
+//! database (`postgres.rs`, `mysql.rs`, `sqlite.rs`), as constants.
+
+mod complete_in;
+mod mysql;
+mod ops;
+mod postgres;
+mod sqlite;
+mod watch;
+
+pub use complete_in::SqlConnection;
+
+use self::watch::Poller;
+use super::{StoreError, StoreErrorKind};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// A [`Store`](crate::store::Store) in a SQL database: PostgreSQL,
+/// MySQL / MariaDB or SQLite (feature `sql`, on sqlx).
+///
+/// Every record is **one row** of the table `idempotency_records`, whose
+/// primary key is the stored key, so the database's unique index is what
+/// lets one claim win:
+///
+/// | column | what |
+/// |---|---|
+/// | `idem_key` | the stored key (bytes), primary key |
+/// | `state` | 1 in flight, 2 completed, 3 client token, 4 client token taken |
+/// | `owner_token` | the claim's owner (16 bytes); for a taken token, the request that took it |
+/// | `fence` | a number that grows by one at every takeover of the row |
+/// | `lease_until` | end of the lease of an in-flight claim |
+/// | `fingerprint` | fingerprint of the request (16 bytes) |
+/// | `response` | the completed record: status, headers, trailers, body |
+/// | `created_at` | when the claim was made |
+/// | `expires_at` | when the row may be deleted: the lease's end, then the window's |
+///
+/// Times are milliseconds since the Unix epoch, **read from the database's
+/// clock**, so that instances whose clocks differ still agree on when a
+/// lease ends. [`migrate`](SqlStore::migrate) creates the table and its index
+/// on `expires_at` if they are missing; every constructor runs it.
+///
+/// # Statements
+///
+/// | call | statements |
+/// |---|---|
+/// | claim | 1 `INSERT … ON CONFLICT DO UPDATE … WHERE` (PostgreSQL, SQLite: inserts an absent key, or takes over a row whose lease or window ended; `RETURNING` says whether it won); when it did not win, 1 `SELECT` of the row (MySQL has no `RETURNING`: 1 `INSERT … ON DUPLICATE KEY UPDATE`, then the `SELECT` unless the row was taken over) |
+/// | complete | 1 upsert that changes only the owner's claim (MySQL: an `UPDATE`, and an `INSERT … WHERE NOT EXISTS` if the row was swept) |
+/// | renew, release | 1 `UPDATE` / `DELETE` checked against the owner token |
+/// | client token: issue / consume | 1 upsert / 1 `UPDATE` |
+///
+/// A duplicate that finds the key in flight waits on a watch that this
+/// instance shares per key: one small `SELECT` (no response bytes) every
+/// [`poll_interval`](SqlStore::poll_interval) (25 ms by default) while
+/// anyone waits, however many wait; an owner on the same instance wakes its
+/// waiters at once when it completes or releases. On PostgreSQL, completing
+/// and releasing also send a `NOTIFY` on the channel `idempotency_records`
+/// (the key in hex; sent when the transaction commits), which one `LISTEN`
+/// connection per store (opened by the first waiter) turns into an
+/// immediate wake-up of that instance's waiters.
+///
+/// Expired rows are deleted in the background, in batches of at most
+/// [`sweep`](SqlStore::sweep) rows, every minute by default; a row whose
+/// time has passed is treated as absent before it is deleted.
+///
+/// # Completing inside the business transaction
+///
+/// Behind the dedup layer, the handler finds an
+/// [`ActiveClaim`](crate::store::ActiveClaim) in the request's extensions.
+/// [`ActiveClaim::complete_in`](crate::store::ActiveClaim::complete_in)
+/// writes the completed record in the handler's own transaction on the same
+/// database, so that the business write and the record commit together: an
+/// instance that dies before the commit leaves neither (the next copy runs),
+/// one that dies after it leaves both (the next copy replays).
+///
+/// ```no_run
+/// use tower_idempotency::store::SqlStore;
+/// use tower_idempotency::IdempotencyLayer;
+///
+/// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
+/// let store = SqlStore::connect("postgres://app@localhost/shop").await?;
+/// // or "mysql://app@localhost/shop", "sqlite:shop.db"
+/// let layer = IdempotencyLayer::wechatpay_v3().with_store(store);
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct SqlStore {
+    pool: Pool,
+    poll_interval: Duration,
+    pollers: Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
+    /// Stops the background sweep when the last clone is dropped.
+    sweeper: Arc<Mutex<Option<DropGuard>>>,
+    /// PostgreSQL: the `LISTEN` task, started by the first waiter; stops
+    /// when the last clone is dropped.
+    listener: Arc<std::sync::OnceLock<DropGuard>>,
+}
+
+/// One connection pool of one of the three databases.
+#[derive(Clone, Debug)]
+pub(super) enum Pool {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+    Sqlite(SqlitePool),
+}
+
+impl fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let db = match self.pool {
+            Pool::Postgres(_) => "postgres",
+            Pool::MySql(_) => "mysql",
+            Pool::Sqlite(_) => "sqlite",
+        };
+        f.debug_struct("SqlStore")
+            .field("database", &db)
+            .field("poll_interval", &self.poll_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often expired rows are swept by default, and how many at most per
+/// statement.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+const SWEEP_BATCH: u32 = 1000;
+/// How long `connect` (and a call that finds every connection busy) waits
+/// for a connection.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl SqlStore {
+    /// Connects to `url` and applies the migrations:
+    /// `postgres://user:password@host/db` (or `postgresql://`),
+    /// `mysql://user:password@host/db` (MariaDB too; `mariadb://` is taken
+    /// as `mysql://`), or `sqlite:PATH` (created if missing, in WAL mode,
+    /// with a 10 s busy timeout; `sqlite::memory:` is refused, each
+    /// connection would see its own database). No TLS. The pool has sqlx's
+    /// defaults (10 connections), and gives up on a connection after 5 s:
+    /// a database that cannot be reached now fails `connect` within that.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let mysql_url;
+        let url = match url.strip_prefix("mariadb://") {
+            Some(rest) => {
+                mysql_url = format!("mysql://{rest}");
+                &mysql_url
+            }
+            None => url,
+        };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect(url)
+                .await
+                .map_err(|e| map_err("connect", e))?;
+            Self::postgres(pool).await
+        } else if url.starts_with("mysql://") {
+            let pool = MySqlPoolOptions::new()
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect(url)
+                .await
+                .map_err(|e| map_err("connect", e))?;
+            Self::mysql(pool).await
+        } else if url.starts_with("sqlite:") {
+            if url.contains(":memory:") || url.contains("mode=memory") {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unsupported,
+                    "an in-memory SQLite database is not shared between connections: use a file",
+                ));
+            }
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(|e| map_err("connect", e))?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(10));
+            let pool = SqlitePoolOptions::new()
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect_with(options)
+                .await
+                .map_err(|e| map_err("connect", e))?;
+            Self::sqlite(pool).await
+        } else {
+            Err(StoreError::new(
+                StoreErrorKind::Unsupported,
+                "unknown database URL: expected postgres://, mysql://, mariadb:// or sqlite:",
+            ))
+        }
+    }
+
+    /// A store over a PostgreSQL pool you built; applies the migrations.
+    pub async fn postgres(pool: PgPool) -> Result<Self, StoreError> {
+        Self::new(Pool::Postgres(pool)).await
+    }
+
+    /// A store over a MySQL / MariaDB pool you built; applies the migrations.
+    pub async fn mysql(pool: MySqlPool) -> Result<Self, StoreError> {
+        Self::new(Pool::MySql(pool)).await
+    }
+
+    /// A store over a SQLite pool you built; applies the migrations. Give
+    /// it a busy timeout (sqlx's default is 5 s) and, for concurrent
+    /// readers, WAL.
+    pub async fn sqlite(pool: SqlitePool) -> Result<Self, StoreError> {
+        Self::new(Pool::Sqlite(pool)).await
+    }
+
+    async fn new(pool: Pool) -> Result<Self, StoreError> {
+        let store = Self {
+            pool,
+            poll_interval: Duration::from_millis(25),
+            pollers: Arc::default(),
+            sweeper: Arc::default(),
+            listener: Arc::default(),
+        };
+        store.migrate().await?;
+        Ok(store.sweep(Some(SWEEP_EVERY), SWEEP_BATCH))
+    }
+
+    /// Creates the table and its index if they are missing. Safe to run
+    /// from many instances at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let err = |e| map_err("migrate", e);
+        match &self.pool {
+            Pool::Postgres(pool) => {
+                let mut tx = pool.begin().await.map_err(err)?;
+                sqlx::query(postgres::MIGRATE_LOCK)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(err)?;
+                for m in postgres::MIGRATIONS {
+                    sqlx::query(m).execute(&mut *tx).await.map_err(err)?;
+                }
+                tx.commit().await.map_err(err)?;
+            }
+            Pool::MySql(pool) => {
+                for m in mysql::MIGRATIONS {
+                    sqlx::query(m).execute(pool).await.map_err(err)?;
+                }
+            }
+            Pool::Sqlite(pool) => {
+                for m in sqlite::MIGRATIONS {
+                    sqlx::query(m).execute(pool).await.map_err(err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How often one instance looks at a key that duplicates wait on (one
+    /// small `SELECT` per interval and key, shared by all its waiters).
+    /// Clamped to 1 ms – 1 s. Defaults to 25 milliseconds.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.clamp(Duration::from_millis(1), Duration::from_secs(1));
+        self
+    }
+
+    /// Deletes expired rows in the background every `every` (`None`: never;
+    /// call [`sweep_expired`](Self::sweep_expired) yourself), at most
+    /// `batch` rows per statement, so that a large backlog never holds a
+    /// long lock. Defaults to every minute, 1000 rows a batch. Needs a
+    /// Tokio runtime; stops when the last clone of the store is dropped.
+    pub fn sweep(self, every: Option<Duration>, batch: u32) -> Self {
+        let mut sweeper = self.sweeper.lock().unwrap_or_else(|p| p.into_inner());
+        // The old sweep (if any) stops.
+        *sweeper = None;
+        if let (Some(every), Ok(runtime)) = (every, tokio::runtime::Handle::try_current()) {
+            let token = CancellationToken::new();
+            runtime.spawn(watch::sweep_loop(
+                self.pool.clone(),
+                every,
+                batch.max(1),
+                token.clone(),
+            ));
+            *sweeper = Some(token.drop_guard());
+        }
+        drop(sweeper);
+        self
+    }
+
+    /// Deletes every expired row now, `batch` at a time; returns how many.
+    pub async fn sweep_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        watch::sweep_all(&self.pool, batch.max(1))
+            .await
+            .map_err(|e| map_err("sweep", e))
+    }
+
+    /// The PostgreSQL pool, if this store is on PostgreSQL (for the
+    /// handler's own transactions).
+    pub fn as_postgres(&self) -> Option<&PgPool> {
+        match &self.pool {
+            Pool::Postgres(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The MySQL / MariaDB pool, if this store is on MySQL.
+    pub fn as_mysql(&self) -> Option<&MySqlPool> {
+        match &self.pool {
+            Pool::MySql(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The SQLite pool, if this store is on SQLite.
+    pub fn as_sqlite(&self) -> Option<&SqlitePool> {
+        match &self.pool {
+            Pool::Sqlite(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// What [`postgres::complete`] and its siblings write.
+#[derive(Debug)]
+pub struct CompleteArgs<'a> {
+    pub(super) key: &'a [u8],
+    pub(super) owner: [u8; 16],
+    pub(super) fingerprint: [u8; 16],
+    pub(super) bytes: &'a [u8],
+    pub(super) window_ms: i64,
+}
+
+/// A row as [`postgres::READ`] and its siblings read it.
+#[derive(Debug)]
+pub(super) struct Row {
+    pub(super) state: i32,
+    pub(super) owner: Option<Vec<u8>>,
+    pub(super) fingerprint: Option<Vec<u8>>,
+    pub(super) response: Option<Vec<u8>>,
+    /// Milliseconds until the row expires (0 or less: expired).
+    pub(super) remaining: i64,
+}
+
+pub(super) const IN_FLIGHT: i32 = 1;
+pub(super) const COMPLETED: i32 = 2;
+
+/// Milliseconds for a lease, window or ttl: at least 1, at most ten years.
+pub(super) fn millis(d: Duration) -> i64 {
+    let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    ms.clamp(1, 10 * 365 * 24 * 3600 * 1000)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(super) fn map_err(op: &str, e: sqlx::Error) -> StoreError {
+    let kind = match &e {
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+        _ => StoreErrorKind::Backend,
+    };
+    StoreError::new(kind, format!("sql {op} failed: {e}")).with_source(e)
+}
+
+pub(super) fn corrupt(what: impl fmt::Display) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!("unreadable idempotency record in sql: {what}"),
+    )
+}

@@ -1,0 +1,320 @@
+//! The [`Store`] operations of [`SqlStore`].
+
+use super::{
+    corrupt, map_err, millis, mysql, postgres, sqlite, CompleteArgs, Pool, Row, SqlStore,
+    COMPLETED, IN_FLIGHT,
+};
+use crate::store::codec::{decode, encode};
+use crate::store::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use crate::Fingerprint;
+use bytes::Bytes;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a claim tries again when the row changed between its two
+/// statements (deleted, or expired, in between).
+const CLAIM_ATTEMPTS: usize = 4;
+
+pub(super) fn owner_bytes(token: OwnerToken) -> [u8; 16] {
+    token.as_u128().to_be_bytes()
+}
+
+/// Runs `f` again after a deadlock or serialization failure (concurrent
+/// upserts of one key in InnoDB can deadlock; the database rolls one back).
+pub(super) async fn retrying<T, F, Fut>(mut f: F) -> sqlx::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = sqlx::Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Err(sqlx::Error::Database(e))
+                if attempt < 5 && matches!(e.code().as_deref(), Some("40001" | "40P01")) =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl SqlStore {
+    /// Reads the row of `key` (`peek`: without the response bytes).
+    pub(super) async fn read(&self, key: &[u8], peek: bool) -> sqlx::Result<Option<Row>> {
+        read(&self.pool, key, peek).await
+    }
+}
+
+pub(super) async fn read(pool: &Pool, key: &[u8], peek: bool) -> sqlx::Result<Option<Row>> {
+    match pool {
+        Pool::Postgres(p) => {
+            let stmt = if peek { postgres::PEEK } else { postgres::READ };
+            let r = sqlx::query(stmt).bind(key).fetch_optional(p).await?;
+            r.as_ref().map(postgres::row).transpose()
+        }
+        Pool::MySql(p) => {
+            let stmt = if peek { mysql::PEEK } else { mysql::READ };
+            let r = sqlx::query(stmt).bind(key).fetch_optional(p).await?;
+            r.as_ref().map(mysql::row).transpose()
+        }
+        Pool::Sqlite(p) => {
+            let stmt = if peek { sqlite::PEEK } else { sqlite::READ };
+            let r = sqlx::query(stmt).bind(key).fetch_optional(p).await?;
+            r.as_ref().map(sqlite::row).transpose()
+        }
+    }
+}
+
+fn owner_of(row: &Row) -> Result<[u8; 16], StoreError> {
+    row.owner
+        .as_deref()
+        .and_then(|o| <[u8; 16]>::try_from(o).ok())
+        .ok_or_else(|| corrupt("in-flight row without a 16-byte owner token"))
+}
+
+impl Store for SqlStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let k = key.as_bytes();
+        let owner = owner_bytes(token);
+        let fp = fingerprint.to_bytes();
+        let lease_ms = millis(lease);
+        let err = |e| map_err("claim", e);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let acquired = retrying(|| async {
+                Ok(match &self.pool {
+                    Pool::Postgres(p) => sqlx::query(postgres::CLAIM)
+                        .bind(k)
+                        .bind(&owner[..])
+                        .bind(&fp[..])
+                        .bind(lease_ms)
+                        .fetch_optional(p)
+                        .await?
+                        .is_some(),
+                    Pool::Sqlite(p) => sqlx::query(sqlite::CLAIM)
+                        .bind(k)
+                        .bind(&owner[..])
+                        .bind(&fp[..])
+                        .bind(lease_ms)
+                        .fetch_optional(p)
+                        .await?
+                        .is_some(),
+                    // 2: taken over; 1: inserted, or left alone (read it).
+                    Pool::MySql(p) => {
+                        sqlx::query(mysql::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(lease_ms)
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .execute(p)
+                            .await?
+                            .rows_affected()
+                            == 2
+                    }
+                })
+            })
+            .await
+            .map_err(err)?;
+            if acquired {
+                return Ok(Claim::Acquired(token));
+            }
+            let Some(row) = self.read(k, false).await.map_err(err)? else {
+                continue; // released or swept in between: claim again
+            };
+            if row.remaining <= 0 {
+                continue; // expired in between: take it over
+            }
+            match row.state {
+                IN_FLIGHT => {
+                    let running = owner_of(&row)?;
+                    if running == owner {
+                        return Ok(Claim::Acquired(token));
+                    }
+                    let fp = row
+                        .fingerprint
+                        .as_deref()
+                        .and_then(|f| <[u8; 16]>::try_from(f).ok())
+                        .ok_or_else(|| corrupt("in-flight row without a fingerprint"))?;
+                    return Ok(Claim::InFlight {
+                        fingerprint: Fingerprint::from_bytes(fp),
+                        watch: self.watch(k.to_vec(), running),
+                    });
+                }
+                COMPLETED => {
+                    let bytes = row
+                        .response
+                        .ok_or_else(|| corrupt("completed row without a response"))?;
+                    return Ok(Claim::Completed(Arc::new(decode(&Bytes::from(bytes))?)));
+                }
+                other => {
+                    return Err(corrupt(format_args!(
+                        "a row of state {other} under a claimed key (a client token?)"
+                    )))
+                }
+            }
+        }
+        Err(StoreError::new(
+            crate::store::StoreErrorKind::Backend,
+            "sql claim: the row kept changing under the claim",
+        ))
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let bytes = encode(&record);
+        let args = CompleteArgs {
+            key: key.as_bytes(),
+            owner: owner_bytes(token),
+            fingerprint: record.fingerprint.to_bytes(),
+            bytes: &bytes,
+            window_ms: millis(window),
+        };
+        let err = |e| map_err("complete", e);
+        let done = retrying(|| async {
+            match &self.pool {
+                Pool::Postgres(p) => postgres::complete(&mut *p.acquire().await?, &args).await,
+                Pool::MySql(p) => mysql::complete(&mut *p.acquire().await?, &args).await,
+                Pool::Sqlite(p) => sqlite::complete(&mut *p.acquire().await?, &args).await,
+            }
+        })
+        .await
+        .map_err(err)?;
+        if done {
+            self.wake_local_waiters(key.as_bytes());
+        }
+        Ok(done)
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let (k, owner, ms) = (key.as_bytes(), owner_bytes(token), millis(lease));
+        let n = retrying(|| async {
+            Ok(match &self.pool {
+                Pool::Postgres(p) => {
+                    let q = sqlx::query(postgres::RENEW).bind(k).bind(&owner[..]);
+                    q.bind(ms).execute(p).await?.rows_affected()
+                }
+                Pool::Sqlite(p) => {
+                    let q = sqlx::query(sqlite::RENEW).bind(k).bind(&owner[..]);
+                    q.bind(ms).execute(p).await?.rows_affected()
+                }
+                Pool::MySql(p) => {
+                    let q = sqlx::query(mysql::RENEW).bind(ms).bind(ms).bind(k);
+                    q.bind(&owner[..]).execute(p).await?.rows_affected()
+                }
+            })
+        })
+        .await
+        .map_err(|e| map_err("renew", e))?;
+        Ok(n == 1)
+    }
+
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        let (k, owner) = (key.as_bytes(), owner_bytes(token));
+        let n = retrying(|| async {
+            Ok(match &self.pool {
+                Pool::Postgres(p) => sqlx::query(postgres::RELEASE)
+                    .bind(k)
+                    .bind(&owner[..])
+                    .fetch_all(p)
+                    .await?
+                    .len() as u64,
+                Pool::Sqlite(p) => sqlx::query(sqlite::RELEASE)
+                    .bind(k)
+                    .bind(&owner[..])
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::MySql(p) => sqlx::query(mysql::RELEASE)
+                    .bind(k)
+                    .bind(&owner[..])
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+            })
+        })
+        .await
+        .map_err(|e| map_err("release", e))?;
+        if n == 1 {
+            self.wake_local_waiters(k);
+        }
+        Ok(n == 1)
+    }
+
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        let (k, ms) = (key.as_bytes(), millis(ttl));
+        retrying(|| async {
+            match &self.pool {
+                Pool::Postgres(p) => sqlx::query(postgres::PUT_TOKEN)
+                    .bind(k)
+                    .bind(ms)
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::Sqlite(p) => sqlx::query(sqlite::PUT_TOKEN)
+                    .bind(k)
+                    .bind(ms)
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::MySql(p) => sqlx::query(mysql::PUT_TOKEN)
+                    .bind(k)
+                    .bind(ms)
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+            };
+            Ok(())
+        })
+        .await
+        .map_err(|e| map_err("put_token", e))
+    }
+
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        let (k, o) = (key.as_bytes(), owner_bytes(owner));
+        let n = retrying(|| async {
+            Ok(match &self.pool {
+                Pool::Postgres(p) => sqlx::query(postgres::TAKE_TOKEN)
+                    .bind(k)
+                    .bind(&o[..])
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::Sqlite(p) => sqlx::query(sqlite::TAKE_TOKEN)
+                    .bind(k)
+                    .bind(&o[..])
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                Pool::MySql(p) => sqlx::query(mysql::TAKE_TOKEN)
+                    .bind(&o[..])
+                    .bind(k)
+                    .bind(&o[..])
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+            })
+        })
+        .await
+        .map_err(|e| map_err("take_token", e))?;
+        Ok(n == 1)
+    }
+}

@@ -1,0 +1,156 @@
+//! The SQLite statements (3.35 or newer: `RETURNING`). Times are milliseconds since the Unix epoch,
+//! read from the database's clock, so that every instance agrees on when a
+//! lease or a window ends.
+
+use super::{CompleteArgs, Row};
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row as _;
+
+/// The migrations, applied in order by `migrate()`.
+pub(super) const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idempotency_records (
+        idem_key     BLOB PRIMARY KEY,
+        state        INTEGER NOT NULL,
+        owner_token  BLOB,
+        fence        INTEGER NOT NULL,
+        lease_until  INTEGER,
+        fingerprint  BLOB,
+        response     BLOB,
+        created_at   INTEGER NOT NULL,
+        expires_at   INTEGER NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS idempotency_records_expires
+        ON idempotency_records (expires_at)",
+];
+
+/// The database's clock, in milliseconds.
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+
+/// `?1` key, `?2` owner, `?3` fingerprint, `?4` lease ms. Inserts an
+/// absent key, takes over an expired row, or (a resent claim) extends the
+/// caller's own lease; returns the fence when the caller holds the claim.
+pub(super) const CLAIM: &str = concat!(
+    "INSERT INTO idempotency_records AS r
+        (idem_key, state, owner_token, fence, lease_until, fingerprint, response, created_at, expires_at)
+    VALUES (?1, 1, ?2, 1, ", now_ms!(), " + ?4, ?3, NULL, ", now_ms!(), ", ", now_ms!(), " + ?4)
+    ON CONFLICT (idem_key) DO UPDATE SET
+        state = 1,
+        owner_token = EXCLUDED.owner_token,
+        fence = r.fence + CASE WHEN r.state = 1 AND r.owner_token = EXCLUDED.owner_token THEN 0 ELSE 1 END,
+        lease_until = EXCLUDED.lease_until,
+        fingerprint = EXCLUDED.fingerprint,
+        response = NULL,
+        created_at = EXCLUDED.created_at,
+        expires_at = EXCLUDED.expires_at
+    WHERE r.expires_at <= EXCLUDED.created_at
+        OR (r.state = 1 AND r.owner_token = EXCLUDED.owner_token)
+    RETURNING fence"
+);
+
+/// `?1` key: the row and the milliseconds it has left.
+pub(super) const READ: &str = concat!(
+    "SELECT state, owner_token, fingerprint, response, expires_at - ",
+    now_ms!(),
+    " AS remaining
+    FROM idempotency_records WHERE idem_key = ?1"
+);
+
+/// `?1` key: what a waiter's poller compares (no response bytes).
+pub(super) const PEEK: &str = concat!(
+    "SELECT state, owner_token, NULL AS fingerprint, NULL AS response,
+        expires_at - ",
+    now_ms!(),
+    " AS remaining
+    FROM idempotency_records WHERE idem_key = ?1"
+);
+
+/// `?1` key, `?2` owner, `?3` fingerprint, `?4` encoded record, `?5`
+/// window ms. The owner's claim (or an absent key: the owner's expired
+/// lease was swept and nobody claimed since) becomes the completed record.
+pub(super) const COMPLETE: &str = concat!(
+    "INSERT INTO idempotency_records AS r
+        (idem_key, state, owner_token, fence, lease_until, fingerprint, response, created_at, expires_at)
+    VALUES (?1, 2, ?2, 1, NULL, ?3, ?4, ", now_ms!(), ", ", now_ms!(), " + ?5)
+    ON CONFLICT (idem_key) DO UPDATE SET
+        state = 2,
+        lease_until = NULL,
+        fingerprint = EXCLUDED.fingerprint,
+        response = EXCLUDED.response,
+        expires_at = EXCLUDED.expires_at
+    WHERE r.state = 1 AND r.owner_token = EXCLUDED.owner_token"
+);
+
+/// `?1` key, `?2` owner, `?3` lease ms.
+pub(super) const RENEW: &str = concat!(
+    "UPDATE idempotency_records
+    SET lease_until = ",
+    now_ms!(),
+    " + ?3, expires_at = ",
+    now_ms!(),
+    " + ?3
+    WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2"
+);
+
+/// `?1` key, `?2` owner.
+pub(super) const RELEASE: &str =
+    "DELETE FROM idempotency_records WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2";
+
+/// `?1` key, `?2` ttl ms.
+pub(super) const PUT_TOKEN: &str = concat!(
+    "INSERT INTO idempotency_records
+        (idem_key, state, owner_token, fence, lease_until, fingerprint, response, created_at, expires_at)
+    VALUES (?1, 3, NULL, 1, NULL, NULL, NULL, ", now_ms!(), ", ", now_ms!(), " + ?2)
+    ON CONFLICT (idem_key) DO UPDATE SET
+        state = 3, owner_token = NULL, response = NULL, expires_at = EXCLUDED.expires_at"
+);
+
+/// `?1` key, `?2` the taking request's owner token.
+pub(super) const TAKE_TOKEN: &str = concat!(
+    "UPDATE idempotency_records SET state = 4, owner_token = ?2
+    WHERE idem_key = ?1 AND expires_at > ",
+    now_ms!(),
+    "
+        AND (state = 3 OR (state = 4 AND owner_token = ?2))"
+);
+
+/// `?1` batch size: deletes up to that many expired rows.
+pub(super) const SWEEP: &str = concat!(
+    "DELETE FROM idempotency_records WHERE idem_key IN (
+        SELECT idem_key FROM idempotency_records WHERE expires_at <= ",
+    now_ms!(),
+    " LIMIT ?1
+    )"
+);
+
+/// Completes `op`'s record on `conn` (the store's pool, or the caller's
+/// transaction).
+pub(super) async fn complete(
+    conn: &mut SqliteConnection,
+    a: &CompleteArgs<'_>,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(COMPLETE)
+        .bind(a.key)
+        .bind(&a.owner[..])
+        .bind(&a.fingerprint[..])
+        .bind(a.bytes)
+        .bind(a.window_ms)
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(done == 1)
+}
+
+/// Reads a row of [`READ`] or [`PEEK`].
+pub(super) fn row(r: &sqlx::sqlite::SqliteRow) -> sqlx::Result<Row> {
+    Ok(Row {
+        state: r.try_get(0)?,
+        owner: r.try_get(1)?,
+        fingerprint: r.try_get(2)?,
+        response: r.try_get(3)?,
+        remaining: r.try_get(4)?,
+    })
+}

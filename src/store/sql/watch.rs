@@ -1,0 +1,205 @@
+//! Waiting duplicates on one instance share one poller per key (one small
+//! `SELECT` per interval, however many wait), and expired rows are swept in
+//! bounded batches.
+
+use super::ops::read;
+use super::{lock, mysql, postgres, sqlite, Pool, SqlStore, IN_FLIGHT};
+use crate::store::{Watch, WatchSender};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// One instance's look-out on one in-flight key.
+pub(super) struct Poller {
+    owner: [u8; 16],
+    sender: WatchSender,
+    last_subscribed: Mutex<Instant>,
+}
+
+/// A poller stops after this long without a new waiter; it wakes the
+/// waiters left, which claim again and start a new one if they still wait.
+const POLLER_IDLE: Duration = Duration::from_secs(5);
+
+type Pollers = Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>;
+
+impl SqlStore {
+    /// The owner on this instance completed or released `key`: wake this
+    /// instance's waiters now.
+    pub(super) fn wake_local_waiters(&self, key: &[u8]) {
+        let poller = lock(&self.pollers).remove(key);
+        if let Some(poller) = poller {
+            poller.sender.notify();
+        }
+    }
+
+    /// A watch shared by every waiter of this instance on `key` while it is
+    /// held by `owner`.
+    pub(super) fn watch(&self, key: Vec<u8>, owner: [u8; 16]) -> Watch {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Watch::poll(self.poll_interval);
+        };
+        let mut pollers = lock(&self.pollers);
+        if let Some(poller) = pollers.get(&key) {
+            if poller.owner == owner {
+                *lock(&poller.last_subscribed) = Instant::now();
+                return poller.sender.subscribe();
+            }
+        }
+        if let Pool::Postgres(pool) = &self.pool {
+            self.listener.get_or_init(|| {
+                let stop = CancellationToken::new();
+                runtime.spawn(listen(
+                    pool.clone(),
+                    Arc::downgrade(&self.pollers),
+                    stop.clone(),
+                ));
+                stop.drop_guard()
+            });
+        }
+        let poller = Arc::new(Poller {
+            owner,
+            sender: WatchSender::new(),
+            last_subscribed: Mutex::new(Instant::now()),
+        });
+        let watch = poller.sender.subscribe();
+        // A replaced poller watched an older owner: it notices the change at
+        // its next look and wakes its waiters.
+        pollers.insert(key.clone(), poller.clone());
+        drop(pollers);
+        runtime.spawn(poll(
+            self.pool.clone(),
+            self.pollers.clone(),
+            key,
+            poller,
+            self.poll_interval,
+        ));
+        watch
+    }
+}
+
+async fn poll(pool: Pool, pollers: Pollers, key: Vec<u8>, poller: Arc<Poller>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if lock(&poller.last_subscribed).elapsed() > POLLER_IDLE {
+            break;
+        }
+        match read(&pool, &key, true).await {
+            Ok(Some(row))
+                if row.state == IN_FLIGHT
+                    && row.remaining > 0
+                    && row.owner.as_deref() == Some(&poller.owner[..]) => {}
+            // Completed, released, taken over, expired, or the database
+            // failed: the waiters claim again and see for themselves.
+            _ => break,
+        }
+    }
+    {
+        let mut pollers = lock(&pollers);
+        if pollers.get(&key).is_some_and(|p| Arc::ptr_eq(p, &poller)) {
+            pollers.remove(&key);
+        }
+    }
+    poller.sender.notify();
+}
+
+/// PostgreSQL: wakes this instance's waiters on a key as soon as a
+/// `NOTIFY` says its record completed or its claim was released (by any
+/// instance). The pollers stay, for leases that run out and for missed
+/// notifications (a notification sent while the connection was down is lost).
+async fn listen(
+    pool: sqlx::PgPool,
+    pollers: std::sync::Weak<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
+    stop: CancellationToken,
+) {
+    let work = async {
+        loop {
+            let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+                Ok(l) => l,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if listener.listen(postgres::CHANNEL).await.is_err() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            // `recv` reconnects by itself; an error ends this connection.
+            while let Ok(n) = listener.recv().await {
+                let Some(pollers) = pollers.upgrade() else {
+                    return;
+                };
+                let Some(key) = unhex(n.payload()) else {
+                    continue;
+                };
+                let poller = lock(&pollers).remove(&key);
+                if let Some(poller) = poller {
+                    poller.sender.notify();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = work => {}
+    }
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let s = s.as_bytes();
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    s.chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+/// Deletes every expired row, `batch` at a time.
+pub(super) async fn sweep_all(pool: &Pool, batch: u32) -> sqlx::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = match pool {
+            Pool::Postgres(p) => sqlx::query(postgres::SWEEP)
+                .bind(i64::from(batch))
+                .execute(p)
+                .await?
+                .rows_affected(),
+            Pool::MySql(p) => sqlx::query(mysql::SWEEP)
+                .bind(i64::from(batch))
+                .execute(p)
+                .await?
+                .rows_affected(),
+            Pool::Sqlite(p) => sqlx::query(sqlite::SWEEP)
+                .bind(i64::from(batch))
+                .execute(p)
+                .await?
+                .rows_affected(),
+        };
+        total += n;
+        if n < u64::from(batch) {
+            return Ok(total);
+        }
+        // Let other writers in between two batches.
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The background sweep: every `every`, until `stop` fires.
+pub(super) async fn sweep_loop(pool: Pool, every: Duration, batch: u32, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        // A failure is retried at the next round; rows past their time are
+        // treated as absent meanwhile.
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = sweep_all(&pool, batch) => {}
+        }
+    }
+}

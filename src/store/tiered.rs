@@ -1,0 +1,140 @@
+//! Two stores in tiers: a fast one in front (Redis: claims, waiters, replays)
+//! and a durable one behind (a SQL database), which decides every claim.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::store::{Claim, MemoryStore, OwnerToken, Store, TieredStore};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // In production: TieredStore::new(RedisStore::standalone(..).await?, SqlStore::connect(..).await?)
+//! let (front, back) = (MemoryStore::new(), MemoryStore::new());
+//! let store = TieredStore::new(front, back.clone());
+//! let fp = Fingerprint::of(b"x");
+//! let token = OwnerToken::new();
+//! assert!(matches!(store.claim("k", fp, token, Duration::from_secs(5)).await.unwrap(), Claim::Acquired(_)));
+//! // The claim is held behind too.
+//! assert!(matches!(back.claim("k", fp, OwnerToken::new(), Duration::from_secs(5)).await.unwrap(), Claim::InFlight { .. }));
+//! # }
+//! ```
+
+use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use crate::Fingerprint;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A [`Store`] in two tiers: `front` (Redis) in front, `back` (a
+/// [`SqlStore`](crate::store::SqlStore)) behind.
+///
+/// - **claim**: in front first. A completed record there is replayed and a
+///   claim in flight there is waited on (the front's watch), without touching
+///   the back. When the front lets the caller claim (the key is new to it,
+///   or the front lost its data), the claim is made in the back too, with the
+///   same owner token, and the back decides: a record completed there is
+///   replayed, a claim in flight there is waited on (the back's watch). So a Redis restarted without persistence runs nothing twice: its
+///   misses are answered from the database.
+/// - **complete**: in the back first (durable), then in the front; the
+///   back's answer counts. **renew**, **release**: both; the back's answer
+///   counts. Client tokens live in the back.
+/// - When the front fails (Redis down), every call goes to the back alone,
+///   which stays correct: every claim that wins has won in the back.
+///
+/// A first delivery costs the front's claim and completion plus the back's;
+/// a repeat costs the front's claim alone.
+#[derive(Clone, Debug)]
+pub struct TieredStore<F, B> {
+    front: F,
+    back: B,
+}
+
+impl<F: Store, B: Store> TieredStore<F, B> {
+    /// `front` in front of `back`.
+    pub const fn new(front: F, back: B) -> Self {
+        Self { front, back }
+    }
+
+    /// The front store.
+    pub fn front(&self) -> &F {
+        &self.front
+    }
+
+    /// The back store.
+    pub fn back(&self) -> &B {
+        &self.back
+    }
+}
+
+impl<F: Store, B: Store> Store for TieredStore<F, B> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let front_held = match self.front.claim(key, fingerprint, token, lease).await {
+            Ok(Claim::Acquired(_)) => true,
+            Ok(other) => return Ok(other),
+            // The front is down: the back alone decides.
+            Err(_) => false,
+        };
+        let back = self.back.claim(key, fingerprint, token, lease).await;
+        if front_held && !matches!(back, Ok(Claim::Acquired(_))) {
+            // Completed or in flight behind (the front lost its data, or
+            // the record outlived the front's copy), or the back failed:
+            // the front's claim goes. The back does not say how much of its
+            // window a record has left, so it is not copied to the front.
+            let _ = self.front.release(key, token).await;
+        }
+        back
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .back
+            .complete(key, token, record.clone(), window)
+            .await?;
+        if done {
+            let _ = self.front.complete(key, token, record, window).await;
+        } else {
+            let _ = self.front.release(key, token).await;
+        }
+        Ok(done)
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let (front, back) = tokio::join!(
+            self.front.renew(key, token, lease),
+            self.back.renew(key, token, lease)
+        );
+        let _ = front;
+        back
+    }
+
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        // The back first: a waiter woken by the front's release must find
+        // the key free behind too.
+        let back = self.back.release(key, token).await;
+        let _ = self.front.release(key, token).await;
+        back
+    }
+
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.back.put_token(key, ttl).await
+    }
+
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        self.back.take_token(key, owner).await
+    }
+}

@@ -1,0 +1,122 @@
+//! Redis in front of PostgreSQL (`TieredStore`): a Redis restarted without
+//! persistence after a storm replays every notification from the database
+//! and runs none again; Redis alone runs them all again.
+#![cfg(all(feature = "redis", feature = "sql"))]
+
+mod support_redis;
+mod support_sql;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use support_redis::{redis_available, RedisServer};
+use support_sql::shared_postgres;
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_idempotency::dedup::DedupLayer;
+use tower_idempotency::key::{Field, FingerprintSpec, KeyLayer, KeySpec};
+use tower_idempotency::store::{OwnerToken, RedisStore, SqlStore, Store, TieredStore};
+
+const KEYS: usize = 20;
+const COPIES: usize = 3;
+
+/// Every key `COPIES` times, all at once, through key + dedup layers over
+/// `store`; returns how many answers were replays.
+async fn storm<St: Store>(store: &St, prefix: &str, runs: &Arc<AtomicUsize>) -> usize {
+    let counter = runs.clone();
+    let svc = ServiceBuilder::new()
+        .layer(KeyLayer::new(KeySpec::new(
+            [Field::header(http::HeaderName::from_static(
+                "idempotency-key",
+            ))],
+            FingerprintSpec::Request,
+        )))
+        .layer(DedupLayer::new(store.clone()))
+        .service(service_fn(move |_req: Request<Full<Bytes>>| {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!(
+                    "paid {n}"
+                )))))
+            }
+        }));
+    let calls = (0..KEYS * COPIES).map(|i| {
+        let svc = svc.clone();
+        let key = format!("{prefix}-{}", i % KEYS);
+        tokio::spawn(async move {
+            let req = Request::post("/notify")
+                .header("idempotency-key", key)
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let res = svc.oneshot(req).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+            let replayed = res.headers().contains_key("idempotent-replayed");
+            res.into_body().collect().await.unwrap();
+            replayed
+        })
+    });
+    let mut replayed = 0;
+    for call in calls.collect::<Vec<_>>() {
+        replayed += usize::from(call.await.unwrap());
+    }
+    replayed
+}
+
+/// Storm, restart Redis without persistence, storm again: how many runs.
+async fn runs_across_a_redis_data_loss(tiered: bool) -> Option<(usize, usize)> {
+    if !redis_available() {
+        return None;
+    }
+    let pg = shared_postgres()?;
+    let mut redis = RedisServer::start();
+    let front = RedisStore::standalone(redis.url())
+        .await
+        .unwrap()
+        .local_max_bytes(0); // no local tier: every repeat asks Redis
+    let back = SqlStore::connect(pg.url()).await.unwrap();
+    let prefix = format!("EV-{:x}", OwnerToken::new().as_u128());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (first, second) = if tiered {
+        let store = TieredStore::new(front, back);
+        storm(&store, &prefix, &runs).await;
+        redis.stop_without_saving();
+        redis.restart();
+        (
+            runs.load(Ordering::SeqCst),
+            storm(&store, &prefix, &runs).await,
+        )
+    } else {
+        storm(&front, &prefix, &runs).await;
+        redis.stop_without_saving();
+        redis.restart();
+        (
+            runs.load(Ordering::SeqCst),
+            storm(&front, &prefix, &runs).await,
+        )
+    };
+    assert_eq!(first, KEYS, "one run per key before the restart");
+    Some((runs.load(Ordering::SeqCst), second))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tiered_a_redis_restarted_without_persistence_runs_nothing_again() {
+    let Some((runs, replayed)) = runs_across_a_redis_data_loss(true).await else {
+        return;
+    };
+    assert_eq!(runs, KEYS, "the database answered what Redis lost");
+    assert_eq!(
+        replayed,
+        KEYS * COPIES,
+        "every copy after the restart replayed"
+    );
+}
+
+/// The control: Redis alone forgets, and every key runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_alone_runs_everything_again_after_losing_its_data() {
+    let Some((runs, _)) = runs_across_a_redis_data_loss(false).await else {
+        return;
+    };
+    assert_eq!(runs, 2 * KEYS);
+}
