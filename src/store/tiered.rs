@@ -18,7 +18,7 @@
 //! # }
 //! ```
 
-use super::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,5 +136,34 @@ impl<F: Store, B: Store> Store for TieredStore<F, B> {
 
     async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
         self.back.take_token(key, owner).await
+    }
+
+    /// The back's state (the durable one), or the front's claim in flight
+    /// when the back has none (a claim is made in front first).
+    async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
+        match self.back.inspect(key).await? {
+            RecordState::Absent => match self.front.inspect(key).await {
+                Ok(state @ RecordState::InFlight { .. }) => Ok(state),
+                _ => Ok(RecordState::Absent),
+            },
+            state => Ok(state),
+        }
+    }
+
+    /// Both tiers; a key in flight in either is left alone.
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        if let Ok(RecordState::InFlight { .. }) = self.front.inspect(key).await {
+            return Ok(Forgotten::InFlight);
+        }
+        let back = self.back.forget(key).await?;
+        if back == Forgotten::InFlight {
+            return Ok(back);
+        }
+        let front = self.front.forget(key).await.unwrap_or(Forgotten::Absent);
+        Ok(if front == Forgotten::Deleted {
+            Forgotten::Deleted
+        } else {
+            back
+        })
     }
 }

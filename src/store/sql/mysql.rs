@@ -105,6 +105,13 @@ pub(super) const RENEW: &str = concat!(
 );
 
 /// Binds: key, owner.
+/// `?` key: deletes the completed record of the key, if its window has
+/// not ended (an operator's `forget`); never a claim or a client token.
+pub(super) const FORGET: &str = concat!(
+    "DELETE FROM idempotency_records WHERE idem_key = ? AND state = 2 AND expires_at > ",
+    now_ms!()
+);
+
 pub(super) const RELEASE: &str =
     "DELETE FROM idempotency_records WHERE idem_key = ? AND state = 1 AND owner_token = ?";
 

@@ -5,7 +5,7 @@ use super::{
     COMPLETED, IN_FLIGHT,
 };
 use crate::store::codec::{decode, encode};
-use crate::store::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;
 use bytes::Bytes;
 use std::future::Future;
@@ -76,6 +76,76 @@ fn owner_of(row: &Row) -> Result<[u8; 16], StoreError> {
 }
 
 impl Store for SqlStore {
+    /// One read; the lease and the window are the database's clock's.
+    async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
+        let row = self
+            .read(key.as_bytes(), false)
+            .await
+            .map_err(|e| map_err("inspect", e))?;
+        let Some(row) = row.filter(|r| r.remaining > 0) else {
+            return Ok(RecordState::Absent);
+        };
+        let left = Duration::from_millis(u64::try_from(row.remaining).unwrap_or(0));
+        match row.state {
+            IN_FLIGHT => {
+                let fp = row
+                    .fingerprint
+                    .as_deref()
+                    .and_then(|f| <[u8; 16]>::try_from(f).ok())
+                    .ok_or_else(|| corrupt("in-flight row without a fingerprint"))?;
+                Ok(RecordState::InFlight {
+                    fingerprint: Fingerprint::from_bytes(fp),
+                    age: None,
+                    lease_left: left,
+                })
+            }
+            COMPLETED => {
+                let bytes = row
+                    .response
+                    .ok_or_else(|| corrupt("completed row without a response"))?;
+                Ok(RecordState::Completed {
+                    record: Arc::new(decode(&Bytes::from(bytes))?),
+                    left,
+                })
+            }
+            // A client token, not a record.
+            _ => Ok(RecordState::Absent),
+        }
+    }
+
+    /// One conditional `DELETE` of the completed row; when it deletes
+    /// nothing, one read tells an in-flight key from an absent one.
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        let k = key.as_bytes();
+        let err = |e| map_err("forget", e);
+        let deleted = match &self.pool {
+            Pool::Postgres(p) => sqlx::query(postgres::FORGET)
+                .bind(k)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected()),
+            Pool::MySql(p) => sqlx::query(mysql::FORGET)
+                .bind(k)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected()),
+            Pool::Sqlite(p) => sqlx::query(sqlite::FORGET)
+                .bind(k)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected()),
+        }
+        .map_err(err)?;
+        if deleted > 0 {
+            return Ok(Forgotten::Deleted);
+        }
+        let row = self.read(k, true).await.map_err(err)?;
+        Ok(match row {
+            Some(r) if r.state == IN_FLIGHT && r.remaining > 0 => Forgotten::InFlight,
+            _ => Forgotten::Absent,
+        })
+    }
+
     async fn claim(
         &self,
         key: &str,

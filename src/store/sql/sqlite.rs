@@ -96,6 +96,13 @@ pub(super) const RENEW: &str = concat!(
 );
 
 /// `?1` key, `?2` owner.
+/// `?1` key: deletes the completed record of the key, if its window has
+/// not ended (an operator's `forget`); never a claim or a client token.
+pub(super) const FORGET: &str = concat!(
+    "DELETE FROM idempotency_records WHERE idem_key = ?1 AND state = 2 AND expires_at > ",
+    now_ms!()
+);
+
 pub(super) const RELEASE: &str =
     "DELETE FROM idempotency_records WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2";
 
