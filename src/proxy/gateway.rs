@@ -3,6 +3,7 @@
 
 use super::ack::{Ingest, IngestFn};
 use super::detect::detect;
+use super::forward::RouteLimit;
 use super::options::DEFAULT_MAX_RUN;
 use super::panic::catching;
 use super::route::{RouteError, RouteTable};
@@ -12,6 +13,7 @@ use crate::key::{is_guarded_method, HeaderPrincipal, Key};
 use crate::limit::BodyLimits;
 use crate::normalize::Normalize;
 use crate::queue::Queue;
+use crate::shed::{Gauge, Slots};
 use crate::store::Store;
 use crate::token::IssueToken;
 use crate::verify::Verify;
@@ -229,7 +231,18 @@ impl<S: Store> GatewayBuilder<S> {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
-            let guarded = forward.with_timeout(max_run.max(forward.timeout()));
+            let guarded = forward
+                .with_timeout(max_run.max(forward.timeout()))
+                .with_route_limit(RouteLimit {
+                    slots: options
+                        .in_flight_slots()
+                        .cloned()
+                        .unwrap_or_else(Slots::unlimited),
+                    queue_wait: options
+                        .get_queue_wait()
+                        .unwrap_or(forward.call_limit().get_queue_wait()),
+                    gauge: Gauge::route(prefix),
+                });
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
             let stack = |preset: Preset| {
                 options
