@@ -240,3 +240,62 @@ async fn without_a_limit_the_backlog_knocks_the_upstream_over() {
     assert!(fragile.overloaded.load(Ordering::SeqCst) > 0);
     assert_eq!(doubles(&fragile), 0, "notifications executed twice");
 }
+
+/// The library's layer inside a client API's stack: past the cap, after the
+/// queue wait, the caller gets 503 with `Retry-After` and the handler is not
+/// called; the slot is held until the first answer's body has been read,
+/// and then the same key runs.
+#[tokio::test]
+async fn in_flight_limit_answers_a_client_api_with_503_and_retry_after() {
+    use tower::{ServiceBuilder, ServiceExt};
+    use tower_idempotency::shed::InFlightLimitLayer;
+    use tower_idempotency::{IdempotencyLayer, Outcome};
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let limit = InFlightLimitLayer::new(1).queue_wait(Duration::from_millis(20));
+    let slots = limit.slots().clone();
+    let handler = {
+        let (gate, calls) = (gate.clone(), calls.clone());
+        move |_req: Request<Full<Bytes>>| {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let _open = gate.acquire().await.unwrap();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"created"))))
+            }
+        }
+    };
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::idempotency_key())
+        .layer(limit)
+        .service_fn(handler);
+    let order = |key: &str| {
+        Request::post("/orders")
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(br#"{"sku":"A1"}"#)))
+            .unwrap()
+    };
+    let first = tokio::spawn(svc.clone().oneshot(order("k-1")));
+    while slots.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let shed = svc.clone().oneshot(order("k-2")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    assert_eq!(shed.extensions().get::<Outcome>(), Some(&Outcome::Shed));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the shed call reached the handler"
+    );
+    gate.add_permits(10);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(read(first).await.text(), "created");
+    assert_eq!(slots.in_flight(), 0, "the slot outlived the answer");
+    let retried = svc.oneshot(order("k-2")).await.unwrap();
+    assert_eq!(retried.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

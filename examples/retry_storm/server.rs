@@ -71,7 +71,7 @@ async fn serve_stacks<St: Store>(
     scenario: Scenario,
 ) -> std::io::Result<Vec<SocketAddr>> {
     let preset = match scenario {
-        Scenario::Burst => Preset::wechatpay_v3(),
+        Scenario::Burst | Scenario::Outage => Preset::wechatpay_v3(),
         Scenario::DoubleSubmit => Preset::idempotency_key(),
     };
     let mut addrs = Vec::with_capacity(instances);
