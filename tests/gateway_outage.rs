@@ -299,3 +299,51 @@ async fn in_flight_limit_answers_a_client_api_with_503_and_retry_after() {
     assert_eq!(retried.status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Values of the new settings that cannot work exit 2 with the reason and
+/// the line: a route's `max_in_flight` of 0, `"auto"` (not supported yet),
+/// a bad `queue_wait`, a bad `--queue-wait`.
+#[test]
+fn bad_limits_exit_2_with_the_reason() {
+    use gateway_support::{exits_2, gateway_bin};
+    use std::process::Command;
+
+    for (route_line, hint) in [
+        (
+            "max_in_flight = 0",
+            ":5: `max_in_flight`: expected a whole number more than 0",
+        ),
+        ("max_in_flight = \"auto\"", ":5: `max_in_flight`: \"auto\""),
+        (
+            "max_in_flight = \"many\"",
+            ":5: `max_in_flight`: expected a whole number",
+        ),
+        ("queue_wait = \"soon\"", ":5: `queue_wait`:"),
+    ] {
+        let file = gateway_support::temp_path("bad.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "upstream = \"http://127.0.0.1:1\"\n[[route]]\nprefix = \"/wx\"\n\
+                 preset = \"wechatpay-v3\"\n{route_line}\n"
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(["--listen", "127.0.0.1:0", "--check-config", "--config"])
+            .arg(&file);
+        exits_2(cmd, hint);
+        let _ = std::fs::remove_file(&file);
+    }
+    let mut cmd = Command::new(gateway_bin());
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--check-config",
+        "--queue-wait",
+        "soon",
+    ]);
+    exits_2(cmd, "--queue-wait");
+}
