@@ -162,6 +162,7 @@ pub mod proxy;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
+pub mod shed;
 pub mod store;
 pub mod token;
 pub mod verify;

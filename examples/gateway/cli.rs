@@ -140,9 +140,13 @@ pub struct Args {
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_H2_MAX_STREAMS", value_parser = parse::streams)]
     pub h2_max_streams: Option<u32>,
     /// Most calls in flight to the upstream, those finishing in the background included;
-    /// past it a request gets the retryable failure at once (default 1024)
+    /// past it a request waits --queue-wait for a slot, then gets the retryable failure (default 1024)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_UPSTREAM_CALLS", value_parser = parse::count)]
     pub max_upstream_calls: Option<usize>,
+    /// Longest wait for a free upstream slot (--max-upstream-calls, a route's max_in_flight)
+    /// before a request is shed with the retryable failure; 0s sheds at once (default 50ms)
+    #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_QUEUE_WAIT", value_parser = parse::duration)]
+    pub queue_wait: Option<Duration>,
     /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL")]
     pub journal: bool,

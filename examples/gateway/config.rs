@@ -9,6 +9,7 @@
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
 //! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie, max_memory
+//! max_in_flight = 20   # optional: the route's calls in flight to the upstream; queue_wait too
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
 //! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
@@ -64,6 +65,7 @@ struct File {
     max_buffered: Option<Spanned<SizeValue>>,
     h2_max_streams: Option<Spanned<u64>>,
     max_upstream_calls: Option<Spanned<u64>>,
+    queue_wait: Field,
     ratio_window: Field,
     journal: Option<bool>,
     journal_retention: Field,
@@ -94,6 +96,8 @@ struct FileRoute {
     verify: Option<Spanned<VerifyConfig>>,
     /// The memory store's budget of this route's records.
     max_memory: Option<Spanned<SizeValue>>,
+    max_in_flight: Option<Spanned<SizeValue>>,
+    queue_wait: Field,
 }
 
 /// Everything the gateway runs with.
@@ -125,6 +129,8 @@ pub struct Settings {
     pub max_buffered: usize,
     pub h2_max_streams: u32,
     pub max_upstream_calls: usize,
+    /// How long a guarded request waits for an upstream slot before it is shed.
+    pub queue_wait: Duration,
     /// How far back the duplicate-ratio gauge looks.
     pub ratio_window: Duration,
     /// The journal's file and retention, when it is on.
@@ -249,6 +255,12 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
             };
             let mut options = global.options(&own).ack_then_deliver(acked);
+            if let Some(n) = at.checked(&r.max_in_flight, "max_in_flight", max_in_flight)? {
+                options = options.max_in_flight(n);
+            }
+            if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
+                options = options.queue_wait(wait);
+            }
             if let Some(v) = &r.verify {
                 let layer = crate::verify::layer(v.get_ref(), &target, &base)
                     .map_err(|e| at.err(v.span(), e))?;
@@ -343,6 +355,10 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .max_upstream_calls
             .or(at.number(&file.max_upstream_calls, "max_upstream_calls", parse::count)?)
             .unwrap_or(tower_idempotency::proxy::DEFAULT_MAX_UPSTREAM_CALLS),
+        queue_wait: args
+            .queue_wait
+            .or(at.value(&file.queue_wait, "queue_wait", parse::duration)?)
+            .unwrap_or(tower_idempotency::shed::DEFAULT_QUEUE_WAIT),
         ratio_window: args
             .ratio_window
             .or(at.value(&file.ratio_window, "ratio_window", parse::positive_duration)?)
@@ -352,6 +368,17 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         queue,
         warnings,
     })
+}
+
+/// A route's `max_in_flight`: a whole number more than 0.
+fn max_in_flight(v: &SizeValue) -> Result<usize, String> {
+    match v {
+        SizeValue::Bytes(n) => parse::count(&n.to_string()),
+        SizeValue::Text(t) if t == "auto" => {
+            Err("\"auto\" (an adaptive limit) is not supported yet; give a number".into())
+        }
+        SizeValue::Text(t) => parse::count(t),
+    }
 }
 
 /// `--route` flags replace the file's routes: refused when one of those

@@ -257,7 +257,7 @@ async fn run(
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's
     // deliveries (built once the metrics recorder is in, for its gauge).
-    let calls = CallLimit::new(settings.max_upstream_calls);
+    let calls = CallLimit::new(settings.max_upstream_calls).queue_wait(settings.queue_wait);
     // One budget of bodies being read, across the serving threads.
     let bodies = BodyLimits::new()
         .timeout(settings.body_timeout)

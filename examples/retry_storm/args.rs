@@ -12,10 +12,13 @@ usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
                    [--handler-ms MS] [--failure-rate F]
                    [--baseline compare|none|dedup|axum-idempotent|axum-idempotent-nocookie]
                    [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]]
-                   [--instances N] [--scenario burst|double-submit] [--json]
+                   [--instances N] [--scenario burst|double-submit|outage] [--limit N] [--json]
 
 With no --baseline, runs the naive handler (none) and the guarded stack (dedup)
-on the same storm and prints them side by side; with --json alone, runs dedup.";
+on the same storm and prints them side by side; with --json alone, runs dedup.
+--scenario outage: the backlog after an outage (default 600 notifications x 3
+copies) against a fragile upstream, through the gateway with no limit and with
+--limit (default 20) upstream calls at once.";
 
 /// One system under the storm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,9 @@ pub(crate) enum Scenario {
     /// spread over 100 ms, same bytes, `Idempotency-Key` header
     /// (idempotency-key preset, route `/orders`).
     DoubleSubmit,
+    /// The storm after an outage: a backlog of distinct notifications at
+    /// once against a fragile upstream, through the library's `Gateway`.
+    Outage,
 }
 
 impl Scenario {
@@ -67,6 +73,7 @@ impl Scenario {
         match self {
             Scenario::Burst => NOTIFY_PATH,
             Scenario::DoubleSubmit => ORDERS_PATH,
+            Scenario::Outage => crate::outage::PATH,
         }
     }
 
@@ -77,6 +84,7 @@ impl Scenario {
             Scenario::DoubleSubmit => {
                 "order submissions with Idempotency-Key, copies spread over 100 ms"
             }
+            Scenario::Outage => "the backlog after an outage, against a fragile upstream",
         }
     }
 }
@@ -128,6 +136,8 @@ pub(crate) struct Args {
     pub(crate) instances: usize,
     pub(crate) scenario: Scenario,
     pub(crate) json: bool,
+    /// The outage scenario's cap on upstream calls in its shed mode.
+    pub(crate) limit: usize,
 }
 
 impl Default for Args {
@@ -144,6 +154,7 @@ impl Default for Args {
             instances: 1,
             scenario: Scenario::Burst,
             json: false,
+            limit: 20,
         }
     }
 }
@@ -157,6 +168,7 @@ pub(crate) enum Parsed {
 pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parsed, String> {
     let mut args = Args::default();
     let mut baseline_given = false;
+    let (mut transactions_given, mut duplicates_given) = (false, false);
     while let Some(arg) = argv.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((flag, value)) if flag.starts_with("--") => {
@@ -184,6 +196,7 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
             "--store",
             "--instances",
             "--scenario",
+            "--limit",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown flag `{flag}`"));
@@ -193,8 +206,15 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
             None => argv.next().ok_or_else(|| format!("{flag} needs a value"))?,
         };
         match flag.as_str() {
-            "--transactions" => args.transactions = positive(&flag, &value)?,
-            "--duplicates" => args.duplicates = positive(&flag, &value)?,
+            "--transactions" => {
+                transactions_given = true;
+                args.transactions = positive(&flag, &value)?;
+            }
+            "--duplicates" => {
+                duplicates_given = true;
+                args.duplicates = positive(&flag, &value)?;
+            }
+            "--limit" => args.limit = positive(&flag, &value)?,
             "--concurrency" => {
                 args.concurrency = positive(&flag, &value)?;
                 if args.concurrency > Semaphore::MAX_PERMITS {
@@ -237,14 +257,24 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
                 args.scenario = match value.as_str() {
                     "burst" => Scenario::Burst,
                     "double-submit" => Scenario::DoubleSubmit,
+                    "outage" => Scenario::Outage,
                     _ => {
                         return Err(format!(
-                            "{flag}: `{value}` is neither `burst` nor `double-submit`"
+                            "{flag}: `{value}` is not `burst`, `double-submit` or `outage`"
                         ))
                     }
                 }
             }
             _ => unreachable!("checked against `known` above"),
+        }
+    }
+    if args.scenario == Scenario::Outage {
+        // The post-mortem's backlog: 600 notifications, 3 copies each.
+        if !transactions_given {
+            args.transactions = 600;
+        }
+        if !duplicates_given {
+            args.duplicates = 3;
         }
     }
     // Scripts that read the JSON line measure one system, as before the

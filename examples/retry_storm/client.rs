@@ -82,7 +82,7 @@ async fn deliver(
         let mut req =
             Request::post(uri.clone()).header(http::header::CONTENT_TYPE, "application/json");
         let body = match scenario {
-            Scenario::Burst => {
+            Scenario::Burst | Scenario::Outage => {
                 req = req.header(
                     "wechatpay-serial",
                     "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
@@ -148,7 +148,7 @@ pub(crate) async fn storm(
         );
         // Double clicks: the copies spread evenly over 100 ms.
         let delay = match scenario {
-            Scenario::Burst => Duration::ZERO,
+            Scenario::Burst | Scenario::Outage => Duration::ZERO,
             Scenario::DoubleSubmit => {
                 Duration::from_millis(100) * copy as u32 / (duplicates.max(2) - 1) as u32
             }

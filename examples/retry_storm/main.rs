@@ -74,6 +74,8 @@
 //! | `--baseline B` | compare (dedup with `--json`) | `compare` (`none`, then `dedup`, side by side), `none` (the handler alone), `dedup` (behind `IdempotencyLayer::wechatpay_v3()`), `axum-idempotent` (behind axum-idempotent 0.6, one session cookie per transaction) or `axum-idempotent-nocookie` (the same, no cookie) |
 //! | `--store S` | memory | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` (`dedup` and `compare` only; the axum-idempotent modes keep their sessions in memory) |
 //! | `--scenario burst\|double-submit` | burst | a channel's storm (copies at once, WeChat Pay v3), or a client's double click (copies of one request with `Idempotency-Key` spread over 100 ms, route `/orders`) |
+//! | `--scenario outage` | | the storm after an outage: `--transactions` (default 600) distinct WeChat Pay v3 notifications x `--duplicates` (default 3) copies released at once against a fragile upstream (50 ms calls; above 20 at once every extra call hangs 3 s, then 503), through the library's `Gateway`, with no limit and then with `--limit` upstream calls at once; the client retries each copy every second until acknowledged (120 s at most) |
+//! | `--limit N` | 20 | the outage scenario's `CallLimit` in its shed mode |
 //! | `--instances N` | 1 | independent stacks (each on its own server) sharing the store; copies and retries spread over them |
 //! | `--json` | off | also print one JSON object as the last line |
 //!
@@ -101,6 +103,7 @@
 
 mod args;
 mod client;
+mod outage;
 mod progress;
 mod report;
 mod run;
@@ -140,6 +143,9 @@ async fn storm(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let run_seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0x5eed, |d| d.as_nanos() as u64);
+    if args.scenario == args::Scenario::Outage {
+        return outage::run(args).await;
+    }
     let summaries: Vec<Summary> = if args.compare {
         let naive = run::run(args, Baseline::None, run_seed, "naive handler").await?;
         let guarded = run::run(args, Baseline::Dedup, run_seed, "guarded stack").await?;

@@ -27,7 +27,7 @@ const WINDOW_SECS: u64 = 25 * 3600;
 pub(crate) const SESSION_COOKIE: &str = "session";
 
 /// Serves `svc` on 127.0.0.1:0 (HTTP/1 and HTTP/2) and returns the address.
-async fn serve<S, B>(svc: S) -> std::io::Result<SocketAddr>
+pub(crate) async fn serve<S, B>(svc: S) -> std::io::Result<SocketAddr>
 where
     S: tower::Service<Request<hyper::body::Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
@@ -71,7 +71,7 @@ async fn serve_stacks<St: Store>(
     scenario: Scenario,
 ) -> std::io::Result<Vec<SocketAddr>> {
     let preset = match scenario {
-        Scenario::Burst => Preset::wechatpay_v3(),
+        Scenario::Burst | Scenario::Outage => Preset::wechatpay_v3(),
         Scenario::DoubleSubmit => Preset::idempotency_key(),
     };
     let mut addrs = Vec::with_capacity(instances);

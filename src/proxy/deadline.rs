@@ -13,6 +13,8 @@ pub(crate) struct Deadline<B> {
     pub(crate) sleep: Pin<Box<tokio::time::Sleep>>,
     /// The call's slot in the upstream's cap, held until the body is dropped.
     pub(crate) _slot: Option<super::upstream::CallPermit>,
+    /// The call's slot in its route's cap, if it has one.
+    pub(crate) _route: Option<crate::shed::Slot>,
 }
 
 impl<B> Body for Deadline<B>

@@ -7,6 +7,7 @@ use super::headers::{
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
 use crate::outcome::log_warn;
+use crate::shed::{Gauge, Slots};
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -45,6 +46,15 @@ pub struct Forward {
     /// several.
     shared: Arc<Shared>,
     timeout: Duration,
+    /// A route's own cap, in front of the upstream's (guarded routes).
+    route: Option<Arc<RouteLimit>>,
+}
+
+/// A route's cap on its calls in flight, its queue wait and its gauge.
+pub(crate) struct RouteLimit {
+    pub(crate) slots: Slots,
+    pub(crate) queue_wait: Duration,
+    pub(crate) gauge: Gauge,
 }
 
 /// What every clone of a [`Forward`] shares.
@@ -110,6 +120,14 @@ impl Forward {
         }
     }
 
+    /// This forwarder with a route's own cap in front of the upstream's.
+    pub(crate) fn with_route_limit(&self, limit: RouteLimit) -> Self {
+        Self {
+            route: Some(Arc::new(limit)),
+            ..self.clone()
+        }
+    }
+
     /// The cap on this upstream's calls in flight (see
     /// [`ForwardBuilder::call_limit`]).
     pub fn call_limit(&self) -> &CallLimit {
@@ -117,7 +135,16 @@ impl Forward {
     }
 
     async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
-        let Some(slot) = self.shared.calls.try_acquire() else {
+        // The route's slot first: a route at its cap takes none of the
+        // upstream's from the other routes.
+        let route_slot = match &self.route {
+            Some(route) => match route.slots.acquire_within(route.queue_wait).await {
+                Some(permit) => Some(route.gauge.hold(permit)),
+                None => return shed(&self.shared.upstream, route.slots.max()),
+            },
+            None => None,
+        };
+        let Some(slot) = self.shared.calls.acquire().await else {
             return shed(&self.shared.upstream, self.shared.calls.max());
         };
         let started = tokio::time::Instant::now();
@@ -161,6 +188,7 @@ impl Forward {
                     body,
                     sleep,
                     _slot: Some(slot),
+                    _route: route_slot,
                 };
                 Response::from_parts(parts, body.boxed_unsync())
             }
@@ -200,7 +228,7 @@ impl Forward {
 /// shed for the dedup layer's count.
 fn shed(upstream: &Upstream, max: usize) -> Response<ProxyBody> {
     upstream_error("shed");
-    log_warn!(upstream = %upstream, max, "upstream calls at their cap; request shed");
+    log_warn!(upstream = %upstream, max, "calls in flight at their cap; request shed");
     let mut res = plain(
         StatusCode::SERVICE_UNAVAILABLE,
         "too many calls in progress to the upstream; retry later\n",
@@ -302,6 +330,7 @@ impl ForwardBuilder {
                     .unwrap_or_else(|| CallLimit::new(DEFAULT_MAX_UPSTREAM_CALLS)),
             }),
             timeout: self.timeout,
+            route: None,
         }
     }
 }

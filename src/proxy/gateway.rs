@@ -5,6 +5,7 @@ use super::detect::{detect, looks_like};
 use super::entrance::{
     bad_path, method_not_allowed, refuse_verified_elsewhere, verified_presets, with_path, Verified,
 };
+use super::forward::RouteLimit;
 use super::ingest::{Ingest, IngestFn};
 use super::options::DEFAULT_MAX_RUN;
 use super::panic::catching;
@@ -17,6 +18,7 @@ use crate::normalize::{Normalize, Reply};
 use crate::outcome::log_warn;
 use crate::path::{self, Unsafe};
 use crate::queue::Queue;
+use crate::shed::{Gauge, Slots};
 use crate::store::Store;
 use crate::token::IssueToken;
 use crate::verify::Verify;
@@ -318,7 +320,18 @@ impl<S: Store> GatewayBuilder<S> {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
-            let guarded = forward.with_timeout(max_run.max(forward.timeout()));
+            let guarded = forward
+                .with_timeout(max_run.max(forward.timeout()))
+                .with_route_limit(RouteLimit {
+                    slots: options
+                        .in_flight_slots()
+                        .cloned()
+                        .unwrap_or_else(Slots::unlimited),
+                    queue_wait: options
+                        .get_queue_wait()
+                        .unwrap_or(forward.call_limit().get_queue_wait()),
+                    gauge: Gauge::route(prefix),
+                });
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
             // Every spelling of the route shares its records.
             let stack = |preset: Preset, options: &RouteOptions| {

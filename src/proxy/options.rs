@@ -2,6 +2,7 @@
 
 use crate::dedup::OnStoreError;
 use crate::key::{AuthorizationHash, CookiePrincipal, HeaderPrincipal, Principal};
+use crate::shed::Slots;
 use crate::store::Store;
 use crate::verify::VerifyLayer;
 use crate::{IdempotencyLayer, Preset};
@@ -33,6 +34,8 @@ pub struct RouteOptions {
     reply_timeout: Option<Duration>,
     ack_then_deliver: bool,
     verify: Option<VerifyLayer>,
+    in_flight: Option<Slots>,
+    queue_wait: Option<Duration>,
 }
 
 /// The run limit of a route that sets none (the layer's default).
@@ -53,6 +56,8 @@ impl RouteOptions {
             reply_timeout: None,
             ack_then_deliver: false,
             verify: None,
+            in_flight: None,
+            queue_wait: None,
         }
     }
 
@@ -124,6 +129,59 @@ impl RouteOptions {
     pub fn reply_timeout(mut self, timeout: Duration) -> Self {
         self.reply_timeout = Some(timeout);
         self
+    }
+
+    /// At most `max` of the route's calls in flight to the upstream at once
+    /// (at least one), counted from the moment a call is sent until its
+    /// answer has ended, background calls and acknowledge-then-deliver
+    /// deliveries included. Past it a guarded request waits at most the
+    /// queue wait for a slot, then gets the channel's retryable failure at
+    /// once (`503` with `Retry-After` for a client API), counted as
+    /// [`Outcome::Shed`](crate::Outcome::Shed); its claim is released, so the
+    /// channel's retry runs it. Choose it from the upstream's capacity: its
+    /// throughput times its latency.
+    ///
+    /// The cap is made here and shared by every clone of these options, so
+    /// the gateways of several serving threads built from clones share one
+    /// cap. It comes on top of the upstream's cap of the
+    /// [`Forward`](super::Forward) ([`CallLimit`](super::CallLimit)).
+    /// Defaults to no cap of the route's own.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::proxy::RouteOptions;
+    ///
+    /// let opts = RouteOptions::new().max_in_flight(20).queue_wait(Duration::from_millis(100));
+    /// assert_eq!(opts.get_max_in_flight(), Some(20));
+    /// assert_eq!(opts.clone().get_queue_wait(), Some(Duration::from_millis(100)));
+    /// ```
+    pub fn max_in_flight(mut self, max: usize) -> Self {
+        self.in_flight = Some(Slots::new(max));
+        self
+    }
+
+    /// The cap set with [`max_in_flight`](Self::max_in_flight), if any.
+    pub fn get_max_in_flight(&self) -> Option<usize> {
+        self.in_flight.as_ref().map(Slots::max)
+    }
+
+    /// How long a guarded request waits for a slot of the route's cap
+    /// before it is shed; zero sheds at once. Defaults to the queue wait of
+    /// the [`Forward`](super::Forward)'s [`CallLimit`](super::CallLimit)
+    /// (50 milliseconds unless set).
+    pub fn queue_wait(mut self, wait: Duration) -> Self {
+        self.queue_wait = Some(wait);
+        self
+    }
+
+    /// The queue wait set with [`queue_wait`](Self::queue_wait), if any.
+    pub fn get_queue_wait(&self) -> Option<Duration> {
+        self.queue_wait
+    }
+
+    /// The route's cap, shared by the clones of these options.
+    pub(crate) fn in_flight_slots(&self) -> Option<&Slots> {
+        self.in_flight.as_ref()
     }
 
     /// The run limit set with [`max_run`](Self::max_run), if any.

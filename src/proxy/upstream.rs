@@ -1,8 +1,10 @@
 //! [`Upstream`]: where a [`Forward`](super::Forward) sends requests.
 
+use crate::shed::{Slots, DEFAULT_QUEUE_WAIT};
 use http::{HeaderValue, Uri};
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 /// The service behind the gateway: `http[s]://HOST[:PORT][/BASE]`.
 ///
@@ -116,26 +118,29 @@ impl FromStr for Upstream {
 /// whoever waits for it: a call finished in the background after the
 /// caller's reply deadline, or after the caller hung up, keeps its slot to
 /// the end. So the cap also bounds the connections (descriptors) a hung
-/// upstream can make the gateway hold. A call that finds no free slot is
-/// not sent: the caller gets `503 Service Unavailable` with `Retry-After`
-/// at once (a guarded route answers its retryable failure and counts it as
-/// [`Outcome::Shed`](crate::Outcome::Shed)).
+/// upstream can make the gateway hold. A call that finds no free slot waits
+/// at most the queue wait for one ([`queue_wait`](Self::queue_wait), 50 ms
+/// unless set); past it the call is not sent: the caller gets `503 Service
+/// Unavailable` with `Retry-After` (a guarded route answers its retryable
+/// failure and counts it as [`Outcome::Shed`](crate::Outcome::Shed)).
 ///
 /// With the `metrics` feature the calls in flight are the gauge
 /// `idempotency_upstream_calls` (install the recorder before building the
 /// limit).
 ///
 /// ```
+/// use std::time::Duration;
 /// use tower_idempotency::proxy::CallLimit;
 ///
-/// let limit = CallLimit::new(1024);
+/// let limit = CallLimit::new(1024).queue_wait(Duration::ZERO);
 /// assert_eq!(limit.max(), 1024);
 /// assert_eq!(limit.in_flight(), 0);
+/// assert_eq!(limit.get_queue_wait(), Duration::ZERO);
 /// ```
 #[derive(Clone)]
 pub struct CallLimit {
-    slots: std::sync::Arc<tokio::sync::Semaphore>,
-    max: usize,
+    slots: Slots,
+    queue_wait: Duration,
     #[cfg(feature = "metrics")]
     gauge: metrics::Gauge,
 }
@@ -146,28 +151,39 @@ pub const DEFAULT_MAX_UPSTREAM_CALLS: usize = 1024;
 impl CallLimit {
     /// At most `max` calls at once (at least one).
     pub fn new(max: usize) -> Self {
-        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         Self {
-            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(max)),
-            max,
+            slots: Slots::new(max),
+            queue_wait: DEFAULT_QUEUE_WAIT,
             #[cfg(feature = "metrics")]
             gauge: metrics::gauge!("idempotency_upstream_calls"),
         }
     }
 
+    /// The longest a call waits for a free slot before it is refused; zero
+    /// refuses at once. Defaults to 50 milliseconds.
+    pub fn queue_wait(mut self, wait: Duration) -> Self {
+        self.queue_wait = wait;
+        self
+    }
+
+    /// The queue wait (see [`queue_wait`](Self::queue_wait)).
+    pub fn get_queue_wait(&self) -> Duration {
+        self.queue_wait
+    }
+
     /// The cap.
     pub fn max(&self) -> usize {
-        self.max
+        self.slots.max()
     }
 
     /// The calls holding a slot now.
     pub fn in_flight(&self) -> usize {
-        self.max - self.slots.available_permits()
+        self.slots.in_flight()
     }
 
-    /// A slot, if one is free now.
-    pub(crate) fn try_acquire(&self) -> Option<CallPermit> {
-        let permit = self.slots.clone().try_acquire_owned().ok()?;
+    /// A slot, waiting at most the queue wait for one.
+    pub(crate) async fn acquire(&self) -> Option<CallPermit> {
+        let permit = self.slots.acquire_within(self.queue_wait).await?;
         #[cfg(feature = "metrics")]
         self.gauge.increment(1.0);
         Some(CallPermit {
@@ -181,8 +197,9 @@ impl CallLimit {
 impl fmt::Debug for CallLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CallLimit")
-            .field("max", &self.max)
+            .field("max", &self.max())
             .field("in_flight", &self.in_flight())
+            .field("queue_wait", &self.queue_wait)
             .finish()
     }
 }

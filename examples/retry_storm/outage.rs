@@ -1,0 +1,225 @@
+//! `--scenario outage`: the storm after an outage, through the library's
+//! `Gateway` in front of a fragile upstream, with no limit and with a cap.
+//!
+//! The upstream serves 50 ms calls but falls over above `BEARS` at once:
+//! every extra call hangs 3 s, then answers 503 (and does nothing). The
+//! backlog (`--transactions` notifications x `--duplicates` copies) is
+//! released at once by a channel-like client that retries each copy every
+//! second until it gets WeChat's success reply (each try waits 5 s at most,
+//! the whole run 120 s at most).
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tower_idempotency::proxy::{CallLimit, Forward, Gateway, Target};
+use tower_idempotency::store::MemoryStore;
+use tower_idempotency::Preset;
+
+use crate::args::Args;
+use crate::server::serve;
+
+/// The route of the notifications.
+pub(crate) const PATH: &str = "/notify/wechatpay/v3";
+/// Calls the upstream bears at once.
+const BEARS: usize = 20;
+/// How long the client keeps retrying.
+const GIVE_UP: Duration = Duration::from_secs(120);
+const SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
+
+/// What the fragile upstream saw.
+#[derive(Default)]
+struct Fragile {
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+    /// Calls that arrived while it was falling over (more than `BEARS` in progress).
+    overloaded: AtomicUsize,
+    /// Per notification: times executed.
+    executed: Mutex<HashMap<String, usize>>,
+}
+
+struct Leave(Arc<Fragile>);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Fragile {
+    async fn call(self: Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let _leave = Leave(self.clone());
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        let id = body
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if now > BEARS {
+            self.overloaded.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let mut res = Response::new(Full::new(Bytes::from_static(b"overloaded\n")));
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return res;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        *self.executed.lock().unwrap().entry(id).or_default() += 1;
+        Response::new(Full::new(Bytes::from_static(b"ok\n")))
+    }
+}
+
+/// What one mode measured.
+struct Outcome {
+    label: String,
+    acked: usize,
+    all_acked_after: Option<Duration>,
+    peak: usize,
+    overloaded: usize,
+    executed: usize,
+    doubles: usize,
+    requests: usize,
+}
+
+/// Runs the scenario with no limit, then with `--limit`, and prints both.
+pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    println!(
+        "outage backlog: {} notifications x {} copies at once; the upstream serves 50 ms calls and falls over above {BEARS} at once",
+        args.transactions, args.duplicates
+    );
+    let none = once(args, "no limit (cap 1024)", CallLimit::new(1024)).await?;
+    let label = format!("shed, limit {}", args.limit);
+    let shed = once(args, &label, CallLimit::new(args.limit)).await?;
+    println!(
+        "\n{:<22} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
+        "mode", "all acked (s)", "acked", "peak upstr.", "overload", "doubles", "requests"
+    );
+    for o in [&none, &shed] {
+        let after = o.all_acked_after.map_or_else(
+            || format!(">{}", GIVE_UP.as_secs()),
+            |d| format!("{:.1}", d.as_secs_f64()),
+        );
+        println!(
+            "{:<22} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
+            o.label,
+            after,
+            format!("{}/{}", o.acked, args.transactions),
+            o.peak,
+            o.overloaded,
+            o.doubles,
+            o.requests
+        );
+        debug_assert!(o.executed <= args.transactions);
+    }
+    if args.json {
+        for o in [&none, &shed] {
+            println!(
+                "{{\"mode\":\"{}\",\"acked\":{},\"all_acked_s\":{},\"peak\":{},\"overloaded\":{},\"executed\":{},\"doubles\":{},\"requests\":{}}}",
+                o.label,
+                o.acked,
+                o.all_acked_after.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64())),
+                o.peak,
+                o.overloaded,
+                o.executed,
+                o.doubles,
+                o.requests
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One mode: a fresh upstream and gateway, the backlog released at once.
+async fn once(
+    args: &Args,
+    label: &str,
+    calls: CallLimit,
+) -> Result<Outcome, Box<dyn std::error::Error>> {
+    let fragile = Arc::new(Fragile::default());
+    let f = fragile.clone();
+    let upstream = serve(tower::service_fn(move |req| {
+        let f = f.clone();
+        async move { Ok::<_, Infallible>(f.call(req).await) }
+    }))
+    .await?;
+    let forward = Forward::builder(format!("http://{upstream}").parse()?)
+        .call_limit(calls)
+        .build();
+    let gateway = Gateway::builder(forward, MemoryStore::new())
+        .route(PATH, Target::Preset(Preset::wechatpay_v3()))
+        .build()?;
+    let addr = serve(gateway).await?;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let url = format!("http://{addr}{PATH}");
+    let requests = Arc::new(AtomicUsize::new(0));
+    let copies = args.transactions * args.duplicates;
+    let barrier = Arc::new(tokio::sync::Barrier::new(copies));
+    eprintln!("{label}: releasing {copies} copies");
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(copies);
+    for n in 0..args.transactions {
+        let body = format!(
+            r#"{{"id":"EV-OUTAGE-{n}","create_time":"2026-12-01T10:00:00+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功"}}"#
+        );
+        for _ in 0..args.duplicates {
+            let (client, url, body, barrier, requests) = (
+                client.clone(),
+                url.clone(),
+                body.clone(),
+                barrier.clone(),
+                requests.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                while started.elapsed() < GIVE_UP {
+                    requests.fetch_add(1, Ordering::Relaxed);
+                    let req = Request::post(url.as_str())
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body.clone())))
+                        .expect("a valid request");
+                    let sent =
+                        tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+                    if let Ok(Ok(res)) = sent {
+                        let ok = res.status() == StatusCode::OK;
+                        let text = res.into_body().collect().await.map(|b| b.to_bytes());
+                        if ok && text.is_ok_and(|t| t == SUCCESS.as_bytes()) {
+                            return Some(started.elapsed());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                None
+            }));
+        }
+    }
+    let mut first_ack: Vec<Option<Duration>> = vec![None; args.transactions];
+    for (i, t) in tasks.into_iter().enumerate() {
+        if let Some(at) = t.await? {
+            let slot = &mut first_ack[i / args.duplicates];
+            *slot = Some(slot.map_or(at, |s| s.min(at)));
+        }
+    }
+    let acked = first_ack.iter().filter(|a| a.is_some()).count();
+    let all_acked_after = match acked == args.transactions {
+        true => first_ack.iter().flatten().max().copied(),
+        false => None,
+    };
+    let executed = fragile.executed.lock().unwrap();
+    Ok(Outcome {
+        label: label.to_owned(),
+        acked,
+        all_acked_after,
+        peak: fragile.peak.load(Ordering::SeqCst),
+        overloaded: fragile.overloaded.load(Ordering::SeqCst),
+        executed: executed.len(),
+        doubles: executed.values().filter(|n| **n > 1).count(),
+        requests: requests.load(Ordering::Relaxed),
+    })
+}

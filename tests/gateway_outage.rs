@@ -1,0 +1,349 @@
+//! The storm after an outage, through the gateway binary over real TCP: a
+//! backlog of distinct WeChat Pay v3 notifications (and copies of each)
+//! released at once against a fragile upstream that serves 50 ms calls but
+//! falls over above 20 at once (every extra call hangs 3 s, then 503). A
+//! channel-like client retries each copy every second until it gets the
+//! success reply.
+//!
+//! - With `--max-upstream-calls 20`, or a route's `max_in_flight = 20`: every
+//!   notification acknowledged, each executed exactly once upstream, and the
+//!   upstream never sees more than 20 calls at once.
+//! - Today's behaviour (no limit: the default cap of 1024 is far above what
+//!   this upstream bears): the backlog knocks it over.
+//!
+//! The scenario is scaled down from 600 notifications to 300 (x 3 copies)
+//! so that it runs on a small CI machine; `cargo run --release --example
+//! retry_storm -- --scenario outage` runs the full size.
+//!
+//! Build the binary first when running this file alone:
+//! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_outage`.
+
+mod common;
+mod gateway_support;
+
+use bytes::Bytes;
+use common::vectors::{fixture, WECHAT_SUCCESS};
+use common::{client, read, HttpClient};
+use gateway_support::{get, Gateway};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Distinct notifications of the backlog (600 in the full scenario).
+const NOTIFICATIONS: usize = 300;
+/// Copies of each, released at the same instant.
+const COPIES: usize = 3;
+/// Calls the upstream bears at once.
+const BEARS: usize = 20;
+/// How long the client keeps retrying.
+const GIVE_UP: Duration = Duration::from_secs(60);
+
+/// A WeChat Pay v3 notification with its own `id`.
+fn notification(id: &str) -> String {
+    let doc = fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+    v["id"] = serde_json::Value::String(id.to_owned());
+    v.to_string()
+}
+
+/// What the fragile upstream saw.
+#[derive(Default)]
+struct Fragile {
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+    /// Calls that arrived while more than [`BEARS`] were in progress.
+    overloaded: AtomicUsize,
+    /// Per notification id: how often it was executed (answered 200).
+    executed: Mutex<HashMap<String, usize>>,
+}
+
+/// Leaves the in-flight count when the call ends, however it ends.
+struct InFlight(Arc<Fragile>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Fragile {
+    async fn call(self: Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let _leave = InFlight(self.clone());
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        let id = body
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if now > BEARS {
+            self.overloaded.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let mut res = Response::new(Full::new(Bytes::from_static(b"overloaded\n")));
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return res;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        *self.executed.lock().unwrap().entry(id).or_default() += 1;
+        Response::new(Full::new(Bytes::from_static(b"ok\n")))
+    }
+
+    async fn start() -> (Arc<Self>, String) {
+        let fragile = Arc::new(Self::default());
+        let f = fragile.clone();
+        let svc = tower::service_fn(move |req| {
+            let f = f.clone();
+            async move { Ok::<_, Infallible>(f.call(req).await) }
+        });
+        let (addr, _task) = common::serve(svc).await;
+        (fragile, format!("http://{addr}"))
+    }
+}
+
+/// One copy, retried every second until it gets WeChat's success reply or
+/// [`GIVE_UP`] passes; whether it was acknowledged.
+async fn channel_copy(client: HttpClient, url: String, body: String) -> bool {
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < GIVE_UP {
+        let req = Request::post(url.as_str())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        // WeChat waits 5 s for an answer.
+        let sent = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
+        if let Ok(Ok(res)) = sent {
+            let a = read(res).await;
+            if a.status == 200 && a.text() == WECHAT_SUCCESS {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    false
+}
+
+/// The backlog released at once through `gw`; per notification, whether a
+/// copy was acknowledged.
+async fn release_backlog(gw: &Gateway, tag: &str, within: Duration) -> Vec<bool> {
+    let client = client();
+    let url = gw.url("/wx");
+    let barrier = Arc::new(tokio::sync::Barrier::new(NOTIFICATIONS * COPIES));
+    let mut tasks = Vec::new();
+    for n in 0..NOTIFICATIONS {
+        let body = notification(&format!("EV-{tag}-{n}"));
+        for _ in 0..COPIES {
+            let (client, url, body, barrier) =
+                (client.clone(), url.clone(), body.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                tokio::time::timeout(within, channel_copy(client, url, body))
+                    .await
+                    .unwrap_or(false)
+            }));
+        }
+    }
+    let mut acked = vec![false; NOTIFICATIONS];
+    for (i, t) in tasks.into_iter().enumerate() {
+        if t.await.unwrap() {
+            acked[i / COPIES] = true;
+        }
+    }
+    acked
+}
+
+/// Notifications executed more than once upstream.
+fn doubles(fragile: &Fragile) -> usize {
+    let executed = fragile.executed.lock().unwrap();
+    executed.values().filter(|n| **n > 1).count()
+}
+
+fn shed_count(metrics: std::net::SocketAddr) -> (f64, String) {
+    let (_, text) = get(metrics, "/metrics");
+    // Every preset's line (the exporter lists them in no fixed order).
+    let shed = text
+        .lines()
+        .filter(|l| l.starts_with("idempotency_requests_total{") && l.contains("outcome=\"shed\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    (shed, text)
+}
+
+/// Checks a limited run: everything acknowledged, executed once, and the
+/// upstream never above what it bears.
+async fn assert_upstream_stands(args: &[&str], tag: &str) {
+    let (fragile, upstream) = Fragile::start().await;
+    let metrics = common::free_addr();
+    let metrics_arg = metrics.to_string();
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--metrics-listen", &metrics_arg]);
+    let gw = Gateway::start(&upstream, &all);
+    let acked = release_backlog(&gw, tag, GIVE_UP).await;
+    let missing = acked.iter().filter(|a| !**a).count();
+    assert_eq!(missing, 0, "notifications never acknowledged\n{}", gw.log());
+    let executed = fragile.executed.lock().unwrap().len();
+    assert_eq!(executed, NOTIFICATIONS, "notifications executed upstream");
+    assert_eq!(doubles(&fragile), 0, "notifications executed twice");
+    let peak = fragile.peak.load(Ordering::SeqCst);
+    assert!(peak <= BEARS, "the upstream saw {peak} calls at once");
+    assert_eq!(fragile.overloaded.load(Ordering::SeqCst), 0);
+    let (shed, text) = shed_count(metrics);
+    assert!(shed > 0.0, "nothing was shed: {text}");
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("idempotency_upstream_in_flight{") && l.contains("route=\"/wx\"")
+        ),
+        "no in-flight gauge for /wx: {text}"
+    );
+}
+
+/// `--max-upstream-calls 20`: the gateway's cap on the upstream keeps it
+/// standing; what does not fit waits 50 ms, then gets WeChat's failure
+/// reply and comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_cap_keeps_a_fragile_upstream_standing() {
+    let args = ["--route", "/wx=wechatpay-v3", "--max-upstream-calls", "20"];
+    assert_upstream_stands(&args, "cap").await;
+}
+
+/// A route's `max_in_flight = 20` in the config file (with its own
+/// `queue_wait`) does the same for that route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_max_in_flight_keeps_a_fragile_upstream_standing() {
+    let config = gateway_support::temp_path("outage.toml");
+    std::fs::write(
+        &config,
+        "queue_wait = \"20ms\"\n\
+         [[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\n\
+         max_in_flight = 20\nqueue_wait = \"100ms\"\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    assert_upstream_stands(&["--config", &config], "route").await;
+}
+
+/// Today's behaviour, without a limit that fits the upstream: the backlog
+/// reaches it all at once and knocks it over (far more than 20 calls at
+/// once, many of them hung). Nothing is doubled even so. Bounded to a few
+/// seconds: it would take minutes to drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_limit_the_backlog_knocks_the_upstream_over() {
+    let (fragile, upstream) = Fragile::start().await;
+    let gw = Gateway::start(&upstream, &["--route", "/wx=wechatpay-v3"]);
+    release_backlog(&gw, "none", Duration::from_secs(6)).await;
+    let peak = fragile.peak.load(Ordering::SeqCst);
+    assert!(peak > BEARS, "peak {peak}");
+    assert!(fragile.overloaded.load(Ordering::SeqCst) > 0);
+    assert_eq!(doubles(&fragile), 0, "notifications executed twice");
+}
+
+/// The library's layer inside a client API's stack: past the cap, after the
+/// queue wait, the caller gets 503 with `Retry-After` and the handler is not
+/// called; the slot is held until the first answer's body has been read,
+/// and then the same key runs.
+#[tokio::test]
+async fn in_flight_limit_answers_a_client_api_with_503_and_retry_after() {
+    use tower::{ServiceBuilder, ServiceExt};
+    use tower_idempotency::shed::InFlightLimitLayer;
+    use tower_idempotency::{IdempotencyLayer, Outcome};
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let limit = InFlightLimitLayer::new(1).queue_wait(Duration::from_millis(20));
+    let slots = limit.slots().clone();
+    let handler = {
+        let (gate, calls) = (gate.clone(), calls.clone());
+        move |_req: Request<Full<Bytes>>| {
+            let (gate, calls) = (gate.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let _open = gate.acquire().await.unwrap();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"created"))))
+            }
+        }
+    };
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::idempotency_key())
+        .layer(limit)
+        .service_fn(handler);
+    let order = |key: &str| {
+        Request::post("/orders")
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(br#"{"sku":"A1"}"#)))
+            .unwrap()
+    };
+    let first = tokio::spawn(svc.clone().oneshot(order("k-1")));
+    while slots.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let shed = svc.clone().oneshot(order("k-2")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    assert_eq!(shed.extensions().get::<Outcome>(), Some(&Outcome::Shed));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the shed call reached the handler"
+    );
+    gate.add_permits(10);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(read(first).await.text(), "created");
+    assert_eq!(slots.in_flight(), 0, "the slot outlived the answer");
+    let retried = svc.oneshot(order("k-2")).await.unwrap();
+    assert_eq!(retried.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Values of the new settings that cannot work exit 2 with the reason and
+/// the line: a route's `max_in_flight` of 0, `"auto"` (not supported yet),
+/// a bad `queue_wait`, a bad `--queue-wait`.
+#[test]
+fn bad_limits_exit_2_with_the_reason() {
+    use gateway_support::{exits_2, gateway_bin};
+    use std::process::Command;
+
+    for (route_line, hint) in [
+        (
+            "max_in_flight = 0",
+            ":5: `max_in_flight`: expected a whole number more than 0",
+        ),
+        ("max_in_flight = \"auto\"", ":5: `max_in_flight`: \"auto\""),
+        (
+            "max_in_flight = \"many\"",
+            ":5: `max_in_flight`: expected a whole number",
+        ),
+        ("queue_wait = \"soon\"", ":5: `queue_wait`:"),
+    ] {
+        let file = gateway_support::temp_path("bad.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "upstream = \"http://127.0.0.1:1\"\n[[route]]\nprefix = \"/wx\"\n\
+                 preset = \"wechatpay-v3\"\n{route_line}\n"
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(["--listen", "127.0.0.1:0", "--check-config", "--config"])
+            .arg(&file);
+        exits_2(cmd, hint);
+        let _ = std::fs::remove_file(&file);
+    }
+    let mut cmd = Command::new(gateway_bin());
+    cmd.args([
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--check-config",
+        "--queue-wait",
+        "soon",
+    ]);
+    exits_2(cmd, "--queue-wait");
+}
