@@ -369,3 +369,88 @@ fn config_file_mode_ack_then_deliver_is_checked() {
         let _ = std::fs::remove_file(path);
     }
 }
+
+/// `dlq replay` by filter: `--dry-run` counts what `--since`, `--route`
+/// and `--error` select, then the same filters replay exactly those, and
+/// each is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letters_replayed_in_bulk_by_filter() {
+    let (up, up_addr) = Upstream::start(true).await;
+    let dir = temp_path("ack-dlq-bulk");
+    let queue = ["--data-dir", dir.to_str().unwrap()];
+    let metrics = free_addr();
+    let before =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() - Duration::from_secs(1))
+            .to_string();
+    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "1"]);
+    let ids: Vec<String> = (0..3).map(|i| format!("EV-ACK-BULK-{i}")).collect();
+    send_all(&client(), gw.addr, &ids).await;
+    tokio::task::spawn_blocking(move || {
+        wait_until("three dead letters", Duration::from_secs(60), || {
+            gauge(metrics, "idempotency_queue_dead_letters") == Some(3.0)
+        })
+    })
+    .await
+    .unwrap();
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+    let (_, listed) = dlq(&dir, &["list"]);
+    let error = listed
+        .lines()
+        .next()
+        .and_then(|l| l.split("error=").nth(1))
+        .unwrap_or_else(|| panic!("no error in {listed}"))
+        .to_owned();
+    let count = |args: &[&str]| {
+        let mut all = vec!["replay", "--dry-run"];
+        all.extend_from_slice(args);
+        dlq(&dir, &all)
+    };
+    assert_eq!(
+        count(&["--route", "/elsewhere"]).1.trim(),
+        "would replay 0 of 3"
+    );
+    assert_eq!(
+        count(&["--route", "/w"]).1.trim(),
+        "would replay 0 of 3",
+        "a prefix of a segment is not the route"
+    );
+    assert_eq!(
+        count(&["--error", "no such text"]).1.trim(),
+        "would replay 0 of 3"
+    );
+    assert_eq!(
+        count(&["--since", "2999-01-01T00:00:00Z"]).1.trim(),
+        "would replay 0 of 3"
+    );
+    assert_eq!(count(&["--until", &before]).1.trim(), "would replay 0 of 3");
+    let (code, out) = count(&["--since", &before, "--route", "/wx", "--error", &error]);
+    assert_eq!((code, out.trim()), (0, "would replay 3 of 3"));
+    // A dry run replays nothing.
+    assert_eq!(dlq(&dir, &["list"]).1.lines().count(), 3);
+    let (code, _) = dlq(&dir, &["replay", "--since", "yesterday"]);
+    assert_eq!(code, 1, "a time that is not RFC 3339 is refused");
+    let (code, out) = dlq(
+        &dir,
+        &[
+            "replay", "--since", &before, "--route", "/wx", "--error", &error,
+        ],
+    );
+    assert_eq!((code, out.trim()), (0, "replayed 3"));
+    assert_eq!(dlq(&dir, &["list"]).1, "");
+    up.down.store(false, Ordering::SeqCst);
+    let metrics = free_addr();
+    let gw = gateway(up_addr, &queue, metrics, &[]);
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the deliveries", Duration::from_secs(60), || {
+            probe.counts().len() == 3
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_once(&up, &ids);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,5 +1,6 @@
-//! `gateway dlq list` and `gateway dlq replay ID|--all`: the dead letters
-//! of the queue that `--queue`/`--data-dir` name.
+//! `gateway dlq list` and `gateway dlq replay ID|--all|--since T --route P
+//! --error TEXT [--dry-run]`: the dead letters of the queue that
+//! `--queue`/`--data-dir` name.
 
 use crate::ack::QueueSettings;
 use clap::Subcommand;
@@ -31,20 +32,72 @@ pub enum Dlq {
         #[arg(long, value_name = "N", default_value_t = 1000)]
         limit: usize,
     },
-    /// Queue dead letters again (each at most once), due at once with fresh attempts
+    /// Queue dead letters again (each at most once), due at once with fresh attempts:
+    /// one by ID, --all, or those the filters select
     Replay {
         /// The dead letter's ID (from `dlq list`)
         #[arg(
             value_name = "ID",
-            required_unless_present = "all",
-            conflicts_with = "all"
+            required_unless_present_any = ["all", "since", "until", "route", "error"],
+            conflicts_with_all = ["all", "since", "until", "route", "error"]
         )]
         id: Option<String>,
         /// Every dead letter
         #[arg(long)]
         all: bool,
+        /// Dead-lettered at or after T (RFC 3339, or ms since the epoch)
+        #[arg(long, value_name = "T", conflicts_with = "all")]
+        since: Option<String>,
+        /// Dead-lettered at or before T
+        #[arg(long, value_name = "T", conflicts_with = "all")]
+        until: Option<String>,
+        /// Only notifications whose path is under this route prefix
+        #[arg(long, value_name = "PREFIX", conflicts_with = "all")]
+        route: Option<String>,
+        /// Only those whose last error contains TEXT
+        #[arg(long, value_name = "TEXT", conflicts_with = "all")]
+        error: Option<String>,
+        /// Count what the filters select, replay nothing
+        #[arg(long)]
+        dry_run: bool,
     },
 }
+
+/// The filters of a bulk `dlq replay`.
+struct Filter {
+    since_ms: u64,
+    until_ms: u64,
+    route: Option<String>,
+    error: Option<String>,
+}
+
+impl Filter {
+    fn matches(&self, d: &tower_idempotency::queue::DeadLetter) -> bool {
+        let at = d
+            .dead_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let path = d.message.uri.path();
+        at >= self.since_ms
+            && at <= self.until_ms
+            && self.route.as_deref().is_none_or(|r| under(path, r))
+            && self.error.as_deref().is_none_or(|e| d.error.contains(e))
+    }
+}
+
+/// Whether `path` is `prefix` or below it (`/notify` covers `/notify/x`,
+/// not `/notifyx`).
+fn under(path: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    prefix.is_empty()
+        || path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Dead letters read at most, for a bulk replay.
+const BULK: usize = 1_000_000;
 
 /// Runs `cmd`; `Err` is the message for exit status 1.
 pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
@@ -87,6 +140,43 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
                     )
                     .map_err(write)?;
                 }
+            }
+            Dlq::Replay {
+                id: None,
+                all: false,
+                since,
+                until,
+                route,
+                error,
+                dry_run,
+            } => {
+                let time = |t: &Option<String>, default| match t {
+                    Some(t) => crate::admin_api::parse_time(t),
+                    None => Ok(default),
+                };
+                let filter = Filter {
+                    since_ms: time(since, 0)?,
+                    until_ms: time(until, u64::MAX)?,
+                    route: route.clone(),
+                    error: error.clone(),
+                };
+                let dead = queue.dead_letters(BULK).await.map_err(|e| e.to_string())?;
+                let chosen: Vec<_> = dead.iter().filter(|d| filter.matches(d)).collect();
+                if *dry_run {
+                    writeln!(
+                        out,
+                        "would replay {} of {} dead letters",
+                        chosen.len(),
+                        dead.len()
+                    )
+                    .map_err(write)?;
+                    return Ok(());
+                }
+                let mut n = 0;
+                for d in chosen {
+                    n += usize::from(queue.replay(&d.id).await.map_err(|e| e.to_string())?);
+                }
+                writeln!(out, "replayed {n}").map_err(write)?;
             }
             Dlq::Replay { all: true, .. } => {
                 let n = queue.replay_all().await.map_err(|e| e.to_string())?;
