@@ -408,24 +408,27 @@ async fn dead_letters_replayed_in_bulk_by_filter() {
     };
     assert_eq!(
         count(&["--route", "/elsewhere"]).1.trim(),
-        "would replay 0 of 3"
+        "would replay 0 of 3 dead letters"
     );
     assert_eq!(
         count(&["--route", "/w"]).1.trim(),
-        "would replay 0 of 3",
+        "would replay 0 of 3 dead letters",
         "a prefix of a segment is not the route"
     );
     assert_eq!(
         count(&["--error", "no such text"]).1.trim(),
-        "would replay 0 of 3"
+        "would replay 0 of 3 dead letters"
     );
     assert_eq!(
         count(&["--since", "2999-01-01T00:00:00Z"]).1.trim(),
-        "would replay 0 of 3"
+        "would replay 0 of 3 dead letters"
     );
-    assert_eq!(count(&["--until", &before]).1.trim(), "would replay 0 of 3");
+    assert_eq!(
+        count(&["--until", &before]).1.trim(),
+        "would replay 0 of 3 dead letters"
+    );
     let (code, out) = count(&["--since", &before, "--route", "/wx", "--error", &error]);
-    assert_eq!((code, out.trim()), (0, "would replay 3 of 3"));
+    assert_eq!((code, out.trim()), (0, "would replay 3 of 3 dead letters"));
     // A dry run replays nothing.
     assert_eq!(dlq(&dir, &["list"]).1.lines().count(), 3);
     let (code, _) = dlq(&dir, &["replay", "--since", "yesterday"]);
