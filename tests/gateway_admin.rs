@@ -395,3 +395,70 @@ async fn the_admin_api_answers_as_its_openapi_file_says() {
     }
     assert_eq!(slow.await.unwrap(), 200);
 }
+
+/// On an acknowledge-then-deliver route the journal has the copies the
+/// channel sent (acknowledged once, then "already queued") and each
+/// delivery attempt from the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_follows_an_acknowledged_notification_to_its_delivery() {
+    let up = Upstream::start().await;
+    let metrics = free_addr();
+    let dir = temp_path("admin-ack");
+    let token_file = temp_path("admin-ack-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let (upstream, metrics_arg) = (up.url(), metrics.to_string());
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--journal",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--metrics-listen",
+            &metrics_arg,
+            "--admin-token-file",
+            token_file.to_str().unwrap(),
+        ],
+        &[],
+        Stdio::inherit(),
+    );
+    let ops = Ops {
+        gw,
+        metrics,
+        token_file,
+        dir,
+    };
+    let id = "EV-JOURNAL-ACK-1";
+    let doc = common::vectors::fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+    v["id"] = serde_json::Value::String(id.to_owned());
+    let headers = [("content-type", "application/json")];
+    for _ in 0..2 {
+        let a = post(&client(), ops.gw.addr, "/wx", &headers, v.to_string()).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    up.wait_for_call("/wx").await;
+    let mut out = String::new();
+    for _ in 0..100 {
+        let (code, o, err) = gateway(&ops, &["inspect", "--id", id]);
+        assert_eq!(code, 0, "{err}");
+        out = o;
+        if out.contains("1 delivery attempts") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(out.contains("2 copies ("), "{out}");
+    assert!(out.contains("delivered 1"), "{out}");
+    assert!(out.contains("executed 1"), "{out}");
+    assert!(out.contains("replayed 1"), "{out}");
+    assert!(out.contains("1 delivery attempts"), "{out}");
+    assert!(out.contains("record: completed"), "{out}");
+    assert_eq!(up.calls("/wx"), 1);
+}

@@ -6,8 +6,10 @@ use crate::store::GatewayStore;
 use either::Either;
 use std::path::PathBuf;
 use std::time::Duration;
-use tower_idempotency::proxy::{Gateway, RouteOptions, Target};
-use tower_idempotency::queue::{Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower::Service;
+use tower_idempotency::journal::{Journal, JournalEvent};
+use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, Target};
+use tower_idempotency::queue::{Message, Queue, RedbQueue, RedisStreamsQueue, Worker};
 use tracing::{info, warn};
 
 /// The queue: the embedded file, or Redis Streams.
@@ -163,10 +165,31 @@ impl QueueSettings {
         &self,
         queue: GatewayQueue,
         gateway: &Gateway<GatewayStore>,
+        journal: Option<Journal>,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
         info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
-        let worker = Worker::new(queue, gateway.deliverer())
+        let deliver = gateway.deliverer();
+        // Each attempt is journaled under the key it was queued for.
+        let deliver = tower::service_fn(move |message: Message| {
+            let (mut deliver, journal) = (deliver.clone(), journal.clone());
+            async move {
+                let key = original_key(&message.key).to_owned();
+                let route = message.uri.path().to_owned();
+                let done = deliver.call(message).await;
+                if let Some(journal) = journal {
+                    let outcome = if done.is_ok() {
+                        "delivered"
+                    } else {
+                        "delivery_failed"
+                    };
+                    let preset = key.split(':').nth(1).unwrap_or_default().to_owned();
+                    journal.record(JournalEvent::new(key, preset, route, outcome).attempt());
+                }
+                done
+            }
+        });
+        let worker = Worker::new(queue, deliver)
             .name(NAME)
             .max_attempts(self.max_attempts)
             .backoff(self.backoff, Duration::from_secs(15 * 60));

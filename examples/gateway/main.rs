@@ -288,10 +288,6 @@ async fn run(
     // The queue's deliveries run here, through a gateway (and upstream
     // connections) of their own.
     let control = gateway()?;
-    let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
-    let worker = queue
-        .clone()
-        .map(|q| settings.queue.spawn_worker(q, &control, worker_stopped));
     let bound = workers::bind(settings.listen, settings.workers)?;
     let local = bound.local;
     let journal = match &settings.journal {
@@ -311,6 +307,13 @@ async fn run(
     if let (Some(handle), Some(journal)) = (&admin, &journal) {
         handle.set_journal(journal.clone());
     }
+    let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
+    let worker = queue.clone().map(|q| {
+        let journal = journal.clone();
+        settings
+            .queue
+            .spawn_worker(q, &control, journal, worker_stopped)
+    });
     let journal_at_exit = journal.clone();
     let ratios = Arc::new(access::Ratios::new(settings.ratio_window, journal));
     tokio::spawn(ratios.clone().keep_moving());

@@ -139,7 +139,8 @@ pub struct JournalRecord {
     /// How many copies came.
     pub copies: u64,
     /// How many copies got each outcome (`executed`, `replayed`, `waited`,
-    /// `mismatch`, `unverified`, `shed`, ...).
+    /// `mismatch`, `shed`, ...), and on acknowledge-then-deliver routes how
+    /// many delivery attempts ended `delivered` or `delivery_failed`.
     pub outcomes: BTreeMap<String, u64>,
     /// The status the last copy was answered.
     pub last_status: Option<u16>,
@@ -183,7 +184,8 @@ impl JournalRecord {
             self.notes.push(note.clone());
             return;
         }
-        self.copies += 1;
+        // A delivery attempt from the queue is not a copy the channel sent.
+        self.copies += u64::from(!event.attempt);
         *self.outcomes.entry(event.outcome.to_owned()).or_default() += 1;
         if event.status.is_some() {
             self.last_status = event.status;

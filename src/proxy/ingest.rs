@@ -36,8 +36,15 @@ fn copy_key(key: &str, n: usize) -> String {
     }
 }
 
-/// The key a queue key is a copy of.
-pub(crate) fn original_key(queued: &str) -> &str {
+/// The stored key a queue entry's key stands for: an unverified route
+/// queues a copy with another payload as `KEY~copyN` beside `KEY`.
+///
+/// ```
+/// use tower_idempotency::proxy::original_key;
+/// assert_eq!(original_key("idem:stripe:/n::evt_1~copy2"), "idem:stripe:/n::evt_1");
+/// assert_eq!(original_key("idem:stripe:/n::evt_1"), "idem:stripe:/n::evt_1");
+/// ```
+pub fn original_key(queued: &str) -> &str {
     match queued.rsplit_once(COPY) {
         Some((key, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => key,
         _ => queued,
@@ -101,10 +108,11 @@ impl Service<Request<KeyBody>> for Ingest {
 impl Ingest {
     async fn ingest(self, req: Request<KeyBody>) -> GatewayResponse {
         let Some(key) = req.extensions().get::<IdempotencyKey>().cloned() else {
-            return reply(
+            return plain(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "this route queues notifications: use POST\n",
-            );
+            )
+            .map(ResponseBody::stream);
         };
         let (mut parts, body) = req.into_parts();
         let body = match body.collect().await {
@@ -138,11 +146,11 @@ impl Ingest {
         match got {
             Ok(Ingested::Queued(_)) => {
                 outcome::record(key.preset_arc(), Outcome::Executed);
-                reply(StatusCode::OK, "queued\n")
+                reply(StatusCode::OK, "queued\n", Outcome::Executed, key)
             }
             Ok(Ingested::Duplicate) => {
                 outcome::record(key.preset_arc(), Outcome::Replayed);
-                reply(StatusCode::OK, "already queued\n")
+                reply(StatusCode::OK, "already queued\n", Outcome::Replayed, key)
             }
             Ok(Ingested::Mismatch) => {
                 outcome::record(key.preset_arc(), Outcome::Mismatch);
@@ -150,6 +158,8 @@ impl Ingest {
                 reply(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "idempotency key reused with a different request payload\n",
+                    Outcome::Mismatch,
+                    key,
                 )
             }
             Err(_e) => {
@@ -158,14 +168,26 @@ impl Ingest {
                 reply(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "cannot queue the notification\n",
+                    Outcome::StoreError,
+                    key,
                 )
             }
         }
     }
 }
 
-fn reply(status: StatusCode, msg: &'static str) -> GatewayResponse {
-    plain(status, msg).map(ResponseBody::stream)
+/// The answer, with its outcome and key in the extensions (for the access
+/// log, the duplicate ratio and the journal, as a dedup layer's answers).
+fn reply(
+    status: StatusCode,
+    msg: &'static str,
+    outcome: Outcome,
+    key: IdempotencyKey,
+) -> GatewayResponse {
+    let mut res = plain(status, msg).map(ResponseBody::stream);
+    res.extensions_mut().insert(outcome);
+    res.extensions_mut().insert(key);
+    res
 }
 
 #[cfg(test)]
