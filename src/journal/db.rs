@@ -188,8 +188,8 @@ impl Db {
             let db = self.clone();
             let durable = !flushed.is_empty();
             let written = tokio::task::spawn_blocking(move || db.write(&events, durable)).await;
-            if let Ok(Err(e)) = written {
-                crate::outcome::log_warn!(error = %e, "journal batch not written");
+            if let Ok(Err(_e)) = written {
+                crate::outcome::log_warn!(error = %_e, "journal batch not written");
             }
             for done in flushed {
                 let _ = done.send(());

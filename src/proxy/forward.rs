@@ -227,6 +227,8 @@ impl Forward {
 /// The answer to a call past the cap: 503 with `Retry-After`, marked as
 /// shed for the dedup layer's count.
 fn shed(upstream: &Upstream, max: usize) -> Response<ProxyBody> {
+    #[cfg(not(feature = "tracing"))]
+    let _ = (upstream, max);
     upstream_error("shed");
     log_warn!(upstream = %upstream, max, "calls in flight at their cap; request shed");
     let mut res = plain(
