@@ -53,6 +53,7 @@
 //! ```
 
 mod ack;
+mod builder;
 mod deadline;
 mod detect;
 mod entrance;
@@ -66,9 +67,10 @@ mod route;
 mod upstream;
 
 pub use ack::{Deliver, DeliveryError};
+pub use builder::GatewayBuilder;
 pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder, UpstreamAnswer};
-pub use gateway::{Gateway, GatewayBuilder, GatewayResponse, MatchedRoute, RoutedPreset, Target};
+pub use gateway::{Gateway, GatewayResponse, MatchedRoute, RoutedPreset, Target};
 pub use headers::ClientConn;
 pub use ingest::original_key;
 pub use options::RouteOptions;

@@ -81,5 +81,6 @@ mod service;
 mod slots;
 
 pub use service::{InFlightBody, InFlightLimit, InFlightLimitLayer, ResponseFuture};
+#[cfg(feature = "proxy")]
 pub(crate) use slots::{Gauge, Slot};
 pub use slots::{Slots, DEFAULT_QUEUE_WAIT};

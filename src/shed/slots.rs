@@ -60,6 +60,7 @@ impl Slots {
 
     /// A slot, waiting at most `wait` for one to be given back (`None` past
     /// it). Waiters are served first come, first served.
+    #[cfg_attr(not(feature = "proxy"), allow(dead_code))]
     pub(crate) async fn acquire_within(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
         if let Some(permit) = self.try_acquire() {
             return Some(permit);
