@@ -462,3 +462,37 @@ async fn the_journal_follows_an_acknowledged_notification_to_its_delivery() {
     assert!(out.contains("record: completed"), "{out}");
     assert_eq!(up.calls("/wx"), 1);
 }
+
+/// The commands find the running gateway from the same flags it was
+/// started with (`--metrics-listen`, `--admin-token-file`), and `--preset`
+/// looks the channel's id up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commands_take_the_gateways_own_flags() {
+    let up = Upstream::start().await;
+    let ops = start(&up.url(), "memory");
+    assert_eq!(send(&ops, "evt_own_flags").await, 200);
+    let out = Command::new(gateway_bin())
+        .args(["--metrics-listen", &ops.metrics.to_string()])
+        .arg("--admin-token-file")
+        .arg(&ops.token_file)
+        .args(["inspect", "evt_own_flags", "--preset", "stripe"])
+        .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("key: idem:stripe:"), "{stdout}");
+    assert!(stdout.contains("record: completed: status 200"), "{stdout}");
+    // Another preset finds nothing.
+    let out = Command::new(gateway_bin())
+        .args(["--metrics-listen", &ops.metrics.to_string()])
+        .arg("--admin-token-file")
+        .arg(&ops.token_file)
+        .args(["inspect", "evt_own_flags", "--preset", "alipay"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no key ending in :evt_own_flags"));
+}

@@ -11,19 +11,16 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// Where the running gateway's admin API is, and how to print.
 #[derive(Args, Debug, Clone)]
 pub struct Target {
-    /// http://HOST:PORT of the running gateway's --metrics-listen
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "IDEMPOTENCY_GATEWAY_ADMIN",
-        default_value = "http://127.0.0.1:9100"
-    )]
-    admin: String,
+    /// http://HOST:PORT of the running gateway's admin API (default: the
+    /// --metrics-listen of the flags or --config, else http://127.0.0.1:9100)
+    #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_ADMIN")]
+    admin: Option<String>,
     /// text (default) or json (the admin API's answer)
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -44,8 +41,8 @@ pub struct Inspect {
     /// every stored key the journal knows that ends with it
     #[arg(long)]
     id: bool,
-    /// With --id: only this preset's keys
-    #[arg(long, value_name = "PRESET", requires = "id")]
+    /// KEY is the channel's id and the keys are this preset's (implies --id)
+    #[arg(long, value_name = "PRESET")]
     preset: Option<String>,
     #[command(flatten)]
     target: Target,
@@ -101,19 +98,19 @@ fn query(pairs: &[(&str, Option<&str>)]) -> String {
 
 /// One call to the admin API: its status and JSON.
 async fn call(
-    target: &Target,
+    target: &Resolved,
     token: &str,
     method: Method,
     path: &str,
 ) -> Result<(u16, Value), String> {
-    let base = target.admin.trim_end_matches('/');
+    let base = target.base.trim_end_matches('/');
     let uri = format!("{base}{path}");
     let req = Request::builder()
         .method(method)
         .uri(&uri)
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .body(Full::new(Bytes::new()))
-        .map_err(|e| format!("bad --admin {}: {e}", target.admin))?;
+        .map_err(|e| format!("bad admin URL {}: {e}", target.base))?;
     let client = Client::builder(TokioExecutor::new()).build_http();
     let res = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
         .await
@@ -203,7 +200,7 @@ fn journal_line(j: &Value) -> String {
 }
 
 fn print(
-    target: &Target,
+    target: &Resolved,
     json: &Value,
     text: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), String> {
@@ -222,6 +219,26 @@ fn failed(status: u16, json: &Value) -> String {
     format!("the admin API answered {status}: {message}")
 }
 
+/// A [`Target`] with its admin URL resolved.
+struct Resolved {
+    base: String,
+    format: Format,
+}
+
+impl Target {
+    fn resolve(&self, metrics_listen: Option<SocketAddr>) -> Resolved {
+        let base = match (&self.admin, metrics_listen) {
+            (Some(url), _) => url.clone(),
+            (None, Some(addr)) => format!("http://{addr}"),
+            (None, None) => "http://127.0.0.1:9100".to_owned(),
+        };
+        Resolved {
+            base,
+            format: self.format,
+        }
+    }
+}
+
 /// What a subcommand needs besides its own flags.
 pub enum Call<'a> {
     Inspect(&'a Inspect),
@@ -230,7 +247,11 @@ pub enum Call<'a> {
 }
 
 /// Runs an admin subcommand; `Err` is the message for exit status 1.
-pub fn run(what: Call<'_>, token_file: Option<&PathBuf>) -> Result<(), String> {
+pub fn run(
+    what: Call<'_>,
+    token_file: Option<&PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+) -> Result<(), String> {
     let Some(token_file) = token_file else {
         return Err(
             "the admin commands need --admin-token-file (the running gateway's token)".into(),
@@ -244,15 +265,21 @@ pub fn run(what: Call<'_>, token_file: Option<&PathBuf>) -> Result<(), String> {
     rt.block_on(async {
         match what {
             Call::Inspect(a) => {
-                let path = if a.id {
+                let path = if a.id || a.preset.is_some() {
                     let q = query(&[("id", Some(&a.key)), ("preset", a.preset.as_deref())]);
                     format!("/admin/keys?{q}")
                 } else {
                     format!("/admin/keys/{}", enc(&a.key))
                 };
-                let (status, json) = call_ok(&a.target, &token, Method::GET, &path).await?;
+                let (status, json) = call_ok(
+                    &a.target.resolve(metrics_listen),
+                    &token,
+                    Method::GET,
+                    &path,
+                )
+                .await?;
                 let _ = status;
-                print(&a.target, &json, |out| {
+                print(&a.target.resolve(metrics_listen), &json, |out| {
                     let found: Vec<&Value> = match json["matches"].as_array() {
                         Some(m) => m.iter().collect(),
                         None => vec![&json],
@@ -275,9 +302,15 @@ pub fn run(what: Call<'_>, token_file: Option<&PathBuf>) -> Result<(), String> {
                     enc(&a.key),
                     query(&[("by", Some(&by))])
                 );
-                let (status, json) = call(&a.target, &token, Method::DELETE, &path).await?;
+                let (status, json) = call(
+                    &a.target.resolve(metrics_listen),
+                    &token,
+                    Method::DELETE,
+                    &path,
+                )
+                .await?;
                 match status {
-                    200 => print(&a.target, &json, |out| {
+                    200 => print(&a.target.resolve(metrics_listen), &json, |out| {
                         writeln!(out, "forgotten: {} (the next copy runs again)", a.key)
                     }),
                     404 => Err(format!("{}: no completed record to forget", a.key)),
@@ -298,13 +331,13 @@ pub fn run(what: Call<'_>, token_file: Option<&PathBuf>) -> Result<(), String> {
                     ("limit", Some(&limit)),
                 ]);
                 let (_, json) = call_ok(
-                    &a.target,
+                    &a.target.resolve(metrics_listen),
                     &token,
                     Method::GET,
                     &format!("/admin/journal?{q}"),
                 )
                 .await?;
-                print(&a.target, &json, |out| {
+                print(&a.target.resolve(metrics_listen), &json, |out| {
                     for r in json["records"].as_array().into_iter().flatten() {
                         writeln!(
                             out,
@@ -321,7 +354,7 @@ pub fn run(what: Call<'_>, token_file: Option<&PathBuf>) -> Result<(), String> {
 }
 
 async fn call_ok(
-    target: &Target,
+    target: &Resolved,
     token: &str,
     method: Method,
     path: &str,

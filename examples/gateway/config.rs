@@ -421,6 +421,25 @@ pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
     )
 }
 
+/// What the admin commands (`inspect`, `forget`, `journal`) need of the
+/// flags and the config file: the running gateway's `metrics_listen` and
+/// `admin_token_file`.
+pub fn admin_only(args: &Args) -> Result<(Option<SocketAddr>, Option<PathBuf>), String> {
+    let (file, text, path) = load(args)?;
+    let at = At {
+        path: &path,
+        text: &text,
+    };
+    let listen =
+        args.metrics_listen
+            .or(at.value(&file.metrics_listen, "metrics_listen", parse::addr)?);
+    let token = args
+        .admin_token_file
+        .clone()
+        .or(file.admin_token_file.clone());
+    Ok((listen, token))
+}
+
 fn journal_settings(
     args: &Args,
     file: &File,

@@ -85,7 +85,11 @@ fn main() -> ExitCode {
             dlq::Command::Dlq { .. } => None,
         };
         if let Some(call) = admin {
-            return match admin_cli::run(call, args.admin_token_file.as_ref()) {
+            let (listen, token) = match config::admin_only(&args) {
+                Ok(found) => found,
+                Err(msg) => return usage_error(&msg),
+            };
+            return match admin_cli::run(call, token.as_ref(), listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(msg) => {
                     eprintln!("gateway: {msg}");
