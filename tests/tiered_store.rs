@@ -77,19 +77,35 @@ async fn runs_across_a_redis_data_loss(tiered: bool) -> Option<(usize, usize)> {
     let back = SqlStore::connect(pg.url()).await.unwrap();
     let prefix = format!("EV-{:x}", OwnerToken::new().as_u128());
     let runs = Arc::new(AtomicUsize::new(0));
+    // The restarted server is empty; wait until the store has reconnected
+    // to it (a call in between fails: a 503, not what this test is about).
+    let probe = front.clone();
+    let restart = |redis: &mut RedisServer| {
+        redis.stop_without_saving();
+        redis.restart();
+    };
+    let reconnected = || async {
+        for _ in 0..100 {
+            if probe.take_token("probe", OwnerToken::new()).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the store did not reconnect to the restarted Redis");
+    };
     let (first, second) = if tiered {
         let store = TieredStore::new(front, back);
         storm(&store, &prefix, &runs).await;
-        redis.stop_without_saving();
-        redis.restart();
+        restart(&mut redis);
+        reconnected().await;
         (
             runs.load(Ordering::SeqCst),
             storm(&store, &prefix, &runs).await,
         )
     } else {
         storm(&front, &prefix, &runs).await;
-        redis.stop_without_saving();
-        redis.restart();
+        restart(&mut redis);
+        reconnected().await;
         (
             runs.load(Ordering::SeqCst),
             storm(&front, &prefix, &runs).await,
