@@ -22,8 +22,13 @@
 //! let first = OwnerToken::new();
 //! let claim = store.claim("k", fp, first, Duration::from_secs(30)).await.unwrap();
 //! assert!(matches!(claim, Claim::Acquired(t) if t == first));
-//! // A second claim while the first runs sees it in flight.
+//! // Every claim that wins a key carries a fencing token that grows per key.
+//! let Claim::Acquired(held) = claim else { unreachable!() };
+//! assert!(store.release("k", first).await.unwrap());
+//! let again = store.claim("k", fp, OwnerToken::new(), Duration::from_secs(30)).await.unwrap();
+//! assert!(matches!(again, Claim::Acquired(next) if next.fence > held.fence));
 //! let second = store.claim("k", fp, OwnerToken::new(), Duration::from_secs(30)).await.unwrap();
+//! // A second claim while the first runs sees it in flight.
 //! assert!(matches!(second, Claim::InFlight { .. }));
 //! # }
 //! ```
@@ -49,6 +54,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
 pub use sql::{SqlConnection, SqlStore};
 pub use tiered::TieredStore;
+
 
 use crate::Fingerprint;
 use bytes::Bytes;
@@ -119,10 +125,27 @@ impl fmt::Debug for OwnerToken {
 /// &response)`), so that the business write and "this key is done" commit
 /// together or not at all. The layer then writes no record of its own for
 /// that call. Other stores ignore it.
+///
+/// It also carries the claim's [fencing token](Ownership): a number that
+/// grows per key, so that a handler can refuse the write of an owner whose
+/// lease ran out after a newer owner took the key over:
+///
+/// ```
+/// use tower_idempotency::store::ActiveClaim;
+///
+/// // In a handler behind the dedup layer.
+/// fn handle(req: &http::Request<()>) -> Option<u64> {
+///     let claim = req.extensions().get::<ActiveClaim>()?;
+///     // UPDATE orders SET state = 'paid', fence = $1 WHERE id = $2 AND fence < $1
+///     Some(claim.fence())
+/// }
+/// # let _ = handle;
+/// ```
 #[derive(Clone, Debug)]
 pub struct ActiveClaim {
     key: Arc<str>,
     owner: OwnerToken,
+    fence: u64,
     fingerprint: Fingerprint,
     window: Duration,
     completed: Arc<AtomicBool>,
@@ -140,10 +163,26 @@ impl ActiveClaim {
         Self {
             key,
             owner,
+            fence: 0,
             fingerprint,
             window,
             completed: Arc::default(),
         }
+    }
+
+    /// The same claim with fencing token `fence` (0 unless set).
+    pub fn with_fence(mut self, fence: u64) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// The claim's fencing token: larger than the token of every earlier
+    /// claim of the same key, so that a write carrying it can be refused
+    /// once a newer owner has written
+    /// (`… WHERE id = :id AND fence < :token`). The gateway sends it
+    /// upstream as `idempotency-fencing-token`.
+    pub fn fence(&self) -> u64 {
+        self.fence
     }
 
     /// The stored key.
@@ -242,11 +281,56 @@ pub enum Forgotten {
     InFlight,
 }
 
+/// What a claim that won holds: the caller's owner token and the claim's
+/// fencing token.
+///
+/// The fencing token is a number that grows per key: every claim that wins a
+/// key (after a release, a lease that ran out, a forgotten or expired record)
+/// gets a strictly larger one than every claim of that key before it, and
+/// two claims of one key never share one. A resent claim by the same owner
+/// gets its own token again. Hand it to whatever the owner writes, and let
+/// that write be refused when a larger token has written already
+/// (`UPDATE … SET …, fence = :token WHERE id = :id AND fence < :token`):
+/// an owner whose lease ran out while it still worked can then no longer
+/// write over the owner that took the key over.
+///
+/// It compares equal to its [`OwnerToken`], so that
+/// `matches!(claim, Claim::Acquired(held) if held == token)` reads as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    /// The owner token the claim was made with.
+    pub owner: OwnerToken,
+    /// The fencing token of the claim.
+    pub fence: u64,
+}
+
+impl Ownership {
+    /// `owner`'s claim with fencing token `fence`.
+    pub const fn new(owner: OwnerToken, fence: u64) -> Self {
+        Self { owner, fence }
+    }
+}
+
+impl PartialEq<OwnerToken> for Ownership {
+    fn eq(&self, other: &OwnerToken) -> bool {
+        self.owner == *other
+    }
+}
+
+/// The floor of the fencing tokens a store hands out: microseconds since
+/// the Unix epoch on this machine's clock (0 before 1970).
+pub(crate) fn fence_floor() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// What a claim found.
 #[derive(Debug)]
 pub enum Claim {
-    /// The caller now owns the key: run the inner service.
-    Acquired(OwnerToken),
+    /// The caller now owns the key: run the inner service. Carries the
+    /// owner token and the claim's fencing token.
+    Acquired(Ownership),
     /// Someone else is running it.
     InFlight {
         /// Fingerprint of the request that is running.
