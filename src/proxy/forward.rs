@@ -2,8 +2,7 @@
 
 use super::deadline::Deadline;
 use super::headers::{
-    set_forwarded, set_idempotency, strip_request_hop_by_hop, strip_response_hop_by_hop,
-    ClientConn,
+    set_forwarded, set_idempotency, strip_request_hop_by_hop, strip_response_hop_by_hop, ClientConn,
 };
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};

@@ -155,7 +155,9 @@ mod tests {
         assert_eq!(h[FENCING_TOKEN], "42");
         let key = h["idempotency-key"].to_str().unwrap();
         assert_eq!(key.len(), 64);
-        assert!(key.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(key
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         // The client's own key is forwarded as it is.
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from_static("client-1"));

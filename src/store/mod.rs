@@ -55,7 +55,6 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use sql::{SqlConnection, SqlStore};
 pub use tiered::TieredStore;
 
-
 use crate::Fingerprint;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};

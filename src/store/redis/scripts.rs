@@ -268,7 +268,15 @@ mod tests {
     #[test]
     fn fence_keys_share_the_slot_of_their_key() {
         let slot = |k: &str| crc16(hash_tag(k).unwrap_or(k).as_bytes()) % 16384;
-        for key in ["idem:a:b", "{idem}:x", "p}:idem:x", "{}x", "a{b", "{}{x}y", "}{"] {
+        for key in [
+            "idem:a:b",
+            "{idem}:x",
+            "p}:idem:x",
+            "{}x",
+            "a{b",
+            "{}{x}y",
+            "}{",
+        ] {
             let fence = fence_key(key);
             assert_eq!(slot(&fence), slot(key), "{key} -> {fence}");
             assert_ne!(fence, key);

@@ -116,7 +116,9 @@ pub(super) const RENEW: &str = concat!(
 /// not ended (an operator's `forget`), into a [released](super::RELEASED)
 /// row that keeps the fence; never a claim or a client token.
 pub(super) const FORGET: &str = concat!(
-    "UPDATE idempotency_records SET ", released!(), now_ms!(),
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
     " WHERE idem_key = ? AND state = 2 AND expires_at > ",
     now_ms!()
 );
@@ -124,7 +126,9 @@ pub(super) const FORGET: &str = concat!(
 /// Binds: key, owner. The claim becomes a [released](super::RELEASED) row
 /// that keeps the fence.
 pub(super) const RELEASE: &str = concat!(
-    "UPDATE idempotency_records SET ", released!(), now_ms!(),
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
     " WHERE idem_key = ? AND state = 1 AND owner_token = ?"
 );
 
@@ -151,7 +155,11 @@ pub(super) const TAKE_TOKEN: &str = concat!(
 pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idempotency_records WHERE expires_at <= ",
     now_ms!(),
-    " AND (state <> 0 OR expires_at <= ", now_ms!(), " - ", fence_keep_ms!(), ") LIMIT ?"
+    " AND (state <> 0 OR expires_at <= ",
+    now_ms!(),
+    " - ",
+    fence_keep_ms!(),
+    ") LIMIT ?"
 );
 
 /// Completes the record on `conn` (the store's pool, or the caller's

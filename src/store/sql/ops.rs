@@ -171,20 +171,24 @@ impl Store for SqlStore {
             // winner reads the row below like everybody else.
             let acquired: Option<i64> = retrying(|| async {
                 Ok(match &self.pool {
-                    Pool::Postgres(p) => sqlx::query_scalar(postgres::CLAIM)
-                        .bind(k)
-                        .bind(&owner[..])
-                        .bind(&fp[..])
-                        .bind(lease_ms)
-                        .fetch_optional(p)
-                        .await?,
-                    Pool::Sqlite(p) => sqlx::query_scalar(sqlite::CLAIM)
-                        .bind(k)
-                        .bind(&owner[..])
-                        .bind(&fp[..])
-                        .bind(lease_ms)
-                        .fetch_optional(p)
-                        .await?,
+                    Pool::Postgres(p) => {
+                        sqlx::query_scalar(postgres::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .fetch_optional(p)
+                            .await?
+                    }
+                    Pool::Sqlite(p) => {
+                        sqlx::query_scalar(sqlite::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .fetch_optional(p)
+                            .await?
+                    }
                     // 2: taken over; 1: inserted, or left alone. Either way
                     // the read tells (its owner is the caller's when it won).
                     Pool::MySql(p) => {

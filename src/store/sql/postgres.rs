@@ -121,7 +121,9 @@ pub(super) const RENEW: &str = concat!(
 /// ended (an operator's `forget`), into a [released](super::RELEASED) row
 /// that keeps the fence; never a claim or a client token.
 pub(super) const FORGET: &str = concat!(
-    "UPDATE idempotency_records SET ", released!(), now_ms!(),
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
     " WHERE idem_key = $1 AND state = 2 AND expires_at > ",
     now_ms!()
 );
@@ -131,7 +133,9 @@ pub(super) const FORGET: &str = concat!(
 /// [`CHANNEL`].
 pub(super) const RELEASE: &str = concat!(
     "WITH done AS (
-        UPDATE idempotency_records SET ", released!(), now_ms!(),
+        UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
     " WHERE idem_key = $1 AND state = 1 AND owner_token = $2
         RETURNING idem_key
     )
@@ -161,7 +165,11 @@ pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idempotency_records WHERE idem_key IN (
         SELECT idem_key FROM idempotency_records WHERE expires_at <= ",
     now_ms!(),
-    " AND (state <> 0 OR expires_at <= ", now_ms!(), " - ", fence_keep_ms!(), ") LIMIT $1
+    " AND (state <> 0 OR expires_at <= ",
+    now_ms!(),
+    " - ",
+    fence_keep_ms!(),
+    ") LIMIT $1
     )"
 );
 
