@@ -59,10 +59,18 @@ async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
     assert!(first > 0 && first < u64::MAX, "{first}");
     let hash = key(&seen);
     assert_eq!(hash.len(), 64, "{hash}");
-    assert!(hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    assert!(hash
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
     // Another notification is another stored key, with a token of its own.
     let w = &WECHATPAY_V3_VECTORS[1];
-    let r = send(&client(), &gw.url("/notify/fence2"), &w.base().headers, w.base().body).await;
+    let r = send(
+        &client(),
+        &gw.url("/notify/fence2"),
+        &w.base().headers,
+        w.base().body,
+    )
+    .await;
     assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
     let other = up.last("/notify/fence2");
     assert_ne!(key(&other), hash);
@@ -111,7 +119,13 @@ async fn a_retry_after_a_lease_takeover_gets_a_larger_token() {
     first.signal(libc::SIGKILL);
     let _ = lost.await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let r = send(&client(), &second.url(path), &v.base().headers, v.base().body).await;
+    let r = send(
+        &client(),
+        &second.url(path),
+        &v.base().headers,
+        v.base().body,
+    )
+    .await;
     assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
     assert_eq!(up.calls(path), 2, "the retry ran after the takeover");
     let newer = up.last(path);
