@@ -56,6 +56,11 @@ const SHARDS: usize = 64;
 /// Every operation holds one shard's lock for a few map operations and never
 /// awaits, so claim, complete, renew and release are atomic.
 ///
+/// Fencing tokens come from one counter for the whole store, never below
+/// this machine's clock in microseconds: they grow per key (and across the
+/// store), and a restarted process, whose counter starts again, still hands
+/// out larger ones than before as long as the clock did not step back.
+///
 /// ```
 /// use tower_idempotency::store::MemoryStore;
 /// let store = MemoryStore::builder().max_bytes(64 * 1024 * 1024).build();

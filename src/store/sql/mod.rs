@@ -374,7 +374,6 @@ pub(super) struct Row {
 
 /// A released claim or a forgotten record: absent to every call, but kept
 /// (with its fence) a minute past its expiry before the sweep deletes it.
-#[allow(dead_code)]
 pub(super) const RELEASED: i32 = 0;
 pub(super) const IN_FLIGHT: i32 = 1;
 pub(super) const COMPLETED: i32 = 2;

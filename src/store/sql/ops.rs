@@ -2,7 +2,7 @@
 
 use super::{
     corrupt, map_err, millis, mysql, postgres, sqlite, CompleteArgs, Pool, Row, SqlStore,
-    COMPLETED, IN_FLIGHT,
+    COMPLETED, IN_FLIGHT, RELEASED,
 };
 use crate::store::codec::{decode, encode};
 use crate::store::{
@@ -216,6 +216,9 @@ impl Store for SqlStore {
                 continue; // expired in between: take it over
             }
             match row.state {
+                // Released or forgotten (seen so only by a clock that went
+                // back since): free, claim again.
+                RELEASED => continue,
                 IN_FLIGHT => {
                     let running = owner_of(&row)?;
                     if running == owner {
