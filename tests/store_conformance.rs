@@ -761,6 +761,39 @@ async fn tiered_redis_postgres() -> Option<(
 
 #[cfg(all(feature = "sql", feature = "redis"))]
 store_tests!(tiered_redis_sql, tiered_redis_postgres);
+
+/// The tiered store's fencing tokens are the database's: a Redis whose
+/// fence counter ran ahead and was then lost (a restart without
+/// persistence) changes nothing.
+#[cfg(all(feature = "sql", feature = "redis"))]
+#[tokio::test]
+async fn tiered_fences_grow_when_redis_lost_its_data() {
+    let Some((store, _guard)) = tiered_redis_postgres().await else {
+        return;
+    };
+    let key = unique_key("tiered-fence");
+    let counter = format!("{{{key}}}%fence");
+    let mut conn = store.front().connection().clone();
+    let mut last = 0;
+    for lost in [false, true, false, true] {
+        let owner = OwnerToken::new();
+        let got = store.claim(&key, fp("t"), owner, LEASE).await.unwrap();
+        let f = fences::fence(&got);
+        assert!(f > last, "fence {f} after {last}");
+        assert!(store.release(&key, owner).await.unwrap());
+        // Redis's counter for the key runs far ahead, or is lost.
+        let cmd = if lost {
+            redis::cmd("DEL").arg(&counter).clone()
+        } else {
+            redis::cmd("SET")
+                .arg(&counter)
+                .arg("9000000000000000")
+                .clone()
+        };
+        let _: () = cmd.query_async(&mut conn).await.unwrap();
+        last = f;
+    }
+}
 #[cfg(feature = "sql")]
 store_tests!(sql_postgres, sql_setup::postgres);
 #[cfg(feature = "sql")]
