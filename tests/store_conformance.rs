@@ -103,8 +103,16 @@ fn completed(claim: Claim) -> Arc<CompletedRecord> {
     }
 }
 
+#[path = "store_conformance/fences.rs"]
+mod fences;
+
 /// The cases, each generic over the store.
 mod cases {
+    pub(super) use super::fences::{
+        concurrent_claimers_never_share_a_fence, fences_grow_across_forget,
+        fences_grow_across_lease_takeover, fences_grow_across_record_expiry,
+        fences_grow_across_release,
+    };
     use super::*;
 
     pub(super) async fn claim_on_absent_acquires<S: Store>(store: S) {
@@ -489,6 +497,11 @@ macro_rules! store_tests {
                 client_tokens_are_consumed_once,
                 resent_calls_answer_the_same,
                 inspect_and_forget_follow_the_life_cycle,
+                fences_grow_across_release,
+                fences_grow_across_lease_takeover,
+                fences_grow_across_forget,
+                fences_grow_across_record_expiry,
+                concurrent_claimers_never_share_a_fence,
             );
 
         }
@@ -748,6 +761,39 @@ async fn tiered_redis_postgres() -> Option<(
 
 #[cfg(all(feature = "sql", feature = "redis"))]
 store_tests!(tiered_redis_sql, tiered_redis_postgres);
+
+/// The tiered store's fencing tokens are the database's: a Redis whose
+/// fence counter ran ahead and was then lost (a restart without
+/// persistence) changes nothing.
+#[cfg(all(feature = "sql", feature = "redis"))]
+#[tokio::test]
+async fn tiered_fences_grow_when_redis_lost_its_data() {
+    let Some((store, _guard)) = tiered_redis_postgres().await else {
+        return;
+    };
+    let key = unique_key("tiered-fence");
+    let counter = format!("{{{key}}}%fence");
+    let mut conn = store.front().connection().clone();
+    let mut last = 0;
+    for lost in [false, true, false, true] {
+        let owner = OwnerToken::new();
+        let got = store.claim(&key, fp("t"), owner, LEASE).await.unwrap();
+        let f = fences::fence(&got);
+        assert!(f > last, "fence {f} after {last}");
+        assert!(store.release(&key, owner).await.unwrap());
+        // Redis's counter for the key runs far ahead, or is lost.
+        let cmd = if lost {
+            redis::cmd("DEL").arg(&counter).clone()
+        } else {
+            redis::cmd("SET")
+                .arg(&counter)
+                .arg("9000000000000000")
+                .clone()
+        };
+        let _: () = cmd.query_async(&mut conn).await.unwrap();
+        last = f;
+    }
+}
 #[cfg(feature = "sql")]
 store_tests!(sql_postgres, sql_setup::postgres);
 #[cfg(feature = "sql")]
@@ -803,6 +849,46 @@ mod sql_only {
             assert!(std::time::Instant::now() < deadline, "not swept");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The fence outlives the row: a released claim stays (as a row of
+    /// state 0) through a sweep, and a record swept after its window is
+    /// followed by a larger token from the database's clock.
+    #[tokio::test]
+    async fn fences_grow_across_the_sweep() {
+        let file = SqliteFile::new();
+        let store = SqlStore::connect(&file.url())
+            .await
+            .unwrap()
+            .sweep(None, 10);
+        let key = unique_key("fence-sweep");
+        let mut last = 0;
+        for _ in 0..5 {
+            let owner = OwnerToken::new();
+            let got = store.claim(&key, fp("s"), owner, LEASE).await.unwrap();
+            let f = fences::fence(&got);
+            assert!(f > last, "fence {f} after {last}");
+            assert!(store.release(&key, owner).await.unwrap());
+            assert_eq!(
+                store.sweep_expired(10).await.unwrap(),
+                0,
+                "kept with its fence"
+            );
+            last = f;
+        }
+        let owner = OwnerToken::new();
+        let f = fences::fence(&store.claim(&key, fp("s"), owner, LEASE).await.unwrap());
+        assert!(f > last);
+        let rec = record(fp("s"), false, false);
+        assert!(store
+            .complete(&key, owner, rec, Duration::from_millis(50))
+            .await
+            .unwrap());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(store.sweep_expired(10).await.unwrap(), 1);
+        assert_eq!(rows(&store).await, 0);
+        let after = fences::fence(&claim(&store, &key, fp("s"), LEASE).await);
+        assert!(after > f, "after the sweep {after} after {f}");
     }
 
     /// Keys are bytes: no collation folds case or trailing spaces, and any

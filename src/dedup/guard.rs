@@ -24,6 +24,8 @@ pub(super) struct ClaimGuard<St: Store> {
     /// The claim as the inner service sees it (request extensions): it may
     /// complete the record itself, in its own transaction.
     active: Option<ActiveClaim>,
+    /// The fencing token the store gave the claim.
+    fence: u64,
     armed: bool,
 }
 
@@ -43,8 +45,14 @@ impl<St: Store> ClaimGuard<St> {
             tasks,
             restore_token: None,
             active: None,
+            fence: 0,
             armed: true,
         }
+    }
+
+    /// The claim won, with fencing token `fence`.
+    pub(super) fn acquired(&mut self, fence: u64) {
+        self.fence = fence;
     }
 
     /// The claim for the inner service's request extensions, with which it
@@ -55,7 +63,8 @@ impl<St: Store> ClaimGuard<St> {
             self.token,
             self.key.fingerprint(),
             window,
-        );
+        )
+        .with_fence(self.fence);
         self.active = Some(claim.clone());
         claim
     }

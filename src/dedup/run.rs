@@ -129,7 +129,9 @@ impl<S, St: Store> Run<S, St> {
                     waited = true;
                     let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
                 }
-                Claim::Acquired(owner) => {
+                Claim::Acquired(held) => {
+                    guard.acquired(held.fence);
+                    let owner = held.owner;
                     if let Some(token_key) = self.key.token_key().cloned() {
                         let taken = store_call(
                             self.config.store_timeout,

@@ -2,7 +2,7 @@
 
 use super::deadline::Deadline;
 use super::headers::{
-    set_forwarded, strip_request_hop_by_hop, strip_response_hop_by_hop, ClientConn,
+    set_forwarded, set_idempotency, strip_request_hop_by_hop, strip_response_hop_by_hop, ClientConn,
 };
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
@@ -34,7 +34,13 @@ use tower_service::Service;
 /// its body as it arrives, `Host` set to the upstream, `x-forwarded-for`
 /// with the client's address appended (from [`ClientConn`]),
 /// `x-forwarded-proto`, `x-forwarded-host`, and no hop-by-hop headers (nor
-/// `Expect`) but `TE: trailers` when the client accepts trailers. The
+/// `Expect`) but `TE: trailers` when the client accepts trailers. Behind the
+/// dedup layer (an [`ActiveClaim`](crate::store::ActiveClaim) in the
+/// request's extensions) it also gets `idempotency-fencing-token` (the
+/// claim's fencing token, decimal) and, unless the client sent its own
+/// `Idempotency-Key` (forwarded as it is), `idempotency-key` with the
+/// SHA-256 of the stored key (64 hex digits). A client's own
+/// `idempotency-fencing-token` is never forwarded. The
 /// answer keeps its `Trailer` header, so that its trailers reach a client
 /// that accepts them. An upstream that refuses or resets the connection gets
 /// `502 Bad Gateway`; one that does not answer in full within the timeout
@@ -164,6 +170,8 @@ impl Forward {
         // The body's own length (or chunks) frames it upstream.
         parts.headers.remove(header::CONTENT_LENGTH);
         set_forwarded(&mut parts.headers, conn, authority.as_deref());
+        let claim = parts.extensions.get::<crate::store::ActiveClaim>();
+        set_idempotency(&mut parts.headers, claim);
         parts.headers.insert(header::HOST, upstream.host().clone());
         parts.uri = uri;
         parts.version = Version::HTTP_11;

@@ -100,3 +100,75 @@ pub(crate) fn set_forwarded(headers: &mut HeaderMap, conn: Option<ClientConn>, h
         headers.insert("x-forwarded-host", host);
     }
 }
+
+/// The header that carries the claim's fencing token upstream.
+pub(crate) const FENCING_TOKEN: &str = "idempotency-fencing-token";
+
+/// Sets what the upstream needs to keep its own unique index and refuse a
+/// stale owner's write: `idempotency-fencing-token` with the claim's token
+/// and, when the client sent no `Idempotency-Key` of its own (that one is
+/// forwarded as it is), `idempotency-key` with the SHA-256 of the stored key
+/// in hex. A client's own `idempotency-fencing-token` is dropped: only the
+/// gateway says what the token is.
+pub(crate) fn set_idempotency(headers: &mut HeaderMap, claim: Option<&crate::store::ActiveClaim>) {
+    headers.remove(FENCING_TOKEN);
+    let Some(claim) = claim else {
+        return;
+    };
+    headers.insert(FENCING_TOKEN, HeaderValue::from(claim.fence()));
+    if !headers.contains_key("idempotency-key") {
+        use sha2::{Digest, Sha256};
+        use std::fmt::Write as _;
+        let digest = Sha256::digest(claim.key().as_bytes());
+        let mut hex = String::with_capacity(64);
+        for b in digest {
+            let _ = write!(hex, "{b:02x}");
+        }
+        if let Ok(v) = HeaderValue::from_str(&hex) {
+            headers.insert("idempotency-key", v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ActiveClaim, OwnerToken};
+    use crate::Fingerprint;
+    use std::time::Duration;
+
+    fn claim(fence: u64) -> ActiveClaim {
+        ActiveClaim::new(
+            "idem:wechatpay-v3:/notify:k".into(),
+            OwnerToken::new(),
+            Fingerprint::of(b""),
+            Duration::from_secs(1),
+        )
+        .with_fence(fence)
+    }
+
+    #[test]
+    fn the_claim_is_sent_upstream() {
+        let mut h = HeaderMap::new();
+        h.insert(FENCING_TOKEN, HeaderValue::from_static("999999999999"));
+        set_idempotency(&mut h, Some(&claim(42)));
+        assert_eq!(h[FENCING_TOKEN], "42");
+        let key = h["idempotency-key"].to_str().unwrap();
+        assert_eq!(key.len(), 64);
+        assert!(key
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        // The client's own key is forwarded as it is.
+        let mut h = HeaderMap::new();
+        h.insert("idempotency-key", HeaderValue::from_static("client-1"));
+        set_idempotency(&mut h, Some(&claim(7)));
+        assert_eq!(h["idempotency-key"], "client-1");
+        assert_eq!(h[FENCING_TOKEN], "7");
+        // Without a claim, a client cannot choose a token.
+        let mut h = HeaderMap::new();
+        h.insert(FENCING_TOKEN, HeaderValue::from_static("5"));
+        set_idempotency(&mut h, None);
+        assert!(!h.contains_key(FENCING_TOKEN));
+        assert!(!h.contains_key("idempotency-key"));
+    }
+}

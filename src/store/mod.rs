@@ -22,8 +22,13 @@
 //! let first = OwnerToken::new();
 //! let claim = store.claim("k", fp, first, Duration::from_secs(30)).await.unwrap();
 //! assert!(matches!(claim, Claim::Acquired(t) if t == first));
-//! // A second claim while the first runs sees it in flight.
+//! // Every claim that wins a key carries a fencing token that grows per key.
+//! let Claim::Acquired(held) = claim else { unreachable!() };
+//! assert!(store.release("k", first).await.unwrap());
+//! let again = store.claim("k", fp, OwnerToken::new(), Duration::from_secs(30)).await.unwrap();
+//! assert!(matches!(again, Claim::Acquired(next) if next.fence > held.fence));
 //! let second = store.claim("k", fp, OwnerToken::new(), Duration::from_secs(30)).await.unwrap();
+//! // A second claim while the first runs sees it in flight.
 //! assert!(matches!(second, Claim::InFlight { .. }));
 //! # }
 //! ```
@@ -31,6 +36,7 @@
 mod codec;
 mod completed;
 mod either;
+mod fence;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -44,6 +50,8 @@ pub use self::redis::{RedisClusterStore, RedisStore};
 /// Two stores, one picked at run time, are a [`Store`] (re-exported from the
 /// [`either`](https://docs.rs/either) crate).
 pub use ::either::Either;
+pub(crate) use fence::fence_floor;
+pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "sql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
@@ -119,10 +127,27 @@ impl fmt::Debug for OwnerToken {
 /// &response)`), so that the business write and "this key is done" commit
 /// together or not at all. The layer then writes no record of its own for
 /// that call. Other stores ignore it.
+///
+/// It also carries the claim's [fencing token](Ownership): a number that
+/// grows per key, so that a handler can refuse the write of an owner whose
+/// lease ran out after a newer owner took the key over:
+///
+/// ```
+/// use tower_idempotency::store::ActiveClaim;
+///
+/// // In a handler behind the dedup layer.
+/// fn handle(req: &http::Request<()>) -> Option<u64> {
+///     let claim = req.extensions().get::<ActiveClaim>()?;
+///     // UPDATE orders SET state = 'paid', fence = $1 WHERE id = $2 AND fence < $1
+///     Some(claim.fence())
+/// }
+/// # let _ = handle;
+/// ```
 #[derive(Clone, Debug)]
 pub struct ActiveClaim {
     key: Arc<str>,
     owner: OwnerToken,
+    fence: u64,
     fingerprint: Fingerprint,
     window: Duration,
     completed: Arc<AtomicBool>,
@@ -140,10 +165,26 @@ impl ActiveClaim {
         Self {
             key,
             owner,
+            fence: 0,
             fingerprint,
             window,
             completed: Arc::default(),
         }
+    }
+
+    /// The same claim with fencing token `fence` (0 unless set).
+    pub fn with_fence(mut self, fence: u64) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// The claim's fencing token: larger than the token of every earlier
+    /// claim of the same key, so that a write carrying it can be refused
+    /// once a newer owner has written
+    /// (`… WHERE id = :id AND fence < :token`). The gateway sends it
+    /// upstream as `idempotency-fencing-token`.
+    pub fn fence(&self) -> u64 {
+        self.fence
     }
 
     /// The stored key.
@@ -245,8 +286,9 @@ pub enum Forgotten {
 /// What a claim found.
 #[derive(Debug)]
 pub enum Claim {
-    /// The caller now owns the key: run the inner service.
-    Acquired(OwnerToken),
+    /// The caller now owns the key: run the inner service. Carries the
+    /// owner token and the claim's fencing token.
+    Acquired(Ownership),
     /// Someone else is running it.
     InFlight {
         /// Fingerprint of the request that is running.

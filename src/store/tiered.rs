@@ -33,6 +33,10 @@ use std::time::Duration;
 ///   same owner token, and the back decides: a record completed there is
 ///   replayed, a claim in flight there is waited on (the back's watch). So a Redis restarted without persistence runs nothing twice: its
 ///   misses are answered from the database.
+/// - **fencing tokens** are the back's: the claim that wins is the back's,
+///   and so is its token ([`SqlStore`](crate::store::SqlStore): the row's
+///   fence, kept in the database), so the tokens of a key keep growing when
+///   Redis restarts without its data or is down.
 /// - **complete**: in the back first (durable), then in the front; the
 ///   back's answer counts. **renew**, **release**: both; the back's answer
 ///   counts. Client tokens live in the back.

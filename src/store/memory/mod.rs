@@ -2,14 +2,15 @@
 
 use super::completed::{self, Completed};
 use super::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError, WatchSender,
+    fence_floor, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store,
+    StoreError, WatchSender,
 };
 use crate::Fingerprint;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,11 @@ const SHARDS: usize = 64;
 /// Every operation holds one shard's lock for a few map operations and never
 /// awaits, so claim, complete, renew and release are atomic.
 ///
+/// Fencing tokens come from one counter for the whole store, never below
+/// this machine's clock in microseconds: they grow per key (and across the
+/// store), and a restarted process, whose counter starts again, still hands
+/// out larger ones than before as long as the clock did not step back.
+///
 /// ```
 /// use tower_idempotency::store::MemoryStore;
 /// let store = MemoryStore::builder().max_bytes(64 * 1024 * 1024).build();
@@ -75,10 +81,13 @@ struct Inner {
     completed: Completed,
     /// Client tokens: when each expires and which request took it.
     tokens: moka::sync::Cache<Arc<str>, ClientToken, RandomState>,
+    /// The last fencing token handed out, for any key.
+    fence: AtomicU64,
 }
 
 struct InFlight {
     token: OwnerToken,
+    fence: u64,
     fingerprint: Fingerprint,
     deadline: Instant,
     /// When the owner claimed it (for `inspect`).
@@ -145,6 +154,7 @@ impl MemoryStoreBuilder {
                 shards,
                 completed,
                 tokens,
+                fence: AtomicU64::new(0),
             }),
         }
     }
@@ -242,7 +252,7 @@ impl MemoryStore {
             if current.token == token {
                 // A resent claim finds its own claim: it is still the owner.
                 current.deadline = now + lease;
-                return Claim::Acquired(token);
+                return Claim::Acquired(Ownership::new(token, current.fence));
             }
             if current.deadline > now {
                 return Claim::InFlight {
@@ -260,17 +270,40 @@ impl MemoryStore {
         if let Some(record) = self.inner.completed.get(key) {
             return Claim::Completed(record);
         }
+        let fence = self.next_fence();
         shard.insert(
             Arc::from(key),
             InFlight {
                 token,
+                fence,
                 fingerprint,
                 deadline: now + lease,
                 since: now,
                 watch: None,
             },
         );
-        Claim::Acquired(token)
+        Claim::Acquired(Ownership::new(token, fence))
+    }
+
+    /// The next fencing token: one counter for the whole store, so it grows
+    /// per key whatever happened to the key's record, and never below this
+    /// machine's clock in microseconds, so that a restarted process (whose
+    /// counter starts again) still hands out larger tokens than before.
+    fn next_fence(&self) -> u64 {
+        let floor = fence_floor();
+        let mut last = self.inner.fence.load(Ordering::Relaxed);
+        loop {
+            let next = last.saturating_add(1).max(floor);
+            match self.inner.fence.compare_exchange_weak(
+                last,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
     }
 
     fn complete_now(

@@ -32,13 +32,27 @@ use std::time::Duration;
 
 /// A [`Store`](crate::store::Store) in Redis, standalone or Cluster.
 ///
-/// Each record is **one Redis string** under one key, so every command and
-/// script touches exactly one key and works unchanged across Cluster slots:
+/// Each record is **one Redis string** under one key; the claim script also
+/// keeps the key's fencing counter under a second key in the same Cluster
+/// slot, so every command and script works unchanged across Cluster slots:
 ///
 /// | state | value | expiry |
 /// |---|---|---|
-/// | in flight | `0xF1`, owner token (16 bytes), fingerprint (16 bytes) | `PX lease` |
+/// | in flight | `0xF1`, owner token (16 bytes), fingerprint (16 bytes), fencing token (decimal) | `PX lease` |
 /// | completed | version byte `0x01`, fingerprint, status, flags, headers, trailers, body | `PX window` |
+/// | fence counter (`{key}%fence`) | the last fencing token of the key (decimal) | `PX lease + 60 s` |
+///
+/// # Fencing tokens
+///
+/// A claim that wins gets the fencing token `max(counter + 1, server time in
+/// µs)` (`TIME`), in the claim script. The counter outlives the claim by a
+/// minute, so a release, a lease that ran out or a forgotten record followed
+/// at once by a new claim still gets a larger token; once the counter has
+/// expired, the server's clock, a minute or more later, is larger than every
+/// token before. So the tokens of one key grow across release, takeover,
+/// forget, window expiry and a Redis that lost its data, as long as the
+/// server's clock does not step back by more than the time since the last
+/// claim of the key.
 ///
 /// # What a request costs
 ///

@@ -1,12 +1,15 @@
 //! The [`Store`] operations of [`RedisStore`]: one script call each.
 
 use super::scripts::{
-    in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FORGET, INSPECT, IN_FLIGHT,
-    IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN, TOKEN_VALUE,
+    fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET,
+    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN,
+    TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
 use crate::store::codec::{decode, encode};
-use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
+use crate::store::{
+    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
+};
 use crate::Fingerprint;
 use ::redis::aio::ConnectionLike;
 use bytes::Bytes;
@@ -36,14 +39,19 @@ where
         let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
         let found: ::redis::Value = CLAIM
             .key(&key)
+            .key(fence_key(&key))
             .arg(&in_flight_value(token, fingerprint)[..])
             .arg(millis(lease))
+            .arg(millis(lease.saturating_add(FENCE_MARGIN)))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("claim", e))?;
         undo.0 = None;
         let found = match found {
-            ::redis::Value::Nil => return Ok(Claim::Acquired(token)),
+            ::redis::Value::Int(fence) => {
+                let fence = u64::try_from(fence).unwrap_or(0);
+                return Ok(Claim::Acquired(Ownership::new(token, fence)));
+            }
             ::redis::Value::BulkString(found) => found,
             ::redis::Value::Array(mut parts) if parts.len() == 2 => {
                 let (::redis::Value::BulkString(found), ::redis::Value::Int(ttl)) =
@@ -192,9 +200,10 @@ where
         };
         let left = Duration::from_millis(u64::try_from(ttl).unwrap_or(0));
         match value.first() {
-            Some(&IN_FLIGHT) if value.len() == IN_FLIGHT_LEN => {
+            // The fence (decimal) may follow the fingerprint.
+            Some(&IN_FLIGHT) if value.len() >= IN_FLIGHT_LEN => {
                 let mut fp = [0u8; 16];
-                fp.copy_from_slice(&value[OWNER_LEN..]);
+                fp.copy_from_slice(&value[OWNER_LEN..IN_FLIGHT_LEN]);
                 Ok(RecordState::InFlight {
                     fingerprint: Fingerprint::from_bytes(fp),
                     // The claim's time is not stored in Redis.

@@ -20,10 +20,16 @@ pub(super) const OWNER_LEN: usize = 17;
 /// Tag + owner token + fingerprint.
 pub(super) const IN_FLIGHT_LEN: usize = 33;
 
-/// Claims an absent key, or returns what is there: nil when acquired (also
-/// when the key holds this very claim: a resent script), the
-/// in-flight value, or the completed record with its remaining time to live
-/// (for the local tier).
+/// Claims an absent key, or returns what is there: the claim's fencing
+/// token (an integer) when acquired (also when the key holds this very
+/// claim: a resent script), the in-flight value, or the completed record
+/// with its remaining time to live (for the local tier).
+///
+/// `KEYS[2]` is the key's fence counter (same slot): the token is one more
+/// than the counter's last value, and never less than the server's clock in
+/// microseconds (`TIME`), so it still grows once the counter has expired or
+/// the server lost its data. The counter lives `ARGV[3]` ms. The in-flight
+/// value keeps the token (decimal, after the fingerprint) for resent claims.
 pub(super) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -32,17 +38,74 @@ if v then
   if string.byte(v, 1) == 241 then
     if string.sub(v, 1, 17) == string.sub(ARGV[1], 1, 17) then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
-      return false
+      return tonumber(string.sub(v, 34)) or 0
     end
     return string.sub(v, 1, 33)
   end
   return {v, redis.call('PTTL', KEYS[1])}
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return false
+local t = redis.call('TIME')
+local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if last + 1 > f then
+  f = last + 1
+end
+local s = string.format('%.0f', f)
+redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. s, 'PX', ARGV[2])
+return f
 ",
     )
 });
+
+/// How much longer than the lease a key's fence counter lives: past it, the
+/// server's clock alone keeps the tokens growing.
+pub(super) const FENCE_MARGIN: Duration = Duration::from_secs(60);
+
+/// The key of `key`'s fence counter: in the same Cluster slot as `key`, and
+/// never the key of a record: it holds `%fence`, and in record keys every
+/// `%` is followed by `25`, `7B` or `7D` (the layer's keys are escaped).
+pub(super) fn fence_key(key: &str) -> String {
+    if hash_tag(key).is_some() {
+        // The key's own tag (from the prefix) still decides the slot.
+        return format!("{key}%fence");
+    }
+    if !key.contains('}') {
+        // The whole key as the tag: the slot of the key itself.
+        return format!("{{{key}}}%fence");
+    }
+    // A prefix with a `}` but no hash tag: the whole key is hashed, and so
+    // is the counter's (its suffix adds no brace); find one of the same slot.
+    let slot = crc16(key.as_bytes()) % 16384;
+    (0u32..)
+        .map(|i| format!("{key}%fence{i:x}"))
+        .find(|k| crc16(k.as_bytes()) % 16384 == slot)
+        .expect("every slot has a short suffix")
+}
+
+/// The hash tag of a key as Redis Cluster reads it: what is between the
+/// first `{` and the first `}` after it, if not empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
+/// CRC16/XMODEM, as Redis Cluster hashes keys.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
 
 /// Owner's claim (or an absent key) → completed record with the window.
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
@@ -193,6 +256,34 @@ mod tests {
         assert_eq!(&v[1..17], &token.as_u128().to_be_bytes());
         assert_eq!(&v[17..], &[0xaa; 16]);
         assert_eq!(&v[..OWNER_LEN], &owner_bytes(token));
+    }
+
+    #[test]
+    fn crc16_is_redis_cluster_hash() {
+        // CLUSTER KEYSLOT foo = 12182, 123456789 = 12739 (CRC16 0x31C3).
+        assert_eq!(crc16(b"foo") % 16384, 12182);
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+    }
+
+    #[test]
+    fn fence_keys_share_the_slot_of_their_key() {
+        let slot = |k: &str| crc16(hash_tag(k).unwrap_or(k).as_bytes()) % 16384;
+        for key in [
+            "idem:a:b",
+            "{idem}:x",
+            "p}:idem:x",
+            "{}x",
+            "a{b",
+            "{}{x}y",
+            "}{",
+        ] {
+            let fence = fence_key(key);
+            assert_eq!(slot(&fence), slot(key), "{key} -> {fence}");
+            assert_ne!(fence, key);
+            assert!(fence.contains("%fence"), "{fence}");
+        }
+        assert_eq!(fence_key("idem:k"), "{idem:k}%fence");
+        assert_eq!(fence_key("{p}:k"), "{p}:k%fence");
     }
 
     #[test]

@@ -4,6 +4,24 @@
 //! Everything public is on [`SqlStore`]; the statements live in one file per
 //! database (`postgres.rs`, `mysql.rs`, `sqlite.rs`), as constants.
 
+/// The assignments that turn a row into a [`RELEASED`] one, up to
+/// `expires_at = ` (the dialect's clock follows).
+macro_rules! released {
+    () => {
+        "state = 0, owner_token = NULL, lease_until = NULL, fingerprint = NULL, \
+         response = NULL, expires_at = "
+    };
+}
+
+/// How long the sweep keeps a [`RELEASED`] row past its expiry, in
+/// milliseconds: while it is there, a new claim's fence is one more than
+/// the row's.
+macro_rules! fence_keep_ms {
+    () => {
+        "60000"
+    };
+}
+
 mod complete_in;
 mod mysql;
 mod ops;
@@ -35,9 +53,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// | column | what |
 /// |---|---|
 /// | `idem_key` | the stored key (bytes), primary key |
-/// | `state` | 1 in flight, 2 completed, 3 client token, 4 client token taken |
+/// | `state` | 0 released or forgotten, 1 in flight, 2 completed, 3 client token, 4 client token taken |
 /// | `owner_token` | the claim's owner (16 bytes); for a taken token, the request that took it |
-/// | `fence` | a number that grows by one at every takeover of the row |
+/// | `fence` | the fencing token of the row's last claim (see below) |
 /// | `lease_until` | end of the lease of an in-flight claim |
 /// | `fingerprint` | fingerprint of the request (16 bytes) |
 /// | `response` | the completed record: status, headers, trailers, body |
@@ -53,9 +71,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 ///
 /// | call | statements |
 /// |---|---|
-/// | claim | 1 `INSERT … ON CONFLICT DO UPDATE … WHERE` (PostgreSQL, SQLite: inserts an absent key, or takes over a row whose lease or window ended; `RETURNING` says whether it won); when it did not win, 1 `SELECT` of the row (MySQL has no `RETURNING`: 1 `INSERT … ON DUPLICATE KEY UPDATE`, then the `SELECT` unless the row was taken over) |
+/// | claim | 1 `INSERT … ON CONFLICT DO UPDATE … WHERE` (PostgreSQL, SQLite: inserts an absent key, or takes over a row whose lease or window ended; `RETURNING` says whether it won); when it did not win, 1 `SELECT` of the row (MySQL has no `RETURNING`: 1 `INSERT … ON DUPLICATE KEY UPDATE`, then the `SELECT`, which also reads the winner's fencing token) |
 /// | complete | 1 upsert that changes only the owner's claim (MySQL: an `UPDATE`, and an `INSERT … WHERE NOT EXISTS` if the row was swept) |
-/// | renew, release | 1 `UPDATE` / `DELETE` checked against the owner token |
+/// | renew, release | 1 `UPDATE` checked against the owner token |
 /// | client token: issue / consume | 1 upsert / 1 `UPDATE` |
 ///
 /// A duplicate that finds the key in flight waits on a watch that this
@@ -70,7 +88,23 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 ///
 /// Expired rows are deleted in the background, in batches of at most
 /// [`sweep`](SqlStore::sweep) rows, every minute by default; a row whose
-/// time has passed is treated as absent before it is deleted.
+/// time has passed is treated as absent before it is deleted. A released
+/// claim or a forgotten record stays as a row of state 0 (absent to every
+/// call) until a minute past its release, so that its fence is kept.
+///
+/// # Fencing tokens
+///
+/// Every claim that wins gets the fencing token `max(fence + 1, now in µs)`,
+/// in the claim's own statement: `fence` is the row's (its last claim's, kept
+/// through release and forget), `now` the database's clock in microseconds
+/// (SQLite: of millisecond resolution), which is the token of a key that has
+/// no row. So the tokens of one key grow across release, lease takeover,
+/// forget and window expiry, even after the sweep deleted the row: a row is
+/// swept only after its lease or window ended (at least a millisecond after
+/// its claim) or a minute after its release, and by then the clock has
+/// passed every token the row had, unless the database's clock steps back
+/// by more than that. A resent claim by the same owner gets its own token
+/// again.
 ///
 /// # Completing inside the business transaction
 ///
@@ -334,8 +368,13 @@ pub(super) struct Row {
     pub(super) response: Option<Vec<u8>>,
     /// Milliseconds until the row expires (0 or less: expired).
     pub(super) remaining: i64,
+    /// The fencing token of the row's last claim.
+    pub(super) fence: i64,
 }
 
+/// A released claim or a forgotten record: absent to every call, but kept
+/// (with its fence) a minute past its expiry before the sweep deletes it.
+pub(super) const RELEASED: i32 = 0;
 pub(super) const IN_FLIGHT: i32 = 1;
 pub(super) const COMPLETED: i32 = 2;
 

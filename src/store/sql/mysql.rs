@@ -32,6 +32,13 @@ macro_rules! now_ms {
     };
 }
 
+/// The database's clock, in microseconds: the floor of the fencing tokens.
+macro_rules! now_us {
+    () => {
+        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+    };
+}
+
 /// Whether the claim may take the existing row: it expired, or it is the
 /// caller's own claim (a resent call).
 macro_rules! takes {
@@ -45,9 +52,10 @@ macro_rules! takes {
 pub(super) const CLAIM: &str = concat!(
     "INSERT INTO idempotency_records
         (idem_key, state, owner_token, fence, lease_until, fingerprint, response, created_at, expires_at)
-    VALUES (?, 1, ?, 1, ", now_ms!(), " + ?, ?, NULL, ", now_ms!(), ", ", now_ms!(), " + ?)
+    VALUES (?, 1, ?, ", now_us!(), ", ", now_ms!(), " + ?, ?, NULL, ", now_ms!(), ", ", now_ms!(), " + ?)
     ON DUPLICATE KEY UPDATE
-        fence = IF(", takes!(), ", fence + IF(state = 1 AND owner_token = VALUES(owner_token), 0, 1), fence),
+        fence = IF(", takes!(), ", IF(state = 1 AND owner_token = VALUES(owner_token), fence,
+            GREATEST(fence + 1, VALUES(fence))), fence),
         fingerprint = IF(", takes!(), ", VALUES(fingerprint), fingerprint),
         response = IF(", takes!(), ", NULL, response),
         created_at = IF(", takes!(), ", VALUES(created_at), created_at),
@@ -61,7 +69,7 @@ pub(super) const CLAIM: &str = concat!(
 pub(super) const READ: &str = concat!(
     "SELECT state, owner_token, fingerprint, response, expires_at - ",
     now_ms!(),
-    " AS remaining
+    " AS remaining, fence
     FROM idempotency_records WHERE idem_key = ?"
 );
 
@@ -70,7 +78,7 @@ pub(super) const PEEK: &str = concat!(
     "SELECT state, owner_token, NULL AS fingerprint, NULL AS response,
         expires_at - ",
     now_ms!(),
-    " AS remaining
+    " AS remaining, fence
     FROM idempotency_records WHERE idem_key = ?"
 );
 
@@ -104,16 +112,25 @@ pub(super) const RENEW: &str = concat!(
     WHERE idem_key = ? AND state = 1 AND owner_token = ?"
 );
 
-/// Binds: key, owner.
-/// `?` key: deletes the completed record of the key, if its window has
-/// not ended (an operator's `forget`); never a claim or a client token.
+/// Binds: key. Turns the completed record of the key, if its window has
+/// not ended (an operator's `forget`), into a [released](super::RELEASED)
+/// row that keeps the fence; never a claim or a client token.
 pub(super) const FORGET: &str = concat!(
-    "DELETE FROM idempotency_records WHERE idem_key = ? AND state = 2 AND expires_at > ",
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
+    " WHERE idem_key = ? AND state = 2 AND expires_at > ",
     now_ms!()
 );
 
-pub(super) const RELEASE: &str =
-    "DELETE FROM idempotency_records WHERE idem_key = ? AND state = 1 AND owner_token = ?";
+/// Binds: key, owner. The claim becomes a [released](super::RELEASED) row
+/// that keeps the fence.
+pub(super) const RELEASE: &str = concat!(
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
+    " WHERE idem_key = ? AND state = 1 AND owner_token = ?"
+);
 
 /// Binds: key, ttl ms.
 pub(super) const PUT_TOKEN: &str = concat!(
@@ -138,7 +155,11 @@ pub(super) const TAKE_TOKEN: &str = concat!(
 pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idempotency_records WHERE expires_at <= ",
     now_ms!(),
-    " LIMIT ?"
+    " AND (state <> 0 OR expires_at <= ",
+    now_ms!(),
+    " - ",
+    fence_keep_ms!(),
+    ") LIMIT ?"
 );
 
 /// Completes the record on `conn` (the store's pool, or the caller's
@@ -185,5 +206,6 @@ pub(super) fn row(r: &sqlx::mysql::MySqlRow) -> sqlx::Result<Row> {
         fingerprint: r.try_get(2)?,
         response: r.try_get(3)?,
         remaining: r.try_get(4)?,
+        fence: r.try_get(5)?,
     })
 }

@@ -2,10 +2,12 @@
 
 use super::{
     corrupt, map_err, millis, mysql, postgres, sqlite, CompleteArgs, Pool, Row, SqlStore,
-    COMPLETED, IN_FLIGHT,
+    COMPLETED, IN_FLIGHT, RELEASED,
 };
 use crate::store::codec::{decode, encode};
-use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
+use crate::store::{
+    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
+};
 use crate::Fingerprint;
 use bytes::Bytes;
 use std::future::Future;
@@ -66,6 +68,11 @@ pub(super) async fn read(pool: &Pool, key: &[u8], peek: bool) -> sqlx::Result<Op
             r.as_ref().map(sqlite::row).transpose()
         }
     }
+}
+
+/// A fence as the table keeps it (`BIGINT`, never negative).
+fn fence_of(fence: i64) -> u64 {
+    u64::try_from(fence).unwrap_or(0)
 }
 
 fn owner_of(row: &Row) -> Result<[u8; 16], StoreError> {
@@ -159,25 +166,31 @@ impl Store for SqlStore {
         let lease_ms = millis(lease);
         let err = |e| map_err("claim", e);
         for _ in 0..CLAIM_ATTEMPTS {
-            let acquired = retrying(|| async {
+            // The fence when the statement won the key (PostgreSQL, SQLite:
+            // `RETURNING`); MySQL says only how many rows changed, so its
+            // winner reads the row below like everybody else.
+            let acquired: Option<i64> = retrying(|| async {
                 Ok(match &self.pool {
-                    Pool::Postgres(p) => sqlx::query(postgres::CLAIM)
-                        .bind(k)
-                        .bind(&owner[..])
-                        .bind(&fp[..])
-                        .bind(lease_ms)
-                        .fetch_optional(p)
-                        .await?
-                        .is_some(),
-                    Pool::Sqlite(p) => sqlx::query(sqlite::CLAIM)
-                        .bind(k)
-                        .bind(&owner[..])
-                        .bind(&fp[..])
-                        .bind(lease_ms)
-                        .fetch_optional(p)
-                        .await?
-                        .is_some(),
-                    // 2: taken over; 1: inserted, or left alone (read it).
+                    Pool::Postgres(p) => {
+                        sqlx::query_scalar(postgres::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .fetch_optional(p)
+                            .await?
+                    }
+                    Pool::Sqlite(p) => {
+                        sqlx::query_scalar(sqlite::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .fetch_optional(p)
+                            .await?
+                    }
+                    // 2: taken over; 1: inserted, or left alone. Either way
+                    // the read tells (its owner is the caller's when it won).
                     Pool::MySql(p) => {
                         sqlx::query(mysql::CLAIM)
                             .bind(k)
@@ -186,16 +199,15 @@ impl Store for SqlStore {
                             .bind(&fp[..])
                             .bind(lease_ms)
                             .execute(p)
-                            .await?
-                            .rows_affected()
-                            == 2
+                            .await?;
+                        None
                     }
                 })
             })
             .await
             .map_err(err)?;
-            if acquired {
-                return Ok(Claim::Acquired(token));
+            if let Some(fence) = acquired {
+                return Ok(Claim::Acquired(Ownership::new(token, fence_of(fence))));
             }
             let Some(row) = self.read(k, false).await.map_err(err)? else {
                 continue; // released or swept in between: claim again
@@ -204,10 +216,13 @@ impl Store for SqlStore {
                 continue; // expired in between: take it over
             }
             match row.state {
+                // Released or forgotten (seen so only by a clock that went
+                // back since): free, claim again.
+                RELEASED => continue,
                 IN_FLIGHT => {
                     let running = owner_of(&row)?;
                     if running == owner {
-                        return Ok(Claim::Acquired(token));
+                        return Ok(Claim::Acquired(Ownership::new(token, fence_of(row.fence))));
                     }
                     let fp = row
                         .fingerprint

@@ -30,17 +30,26 @@ macro_rules! now_ms {
     };
 }
 
+/// The database's clock, in microseconds (of millisecond resolution): the
+/// floor of the fencing tokens.
+macro_rules! now_us {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+    };
+}
+
 /// `?1` key, `?2` owner, `?3` fingerprint, `?4` lease ms. Inserts an
 /// absent key, takes over an expired row, or (a resent claim) extends the
 /// caller's own lease; returns the fence when the caller holds the claim.
 pub(super) const CLAIM: &str = concat!(
     "INSERT INTO idempotency_records AS r
         (idem_key, state, owner_token, fence, lease_until, fingerprint, response, created_at, expires_at)
-    VALUES (?1, 1, ?2, 1, ", now_ms!(), " + ?4, ?3, NULL, ", now_ms!(), ", ", now_ms!(), " + ?4)
+    VALUES (?1, 1, ?2, ", now_us!(), ", ", now_ms!(), " + ?4, ?3, NULL, ", now_ms!(), ", ", now_ms!(), " + ?4)
     ON CONFLICT (idem_key) DO UPDATE SET
         state = 1,
         owner_token = EXCLUDED.owner_token,
-        fence = r.fence + CASE WHEN r.state = 1 AND r.owner_token = EXCLUDED.owner_token THEN 0 ELSE 1 END,
+        fence = CASE WHEN r.state = 1 AND r.owner_token = EXCLUDED.owner_token THEN r.fence
+            ELSE MAX(r.fence + 1, EXCLUDED.fence) END,
         lease_until = EXCLUDED.lease_until,
         fingerprint = EXCLUDED.fingerprint,
         response = NULL,
@@ -55,7 +64,7 @@ pub(super) const CLAIM: &str = concat!(
 pub(super) const READ: &str = concat!(
     "SELECT state, owner_token, fingerprint, response, expires_at - ",
     now_ms!(),
-    " AS remaining
+    " AS remaining, fence
     FROM idempotency_records WHERE idem_key = ?1"
 );
 
@@ -64,7 +73,7 @@ pub(super) const PEEK: &str = concat!(
     "SELECT state, owner_token, NULL AS fingerprint, NULL AS response,
         expires_at - ",
     now_ms!(),
-    " AS remaining
+    " AS remaining, fence
     FROM idempotency_records WHERE idem_key = ?1"
 );
 
@@ -95,16 +104,25 @@ pub(super) const RENEW: &str = concat!(
     WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2"
 );
 
-/// `?1` key, `?2` owner.
-/// `?1` key: deletes the completed record of the key, if its window has
-/// not ended (an operator's `forget`); never a claim or a client token.
+/// `?1` key: turns the completed record of the key, if its window has not
+/// ended (an operator's `forget`), into a [released](super::RELEASED) row
+/// that keeps the fence; never a claim or a client token.
 pub(super) const FORGET: &str = concat!(
-    "DELETE FROM idempotency_records WHERE idem_key = ?1 AND state = 2 AND expires_at > ",
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
+    " WHERE idem_key = ?1 AND state = 2 AND expires_at > ",
     now_ms!()
 );
 
-pub(super) const RELEASE: &str =
-    "DELETE FROM idempotency_records WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2";
+/// `?1` key, `?2` owner: the claim becomes a [released](super::RELEASED)
+/// row that keeps the fence.
+pub(super) const RELEASE: &str = concat!(
+    "UPDATE idempotency_records SET ",
+    released!(),
+    now_ms!(),
+    " WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2"
+);
 
 /// `?1` key, `?2` ttl ms.
 pub(super) const PUT_TOKEN: &str = concat!(
@@ -129,7 +147,11 @@ pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idempotency_records WHERE idem_key IN (
         SELECT idem_key FROM idempotency_records WHERE expires_at <= ",
     now_ms!(),
-    " LIMIT ?1
+    " AND (state <> 0 OR expires_at <= ",
+    now_ms!(),
+    " - ",
+    fence_keep_ms!(),
+    ") LIMIT ?1
     )"
 );
 
@@ -159,5 +181,6 @@ pub(super) fn row(r: &sqlx::sqlite::SqliteRow) -> sqlx::Result<Row> {
         fingerprint: r.try_get(2)?,
         response: r.try_get(3)?,
         remaining: r.try_get(4)?,
+        fence: r.try_get(5)?,
     })
 }

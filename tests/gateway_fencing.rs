@@ -1,0 +1,139 @@
+//! Fencing tokens through the gateway binary, over real TCP: the upstream
+//! gets `idempotency-fencing-token` and `idempotency-key` beside each other,
+//! a client cannot choose the token, and a retry that takes over the lease
+//! of a gateway that died gets a larger token for the same key.
+//!
+//! Build the binary first when running this file alone:
+//! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_fencing`.
+#![cfg(feature = "sql")]
+
+mod common;
+mod gateway_support;
+mod support_sql;
+
+use common::client;
+use common::upstream::{Seen, Upstream};
+use common::vectors::{WECHATPAY_V3_VECTORS, WECHAT_SUCCESS};
+use gateway_support::raw::raw;
+use gateway_support::storm::{headers_with, send};
+use gateway_support::Gateway;
+use std::time::Duration;
+use support_sql::SqliteFile;
+
+const FENCE: &str = "idempotency-fencing-token";
+
+fn fence(seen: &Seen) -> u64 {
+    seen.headers
+        .get(FENCE)
+        .unwrap_or_else(|| panic!("no {FENCE} upstream: {:?}", seen.headers))
+        .to_str()
+        .unwrap()
+        .parse()
+        .expect("a decimal token")
+}
+
+fn key(seen: &Seen) -> String {
+    seen.headers
+        .get("idempotency-key")
+        .unwrap_or_else(|| panic!("no idempotency-key upstream: {:?}", seen.headers))
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &["--route", "/notify=auto", "--route", "/api=idempotency-key"],
+    );
+    // A channel notification: the key is the stored key's SHA-256, and a
+    // token the sender made up is replaced by the claim's.
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let headers = headers_with(v, &[(FENCE, "18446744073709551615")]);
+    let r = send(&client(), &gw.url("/notify/fence"), &headers, v.base().body).await;
+    assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
+    let seen = up.last("/notify/fence");
+    let first = fence(&seen);
+    assert!(first > 0 && first < u64::MAX, "{first}");
+    let hash = key(&seen);
+    assert_eq!(hash.len(), 64, "{hash}");
+    assert!(hash
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    // Another notification is another stored key, with a token of its own.
+    let w = &WECHATPAY_V3_VECTORS[1];
+    let r = send(
+        &client(),
+        &gw.url("/notify/fence2"),
+        &w.base().headers,
+        w.base().body,
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
+    let other = up.last("/notify/fence2");
+    assert_ne!(key(&other), hash);
+    assert!(fence(&other) > 0);
+
+    // A client's own Idempotency-Key is forwarded as it is, with the token.
+    let json = ("content-type", "application/json");
+    let a = raw(
+        gw.addr,
+        "POST",
+        b"/api/pay",
+        &[("idempotency-key", "pay-1"), json, (FENCE, "7")],
+        b"{}",
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    let seen = up.last("/api/pay");
+    assert_eq!(key(&seen), "pay-1");
+    assert!(fence(&seen) > 7, "the client's token is not forwarded");
+
+    // A request no preset guards carries no token, not even the client's.
+    let a = raw(gw.addr, "GET", b"/plain", &[(FENCE, "9")], b"");
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(up.last("/plain").headers.get(FENCE).is_none());
+}
+
+/// Two gateways over one SQLite file. The first dies (SIGKILL) while the
+/// upstream still works on a notification; once its lease ran out, the
+/// channel's retry reaches the second, which takes the key over: the
+/// upstream sees the same key with a larger token, so its own
+/// `UPDATE … WHERE fence < :token` refuses the dead owner's late write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lease_takeover_gets_a_larger_token() {
+    let file = SqliteFile::new();
+    let store = file.url();
+    let up = Upstream::start().await;
+    let args = ["--store", store.as_str(), "--lease", "300ms"];
+    let first = Gateway::start(&up.url(), &args);
+    let second = Gateway::start(&up.url(), &args);
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let path = "/notify/takeover";
+    let slow = headers_with(v, &[("x-delay-ms", "10000")]);
+    let url = first.url(path);
+    let lost = tokio::spawn(async move { send(&client(), &url, &slow, v.base().body).await });
+    up.wait_for_call(path).await;
+    let stale = up.last(path);
+    first.signal(libc::SIGKILL);
+    let _ = lost.await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let r = send(
+        &client(),
+        &second.url(path),
+        &v.base().headers,
+        v.base().body,
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
+    assert_eq!(up.calls(path), 2, "the retry ran after the takeover");
+    let newer = up.last(path);
+    assert_eq!(key(&newer), key(&stale), "one stored key");
+    assert!(
+        fence(&newer) > fence(&stale),
+        "takeover token {} after {}",
+        fence(&newer),
+        fence(&stale)
+    );
+}
