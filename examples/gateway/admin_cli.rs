@@ -23,11 +23,11 @@ pub struct Target {
     admin: Option<String>,
     /// text (default) or json (the admin API's answer)
     #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    pub format: Format,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub enum Format {
     Text,
     Json,
 }
@@ -97,7 +97,7 @@ fn query(pairs: &[(&str, Option<&str>)]) -> String {
 }
 
 /// One call to the admin API: its status and JSON.
-async fn call(
+pub async fn call(
     target: &Resolved,
     token: &str,
     method: Method,
@@ -220,13 +220,13 @@ fn failed(status: u16, json: &Value) -> String {
 }
 
 /// A [`Target`] with its admin URL resolved.
-struct Resolved {
+pub struct Resolved {
     base: String,
     format: Format,
 }
 
 impl Target {
-    fn resolve(&self, metrics_listen: Option<SocketAddr>) -> Resolved {
+    pub fn resolve(&self, metrics_listen: Option<SocketAddr>) -> Resolved {
         let base = match (&self.admin, metrics_listen) {
             (Some(url), _) => url.clone(),
             (None, Some(addr)) => format!("http://{addr}"),
@@ -353,7 +353,7 @@ pub fn run(
     })
 }
 
-async fn call_ok(
+pub async fn call_ok(
     target: &Resolved,
     token: &str,
     method: Method,

@@ -32,6 +32,7 @@ mod config;
 mod dlq;
 mod logging;
 mod parse;
+mod reconcile;
 mod serve;
 mod spanned;
 mod store;
@@ -78,11 +79,17 @@ fn main() -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     if let Some(cmd) = &args.command {
+        if let dlq::Command::Reconcile(a) = cmd {
+            return match config::admin_only(&args) {
+                Ok((listen, token)) => reconcile::run(a, token.as_ref(), listen),
+                Err(msg) => usage_error(&msg),
+            };
+        }
         let admin = match cmd {
             dlq::Command::Inspect(a) => Some(admin_cli::Call::Inspect(a)),
             dlq::Command::Forget(a) => Some(admin_cli::Call::Forget(a)),
             dlq::Command::Journal(a) => Some(admin_cli::Call::Journal(a)),
-            dlq::Command::Dlq { .. } => None,
+            dlq::Command::Dlq { .. } | dlq::Command::Reconcile(_) => None,
         };
         if let Some(call) = admin {
             let (listen, token) = match config::admin_only(&args) {
@@ -287,6 +294,8 @@ async fn run(
         if let Some(queue) = &queue {
             builder = builder.queue(queue.clone());
         }
+        // The journal reads each notification's body for its business ids.
+        builder = builder.capture_requests(settings.journal.is_some());
         builder.build().map_err(|e| e.to_string())
     };
     // The queue's deliveries run here, through a gateway (and upstream
@@ -303,6 +312,8 @@ async fn run(
             let options = JournalOptions::new().retention(*retention);
             let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
             tokio::spawn(writer);
+            // At zero from the start, for `increase()` in alert rules.
+            metrics::counter!("idempotency_journal_dropped_total").increment(0);
             info!(path = %path.display(), ?retention, "journal of notifications on");
             Some(journal)
         }
@@ -319,6 +330,7 @@ async fn run(
             .spawn_worker(q, &control, journal, worker_stopped)
     });
     let journal_at_exit = journal.clone();
+    let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));
     let ratios = Arc::new(access::Ratios::new(settings.ratio_window, journal));
     tokio::spawn(ratios.clone().keep_moving());
     let limits = serve::Limits {

@@ -34,7 +34,14 @@
 //! # }
 //! ```
 
+mod bill;
+mod business;
 mod db;
+mod reconcile;
+
+pub use self::bill::{parse_alipay_bill, parse_wechatpay_bill, Bill, BillError, BillLine};
+pub use self::business::{format_yuan, parse_yuan, Business};
+pub use self::reconcile::{channel_presets, reconcile, Finding, FindingKind};
 
 use self::db::Db;
 use serde::{Deserialize, Serialize};
@@ -66,6 +73,8 @@ pub struct JournalEvent {
     upstream: Option<(u16, u64)>,
     attempt: bool,
     note: Option<String>,
+    business: Option<Business>,
+    body: Option<(String, u64, bool)>,
 }
 
 impl JournalEvent {
@@ -87,7 +96,26 @@ impl JournalEvent {
             upstream: None,
             attempt: false,
             note: None,
+            business: None,
+            body: None,
         }
+    }
+
+    /// What the notification is about (its transaction, order and amount),
+    /// for reconciliation with the channel's bill.
+    pub fn business(mut self, business: Business) -> Self {
+        self.business = Some(business);
+        self
+    }
+
+    /// The request's raw body, its first `max` bytes kept (as UTF-8, bytes
+    /// that are not replaced by U+FFFD); a longer body is marked truncated.
+    pub fn body(mut self, body: &[u8], max: usize) -> Self {
+        let kept = &body[..body.len().min(max)];
+        let text = String::from_utf8_lossy(kept).into_owned();
+        let len = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        self.body = Some((text, len, body.len() > max));
+        self
     }
 
     /// The status this copy was answered.
@@ -153,6 +181,29 @@ pub struct JournalRecord {
     /// Operators' actions on the key, oldest first (at most 16 kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The channel's transaction id, when the notification carries it in
+    /// the clear (see [`Business::read`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_id: Option<String>,
+    /// The merchant's order number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_trade_no: Option<String>,
+    /// The order's amount in minor units (fen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_minor: Option<i64>,
+    /// The trade state the notification reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trade_state: Option<String>,
+    /// The raw body of the first copy that had one, when bodies are kept
+    /// (at most the configured size; see [`JournalEvent::body`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The size of that body as received, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_bytes: Option<u64>,
+    /// Whether `body` holds only the first part of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub body_truncated: bool,
 }
 
 impl JournalRecord {
@@ -170,6 +221,13 @@ impl JournalRecord {
             upstream_ms: None,
             attempts: 0,
             notes: Vec::new(),
+            transaction_id: None,
+            out_trade_no: None,
+            amount_minor: None,
+            trade_state: None,
+            body: None,
+            body_bytes: None,
+            body_truncated: false,
         }
     }
 
@@ -195,6 +253,27 @@ impl JournalRecord {
             self.upstream_ms = Some(ms);
         }
         self.attempts += u64::from(event.attempt);
+        // The copy that ran says what the notification is about; another
+        // only fills in what is not known yet.
+        if let Some(b) = &event.business {
+            let ran = event.outcome == "executed";
+            let set = |field: &mut Option<String>, value: &Option<String>| {
+                if ran || field.is_none() {
+                    *field = value.clone().or(field.take());
+                }
+            };
+            set(&mut self.transaction_id, &b.transaction_id);
+            set(&mut self.out_trade_no, &b.out_trade_no);
+            set(&mut self.trade_state, &b.trade_state);
+            if ran || self.amount_minor.is_none() {
+                self.amount_minor = b.amount_minor.or(self.amount_minor);
+            }
+        }
+        if let (None, Some((text, len, truncated))) = (&self.body, &event.body) {
+            self.body = Some(text.clone());
+            self.body_bytes = Some(*len);
+            self.body_truncated = *truncated;
+        }
     }
 }
 
@@ -358,10 +437,13 @@ impl Journal {
         Ok((journal, db.write_loop(rx, options.retention)))
     }
 
-    /// Adds `event`; when the channel is full it is dropped and counted.
+    /// Adds `event`; when the channel is full it is dropped and counted
+    /// (with the `metrics` feature also as `idempotency_journal_dropped_total`).
     pub fn record(&self, event: JournalEvent) {
         if self.tx.try_send(Command::Event(event)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            metrics::counter!("idempotency_journal_dropped_total").increment(1);
         }
     }
 
