@@ -188,6 +188,15 @@ fn journal_line(j: &Value) -> String {
     if let Some(status) = j["upstream_status"].as_u64() {
         line += &format!("; upstream answered {status} in {} ms", j["upstream_ms"]);
     }
+    if let Some(id) = j["transaction_id"].as_str() {
+        line += &format!("; transaction {id}");
+        if let Some(order) = j["out_trade_no"].as_str() {
+            line += &format!(", order {order}");
+        }
+        if let Some(minor) = j["amount_minor"].as_i64() {
+            line += &format!(", amount {}", tower_idempotency::journal::format_yuan(minor));
+        }
+    }
     if let Some(n) = j["attempts"].as_u64().filter(|n| *n > 0) {
         line += &format!("; {n} delivery attempts");
     }
@@ -291,6 +300,14 @@ pub fn run(
                         writeln!(out, "key: {}", m["key"].as_str().unwrap_or("?"))?;
                         writeln!(out, "  record: {}", record_line(&m["record"]))?;
                         writeln!(out, "  journal: {}", journal_line(&m["journal"]))?;
+                        if let Some(body) = m["journal"]["body"].as_str() {
+                            let cut = if m["journal"]["body_truncated"] == Value::Bool(true) {
+                                format!(" [truncated: {} bytes in all]", m["journal"]["body_bytes"])
+                            } else {
+                                String::new()
+                            };
+                            writeln!(out, "  body: {body}{cut}")?;
+                        }
                     }
                     Ok(())
                 })
