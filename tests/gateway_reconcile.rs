@@ -190,8 +190,7 @@ fn alipay_bill(rows: &[(&str, &str, &str)]) -> Vec<u8> {
 }
 
 fn finding<'a>(out: &'a str, kind: &str, id: &str) -> Option<&'a str> {
-    out.lines()
-        .find(|l| l.starts_with(kind) && l.contains(id))
+    out.lines().find(|l| l.starts_with(kind) && l.contains(id))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,7 +226,10 @@ async fn reconcile_reports_what_never_ran_ran_twice_or_ran_with_another_amount()
     let line = finding(&out, "ran_more_than_once", &w4).unwrap_or_else(|| panic!("{out}"));
     assert!(line.trim_end().ends_with(" 2"), "two runs: {line}");
     assert!(!out.contains(&w1), "W1 ran once with its amount: {out}");
-    assert!(out.contains("3 findings in the bill's 4 paid transactions"), "{out}");
+    assert!(
+        out.contains("3 findings in the bill's 4 paid transactions"),
+        "{out}"
+    );
 
     // The same as JSON.
     let (code, out, _) = reconcile(&ops, &bill, "wechatpay", true);
@@ -237,7 +239,12 @@ async fn reconcile_reports_what_never_ran_ran_twice_or_ran_with_another_amount()
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| (f["kind"].as_str().unwrap(), f["transaction_id"].as_str().unwrap()))
+        .map(|f| {
+            (
+                f["kind"].as_str().unwrap(),
+                f["transaction_id"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         kinds,
@@ -261,10 +268,34 @@ async fn reconcile_reports_what_never_ran_ran_twice_or_ran_with_another_amount()
     let a = |n: u32| format!("2019081522001{pid}{n:04}");
     let (a1, a2, a3, a4) = (a(1), a(2), a(3), a(4));
     let alipay_path = "/notify/alipay";
-    send(&ops, alipay_path, FORM, alipay(&format!("N1-{pid}"), &a1, "P1", "0.10")).await;
-    send(&ops, alipay_path, FORM, alipay(&format!("N2-{pid}"), &a2, "P2", "5.00")).await;
-    send(&ops, alipay_path, FORM, alipay(&format!("N2b-{pid}"), &a2, "P2", "5.00")).await;
-    send(&ops, alipay_path, FORM, alipay(&format!("N4-{pid}"), &a4, "P4", "7.00")).await;
+    send(
+        &ops,
+        alipay_path,
+        FORM,
+        alipay(&format!("N1-{pid}"), &a1, "P1", "0.10"),
+    )
+    .await;
+    send(
+        &ops,
+        alipay_path,
+        FORM,
+        alipay(&format!("N2-{pid}"), &a2, "P2", "5.00"),
+    )
+    .await;
+    send(
+        &ops,
+        alipay_path,
+        FORM,
+        alipay(&format!("N2b-{pid}"), &a2, "P2", "5.00"),
+    )
+    .await;
+    send(
+        &ops,
+        alipay_path,
+        FORM,
+        alipay(&format!("N4-{pid}"), &a4, "P4", "7.00"),
+    )
+    .await;
     let bill = ops.dir.join("alipay.csv");
     let rows = [
         (a1.as_str(), "P1", "0.10"),
@@ -317,6 +348,20 @@ async fn journal_body_keeps_the_raw_body_capped_and_marked() {
     assert_eq!(record["body_truncated"], true);
     assert_eq!(record["out_trade_no"], "O9");
     assert_eq!(record["amount_minor"], 9);
+    // The admin API's answer (what `--format json` prints) is as its OpenAPI file says.
+    let spec_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/openapi/admin.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(spec_path).unwrap()).unwrap();
+    let schema = &spec["paths"]["/admin/journal"]["get"]["responses"]["200"]["content"]
+        ["application/json"]["schema"];
+    let mut root = serde_json::json!({ "components": spec["components"].clone() });
+    root["allOf"] = serde_json::json!([schema]);
+    let validator = jsonschema::validator_for(&root).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&json)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?} in {json}");
     let (code, out, err) = gateway(&ops, &["inspect", "--id", &id]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&format!("body: {}", &body[..64])), "{out}");
@@ -340,8 +385,20 @@ async fn bodies_stay_out_of_the_journal_by_default() {
         .unwrap_or_else(|| panic!("no record of {id}: {out}"))
         .clone();
     assert!(record.get("body").is_none(), "{record}");
+    // Events the journal could not take are counted on /metrics.
+    let (status, metrics) = gateway_support::get(ops.metrics, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("idempotency_journal_dropped_total 0"),
+        "{metrics}"
+    );
     let out = Command::new(gateway_bin())
-        .args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
         .args(["--journal-body", "--check-config"])
         .output()
         .unwrap();

@@ -3,12 +3,15 @@
 //! of them, and the comparison with journal records.
 
 use tower_idempotency::journal::{
-    parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill, BillLine, FindingKind,
-    JournalRecord,
+    parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill, BillLine, FindingKind, JournalRecord,
 };
 
 fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    std::fs::read(format!(
+        "{}/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
 }
 
 const WECHAT: &str = "wechatpay_tradebill_wechatpay-go_TestDownloadForClient.csv";
@@ -30,7 +33,9 @@ fn wechatpay_trade_bill_reads_every_paid_row() {
     );
     assert_eq!(bill.lines[2].transaction_id, "4200000926202101281412639609");
     // With a BOM and CRLF line ends, as some downloads have them.
-    let text = String::from_utf8(fixture(WECHAT)).unwrap().replace('\n', "\r\n");
+    let text = String::from_utf8(fixture(WECHAT))
+        .unwrap()
+        .replace('\n', "\r\n");
     let bom = [b"\xEF\xBB\xBF".as_slice(), text.as_bytes()].concat();
     assert_eq!(parse_wechatpay_bill(&bom).unwrap(), bill);
 }
@@ -57,19 +62,32 @@ fn malformed_wechatpay_bills_are_refused_with_their_line() {
             "line 2: 26 fields, the header has 27",
         ),
         // A row without the backticks.
-        (text.replacen("`2021-01-28 15:35:18,", "2021-01-28 15:35:18,", 1), "line 3"),
+        (
+            text.replacen("`2021-01-28 15:35:18,", "2021-01-28 15:35:18,", 1),
+            "line 3",
+        ),
         // An amount that is no amount.
-        (text.replacen("`0.00000,`1.00%,`0.01,", "`0.00000,`1.00%,`0.0x,", 1), "`订单金额` is not an amount"),
-        (text.replacen("`0.00000,`1.00%,`0.01,", "`0.00000,`1.00%,`0.001,", 1), "line 2"),
+        (
+            text.replacen("`0.00000,`1.00%,`0.01,", "`0.00000,`1.00%,`0.0x,", 1),
+            "`订单金额` is not an amount",
+        ),
+        (
+            text.replacen("`0.00000,`1.00%,`0.01,", "`0.00000,`1.00%,`0.001,", 1),
+            "line 2",
+        ),
         // Not a trade bill at all.
         ("a,b,c\n1,2,3\n".to_owned(), "no `微信订单号` column"),
     ];
     for (bill, expected) in cases {
-        let e = parse_wechatpay_bill(bill.as_bytes()).unwrap_err().to_string();
+        let e = parse_wechatpay_bill(bill.as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(expected), "{expected:?} not in {e:?}");
     }
     // Alipay's bill given as WeChat Pay's (GBK bytes).
-    let e = parse_wechatpay_bill(&fixture(ALIPAY)).unwrap_err().to_string();
+    let e = parse_wechatpay_bill(&fixture(ALIPAY))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no `微信订单号` column"), "{e}");
     // Arbitrary bytes: an error, never a panic.
     for cut in 0..text.len() {
@@ -118,12 +136,18 @@ fn malformed_alipay_bills_are_refused_with_their_line() {
         (lines[..7].join("\n"), "truncated"),
         // A short row.
         (text.replacen(",0.01,0.01,0.00,", ",", 1), "line 6:"),
-        (text.replacen("\t,0.01,0.01,", "\t,1.2.3,0.01,", 1), "line 6: `订单金额（元）` is not an amount"),
+        (
+            text.replacen("\t,0.01,0.01,", "\t,1.2.3,0.01,", 1),
+            "line 6: `订单金额（元）` is not an amount",
+        ),
         (
             "#支付宝账务明细查询\n账务流水号,业务流水号,商户订单号,商品名称\n#end\n".to_owned(),
             "account log (账务明细)",
         ),
-        (String::from_utf8(fixture(WECHAT)).unwrap(), "no `支付宝交易号` column"),
+        (
+            String::from_utf8(fixture(WECHAT)).unwrap(),
+            "no `支付宝交易号` column",
+        ),
     ];
     for (bill, expected) in cases {
         let e = parse_alipay_bill(bill.as_bytes()).unwrap_err().to_string();
@@ -135,7 +159,14 @@ fn malformed_alipay_bills_are_refused_with_their_line() {
 }
 
 /// A record of the journal: `executed` copies, the business ids.
-fn record(key: &str, preset: &str, id: &str, amount: i64, state: &str, executed: u64) -> JournalRecord {
+fn record(
+    key: &str,
+    preset: &str,
+    id: &str,
+    amount: i64,
+    state: &str,
+    executed: u64,
+) -> JournalRecord {
     serde_json::from_value(serde_json::json!({
         "key": key, "preset": preset, "route": "/notify", "first_seen_ms": 1,
         "last_seen_ms": 2, "copies": executed + 1,
@@ -216,5 +247,8 @@ fn old_journal_records_without_business_ids_still_read() {
         "copies":1,"outcomes":{"executed":1},"last_status":200,"upstream_status":200,
         "upstream_ms":3,"attempts":0}"#;
     let r: JournalRecord = serde_json::from_str(old).unwrap();
-    assert_eq!((r.transaction_id, r.body, r.body_truncated), (None, None, false));
+    assert_eq!(
+        (r.transaction_id, r.body, r.body_truncated),
+        (None, None, false)
+    );
 }

@@ -194,7 +194,10 @@ fn journal_line(j: &Value) -> String {
             line += &format!(", order {order}");
         }
         if let Some(minor) = j["amount_minor"].as_i64() {
-            line += &format!(", amount {}", tower_idempotency::journal::format_yuan(minor));
+            line += &format!(
+                ", amount {}",
+                tower_idempotency::journal::format_yuan(minor)
+            );
         }
     }
     if let Some(n) = j["attempts"].as_u64().filter(|n| *n > 0) {

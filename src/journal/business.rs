@@ -198,6 +198,23 @@ mod tests {
         let refund = format!("{form}&refund_fee=0.05");
         let b = Business::read("alipay", &captured(&refund)).unwrap();
         assert!(!b.is_paid());
+        // v3: the resource the verify layer decrypted.
+        let plain = r#"{"transaction_id":"4200000914","out_trade_no":"S1","trade_state":"SUCCESS","amount":{"total":1,"currency":"CNY"}}"#;
+        let v3 = CapturedRequest {
+            body: Bytes::from_static(b"{}"),
+            decrypted: Some(Bytes::from_static(plain.as_bytes())),
+        };
+        let b = Business::read("wechatpay-v3", &v3).unwrap();
+        assert_eq!(
+            (b.out_trade_no.as_deref(), b.amount_minor),
+            (Some("S1"), Some(1))
+        );
+        let refund = r#"{"transaction_id":"4200000914","out_trade_no":"S1","refund_status":"SUCCESS","amount":{"total":1}}"#;
+        let v3 = CapturedRequest {
+            decrypted: Some(Bytes::from_static(refund.as_bytes())),
+            ..v3
+        };
+        assert!(!Business::read("wechatpay-v3", &v3).unwrap().is_paid());
         // v3 without the decrypted resource: nothing.
         assert_eq!(Business::read("wechatpay-v3", &captured("{}")), None);
         assert_eq!(Business::read("stripe", &captured("{}")), None);
