@@ -73,8 +73,9 @@ pub struct JournalEvent {
     upstream: Option<(u16, u64)>,
     attempt: bool,
     note: Option<String>,
-    business: Option<Business>,
-    body: Option<(String, u64, bool)>,
+    // Boxed: most events have neither, and the channel holds 65,536 events.
+    business: Option<Box<Business>>,
+    body: Option<Box<(String, u64, bool)>>,
 }
 
 impl JournalEvent {
@@ -104,7 +105,7 @@ impl JournalEvent {
     /// What the notification is about (its transaction, order and amount),
     /// for reconciliation with the channel's bill.
     pub fn business(mut self, business: Business) -> Self {
-        self.business = Some(business);
+        self.business = Some(Box::new(business));
         self
     }
 
@@ -114,7 +115,7 @@ impl JournalEvent {
         let kept = &body[..body.len().min(max)];
         let text = String::from_utf8_lossy(kept).into_owned();
         let len = u64::try_from(body.len()).unwrap_or(u64::MAX);
-        self.body = Some((text, len, body.len() > max));
+        self.body = Some(Box::new((text, len, body.len() > max)));
         self
     }
 
@@ -269,7 +270,8 @@ impl JournalRecord {
                 self.amount_minor = b.amount_minor.or(self.amount_minor);
             }
         }
-        if let (None, Some((text, len, truncated))) = (&self.body, &event.body) {
+        if let (None, Some(body)) = (&self.body, &event.body) {
+            let (text, len, truncated) = &**body;
             self.body = Some(text.clone());
             self.body_bytes = Some(*len);
             self.body_truncated = *truncated;
