@@ -53,7 +53,11 @@ fn start(upstream: &str, extra: &[&str]) -> Ops {
          [[route]]\nprefix = \"/notify/wx\"\npreset = \"wechatpay-v2\"\n{wx}\n\
          [[route]]\nprefix = \"/notify/wx-old\"\npreset = \"wechatpay-v2\"\n{wx}\n\
          [[route]]\nprefix = \"/notify/alipay\"\npreset = \"alipay\"\n\
-         verify = {{ public_keys = [\"alipay.pem\"] }}\n"
+         verify = {{ public_keys = [\"alipay.pem\"] }}\n\
+         [[route]]\nprefix = \"/notify/v3\"\npreset = \"wechatpay-v3\"\n\
+         verify = {{ platform_keys = {{ \"{V3_SERIAL}\" = \"alipay.pem\" }}, api_v3_key = \"{V3_KEY}\" }}\n\
+         [[route]]\nprefix = \"/notify/v3-nokey\"\npreset = \"wechatpay-v3\"\n\
+         verify = {{ platform_keys = {{ \"{V3_SERIAL}\" = \"alipay.pem\" }} }}\n"
     );
     std::fs::write(dir.join("gateway.toml"), config).unwrap();
     let metrics = free_addr().to_string();
@@ -142,6 +146,74 @@ fn alipay(notify_id: &str, trade_no: &str, order: &str, yuan: &str) -> String {
         ("trade_status", "TRADE_SUCCESS"),
     ];
     alipay_body(&fields, encoding_rs::UTF_8)
+}
+
+/// The serial and APIv3 key of the WeChat Pay v3 routes; their "platform
+/// key" is the public half of the Alipay test key, which signs here.
+const V3_SERIAL: &str = "PUB_KEY_ID_0114232134912410000000000000";
+const V3_KEY: &str = "0123456789abcdef0123456789abcdef";
+
+/// A WeChat Pay v3 payment notification: the transaction encrypted with
+/// AES-256-GCM under the APIv3 key, the body signed (RSA-SHA256 over
+/// `timestamp\nnonce\nbody\n`) now. Returns the headers and the body.
+fn wechat_v3(
+    event: &str,
+    transaction: &str,
+    order: &str,
+    fen: u32,
+) -> (Vec<(String, String)>, String) {
+    use base64::Engine;
+    use ring::{aead, rand, signature};
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let plain = format!(
+        r#"{{"mchid":"1230000109","appid":"wxd678efh567hg6787","out_trade_no":"{order}","transaction_id":"{transaction}","trade_type":"JSAPI","trade_state":"SUCCESS","trade_state_desc":"支付成功","success_time":"2018-06-08T10:34:56+08:00","payer":{{"openid":"oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"}},"amount":{{"total":{fen},"payer_total":{fen},"currency":"CNY","payer_currency":"CNY"}}}}"#
+    );
+    let nonce = "fdasflkja484";
+    let key = aead::LessSafeKey::new(
+        aead::UnboundKey::new(&aead::AES_256_GCM, V3_KEY.as_bytes()).unwrap(),
+    );
+    let mut sealed = plain.into_bytes();
+    let n = aead::Nonce::try_assume_unique_for_key(nonce.as_bytes()).unwrap();
+    key.seal_in_place_append_tag(n, aead::Aad::from(b"transaction"), &mut sealed)
+        .unwrap();
+    let body = format!(
+        r#"{{"id":"{event}","create_time":"2015-05-20T13:29:35+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"{}","associated_data":"transaction","nonce":"{nonce}"}}}}"#,
+        b64.encode(&sealed)
+    );
+    let timestamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let header_nonce = "5K8264ILTKCH16CQ2502SI8ZNMTM67VS";
+    let message = format!("{timestamp}\n{header_nonce}\n{body}\n");
+    let signer = verify_support::signed::alipay_key();
+    let mut sig = vec![0; signer.public().modulus_len()];
+    signer
+        .sign(
+            &signature::RSA_PKCS1_SHA256,
+            &rand::SystemRandom::new(),
+            message.as_bytes(),
+            &mut sig,
+        )
+        .unwrap();
+    let headers = vec![
+        ("content-type".to_owned(), "application/json".to_owned()),
+        ("wechatpay-serial".to_owned(), V3_SERIAL.to_owned()),
+        ("wechatpay-timestamp".to_owned(), timestamp),
+        ("wechatpay-nonce".to_owned(), header_nonce.to_owned()),
+        ("wechatpay-signature".to_owned(), b64.encode(&sig)),
+    ];
+    (headers, body)
+}
+
+async fn send_v3(ops: &Ops, path: &str, (headers, body): (Vec<(String, String)>, String)) {
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = post(&client(), ops.gw.addr, path, &h, body).await;
+    assert_eq!(a.status, 200, "{path}: {}", a.text());
 }
 
 async fn send(ops: &Ops, path: &str, content_type: &str, body: String) {
@@ -404,4 +476,41 @@ async fn bodies_stay_out_of_the_journal_by_default() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs the journal"));
+}
+
+/// WeChat Pay v3 encrypts the transaction: on a route with the APIv3 key the
+/// journal reads it from the decrypted resource and the bill reconciles;
+/// without the key there is nothing to match, and the bill says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechatpay_v3_reconciles_where_the_route_decrypts() {
+    let up = Upstream::start().await;
+    let ops = start(&up.url(), &[]);
+    let pid = std::process::id();
+    let (t1, t2) = (format!("42001{pid}0001"), format!("42001{pid}0002"));
+    send_v3(
+        &ops,
+        "/notify/v3",
+        wechat_v3(&format!("EV-{pid}-1"), &t1, "S1", 100),
+    )
+    .await;
+    send_v3(
+        &ops,
+        "/notify/v3-nokey",
+        wechat_v3(&format!("EV-{pid}-2"), &t2, "S2", 200),
+    )
+    .await;
+    assert_eq!(up.calls("/notify/v3") + up.calls("/notify/v3-nokey"), 2);
+    let bill = ops.dir.join("v3.csv");
+    std::fs::write(&bill, wechat_bill(&[(t1.as_str(), "S1", "1.00")])).unwrap();
+    let (code, out, err) = reconcile(&ops, &bill, "wechatpay", false);
+    assert_eq!(code, 0, "decrypted, so reconciled: {out} {err}");
+    std::fs::write(
+        &bill,
+        wechat_bill(&[(t1.as_str(), "S1", "1.00"), (t2.as_str(), "S2", "2.00")]),
+    )
+    .unwrap();
+    let (code, out, _) = reconcile(&ops, &bill, "wechatpay", false);
+    assert_eq!(code, 1, "{out}");
+    assert!(finding(&out, "never_ran", &t2).is_some(), "{out}");
+    assert!(!out.contains(&t1), "{out}");
 }
