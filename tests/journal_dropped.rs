@@ -33,10 +33,10 @@ fn dropped_events_are_counted_in_the_metrics() {
             let writer = tokio::spawn(writer);
             journal.flush().await;
             assert!(
-                journal.get("k0").unwrap().is_some(),
+                journal.get("k0").await.unwrap().is_some(),
                 "the first was written"
             );
-            assert!(journal.get("k1").unwrap().is_none());
+            assert!(journal.get("k1").await.unwrap().is_none());
             drop(journal);
             writer.await.unwrap();
             dropped

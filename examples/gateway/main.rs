@@ -222,6 +222,39 @@ fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, St
     Ok(builder.build())
 }
 
+/// The journal: in the SQL store's database when the store is one, else in
+/// `path` (the data directory's redb file).
+async fn open_journal(
+    store: &parse::StoreSpec,
+    path: &std::path::Path,
+    retention: Duration,
+) -> Result<Journal, String> {
+    let options = JournalOptions::new().retention(retention);
+    let journal = if let parse::StoreSpec::Sql(url) = store {
+        let opened = Journal::connect(url, options).await;
+        let (journal, writer) = opened.map_err(|e| store::redact_text(&e.to_string()))?;
+        tokio::spawn(writer);
+        info!(
+            table = "idempotency_journal",
+            ?retention,
+            "journal of notifications on, in the SQL store's database"
+        );
+        journal
+    } else {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
+        tokio::spawn(writer);
+        info!(path = %path.display(), ?retention, "journal of notifications on");
+        journal
+    };
+    // At zero from the start, for `increase()` in alert rules.
+    metrics::counter!("idempotency_journal_dropped_total").increment(0);
+    Ok(journal)
+}
+
 async fn run(
     settings: Settings,
     dropped: tracing_appender::non_blocking::ErrorCounter,
@@ -304,19 +337,7 @@ async fn run(
     let bound = workers::bind(settings.listen, settings.workers)?;
     let local = bound.local;
     let journal = match &settings.journal {
-        Some((path, retention)) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            }
-            let options = JournalOptions::new().retention(*retention);
-            let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
-            tokio::spawn(writer);
-            // At zero from the start, for `increase()` in alert rules.
-            metrics::counter!("idempotency_journal_dropped_total").increment(0);
-            info!(path = %path.display(), ?retention, "journal of notifications on");
-            Some(journal)
-        }
+        Some((path, retention)) => Some(open_journal(&settings.store, path, *retention).await?),
         None => None,
     };
     if let (Some(handle), Some(journal)) = (&admin, &journal) {
