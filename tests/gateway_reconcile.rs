@@ -514,3 +514,34 @@ async fn wechatpay_v3_reconciles_where_the_route_decrypts() {
     assert!(finding(&out, "never_ran", &t2).is_some(), "{out}");
     assert!(!out.contains(&t1), "{out}");
 }
+
+/// With a SQL store the journal lives in its database (the table
+/// `idempotency_journal`), not in the data directory: the commands and
+/// reconciliation read it the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_sql_store_the_journal_is_in_its_database() {
+    let up = Upstream::start().await;
+    let db = temp_path("reconcile-sql.db");
+    let store = format!("sqlite:{}", db.display());
+    let ops = start(&up.url(), &["--store", store.clone().leak()]);
+    let id = format!("42002{}0001", std::process::id());
+    for _ in 0..2 {
+        send(&ops, "/notify/wx", "text/xml", wechat(&id, "Q1", 5)).await;
+    }
+    let bill = ops.dir.join("sql.csv");
+    std::fs::write(&bill, wechat_bill(&[(id.as_str(), "Q1", "0.05")])).unwrap();
+    let (code, out, err) = reconcile(&ops, &bill, "wechatpay", false);
+    assert_eq!(code, 0, "{out} {err}");
+    let (code, out, err) = gateway(&ops, &["inspect", "--id", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2 copies (executed 1, replayed 1)"), "{out}");
+    assert!(!ops.dir.join("data/journal.redb").exists(), "no redb journal beside a SQL store");
+    let pool = sqlx::SqlitePool::connect(&store).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM idempotency_journal")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "one row per stored key");
+    pool.close().await;
+    let _ = std::fs::remove_file(&db);
+}
