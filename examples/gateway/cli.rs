@@ -147,7 +147,8 @@ pub struct Args {
     /// before a request is shed with the retryable failure; 0s sheds at once (default 50ms)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_QUEUE_WAIT", value_parser = parse::duration)]
     pub queue_wait: Option<Duration>,
-    /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb
+    /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb, or in
+    /// the database of a SQL --store
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL")]
     pub journal: bool,
     /// Journal records not seen for this long are removed (default 7d)
