@@ -535,7 +535,10 @@ async fn with_a_sql_store_the_journal_is_in_its_database() {
     let (code, out, err) = gateway(&ops, &["inspect", "--id", &id]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("2 copies (executed 1, replayed 1)"), "{out}");
-    assert!(!ops.dir.join("data/journal.redb").exists(), "no redb journal beside a SQL store");
+    assert!(
+        !ops.dir.join("data/journal.redb").exists(),
+        "no redb journal beside a SQL store"
+    );
     let pool = sqlx::SqlitePool::connect(&store).await.unwrap();
     let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM idempotency_journal")
         .fetch_one(&pool)
