@@ -35,7 +35,7 @@ pub struct JournalRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
     /// The channel's transaction id, when the notification carries it in
-    /// the clear (see [`Business::read`]).
+    /// the clear (see [`Business::read`](super::Business::read)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_id: Option<String>,
     /// The merchant's order number.
@@ -48,7 +48,7 @@ pub struct JournalRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trade_state: Option<String>,
     /// The raw body of the first copy that had one, when bodies are kept
-    /// (at most the configured size; see [`JournalEvent::body`]).
+    /// (at most the configured size; see [`JournalEvent::body`](super::JournalEvent::body)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     /// The size of that body as received, in bytes.
