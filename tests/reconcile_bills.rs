@@ -240,6 +240,40 @@ fn reconcile_finds_what_never_ran_ran_twice_or_ran_with_another_amount() {
     assert!(reconcile(&clean, &records, &["alipay"]).is_empty());
 }
 
+/// On an acknowledge-then-deliver route the copy queued is `executed`; it
+/// ran once a delivery reached the upstream.
+#[test]
+fn a_queued_notification_whose_deliveries_all_failed_never_ran() {
+    let bill = Bill {
+        lines: vec![line(2, "failed", 100), line(3, "delivered", 100)],
+        skipped: 0,
+    };
+    let with_attempts = |key: &str, id: &str, outcomes: serde_json::Value| {
+        let mut r = record(key, "wechatpay-v2", id, 100, "SUCCESS", 1);
+        r.outcomes = serde_json::from_value(outcomes).unwrap();
+        r.attempts = 3;
+        r
+    };
+    let records = vec![
+        with_attempts(
+            "k1",
+            "failed",
+            serde_json::json!({"executed": 1, "delivery_failed": 3}),
+        ),
+        with_attempts(
+            "k2",
+            "delivered",
+            serde_json::json!({"executed": 1, "delivery_failed": 2, "delivered": 1}),
+        ),
+    ];
+    let found = reconcile(&bill, &records, &["wechatpay-v2"]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].kind, found[0].transaction_id.as_str()),
+        (FindingKind::NeverRan, "failed")
+    );
+}
+
 #[test]
 fn old_journal_records_without_business_ids_still_read() {
     // A record as journals before business ids wrote it.

@@ -62,7 +62,8 @@ pub fn channel_presets(channel: &str) -> &'static [&'static str] {
 /// Compares `bill` with the journal's `records` of the bill's channel
 /// (`presets`, from [`channel_presets`]): every paid transaction must have
 /// run exactly once, with the bill's amount. A record "ran" when a copy of
-/// it got the outcome `executed`; it is the transaction's when its
+/// it got the outcome `executed` (on an acknowledge-then-deliver route, when
+/// also a delivery attempt ended `delivered`, or none was made yet); it is the transaction's when its
 /// `transaction_id` is the bill's (or, lacking one, its `out_trade_no`), and
 /// only records of a successful payment count (a refund notification is no
 /// second run). Amounts are compared exactly, in minor units. Findings come
@@ -75,7 +76,10 @@ pub fn reconcile(bill: &Bill, records: &[JournalRecord], presets: &[&str]) -> Ve
             .trade_state
             .as_deref()
             .is_none_or(|s| matches!(s, "SUCCESS" | "TRADE_SUCCESS" | "TRADE_FINISHED"));
-        let ran = r.outcomes.get("executed").is_some_and(|n| *n > 0);
+        let count = |outcome: &str| r.outcomes.get(outcome).copied().unwrap_or(0);
+        // On an acknowledge-then-deliver route `executed` is the copy
+        // queued: it ran once a delivery attempt reached the upstream.
+        let ran = count("executed") > 0 && (r.attempts == 0 || count("delivered") > 0);
         if !(paid && ran && presets.contains(&r.preset.as_str())) {
             continue;
         }
