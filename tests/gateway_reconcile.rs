@@ -548,3 +548,60 @@ async fn with_a_sql_store_the_journal_is_in_its_database() {
     pool.close().await;
     let _ = std::fs::remove_file(&db);
 }
+
+/// On an acknowledge-then-deliver route the copy queued is `executed`; a
+/// notification whose every delivery failed (dead-lettered) never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_notification_whose_deliveries_failed_never_ran() {
+    let replies = common::upstream::Replies::default().status(|seen| {
+        if String::from_utf8_lossy(&seen.body).contains("FAILME") {
+            500
+        } else {
+            200
+        }
+    });
+    let up = Upstream::with(replies).await;
+    let ack = [
+        "--ack-then-deliver",
+        "/notify/wx",
+        "--max-attempts",
+        "1",
+        "--retry-backoff",
+        "100ms",
+    ];
+    let ops = start(&up.url(), &ack);
+    let pid = std::process::id();
+    let (ok, failed) = (format!("42003{pid}0001"), format!("42003{pid}0002"));
+    send(&ops, "/notify/wx", "text/xml", wechat(&ok, "D1", 1)).await;
+    send(&ops, "/notify/wx", "text/xml", wechat(&failed, "FAILME", 2)).await;
+    // Both are acknowledged at once; wait for their deliveries.
+    let attempted = |out: &str, id: &str| {
+        let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        json["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["transaction_id"] == id && r["attempts"].as_u64().is_some_and(|n| n > 0))
+    };
+    let mut delivered = false;
+    for _ in 0..200 {
+        let (_, out, _) = gateway(&ops, &["journal", "--format", "json"]);
+        if attempted(&out, &ok) && attempted(&out, &failed) {
+            delivered = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(delivered, "both deliveries were attempted");
+    let bill = ops.dir.join("ack.csv");
+    let rows = [
+        (ok.as_str(), "D1", "0.01"),
+        (failed.as_str(), "FAILME", "0.02"),
+    ];
+    std::fs::write(&bill, wechat_bill(&rows)).unwrap();
+    let (code, out, err) = reconcile(&ops, &bill, "wechatpay", false);
+    let (_, journal, _) = gateway(&ops, &["journal", "--format", "json"]);
+    assert_eq!(code, 1, "{out} {err} {journal}");
+    assert!(finding(&out, "never_ran", &failed).is_some(), "{out}");
+    assert!(!out.contains(&ok), "{out}");
+}
