@@ -33,7 +33,7 @@ async fn same_records_and_no_lost_copy(url: &str) {
             .status(200)
             .upstream(200, Duration::from_millis(7))
             .business(business.clone())
-            .body(b"<xml>0123456789</xml>", 10),
+            .body("<xml>支付0123456789</xml>".as_bytes(), 16),
     );
     a.flush().await;
     let copies = 40;
@@ -62,8 +62,8 @@ async fn same_records_and_no_lost_copy(url: &str) {
     assert_eq!(record.transaction_id, business.transaction_id);
     assert_eq!(record.amount_minor, Some(101));
     assert_eq!(record.upstream_status, Some(200));
-    assert_eq!(record.body.as_deref(), Some("<xml>01234"));
-    assert_eq!((record.body_bytes, record.body_truncated), (Some(21), true));
+    assert_eq!(record.body.as_deref(), Some("<xml>支付01234"));
+    assert_eq!((record.body_bytes, record.body_truncated), (Some(27), true));
 
     // Filters read the same way as the redb file's.
     let other = format!("idem:stripe:/notify/stripe::{tag}");

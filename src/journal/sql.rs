@@ -44,7 +44,7 @@ const PG: &[&str] = &[
 const MY: &[&str] = &["CREATE TABLE IF NOT EXISTS idempotency_journal (
         journal_key  VARBINARY(1024) NOT NULL PRIMARY KEY,
         last_seen_ms BIGINT NOT NULL,
-        record       MEDIUMTEXT NOT NULL,
+        record       MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL,
         INDEX idempotency_journal_last_seen (last_seen_ms, journal_key)
     )"];
 const LITE: &[&str] = &[
