@@ -297,6 +297,15 @@ impl<St: Store> IdempotencyLayer<St> {
         &self.key
     }
 
+    /// Each response carries its request as a
+    /// [`CapturedRequest`](crate::key::CapturedRequest) (see
+    /// [`KeyLayer::capture_request`]).
+    #[cfg(feature = "proxy")]
+    pub(crate) fn capture_request(mut self, capture: bool) -> Self {
+        self.key = self.key.capture_request(capture);
+        self
+    }
+
     /// No "unverified" warning from this layer (its user gives its own).
     #[cfg(feature = "proxy")]
     pub(crate) fn quiet(mut self) -> Self {

@@ -141,6 +141,7 @@ async fn every_metric_the_rules_and_dashboard_name_is_exported() {
             "/stripe=stripe",
             "--data-dir",
             dir.to_str().unwrap(),
+            "--journal",
             "--metrics-listen",
             &metrics_arg,
         ],

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_idempotency::channel::PRESET_NAMES;
-use tower_idempotency::journal::{Journal, JournalEvent};
+use tower_idempotency::journal::{Business, Journal, JournalEvent};
+use tower_idempotency::key::CapturedRequest;
 use tower_idempotency::proxy::{GatewayResponse, MatchedRoute, RoutedPreset, UpstreamAnswer};
 use tower_idempotency::{IdempotencyKey, Outcome};
 use tracing::info;
@@ -29,7 +30,21 @@ pub struct Ratios {
     /// Totals at every step, oldest first, at most one window's worth.
     history: Mutex<VecDeque<Vec<(u64, u64)>>>,
     window: Duration,
-    journal: Option<Journal>,
+    journal: Option<Journaling>,
+}
+
+/// The journal and what goes into its records.
+pub struct Journaling {
+    journal: Journal,
+    /// With `journal_body`: the most body bytes a record keeps.
+    body_max: Option<usize>,
+}
+
+impl Journaling {
+    /// Events to `journal`; bodies kept (up to `body_max` bytes) when given.
+    pub fn new(journal: Journal, body_max: Option<usize>) -> Self {
+        Self { journal, body_max }
+    }
 }
 
 #[derive(Default)]
@@ -56,7 +71,7 @@ impl Counts {
 impl Ratios {
     /// Ratios over the last `window`; every guarded response also goes to
     /// `journal`, if there is one.
-    pub fn new(window: Duration, journal: Option<Journal>) -> Self {
+    pub fn new(window: Duration, journal: Option<Journaling>) -> Self {
         let by_preset = (0..=PRESET_NAMES.len()).map(|_| Counts::default());
         Self {
             by_preset: by_preset.collect(),
@@ -166,8 +181,10 @@ impl Ratios {
 }
 
 /// One guarded response's event: its stored key, route, outcome and status,
-/// and what the upstream answered when it ran.
-fn journal_event(journal: &Journal, res: &GatewayResponse, outcome: Outcome) {
+/// what the upstream answered when it ran, the notification's business ids
+/// and (with `journal_body`) its body.
+fn journal_event(journaling: &Journaling, res: &GatewayResponse, outcome: Outcome) {
+    let journal = &journaling.journal;
     let Some(key) = res.extensions().get::<IdempotencyKey>() else {
         return;
     };
@@ -176,6 +193,14 @@ fn journal_event(journal: &Journal, res: &GatewayResponse, outcome: Outcome) {
         .status(res.status().as_u16());
     if let Some(up) = res.extensions().get::<UpstreamAnswer>() {
         event = event.upstream(up.status.as_u16(), up.took);
+    }
+    if let Some(captured) = res.extensions().get::<CapturedRequest>() {
+        if let Some(business) = Business::read(key.preset(), captured) {
+            event = event.business(business);
+        }
+        if let Some(max) = journaling.body_max {
+            event = event.body(&captured.body, max);
+        }
     }
     journal.record(event);
 }

@@ -191,6 +191,10 @@ fn install() -> Result<PrometheusHandle, String> {
         "Delivery attempts from the queue, by result"
     );
     metrics::describe_counter!(
+        "idempotency_journal_dropped_total",
+        "Journal events dropped because the journal's writer fell behind (its channel was full)"
+    );
+    metrics::describe_counter!(
         "gateway_log_lines_dropped_total",
         "Log lines dropped because stderr was not read fast enough"
     );

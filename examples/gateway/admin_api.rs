@@ -198,7 +198,7 @@ impl Admin {
         let q = query(&req);
         let key = path.strip_prefix("/admin/keys/").map(percent_decode);
         match (req.method().clone(), path.as_str(), key) {
-            (Method::GET, "/admin/journal", _) => self.journal(&q),
+            (Method::GET, "/admin/journal", _) => self.journal(&q).await,
             (Method::GET, "/admin/keys", _) => self.find(&q, store).await,
             (Method::GET, _, Some(Ok(key))) => self.inspect(&key, store).await,
             (Method::DELETE, _, Some(Ok(key))) => {
@@ -216,11 +216,14 @@ impl Admin {
         }
     }
 
-    fn journal_of(&self, key: &str) -> Value {
-        match self.journal.get().map(|j| j.get(key)) {
-            Some(Ok(Some(record))) => journal_json(&record),
-            Some(Ok(None)) | None => Value::Null,
-            Some(Err(e)) => json!({ "error": e.to_string() }),
+    async fn journal_of(&self, key: &str) -> Value {
+        let Some(journal) = self.journal.get() else {
+            return Value::Null;
+        };
+        match journal.get(key).await {
+            Ok(Some(record)) => journal_json(&record),
+            Ok(None) => Value::Null,
+            Err(e) => json!({ "error": e.to_string() }),
         }
     }
 
@@ -244,9 +247,10 @@ impl Admin {
             Ok(v) => v,
             Err(res) => return res,
         };
+        let journal = self.journal_of(key).await;
         json_answer(
             StatusCode::OK,
-            &json!({ "key": key, "record": record, "journal": self.journal_of(key) }),
+            &json!({ "key": key, "record": record, "journal": journal }),
         )
     }
 
@@ -266,7 +270,7 @@ impl Admin {
         if let Some(route) = param(q, "route") {
             filter = filter.route(route);
         }
-        let records = match journal.query(&filter) {
+        let records = match journal.query(&filter).await {
             Ok(r) => r,
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         };
@@ -317,7 +321,7 @@ impl Admin {
         json_answer(status, &json!({ "key": key, "forgotten": word }))
     }
 
-    fn journal(&self, q: &[(String, String)]) -> Answer {
+    async fn journal(&self, q: &[(String, String)]) -> Answer {
         let Some(journal) = self.journal.get() else {
             return error(StatusCode::CONFLICT, "the journal is off (--journal)");
         };
@@ -343,7 +347,7 @@ impl Admin {
                 }
             };
         }
-        match journal.query(&filter) {
+        match journal.query(&filter).await {
             Ok(records) => {
                 let records: Vec<Value> = records.iter().map(journal_json).collect();
                 json_answer(

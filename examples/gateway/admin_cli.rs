@@ -23,11 +23,11 @@ pub struct Target {
     admin: Option<String>,
     /// text (default) or json (the admin API's answer)
     #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    pub format: Format,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub enum Format {
     Text,
     Json,
 }
@@ -97,7 +97,7 @@ fn query(pairs: &[(&str, Option<&str>)]) -> String {
 }
 
 /// One call to the admin API: its status and JSON.
-async fn call(
+pub async fn call(
     target: &Resolved,
     token: &str,
     method: Method,
@@ -188,6 +188,18 @@ fn journal_line(j: &Value) -> String {
     if let Some(status) = j["upstream_status"].as_u64() {
         line += &format!("; upstream answered {status} in {} ms", j["upstream_ms"]);
     }
+    if let Some(id) = j["transaction_id"].as_str() {
+        line += &format!("; transaction {id}");
+        if let Some(order) = j["out_trade_no"].as_str() {
+            line += &format!(", order {order}");
+        }
+        if let Some(minor) = j["amount_minor"].as_i64() {
+            line += &format!(
+                ", amount {}",
+                tower_idempotency::journal::format_yuan(minor)
+            );
+        }
+    }
     if let Some(n) = j["attempts"].as_u64().filter(|n| *n > 0) {
         line += &format!("; {n} delivery attempts");
     }
@@ -220,13 +232,13 @@ fn failed(status: u16, json: &Value) -> String {
 }
 
 /// A [`Target`] with its admin URL resolved.
-struct Resolved {
+pub struct Resolved {
     base: String,
     format: Format,
 }
 
 impl Target {
-    fn resolve(&self, metrics_listen: Option<SocketAddr>) -> Resolved {
+    pub fn resolve(&self, metrics_listen: Option<SocketAddr>) -> Resolved {
         let base = match (&self.admin, metrics_listen) {
             (Some(url), _) => url.clone(),
             (None, Some(addr)) => format!("http://{addr}"),
@@ -291,6 +303,14 @@ pub fn run(
                         writeln!(out, "key: {}", m["key"].as_str().unwrap_or("?"))?;
                         writeln!(out, "  record: {}", record_line(&m["record"]))?;
                         writeln!(out, "  journal: {}", journal_line(&m["journal"]))?;
+                        if let Some(body) = m["journal"]["body"].as_str() {
+                            let cut = if m["journal"]["body_truncated"] == Value::Bool(true) {
+                                format!(" [truncated: {} bytes in all]", m["journal"]["body_bytes"])
+                            } else {
+                                String::new()
+                            };
+                            writeln!(out, "  body: {body}{cut}")?;
+                        }
                     }
                     Ok(())
                 })
@@ -353,7 +373,7 @@ pub fn run(
     })
 }
 
-async fn call_ok(
+pub async fn call_ok(
     target: &Resolved,
     token: &str,
     method: Method,

@@ -147,12 +147,21 @@ pub struct Args {
     /// before a request is shed with the retryable failure; 0s sheds at once (default 50ms)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_QUEUE_WAIT", value_parser = parse::duration)]
     pub queue_wait: Option<Duration>,
-    /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb
+    /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb, or in
+    /// the database of a SQL --store
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL")]
     pub journal: bool,
     /// Journal records not seen for this long are removed (default 7d)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_JOURNAL_RETENTION", value_parser = parse::positive_duration)]
     pub journal_retention: Option<Duration>,
+    /// Keep each notification's raw body in its journal record (off by default: bodies
+    /// hold personal data), at most --journal-body-max bytes of it
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL_BODY")]
+    pub journal_body: bool,
+    /// The most body bytes a journal record keeps; a longer body is truncated and marked
+    /// `body_truncated` (default 64KiB)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_JOURNAL_BODY_MAX", value_parser = parse::body_size)]
+    pub journal_body_max: Option<usize>,
     /// File holding the bearer token of the admin API on --metrics-listen (off without it);
     /// also the token `inspect`, `forget` and `journal` send
     #[arg(

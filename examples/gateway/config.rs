@@ -69,6 +69,8 @@ struct File {
     ratio_window: Field,
     journal: Option<bool>,
     journal_retention: Field,
+    journal_body: Option<bool>,
+    journal_body_max: Option<Spanned<SizeValue>>,
     admin_token_file: Option<PathBuf>,
     queue: Field,
     data_dir: Option<PathBuf>,
@@ -135,6 +137,8 @@ pub struct Settings {
     pub ratio_window: Duration,
     /// The journal's file and retention, when it is on.
     pub journal: Option<(PathBuf, Duration)>,
+    /// With `journal_body`: the most body bytes a journal record keeps.
+    pub journal_body: Option<usize>,
     /// The admin API's bearer token, when it is on.
     pub admin_token: Option<String>,
     /// The queue of the ack-then-deliver routes.
@@ -167,6 +171,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     };
     let queue = queue_settings(&args, &file, &at)?;
     let journal = journal_settings(&args, &file, &at)?;
+    let journal_body = journal_body(&args, &file, &at, journal.is_some())?;
     let admin_token = match args
         .admin_token_file
         .as_ref()
@@ -364,6 +369,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .or(at.value(&file.ratio_window, "ratio_window", parse::positive_duration)?)
             .unwrap_or(crate::access::DEFAULT_WINDOW),
         journal,
+        journal_body,
         admin_token,
         queue,
         warnings,
@@ -439,6 +445,28 @@ pub fn admin_only(args: &Args) -> Result<(Option<SocketAddr>, Option<PathBuf>), 
         .or(file.admin_token_file.clone());
     Ok((listen, token))
 }
+
+/// The body cap when `journal_body` is on.
+fn journal_body(
+    args: &Args,
+    file: &File,
+    at: &At<'_>,
+    journal: bool,
+) -> Result<Option<usize>, String> {
+    let max = args
+        .journal_body_max
+        .or(at.size(&file.journal_body_max, "journal_body_max")?);
+    if !(args.journal_body || file.journal_body == Some(true)) {
+        return Ok(None);
+    }
+    if !journal {
+        return Err("`journal_body` (--journal-body) needs the journal: add --journal".into());
+    }
+    Ok(Some(max.unwrap_or(DEFAULT_JOURNAL_BODY_MAX)))
+}
+
+/// The most body bytes a journal record keeps unless `journal_body_max` says otherwise.
+pub const DEFAULT_JOURNAL_BODY_MAX: usize = 64 << 10;
 
 fn journal_settings(
     args: &Args,

@@ -21,6 +21,9 @@ pub enum Command {
     Forget(crate::admin_cli::Forget),
     /// The running gateway's journal of notifications, by time, route and outcome
     Journal(crate::admin_cli::Journal),
+    /// The channel's downloaded trade bill against the running gateway's journal: paid
+    /// transactions that never ran, ran more than once or with another amount (exit 1 if any)
+    Reconcile(crate::reconcile::Reconcile),
 }
 
 /// What to do with the dead letters.

@@ -32,6 +32,7 @@ mod config;
 mod dlq;
 mod logging;
 mod parse;
+mod reconcile;
 mod serve;
 mod spanned;
 mod store;
@@ -78,11 +79,17 @@ fn main() -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     if let Some(cmd) = &args.command {
+        if let dlq::Command::Reconcile(a) = cmd {
+            return match config::admin_only(&args) {
+                Ok((listen, token)) => reconcile::run(a, token.as_ref(), listen),
+                Err(msg) => usage_error(&msg),
+            };
+        }
         let admin = match cmd {
             dlq::Command::Inspect(a) => Some(admin_cli::Call::Inspect(a)),
             dlq::Command::Forget(a) => Some(admin_cli::Call::Forget(a)),
             dlq::Command::Journal(a) => Some(admin_cli::Call::Journal(a)),
-            dlq::Command::Dlq { .. } => None,
+            dlq::Command::Dlq { .. } | dlq::Command::Reconcile(_) => None,
         };
         if let Some(call) = admin {
             let (listen, token) = match config::admin_only(&args) {
@@ -215,6 +222,39 @@ fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, St
     Ok(builder.build())
 }
 
+/// The journal: in the SQL store's database when the store is one, else in
+/// `path` (the data directory's redb file).
+async fn open_journal(
+    store: &parse::StoreSpec,
+    path: &std::path::Path,
+    retention: Duration,
+) -> Result<Journal, String> {
+    let options = JournalOptions::new().retention(retention);
+    let journal = if let parse::StoreSpec::Sql(url) = store {
+        let opened = Journal::connect(url, options).await;
+        let (journal, writer) = opened.map_err(|e| store::redact_text(&e.to_string()))?;
+        tokio::spawn(writer);
+        info!(
+            table = "idempotency_journal",
+            ?retention,
+            "journal of notifications on, in the SQL store's database"
+        );
+        journal
+    } else {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
+        tokio::spawn(writer);
+        info!(path = %path.display(), ?retention, "journal of notifications on");
+        journal
+    };
+    // At zero from the start, for `increase()` in alert rules.
+    metrics::counter!("idempotency_journal_dropped_total").increment(0);
+    Ok(journal)
+}
+
 async fn run(
     settings: Settings,
     dropped: tracing_appender::non_blocking::ErrorCounter,
@@ -287,6 +327,8 @@ async fn run(
         if let Some(queue) = &queue {
             builder = builder.queue(queue.clone());
         }
+        // The journal reads each notification's body for its business ids.
+        builder = builder.capture_requests(settings.journal.is_some());
         builder.build().map_err(|e| e.to_string())
     };
     // The queue's deliveries run here, through a gateway (and upstream
@@ -295,17 +337,7 @@ async fn run(
     let bound = workers::bind(settings.listen, settings.workers)?;
     let local = bound.local;
     let journal = match &settings.journal {
-        Some((path, retention)) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            }
-            let options = JournalOptions::new().retention(*retention);
-            let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
-            tokio::spawn(writer);
-            info!(path = %path.display(), ?retention, "journal of notifications on");
-            Some(journal)
-        }
+        Some((path, retention)) => Some(open_journal(&settings.store, path, *retention).await?),
         None => None,
     };
     if let (Some(handle), Some(journal)) = (&admin, &journal) {
@@ -319,6 +351,7 @@ async fn run(
             .spawn_worker(q, &control, journal, worker_stopped)
     });
     let journal_at_exit = journal.clone();
+    let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));
     let ratios = Arc::new(access::Ratios::new(settings.ratio_window, journal));
     tokio::spawn(ratios.clone().keep_moving());
     let limits = serve::Limits {

@@ -18,8 +18,6 @@ const BY_TIME: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("by_t
 const BATCH: usize = 512;
 /// Records removed in one transaction, at most.
 const PRUNE_BATCH: usize = 1000;
-/// How often the writer prunes and makes its commits durable.
-const PRUNE_EVERY: Duration = Duration::from_secs(10);
 
 fn err(what: &str, e: impl std::fmt::Display) -> JournalError {
     JournalError::new(format!("journal {what}: {e}"))
@@ -149,10 +147,15 @@ impl Db {
         Ok(removed)
     }
 
-    /// The writer: batches of events, then every ten seconds a durable
+    /// The writer: batches of events, then every `prune_every` a durable
     /// commit and the pruning, until every sender is gone.
-    pub(super) async fn write_loop(self, mut rx: mpsc::Receiver<Command>, retention: Duration) {
-        let mut every = tokio::time::interval(PRUNE_EVERY);
+    pub(super) async fn write_loop(
+        self,
+        mut rx: mpsc::Receiver<Command>,
+        retention: Duration,
+        prune_every: Duration,
+    ) {
+        let mut every = tokio::time::interval(prune_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
         loop {

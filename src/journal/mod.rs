@@ -25,20 +25,29 @@
 //!     journal.record(JournalEvent::new("idem:stripe:/notify:evt_1", "stripe", "/notify", outcome));
 //! }
 //! journal.flush().await;
-//! let record = journal.get("idem:stripe:/notify:evt_1").unwrap().unwrap();
+//! let record = journal.get("idem:stripe:/notify:evt_1").await.unwrap().unwrap();
 //! assert_eq!(record.copies, 3);
 //! assert_eq!(record.outcomes["replayed"], 2);
-//! let found = journal.query(&JournalFilter::default().outcome("executed")).unwrap();
+//! let found = journal.query(&JournalFilter::default().outcome("executed")).await.unwrap();
 //! assert_eq!(found.len(), 1);
 //! # drop(journal); writer.await.unwrap(); std::fs::remove_dir_all(&dir).unwrap();
 //! # }
 //! ```
 
+mod bill;
+mod business;
 mod db;
+mod reconcile;
+mod record;
+#[cfg(feature = "sql")]
+mod sql;
+
+pub use self::bill::{parse_alipay_bill, parse_wechatpay_bill, Bill, BillError, BillLine};
+pub use self::business::{format_yuan, parse_yuan, Business};
+pub use self::reconcile::{channel_presets, reconcile, Finding, FindingKind};
+pub use self::record::JournalRecord;
 
 use self::db::Db;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
@@ -66,6 +75,9 @@ pub struct JournalEvent {
     upstream: Option<(u16, u64)>,
     attempt: bool,
     note: Option<String>,
+    // Boxed: most events have neither, and the channel holds 65,536 events.
+    business: Option<Box<Business>>,
+    body: Option<Box<(String, u64, bool)>>,
 }
 
 impl JournalEvent {
@@ -87,7 +99,26 @@ impl JournalEvent {
             upstream: None,
             attempt: false,
             note: None,
+            business: None,
+            body: None,
         }
+    }
+
+    /// What the notification is about (its transaction, order and amount),
+    /// for reconciliation with the channel's bill.
+    pub fn business(mut self, business: Business) -> Self {
+        self.business = Some(Box::new(business));
+        self
+    }
+
+    /// The request's raw body, its first `max` bytes kept (as UTF-8, bytes
+    /// that are not replaced by U+FFFD); a longer body is marked truncated.
+    pub fn body(mut self, body: &[u8], max: usize) -> Self {
+        let kept = &body[..body.len().min(max)];
+        let text = String::from_utf8_lossy(kept).into_owned();
+        let len = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        self.body = Some(Box::new((text, len, body.len() > max)));
+        self
     }
 
     /// The status this copy was answered.
@@ -122,83 +153,6 @@ impl JournalEvent {
         self
     }
 }
-
-/// Everything the journal knows of one stored key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JournalRecord {
-    /// The stored key (`prefix:preset:route:principal:key`).
-    pub key: String,
-    /// The preset that guarded it.
-    pub preset: String,
-    /// The route it came in on.
-    pub route: String,
-    /// When the first copy came, in milliseconds since the Unix epoch.
-    pub first_seen_ms: u64,
-    /// When the last copy came.
-    pub last_seen_ms: u64,
-    /// How many copies came.
-    pub copies: u64,
-    /// How many copies got each outcome (`executed`, `replayed`, `waited`,
-    /// `mismatch`, `shed`, ...), and on acknowledge-then-deliver routes how
-    /// many delivery attempts ended `delivered` or `delivery_failed`.
-    pub outcomes: BTreeMap<String, u64>,
-    /// The status the last copy was answered.
-    pub last_status: Option<u16>,
-    /// What the upstream answered the last copy that reached it.
-    pub upstream_status: Option<u16>,
-    /// How long that upstream call took, in milliseconds.
-    pub upstream_ms: Option<u64>,
-    /// Delivery attempts from the queue (acknowledge-then-deliver routes).
-    pub attempts: u64,
-    /// Operators' actions on the key, oldest first (at most 16 kept).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
-}
-
-impl JournalRecord {
-    fn first(event: &JournalEvent) -> Self {
-        Self {
-            key: event.key.to_string(),
-            preset: event.preset.to_string(),
-            route: event.route.to_string(),
-            first_seen_ms: event.at_ms,
-            last_seen_ms: event.at_ms,
-            copies: 0,
-            outcomes: BTreeMap::new(),
-            last_status: None,
-            upstream_status: None,
-            upstream_ms: None,
-            attempts: 0,
-            notes: Vec::new(),
-        }
-    }
-
-    /// Adds one event; an operator's note is not a copy.
-    fn add(&mut self, event: &JournalEvent) {
-        self.first_seen_ms = self.first_seen_ms.min(event.at_ms);
-        self.last_seen_ms = self.last_seen_ms.max(event.at_ms);
-        if let Some(note) = &event.note {
-            if self.notes.len() == MAX_NOTES {
-                self.notes.remove(0);
-            }
-            self.notes.push(note.clone());
-            return;
-        }
-        // A delivery attempt from the queue is not a copy the channel sent.
-        self.copies += u64::from(!event.attempt);
-        *self.outcomes.entry(event.outcome.to_owned()).or_default() += 1;
-        if event.status.is_some() {
-            self.last_status = event.status;
-        }
-        if let Some((status, ms)) = event.upstream {
-            self.upstream_status = Some(status);
-            self.upstream_ms = Some(ms);
-        }
-        self.attempts += u64::from(event.attempt);
-    }
-}
-
-const MAX_NOTES: usize = 16;
 
 /// Which records [`Journal::query`] returns: all of them by default, newest
 /// last, at most 1,000.
@@ -270,6 +224,7 @@ impl JournalFilter {
 pub struct JournalOptions {
     retention: Duration,
     capacity: usize,
+    prune_every: Duration,
 }
 
 impl JournalOptions {
@@ -278,12 +233,21 @@ impl JournalOptions {
         Self {
             retention: Duration::from_secs(7 * 24 * 3600),
             capacity: 65_536,
+            prune_every: Duration::from_secs(10),
         }
     }
 
     /// Records not seen for this long are removed. Defaults to 7 days.
     pub const fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// How often the writer removes the records past the retention (in
+    /// batches of 1,000 until none is left) and, in the redb file, makes its
+    /// commits durable. Defaults to 10 seconds.
+    pub const fn prune_every(mut self, every: Duration) -> Self {
+        self.prune_every = every;
         self
     }
 
@@ -329,7 +293,15 @@ enum Command {
 pub struct Journal {
     tx: mpsc::Sender<Command>,
     dropped: Arc<AtomicU64>,
-    db: Db,
+    db: Backend,
+}
+
+/// Where the records are.
+#[derive(Clone)]
+enum Backend {
+    Redb(Db),
+    #[cfg(feature = "sql")]
+    Sql(self::sql::SqlDb),
 }
 
 impl fmt::Debug for Journal {
@@ -353,15 +325,47 @@ impl Journal {
         let journal = Self {
             tx,
             dropped: Arc::default(),
-            db: db.clone(),
+            db: Backend::Redb(db.clone()),
         };
-        Ok((journal, db.write_loop(rx, options.retention)))
+        let writer = db.write_loop(rx, options.retention, options.prune_every);
+        Ok((journal, writer))
     }
 
-    /// Adds `event`; when the channel is full it is dropped and counted.
+    /// The journal in a SQL database (feature `sql`): `postgres://…`,
+    /// `mysql://…` (`mariadb://…`) or `sqlite:PATH`, the URL a
+    /// [`SqlStore`](crate::store::SqlStore) takes, so that the records live
+    /// beside the store's. One row per stored key in the table
+    /// `idempotency_journal` (created if missing: `journal_key` the stored
+    /// key's bytes, `last_seen_ms`, `record` the record as JSON), indexed by
+    /// `last_seen_ms`; each batch of events is one transaction that locks
+    /// the rows it merges into (in key order), so that instances sharing the
+    /// database merge their copies without losing any. Retention pruning
+    /// deletes at most 1,000 rows per statement. Returns the journal and its
+    /// writer, a future to spawn.
+    #[cfg(feature = "sql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
+    pub async fn connect(
+        url: &str,
+        options: JournalOptions,
+    ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), JournalError> {
+        let db = self::sql::SqlDb::connect(url).await?;
+        let (tx, rx) = mpsc::channel(options.capacity.max(1));
+        let journal = Self {
+            tx,
+            dropped: Arc::default(),
+            db: Backend::Sql(db.clone()),
+        };
+        let writer = db.write_loop(rx, options.retention, options.prune_every);
+        Ok((journal, writer))
+    }
+
+    /// Adds `event`; when the channel is full it is dropped and counted
+    /// (with the `metrics` feature also as `idempotency_journal_dropped_total`).
     pub fn record(&self, event: JournalEvent) {
         if self.tx.try_send(Command::Event(event)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            metrics::counter!("idempotency_journal_dropped_total").increment(1);
         }
     }
 
@@ -379,12 +383,20 @@ impl Journal {
     }
 
     /// The record of `key`.
-    pub fn get(&self, key: &str) -> Result<Option<JournalRecord>, JournalError> {
-        self.db.get(key)
+    pub async fn get(&self, key: &str) -> Result<Option<JournalRecord>, JournalError> {
+        match &self.db {
+            Backend::Redb(db) => db.get(key),
+            #[cfg(feature = "sql")]
+            Backend::Sql(db) => db.get(key).await,
+        }
     }
 
     /// The records `filter` selects, oldest last copy first.
-    pub fn query(&self, filter: &JournalFilter) -> Result<Vec<JournalRecord>, JournalError> {
-        self.db.query(filter)
+    pub async fn query(&self, filter: &JournalFilter) -> Result<Vec<JournalRecord>, JournalError> {
+        match &self.db {
+            Backend::Redb(db) => db.query(filter),
+            #[cfg(feature = "sql")]
+            Backend::Sql(db) => db.query(filter).await,
+        }
     }
 }

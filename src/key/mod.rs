@@ -50,7 +50,7 @@ mod xml;
 
 pub use crate::fingerprint::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
-#[cfg(feature = "proxy")]
+#[cfg(any(feature = "proxy", feature = "journal"))]
 pub(crate) use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
@@ -64,7 +64,7 @@ pub(crate) use service::is_guarded_method;
 pub use service::{Key, KeyLayer, ResponseFuture};
 #[cfg(feature = "verify")]
 pub(crate) use unique::unique_members;
-#[cfg(feature = "verify")]
+#[cfg(any(feature = "verify", feature = "journal"))]
 pub(crate) use xml::flat_fields;
 
 use bytes::Bytes;
@@ -76,6 +76,19 @@ use std::sync::Arc;
 /// of the request; put it into the request extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FingerprintExtra(pub Bytes);
+
+/// The request a guarded response answered, as the [`KeyLayer`] buffered
+/// it: put into the response's extensions when
+/// [`KeyLayer::capture_request`] is on, for outer code that records it (a
+/// journal). `decrypted` is the WeChat Pay v3 resource the verify layer
+/// decrypted, when it did. Both are shared (reference-counted), not copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedRequest {
+    /// The body as received.
+    pub body: Bytes,
+    /// The decrypted WeChat Pay v3 `resource`, if the route decrypts.
+    pub decrypted: Option<Bytes>,
+}
 
 /// The scoped idempotency key of a request, put into its extensions by the
 /// [`KeyLayer`].

@@ -1,5 +1,6 @@
 use super::{
-    route_of, ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal, Principal,
+    route_of, CapturedRequest, ExtractKey, FingerprintExtra, IdempotencyKey, KeyBody, NoPrincipal,
+    Principal,
 };
 use crate::body::text_response_owned;
 use crate::body::{too_large, BodyBuffer};
@@ -37,6 +38,7 @@ pub(crate) struct KeyConfig {
     pub(crate) required: bool,
     pub(crate) describe: Arc<str>,
     pub(crate) consume_token: bool,
+    pub(crate) capture: bool,
 }
 
 impl KeyLayer {
@@ -62,6 +64,7 @@ impl KeyLayer {
                 required: true,
                 describe,
                 consume_token: false,
+                capture: false,
             },
         }
     }
@@ -118,6 +121,15 @@ impl KeyLayer {
     /// consume. Defaults to `false`.
     pub fn consume_token(mut self, consume: bool) -> Self {
         self.config.consume_token = consume;
+        self
+    }
+
+    /// Whether each response of a request that had a key carries the
+    /// request's buffered body (and the decrypted WeChat Pay v3 resource) as
+    /// a [`CapturedRequest`] in its extensions, for a journal. Defaults to
+    /// `false`.
+    pub fn capture_request(mut self, capture: bool) -> Self {
+        self.config.capture = capture;
         self
     }
 
@@ -279,6 +291,7 @@ pin_project! {
         Calling {
             #[pin]
             fut: S::Future,
+            captured: Option<CapturedRequest>,
         },
         Done {
             res: Option<Response<ResBody>>,
@@ -381,6 +394,24 @@ fn admit<B: From<Bytes>>(
     }
 }
 
+/// What [`KeyLayer::capture_request`] keeps of a request that has a key.
+fn capture(config: &KeyConfig, parts: &Parts, body: &Bytes) -> Option<CapturedRequest> {
+    if !config.capture || parts.extensions.get::<IdempotencyKey>().is_none() {
+        return None;
+    }
+    #[cfg(feature = "verify")]
+    let decrypted = parts
+        .extensions
+        .get::<crate::verify::DecryptedResource>()
+        .map(|d| d.0.clone());
+    #[cfg(not(feature = "verify"))]
+    let decrypted = None;
+    Some(CapturedRequest {
+        body: body.clone(),
+        decrypted,
+    })
+}
+
 impl<ReqBody, S, ResBody> Future for ResponseFuture<ReqBody, S, ResBody>
 where
     S: Service<Request<KeyBody>, Response = Response<ResBody>>,
@@ -416,14 +447,25 @@ where
                             let body = std::mem::take(buf).into_bytes();
                             match admit(config, &mut parts, &body) {
                                 Err(res) => State::Done { res: Some(res) },
-                                Ok(()) => State::Calling {
-                                    fut: inner.call(Request::from_parts(parts, Full::new(body))),
-                                },
+                                Ok(()) => {
+                                    let captured = capture(config, &parts, &body);
+                                    State::Calling {
+                                        fut: inner
+                                            .call(Request::from_parts(parts, Full::new(body))),
+                                        captured,
+                                    }
+                                }
                             }
                         }
                     }
                 }
-                StateProj::Calling { fut } => return fut.poll(cx),
+                StateProj::Calling { fut, captured } => {
+                    let mut res = ready!(fut.poll(cx));
+                    if let (Ok(res), Some(captured)) = (&mut res, captured.take()) {
+                        res.extensions_mut().insert(captured);
+                    }
+                    return Poll::Ready(res);
+                }
                 StateProj::Done { res } => {
                     return Poll::Ready(Ok(res.take().expect("polled after completion")))
                 }

@@ -30,6 +30,7 @@ pub struct GatewayBuilder<S> {
     queue: Option<IngestFn>,
     bodies: BodyLimits,
     stores: Option<PickStore<S>>,
+    capture: bool,
 }
 
 /// The function that picks a route's store for one of its presets.
@@ -57,6 +58,7 @@ impl<S: Store> Gateway<S> {
             queue: None,
             bodies: BodyLimits::new(),
             stores: None,
+            capture: false,
         }
     }
 }
@@ -137,6 +139,16 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// Whether every guarded response carries its request as a
+    /// [`CapturedRequest`](crate::key::CapturedRequest) in its extensions
+    /// (the body, and the decrypted WeChat Pay v3 resource where the route
+    /// decrypts), for a journal that records bodies or business ids.
+    /// Defaults to `false`.
+    pub fn capture_requests(mut self, capture: bool) -> Self {
+        self.capture = capture;
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
@@ -160,6 +172,7 @@ impl<S: Store> GatewayBuilder<S> {
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
         let bodies = Arc::new(self.bodies);
         let pick = self.stores;
+        let capture = self.capture;
         let routes = self.routes.map(|prefix, (target, options)| {
             let store_for = |preset: &Preset| match &pick {
                 Some(pick) => (pick.0)(prefix, preset),
@@ -186,6 +199,7 @@ impl<S: Store> GatewayBuilder<S> {
                 let store = store_for(&preset);
                 options
                     .layer(preset, store)
+                    .capture_request(capture)
                     .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
@@ -216,6 +230,7 @@ impl<S: Store> GatewayBuilder<S> {
                         };
                         let layer = options
                             .layer(preset.clone(), store_for(&preset))
+                            .capture_request(capture)
                             .route(prefix);
                         ack = Some(layer.front(ingest));
                     }

@@ -1,0 +1,134 @@
+//! A journal record: everything the journal knows of one stored key.
+
+use super::JournalEvent;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Everything the journal knows of one stored key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalRecord {
+    /// The stored key (`prefix:preset:route:principal:key`).
+    pub key: String,
+    /// The preset that guarded it.
+    pub preset: String,
+    /// The route it came in on.
+    pub route: String,
+    /// When the first copy came, in milliseconds since the Unix epoch.
+    pub first_seen_ms: u64,
+    /// When the last copy came.
+    pub last_seen_ms: u64,
+    /// How many copies came.
+    pub copies: u64,
+    /// How many copies got each outcome (`executed`, `replayed`, `waited`,
+    /// `mismatch`, `shed`, ...), and on acknowledge-then-deliver routes how
+    /// many delivery attempts ended `delivered` or `delivery_failed`.
+    pub outcomes: BTreeMap<String, u64>,
+    /// The status the last copy was answered.
+    pub last_status: Option<u16>,
+    /// What the upstream answered the last copy that reached it.
+    pub upstream_status: Option<u16>,
+    /// How long that upstream call took, in milliseconds.
+    pub upstream_ms: Option<u64>,
+    /// Delivery attempts from the queue (acknowledge-then-deliver routes).
+    pub attempts: u64,
+    /// Operators' actions on the key, oldest first (at most 16 kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The channel's transaction id, when the notification carries it in
+    /// the clear (see [`Business::read`](super::Business::read)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_id: Option<String>,
+    /// The merchant's order number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_trade_no: Option<String>,
+    /// The order's amount in minor units (fen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_minor: Option<i64>,
+    /// The trade state the notification reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trade_state: Option<String>,
+    /// The raw body of the first copy that had one, when bodies are kept
+    /// (at most the configured size; see [`JournalEvent::body`](super::JournalEvent::body)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The size of that body as received, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_bytes: Option<u64>,
+    /// Whether `body` holds only the first part of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub body_truncated: bool,
+}
+
+impl JournalRecord {
+    pub(super) fn first(event: &JournalEvent) -> Self {
+        Self {
+            key: event.key.to_string(),
+            preset: event.preset.to_string(),
+            route: event.route.to_string(),
+            first_seen_ms: event.at_ms,
+            last_seen_ms: event.at_ms,
+            copies: 0,
+            outcomes: BTreeMap::new(),
+            last_status: None,
+            upstream_status: None,
+            upstream_ms: None,
+            attempts: 0,
+            notes: Vec::new(),
+            transaction_id: None,
+            out_trade_no: None,
+            amount_minor: None,
+            trade_state: None,
+            body: None,
+            body_bytes: None,
+            body_truncated: false,
+        }
+    }
+
+    /// Adds one event; an operator's note is not a copy.
+    pub(super) fn add(&mut self, event: &JournalEvent) {
+        self.first_seen_ms = self.first_seen_ms.min(event.at_ms);
+        self.last_seen_ms = self.last_seen_ms.max(event.at_ms);
+        if let Some(note) = &event.note {
+            if self.notes.len() == MAX_NOTES {
+                self.notes.remove(0);
+            }
+            self.notes.push(note.clone());
+            return;
+        }
+        // A delivery attempt from the queue is not a copy the channel sent.
+        self.copies += u64::from(!event.attempt);
+        *self.outcomes.entry(event.outcome.to_owned()).or_default() += 1;
+        if event.status.is_some() {
+            self.last_status = event.status;
+        }
+        if let Some((status, ms)) = event.upstream {
+            self.upstream_status = Some(status);
+            self.upstream_ms = Some(ms);
+        }
+        self.attempts += u64::from(event.attempt);
+        // The copy that ran says what the notification is about; another
+        // only fills in what is not known yet.
+        if let Some(b) = &event.business {
+            let ran = event.outcome == "executed";
+            let set = |field: &mut Option<String>, value: &Option<String>| {
+                if ran || field.is_none() {
+                    *field = value.clone().or(field.take());
+                }
+            };
+            set(&mut self.transaction_id, &b.transaction_id);
+            set(&mut self.out_trade_no, &b.out_trade_no);
+            set(&mut self.trade_state, &b.trade_state);
+            if ran || self.amount_minor.is_none() {
+                self.amount_minor = b.amount_minor.or(self.amount_minor);
+            }
+        }
+        if let (None, Some(body)) = (&self.body, &event.body) {
+            let (text, len, truncated) = &**body;
+            self.body = Some(text.clone());
+            self.body_bytes = Some(*len);
+            self.body_truncated = *truncated;
+        }
+    }
+}
+
+const MAX_NOTES: usize = 16;
