@@ -33,24 +33,34 @@ pub fn gateway_bin() -> PathBuf {
     let built = std::fs::metadata(&bin)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| panic!("{} is missing: {build}", bin.display()));
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway");
-    if let Some(changed) = newest(&sources) {
-        assert!(
-            built >= changed,
-            "{} is older than {}: {build}",
-            bin.display(),
-            sources.display()
-        );
+    // The gateway's own files and the library it is built on.
+    for part in ["examples/gateway", "src"] {
+        let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join(part);
+        if let Some(changed) = newest(&sources) {
+            assert!(
+                built >= changed,
+                "{} is older than {}: {build}",
+                bin.display(),
+                sources.display()
+            );
+        }
     }
     bin
 }
 
-/// The newest modification time of the files in `dir`.
+/// The newest modification time of the files under `dir`, at any depth.
 fn newest(dir: &Path) -> Option<SystemTime> {
     std::fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
-        .filter_map(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            if meta.is_dir() {
+                newest(&e.path())
+            } else {
+                meta.modified().ok()
+            }
+        })
         .max()
 }
 
