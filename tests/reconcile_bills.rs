@@ -274,6 +274,40 @@ fn a_queued_notification_whose_deliveries_all_failed_never_ran() {
     );
 }
 
+/// A copy whose call outlived the reply deadline got the retryable answer;
+/// the call finished in the background and the retry was replayed: it ran.
+#[test]
+fn a_call_that_outlived_the_reply_deadline_and_was_replayed_ran() {
+    let bill = Bill {
+        lines: vec![line(2, "late", 100), line(3, "late-lost", 100)],
+        skipped: 0,
+    };
+    let with = |key: &str, id: &str, outcomes: serde_json::Value| {
+        let mut r = record(key, "wechatpay-v2", id, 100, "SUCCESS", 0);
+        r.outcomes = serde_json::from_value(outcomes).unwrap();
+        r
+    };
+    let records = vec![
+        with(
+            "k1",
+            "late",
+            serde_json::json!({"reply_deadline": 1, "replayed": 2}),
+        ),
+        // Past the deadline and never answered from a record: not known to run.
+        with(
+            "k2",
+            "late-lost",
+            serde_json::json!({"reply_deadline": 1, "completion_abandoned": 1}),
+        ),
+    ];
+    let found = reconcile(&bill, &records, &["wechatpay-v2"]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].kind, found[0].transaction_id.as_str()),
+        (FindingKind::NeverRan, "late-lost")
+    );
+}
+
 #[test]
 fn old_journal_records_without_business_ids_still_read() {
     // A record as journals before business ids wrote it.

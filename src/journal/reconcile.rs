@@ -63,7 +63,10 @@ pub fn channel_presets(channel: &str) -> &'static [&'static str] {
 /// (`presets`, from [`channel_presets`]): every paid transaction must have
 /// run exactly once, with the bill's amount. A record "ran" when a copy of
 /// it got the outcome `executed` (on an acknowledge-then-deliver route, when
-/// also a delivery attempt ended `delivered`, or none was made yet); it is the transaction's when its
+/// also a delivery attempt ended `delivered`, or none was made yet), or when
+/// a copy's call outlived the reply deadline (`reply_deadline`) and a later
+/// copy was `replayed` or `waited`: the call finished in the background and
+/// its success was recorded; it is the transaction's when its
 /// `transaction_id` is the bill's (or, lacking one, its `out_trade_no`), and
 /// only records of a successful payment count (a refund notification is no
 /// second run). Amounts are compared exactly, in minor units. Findings come
@@ -79,7 +82,10 @@ pub fn reconcile(bill: &Bill, records: &[JournalRecord], presets: &[&str]) -> Ve
         let count = |outcome: &str| r.outcomes.get(outcome).copied().unwrap_or(0);
         // On an acknowledge-then-deliver route `executed` is the copy
         // queued: it ran once a delivery attempt reached the upstream.
-        let ran = count("executed") > 0 && (r.attempts == 0 || count("delivered") > 0);
+        let ran = count("executed") > 0 && (r.attempts == 0 || count("delivered") > 0)
+            // The first copy's call outlived the reply deadline, finished in
+            // the background, and a retry was answered from its record.
+            || (count("reply_deadline") > 0 && count("replayed") + count("waited") > 0);
         if !(paid && ran && presets.contains(&r.preset.as_str())) {
             continue;
         }
