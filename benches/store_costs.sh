@@ -9,10 +9,11 @@
 #
 #   benches/store_costs.sh       # needs redis-server and PostgreSQL (initdb, postgres)
 #   RUNS=5 TRANSACTIONS=10000 benches/store_costs.sh
+#   PG_SYNC=off benches/store_costs.sh   # PostgreSQL's commits not waiting for the disk
 #
 # It starts its own Redis (no persistence) and PostgreSQL (its defaults:
-# fsync and synchronous_commit on; as the `postgres` user when run as root)
-# on free ports in a temp dir, and stops them on exit.
+# fsync and synchronous_commit on, unless PG_SYNC=off; as the `postgres`
+# user when run as root) on free ports in a temp dir, and stops them on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -39,7 +40,8 @@ fi
 "${as_pg[@]}" "$pgbin/initdb" -D "$TMP/pg/data" -U postgres -A trust -E UTF8 >/dev/null
 P=$(free_port)
 "${as_pg[@]}" "$pgbin/postgres" -D "$TMP/pg/data" -p "$P" -k "$TMP/pg" \
-    -c listen_addresses=127.0.0.1 -c max_connections=300 >"$TMP/pg/log" 2>&1 &
+    -c listen_addresses=127.0.0.1 -c max_connections=300 \
+    -c synchronous_commit="${PG_SYNC:-on}" >"$TMP/pg/log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do grep -q "ready to accept connections" "$TMP/pg/log" && break; sleep 0.1; done
 
