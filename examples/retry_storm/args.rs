@@ -368,3 +368,44 @@ fn positive(flag: &str, value: &str) -> Result<usize, String> {
         _ => Err(format!("{flag}: `{value}` is not a positive whole number")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(value: &str) -> Result<StoreArg, String> {
+        let argv = ["--store", value].map(String::from).into_iter();
+        match parse_args(argv)? {
+            Parsed::Run(args) => Ok(args.store),
+            Parsed::Help => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn stores_parse() {
+        assert_eq!(store("memory"), Ok(StoreArg::Memory));
+        let pg = "postgres://me@127.0.0.1:5432/shop";
+        assert_eq!(store(pg), Ok(StoreArg::Sql(pg.into())));
+        assert_eq!(
+            store("sqlite:/tmp/s.db"),
+            Ok(StoreArg::Sql("sqlite:/tmp/s.db".into()))
+        );
+        assert_eq!(
+            store(&format!("tiered:redis://:p+w@h:1+{pg}")),
+            Ok(StoreArg::Tiered {
+                redis: "redis://:p+w@h:1".into(),
+                sql: pg.into(),
+            })
+        );
+        for bad in [
+            "tiered:redis://h:1",
+            "tiered:postgres://h/db+redis://h:1",
+            "tiered:redis://h:1+redis://h:2",
+            "sqlite::memory:",
+            "postgres://",
+            "http://h",
+        ] {
+            assert!(store(bad).is_err(), "{bad}");
+        }
+    }
+}
