@@ -12,6 +12,8 @@
 //! The numbers are the ones the README and BENCHMARKS.md document.
 #![cfg(feature = "sql")]
 
+#[cfg(feature = "redis")]
+mod support_redis;
 mod support_sql;
 
 use bytes::Bytes;
@@ -148,6 +150,17 @@ type Svc = tower::util::BoxCloneService<
     std::convert::Infallible,
 >;
 
+/// `url` (`postgres://…@127.0.0.1:PORT/…`) through a counting proxy.
+async fn proxied(url: &str, wire: &Arc<Wire>) -> String {
+    let port: u16 = url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .expect("a port in the URL");
+    let proxy = counting_proxy(port, wire.clone()).await;
+    url.replace(&format!(":{port}/"), &format!(":{proxy}/"))
+}
+
 /// The key and dedup layers over `store`, in front of a handler that
 /// answers at once.
 fn stack<St: Store>(store: St) -> Svc {
@@ -184,20 +197,7 @@ async fn send(svc: &Svc, key: &str) -> bool {
 /// connection it takes back in a task of its own, after the call returned:
 /// each reading waits until `count` has not moved for a while.
 async fn costs(svc: &Svc, prefix: &str, count: impl Fn() -> usize) -> (usize, usize) {
-    let settled = || async {
-        let mut last = count();
-        let mut still = 0;
-        for _ in 0..200 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            let now = count();
-            still = if now == last { still + 1 } else { 0 };
-            last = now;
-            if still == 6 {
-                return now;
-            }
-        }
-        panic!("the counter never settled");
-    };
+    let settled = || settled(&count);
     for i in 0..3 {
         let key = format!("{prefix}-warm-{i}");
         assert!(!send(svc, &key).await);
@@ -210,6 +210,22 @@ async fn costs(svc: &Svc, prefix: &str, count: impl Fn() -> usize) -> (usize, us
     assert!(send(svc, &key).await, "a repeat replays");
     let replay = settled().await;
     (first - before, replay - first)
+}
+
+/// `count()` once it has not moved for 300 ms.
+async fn settled(count: &impl Fn() -> usize) -> usize {
+    let mut last = count();
+    let mut still = 0;
+    for _ in 0..200 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let now = count();
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+        if still == 6 {
+            return now;
+        }
+    }
+    panic!("the counter never settled");
 }
 
 fn statements() -> usize {
@@ -239,17 +255,9 @@ async fn postgres_round_trips_per_request_are_as_documented() {
     let _alone = ONE_AT_A_TIME.lock().await;
     count_statements();
     let wire = Arc::new(Wire::default());
-    let port: u16 = pg
-        .url()
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .expect("a port in the URL");
-    let proxy = counting_proxy(port, wire.clone()).await;
-    let url = pg
-        .url()
-        .replace(&format!(":{port}/"), &format!(":{proxy}/"));
-    let store = SqlStore::connect(&url).await.unwrap();
+    let store = SqlStore::connect(&proxied(pg.url(), &wire).await)
+        .await
+        .unwrap();
     let svc = stack(store);
     let prefix = format!(
         "rt-{:x}",
@@ -267,4 +275,71 @@ async fn postgres_round_trips_per_request_are_as_documented() {
     // takes it back: 3 per statement, 2 of them on the request's path.
     assert_eq!(first, 6, "round trips per first delivery");
     assert_eq!(replay, 6, "round trips per replay");
+}
+
+/// Redis in front of PostgreSQL: a first delivery costs both stores' claim
+/// and completion; a repeat on the instance that completed it costs
+/// nothing (Redis's local tier); on another instance, one Redis claim and
+/// no statement.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_costs_per_request_are_as_documented() {
+    use tower_idempotency::store::{RedisStore, TieredStore};
+    if !support_redis::redis_available() {
+        return;
+    }
+    let Some(pg) = support_sql::shared_postgres() else {
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = support_redis::RedisServer::start();
+    let wire = Arc::new(Wire::default());
+    let sql = SqlStore::connect(&proxied(pg.url(), &wire).await)
+        .await
+        .unwrap();
+    let instance = || async {
+        let front = RedisStore::standalone(redis.url()).await.unwrap();
+        stack(TieredStore::new(front, sql.clone()))
+    };
+    let (one, other) = (instance().await, instance().await);
+    let evalsha = || {
+        let info = support_redis::raw_command(redis.port(), "INFO commandstats").unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    };
+    let prefix = format!(
+        "tiered-{:x}",
+        tower_idempotency::store::OwnerToken::new().as_u128()
+    );
+    // Load the scripts, prepare the statements.
+    for i in 0..3 {
+        let key = format!("{prefix}-warm-{i}");
+        assert!(!send(&one, &key).await);
+        assert!(send(&other, &key).await);
+    }
+    let both = || (evalsha(), wire.counts());
+    let cost = |a: (usize, (usize, usize)), b: (usize, (usize, usize))| {
+        (b.0 - a.0, b.1 .1 - a.1 .1, b.1 .0 - a.1 .0)
+    };
+    let key = format!("{prefix}-measured");
+    settled(&|| wire.counts().0).await;
+    let start = both();
+    assert!(!send(&one, &key).await, "a first delivery runs");
+    settled(&|| wire.counts().0).await;
+    let first = both();
+    assert!(send(&one, &key).await, "a repeat replays");
+    settled(&|| wire.counts().0).await;
+    let same = both();
+    assert!(send(&other, &key).await, "a repeat elsewhere replays");
+    settled(&|| wire.counts().0).await;
+    let elsewhere = both();
+    // (EVALSHA, statements, PostgreSQL round trips)
+    assert_eq!(cost(start, first), (2, 2, 6), "first delivery");
+    assert_eq!(cost(first, same), (0, 0, 0), "repeat on the same instance");
+    assert_eq!(
+        cost(same, elsewhere),
+        (1, 0, 0),
+        "repeat on another instance"
+    );
 }
