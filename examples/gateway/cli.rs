@@ -46,9 +46,14 @@ pub struct Args {
     /// http[s]://HOST:PORT[/BASE] of the service behind the gateway
     #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_UPSTREAM", value_parser = parse::upstream)]
     pub upstream: Option<Upstream>,
-    /// memory (default) | redis://HOST:PORT | redis+cluster://HOST:PORT[,HOST:PORT...]
+    /// memory (default) | redis://HOST:PORT | redis+cluster://HOST:PORT[,HOST:PORT...] |
+    /// postgres://… | mysql://… | sqlite:PATH
     #[arg(long, value_name = "STORE", env = "IDEMPOTENCY_GATEWAY_STORE", value_parser = parse::store)]
     pub store: Option<parse::StoreSpec>,
+    /// postgres://… | mysql://… | sqlite:PATH behind a Redis --store: completed records
+    /// are written through to it and a Redis miss (or data loss) is answered from it (default: none)
+    #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_BACKSTOP", value_parser = parse::backstop)]
+    pub backstop: Option<String>,
     /// Repeatable; longest prefix wins; default /=auto. PRESET: auto, wechatpay-v3,
     /// wechatpay-v2, alipay, stripe, paypal, adyen, standard-webhooks, idempotency-key,
     /// client-token (GET PREFIX/idempotency-token issues tokens)

@@ -42,6 +42,7 @@ struct File {
     listen: Field,
     upstream: Field,
     store: Field,
+    backstop: Field,
     window: Field,
     lease: Field,
     wait: Field,
@@ -108,6 +109,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub upstream: Upstream,
     pub store: StoreSpec,
+    /// The SQL database behind the Redis store (`--backstop`).
+    pub backstop: Option<String>,
     /// Prefix, target and the route's options (global values applied).
     pub routes: Vec<(String, Target, RouteOptions)>,
     pub metrics_listen: Option<SocketAddr>,
@@ -187,6 +190,9 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         .upstream
         .or(at.value(&file.upstream, "upstream", parse::upstream)?);
     let store = args.store.or(at.value(&file.store, "store", parse::store)?);
+    let backstop = args
+        .backstop
+        .or(at.value(&file.backstop, "backstop", parse::backstop)?);
     let global = Global {
         window: args
             .window
@@ -292,6 +298,13 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         .or(at.size(&file.max_memory, "max_memory")?)
         .unwrap_or(DEFAULT_MAX_MEMORY);
     let store = store.unwrap_or(StoreSpec::Memory);
+    if backstop.is_some() && !matches!(store, StoreSpec::Redis(_) | StoreSpec::Cluster(_)) {
+        return Err(
+            "`--backstop` goes behind a Redis store: give `--store redis://HOST:PORT` \
+                    or `--store redis+cluster://…` with it"
+                .into(),
+        );
+    }
     let budgets = match store {
         StoreSpec::Memory => crate::store::split(max_memory, &routes, &own_memory)?,
         _ => Vec::new(),
@@ -300,6 +313,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         listen: listen.ok_or("`--listen ADDR` is required")?,
         upstream: upstream.ok_or("`--upstream URL` is required")?,
         store,
+        backstop,
         routes,
         metrics_listen: args.metrics_listen.or(at.value(
             &file.metrics_listen,

@@ -274,7 +274,7 @@ async fn run(
         max_memory: settings.max_memory as u64,
         local_max_memory: settings.local_max_memory as u64,
     };
-    let store = store::connect(&settings.store, &budgets).await?;
+    let store = store::connect(&settings.store, settings.backstop.as_deref(), &budgets).await?;
     let admin = settings.admin_token.clone().map(admin::Admin::new);
     let metrics = match settings.metrics_listen {
         Some(addr) => {
@@ -371,6 +371,7 @@ async fn run(
         listen = %local,
         upstream = %settings.upstream,
         store = store::describe(&store),
+        backstop = %settings.backstop.as_deref().map_or("none".into(), store::redact),
         routes = %routes.join(" "),
         tls = tls.is_some(),
         workers = settings.workers,

@@ -84,6 +84,19 @@ pub fn store(s: &str) -> Result<StoreSpec, String> {
     )
 }
 
+/// `--backstop`: a SQL database (`postgres://…`, `mysql://…`, `sqlite:PATH`)
+/// behind the Redis `--store`.
+pub fn backstop(s: &str) -> Result<String, String> {
+    match store(s) {
+        Ok(StoreSpec::Sql(url)) => Ok(url),
+        Ok(_) | Err(_) => Err(
+            "expected a SQL database behind the Redis store: postgres://…, mysql://… or \
+             sqlite:PATH"
+                .into(),
+        ),
+    }
+}
+
 /// A preset name or `auto`.
 pub fn target(preset: &str) -> Result<Target, String> {
     if preset == "auto" {

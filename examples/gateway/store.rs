@@ -1,18 +1,23 @@
 //! The store picked on the command line: the library's `Either` of the
-//! memory store, Redis, Redis Cluster and a SQL database; with the memory
+//! memory store, Redis, Redis Cluster, a SQL database and Redis (or Redis
+//! Cluster) in front of a SQL database (`--backstop`); with the memory
 //! store, the budget of each route's records.
 
 use crate::parse::StoreSpec;
 use std::collections::HashMap;
 use tower_idempotency::proxy::{RouteOptions, Target};
 use tower_idempotency::store::{
-    Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, SqlStore, Store,
+    Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, SqlStore, Store, TieredStore,
 };
 use tower_idempotency::Preset;
 
 /// The gateway's store; clones share it.
 pub type GatewayStore =
-    Either<MemoryStore, Either<RedisStore, Either<RedisClusterStore, SqlStore>>>;
+    Either<MemoryStore, Either<RedisStore, Either<RedisClusterStore, Either<SqlStore, Backed>>>>;
+
+/// Redis (or Redis Cluster) in front of the `--backstop` database.
+pub type Backed =
+    Either<TieredStore<RedisStore, SqlStore>, TieredStore<RedisClusterStore, SqlStore>>;
 
 /// Budgets of the stores' memory.
 pub struct Budgets {
@@ -22,8 +27,34 @@ pub struct Budgets {
     pub local_max_memory: u64,
 }
 
-/// Connects to the store.
-pub async fn connect(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore, String> {
+/// Connects to the store, and to the `backstop` database behind it (only
+/// with a Redis store: the settings refuse it otherwise).
+pub async fn connect(
+    spec: &StoreSpec,
+    backstop: Option<&str>,
+    budgets: &Budgets,
+) -> Result<GatewayStore, String> {
+    let front = connect_one(spec, budgets).await?;
+    let Some(url) = backstop else {
+        return Ok(front);
+    };
+    let back = SqlStore::connect(url).await.map_err(|e| {
+        let scheme = url.split(':').next().unwrap_or_default();
+        format!("cannot open the {scheme} backstop: {}", scrub(url, e))
+    })?;
+    let tiered = match front {
+        Either::Right(Either::Left(redis)) => Either::Left(TieredStore::new(redis, back)),
+        Either::Right(Either::Right(Either::Left(cluster))) => {
+            Either::Right(TieredStore::new(cluster, back))
+        }
+        _ => return Err("`--backstop` goes behind a Redis store (`--store redis://…`)".into()),
+    };
+    Ok(Either::Right(Either::Right(Either::Right(Either::Right(
+        tiered,
+    )))))
+}
+
+async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore, String> {
     Ok(match spec {
         StoreSpec::Memory => {
             Either::Left(MemoryStore::builder().max_bytes(budgets.max_memory).build())
@@ -45,12 +76,12 @@ pub async fn connect(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
                 .local_max_bytes(budgets.local_max_memory),
         ))),
         // The URL may carry a password: the message names the scheme only.
-        StoreSpec::Sql(url) => Either::Right(Either::Right(Either::Right(
+        StoreSpec::Sql(url) => Either::Right(Either::Right(Either::Right(Either::Left(
             SqlStore::connect(url).await.map_err(|e| {
                 let scheme = url.split(':').next().unwrap_or_default();
                 format!("cannot open the {scheme} store: {e}")
             })?,
-        ))),
+        )))),
     })
 }
 
@@ -60,16 +91,36 @@ pub fn describe(store: &GatewayStore) -> &'static str {
         Either::Left(_) => "memory",
         Either::Right(Either::Left(_)) => "redis",
         Either::Right(Either::Right(Either::Left(_))) => "redis-cluster",
-        Either::Right(Either::Right(Either::Right(_))) => "sql",
+        Either::Right(Either::Right(Either::Right(Either::Left(_)))) => "sql",
+        Either::Right(Either::Right(Either::Right(Either::Right(Either::Left(_))))) => {
+            "redis+sql-backstop"
+        }
+        Either::Right(Either::Right(Either::Right(Either::Right(Either::Right(_))))) => {
+            "redis-cluster+sql-backstop"
+        }
     }
 }
 
-/// Whether the store answers: one read of a key nobody writes.
+/// Whether the store answers: one read of a key nobody writes; with a
+/// backstop, in Redis and in the database both.
 pub async fn ready(store: &GatewayStore) -> bool {
-    store
-        .take_token("gateway:readyz-probe", OwnerToken::new())
-        .await
-        .is_ok()
+    async fn answers(store: &impl Store) -> bool {
+        store
+            .take_token("gateway:readyz-probe", OwnerToken::new())
+            .await
+            .is_ok()
+    }
+    match store {
+        Either::Right(Either::Right(Either::Right(Either::Right(Either::Left(t))))) => {
+            let (front, back) = tokio::join!(answers(t.front()), answers(t.back()));
+            front && back
+        }
+        Either::Right(Either::Right(Either::Right(Either::Right(Either::Right(t))))) => {
+            let (front, back) = tokio::join!(answers(t.front()), answers(t.back()));
+            front && back
+        }
+        other => answers(other).await,
+    }
 }
 
 /// The smallest memory budget of one route's records (of each half of an

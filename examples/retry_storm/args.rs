@@ -11,14 +11,18 @@ pub(crate) const USAGE: &str = "\
 usage: retry_storm [--transactions N] [--duplicates K] [--concurrency C]
                    [--handler-ms MS] [--failure-rate F]
                    [--baseline compare|none|dedup|axum-idempotent|axum-idempotent-nocookie]
-                   [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]]
-                   [--instances N] [--scenario burst|double-submit|outage] [--limit N] [--json]
+                   [--store memory|redis://HOST:PORT|redis+cluster://HOST:PORT[,HOST:PORT...]
+                            |postgres://…|mysql://…|sqlite:PATH|tiered:redis://HOST:PORT+postgres://…]
+                   [--instances N] [--scenario burst|double-submit|outage] [--limit N]
+                   [--repeat] [--json]
 
 With no --baseline, runs the naive handler (none) and the guarded stack (dedup)
 on the same storm and prints them side by side; with --json alone, runs dedup.
 --scenario outage: the backlog after an outage (default 600 notifications x 3
 copies) against a fragile upstream, through the gateway with no limit and with
---limit (default 20) upstream calls at once.";
+--limit (default 20) upstream calls at once.
+--repeat: after the storm, every notification once more (each a replay of its
+completed record), measured apart.";
 
 /// One system under the storm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,12 +99,69 @@ pub(crate) enum StoreArg {
     Memory,
     Redis(String),
     Cluster(Vec<String>),
+    /// `postgres://…`, `mysql://…`, `sqlite:PATH`.
+    Sql(String),
+    /// `tiered:REDIS+SQL`: Redis in front of a SQL database.
+    Tiered {
+        redis: String,
+        sql: String,
+    },
 }
 
+/// The schemes of a SQL database's URL.
+const SQL_SCHEMES: [&str; 5] = [
+    "postgres://",
+    "postgresql://",
+    "mysql://",
+    "mariadb://",
+    "sqlite:",
+];
+
 impl StoreArg {
+    /// What the store is, for people.
+    pub(crate) fn describe(&self) -> &'static str {
+        match self {
+            StoreArg::Memory => "memory",
+            StoreArg::Redis(_) => "Redis",
+            StoreArg::Cluster(_) => "Redis Cluster",
+            StoreArg::Sql(url) if url.starts_with("sqlite:") => "SQLite",
+            StoreArg::Sql(url) if url.starts_with("postgres") => "PostgreSQL",
+            StoreArg::Sql(_) => "MySQL",
+            StoreArg::Tiered { .. } => "Redis in front of SQL",
+        }
+    }
+
     fn parse(value: &str) -> Result<Self, String> {
         if value == "memory" {
             return Ok(Self::Memory);
+        }
+        if let Some(both) = value.strip_prefix("tiered:") {
+            // The SQL URL starts at the first `+` followed by a SQL scheme.
+            let split = both.match_indices('+').map(|(at, _)| at).find(|&at| {
+                SQL_SCHEMES
+                    .iter()
+                    .any(|scheme| both[at + 1..].starts_with(scheme))
+            });
+            if let Some(at) = split {
+                let (redis, sql) = (&both[..at], &both[at + 1..]);
+                if let (Ok(Self::Redis(redis)), Ok(Self::Sql(sql))) =
+                    (Self::parse(redis), Self::parse(sql))
+                {
+                    return Ok(Self::Tiered { redis, sql });
+                }
+            }
+            return Err(format!(
+                "--store: `{value}` is not `tiered:redis://HOST:PORT+postgres://…` (or +mysql://…, +sqlite:PATH)"
+            ));
+        }
+        if SQL_SCHEMES
+            .iter()
+            .any(|scheme| value.len() > scheme.len() && value.starts_with(scheme))
+        {
+            if value == "sqlite::memory:" {
+                return Err("--store: sqlite:PATH needs a file".into());
+            }
+            return Ok(Self::Sql(value.to_owned()));
         }
         if value.starts_with("redis://") || value.starts_with("rediss://") {
             return Ok(Self::Redis(value.to_owned()));
@@ -116,7 +177,7 @@ impl StoreArg {
             }
         }
         Err(format!(
-            "--store: `{value}` is not `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]`"
+            "--store: `{value}` is not `memory`, `redis://HOST:PORT`, `redis+cluster://HOST:PORT[,HOST:PORT...]`, `postgres://…`, `mysql://…`, `sqlite:PATH` or `tiered:redis://HOST:PORT+postgres://…`"
         ))
     }
 }
@@ -138,6 +199,8 @@ pub(crate) struct Args {
     pub(crate) json: bool,
     /// The outage scenario's cap on upstream calls in its shed mode.
     pub(crate) limit: usize,
+    /// After the storm, every notification once more (replays), measured apart.
+    pub(crate) repeat: bool,
 }
 
 impl Default for Args {
@@ -155,6 +218,7 @@ impl Default for Args {
             scenario: Scenario::Burst,
             json: false,
             limit: 20,
+            repeat: false,
         }
     }
 }
@@ -179,11 +243,15 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
         if flag == "--help" || flag == "-h" {
             return Ok(Parsed::Help);
         }
-        if flag == "--json" {
+        if flag == "--json" || flag == "--repeat" {
             if inline.is_some() {
-                return Err("--json takes no value".into());
+                return Err(format!("{flag} takes no value"));
             }
-            args.json = true;
+            if flag == "--json" {
+                args.json = true;
+            } else {
+                args.repeat = true;
+            }
             continue;
         }
         let known = [
@@ -268,6 +336,9 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
             _ => unreachable!("checked against `known` above"),
         }
     }
+    if args.repeat && args.scenario == Scenario::Outage {
+        return Err("--repeat: the outage scenario has its own two runs".into());
+    }
     if args.scenario == Scenario::Outage {
         // The post-mortem's backlog: 600 notifications, 3 copies each.
         if !transactions_given {
@@ -295,5 +366,46 @@ fn positive(flag: &str, value: &str) -> Result<usize, String> {
     match value.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!("{flag}: `{value}` is not a positive whole number")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(value: &str) -> Result<StoreArg, String> {
+        let argv = ["--store", value].map(String::from).into_iter();
+        match parse_args(argv)? {
+            Parsed::Run(args) => Ok(args.store),
+            Parsed::Help => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn stores_parse() {
+        assert_eq!(store("memory"), Ok(StoreArg::Memory));
+        let pg = "postgres://me@127.0.0.1:5432/shop";
+        assert_eq!(store(pg), Ok(StoreArg::Sql(pg.into())));
+        assert_eq!(
+            store("sqlite:/tmp/s.db"),
+            Ok(StoreArg::Sql("sqlite:/tmp/s.db".into()))
+        );
+        assert_eq!(
+            store(&format!("tiered:redis://:p+w@h:1+{pg}")),
+            Ok(StoreArg::Tiered {
+                redis: "redis://:p+w@h:1".into(),
+                sql: pg.into(),
+            })
+        );
+        for bad in [
+            "tiered:redis://h:1",
+            "tiered:postgres://h/db+redis://h:1",
+            "tiered:redis://h:1+redis://h:2",
+            "sqlite::memory:",
+            "postgres://",
+            "http://h",
+        ] {
+            assert!(store(bad).is_err(), "{bad}");
+        }
     }
 }

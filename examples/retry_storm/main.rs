@@ -14,6 +14,7 @@
 //! cargo run --release --example retry_storm -- --baseline axum-idempotent          # the Rust peer
 //! cargo run --release --example retry_storm -- --baseline axum-idempotent-nocookie # … as a channel sees it
 //! cargo run --release --example retry_storm -- --failure-rate 0.2 --json
+//! cargo run --release --example retry_storm -- --baseline dedup --store postgres://me@127.0.0.1:5432/shop --duplicates 1 --repeat
 //! ```
 //!
 //! The upstream keeps an in-memory order table (one `UNPAID` order per
@@ -72,11 +73,12 @@
 //! | `--handler-ms MS` | 5 | simulated work between reading and writing the status (0: a bare yield) |
 //! | `--failure-rate F` | 0 | probability in `[0, 1]` that one handler call answers 500 |
 //! | `--baseline B` | compare (dedup with `--json`) | `compare` (`none`, then `dedup`, side by side), `none` (the handler alone), `dedup` (behind `IdempotencyLayer::wechatpay_v3()`), `axum-idempotent` (behind axum-idempotent 0.6, one session cookie per transaction) or `axum-idempotent-nocookie` (the same, no cookie) |
-//! | `--store S` | memory | `memory`, `redis://HOST:PORT` or `redis+cluster://HOST:PORT[,HOST:PORT...]` (`dedup` and `compare` only; the axum-idempotent modes keep their sessions in memory) |
+//! | `--store S` | memory | `memory`, `redis://HOST:PORT`, `redis+cluster://HOST:PORT[,HOST:PORT...]`, a SQL database (`postgres://USER@HOST:PORT/DB`, `mysql://USER@HOST:PORT/DB`, `sqlite:PATH`; the table is created on connect) or Redis in front of one (`tiered:redis://HOST:PORT+postgres://…`: `TieredStore`; the SQL URL starts at the first `+` followed by its scheme) (`dedup` and `compare` only; the axum-idempotent modes keep their sessions in memory) |
 //! | `--scenario burst\|double-submit` | burst | a channel's storm (copies at once, WeChat Pay v3), or a client's double click (copies of one request with `Idempotency-Key` spread over 100 ms, route `/orders`) |
 //! | `--scenario outage` | | the storm after an outage: `--transactions` (default 600) distinct WeChat Pay v3 notifications x `--duplicates` (default 3) copies released at once against a fragile upstream (50 ms calls; above 20 at once every extra call hangs 3 s, then 503), through the library's `Gateway`, with no limit and then with `--limit` upstream calls at once; the client retries each copy every second until acknowledged (120 s at most) |
 //! | `--limit N` | 20 | the outage scenario's `CallLimit` in its shed mode |
 //! | `--instances N` | 1 | independent stacks (each on its own server) sharing the store; copies and retries spread over them |
+//! | `--repeat` | off | after the storm, send every notification once more (one copy, fresh nonces): each is a replay of its completed record; measured and printed apart (not with `--scenario outage`) |
 //! | `--json` | off | also print one JSON object as the last line |
 //!
 //! # Output
@@ -87,6 +89,8 @@
 //! line is always the guarded stack's when it ran), with the keys `requests`,
 //! `transactions`, `handler_executions`, `duplicate_executions`, `lost`,
 //! `throughput_rps`, `p50_ms`, `p99_ms`, `max_ms` and `peak_rss_mb`.
+//! With `--repeat`, each system's line is followed by its repeat pass's,
+//! which has `"phase":"repeat"` besides.
 //!
 //! - `requests`: HTTP requests sent, retries included.
 //! - `handler_executions`: `doAfterPay` runs over all transactions.
@@ -113,7 +117,7 @@ mod upstream;
 use std::process::ExitCode;
 
 use args::{parse_args, Args, Baseline, Parsed, USAGE};
-use report::{json_line, print_side_by_side, print_table, Summary};
+use report::{json_line, print_repeat_side_by_side, print_side_by_side, print_table, Summary};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -147,14 +151,32 @@ async fn storm(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         return outage::run(args).await;
     }
     let summaries: Vec<Summary> = if args.compare {
-        let naive = run::run(args, Baseline::None, run_seed, "naive handler").await?;
-        let guarded = run::run(args, Baseline::Dedup, run_seed, "guarded stack").await?;
+        let (naive, naive_again) =
+            run::run(args, Baseline::None, run_seed, "naive handler").await?;
+        let (guarded, guarded_again) =
+            run::run(args, Baseline::Dedup, run_seed, "guarded stack").await?;
         print_side_by_side(args, &naive, &guarded);
-        vec![naive, guarded]
+        let mut all = vec![naive];
+        all.extend(naive_again.inspect(|naive| {
+            if let Some(guarded) = &guarded_again {
+                println!("\nthen every notification once more (--repeat):\n");
+                print_repeat_side_by_side(naive, guarded);
+            }
+        }));
+        all.push(guarded);
+        all.extend(guarded_again);
+        all
     } else {
-        let summary = run::run(args, args.baseline, run_seed, args.baseline.name()).await?;
+        let (summary, again) =
+            run::run(args, args.baseline, run_seed, args.baseline.name()).await?;
         print_table(args, &summary);
-        vec![summary]
+        let mut all = vec![summary];
+        if let Some(again) = again {
+            println!("\nthen every notification once more (--repeat):");
+            print_table(args, &again);
+            all.push(again);
+        }
+        all
     };
     if args.json {
         for summary in &summaries {

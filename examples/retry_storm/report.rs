@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::args::{Args, StoreArg};
+use crate::args::Args;
 
 /// One system's results under one storm.
 #[derive(Debug)]
@@ -20,6 +20,8 @@ pub(crate) struct Summary {
     pub(crate) p99_ms: f64,
     pub(crate) max_ms: f64,
     pub(crate) peak_rss_mb: f64,
+    /// The `--repeat` pass (every notification once more), not the storm.
+    pub(crate) repeat: bool,
 }
 
 pub(crate) fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
@@ -130,16 +132,42 @@ pub(crate) fn print_side_by_side(args: &Args, naive: &Summary, guarded: &Summary
     println!(
         "  guarded stack: the same handler behind IdempotencyLayer ({} store): one copy runs it,\n  \
          the others wait and get its reply; \"double executions\" and \"lost\" must both be 0.",
-        match args.store {
-            StoreArg::Memory => "memory",
-            StoreArg::Redis(_) => "Redis",
-            StoreArg::Cluster(_) => "Redis Cluster",
-        }
+        args.store.describe()
     );
 }
 
-/// `s` as one JSON object, the keys documented in the example's docs.
+/// The `--repeat` passes of the naive handler and the guarded stack, side
+/// by side.
+pub(crate) fn print_repeat_side_by_side(naive: &Summary, guarded: &Summary) {
+    let rows: [Row; 6] = [
+        ("double executions", |s| s.duplicate_executions.to_string()),
+        ("handler executions", |s| s.handler_executions.to_string()),
+        ("throughput (req/s)", |s| format!("{:.0}", s.throughput_rps)),
+        ("p50 latency (ms)", |s| format!("{:.1}", s.p50_ms)),
+        ("p99 latency (ms)", |s| format!("{:.1}", s.p99_ms)),
+        ("elapsed (s)", |s| format!("{:.2}", s.elapsed.as_secs_f64())),
+    ];
+    println!(
+        "  {:<20} {:>15} {:>15}",
+        "", "naive handler", "guarded stack"
+    );
+    println!("  {:-<20} {:->15} {:->15}", "", "", "");
+    for (name, value) in rows {
+        println!("  {name:<20} {:>15} {:>15}", value(naive), value(guarded));
+    }
+}
+
+/// `s` as one JSON object, the keys documented in the example's docs (and
+/// `"phase":"repeat"` on a `--repeat` pass's).
 pub(crate) fn json_line(s: &Summary) -> serde_json::Value {
+    let mut line = json_fields(s);
+    if s.repeat {
+        line["phase"] = "repeat".into();
+    }
+    line
+}
+
+fn json_fields(s: &Summary) -> serde_json::Value {
     serde_json::json!({
         "requests": s.requests,
         "transactions": s.transactions,

@@ -35,15 +35,23 @@ impl Tally {
     }
 }
 
+/// The servers and the client of one system's runs.
+struct Target {
+    uris: Arc<[http::Uri]>,
+    client: HttpClient,
+}
+
 /// Runs the storm of `args` (its notification ids and nonces drawn from
 /// `run_seed`) against `baseline` and sums up what the client and the
-/// upstream saw. `label` names the run on the progress line.
+/// upstream saw; with `--repeat`, then every notification once more (one
+/// copy, fresh nonces), summed up apart. `label` names the run on the
+/// progress line.
 pub(crate) async fn run(
     args: &Args,
     baseline: Baseline,
     run_seed: u64,
     label: &'static str,
-) -> Result<Summary, Box<dyn std::error::Error>> {
+) -> Result<(Summary, Option<Summary>), Box<dyn std::error::Error>> {
     let ids: Vec<String> = (0..args.transactions)
         .map(|i| notification_id(run_seed, i))
         .collect();
@@ -70,12 +78,46 @@ pub(crate) async fn run(
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector);
+    let target = Target { uris, client };
+    let before = vec![0; ids.len()];
+    let (tally, elapsed) = pass(
+        args,
+        baseline,
+        &target,
+        &ids,
+        args.duplicates,
+        run_seed,
+        label,
+    )
+    .await?;
+    let storm = summary(tally, elapsed, &ids, &upstream, &before, false);
+    if !args.repeat {
+        return Ok((storm, None));
+    }
+    let before: Vec<u32> = ids.iter().map(|id| upstream.executions(id)).collect();
+    // Other nonces than the storm's copies: a channel's retry is re-encrypted.
+    let seed = run_seed.rotate_left(17) ^ 0xA5A5_5A5A;
+    let (tally, elapsed) = pass(args, baseline, &target, &ids, 1, seed, "repeat").await?;
+    let repeat = summary(tally, elapsed, &ids, &upstream, &before, true);
+    Ok((storm, Some(repeat)))
+}
 
+/// Sends each of `ids` `duplicates` times at once, at most
+/// `--concurrency` transactions in flight.
+async fn pass(
+    args: &Args,
+    baseline: Baseline,
+    target: &Target,
+    ids: &[String],
+    duplicates: usize,
+    run_seed: u64,
+    label: &'static str,
+) -> Result<(Tally, Duration), Box<dyn std::error::Error>> {
     let permits = Arc::new(Semaphore::new(args.concurrency));
     let mut transactions = JoinSet::new();
     let mut tally = Tally {
         acked: vec![false; ids.len()],
-        latencies: Vec::with_capacity(ids.len().saturating_mul(args.duplicates).min(1 << 20)),
+        latencies: Vec::with_capacity(ids.len().saturating_mul(duplicates).min(1 << 20)),
         gave_up_copies: 0,
     };
     let progress = Progress::start(label, ids.len());
@@ -93,10 +135,10 @@ pub(crate) async fn run(
             _ => None,
         };
         let fut = storm(
-            client.clone(),
-            uris.clone(),
+            target.client.clone(),
+            target.uris.clone(),
             Arc::from(id.as_str()),
-            args.duplicates,
+            duplicates,
             run_seed ^ (i as u64).wrapping_mul(0x9E37_79B9),
             cookie,
             args.scenario,
@@ -117,29 +159,42 @@ pub(crate) async fn run(
     while let Some(done) = transactions.join_next().await {
         tally.add(done?);
     }
+    let elapsed = start.elapsed();
+    progress.finish();
+    Ok((tally, elapsed))
+}
+
+/// What one pass did: `before` holds each transaction's executions before
+/// it (a transaction that had run and runs again is a duplicate).
+fn summary(
+    tally: Tally,
+    elapsed: Duration,
+    ids: &[String],
+    upstream: &Upstream,
+    before: &[u32],
+    repeat: bool,
+) -> Summary {
     let Tally {
         acked,
         mut latencies,
         gave_up_copies,
     } = tally;
-    let elapsed = start.elapsed();
-    progress.finish();
-
     let mut handler_executions = 0u64;
     let mut duplicate_executions = 0u64;
     let mut lost = 0usize;
-    for (id, acked) in ids.iter().zip(&acked) {
-        let executions = upstream.executions(id);
+    for ((id, acked), before) in ids.iter().zip(&acked).zip(before) {
+        let total = upstream.executions(id);
+        let executions = total.saturating_sub(*before);
         handler_executions += u64::from(executions);
-        duplicate_executions += u64::from(executions.saturating_sub(1));
-        if !acked || executions == 0 {
+        duplicate_executions += u64::from(total.saturating_sub(1) - before.saturating_sub(1));
+        if !acked || total == 0 {
             lost += 1;
         }
     }
 
     latencies.sort_unstable();
     let requests = latencies.len();
-    Ok(Summary {
+    Summary {
         requests,
         transactions: ids.len(),
         handler_executions,
@@ -152,5 +207,6 @@ pub(crate) async fn run(
         p99_ms: percentile_ms(&latencies, 0.99),
         max_ms: latencies.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
         peak_rss_mb: peak_rss_mb(),
-    })
+        repeat,
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
-use tower_idempotency::store::{MemoryStore, RedisStore, Store};
+use tower_idempotency::store::{MemoryStore, RedisStore, SqlStore, Store, TieredStore};
 use tower_idempotency::{IdempotencyLayer, Preset};
 
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
@@ -155,6 +155,23 @@ pub(crate) async fn serve_baseline(
             let mut addrs = Vec::with_capacity(instances);
             for _ in 0..instances {
                 let store = RedisStore::cluster(nodes.clone()).await?;
+                addrs.extend(serve_stacks(store, handler, 1, scenario).await?);
+            }
+            addrs
+        }
+        (Baseline::Dedup, StoreArg::Sql(url)) => {
+            let mut addrs = Vec::with_capacity(instances);
+            for _ in 0..instances {
+                let store = SqlStore::connect(url).await?;
+                addrs.extend(serve_stacks(store, handler, 1, scenario).await?);
+            }
+            addrs
+        }
+        (Baseline::Dedup, StoreArg::Tiered { redis, sql }) => {
+            let mut addrs = Vec::with_capacity(instances);
+            for _ in 0..instances {
+                let front = RedisStore::standalone(redis.as_str()).await?;
+                let store = TieredStore::new(front, SqlStore::connect(sql).await?);
                 addrs.extend(serve_stacks(store, handler, 1, scenario).await?);
             }
             addrs
