@@ -18,7 +18,8 @@ With no --baseline, runs the naive handler (none) and the guarded stack (dedup)
 on the same storm and prints them side by side; with --json alone, runs dedup.
 --scenario outage: the backlog after an outage (default 600 notifications x 3
 copies) against a fragile upstream, through the gateway with no limit and with
---limit (default 20) upstream calls at once.";
+--limit (default 20) upstream calls at once; --limit auto: the route's adaptive
+limit (max_in_flight = \"auto\", starting at 5) instead.";
 
 /// One system under the storm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +139,8 @@ pub(crate) struct Args {
     pub(crate) json: bool,
     /// The outage scenario's cap on upstream calls in its shed mode.
     pub(crate) limit: usize,
+    /// `--limit auto`: the shed mode's cap is the route's adaptive limit.
+    pub(crate) limit_auto: bool,
 }
 
 impl Default for Args {
@@ -155,6 +158,7 @@ impl Default for Args {
             scenario: Scenario::Burst,
             json: false,
             limit: 20,
+            limit_auto: false,
         }
     }
 }
@@ -214,6 +218,7 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
                 duplicates_given = true;
                 args.duplicates = positive(&flag, &value)?;
             }
+            "--limit" if value == "auto" => args.limit_auto = true,
             "--limit" => args.limit = positive(&flag, &value)?,
             "--concurrency" => {
                 args.concurrency = positive(&flag, &value)?;

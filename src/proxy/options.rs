@@ -186,6 +186,15 @@ impl RouteOptions {
         self
     }
 
+    /// A cap on the route's calls in flight counted against `slots`, shared
+    /// with every holder of a clone (other routes to the same upstream, or
+    /// code that watches an adaptive limit with [`Slots::max`]). Defaults to
+    /// none.
+    pub fn shared_in_flight(mut self, slots: Slots) -> Self {
+        self.in_flight = Some(slots);
+        self
+    }
+
     /// The adaptive cap set with [`adaptive_in_flight`](Self::adaptive_in_flight), if any.
     pub fn get_adaptive_in_flight(&self) -> Option<crate::shed::AimdLimit> {
         self.in_flight.as_ref().and_then(Slots::aimd)
