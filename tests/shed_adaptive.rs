@@ -117,7 +117,12 @@ async fn failures_shrink_the_limit_down_to_min() {
     assert_eq!(slots.max(), 3, "never under min");
     // 429 counts as overload too; 4xx otherwise is a success.
     let limit = InFlightLimitLayer::adaptive(AimdLimit::new().initial(20));
-    round(&limit, answering(Duration::ZERO, StatusCode::TOO_MANY_REQUESTS), 1).await;
+    round(
+        &limit,
+        answering(Duration::ZERO, StatusCode::TOO_MANY_REQUESTS),
+        1,
+    )
+    .await;
     assert_eq!(limit.slots().max(), 18);
     round(&limit, answering(Duration::ZERO, StatusCode::NOT_FOUND), 1).await;
     assert_eq!(limit.slots().max(), 18);
@@ -132,13 +137,23 @@ async fn calls_over_the_threshold_shrink_the_limit() {
     let limit = InFlightLimitLayer::adaptive(aimd);
     round(&limit, answering(Duration::ZERO, StatusCode::OK), 1).await;
     assert_eq!(limit.slots().max(), 20);
-    round(&limit, answering(Duration::from_millis(400), StatusCode::OK), 1).await;
+    round(
+        &limit,
+        answering(Duration::from_millis(400), StatusCode::OK),
+        1,
+    )
+    .await;
     assert_eq!(limit.slots().max(), 18);
 
     // Twice the measured baseline (the default tolerance).
     let limit = InFlightLimitLayer::adaptive(AimdLimit::new().initial(20));
     assert_eq!(limit.slots().latency_threshold(), None, "no baseline yet");
-    round(&limit, answering(Duration::from_millis(50), StatusCode::OK), 1).await;
+    round(
+        &limit,
+        answering(Duration::from_millis(50), StatusCode::OK),
+        1,
+    )
+    .await;
     let threshold = limit.slots().latency_threshold().unwrap();
     assert!(
         threshold >= Duration::from_millis(100),
@@ -329,7 +344,11 @@ async fn concurrent_calls_never_pass_max_nor_lose_a_slot() {
                     async move {
                         let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                         peak.fetch_max(now, Ordering::SeqCst);
-                        let took = if kind == 1 { hold * 4 + Duration::from_millis(9) } else { hold };
+                        let took = if kind == 1 {
+                            hold * 4 + Duration::from_millis(9)
+                        } else {
+                            hold
+                        };
                         tokio::time::sleep(took).await;
                         inside.fetch_sub(1, Ordering::SeqCst);
                         let mut res = Response::new(Full::new(Bytes::new()));
@@ -365,7 +384,11 @@ async fn concurrent_calls_never_pass_max_nor_lose_a_slot() {
         )
     };
     let peak = peak.load(Ordering::SeqCst);
-    assert!(peak <= max, "{peak} calls at once over max {max}; {}", context());
+    assert!(
+        peak <= max,
+        "{peak} calls at once over max {max}; {}",
+        context()
+    );
     let limits = limits.lock().unwrap().clone();
     assert!(
         limits.iter().all(|l| (min..=max).contains(l)),
@@ -388,7 +411,12 @@ fn the_builder_keeps_its_values_within_bounds() {
     assert_eq!(d.get_backoff(), 0.9);
     assert_eq!(d.get_tolerance(), 2.0);
     assert_eq!(d.get_latency_threshold(), None);
-    let odd = AimdLimit::new().min(0).max(0).initial(9).backoff(0.1).tolerance(0.2);
+    let odd = AimdLimit::new()
+        .min(0)
+        .max(0)
+        .initial(9)
+        .backoff(0.1)
+        .tolerance(0.2);
     assert_eq!((odd.get_min(), odd.get_max(), odd.get_initial()), (1, 1, 1));
     assert_eq!(odd.get_backoff(), 0.5);
     assert_eq!(odd.get_tolerance(), 1.0);

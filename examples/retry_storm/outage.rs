@@ -249,7 +249,10 @@ async fn once_with(
     }
     if let Some(t) = timeline {
         t.abort();
-        println!("{label}: the limit every 250 ms: {}", line.lock().unwrap().join(" "));
+        println!(
+            "{label}: the limit every 250 ms: {}",
+            line.lock().unwrap().join(" ")
+        );
     }
     let acked = first_ack.iter().filter(|a| a.is_some()).count();
     let all_acked_after = match acked == args.transactions {
