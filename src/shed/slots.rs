@@ -91,22 +91,25 @@ impl Slots {
     /// Names the pool after `route`: the gauge `idempotency_upstream_limit{route}`
     /// shows its limit (0 for a pool too large to be full), and an adaptive
     /// pool logs its changes under that name.
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn name(&self, route: &str) {
         match &self.adaptive {
             Some(a) => a.name(route),
-            None => {
-                #[cfg(feature = "metrics")]
-                {
-                    let max = if self.max == Semaphore::MAX_PERMITS {
-                        0
-                    } else {
-                        self.max
-                    };
-                    metrics::gauge!("idempotency_upstream_limit", "route" => route.to_owned())
-                        .set(max as f64);
-                }
-            }
+            None => self.name_fixed(route),
+        }
+    }
+
+    /// A fixed pool's limit in its gauge, once.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn name_fixed(&self, route: &str) {
+        #[cfg(feature = "metrics")]
+        {
+            let max = if self.max == Semaphore::MAX_PERMITS {
+                0
+            } else {
+                self.max
+            };
+            metrics::gauge!("idempotency_upstream_limit", "route" => route.to_owned())
+                .set(max as f64);
         }
     }
 
@@ -233,6 +236,7 @@ impl Slot {
     }
 
     /// Times the call from now (the request goes out after other waits).
+    #[cfg_attr(not(feature = "proxy"), allow(dead_code))]
     pub(crate) fn start(&mut self) {
         self.started = Instant::now();
         self.slow_at = self
