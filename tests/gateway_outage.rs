@@ -301,8 +301,9 @@ async fn in_flight_limit_answers_a_client_api_with_503_and_retry_after() {
 }
 
 /// Values of the new settings that cannot work exit 2 with the reason and
-/// the line: a route's `max_in_flight` of 0, `"auto"` (not supported yet),
-/// a bad `queue_wait`, a bad `--queue-wait`.
+/// the line: a route's `max_in_flight` of 0, an `auto_limit` without
+/// `max_in_flight = "auto"` or with values that cannot work, a bad
+/// `queue_wait`, a bad `--queue-wait`.
 #[test]
 fn bad_limits_exit_2_with_the_reason() {
     use gateway_support::{exits_2, gateway_bin};
@@ -313,7 +314,47 @@ fn bad_limits_exit_2_with_the_reason() {
             "max_in_flight = 0",
             ":5: `max_in_flight`: expected a whole number more than 0",
         ),
-        ("max_in_flight = \"auto\"", ":5: `max_in_flight`: \"auto\""),
+        (
+            "max_in_flight = \"automatic\"",
+            ":5: `max_in_flight`: expected a whole number more than 0 or \"auto\"",
+        ),
+        (
+            "auto_limit = { max = 30 }",
+            ":5: `auto_limit` tunes `max_in_flight = \"auto\"`",
+        ),
+        (
+            "max_in_flight = 20\nauto_limit = { max = 30 }",
+            ":6: `auto_limit` tunes `max_in_flight = \"auto\"`",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { min = 0 }",
+            ":6: `auto_limit.min`: expected a whole number more than 0",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { min = 10, max = 5 }",
+            ":6: `auto_limit`: `max` (5) is below `min` (10)",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { max = 10, initial = 20 }",
+            ":6: `auto_limit.initial`: 20 must be from `min` (1) to `max` (10)",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { backoff = 1.0 }",
+            ":6: `auto_limit.backoff`: 1 must be at least 0.5 and less than 1",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { tolerance = 0.5 }",
+            ":6: `auto_limit.tolerance`: 0.5 must be a number of at least 1",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { tolerance = 2.0, latency_threshold = \"100ms\" }",
+            ":6: `auto_limit`: give `latency_threshold` (fixed) or `tolerance`",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"soon\" }",
+            ":6: `auto_limit.latency_threshold`:",
+        ),
+        ("max_in_flight = \"auto\"\nauto_limit = { mx = 3 }", "unknown field `mx`"),
         (
             "max_in_flight = \"many\"",
             ":5: `max_in_flight`: expected a whole number",
@@ -346,4 +387,57 @@ fn bad_limits_exit_2_with_the_reason() {
         "soon",
     ]);
     exits_2(cmd, "--queue-wait");
+}
+
+/// A route's `max_in_flight = "auto"`: the adaptive limit, from 10, finds
+/// what the upstream bears by itself. Every notification acknowledged, each
+/// executed exactly once, and the upstream never sees more calls at once
+/// than the configured `max` (30: the limit can overshoot the 20 it bears
+/// before the slow calls bring it down, never past its max). The limit's
+/// gauge is there from the start, at its initial value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_limit_keeps_a_fragile_upstream_standing() {
+    const MAX: usize = 30;
+    let (fragile, upstream) = Fragile::start().await;
+    let config = gateway_support::temp_path("outage-auto.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\n\
+             max_in_flight = \"auto\"\nauto_limit = {{ min = 2, max = {MAX}, initial = 10 }}\n"
+        ),
+    )
+    .unwrap();
+    let metrics = common::free_addr();
+    let (config_arg, metrics_arg) = (config.display().to_string(), metrics.to_string());
+    let gw = Gateway::start(
+        &upstream,
+        &["--config", &config_arg, "--metrics-listen", &metrics_arg],
+    );
+    let limit = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("idempotency_upstream_limit{") && l.contains("route=\"/wx\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let (_, text) = get(metrics, "/metrics");
+    assert_eq!(
+        limit(&text),
+        Some(10.0),
+        "the initial limit at start: {text}"
+    );
+    let acked = release_backlog(&gw, "auto", GIVE_UP).await;
+    let missing = acked.iter().filter(|a| !**a).count();
+    assert_eq!(missing, 0, "notifications never acknowledged\n{}", gw.log());
+    let executed = fragile.executed.lock().unwrap().len();
+    assert_eq!(executed, NOTIFICATIONS, "notifications executed upstream");
+    assert_eq!(doubles(&fragile), 0, "notifications executed twice");
+    let peak = fragile.peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= MAX,
+        "the upstream saw {peak} calls at once, over max {MAX}"
+    );
+    let (_, text) = get(metrics, "/metrics");
+    let now = limit(&text).expect("the limit's gauge");
+    assert!((2.0..=MAX as f64).contains(&now), "limit {now}");
+    let _ = std::fs::remove_file(&config);
 }

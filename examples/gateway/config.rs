@@ -9,7 +9,7 @@
 //! prefix = "/notify/wechat"
 //! preset = "wechatpay-v3"
 //! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie, max_memory
-//! max_in_flight = 20   # optional: the route's calls in flight to the upstream; queue_wait too
+//! max_in_flight = 20   # optional: the route's calls in flight to the upstream, or "auto" (auto_limit); queue_wait too
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
 //! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
@@ -100,6 +100,8 @@ struct FileRoute {
     /// The memory store's budget of this route's records.
     max_memory: Option<Spanned<SizeValue>>,
     max_in_flight: Option<Spanned<SizeValue>>,
+    /// Tunes `max_in_flight = "auto"`.
+    auto_limit: Option<Spanned<crate::limit::AutoLimit>>,
     queue_wait: Field,
 }
 
@@ -266,9 +268,14 @@ pub fn settings(args: Args) -> Result<Settings, String> {
                 Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
             };
             let mut options = global.options(&own).ack_then_deliver(acked);
-            if let Some(n) = at.checked(&r.max_in_flight, "max_in_flight", max_in_flight)? {
-                options = options.max_in_flight(n);
-            }
+            let in_flight = at.checked(
+                &r.max_in_flight,
+                "max_in_flight",
+                crate::limit::max_in_flight,
+            )?;
+            let auto = r.auto_limit.as_ref();
+            options = crate::limit::apply(options, in_flight, auto.map(|a| a.get_ref()))
+                .map_err(|e| at.err(auto.map_or(r.prefix.span(), |a| a.span()), e))?;
             if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
                 options = options.queue_wait(wait);
             }
@@ -388,17 +395,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         queue,
         warnings,
     })
-}
-
-/// A route's `max_in_flight`: a whole number more than 0.
-fn max_in_flight(v: &SizeValue) -> Result<usize, String> {
-    match v {
-        SizeValue::Bytes(n) => parse::count(&n.to_string()),
-        SizeValue::Text(t) if t == "auto" => {
-            Err("\"auto\" (an adaptive limit) is not supported yet; give a number".into())
-        }
-        SizeValue::Text(t) => parse::count(t),
-    }
 }
 
 /// `--route` flags replace the file's routes: refused when one of those

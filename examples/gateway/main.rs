@@ -30,6 +30,7 @@ mod admin_cli;
 mod cli;
 mod config;
 mod dlq;
+mod limit;
 mod logging;
 mod parse;
 mod reconcile;

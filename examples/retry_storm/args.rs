@@ -20,7 +20,8 @@ With no --baseline, runs the naive handler (none) and the guarded stack (dedup)
 on the same storm and prints them side by side; with --json alone, runs dedup.
 --scenario outage: the backlog after an outage (default 600 notifications x 3
 copies) against a fragile upstream, through the gateway with no limit and with
---limit (default 20) upstream calls at once.
+--limit (default 20) upstream calls at once; --limit auto: the route's adaptive
+limit (max_in_flight = \"auto\", starting at 5) instead.
 --repeat: after the storm, every notification once more (each a replay of its
 completed record), measured apart.";
 
@@ -201,6 +202,8 @@ pub(crate) struct Args {
     pub(crate) limit: usize,
     /// After the storm, every notification once more (replays), measured apart.
     pub(crate) repeat: bool,
+    /// `--limit auto`: the shed mode's cap is the route's adaptive limit.
+    pub(crate) limit_auto: bool,
 }
 
 impl Default for Args {
@@ -219,6 +222,7 @@ impl Default for Args {
             json: false,
             limit: 20,
             repeat: false,
+            limit_auto: false,
         }
     }
 }
@@ -282,6 +286,7 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
                 duplicates_given = true;
                 args.duplicates = positive(&flag, &value)?;
             }
+            "--limit" if value == "auto" => args.limit_auto = true,
             "--limit" => args.limit = positive(&flag, &value)?,
             "--concurrency" => {
                 args.concurrency = positive(&flag, &value)?;

@@ -18,7 +18,8 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tower_idempotency::proxy::{CallLimit, Forward, Gateway, Target};
+use tower_idempotency::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
+use tower_idempotency::shed::{AimdLimit, Slots};
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::Preset;
 
@@ -95,8 +96,19 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         args.transactions, args.duplicates
     );
     let none = once(args, "no limit (cap 1024)", CallLimit::new(1024)).await?;
-    let label = format!("shed, limit {}", args.limit);
-    let shed = once(args, &label, CallLimit::new(args.limit)).await?;
+    let shed = match args.limit_auto {
+        // The route's adaptive limit, from a start far under what the
+        // upstream bears; the upstream's own cap far above it.
+        true => {
+            let slots = Slots::adaptive(AimdLimit::new().initial(5));
+            let (label, calls) = ("shed, limit auto", CallLimit::new(1024));
+            once_with(args, label, calls, Some(slots)).await?
+        }
+        false => {
+            let label = format!("shed, limit {}", args.limit);
+            once(args, &label, CallLimit::new(args.limit)).await?
+        }
+    };
     println!(
         "\n{:<22} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
         "mode", "all acked (s)", "acked", "peak upstr.", "overload", "doubles", "requests"
@@ -142,6 +154,17 @@ async fn once(
     label: &str,
     calls: CallLimit,
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
+    once_with(args, label, calls, None).await
+}
+
+/// [`once`] with the route's own cap (`slots`); an adaptive one's limit is
+/// printed every 250 ms.
+async fn once_with(
+    args: &Args,
+    label: &str,
+    calls: CallLimit,
+    slots: Option<Slots>,
+) -> Result<Outcome, Box<dyn std::error::Error>> {
     let fragile = Arc::new(Fragile::default());
     let f = fragile.clone();
     let upstream = serve(tower::service_fn(move |req| {
@@ -152,9 +175,27 @@ async fn once(
     let forward = Forward::builder(format!("http://{upstream}").parse()?)
         .call_limit(calls)
         .build();
-    let gateway = Gateway::builder(forward, MemoryStore::new())
-        .route(PATH, Target::Preset(Preset::wechatpay_v3()))
-        .build()?;
+    let target = Target::Preset(Preset::wechatpay_v3());
+    let gateway = match &slots {
+        Some(slots) => Gateway::builder(forward, MemoryStore::new()).route_with(
+            PATH,
+            target,
+            RouteOptions::new().shared_in_flight(slots.clone()),
+        ),
+        None => Gateway::builder(forward, MemoryStore::new()).route(PATH, target),
+    }
+    .build()?;
+    // An adaptive limit's value every 250 ms, until every copy is done.
+    let line = Arc::new(Mutex::new(Vec::new()));
+    let timeline = slots.filter(|s| s.aimd().is_some()).map(|slots| {
+        let line = line.clone();
+        tokio::spawn(async move {
+            loop {
+                line.lock().unwrap().push(slots.max().to_string());
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    });
     let addr = serve(gateway).await?;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let url = format!("http://{addr}{PATH}");
@@ -205,6 +246,13 @@ async fn once(
             let slot = &mut first_ack[i / args.duplicates];
             *slot = Some(slot.map_or(at, |s| s.min(at)));
         }
+    }
+    if let Some(t) = timeline {
+        t.abort();
+        println!(
+            "{label}: the limit every 250 ms: {}",
+            line.lock().unwrap().join(" ")
+        );
     }
     let acked = first_ack.iter().filter(|a| a.is_some()).count();
     let all_acked_after = match acked == args.transactions {

@@ -181,13 +181,16 @@ impl<S: Store> GatewayBuilder<S> {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
+            let slots = options
+                .in_flight_slots()
+                .cloned()
+                .unwrap_or_else(Slots::unlimited);
+            // `idempotency_upstream_limit{route}` from the start.
+            slots.name(prefix);
             let guarded = forward
                 .with_timeout(max_run.max(forward.timeout()))
                 .with_route_limit(RouteLimit {
-                    slots: options
-                        .in_flight_slots()
-                        .cloned()
-                        .unwrap_or_else(Slots::unlimited),
+                    slots,
                     queue_wait: options
                         .get_queue_wait()
                         .unwrap_or(forward.call_limit().get_queue_wait()),

@@ -7,7 +7,7 @@ use super::headers::{
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
 use crate::outcome::log_warn;
-use crate::shed::{Gauge, Slots};
+use crate::shed::{Gauge, Slot, Slots};
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode, Version};
 use http_body::Body;
@@ -143,9 +143,9 @@ impl Forward {
     async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
         // The route's slot first: a route at its cap takes none of the
         // upstream's from the other routes.
-        let route_slot = match &self.route {
+        let mut route_slot = match &self.route {
             Some(route) => match route.slots.acquire_within(route.queue_wait).await {
-                Some(permit) => Some(route.gauge.hold(permit)),
+                Some(permit) => Some(route.slots.hold(permit, &route.gauge)),
                 None => return shed(&self.shared.upstream, route.slots.max()),
             },
             None => None,
@@ -178,13 +178,40 @@ impl Forward {
         let req = Request::from_parts(parts, body);
         // One timer for the head and then the body.
         let mut sleep = Box::pin(tokio::time::sleep_until(deadline));
-        let answer = tokio::select! {
-            biased;
-            answer = self.shared.client.request(req) => Ok(answer),
-            () = sleep.as_mut() => Err(()),
+        // An adaptive route limit hears of a call still unanswered past
+        // its latency threshold at once, not when it ends.
+        if let Some(slot) = &mut route_slot {
+            slot.start();
+        }
+        let mut slow_at = route_slot.as_ref().and_then(Slot::slow_at);
+        let mut request = std::pin::pin!(self.shared.client.request(req));
+        let answer = loop {
+            let slow = async {
+                match slow_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                answer = &mut request => break Ok(answer),
+                () = sleep.as_mut() => break Err(()),
+                () = slow => {
+                    slow_at = None;
+                    if let Some(slot) = &mut route_slot {
+                        slot.slow();
+                    }
+                }
+            }
+        };
+        let sample = |slot: &mut Option<Slot>, failed: bool| {
+            if let Some(slot) = slot {
+                slot.answered(failed);
+            }
         };
         match answer {
             Ok(Ok(res)) => {
+                sample(&mut route_slot, crate::shed::failed(res.status()));
                 let (mut parts, body) = res.into_parts();
                 strip_response_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
@@ -207,6 +234,7 @@ impl Forward {
                         crate::body::body_limit_response::<http_body_util::Full<Bytes>>(limit);
                     return res.map(|b| b.map_err(|never| match never {}).boxed_unsync());
                 }
+                sample(&mut route_slot, true);
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
@@ -221,6 +249,7 @@ impl Forward {
                 plain(StatusCode::BAD_GATEWAY, "bad gateway\n")
             }
             Err(_) => {
+                sample(&mut route_slot, true);
                 upstream_error("timeout");
                 log_warn!(upstream = %upstream, timeout = ?self.timeout, "upstream timed out");
                 plain(

@@ -160,9 +160,44 @@ impl RouteOptions {
         self
     }
 
-    /// The cap set with [`max_in_flight`](Self::max_in_flight), if any.
+    /// The cap set with [`max_in_flight`](Self::max_in_flight), if any
+    /// (an adaptive cap's limit now).
     pub fn get_max_in_flight(&self) -> Option<usize> {
         self.in_flight.as_ref().map(Slots::max)
+    }
+
+    /// A cap on the route's calls in flight to the upstream that adapts to
+    /// the upstream's answers (see [`AimdLimit`](crate::shed::AimdLimit)):
+    /// its failures (5xx, 429, no answer) and slow answers shrink it, its
+    /// fast successes grow it; past it, as with
+    /// [`max_in_flight`](Self::max_in_flight). Defaults to none.
+    ///
+    /// ```
+    /// use tower_idempotency::proxy::RouteOptions;
+    /// use tower_idempotency::shed::AimdLimit;
+    ///
+    /// let aimd = AimdLimit::new().max(40);
+    /// let opts = RouteOptions::new().adaptive_in_flight(aimd);
+    /// assert_eq!(opts.get_adaptive_in_flight(), Some(aimd));
+    /// assert_eq!(opts.get_max_in_flight(), Some(20));
+    /// ```
+    pub fn adaptive_in_flight(mut self, limit: crate::shed::AimdLimit) -> Self {
+        self.in_flight = Some(Slots::adaptive(limit));
+        self
+    }
+
+    /// A cap on the route's calls in flight counted against `slots`, shared
+    /// with every holder of a clone (other routes to the same upstream, or
+    /// code that watches an adaptive limit with [`Slots::max`]). Defaults to
+    /// none.
+    pub fn shared_in_flight(mut self, slots: Slots) -> Self {
+        self.in_flight = Some(slots);
+        self
+    }
+
+    /// The adaptive cap set with [`adaptive_in_flight`](Self::adaptive_in_flight), if any.
+    pub fn get_adaptive_in_flight(&self) -> Option<crate::shed::AimdLimit> {
+        self.in_flight.as_ref().and_then(Slots::aimd)
     }
 
     /// How long a guarded request waits for a slot of the route's cap

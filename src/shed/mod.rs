@@ -77,10 +77,12 @@
 //! # }
 //! ```
 
+mod adaptive;
 mod service;
 mod slots;
 
+pub use adaptive::AimdLimit;
 pub use service::{InFlightBody, InFlightLimit, InFlightLimitLayer, ResponseFuture};
 #[cfg(feature = "proxy")]
-pub(crate) use slots::{Gauge, Slot};
+pub(crate) use slots::{failed, Gauge, Slot};
 pub use slots::{Slots, DEFAULT_QUEUE_WAIT};

@@ -1,7 +1,8 @@
 //! [`InFlightLimitLayer`] and [`InFlightLimit`]: at most N calls in flight,
 //! a short wait for a slot, then the retryable failure as a response.
 
-use super::slots::{shed_response, Gauge, Slot, Slots, DEFAULT_QUEUE_WAIT};
+use super::adaptive::AimdLimit;
+use super::slots::{failed, shed_response, Gauge, Slot, Slots, DEFAULT_QUEUE_WAIT};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -54,6 +55,14 @@ impl InFlightLimitLayer {
         Self::shared(Slots::new(max))
     }
 
+    /// At most as many calls in flight as `limit` gives, adapting to the
+    /// inner service's answers: its 5xx and 429 answers, its errors and
+    /// its slow answers shrink the limit, its fast successes grow it (see
+    /// [`AimdLimit`]). Slots of its own.
+    pub fn adaptive(limit: AimdLimit) -> Self {
+        Self::shared(Slots::adaptive(limit))
+    }
+
     /// Calls in flight counted against `slots`, shared with every other
     /// holder of a clone.
     pub fn shared(slots: Slots) -> Self {
@@ -73,9 +82,12 @@ impl InFlightLimitLayer {
 
     /// With the `metrics` feature, follows the calls in flight in the gauge
     /// `idempotency_upstream_in_flight{route}` with this `route` label
-    /// (install the recorder first). Defaults to no gauge.
+    /// (install the recorder first), and the limit in
+    /// `idempotency_upstream_limit{route}` (an adaptive limit's log lines
+    /// name the route too). Defaults to no gauge.
     pub fn route(mut self, route: &str) -> Self {
         self.gauge = Gauge::route(route);
+        self.slots.name(route);
         self
     }
 
@@ -147,16 +159,21 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let gauge = self.limit.gauge.clone();
         let state = match self.limit.slots.try_acquire() {
-            Some(permit) => State::Calling {
-                fut: self.inner.call(req),
-                slot: Some(gauge.hold(permit)),
-            },
+            Some(permit) => {
+                let slot = self.limit.slots.hold(permit, &gauge);
+                State::Calling {
+                    fut: self.inner.call(req),
+                    slow: slow_timer(&slot),
+                    slot: Some(slot),
+                }
+            }
             None if self.limit.queue_wait.is_zero() => State::Shed,
             None => {
                 // The ready service waits with the request; a clone stays.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 State::Waiting {
+                    pool: self.limit.slots.clone(),
                     slots: PollSemaphore::new(self.limit.slots.semaphore()),
                     sleep: Box::pin(tokio::time::sleep(self.limit.queue_wait)),
                     call: Some((inner, req)),
@@ -165,6 +182,12 @@ where
         };
         ResponseFuture { state, gauge }
     }
+}
+
+/// An adaptive slot's timer: the call counts as slow when it fires.
+fn slow_timer(slot: &Slot) -> Option<Pin<Box<Sleep>>> {
+    slot.slow_at()
+        .map(|at| Box::pin(tokio::time::sleep_until(at)))
 }
 
 pin_project! {
@@ -187,6 +210,7 @@ pin_project! {
     {
         // Every slot was taken: waiting for one, or the deadline.
         Waiting {
+            pool: Slots,
             slots: PollSemaphore,
             sleep: Pin<Box<Sleep>>,
             call: Option<(S, Req)>,
@@ -196,6 +220,7 @@ pin_project! {
             #[pin]
             fut: S::Future,
             slot: Option<Slot>,
+            slow: Option<Pin<Box<Sleep>>>,
         },
         // Shed without waiting.
         Shed,
@@ -227,7 +252,12 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Waiting { slots, sleep, call } => {
+                StateProj::Waiting {
+                    pool,
+                    slots,
+                    sleep,
+                    call,
+                } => {
                     let permit = match slots.poll_acquire(cx) {
                         Poll::Ready(Some(permit)) => permit,
                         // The semaphore is never closed.
@@ -243,12 +273,31 @@ where
                     };
                     let (mut inner, req) = call.take().expect("polled after completion");
                     let fut = inner.call(req);
-                    let slot = Some(this.gauge.hold(permit));
-                    this.state.set(State::Calling { fut, slot });
+                    let slot = pool.hold(permit, this.gauge);
+                    let slow = slow_timer(&slot);
+                    let slot = Some(slot);
+                    this.state.set(State::Calling { fut, slot, slow });
                 }
-                StateProj::Calling { fut, slot } => {
-                    let res = ready!(fut.poll(cx))?;
-                    let slot = slot.take();
+                StateProj::Calling { fut, slot, slow } => {
+                    let res = match fut.poll(cx) {
+                        Poll::Ready(res) => res,
+                        Poll::Pending => {
+                            if let Some(timer) = slow {
+                                if timer.as_mut().poll(cx).is_ready() {
+                                    *slow = None;
+                                    if let Some(slot) = slot {
+                                        slot.slow();
+                                    }
+                                }
+                            }
+                            return Poll::Pending;
+                        }
+                    };
+                    let mut slot = slot.take();
+                    if let Some(slot) = &mut slot {
+                        slot.answered(res.as_ref().map_or(true, |r| failed(r.status())));
+                    }
+                    let res = res?;
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res.map(|body| InFlightBody {
                         kind: Kind::Inner { body, slot },

@@ -1,18 +1,21 @@
 //! [`Slots`]: a pool of call slots shared by its clones, and the answer to
 //! a call that found none.
 
+use super::adaptive::{Adaptive, AimdLimit};
 use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// How long a call waits for a slot when nothing else is said: 50 ms.
 pub const DEFAULT_QUEUE_WAIT: Duration = Duration::from_millis(50);
 
 /// A pool of `max` slots for calls in flight, shared by its clones (give
 /// one clone to every service, or serving thread, that calls the same
-/// upstream).
+/// upstream); or, from [`Slots::adaptive`], as many as an [`AimdLimit`]
+/// gives, following what the upstream answers.
 ///
 /// ```
 /// use tower_idempotency::shed::Slots;
@@ -20,11 +23,13 @@ pub const DEFAULT_QUEUE_WAIT: Duration = Duration::from_millis(50);
 /// let slots = Slots::new(20);
 /// assert_eq!(slots.max(), 20);
 /// assert_eq!(slots.clone().in_flight(), 0);
+/// assert_eq!(slots.aimd(), None);
 /// ```
 #[derive(Clone)]
 pub struct Slots {
     sem: Arc<Semaphore>,
     max: usize,
+    adaptive: Option<Arc<Adaptive>>,
 }
 
 impl Slots {
@@ -34,7 +39,31 @@ impl Slots {
         Self {
             sem: Arc::new(Semaphore::new(max)),
             max,
+            adaptive: None,
         }
+    }
+
+    /// A pool whose size follows the upstream's answers (see
+    /// [`AimdLimit`]), starting at its initial limit.
+    pub fn adaptive(limit: AimdLimit) -> Self {
+        let (adaptive, sem) = Adaptive::new(limit);
+        Self {
+            sem,
+            max: limit.get_max(),
+            adaptive: Some(Arc::new(adaptive)),
+        }
+    }
+
+    /// How the pool adapts, if it does.
+    pub fn aimd(&self) -> Option<AimdLimit> {
+        self.adaptive.as_ref().map(|a| a.config())
+    }
+
+    /// An adaptive pool's current latency threshold: a call slower than
+    /// this shrinks the limit. `None` for a fixed pool, or before the first
+    /// success measured the baseline (with no fixed threshold).
+    pub fn latency_threshold(&self) -> Option<Duration> {
+        self.adaptive.as_ref().and_then(|a| a.threshold())
     }
 
     /// A pool too large to ever be full (for counting calls in flight
@@ -43,14 +72,67 @@ impl Slots {
         Self::new(Semaphore::MAX_PERMITS)
     }
 
-    /// The number of slots.
+    /// The number of slots: an adaptive pool's limit now.
     pub fn max(&self) -> usize {
-        self.max
+        match &self.adaptive {
+            Some(a) => a.limit(),
+            None => self.max,
+        }
     }
 
     /// The slots taken now.
     pub fn in_flight(&self) -> usize {
-        self.max - self.sem.available_permits()
+        match &self.adaptive {
+            Some(a) => a.in_flight(),
+            None => self.max - self.sem.available_permits(),
+        }
+    }
+
+    /// Names the pool after `route`: the gauge `idempotency_upstream_limit{route}`
+    /// shows its limit (0 for a pool too large to be full), and an adaptive
+    /// pool logs its changes under that name.
+    pub(crate) fn name(&self, route: &str) {
+        match &self.adaptive {
+            Some(a) => a.name(route),
+            None => self.name_fixed(route),
+        }
+    }
+
+    /// A fixed pool's limit in its gauge, once.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn name_fixed(&self, route: &str) {
+        #[cfg(feature = "metrics")]
+        {
+            let max = if self.max == Semaphore::MAX_PERMITS {
+                0
+            } else {
+                self.max
+            };
+            metrics::gauge!("idempotency_upstream_limit", "route" => route.to_owned())
+                .set(max as f64);
+        }
+    }
+
+    /// `permit` as a call's slot, counted on `gauge` until it is dropped.
+    pub(crate) fn hold(&self, permit: OwnedSemaphorePermit, gauge: &Gauge) -> Slot {
+        #[cfg(feature = "metrics")]
+        if let Some(g) = &gauge.0 {
+            g.increment(1.0);
+        }
+        let adaptive = self.adaptive.clone();
+        let started = Instant::now();
+        let slow_at = adaptive
+            .as_ref()
+            .and_then(|a| a.threshold())
+            .map(|t| started + t);
+        Slot {
+            permit: Some(permit),
+            gauge: gauge.clone(),
+            adaptive,
+            sampled: false,
+            started,
+            slow_at,
+        }
     }
 
     /// A slot if one is free now.
@@ -84,8 +166,9 @@ impl Slots {
 impl fmt::Debug for Slots {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Slots")
-            .field("max", &self.max)
+            .field("max", &self.max())
             .field("in_flight", &self.in_flight())
+            .field("adaptive", &self.adaptive)
             .finish()
     }
 }
@@ -102,6 +185,12 @@ pub(crate) fn shed_response<B: From<Bytes>>(what: &'static str) -> http::Respons
     );
     res.extensions_mut().insert(crate::Outcome::Shed);
     res
+}
+
+/// What shrinks an adaptive limit: the upstream failed (5xx) or said it
+/// is overloaded (429).
+pub(crate) fn failed(status: http::StatusCode) -> bool {
+    status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS
 }
 
 /// A gauge that follows the slots taken (`idempotency_upstream_in_flight`
@@ -121,25 +210,58 @@ impl Gauge {
         #[cfg(not(feature = "metrics"))]
         Self()
     }
-
-    /// `permit` counted on this gauge until it is dropped.
-    pub(crate) fn hold(&self, permit: OwnedSemaphorePermit) -> Slot {
-        #[cfg(feature = "metrics")]
-        if let Some(g) = &self.0 {
-            g.increment(1.0);
-        }
-        Slot {
-            _permit: permit,
-            gauge: self.clone(),
-        }
-    }
 }
 
-/// One call's slot, given back (and uncounted) when dropped.
+/// One call's slot, given back (and uncounted) when dropped. An adaptive
+/// pool's slot is also its call's sample: [`answered`](Self::answered) or
+/// [`slow`](Self::slow) tells the limit how the upstream did (once).
 pub(crate) struct Slot {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     gauge: Gauge,
+    adaptive: Option<Arc<Adaptive>>,
+    sampled: bool,
+    started: Instant,
+    slow_at: Option<Instant>,
+}
+
+impl Slot {
+    /// When the call, still unanswered, counts as slow (adaptive pools
+    /// with a threshold, until sampled).
+    pub(crate) fn slow_at(&self) -> Option<Instant> {
+        if self.sampled {
+            return None;
+        }
+        self.slow_at
+    }
+
+    /// Times the call from now (the request goes out after other waits).
+    #[cfg_attr(not(feature = "proxy"), allow(dead_code))]
+    pub(crate) fn start(&mut self) {
+        self.started = Instant::now();
+        self.slow_at = self
+            .adaptive
+            .as_ref()
+            .and_then(|a| a.threshold())
+            .map(|t| self.started + t);
+    }
+
+    /// The upstream answered: `failed` (a 5xx, 429, no answer or timeout)
+    /// or a success, timed from the slot's start.
+    pub(crate) fn answered(&mut self, failed: bool) {
+        if let (Some(a), false) = (&self.adaptive, self.sampled) {
+            self.sampled = true;
+            a.sample(self.started.elapsed(), failed);
+        }
+    }
+
+    /// The call is past its threshold, unanswered: a slow sample now.
+    pub(crate) fn slow(&mut self) {
+        if let (Some(a), false) = (&self.adaptive, self.sampled) {
+            self.sampled = true;
+            a.sample(Duration::MAX, true);
+        }
+    }
 }
 
 impl Drop for Slot {
@@ -147,6 +269,9 @@ impl Drop for Slot {
         #[cfg(feature = "metrics")]
         if let Some(g) = &self.gauge.0 {
             g.decrement(1.0);
+        }
+        if let (Some(a), Some(permit)) = (&self.adaptive, self.permit.take()) {
+            a.release(permit);
         }
     }
 }
