@@ -103,9 +103,15 @@ async fn answer(
         }
         "/healthz" => text(StatusCode::OK, "ok\n".into(), PLAIN),
         "/readyz" => {
-            match tokio::time::timeout(Duration::from_secs(2), crate::store::ready(store)).await {
-                Ok(true) => text(StatusCode::OK, "ready\n".into(), PLAIN),
-                _ => text(
+            use crate::store::Readiness;
+            match crate::store::ready(store, Duration::from_secs(2)).await {
+                Readiness::Ready => text(StatusCode::OK, "ready\n".into(), PLAIN),
+                Readiness::FrontDown => text(
+                    StatusCode::OK,
+                    "ready: Redis does not answer, serving from the backstop database\n".into(),
+                    PLAIN,
+                ),
+                Readiness::Down => text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the store does not answer\n".into(),
                     PLAIN,

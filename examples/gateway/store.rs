@@ -101,25 +101,48 @@ pub fn describe(store: &GatewayStore) -> &'static str {
     }
 }
 
-/// Whether the store answers: one read of a key nobody writes; with a
-/// backstop, in Redis and in the database both.
-pub async fn ready(store: &GatewayStore) -> bool {
-    async fn answers(store: &impl Store) -> bool {
-        store
-            .take_token("gateway:readyz-probe", OwnerToken::new())
-            .await
-            .is_ok()
+/// What `/readyz` says of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The store answers.
+    Ready,
+    /// The database behind answers, Redis in front does not: every call
+    /// goes to the database alone (slower, still exactly once).
+    FrontDown,
+    /// The store (with a backstop: the database) does not answer.
+    Down,
+}
+
+/// Whether the store answers: one read of a key nobody writes, within
+/// `within`. With a backstop the database decides: the tiered store serves
+/// from it alone while Redis is away, so the gateway stays ready (taking
+/// every instance out of the balancer when the shared Redis fails would
+/// turn a slower service into none).
+pub async fn ready(store: &GatewayStore, within: std::time::Duration) -> Readiness {
+    async fn answers(store: &impl Store, within: std::time::Duration) -> bool {
+        let probe = store.take_token("gateway:readyz-probe", OwnerToken::new());
+        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
+    }
+    async fn tiered(
+        front: &impl Store,
+        back: &impl Store,
+        within: std::time::Duration,
+    ) -> Readiness {
+        match tokio::join!(answers(front, within), answers(back, within)) {
+            (_, false) => Readiness::Down,
+            (true, true) => Readiness::Ready,
+            (false, true) => Readiness::FrontDown,
+        }
     }
     match store {
         Either::Right(Either::Right(Either::Right(Either::Right(Either::Left(t))))) => {
-            let (front, back) = tokio::join!(answers(t.front()), answers(t.back()));
-            front && back
+            tiered(t.front(), t.back(), within).await
         }
         Either::Right(Either::Right(Either::Right(Either::Right(Either::Right(t))))) => {
-            let (front, back) = tokio::join!(answers(t.front()), answers(t.back()));
-            front && back
+            tiered(t.front(), t.back(), within).await
         }
-        other => answers(other).await,
+        other if answers(other, within).await => Readiness::Ready,
+        _ => Readiness::Down,
     }
 }
 
