@@ -33,6 +33,7 @@ use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::key::CookiePrincipal;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
+use tower_idempotency::queue::Pace;
 use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
 
@@ -98,6 +99,12 @@ struct FileRoute {
     max_memory: Option<Spanned<SizeValue>>,
     max_in_flight: Option<Spanned<SizeValue>>,
     queue_wait: Field,
+    /// How an ack-then-deliver route paces its deliveries (`pace.rs`).
+    deliver_concurrency: Option<Spanned<u64>>,
+    deliver_rate: Field,
+    retry_schedule: Option<Spanned<Vec<String>>>,
+    breaker_failures: Option<Spanned<u64>>,
+    breaker_cooldown: Field,
 }
 
 /// Everything the gateway runs with.
@@ -139,6 +146,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
+    /// How each route paces its queued deliveries, by prefix.
+    pub paces: Vec<(String, Pace)>,
     /// Warnings to log once logging is on.
     pub warnings: Vec<String>,
 }
@@ -211,6 +220,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     let mut own_memory = Vec::new();
     let mut seen = RouteTable::new();
     let mut warnings = Vec::new();
+    let mut paces = Vec::new();
     if !args.route.is_empty() {
         if let Some(w) = dropped_routes(&file, &at)? {
             warnings.push(w);
@@ -261,6 +271,14 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
                 options = options.queue_wait(wait);
             }
+            let keys = crate::pace::Keys {
+                deliver_concurrency: &r.deliver_concurrency,
+                deliver_rate: &r.deliver_rate,
+                retry_schedule: &r.retry_schedule,
+                breaker_failures: &r.breaker_failures,
+                breaker_cooldown: &r.breaker_cooldown,
+            };
+            paces.push((prefix.clone(), crate::pace::route(&at, &keys)?));
             if let Some(v) = &r.verify {
                 let layer = crate::verify::layer(v.get_ref(), &target, &base)
                     .map_err(|e| at.err(v.span(), e))?;
@@ -366,6 +384,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         journal,
         admin_token,
         queue,
+        paces,
         warnings,
     })
 }

@@ -1,0 +1,121 @@
+//! How an ack-then-deliver route paces its deliveries: the route's
+//! `deliver_concurrency`, `deliver_rate`, `retry_schedule`,
+//! `breaker_failures` and `breaker_cooldown`.
+
+use crate::parse;
+use crate::spanned::{At, Field};
+use std::time::Duration;
+use toml::Spanned;
+use tower_idempotency::queue::{Pace, Rate};
+
+/// `deliver_concurrency` when a route does not set it.
+pub const DEFAULT_DELIVER_CONCURRENCY: usize = 16;
+/// `breaker_failures` when a route does not set it.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 10;
+/// `breaker_cooldown` when a route does not set it.
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+
+/// A route's pacing keys as written.
+pub struct Keys<'a> {
+    pub deliver_concurrency: &'a Option<Spanned<u64>>,
+    pub deliver_rate: &'a Field,
+    pub retry_schedule: &'a Option<Spanned<Vec<String>>>,
+    pub breaker_failures: &'a Option<Spanned<u64>>,
+    pub breaker_cooldown: &'a Field,
+}
+
+/// The pace of a route that sets none of the keys.
+pub fn default_pace() -> Pace {
+    Pace::new()
+        .concurrency(DEFAULT_DELIVER_CONCURRENCY)
+        .breaker(DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_COOLDOWN)
+}
+
+/// The route's pace; an error names the key and its line.
+pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
+    let concurrency = at
+        .number(keys.deliver_concurrency, "deliver_concurrency", parse::count)?
+        .unwrap_or(DEFAULT_DELIVER_CONCURRENCY);
+    let failures = at
+        .checked(keys.breaker_failures, "breaker_failures", |n| {
+            u32::try_from(*n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| "expected a whole number from 1 to 4294967295".to_owned())
+        })?
+        .unwrap_or(DEFAULT_BREAKER_FAILURES);
+    let cooldown = at
+        .value(keys.breaker_cooldown, "breaker_cooldown", parse::positive_duration)?
+        .unwrap_or(DEFAULT_BREAKER_COOLDOWN);
+    let mut pace = Pace::new()
+        .concurrency(concurrency)
+        .breaker(failures, cooldown);
+    if let Some(rate) = at.value(keys.deliver_rate, "deliver_rate", rate)? {
+        pace = pace.rate(rate);
+    }
+    if let Some(delays) = at.checked(keys.retry_schedule, "retry_schedule", schedule)? {
+        pace = pace.retry_schedule(delays);
+    }
+    Ok(pace)
+}
+
+/// `deliver_rate`: `"200/s"`, `"30/m"` or `"100/h"`.
+fn rate(s: &str) -> Result<Rate, String> {
+    s.parse()
+}
+
+/// `retry_schedule`: a non-empty list of durations, each more than 0.
+fn schedule(delays: &Vec<String>) -> Result<Vec<Duration>, String> {
+    if delays.is_empty() {
+        return Err("expected at least one delay, e.g. [\"15s\", \"30s\", \"3m\"]".into());
+    }
+    delays
+        .iter()
+        .map(|d| parse::positive_duration(d).map_err(|e| format!("`{d}`: {e}")))
+        .collect()
+}
+
+/// How the route paces its deliveries, for the start line.
+pub fn describe(pace: &Pace) -> String {
+    let mut parts = vec![format!(
+        "deliver_concurrency={}",
+        pace.get_concurrency().unwrap_or(0)
+    )];
+    if let Some(rate) = pace.get_rate() {
+        parts.push(format!("deliver_rate={rate}"));
+    }
+    if let Some(schedule) = pace.get_retry_schedule() {
+        let delays: Vec<String> = schedule
+            .iter()
+            .map(|d| humantime::format_duration(*d).to_string())
+            .collect();
+        parts.push(format!("retry_schedule=[{}]", delays.join(",")));
+    }
+    if let Some((failures, cooldown)) = pace.get_breaker() {
+        parts.push(format!(
+            "breaker_failures={failures} breaker_cooldown={}",
+            humantime::format_duration(cooldown)
+        ));
+    }
+    parts.join(" ")
+}
+
+/// The pace of every ack-then-deliver route (its own keys, or the
+/// defaults for a route of the flags), by prefix; `None` for the others.
+pub fn lanes(
+    routes: &[(String, tower_idempotency::proxy::Target, tower_idempotency::proxy::RouteOptions)],
+    paces: &[(String, Pace)],
+) -> Vec<(String, Option<Pace>)> {
+    routes
+        .iter()
+        .map(|(prefix, _, options)| {
+            let pace = options.is_ack_then_deliver().then(|| {
+                paces
+                    .iter()
+                    .find(|(p, _)| p == prefix)
+                    .map_or_else(default_pace, |(_, pace)| pace.clone())
+            });
+            (prefix.clone(), pace)
+        })
+        .collect()
+}
