@@ -102,7 +102,7 @@ struct FileRoute {
     /// How an ack-then-deliver route paces its deliveries (`pace.rs`).
     deliver_concurrency: Option<Spanned<u64>>,
     deliver_rate: Field,
-    retry_schedule: Option<Spanned<Vec<String>>>,
+    retry_schedule: Option<Spanned<toml::Value>>,
     breaker_failures: Option<Spanned<u64>>,
     breaker_cooldown: Field,
 }

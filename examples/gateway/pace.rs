@@ -19,7 +19,7 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 pub struct Keys<'a> {
     pub deliver_concurrency: &'a Option<Spanned<u64>>,
     pub deliver_rate: &'a Field,
-    pub retry_schedule: &'a Option<Spanned<Vec<String>>>,
+    pub retry_schedule: &'a Option<Spanned<toml::Value>>,
     pub breaker_failures: &'a Option<Spanned<u64>>,
     pub breaker_cooldown: &'a Field,
 }
@@ -65,13 +65,18 @@ fn rate(s: &str) -> Result<Rate, String> {
 }
 
 /// `retry_schedule`: a non-empty list of durations, each more than 0.
-fn schedule(delays: &Vec<String>) -> Result<Vec<Duration>, String> {
+fn schedule(value: &toml::Value) -> Result<Vec<Duration>, String> {
+    const LIST: &str = "expected a list of delays, e.g. [\"15s\", \"30s\", \"3m\"]";
+    let delays = value.as_array().ok_or(LIST)?;
     if delays.is_empty() {
         return Err("expected at least one delay, e.g. [\"15s\", \"30s\", \"3m\"]".into());
     }
     delays
         .iter()
-        .map(|d| parse::positive_duration(d).map_err(|e| format!("`{d}`: {e}")))
+        .map(|d| {
+            let d = d.as_str().ok_or(LIST)?;
+            parse::positive_duration(d).map_err(|e| format!("`{d}`: {e}"))
+        })
         .collect()
 }
 
