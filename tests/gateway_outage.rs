@@ -256,7 +256,10 @@ async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
     .unwrap();
     let (config, metrics) = (config.display().to_string(), common::free_addr());
     let metrics_arg = metrics.to_string();
-    let gw = Gateway::start(&upstream, &["--config", &config, "--metrics-listen", &metrics_arg]);
+    let gw = Gateway::start(
+        &upstream,
+        &["--config", &config, "--metrics-listen", &metrics_arg],
+    );
     let acked = release_backlog(&gw, "ack", GIVE_UP).await;
     let missing = acked.iter().filter(|a| !**a).count();
     assert_eq!(missing, 0, "copies never acknowledged\n{}", gw.log());
@@ -266,17 +269,29 @@ async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let executed = fragile.executed.lock().unwrap().len();
-    assert_eq!(executed, NOTIFICATIONS, "notifications delivered\n{}", gw.log());
+    assert_eq!(
+        executed,
+        NOTIFICATIONS,
+        "notifications delivered\n{}",
+        gw.log()
+    );
     assert_eq!(doubles(&fragile), 0, "notifications delivered twice");
     let peak = fragile.peak.load(Ordering::SeqCst);
     assert!(peak <= BEARS, "the upstream saw {peak} calls at once");
     assert_eq!(fragile.overloaded.load(Ordering::SeqCst), 0);
     let (_, text) = get(metrics, "/metrics");
-    for name in ["idempotency_deliveries_in_flight", "idempotency_upstream_breaker"] {
+    for name in [
+        "idempotency_deliveries_in_flight",
+        "idempotency_upstream_breaker",
+    ] {
         let line = text
             .lines()
             .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("route=\"/wx\""));
-        assert_eq!(line.and_then(|l| l.rsplit(' ').next()), Some("0"), "{name}: {text}");
+        assert_eq!(
+            line.and_then(|l| l.rsplit(' ').next()),
+            Some("0"),
+            "{name}: {text}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -77,7 +77,10 @@ fn gateway(upstream: &str, top: &str, route_keys: &str) -> (Gateway, SocketAddr)
     .unwrap();
     let metrics = common::free_addr();
     let (config, metrics_arg) = (config.display().to_string(), metrics.to_string());
-    let gw = Gateway::start(upstream, &["--config", &config, "--metrics-listen", &metrics_arg]);
+    let gw = Gateway::start(
+        upstream,
+        &["--config", &config, "--metrics-listen", &metrics_arg],
+    );
     (gw, metrics)
 }
 
@@ -93,7 +96,12 @@ async fn notify(gw: &Gateway, tag: &str, n: usize) {
             .body(Full::new(Bytes::from(v.to_string())))
             .unwrap();
         let a = read(client.request(req).await.unwrap()).await;
-        assert_eq!((a.status, a.text()), (200, WECHAT_SUCCESS.to_owned()), "{}", gw.log());
+        assert_eq!(
+            (a.status, a.text()),
+            (200, WECHAT_SUCCESS.to_owned()),
+            "{}",
+            gw.log()
+        );
     }
 }
 
@@ -125,7 +133,10 @@ async fn the_breaker_stops_deliveries_for_the_cooldown_then_probes_once() {
     let keys = "deliver_concurrency = 1\nbreaker_failures = 3\nbreaker_cooldown = \"1s\"\n\
                 retry_schedule = [\"10ms\"]";
     let (gw, metrics) = gateway(&url, "", keys);
-    assert_eq!(route_gauge(metrics, "idempotency_upstream_breaker"), Some(0.0));
+    assert_eq!(
+        route_gauge(metrics, "idempotency_upstream_breaker"),
+        Some(0.0)
+    );
     notify(&gw, "breaker", 5).await;
     until("the breaker opens", &gw, || {
         route_gauge(metrics, "idempotency_upstream_breaker") == Some(1.0)
@@ -134,7 +145,10 @@ async fn the_breaker_stops_deliveries_for_the_cooldown_then_probes_once() {
     // While it is open, the upstream gets nothing.
     assert_eq!(up.calls(), 3, "calls before the breaker opened");
     while up.calls() == 3 {
-        assert_eq!(route_gauge(metrics, "idempotency_upstream_breaker"), Some(1.0));
+        assert_eq!(
+            route_gauge(metrics, "idempotency_upstream_breaker"),
+            Some(1.0)
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The probe, alone; it failed: open again.
@@ -143,7 +157,10 @@ async fn the_breaker_stops_deliveries_for_the_cooldown_then_probes_once() {
     })
     .await;
     assert_eq!(up.calls(), 4, "one probe");
-    assert_eq!(route_gauge(metrics, "idempotency_upstream_breaker"), Some(1.0));
+    assert_eq!(
+        route_gauge(metrics, "idempotency_upstream_breaker"),
+        Some(1.0)
+    );
     up.failing.store(false, Ordering::SeqCst);
     until("all five are delivered", &gw, || {
         up.delivered.load(Ordering::SeqCst) >= 5
@@ -156,11 +173,20 @@ async fn the_breaker_stops_deliveries_for_the_cooldown_then_probes_once() {
     // Three failures, one failed probe, then each notification once.
     assert_eq!(up.calls(), 3 + 1 + 5);
     let log = gw.log();
-    let opened = log.lines().find(|l| l.contains("circuit breaker open")).unwrap();
-    assert!(opened.contains("WARN") && opened.contains("/wx"), "{opened}");
+    let opened = log
+        .lines()
+        .find(|l| l.contains("circuit breaker open"))
+        .unwrap();
+    assert!(
+        opened.contains("WARN") && opened.contains("/wx"),
+        "{opened}"
+    );
     let closed = log.lines().find(|l| l.contains("circuit breaker closed"));
     let closed = closed.unwrap_or_else(|| panic!("no close logged\n{log}"));
-    assert!(closed.contains("INFO") && closed.contains("/wx"), "{closed}");
+    assert!(
+        closed.contains("INFO") && closed.contains("/wx"),
+        "{closed}"
+    );
 }
 
 /// `deliver_rate = "1/m"`: one delivery starts, the next one's turn is a
@@ -209,16 +235,40 @@ async fn retry_schedule_replaces_the_backoff() {
 #[test]
 fn bad_pacing_values_exit_2_naming_the_key() {
     for (line, hint) in [
-        ("deliver_concurrency = 0", ":6: `deliver_concurrency`: expected a whole number more than 0"),
-        ("deliver_rate = \"fast\"", ":6: `deliver_rate`: `fast`: expected a rate like"),
+        (
+            "deliver_concurrency = 0",
+            ":6: `deliver_concurrency`: expected a whole number more than 0",
+        ),
+        (
+            "deliver_rate = \"fast\"",
+            ":6: `deliver_rate`: `fast`: expected a rate like",
+        ),
         ("deliver_rate = \"0/s\"", ":6: `deliver_rate`:"),
         ("deliver_rate = \"10/d\"", ":6: `deliver_rate`:"),
-        ("retry_schedule = []", ":6: `retry_schedule`: expected at least one delay"),
-        ("retry_schedule = [\"15s\", \"soon\"]", ":6: `retry_schedule`: `soon`:"),
-        ("retry_schedule = \"15s\"", ":6: `retry_schedule`: expected a list of delays"),
-        ("retry_schedule = [15]", ":6: `retry_schedule`: expected a list of delays"),
-        ("breaker_failures = 0", ":6: `breaker_failures`: expected a whole number from 1"),
-        ("breaker_cooldown = \"0s\"", ":6: `breaker_cooldown`: must be more than 0"),
+        (
+            "retry_schedule = []",
+            ":6: `retry_schedule`: expected at least one delay",
+        ),
+        (
+            "retry_schedule = [\"15s\", \"soon\"]",
+            ":6: `retry_schedule`: `soon`:",
+        ),
+        (
+            "retry_schedule = \"15s\"",
+            ":6: `retry_schedule`: expected a list of delays",
+        ),
+        (
+            "retry_schedule = [15]",
+            ":6: `retry_schedule`: expected a list of delays",
+        ),
+        (
+            "breaker_failures = 0",
+            ":6: `breaker_failures`: expected a whole number from 1",
+        ),
+        (
+            "breaker_cooldown = \"0s\"",
+            ":6: `breaker_cooldown`: must be more than 0",
+        ),
     ] {
         let file = temp_path("bad-pace.toml");
         std::fs::write(

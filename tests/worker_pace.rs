@@ -61,7 +61,11 @@ async fn concurrency_bounds_the_deliveries_in_flight() {
     let round = worker.run_once().await.unwrap();
     assert_eq!(round.fetched, 60);
     assert_eq!(round.delivered, 60);
-    assert_eq!(up.peak.load(Ordering::SeqCst), 4, "the limit is used, never passed");
+    assert_eq!(
+        up.peak.load(Ordering::SeqCst),
+        4,
+        "the limit is used, never passed"
+    );
     assert_eq!(queue.stats().await.unwrap().depth, 0);
 }
 
@@ -115,7 +119,11 @@ async fn a_failed_probe_opens_the_breaker_again() {
     // One probe, alone; it fails: the others are paused again.
     let round = worker.run_once().await.unwrap();
     assert_eq!(up.calls.load(Ordering::SeqCst), 2);
-    assert_eq!((round.fetched, round.retried, round.paused), (3, 1, 2), "{round:?}");
+    assert_eq!(
+        (round.fetched, round.retried, round.paused),
+        (3, 1, 2),
+        "{round:?}"
+    );
 }
 
 #[tokio::test]
@@ -138,7 +146,9 @@ async fn lanes_have_breakers_of_their_own() {
         }
     });
     let lane = |m: &Message| Some(Arc::<str>::from(m.uri.path()));
-    let pace = Pace::new().concurrency(1).breaker(2, Duration::from_secs(60));
+    let pace = Pace::new()
+        .concurrency(1)
+        .breaker(2, Duration::from_secs(60));
     let mut worker = Worker::new(queue.clone(), split)
         .lane("/down", pace.clone())
         .lane("/up", pace)
@@ -146,7 +156,11 @@ async fn lanes_have_breakers_of_their_own() {
     let round = worker.run_once().await.unwrap();
     assert_eq!(down.calls.load(Ordering::SeqCst), 2);
     assert_eq!(up.calls.load(Ordering::SeqCst), 4);
-    assert_eq!((round.delivered, round.retried, round.paused), (4, 2, 2), "{round:?}");
+    assert_eq!(
+        (round.delivered, round.retried, round.paused),
+        (4, 2, 2),
+        "{round:?}"
+    );
 }
 
 #[tokio::test]
@@ -167,6 +181,10 @@ async fn the_retry_schedule_replaces_the_backoff() {
         tokio::time::sleep(Duration::from_millis(3)).await;
         tries += 1;
     }
-    assert_eq!(queue.stats().await.unwrap().dead, 1, "dead-lettered after 4 attempts");
+    assert_eq!(
+        queue.stats().await.unwrap().dead,
+        1,
+        "dead-lettered after 4 attempts"
+    );
     assert_eq!(up.calls.load(Ordering::SeqCst), 4);
 }

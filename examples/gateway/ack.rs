@@ -5,10 +5,10 @@
 use crate::store::GatewayStore;
 use either::Either;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tower::Service;
 use tower_idempotency::journal::{Journal, JournalEvent};
-use std::sync::Arc;
 use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, RouteTable, Target};
 use tower_idempotency::queue::{Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker};
 use tracing::{info, warn};

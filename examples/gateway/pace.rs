@@ -34,7 +34,11 @@ pub fn default_pace() -> Pace {
 /// The route's pace; an error names the key and its line.
 pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
     let concurrency = at
-        .number(keys.deliver_concurrency, "deliver_concurrency", parse::count)?
+        .number(
+            keys.deliver_concurrency,
+            "deliver_concurrency",
+            parse::count,
+        )?
         .unwrap_or(DEFAULT_DELIVER_CONCURRENCY);
     let failures = at
         .checked(keys.breaker_failures, "breaker_failures", |n| {
@@ -45,7 +49,11 @@ pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
         })?
         .unwrap_or(DEFAULT_BREAKER_FAILURES);
     let cooldown = at
-        .value(keys.breaker_cooldown, "breaker_cooldown", parse::positive_duration)?
+        .value(
+            keys.breaker_cooldown,
+            "breaker_cooldown",
+            parse::positive_duration,
+        )?
         .unwrap_or(DEFAULT_BREAKER_COOLDOWN);
     let mut pace = Pace::new()
         .concurrency(concurrency)
@@ -108,7 +116,11 @@ pub fn describe(pace: &Pace) -> String {
 /// The pace of every ack-then-deliver route (its own keys, or the
 /// defaults for a route of the flags), by prefix; `None` for the others.
 pub fn lanes(
-    routes: &[(String, tower_idempotency::proxy::Target, tower_idempotency::proxy::RouteOptions)],
+    routes: &[(
+        String,
+        tower_idempotency::proxy::Target,
+        tower_idempotency::proxy::RouteOptions,
+    )],
     paces: &[(String, Pace)],
 ) -> Vec<(String, Option<Pace>)> {
     routes

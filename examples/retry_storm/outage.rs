@@ -148,7 +148,9 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         debug_assert!(o.executed <= args.transactions);
     }
     if args.json {
-        let json = |d: Option<Duration>| d.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64()));
+        let json = |d: Option<Duration>| {
+            d.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64()))
+        };
         for o in [&none, &shed, &ack] {
             println!(
                 "{{\"mode\":\"{}\",\"acked\":{},\"all_acked_s\":{},\"copies_acked_s\":{},\"delivered_s\":{},\"peak\":{},\"overloaded\":{},\"executed\":{},\"doubles\":{},\"requests\":{}}}",
@@ -203,7 +205,8 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
         ),
         Mode::Ack(limit) => {
             // The embedded queue in a file of its own, as the gateway runs it.
-            let file = std::env::temp_dir().join(format!("retry-storm-outage-{}.redb", std::process::id()));
+            let file = std::env::temp_dir()
+                .join(format!("retry-storm-outage-{}.redb", std::process::id()));
             let _ = std::fs::remove_file(&file);
             let queue = RedbQueue::open(&file)?;
             let gateway = Gateway::builder(forward, MemoryStore::new())
@@ -277,7 +280,8 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
         }
     }
     // Acknowledged first: wait for the queue's deliveries.
-    while fragile.executed.lock().unwrap().len() < args.transactions && started.elapsed() < GIVE_UP {
+    while fragile.executed.lock().unwrap().len() < args.transactions && started.elapsed() < GIVE_UP
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let delivered_after = match fragile.executed.lock().unwrap().len() == args.transactions {

@@ -68,10 +68,10 @@ mod worker;
 pub use self::redb::RedbQueue;
 pub use memory::MemoryQueue;
 pub use message::Message;
+pub use pace::{Pace, Rate};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;
-pub use pace::{Pace, Rate};
 pub use settle::WorkerRound;
 pub use worker::Worker;
 

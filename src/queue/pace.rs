@@ -114,7 +114,9 @@ fn random() -> u64 {
         // No entropy source: the clock's low bits still spread the waits.
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::from(d.subsec_nanos()).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .map_or(0, |d| {
+                u64::from(d.subsec_nanos()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            })
     })
 }
 
@@ -321,7 +323,10 @@ mod tests {
             below_half += usize::from(wait < cap / 2);
         }
         // Spread over the range, not pinned to either end.
-        assert!((40..160).contains(&below_half), "{below_half} of 200 below half");
+        assert!(
+            (40..160).contains(&below_half),
+            "{below_half} of 200 below half"
+        );
         assert_eq!(Pace::new().scheduled_wait(1), None);
         assert_eq!(Pace::new().retry_schedule([]).get_retry_schedule(), None);
     }
