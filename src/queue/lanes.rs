@@ -66,6 +66,9 @@ impl<Q: Queue, S> Worker<Q, S> {
             Some(lane) => *lane = Lane::new(name, pace),
             None => self.lanes.push(Lane::new(name, pace)),
         }
+        for lane in &mut self.lanes[1..] {
+            lane.reported = true;
+        }
         self
     }
 

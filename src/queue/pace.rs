@@ -196,6 +196,9 @@ pub(super) struct Lane {
     /// When the rate lets the next delivery start.
     next_start: Option<Instant>,
     pub(super) breaker: Option<Breaker>,
+    /// Whether its gauges are exported: a worker that paces nothing (and
+    /// names no lane) adds no series.
+    pub(super) reported: bool,
 }
 
 /// What to do with a lane's next waiting delivery.
@@ -211,6 +214,7 @@ pub(super) enum Admit {
 
 impl Lane {
     pub(super) fn new(name: Arc<str>, pace: Pace) -> Self {
+        let reported = pace != Pace::default();
         let breaker = pace
             .breaker
             .map(|(failures, cooldown)| Breaker::new(failures, cooldown));
@@ -221,6 +225,7 @@ impl Lane {
             waiting: VecDeque::new(),
             next_start: None,
             breaker,
+            reported,
         }
     }
 
@@ -277,10 +282,15 @@ impl Lane {
     /// One more call running.
     pub(super) fn started(&mut self) {
         self.running += 1;
-        super::metrics::deliveries_in_flight(&self.name, self.running);
+        if self.reported {
+            super::metrics::deliveries_in_flight(&self.name, self.running);
+        }
     }
 
     pub(super) fn gauges(&self) {
+        if !self.reported {
+            return;
+        }
         super::metrics::deliveries_in_flight(&self.name, self.running);
         if let Some(b) = &self.breaker {
             super::metrics::breaker(&self.name, b.gauge());

@@ -72,7 +72,8 @@ struct Done {
 /// `idempotency_deliveries_in_flight{route}` and
 /// `idempotency_upstream_breaker{route}` (0 closed, 1 open, 2 half-open: the
 /// probe under way) are labelled with the lane's name (the worker's
-/// [`name`](Self::name) for the default lane).
+/// [`name`](Self::name) for the default lane), for the lanes that pace
+/// something (a worker that paces nothing adds no series).
 pub struct Worker<Q, S> {
     pub(super) queue: Q,
     pub(super) service: S,
