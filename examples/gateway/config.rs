@@ -11,6 +11,7 @@
 //! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie, max_memory
 //! max_in_flight = 20   # optional: the route's calls in flight to the upstream; queue_wait too
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
+//! deliver_concurrency = 20     # its deliveries' pace: deliver_rate, retry_schedule, breaker_failures, breaker_cooldown too
 //! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
 //!
@@ -100,11 +101,11 @@ struct FileRoute {
     max_in_flight: Option<Spanned<SizeValue>>,
     queue_wait: Field,
     /// How an ack-then-deliver route paces its deliveries (`pace.rs`).
-    deliver_concurrency: Option<Spanned<u64>>,
-    deliver_rate: Field,
+    deliver_concurrency: Option<Spanned<toml::Value>>,
+    deliver_rate: Option<Spanned<toml::Value>>,
     retry_schedule: Option<Spanned<toml::Value>>,
-    breaker_failures: Option<Spanned<u64>>,
-    breaker_cooldown: Field,
+    breaker_failures: Option<Spanned<toml::Value>>,
+    breaker_cooldown: Option<Spanned<toml::Value>>,
 }
 
 /// Everything the gateway runs with.

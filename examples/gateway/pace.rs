@@ -3,7 +3,7 @@
 //! `breaker_failures` and `breaker_cooldown`.
 
 use crate::parse;
-use crate::spanned::{At, Field};
+use crate::spanned::At;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::queue::{Pace, Rate};
@@ -15,13 +15,14 @@ pub const DEFAULT_BREAKER_FAILURES: u32 = 10;
 /// `breaker_cooldown` when a route does not set it.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 
-/// A route's pacing keys as written.
+/// A route's pacing keys as written (any TOML type: a wrong one is
+/// refused here, naming the key).
 pub struct Keys<'a> {
-    pub deliver_concurrency: &'a Option<Spanned<u64>>,
-    pub deliver_rate: &'a Field,
+    pub deliver_concurrency: &'a Option<Spanned<toml::Value>>,
+    pub deliver_rate: &'a Option<Spanned<toml::Value>>,
     pub retry_schedule: &'a Option<Spanned<toml::Value>>,
-    pub breaker_failures: &'a Option<Spanned<u64>>,
-    pub breaker_cooldown: &'a Field,
+    pub breaker_failures: &'a Option<Spanned<toml::Value>>,
+    pub breaker_cooldown: &'a Option<Spanned<toml::Value>>,
 }
 
 /// The pace of a route that sets none of the keys.
@@ -34,31 +35,29 @@ pub fn default_pace() -> Pace {
 /// The route's pace; an error names the key and its line.
 pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
     let concurrency = at
-        .number(
-            keys.deliver_concurrency,
-            "deliver_concurrency",
-            parse::count,
-        )?
+        .checked(keys.deliver_concurrency, "deliver_concurrency", |v| {
+            let n = whole(v, "expected a whole number more than 0")?;
+            usize::try_from(n).map_err(|_| "too large".to_owned())
+        })?
         .unwrap_or(DEFAULT_DELIVER_CONCURRENCY);
     let failures = at
-        .checked(keys.breaker_failures, "breaker_failures", |n| {
-            u32::try_from(*n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| "expected a whole number from 1 to 4294967295".to_owned())
+        .checked(keys.breaker_failures, "breaker_failures", |v| {
+            let n = whole(v, "expected a whole number from 1 to 4294967295")?;
+            u32::try_from(n).map_err(|_| "expected a whole number from 1 to 4294967295".to_owned())
         })?
         .unwrap_or(DEFAULT_BREAKER_FAILURES);
     let cooldown = at
-        .value(
-            keys.breaker_cooldown,
-            "breaker_cooldown",
-            parse::positive_duration,
-        )?
+        .checked(keys.breaker_cooldown, "breaker_cooldown", |v| {
+            parse::positive_duration(text(v, "a duration such as \"30s\"")?)
+        })?
         .unwrap_or(DEFAULT_BREAKER_COOLDOWN);
     let mut pace = Pace::new()
         .concurrency(concurrency)
         .breaker(failures, cooldown);
-    if let Some(rate) = at.value(keys.deliver_rate, "deliver_rate", rate)? {
+    let rate = at.checked(keys.deliver_rate, "deliver_rate", |v| {
+        text(v, "a rate such as \"200/s\"")?.parse::<Rate>()
+    })?;
+    if let Some(rate) = rate {
         pace = pace.rate(rate);
     }
     if let Some(delays) = at.checked(keys.retry_schedule, "retry_schedule", schedule)? {
@@ -67,9 +66,17 @@ pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
     Ok(pace)
 }
 
-/// `deliver_rate`: `"200/s"`, `"30/m"` or `"100/h"`.
-fn rate(s: &str) -> Result<Rate, String> {
-    s.parse()
+/// A whole number more than 0 (`why` otherwise).
+fn whole(v: &toml::Value, why: &str) -> Result<u64, String> {
+    v.as_integer()
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| why.to_owned())
+}
+
+/// A string (`expected` otherwise).
+fn text<'v>(v: &'v toml::Value, expected: &str) -> Result<&'v str, String> {
+    v.as_str().ok_or_else(|| format!("expected {expected}"))
 }
 
 /// `retry_schedule`: a non-empty list of durations, each more than 0.
