@@ -78,6 +78,7 @@ async fn the_breaker_opens_after_consecutive_failures_and_postpones_the_rest() {
     let mut worker = Worker::new(queue.clone(), service(up.clone()))
         .concurrency(1)
         .breaker(2, Duration::from_millis(300))
+        .backoff(Duration::from_secs(2), Duration::from_secs(2))
         .max_attempts(10);
     let round = worker.run_once().await.unwrap();
     assert_eq!(up.calls.load(Ordering::SeqCst), 2, "calls before it opened");
@@ -94,7 +95,7 @@ async fn the_breaker_opens_after_consecutive_failures_and_postpones_the_rest() {
     assert_eq!(up.calls.load(Ordering::SeqCst), 5);
     // The attempts of the paused entries were not counted.
     let mut tries = 0;
-    while queue.stats().await.unwrap().depth > 0 && tries < 50 {
+    while queue.stats().await.unwrap().depth > 0 && tries < 100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         worker.run_once().await.unwrap();
         tries += 1;
