@@ -125,3 +125,11 @@ macro_rules! log_warn {
     };
 }
 pub(crate) use log_warn;
+
+macro_rules! log_info {
+    ($($t:tt)*) => {
+        #[cfg(feature = "tracing")]
+        tracing::info!($($t)*);
+    };
+}
+pub(crate) use log_info;

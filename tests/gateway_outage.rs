@@ -8,6 +8,9 @@
 //! - With `--max-upstream-calls 20`, or a route's `max_in_flight = 20`: every
 //!   notification acknowledged, each executed exactly once upstream, and the
 //!   upstream never sees more than 20 calls at once.
+//! - Ack-then-deliver with `deliver_concurrency = 20`: every copy
+//!   acknowledged at once, each notification delivered exactly once, never
+//!   more than 20 at once.
 //! - Today's behaviour (no limit: the default cap of 1024 is far above what
 //!   this upstream bears): the backlog knocks it over.
 //!
@@ -127,8 +130,8 @@ async fn channel_copy(client: HttpClient, url: String, body: String) -> bool {
     false
 }
 
-/// The backlog released at once through `gw`; per notification, whether a
-/// copy was acknowledged.
+/// The backlog released at once through `gw`; per copy (the copies of
+/// each notification together), whether it was acknowledged.
 async fn release_backlog(gw: &Gateway, tag: &str, within: Duration) -> Vec<bool> {
     let client = client();
     let url = gw.url("/wx");
@@ -147,13 +150,19 @@ async fn release_backlog(gw: &Gateway, tag: &str, within: Duration) -> Vec<bool>
             }));
         }
     }
-    let mut acked = vec![false; NOTIFICATIONS];
-    for (i, t) in tasks.into_iter().enumerate() {
-        if t.await.unwrap() {
-            acked[i / COPIES] = true;
-        }
+    let mut acked = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        acked.push(t.await.unwrap());
     }
     acked
+}
+
+/// Notifications none of whose copies was acknowledged.
+fn unacknowledged(copies: &[bool]) -> usize {
+    copies
+        .chunks(COPIES)
+        .filter(|c| !c.iter().any(|a| *a))
+        .count()
 }
 
 /// Notifications executed more than once upstream.
@@ -183,7 +192,7 @@ async fn assert_upstream_stands(args: &[&str], tag: &str) {
     all.extend_from_slice(&["--metrics-listen", &metrics_arg]);
     let gw = Gateway::start(&upstream, &all);
     let acked = release_backlog(&gw, tag, GIVE_UP).await;
-    let missing = acked.iter().filter(|a| !**a).count();
+    let missing = unacknowledged(&acked);
     assert_eq!(missing, 0, "notifications never acknowledged\n{}", gw.log());
     let executed = fragile.executed.lock().unwrap().len();
     assert_eq!(executed, NOTIFICATIONS, "notifications executed upstream");
@@ -224,6 +233,67 @@ async fn a_route_max_in_flight_keeps_a_fragile_upstream_standing() {
     .unwrap();
     let config = config.display().to_string();
     assert_upstream_stands(&["--config", &config], "route").await;
+}
+
+/// Ack-then-deliver with `deliver_concurrency = 20`: every copy is
+/// acknowledged from the queue at once (nothing waits for the upstream),
+/// then the worker delivers each notification exactly once, never more than
+/// 20 at once, so the upstream never falls over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
+    let (fragile, upstream) = Fragile::start().await;
+    let dir = gateway_support::temp_path("outage-ack");
+    let config = gateway_support::temp_path("outage-ack.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nretry_backoff = \"200ms\"\n\
+             [[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\n\
+             mode = \"ack-then-deliver\"\ndeliver_concurrency = 20\n",
+            dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (config, metrics) = (config.display().to_string(), common::free_addr());
+    let metrics_arg = metrics.to_string();
+    let gw = Gateway::start(
+        &upstream,
+        &["--config", &config, "--metrics-listen", &metrics_arg],
+    );
+    let acked = release_backlog(&gw, "ack", GIVE_UP).await;
+    let missing = acked.iter().filter(|a| !**a).count();
+    assert_eq!(missing, 0, "copies never acknowledged\n{}", gw.log());
+    // Delivered from the queue: wait until the upstream has them all.
+    let started = std::time::Instant::now();
+    while fragile.executed.lock().unwrap().len() < NOTIFICATIONS && started.elapsed() < GIVE_UP {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let executed = fragile.executed.lock().unwrap().len();
+    assert_eq!(
+        executed,
+        NOTIFICATIONS,
+        "notifications delivered\n{}",
+        gw.log()
+    );
+    assert_eq!(doubles(&fragile), 0, "notifications delivered twice");
+    let peak = fragile.peak.load(Ordering::SeqCst);
+    assert!(peak <= BEARS, "the upstream saw {peak} calls at once");
+    assert_eq!(fragile.overloaded.load(Ordering::SeqCst), 0);
+    let (_, text) = get(metrics, "/metrics");
+    for name in [
+        "idempotency_deliveries_in_flight",
+        "idempotency_upstream_breaker",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("route=\"/wx\""));
+        assert_eq!(
+            line.and_then(|l| l.rsplit(' ').next()),
+            Some("0"),
+            "{name}: {text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Today's behaviour, without a limit that fits the upstream: the backlog

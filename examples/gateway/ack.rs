@@ -5,11 +5,12 @@
 use crate::store::GatewayStore;
 use either::Either;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tower::Service;
 use tower_idempotency::journal::{Journal, JournalEvent};
-use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, Target};
-use tower_idempotency::queue::{Message, Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, RouteTable, Target};
+use tower_idempotency::queue::{Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker};
 use tracing::{info, warn};
 
 /// The queue: the embedded file, or Redis Streams.
@@ -160,12 +161,15 @@ impl QueueSettings {
         }
     }
 
-    /// Delivers the queue's entries through `gateway` until `stop` fires.
+    /// Delivers the queue's entries through `gateway` until `stop` fires,
+    /// each ack-then-deliver route at its own pace (`lanes`, by prefix; see
+    /// `pace::lanes`).
     pub fn spawn_worker(
         &self,
         queue: GatewayQueue,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
+        lanes: &[(String, Option<Pace>)],
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
         info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
@@ -189,10 +193,28 @@ impl QueueSettings {
                 done
             }
         });
-        let worker = Worker::new(queue, deliver)
+        let mut worker = Worker::new(queue, deliver)
             .name(NAME)
             .max_attempts(self.max_attempts)
-            .backoff(self.backoff, Duration::from_secs(15 * 60));
+            .backoff(self.backoff, Duration::from_secs(15 * 60))
+            .concurrency(crate::pace::DEFAULT_DELIVER_CONCURRENCY);
+        // Entries of a path no ack-then-deliver route serves now (queued by
+        // an earlier run) go to the default lane.
+        let mut table = RouteTable::new();
+        let mut held = crate::pace::DEFAULT_DELIVER_CONCURRENCY;
+        for (prefix, pace) in lanes {
+            let lane = pace.as_ref().map(|_| Arc::<str>::from(prefix.as_str()));
+            // The prefixes were checked with the routes.
+            let _ = table.insert(prefix, lane);
+            if let Some(pace) = pace {
+                info!(route = %prefix, pace = %crate::pace::describe(pace), "ack-then-deliver route's pace");
+                held += pace.get_concurrency().unwrap_or(0);
+                worker = worker.lane(prefix.as_str(), pace.clone());
+            }
+        }
+        let worker = worker
+            .batch(held.max(32))
+            .lanes(move |m: &Message| table.find(m.uri.path())?.0.clone());
         tokio::spawn(worker.run(async move {
             let _ = stop.await;
         }))

@@ -26,14 +26,14 @@ pub async fn start(
     addr: SocketAddr,
     store: GatewayStore,
     dropped: ErrorCounter,
-    presets: &[&str],
+    series: &Series<'_>,
     admin: Option<Admin>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
     let handle = install()?;
-    zeros(presets);
+    zeros(series);
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;
@@ -223,8 +223,22 @@ const ALERTED: &[&str] = &[
 /// `increase()` and `rate()` need a sample before the first event, or the
 /// first mismatch, data loss or early eviction would never fire an alert.
 /// `presets` are the routes' presets (every built-in one for `auto`).
-fn zeros(presets: &[&str]) {
-    for preset in presets {
+/// What the series that start at zero are labelled with.
+pub struct Series<'a> {
+    /// The routes' presets.
+    pub presets: &'a [&'a str],
+    /// The prefixes of the ack-then-deliver routes.
+    pub acked: &'a [&'a str],
+}
+
+fn zeros(series: &Series<'_>) {
+    for route in series.acked {
+        let route = metrics::SharedString::from(route.to_string());
+        // 0: the breaker is closed, nothing is being delivered.
+        metrics::gauge!("idempotency_upstream_breaker", "route" => route.clone()).set(0.0);
+        metrics::gauge!("idempotency_deliveries_in_flight", "route" => route).set(0.0);
+    }
+    for preset in series.presets {
         for outcome in ALERTED {
             let preset = metrics::SharedString::from(preset.to_string());
             metrics::counter!("idempotency_requests_total", "preset" => preset, "outcome" => *outcome)

@@ -11,6 +11,7 @@
 //! window = "25h"   # optional per route: window, lease, wait, max_run, max_body, principal_header, principal_cookie, max_memory
 //! max_in_flight = 20   # optional: the route's calls in flight to the upstream, or "auto" (auto_limit); queue_wait too
 //! mode = "ack-then-deliver"   # or "synchronous" (the default)
+//! deliver_concurrency = 20     # its deliveries' pace: deliver_rate, retry_schedule, breaker_failures, breaker_cooldown too
 //! verify = { platform_keys = { "SERIAL" = "wechatpay_platform.pem" }, api_v3_key_file = "apiv3.key" }
 //! ```
 //!
@@ -33,6 +34,7 @@ use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::key::CookiePrincipal;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
+use tower_idempotency::queue::Pace;
 use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
 
@@ -103,6 +105,12 @@ struct FileRoute {
     /// Tunes `max_in_flight = "auto"`.
     auto_limit: Option<Spanned<crate::limit::AutoLimit>>,
     queue_wait: Field,
+    /// How an ack-then-deliver route paces its deliveries (`pace.rs`).
+    deliver_concurrency: Option<Spanned<toml::Value>>,
+    deliver_rate: Option<Spanned<toml::Value>>,
+    retry_schedule: Option<Spanned<toml::Value>>,
+    breaker_failures: Option<Spanned<toml::Value>>,
+    breaker_cooldown: Option<Spanned<toml::Value>>,
 }
 
 /// Everything the gateway runs with.
@@ -148,6 +156,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// The queue of the ack-then-deliver routes.
     pub queue: QueueSettings,
+    /// How each route paces its queued deliveries, by prefix.
+    pub paces: Vec<(String, Pace)>,
     /// Warnings to log once logging is on.
     pub warnings: Vec<String>,
 }
@@ -224,6 +234,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     let mut own_memory = Vec::new();
     let mut seen = RouteTable::new();
     let mut warnings = Vec::new();
+    let mut paces = Vec::new();
     if !args.route.is_empty() {
         if let Some(w) = dropped_routes(&file, &at)? {
             warnings.push(w);
@@ -279,6 +290,14 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
                 options = options.queue_wait(wait);
             }
+            let keys = crate::pace::Keys {
+                deliver_concurrency: &r.deliver_concurrency,
+                deliver_rate: &r.deliver_rate,
+                retry_schedule: &r.retry_schedule,
+                breaker_failures: &r.breaker_failures,
+                breaker_cooldown: &r.breaker_cooldown,
+            };
+            paces.push((prefix.clone(), crate::pace::route(&at, &keys)?));
             if let Some(v) = &r.verify {
                 let layer = crate::verify::layer(v.get_ref(), &target, &base)
                     .map_err(|e| at.err(v.span(), e))?;
@@ -393,6 +412,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         journal_body,
         admin_token,
         queue,
+        paces,
         warnings,
     })
 }

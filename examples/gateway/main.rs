@@ -32,6 +32,7 @@ mod config;
 mod dlq;
 mod limit;
 mod logging;
+mod pace;
 mod parse;
 mod reconcile;
 mod serve;
@@ -280,7 +281,15 @@ async fn run(
     let metrics = match settings.metrics_listen {
         Some(addr) => {
             let presets = route_presets(&settings.routes);
-            let started = admin::start(addr, store.clone(), dropped, &presets, admin.clone());
+            let acked: Vec<&str> = (settings.routes.iter())
+                .filter(|(_, _, o)| o.is_ack_then_deliver())
+                .map(|(p, _, _)| p.as_str())
+                .collect();
+            let series = admin::Series {
+                presets: &presets,
+                acked: &acked,
+            };
+            let started = admin::start(addr, store.clone(), dropped, &series, admin.clone());
             Some(started.await?)
         }
         None if admin.is_some() => {
@@ -347,9 +356,10 @@ async fn run(
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
     let worker = queue.clone().map(|q| {
         let journal = journal.clone();
+        let lanes = pace::lanes(&settings.routes, &settings.paces);
         settings
             .queue
-            .spawn_worker(q, &control, journal, worker_stopped)
+            .spawn_worker(q, &control, journal, &lanes, worker_stopped)
     });
     let journal_at_exit = journal.clone();
     let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));

@@ -1,5 +1,8 @@
 //! `--scenario outage`: the storm after an outage, through the library's
-//! `Gateway` in front of a fragile upstream, with no limit and with a cap.
+//! `Gateway` in front of a fragile upstream, with no limit, with a cap
+//! (shed; `--limit auto`: the route's adaptive limit), and acknowledging
+//! first then delivering from the queue at `deliver_concurrency` (a `Worker`
+//! with `concurrency(limit)`).
 //!
 //! The upstream serves 50 ms calls but falls over above `BEARS` at once:
 //! every extra call hangs 3 s, then answers 503 (and does nothing). The
@@ -19,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tower_idempotency::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
+use tower_idempotency::queue::{RedbQueue, Worker};
 use tower_idempotency::shed::{AimdLimit, Slots};
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::Preset;
@@ -43,6 +47,8 @@ struct Fragile {
     overloaded: AtomicUsize,
     /// Per notification: times executed.
     executed: Mutex<HashMap<String, usize>>,
+    /// When a notification was last executed for the first time.
+    last_new: Mutex<Option<Instant>>,
 }
 
 struct Leave(Arc<Fragile>);
@@ -72,7 +78,13 @@ impl Fragile {
             return res;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        *self.executed.lock().unwrap().entry(id).or_default() += 1;
+        let mut executed = self.executed.lock().unwrap();
+        let n = executed.entry(id).or_default();
+        *n += 1;
+        if *n == 1 {
+            *self.last_new.lock().unwrap() = Some(Instant::now());
+        }
+        drop(executed);
         Response::new(Full::new(Bytes::from_static(b"ok\n")))
     }
 }
@@ -82,6 +94,10 @@ struct Outcome {
     label: String,
     acked: usize,
     all_acked_after: Option<Duration>,
+    /// Until every copy (not only one per notification) was acknowledged.
+    copies_acked_after: Option<Duration>,
+    /// Until each notification was executed upstream.
+    delivered_after: Option<Duration>,
     peak: usize,
     overloaded: usize,
     executed: usize,
@@ -95,33 +111,41 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "outage backlog: {} notifications x {} copies at once; the upstream serves 50 ms calls and falls over above {BEARS} at once",
         args.transactions, args.duplicates
     );
-    let none = once(args, "no limit (cap 1024)", CallLimit::new(1024)).await?;
+    let none = once(args, "no limit (cap 1024)", Mode::Shed(1024)).await?;
     let shed = match args.limit_auto {
-        // The route's adaptive limit, from a start far under what the
-        // upstream bears; the upstream's own cap far above it.
-        true => {
-            let slots = Slots::adaptive(AimdLimit::new().initial(5));
-            let (label, calls) = ("shed, limit auto", CallLimit::new(1024));
-            once_with(args, label, calls, Some(slots)).await?
-        }
+        true => once(args, "shed, limit auto", Mode::Auto).await?,
         false => {
             let label = format!("shed, limit {}", args.limit);
-            once(args, &label, CallLimit::new(args.limit)).await?
+            once(args, &label, Mode::Shed(args.limit)).await?
         }
     };
+    let label = format!("ack, deliver_conc. {}", args.limit);
+    let ack = once(args, &label, Mode::Ack(args.limit)).await?;
     println!(
-        "\n{:<22} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
-        "mode", "all acked (s)", "acked", "peak upstr.", "overload", "doubles", "requests"
+        "\n{:<22} {:>14} {:>14} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
+        "mode",
+        "all acked (s)",
+        "copies (s)",
+        "delivered (s)",
+        "acked",
+        "peak upstr.",
+        "overload",
+        "doubles",
+        "requests"
     );
-    for o in [&none, &shed] {
-        let after = o.all_acked_after.map_or_else(
+    let secs = |d: Option<Duration>| {
+        d.map_or_else(
             || format!(">{}", GIVE_UP.as_secs()),
             |d| format!("{:.1}", d.as_secs_f64()),
-        );
+        )
+    };
+    for o in [&none, &shed, &ack] {
         println!(
-            "{:<22} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
+            "{:<22} {:>14} {:>14} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
             o.label,
-            after,
+            secs(o.all_acked_after),
+            secs(o.copies_acked_after),
+            secs(o.delivered_after),
             format!("{}/{}", o.acked, args.transactions),
             o.peak,
             o.overloaded,
@@ -131,12 +155,17 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         debug_assert!(o.executed <= args.transactions);
     }
     if args.json {
-        for o in [&none, &shed] {
+        let json = |d: Option<Duration>| {
+            d.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64()))
+        };
+        for o in [&none, &shed, &ack] {
             println!(
-                "{{\"mode\":\"{}\",\"acked\":{},\"all_acked_s\":{},\"peak\":{},\"overloaded\":{},\"executed\":{},\"doubles\":{},\"requests\":{}}}",
+                "{{\"mode\":\"{}\",\"acked\":{},\"all_acked_s\":{},\"copies_acked_s\":{},\"delivered_s\":{},\"peak\":{},\"overloaded\":{},\"executed\":{},\"doubles\":{},\"requests\":{}}}",
                 o.label,
                 o.acked,
-                o.all_acked_after.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64())),
+                json(o.all_acked_after),
+                json(o.copies_acked_after),
+                json(o.delivered_after),
                 o.peak,
                 o.overloaded,
                 o.executed,
@@ -148,23 +177,20 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// One mode: a fresh upstream and gateway, the backlog released at once.
-async fn once(
-    args: &Args,
-    label: &str,
-    calls: CallLimit,
-) -> Result<Outcome, Box<dyn std::error::Error>> {
-    once_with(args, label, calls, None).await
+/// How the gateway meets the backlog.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Synchronous, with this cap on the upstream calls (1024: today's default).
+    Shed(usize),
+    /// Synchronous, the route's adaptive limit from a start (5) far under
+    /// what the upstream bears; the upstream's own cap far above it.
+    Auto,
+    /// Acknowledge from the queue, deliver this many at once.
+    Ack(usize),
 }
 
-/// [`once`] with the route's own cap (`slots`); an adaptive one's limit is
-/// printed every 250 ms.
-async fn once_with(
-    args: &Args,
-    label: &str,
-    calls: CallLimit,
-    slots: Option<Slots>,
-) -> Result<Outcome, Box<dyn std::error::Error>> {
+/// One mode: a fresh upstream and gateway, the backlog released at once.
+async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn std::error::Error>> {
     let fragile = Arc::new(Fragile::default());
     let f = fragile.clone();
     let upstream = serve(tower::service_fn(move |req| {
@@ -172,22 +198,58 @@ async fn once_with(
         async move { Ok::<_, Infallible>(f.call(req).await) }
     }))
     .await?;
+    let calls = match mode {
+        Mode::Shed(limit) => CallLimit::new(limit),
+        Mode::Auto | Mode::Ack(_) => CallLimit::new(1024),
+    };
     let forward = Forward::builder(format!("http://{upstream}").parse()?)
         .call_limit(calls)
         .build();
-    let target = Target::Preset(Preset::wechatpay_v3());
-    let gateway = match &slots {
-        Some(slots) => Gateway::builder(forward, MemoryStore::new()).route_with(
-            PATH,
-            target,
-            RouteOptions::new().shared_in_flight(slots.clone()),
+    let wechat = Target::Preset(Preset::wechatpay_v3());
+    let slots = matches!(mode, Mode::Auto).then(|| Slots::adaptive(AimdLimit::new().initial(5)));
+    let (gateway, _stop) = match mode {
+        Mode::Auto => (
+            Gateway::builder(forward, MemoryStore::new())
+                .route_with(
+                    PATH,
+                    wechat,
+                    RouteOptions::new().shared_in_flight(slots.clone().expect("auto has slots")),
+                )
+                .build()?,
+            None,
         ),
-        None => Gateway::builder(forward, MemoryStore::new()).route(PATH, target),
-    }
-    .build()?;
+        Mode::Shed(_) => (
+            Gateway::builder(forward, MemoryStore::new())
+                .route(PATH, wechat)
+                .build()?,
+            None,
+        ),
+        Mode::Ack(limit) => {
+            // The embedded queue in a file of its own, as the gateway runs it.
+            let file = std::env::temp_dir()
+                .join(format!("retry-storm-outage-{}.redb", std::process::id()));
+            let _ = std::fs::remove_file(&file);
+            let queue = RedbQueue::open(&file)?;
+            let gateway = Gateway::builder(forward, MemoryStore::new())
+                .route_with(PATH, wechat, RouteOptions::new().ack_then_deliver(true))
+                .queue(queue.clone())
+                .build()?;
+            // The gateway's defaults beside the limit: breaker 10 / 30 s.
+            let worker = Worker::new(queue, gateway.deliverer())
+                .batch(limit + 16)
+                .concurrency(limit)
+                .breaker(10, Duration::from_secs(30));
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(worker.run(async move {
+                let _ = stopped.await;
+            }));
+            (gateway, Some((stop, file)))
+        }
+    };
+    let addr = serve(gateway).await?;
     // An adaptive limit's value every 250 ms, until every copy is done.
     let line = Arc::new(Mutex::new(Vec::new()));
-    let timeline = slots.filter(|s| s.aimd().is_some()).map(|slots| {
+    let timeline = slots.map(|slots| {
         let line = line.clone();
         tokio::spawn(async move {
             loop {
@@ -196,7 +258,6 @@ async fn once_with(
             }
         })
     });
-    let addr = serve(gateway).await?;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let url = format!("http://{addr}{PATH}");
     let requests = Arc::new(AtomicUsize::new(0));
@@ -241,10 +302,13 @@ async fn once_with(
         }
     }
     let mut first_ack: Vec<Option<Duration>> = vec![None; args.transactions];
+    let (mut copies_acked, mut last_copy) = (0, Duration::ZERO);
     for (i, t) in tasks.into_iter().enumerate() {
         if let Some(at) = t.await? {
             let slot = &mut first_ack[i / args.duplicates];
             *slot = Some(slot.map_or(at, |s| s.min(at)));
+            copies_acked += 1;
+            last_copy = last_copy.max(at);
         }
     }
     if let Some(t) = timeline {
@@ -253,6 +317,19 @@ async fn once_with(
             "{label}: the limit every 250 ms: {}",
             line.lock().unwrap().join(" ")
         );
+    }
+    // Acknowledged first: wait for the queue's deliveries.
+    while fragile.executed.lock().unwrap().len() < args.transactions && started.elapsed() < GIVE_UP
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let delivered_after = match fragile.executed.lock().unwrap().len() == args.transactions {
+        true => fragile.last_new.lock().unwrap().map(|at| at - started),
+        false => None,
+    };
+    if let Some((stop, file)) = _stop {
+        let _ = stop.send(());
+        let _ = std::fs::remove_file(file);
     }
     let acked = first_ack.iter().filter(|a| a.is_some()).count();
     let all_acked_after = match acked == args.transactions {
@@ -264,6 +341,8 @@ async fn once_with(
         label: label.to_owned(),
         acked,
         all_acked_after,
+        copies_acked_after: (copies_acked == copies).then_some(last_copy),
+        delivered_after,
         peak: fragile.peak.load(Ordering::SeqCst),
         overloaded: fragile.overloaded.load(Ordering::SeqCst),
         executed: executed.len(),

@@ -38,3 +38,27 @@ pub(super) fn stranded(queue: &std::sync::Arc<str>, n: usize) {
     )
     .set(n as f64);
 }
+
+/// Sets `idempotency_deliveries_in_flight{route}`: a lane's deliveries
+/// calling the service now.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(super) fn deliveries_in_flight(lane: &std::sync::Arc<str>, n: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(
+        "idempotency_deliveries_in_flight",
+        "route" => metrics::SharedString::from(lane.clone())
+    )
+    .set(n as f64);
+}
+
+/// Sets `idempotency_upstream_breaker{route}`: 0 closed, 1 open, 2
+/// half-open (the probe under way).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(super) fn breaker(lane: &std::sync::Arc<str>, state: u8) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(
+        "idempotency_upstream_breaker",
+        "route" => metrics::SharedString::from(lane.clone())
+    )
+    .set(f64::from(state));
+}

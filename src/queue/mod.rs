@@ -45,29 +45,35 @@
 //! # }
 //! ```
 
+mod breaker;
 mod dead;
 mod delegate;
 mod either;
 mod embedded;
 mod group;
+mod lanes;
 mod memory;
 mod message;
 mod metrics;
+mod pace;
 mod records;
 mod redb;
 #[cfg(feature = "redis")]
 mod redis_scripts;
 #[cfg(feature = "redis")]
 mod redis_streams;
+mod settle;
 mod worker;
 
 pub use self::redb::RedbQueue;
 pub use memory::MemoryQueue;
 pub use message::Message;
+pub use pace::{Pace, Rate};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;
-pub use worker::{Worker, WorkerRound};
+pub use settle::WorkerRound;
+pub use worker::Worker;
 
 use std::fmt;
 use std::future::Future;

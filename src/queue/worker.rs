@@ -1,7 +1,8 @@
 //! [`Worker`]: delivers queue entries to a tower service.
 
+use super::pace::{Lane, Pace};
+use super::settle::{settle, unsettled, verdict, Settled, WorkerRound};
 use super::{Delivery, Message, Queue, QueueError};
-use crate::consumer::failure::Failure;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashSet;
 use std::fmt;
@@ -11,14 +12,14 @@ use std::time::{Duration, Instant};
 use tower_service::Service;
 
 #[derive(Debug, Clone)]
-struct Config {
-    name: Arc<str>,
-    batch: usize,
-    lease: Duration,
-    poll: Duration,
-    max_attempts: u32,
-    backoff: Duration,
-    max_backoff: Duration,
+pub(super) struct Config {
+    pub(super) name: Arc<str>,
+    pub(super) batch: usize,
+    pub(super) lease: Duration,
+    pub(super) poll: Duration,
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Duration,
+    pub(super) max_backoff: Duration,
 }
 
 impl Config {
@@ -30,85 +31,82 @@ impl Config {
     }
 }
 
-/// What one [`Worker::run_once`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WorkerRound {
-    /// Entries handed to the service.
-    pub fetched: usize,
-    /// Delivered and acknowledged.
-    pub delivered: usize,
-    /// Failed; due again after their backoff.
-    pub retried: usize,
-    /// Failed for the last time; moved to the dead letters.
-    pub dead_lettered: usize,
-    /// Finished after their lease ran out and the entry went to another
-    /// worker (its consumer keeps the handler from running twice).
-    pub lease_lost: usize,
-    /// Not delivered for want of a route, and kept: tried again later,
-    /// never dead-lettered for it (see `idempotency_queue_stranded`).
-    pub kept: usize,
+/// Which lane a message goes to (by name).
+pub(super) type LaneOf = Arc<dyn Fn(&Message) -> Option<Arc<str>> + Send + Sync>;
+
+/// What to do with a delivery taken from its lane.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Act {
+    /// Call the service (`true`: as the breaker's probe).
+    Call(bool),
+    /// Postpone the entry, its attempt not counted.
+    Postpone(Duration, &'static str),
+    /// Dead-letter it: handed out too often without settling.
+    Unsettled,
 }
 
-/// How one delivery was settled, and whether the lease was still held.
-enum Settled {
-    Delivered(bool),
-    Retried(bool),
-    DeadLettered(bool),
-    Kept(bool),
-}
-
-impl WorkerRound {
-    fn record(&mut self, settled: Settled) {
-        let kept = match settled {
-            Settled::Delivered(kept) => {
-                self.delivered += 1;
-                kept
-            }
-            Settled::Retried(kept) => {
-                self.retried += 1;
-                kept
-            }
-            Settled::DeadLettered(kept) => {
-                self.dead_lettered += 1;
-                kept
-            }
-            Settled::Kept(kept) => {
-                self.kept += 1;
-                kept
-            }
-        };
-        self.lease_lost += usize::from(!kept);
-    }
+/// How a delivery ended.
+struct Done {
+    lane: usize,
+    key: String,
+    /// For a call: whether it was the probe, and what it says of the upstream.
+    call: Option<(bool, Option<bool>)>,
+    settled: Result<Settled, QueueError>,
 }
 
 /// Delivers the entries of a [`Queue`] to a service: `Ok` acknowledges the
-/// entry, `Err` retries it after an exponential backoff, and the last of
-/// `max_attempts` failures moves it to the dead letters.
+/// entry, `Err` retries it after an exponential backoff (or the
+/// [retry schedule](Self::retry_schedule)), and the last of `max_attempts`
+/// failures moves it to the dead letters.
 ///
 /// The service gets each entry's [`Message`]. Wrap the handler in a
 /// [`ConsumerLayer`](crate::consumer::ConsumerLayer) (or send the message's
 /// request through the [dedup layer](crate::dedup)) so that an entry
 /// redelivered after a crash does not run it twice; an HTTP client should
 /// turn a non-2xx answer into an `Err`.
-#[derive(Debug)]
+///
+/// Deliveries can be paced so that a backlog does not knock the upstream
+/// over: [`concurrency`](Self::concurrency), [`rate`](Self::rate) and a
+/// [circuit breaker](Self::breaker), for all of them or per
+/// [lane](Self::lanes) (for example one per upstream). The gauges
+/// `idempotency_deliveries_in_flight{route}` and
+/// `idempotency_upstream_breaker{route}` (0 closed, 1 open, 2 half-open: the
+/// probe under way) are labelled with the lane's name (the worker's
+/// [`name`](Self::name) for the default lane), for the lanes that pace
+/// something (a worker that paces nothing adds no series).
 pub struct Worker<Q, S> {
-    queue: Q,
-    service: S,
-    config: Arc<Config>,
+    pub(super) queue: Q,
+    pub(super) service: S,
+    pub(super) config: Arc<Config>,
+    /// The default lane first, then the named ones.
+    pub(super) lanes: Vec<Lane>,
+    pub(super) lane_of: Option<LaneOf>,
     /// Keys whose last delivery found no route.
     stranded: HashSet<String>,
     /// When the stranded entries were last warned about.
     warned: Option<Instant>,
 }
 
+impl<Q: fmt::Debug, S: fmt::Debug> fmt::Debug for Worker<Q, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("queue", &self.queue)
+            .field("service", &self.service)
+            .field("config", &self.config)
+            .field("lanes", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<Q: Queue, S> Worker<Q, S> {
     /// A worker with the defaults below.
     pub fn new(queue: Q, service: S) -> Self {
+        let name: Arc<str> = Arc::from("default");
         Self {
             queue,
             service,
             config: Arc::new(Config {
-                name: Arc::from("default"),
+                name: name.clone(),
                 batch: 32,
                 lease: Duration::from_secs(30),
                 poll: Duration::from_millis(200),
@@ -116,6 +114,8 @@ impl<Q: Queue, S> Worker<Q, S> {
                 backoff: Duration::from_secs(1),
                 max_backoff: Duration::from_secs(15 * 60),
             }),
+            lanes: vec![Lane::new(name, Pace::new())],
+            lane_of: None,
             stranded: HashSet::new(),
             warned: None,
         }
@@ -125,13 +125,17 @@ impl<Q: Queue, S> Worker<Q, S> {
         Arc::make_mut(&mut self.config)
     }
 
-    /// The queue's name in metrics (`queue` label). Defaults to `"default"`.
+    /// The queue's name in metrics (`queue` label, and `route` for the
+    /// default lane). Defaults to `"default"`.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
-        self.config().name = name.into();
+        let name = name.into();
+        self.config().name = name.clone();
+        self.lanes[0].name = name;
         self
     }
 
-    /// How many entries are fetched and delivered concurrently. Defaults to 32.
+    /// How many entries are fetched and held at once (delivered, or waiting
+    /// for their lane's turn). Defaults to 32.
     pub fn batch(mut self, batch: usize) -> Self {
         self.config().batch = batch.max(1);
         self
@@ -186,14 +190,16 @@ where
     S::Error: fmt::Display,
 {
     /// Fetches the entries that are due (up to the batch size), delivers
-    /// them concurrently and records each result as soon as its delivery
-    /// ends (acknowledged, retried, dead-lettered or kept). A queue error
-    /// is returned once every entry of the round was settled or failed to
-    /// be; an entry left unsettled is delivered again after its lease.
+    /// them concurrently, as their lanes' pace allows, and records each
+    /// result as soon as its delivery ends (acknowledged, retried,
+    /// dead-lettered, kept or paused). A queue error is returned once every
+    /// entry of the round was settled or failed to be; an entry left
+    /// unsettled is delivered again after its lease.
     ///
     /// One round waits for its slowest delivery; [`run`](Self::run) does
     /// not: each delivery settles on its own.
     pub async fn run_once(&mut self) -> Result<WorkerRound, QueueError> {
+        self.gauges();
         let batch = self
             .queue
             .fetch(self.config.batch, self.config.lease)
@@ -202,21 +208,29 @@ where
             fetched: batch.len(),
             ..WorkerRound::default()
         };
-        let mut deliveries = Vec::with_capacity(batch.len());
-        for delivery in batch {
-            deliveries.push(self.start(delivery).await);
-        }
         // Settled concurrently: the embedded queue carries the
         // acknowledgements that arrive together in one commit.
-        let settled = futures_util::future::join_all(deliveries).await;
+        let mut running = FuturesUnordered::new();
+        for delivery in batch {
+            if let Some((lane, delivery, act)) = self.enqueue(delivery) {
+                running.push(self.launch(lane, delivery, act).await);
+            }
+        }
         let mut failed = None;
-        for (key, outcome) in settled {
-            match outcome {
-                Ok(settled) => {
-                    self.note(&key, &settled);
-                    round.record(settled);
-                }
-                Err(e) => failed = Some(e),
+        loop {
+            let (ready, wake) = self.admit();
+            for (lane, delivery, act) in ready {
+                running.push(self.launch(lane, delivery, act).await);
+            }
+            if running.is_empty() && (self.waiting() == 0 || wake.is_none()) {
+                break;
+            }
+            tokio::select! {
+                Some(done) = running.next() => match self.finish(done) {
+                    Ok(settled) => round.record(settled),
+                    Err(e) => failed = Some(e),
+                },
+                () = sleep_until(wake), if wake.is_some() => {}
             }
         }
         self.report_stranded();
@@ -230,36 +244,73 @@ where
         }
     }
 
-    /// Calls the service for `delivery`; the returned future settles it.
-    async fn start(
+    /// Starts `act` for `delivery`; the returned future settles it.
+    async fn launch(
         &mut self,
+        lane: usize,
         delivery: Delivery,
-    ) -> impl Future<Output = (String, Result<Settled, QueueError>)> + use<Q, S> {
-        // Handed out more often than it may fail without ever settling: its
-        // deliveries died with the process (or outlived their lease).
-        let call = match delivery.attempt > self.config.max_attempts {
-            true => None,
-            false => {
+        act: Act,
+    ) -> impl Future<Output = Done> + use<Q, S> {
+        let call = match act {
+            Act::Call(probe) => {
                 let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
-                Some(ready.map(|()| self.service.call(delivery.message.clone())))
+                Some((
+                    probe,
+                    ready.map(|()| self.service.call(delivery.message.clone())),
+                ))
             }
+            _ => None,
         };
         let (queue, config) = (self.queue.clone(), self.config.clone());
+        let last = delivery.attempt >= config.max_attempts;
+        let after = self.lanes[lane]
+            .pace
+            .scheduled_wait(delivery.attempt)
+            .unwrap_or_else(|| config.backoff_after(delivery.attempt));
         async move {
             let key = delivery.message.key.clone();
-            let result = match call {
-                Some(Ok(fut)) => fut.await.map(drop),
-                Some(Err(e)) => Err(e),
-                None => return (key, unsettled(&queue, &config, &delivery).await),
+            let (call, settled) = match (act, call) {
+                (_, Some((probe, call))) => {
+                    let result = match call {
+                        Ok(fut) => fut.await.map(drop),
+                        Err(e) => Err(e),
+                    };
+                    let up = verdict(&result);
+                    let how = (last, after);
+                    let settled = settle(&queue, &config.name, how, &delivery, result).await;
+                    (Some((probe, up)), settled)
+                }
+                (Act::Postpone(after, why), None) => {
+                    let kept = queue.postpone(&delivery, after, why).await;
+                    (None, kept.map(Settled::Paused))
+                }
+                (_, None) => (None, unsettled(&queue, &config.name, &delivery).await),
             };
-            (key, settle(&queue, &config, &delivery, result).await)
+            Done {
+                lane,
+                key,
+                call,
+                settled,
+            }
         }
+    }
+
+    /// Records a delivery that ended in its lane and the stranded set.
+    fn finish(&mut self, done: Done) -> Result<Settled, QueueError> {
+        if let Some((probe, up)) = done.call {
+            self.lanes[done.lane].finished(probe, up, Instant::now());
+        }
+        if let Ok(settled) = &done.settled {
+            self.note(&done.key, settled);
+        }
+        done.settled
     }
 
     /// Keeps the set of stranded keys (kept for want of a route) current.
     fn note(&mut self, key: &str, settled: &Settled) {
         let changed = match settled {
             Settled::Kept(_) => self.stranded.insert(key.to_owned()),
+            Settled::Paused(_) => false,
             _ => self.stranded.remove(key),
         };
         if changed {
@@ -285,28 +336,44 @@ where
         }
     }
 
-    /// Delivers until `shutdown` resolves: up to the batch size of
-    /// deliveries run at once, each settled as soon as it ends (a slow one
-    /// never holds the others), and a free slot is filled from the queue at
-    /// once, or after the poll interval when nothing was due or the queue
-    /// failed (which is logged). At shutdown no new entry is fetched and
+    /// Delivers until `shutdown` resolves: up to the batch size of entries
+    /// are held at once, each delivery starts as soon as its lane's pace
+    /// allows and settles as soon as it ends (a slow one never holds the
+    /// others), and a free slot is filled from the queue at once, or after
+    /// the poll interval when nothing was due or the queue failed (which is
+    /// logged). At shutdown no new entry is fetched or started (those
+    /// waiting for their turn are given back to the queue, due at once) and
     /// the deliveries under way finish.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        self.gauges();
         let mut shutdown = std::pin::pin!(shutdown);
         let mut running = FuturesUnordered::new();
         let mut next_fetch = Instant::now();
         let mut stopping = false;
         loop {
-            let free = self.config.batch.saturating_sub(running.len());
+            let (ready, wake) = match stopping {
+                false => self.admit(),
+                true => (self.release(), None),
+            };
+            for (lane, delivery, act) in ready {
+                // Not inside `push` (it borrows the set across the
+                // service's readiness).
+                let started = self.launch(lane, delivery, act).await;
+                running.push(started);
+            }
+            let free = self
+                .config
+                .batch
+                .saturating_sub(running.len() + self.waiting());
             if !stopping && free > 0 && Instant::now() >= next_fetch {
                 match self.queue.fetch(free, self.config.lease).await {
                     Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
                     Ok(batch) => {
                         for delivery in batch {
-                            // Not inside `push` (it borrows the set across
-                            // the service's readiness).
-                            let started = self.start(delivery).await;
-                            running.push(started);
+                            if let Some((lane, delivery, act)) = self.enqueue(delivery) {
+                                let started = self.launch(lane, delivery, act).await;
+                                running.push(started);
+                            }
                         }
                     }
                     Err(_e) => {
@@ -327,80 +394,26 @@ where
             let busy = !running.is_empty();
             tokio::select! {
                 () = &mut shutdown, if !stopping => stopping = true,
-                Some((key, settled)) = running.next(), if busy => {
-                    match settled {
-                        Ok(settled) => self.note(&key, &settled),
-                        Err(_e) => {
-                            crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed while settling a delivery; it is delivered again after its lease");
-                        }
+                Some(done) = running.next(), if busy => {
+                    if let Err(_e) = self.finish(done) {
+                        crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed while settling a delivery; it is delivered again after its lease");
                     }
                     self.report_stranded();
                 }
                 () = tokio::time::sleep_until(next_fetch.into()), if can_fetch => {}
+                () = sleep_until(wake), if wake.is_some() => {}
             }
         }
     }
 }
 
+/// Sleeps until `at` (forever for `None`: the branch is off then).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// How often stranded entries are warned about.
 const STRANDED_WARNING_EVERY: Duration = Duration::from_secs(60);
-
-/// How long an entry that no route delivers now waits before it is tried
-/// again (its due time outlives a restart with the route configured).
-const KEPT_FOR: Duration = Duration::from_secs(10);
-
-/// Dead-letters an entry handed out past `max_attempts` times without a
-/// result.
-async fn unsettled<Q: Queue>(
-    queue: &Q,
-    config: &Config,
-    delivery: &Delivery,
-) -> Result<Settled, QueueError> {
-    let why = format!(
-        "handed out {} times without settling (each delivery died with its process or outlived its lease)",
-        delivery.attempt
-    );
-    super::metrics::attempt(&config.name, "dead_lettered");
-    crate::outcome::log_warn!(queue = %config.name, entry = %delivery.id, "{why}; dead-lettered");
-    Ok(Settled::DeadLettered(
-        queue.dead_letter(delivery, &why).await?,
-    ))
-}
-
-async fn settle<Q: Queue, E: fmt::Display>(
-    queue: &Q,
-    config: &Config,
-    delivery: &Delivery,
-    result: Result<(), E>,
-) -> Result<Settled, QueueError> {
-    let name = &config.name;
-    let e = match result {
-        Ok(()) => {
-            super::metrics::attempt(name, "delivered");
-            return Ok(Settled::Delivered(queue.ack(delivery).await?));
-        }
-        Err(e) => e,
-    };
-    let last = delivery.attempt >= config.max_attempts;
-    Ok(match Failure::of(&e) {
-        Failure::Kept => {
-            super::metrics::attempt(name, "kept");
-            Settled::Kept(queue.postpone(delivery, KEPT_FOR, &e.to_string()).await?)
-        }
-        Failure::Permanent => {
-            super::metrics::attempt(name, "dead_lettered");
-            crate::outcome::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
-            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
-        }
-        Failure::Retry if last => {
-            super::metrics::attempt(name, "dead_lettered");
-            crate::outcome::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
-            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
-        }
-        Failure::Retry => {
-            super::metrics::attempt(name, "retried");
-            let after = config.backoff_after(delivery.attempt);
-            Settled::Retried(queue.retry(delivery, after, &e.to_string()).await?)
-        }
-    })
-}

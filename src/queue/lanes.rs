@@ -1,0 +1,167 @@
+//! [`Worker`]'s pacing: its builder methods, and the lanes' lines of
+//! deliveries waiting for their turn.
+
+use super::pace::{Admit, Lane, Pace, Rate};
+use super::worker::Act;
+use super::{Delivery, Message, Queue, Worker};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl<Q: Queue, S> Worker<Q, S> {
+    fn pace_with(mut self, f: impl FnOnce(Pace) -> Pace) -> Self {
+        let lane = &mut self.lanes[0];
+        *lane = Lane::new(lane.name.clone(), f(lane.pace.clone()));
+        self
+    }
+
+    /// At most `n` deliveries of the default lane in flight at once.
+    /// Defaults to the batch size. See [`Pace::concurrency`].
+    pub fn concurrency(self, n: usize) -> Self {
+        self.pace_with(|p| p.concurrency(n))
+    }
+
+    /// At most `rate` deliveries of the default lane started. Defaults to
+    /// no limit. See [`Pace::rate`].
+    pub fn rate(self, rate: Rate) -> Self {
+        self.pace_with(|p| p.rate(rate))
+    }
+
+    /// The waits after failures instead of the exponential backoff, with
+    /// full jitter (uniform in `[0, delay]`; past the end the last delay
+    /// repeats). See [`Pace::retry_schedule`].
+    pub fn retry_schedule(self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        self.pace_with(|p| p.retry_schedule(delays))
+    }
+
+    /// A circuit breaker on the default lane: after `failures` consecutive
+    /// failed deliveries, no delivery for `cooldown`, then one probe. See
+    /// [`Pace::breaker`].
+    pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
+        self.pace_with(|p| p.breaker(failures, cooldown))
+    }
+
+    /// The default lane's whole pace at once.
+    pub fn pace(self, pace: Pace) -> Self {
+        self.pace_with(|_| pace)
+    }
+
+    /// Paces the messages `lane_of` names `name` on their own (its own
+    /// concurrency, rate, retry schedule and breaker). Messages it names
+    /// no lane for go to the default lane.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_idempotency::queue::{MemoryQueue, Message, Pace, Worker};
+    ///
+    /// let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
+    /// let worker = Worker::new(MemoryQueue::new(), deliver)
+    ///     .lane("/notify/wx", Pace::new().concurrency(20).breaker(10, Duration::from_secs(30)))
+    ///     .lanes(|m: &Message| m.uri.path().starts_with("/notify/wx").then(|| Arc::from("/notify/wx")));
+    /// # drop(worker);
+    /// ```
+    pub fn lane(mut self, name: impl Into<Arc<str>>, pace: Pace) -> Self {
+        let name = name.into();
+        match self.lanes.iter_mut().skip(1).find(|l| l.name == name) {
+            Some(lane) => *lane = Lane::new(name, pace),
+            None => self.lanes.push(Lane::new(name, pace)),
+        }
+        for lane in &mut self.lanes[1..] {
+            lane.reported = true;
+        }
+        self
+    }
+
+    /// Names the lane of each message (see [`lane`](Self::lane)).
+    pub fn lanes(
+        mut self,
+        lane_of: impl Fn(&Message) -> Option<Arc<str>> + Send + Sync + 'static,
+    ) -> Self {
+        self.lane_of = Some(Arc::new(lane_of));
+        self
+    }
+
+    pub(super) fn lane_index(&self, message: &Message) -> usize {
+        let Some(name) = self.lane_of.as_ref().and_then(|f| f(message)) else {
+            return 0;
+        };
+        self.lanes
+            .iter()
+            .skip(1)
+            .position(|l| l.name == name)
+            .map_or(0, |i| i + 1)
+    }
+
+    pub(super) fn waiting(&self) -> usize {
+        self.lanes.iter().map(|l| l.waiting.len()).sum()
+    }
+
+    pub(super) fn gauges(&self) {
+        for lane in &self.lanes {
+            lane.gauges();
+        }
+    }
+
+    /// Puts a fetched delivery in its lane's line, or says what to do with
+    /// it at once.
+    pub(super) fn enqueue(&mut self, delivery: Delivery) -> Option<(usize, Delivery, Act)> {
+        let i = self.lane_index(&delivery.message);
+        // Handed out more often than it may fail without ever settling: its
+        // deliveries died with the process (or outlived their lease).
+        if delivery.attempt > self.config.max_attempts {
+            return Some((i, delivery, Act::Unsettled));
+        }
+        let lane = &mut self.lanes[i];
+        let wait = lane.rate_wait(Instant::now());
+        if wait > self.config.lease / 2 {
+            return Some((i, delivery, Act::Postpone(wait, RATE)));
+        }
+        lane.waiting.push_back(delivery);
+        None
+    }
+
+    /// Takes from the lanes' lines what may start now; and when to look
+    /// again for the rate.
+    pub(super) fn admit(&mut self) -> (Vec<(usize, Delivery, Act)>, Option<Instant>) {
+        let now = Instant::now();
+        let (mut ready, mut wake) = (Vec::new(), None::<Instant>);
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            while !lane.waiting.is_empty() {
+                let act = match lane.admit(now) {
+                    Admit::Go(probe) => {
+                        lane.started();
+                        Act::Call(probe)
+                    }
+                    Admit::Postpone(after) => Act::Postpone(after, OPEN),
+                    Admit::Wait(at) => {
+                        wake = match (wake, at) {
+                            (Some(w), Some(at)) => Some(w.min(at)),
+                            (w, at) => w.or(at),
+                        };
+                        break;
+                    }
+                };
+                let delivery = lane.waiting.pop_front().expect("not empty");
+                ready.push((i, delivery, act));
+            }
+        }
+        (ready, wake)
+    }
+
+    /// Every waiting delivery, given back to the queue (at shutdown).
+    pub(super) fn release(&mut self) -> Vec<(usize, Delivery, Act)> {
+        let mut out = Vec::new();
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            out.extend(
+                lane.waiting
+                    .drain(..)
+                    .map(|d| (i, d, Act::Postpone(Duration::ZERO, STOPPED))),
+            );
+        }
+        out
+    }
+}
+
+const RATE: &str = "the route's delivery rate left no turn within the lease";
+const OPEN: &str = "the upstream's circuit breaker is open";
+const STOPPED: &str = "the worker stopped before its turn";

@@ -1,0 +1,386 @@
+//! [`Pace`]: how fast a [`Worker`](super::Worker) delivers (concurrency, a
+//! rate, a retry schedule and a circuit breaker), and the state of one lane
+//! of its deliveries.
+
+use super::breaker::Breaker;
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a worker paces the deliveries of one lane (all of them, or those
+/// [`Worker::lanes`](super::Worker::lanes) sends to it).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::queue::{Pace, Rate};
+///
+/// let pace = Pace::new()
+///     .concurrency(20)
+///     .rate("200/s".parse::<Rate>().unwrap())
+///     .retry_schedule([15, 15, 30, 180, 600].map(Duration::from_secs))
+///     .breaker(10, Duration::from_secs(30));
+/// assert_eq!(pace.get_concurrency(), Some(20));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pace {
+    concurrency: Option<usize>,
+    rate: Option<Rate>,
+    schedule: Option<Arc<[Duration]>>,
+    breaker: Option<(u32, Duration)>,
+}
+
+impl Pace {
+    /// No limits: as many deliveries at once as the worker's batch, no
+    /// rate, the worker's exponential backoff, no breaker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// At most `n` deliveries in flight at once (at least 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = Some(n.max(1));
+        self
+    }
+
+    /// At most `rate` deliveries started, evenly spaced.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// The waits after failures, used instead of the exponential backoff:
+    /// after the `n`th failure the entry waits a time drawn uniformly from
+    /// `[0, delays[n - 1]]` (full jitter, so that a backlog that failed
+    /// together does not come back together); past the list's end its last
+    /// delay repeats. An empty list keeps the backoff.
+    pub fn retry_schedule(mut self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        let delays: Arc<[Duration]> = delays.into_iter().collect();
+        self.schedule = (!delays.is_empty()).then_some(delays);
+        self
+    }
+
+    /// A circuit breaker: after `failures` consecutive failed deliveries
+    /// (at least 1) no delivery starts for `cooldown` (the entries due meanwhile
+    /// are postponed to its end, their attempts not counted); then exactly
+    /// one delivery is sent as a probe: its success closes the breaker, its
+    /// failure opens it for another `cooldown`. A delivery failed when the
+    /// service returned an error the worker retries; an answer that cannot
+    /// succeed (dead-lettered at once) shows the upstream is up.
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.breaker = Some((failures.max(1), cooldown));
+        self
+    }
+
+    /// The concurrency limit, if any.
+    pub fn get_concurrency(&self) -> Option<usize> {
+        self.concurrency
+    }
+
+    /// The rate limit, if any.
+    pub fn get_rate(&self) -> Option<Rate> {
+        self.rate
+    }
+
+    /// The retry schedule, if any.
+    pub fn get_retry_schedule(&self) -> Option<&[Duration]> {
+        self.schedule.as_deref()
+    }
+
+    /// The breaker's failures and cooldown, if any.
+    pub fn get_breaker(&self) -> Option<(u32, Duration)> {
+        self.breaker
+    }
+
+    /// The wait after the `attempt`th failure, if a schedule is set:
+    /// uniform in `[0, delay]`.
+    pub(super) fn scheduled_wait(&self, attempt: u32) -> Option<Duration> {
+        let schedule = self.schedule.as_deref()?;
+        let i = (attempt.max(1) as usize - 1).min(schedule.len() - 1);
+        Some(jitter(schedule[i], random()))
+    }
+}
+
+/// `delay × r / 2^64`: uniform in `[0, delay]` for a uniform `r`.
+fn jitter(delay: Duration, r: u64) -> Duration {
+    let nanos = delay.as_nanos().min(u64::MAX as u128);
+    let scaled = (nanos * (r as u128 + 1)) >> 64;
+    Duration::from_nanos(scaled as u64)
+}
+
+fn random() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        // No entropy source: the clock's low bits still spread the waits.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| {
+                u64::from(d.subsec_nanos()).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            })
+    })
+}
+
+/// A rate: `n` per `per`, written `"200/s"` or `"30/m"` (also `"/h"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    n: u32,
+    per: Duration,
+}
+
+impl Rate {
+    /// `n` (at least 1) per `per` (more than zero).
+    pub fn new(n: u32, per: Duration) -> Self {
+        Self {
+            n: n.max(1),
+            per: per.max(Duration::from_nanos(1)),
+        }
+    }
+
+    /// `n` per second.
+    pub fn per_second(n: u32) -> Self {
+        Self::new(n, Duration::from_secs(1))
+    }
+
+    /// `n` per minute.
+    pub fn per_minute(n: u32) -> Self {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    /// The time between two starts.
+    pub fn interval(&self) -> Duration {
+        self.per / self.n
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.per.as_secs() {
+            1 if self.per.subsec_nanos() == 0 => write!(f, "{}/s", self.n),
+            60 if self.per.subsec_nanos() == 0 => write!(f, "{}/m", self.n),
+            3600 if self.per.subsec_nanos() == 0 => write!(f, "{}/h", self.n),
+            _ => write!(f, "{} per {:?}", self.n, self.per),
+        }
+    }
+}
+
+impl FromStr for Rate {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("`{s}`: expected a rate like \"200/s\", \"30/m\" or \"100/h\"");
+        let (n, unit) = s.trim().split_once('/').ok_or_else(bad)?;
+        let n: u32 = n.trim().parse().map_err(|_| bad())?;
+        let per = match unit.trim() {
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            _ => return Err(bad()),
+        };
+        if n == 0 {
+            return Err(format!("`{s}`: the rate must be more than 0"));
+        }
+        Ok(Self::new(n, per))
+    }
+}
+
+/// One lane of a worker's deliveries: its pace and where it stands.
+#[derive(Debug)]
+pub(super) struct Lane {
+    pub(super) name: Arc<str>,
+    pub(super) pace: Pace,
+    /// Deliveries calling the service now.
+    pub(super) running: usize,
+    /// Fetched, not started yet (over the concurrency or the rate, or
+    /// waiting for the probe's result).
+    pub(super) waiting: VecDeque<super::Delivery>,
+    /// When the rate lets the next delivery start.
+    next_start: Option<Instant>,
+    pub(super) breaker: Option<Breaker>,
+    /// Whether its gauges are exported: a worker that paces nothing (and
+    /// names no lane) adds no series.
+    pub(super) reported: bool,
+}
+
+/// What to do with a lane's next waiting delivery.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Admit {
+    /// Call the service; `true` if this call is the breaker's probe.
+    Go(bool),
+    /// The breaker is open: postpone the entry by this long.
+    Postpone(Duration),
+    /// Not yet: until this instant (the rate) or until a delivery ends.
+    Wait(Option<Instant>),
+}
+
+impl Lane {
+    pub(super) fn new(name: Arc<str>, pace: Pace) -> Self {
+        let reported = pace != Pace::default();
+        let breaker = pace
+            .breaker
+            .map(|(failures, cooldown)| Breaker::new(failures, cooldown));
+        Self {
+            name,
+            pace,
+            running: 0,
+            waiting: VecDeque::new(),
+            next_start: None,
+            breaker,
+            reported,
+        }
+    }
+
+    /// Whether the next waiting delivery may start now.
+    pub(super) fn admit(&mut self, now: Instant) -> Admit {
+        if let Some(breaker) = &self.breaker {
+            if let Some(until) = breaker.open_until() {
+                if now < until {
+                    return Admit::Postpone(until - now);
+                }
+            }
+            if breaker.probing() {
+                return Admit::Wait(None);
+            }
+        }
+        if self.pace.concurrency.is_some_and(|n| self.running >= n) {
+            return Admit::Wait(None);
+        }
+        if let (Some(rate), Some(at)) = (self.pace.rate, self.next_start) {
+            if now < at {
+                return Admit::Wait(Some(at));
+            }
+            self.next_start = Some(at.max(now) + rate.interval());
+        } else if let Some(rate) = self.pace.rate {
+            self.next_start = Some(now + rate.interval());
+        }
+        let probe = self.breaker.as_mut().is_some_and(|b| b.try_probe(now));
+        if probe {
+            super::metrics::breaker(&self.name, 2);
+        }
+        Admit::Go(probe)
+    }
+
+    /// How long a delivery joining the waiting line now would wait for its
+    /// turn at the rate (the line ahead of it, each one interval apart).
+    pub(super) fn rate_wait(&self, now: Instant) -> Duration {
+        let Some(rate) = self.pace.rate else {
+            return Duration::ZERO;
+        };
+        let first = self.next_start.map_or(now, |at| at.max(now));
+        (first - now) + rate.interval() * self.waiting.len() as u32
+    }
+
+    /// Records a finished call; `up` is `None` when its result says nothing
+    /// of the upstream.
+    pub(super) fn finished(&mut self, probe: bool, up: Option<bool>, now: Instant) {
+        self.running = self.running.saturating_sub(1);
+        if let (Some(breaker), Some(up)) = (self.breaker.as_mut(), up) {
+            breaker.record(probe, up, now, &self.name);
+        }
+        self.gauges();
+    }
+
+    /// One more call running.
+    pub(super) fn started(&mut self) {
+        self.running += 1;
+        if self.reported {
+            super::metrics::deliveries_in_flight(&self.name, self.running);
+        }
+    }
+
+    pub(super) fn gauges(&self) {
+        if !self.reported {
+            return;
+        }
+        super::metrics::deliveries_in_flight(&self.name, self.running);
+        if let Some(b) = &self.breaker {
+            super::metrics::breaker(&self.name, b.gauge());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_per_second_minute_and_hour() {
+        assert_eq!("200/s".parse::<Rate>(), Ok(Rate::per_second(200)));
+        assert_eq!(" 30 / m ".parse::<Rate>(), Ok(Rate::per_minute(30)));
+        assert_eq!(
+            "100/h".parse::<Rate>().unwrap().interval(),
+            Duration::from_secs(36)
+        );
+        assert_eq!(Rate::per_second(200).interval(), Duration::from_millis(5));
+        for bad in ["", "200", "0/s", "-1/s", "10/d", "x/s", "10/"] {
+            assert!(bad.parse::<Rate>().is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(Rate::per_minute(30).to_string(), "30/m");
+    }
+
+    #[test]
+    fn full_jitter_stays_within_zero_and_the_delay() {
+        let d = Duration::from_secs(15);
+        assert_eq!(jitter(d, 0), Duration::ZERO);
+        assert_eq!(jitter(d, u64::MAX), d);
+        assert_eq!(jitter(d, u64::MAX / 2 + 1), d / 2);
+        let pace = Pace::new().retry_schedule([1, 2, 4].map(Duration::from_secs));
+        let mut below_half = 0;
+        for attempt in 1..=200u32 {
+            let wait = pace.scheduled_wait(attempt).unwrap();
+            // Past the list's end, the last delay repeats.
+            let cap = Duration::from_secs([1, 2, 4][(attempt as usize - 1).min(2)]);
+            assert!(wait <= cap, "attempt {attempt}: {wait:?} over {cap:?}");
+            below_half += usize::from(wait < cap / 2);
+        }
+        // Spread over the range, not pinned to either end.
+        assert!(
+            (40..160).contains(&below_half),
+            "{below_half} of 200 below half"
+        );
+        assert_eq!(Pace::new().scheduled_wait(1), None);
+        assert_eq!(Pace::new().retry_schedule([]).get_retry_schedule(), None);
+    }
+
+    fn delivery() -> super::super::Delivery {
+        use super::super::{Delivery, EntryId, Message};
+        Delivery {
+            id: EntryId::new("1"),
+            message: Message::new("k", crate::Fingerprint::of(b"x"), "body"),
+            attempt: 1,
+            enqueued_at: std::time::SystemTime::now(),
+            lease: 0,
+        }
+    }
+
+    #[test]
+    fn concurrency_holds_deliveries_until_one_ends() {
+        let mut lane = Lane::new("t".into(), Pace::new().concurrency(2));
+        let now = Instant::now();
+        lane.waiting.push_back(delivery());
+        assert_eq!(lane.admit(now), Admit::Go(false));
+        lane.started();
+        assert_eq!(lane.admit(now), Admit::Go(false));
+        lane.started();
+        assert_eq!(lane.admit(now), Admit::Wait(None));
+        lane.finished(false, Some(true), now);
+        assert_eq!(lane.admit(now), Admit::Go(false));
+    }
+
+    #[test]
+    fn the_rate_spaces_the_starts() {
+        let mut lane = Lane::new("t".into(), Pace::new().rate(Rate::per_second(10)));
+        let now = Instant::now();
+        assert_eq!(lane.admit(now), Admit::Go(false));
+        let next = now + Duration::from_millis(100);
+        assert_eq!(lane.admit(now), Admit::Wait(Some(next)));
+        assert_eq!(lane.admit(next), Admit::Go(false));
+        lane.waiting.push_back(delivery());
+        lane.waiting.push_back(delivery());
+        assert_eq!(lane.rate_wait(next), Duration::from_millis(300));
+        // Idle for a while: no burst is saved up.
+        let later = next + Duration::from_secs(10);
+        assert_eq!(lane.admit(later), Admit::Go(false));
+        let after = later + Duration::from_millis(100);
+        assert_eq!(lane.admit(later), Admit::Wait(Some(after)));
+    }
+}
