@@ -137,3 +137,41 @@ async fn a_retry_after_a_lease_takeover_gets_a_larger_token() {
         fence(&stale)
     );
 }
+
+/// On an acknowledge-then-deliver route the delivery from the queue is a
+/// guarded call too: the upstream gets the key's hash and a fencing token,
+/// so its own unique index catches a delivery the queue repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_from_the_queue_carry_the_key_hash_and_the_token() {
+    let up = Upstream::start().await;
+    let dir = gateway_support::temp_path("fence-ack");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.to_str().unwrap().to_owned();
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--data-dir",
+            &data,
+        ],
+    );
+    let v = &WECHATPAY_V3_VECTORS[0];
+    let r = send(
+        &client(),
+        &gw.url("/wx/notify"),
+        &v.base().headers,
+        v.base().body,
+    )
+    .await;
+    assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
+    up.wait_for_call("/wx/notify").await;
+    let seen = up.last("/wx/notify");
+    assert!(fence(&seen) > 0);
+    let hash = key(&seen);
+    assert_eq!(hash.len(), 64, "{hash}");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
