@@ -79,7 +79,7 @@ pub struct Args {
     #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_HEADER", value_parser = parse::header_name)]
     pub principal_header: Option<HeaderName>,
     /// Scope client-API keys to a hash of this cookie (a session id), else of Authorization
-    #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::config::cookie_name)]
+    #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::parse::cookie_name)]
     pub principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
     /// Serve /metrics, /healthz and /readyz at http://ADDR
     #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]

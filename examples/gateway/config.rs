@@ -25,18 +25,15 @@
 use crate::ack::{self, QueueSettings};
 use crate::cli::Args;
 use crate::parse::{self, StoreSpec};
+use crate::routes::{FileRoute, Global};
 use crate::spanned::{At, Field, SizeValue};
-use http::HeaderName;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use toml::Spanned;
-use tower_idempotency::key::CookiePrincipal;
 use tower_idempotency::proxy::{RouteOptions, RouteTable, Target, Upstream};
 use tower_idempotency::queue::Pace;
-use tower_idempotency::verify::VerifyConfig;
-use tower_idempotency::OnStoreError;
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -82,35 +79,6 @@ struct File {
     retry_backoff: Field,
     #[serde(default)]
     route: Vec<Spanned<FileRoute>>,
-}
-
-/// One `[[route]]` table. New per-route settings are new fields here.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileRoute {
-    prefix: Spanned<String>,
-    preset: Spanned<String>,
-    window: Field,
-    lease: Field,
-    wait: Field,
-    max_run: Field,
-    max_body: Option<Spanned<SizeValue>>,
-    principal_header: Field,
-    principal_cookie: Field,
-    mode: Field,
-    verify: Option<Spanned<VerifyConfig>>,
-    /// The memory store's budget of this route's records.
-    max_memory: Option<Spanned<SizeValue>>,
-    max_in_flight: Option<Spanned<SizeValue>>,
-    /// Tunes `max_in_flight = "auto"`.
-    auto_limit: Option<Spanned<crate::limit::AutoLimit>>,
-    queue_wait: Field,
-    /// How an ack-then-deliver route paces its deliveries (`pace.rs`).
-    deliver_concurrency: Option<Spanned<toml::Value>>,
-    deliver_rate: Option<Spanned<toml::Value>>,
-    retry_schedule: Option<Spanned<toml::Value>>,
-    breaker_failures: Option<Spanned<toml::Value>>,
-    breaker_cooldown: Option<Spanned<toml::Value>>,
 }
 
 /// Everything the gateway runs with.
@@ -223,7 +191,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         principal_cookie: args.principal_cookie.or(at.value(
             &file.principal_cookie,
             "principal_cookie",
-            cookie_name,
+            parse::cookie_name,
         )?),
         on_store_error: args
             .on_store_error
@@ -236,7 +204,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     let mut warnings = Vec::new();
     let mut paces = Vec::new();
     if !args.route.is_empty() {
-        if let Some(w) = dropped_routes(&file, &at)? {
+        if let Some(w) = crate::routes::dropped(&file.route, &at)? {
             warnings.push(w);
         }
         for r in &args.route {
@@ -249,62 +217,10 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             ));
         }
     } else {
-        for r in &file.route {
-            let r = r.get_ref();
-            let prefix =
-                parse::prefix(r.prefix.get_ref()).map_err(|e| at.err(r.prefix.span(), e))?;
-            let target =
-                parse::target(r.preset.get_ref()).map_err(|e| at.err(r.preset.span(), e))?;
-            let own = Global {
-                window: at.value(&r.window, "window", parse::positive_duration)?,
-                lease: at.value(&r.lease, "lease", parse::lease)?,
-                wait: at.value(&r.wait, "wait", parse::duration)?,
-                max_run: at.value(&r.max_run, "max_run", parse::positive_duration)?,
-                max_body: at.size(&r.max_body, "max_body")?,
-                principal_header: at.value(
-                    &r.principal_header,
-                    "principal_header",
-                    parse::header_name,
-                )?,
-                principal_cookie: at.value(&r.principal_cookie, "principal_cookie", cookie_name)?,
-                on_store_error: global.on_store_error,
-            };
-            seen.insert(&prefix, ())
-                .map_err(|e| at.err(r.prefix.span(), e))?;
-            if let Some(n) = at.size(&r.max_memory, "max_memory")? {
-                own_memory.push((prefix.clone(), n));
-            }
-            let acked = match &r.mode {
-                None => false,
-                Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
-            };
-            let mut options = global.options(&own).ack_then_deliver(acked);
-            let in_flight = at.checked(
-                &r.max_in_flight,
-                "max_in_flight",
-                crate::limit::max_in_flight,
-            )?;
-            let auto = r.auto_limit.as_ref();
-            options = crate::limit::apply(options, in_flight, auto.map(|a| a.get_ref()))
-                .map_err(|e| at.err(auto.map_or(r.prefix.span(), |a| a.span()), e))?;
-            if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
-                options = options.queue_wait(wait);
-            }
-            let keys = crate::pace::Keys {
-                deliver_concurrency: &r.deliver_concurrency,
-                deliver_rate: &r.deliver_rate,
-                retry_schedule: &r.retry_schedule,
-                breaker_failures: &r.breaker_failures,
-                breaker_cooldown: &r.breaker_cooldown,
-            };
-            paces.push((prefix.clone(), crate::pace::route(&at, &keys)?));
-            if let Some(v) = &r.verify {
-                let layer = crate::verify::layer(v.get_ref(), &target, &base)
-                    .map_err(|e| at.err(v.span(), e))?;
-                options = options.verify(layer);
-            }
-            routes.push((prefix, target, options));
-        }
+        let parsed = crate::routes::from_file(&file.route, &global, &at, &base)?;
+        routes = parsed.routes;
+        own_memory = parsed.own_memory;
+        paces = parsed.paces;
     }
     if routes.is_empty() {
         routes.push(("/".to_owned(), Target::Auto, global.options(&Global::NONE)));
@@ -415,33 +331,6 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         paces,
         warnings,
     })
-}
-
-/// `--route` flags replace the file's routes: refused when one of those
-/// verifies its sender (it would be served unverified), else a warning
-/// naming them.
-fn dropped_routes(file: &File, at: &At<'_>) -> Result<Option<String>, String> {
-    if let Some(r) = file.route.iter().find(|r| r.get_ref().verify.is_some()) {
-        let prefix = r.get_ref().prefix.get_ref();
-        return Err(at.err(
-            r.span(),
-            format!(
-                "`--route` replaces the config file's routes, and route `{prefix}` has a \
-                 `verify` table: it would run unverified; put the routes in one place"
-            ),
-        ));
-    }
-    let dropped: Vec<&str> = file
-        .route
-        .iter()
-        .map(|r| r.get_ref().prefix.get_ref().as_str())
-        .collect();
-    Ok((!dropped.is_empty()).then(|| {
-        format!(
-            "`--route` replaces the config file's routes; dropped: {}",
-            dropped.join(" ")
-        )
-    }))
 }
 
 /// The queue settings alone (for `gateway dlq`).
@@ -568,69 +457,4 @@ fn load(args: &Args) -> Result<(File, String, String), String> {
             (file, text, shown)
         }
     })
-}
-
-/// Route settings at one level (global, or one route's own).
-struct Global {
-    window: Option<Duration>,
-    lease: Option<Duration>,
-    wait: Option<Duration>,
-    max_run: Option<Duration>,
-    max_body: Option<usize>,
-    principal_header: Option<HeaderName>,
-    principal_cookie: Option<CookiePrincipal>,
-    on_store_error: OnStoreError,
-}
-
-impl Global {
-    const NONE: Global = Global {
-        window: None,
-        lease: None,
-        wait: None,
-        max_run: None,
-        max_body: None,
-        principal_header: None,
-        principal_cookie: None,
-        on_store_error: OnStoreError::FailClosed,
-    };
-
-    /// The options of a route with its `own` values over these.
-    fn options(&self, own: &Global) -> RouteOptions {
-        let mut o = RouteOptions::new().on_store_error(self.on_store_error);
-        if let Some(d) = own.window.or(self.window) {
-            o = o.window(d);
-        }
-        if let Some(d) = own.lease.or(self.lease) {
-            o = o.lease(d);
-        }
-        if let Some(d) = own.wait.or(self.wait) {
-            o = o.wait(d);
-        }
-        if let Some(d) = own.max_run.or(self.max_run) {
-            o = o.max_run(d);
-        }
-        if let Some(n) = own.max_body.or(self.max_body) {
-            o = o.max_body(n);
-        }
-        if let Some(h) = own
-            .principal_header
-            .as_ref()
-            .or(self.principal_header.as_ref())
-        {
-            o = o.principal_header(h.clone());
-        }
-        if let Some(c) = own
-            .principal_cookie
-            .as_ref()
-            .or(self.principal_cookie.as_ref())
-        {
-            o = o.principal_cookie(c.clone());
-        }
-        o
-    }
-}
-
-/// `--principal-cookie` and `principal_cookie`: a cookie name.
-pub fn cookie_name(s: &str) -> Result<CookiePrincipal, String> {
-    CookiePrincipal::new(s).map_err(|_| "not a cookie name".into())
 }

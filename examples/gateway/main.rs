@@ -35,6 +35,7 @@ mod logging;
 mod pace;
 mod parse;
 mod reconcile;
+mod routes;
 mod serve;
 mod spanned;
 mod store;

@@ -218,3 +218,8 @@ pub fn policy(s: &str) -> Result<OnStoreError, String> {
 pub fn header_name(s: &str) -> Result<HeaderName, String> {
     HeaderName::from_bytes(s.as_bytes()).map_err(|_| "not a header name".into())
 }
+
+/// `--principal-cookie` and `principal_cookie`: a cookie name.
+pub fn cookie_name(s: &str) -> Result<tower_idempotency::key::CookiePrincipal, String> {
+    tower_idempotency::key::CookiePrincipal::new(s).map_err(|_| "not a cookie name".into())
+}
