@@ -593,6 +593,19 @@ async fn a_queued_notification_whose_deliveries_failed_never_ran() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(delivered, "both deliveries were attempted");
+    // Each record has what the upstream answered its delivery.
+    let (_, out, _) = gateway(&ops, &["journal", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let upstream_status = |id: &str| {
+        json["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["transaction_id"] == id)
+            .map(|r| r["upstream_status"].clone())
+    };
+    assert_eq!(upstream_status(&ok), Some(200.into()), "{out}");
+    assert_eq!(upstream_status(&failed), Some(500.into()), "{out}");
     let bill = ops.dir.join("ack.csv");
     let rows = [
         (ok.as_str(), "D1", "0.01"),

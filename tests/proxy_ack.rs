@@ -108,9 +108,12 @@ async fn queued_once_success_reply_then_delivered_once_through_dedup() {
         .message
         .clone();
     assert_eq!(message.order.as_deref(), Some(message.key.as_str()));
-    gateway.deliver(message.clone()).await.unwrap();
-    gateway.deliver(message).await.unwrap();
+    let first = gateway.deliver(message.clone()).await.unwrap();
+    let again = gateway.deliver(message).await.unwrap();
     assert_eq!(up.total(), 1);
+    // The first reached the upstream; the second is its answer, replayed.
+    assert_eq!(first.upstream().map(|a| a.status.as_u16()), Some(200));
+    assert_eq!((again.status().as_u16(), again.upstream()), (200, None));
     // And through a worker: the lease ran out, the entry is delivered again, no new call.
     let mut worker = Worker::new(queue.clone(), gateway.deliverer());
     assert_eq!(worker.run_once().await.unwrap().delivered, 1);

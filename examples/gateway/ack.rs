@@ -182,13 +182,17 @@ impl QueueSettings {
                 let route = message.uri.path().to_owned();
                 let done = deliver.call(message).await;
                 if let Some(journal) = journal {
-                    let outcome = if done.is_ok() {
-                        "delivered"
-                    } else {
-                        "delivery_failed"
+                    let (outcome, upstream) = match &done {
+                        Ok(d) => ("delivered", d.upstream()),
+                        Err(e) => ("delivery_failed", e.upstream()),
                     };
                     let preset = key.split(':').nth(1).unwrap_or_default().to_owned();
-                    journal.record(JournalEvent::new(key, preset, route, outcome).attempt());
+                    let mut event = JournalEvent::new(key, preset, route, outcome).attempt();
+                    // What the upstream answered this attempt, when it was called.
+                    if let Some(answer) = upstream {
+                        event = event.upstream(answer.status.as_u16(), answer.took);
+                    }
+                    journal.record(event);
                 }
                 done
             }

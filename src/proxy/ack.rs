@@ -6,7 +6,7 @@
 use super::detect::detect;
 use super::gateway::{run_stack, Stack};
 use super::ingest::original_key;
-use super::Gateway;
+use super::{Gateway, UpstreamAnswer};
 use crate::channel::PRESET_NAMES;
 use crate::consumer::failure::{mark, KEPT, PERMANENT};
 use crate::outcome::Outcome;
@@ -33,6 +33,29 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub struct DeliveryError {
     message: Arc<str>,
     kind: Kind,
+    upstream: Option<UpstreamAnswer>,
+}
+
+/// What a delivery got: the upstream's 2xx answer, or the stored 2xx answer
+/// of an earlier delivery of the key that the dedup layer replayed (then
+/// this attempt did not call the upstream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    status: http::StatusCode,
+    upstream: Option<UpstreamAnswer>,
+}
+
+impl Delivered {
+    /// The status of the answer (2xx).
+    pub fn status(&self) -> http::StatusCode {
+        self.status
+    }
+
+    /// What the upstream answered this attempt and how long it took; `None`
+    /// when the answer was an earlier delivery's, replayed.
+    pub fn upstream(&self) -> Option<UpstreamAnswer> {
+        self.upstream
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +70,7 @@ impl DeliveryError {
         Self {
             message: message.into(),
             kind: Kind::Retry,
+            upstream: None,
         }
     }
 
@@ -72,6 +96,13 @@ impl DeliveryError {
     /// Whether no route delivers the message's path now (keep it).
     pub fn is_kept(&self) -> bool {
         self.kind == Kind::Kept
+    }
+
+    /// What the upstream answered and how long it took, when this attempt
+    /// reached it (a non-2xx answer, or one whose body was cut); `None` when
+    /// the gateway answered itself (no route, shed, the store failed).
+    pub fn upstream(&self) -> Option<UpstreamAnswer> {
+        self.upstream
     }
 }
 
@@ -160,9 +191,9 @@ impl<S> fmt::Debug for Deliver<S> {
 }
 
 impl<S: Store> Service<Message> for Deliver<S> {
-    type Response = ();
+    type Response = Delivered;
     type Error = DeliveryError;
-    type Future = BoxFuture<Result<(), DeliveryError>>;
+    type Future = BoxFuture<Result<Delivered, DeliveryError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), DeliveryError>> {
         Poll::Ready(Ok(()))
@@ -200,7 +231,7 @@ impl<S: Store> Gateway<S> {
     /// route its path matches now, without verifying it again. `Ok` once the
     /// upstream answered 2xx, or the dedup layer replayed such an answer of
     /// an earlier delivery.
-    pub async fn deliver(&self, message: Message) -> Result<(), DeliveryError> {
+    pub async fn deliver(&self, message: Message) -> Result<Delivered, DeliveryError> {
         let path = message.uri.path().to_owned();
         let Some((route, _)) = self.routes.find(&path) else {
             return Err(DeliveryError::kept(format!(
@@ -227,11 +258,15 @@ impl<S: Store> Gateway<S> {
         let res = super::panic::catching("queue", run).await;
         let status = res.status();
         let refused = res.extensions().get::<Outcome>().copied();
+        let upstream = res.extensions().get::<UpstreamAnswer>().copied();
         // Read the whole answer: the dedup layer records it at its end.
         let mut body = std::pin::pin!(res.into_body());
         while let Some(frame) = body.frame().await {
             if let Err(e) = frame {
-                return Err(DeliveryError::new(format!("upstream answer cut: {e}")));
+                return Err(DeliveryError {
+                    upstream,
+                    ..DeliveryError::new(format!("upstream answer cut: {e}"))
+                });
             }
         }
         match refused {
@@ -246,9 +281,12 @@ impl<S: Store> Gateway<S> {
             _ => {}
         }
         if status.is_success() {
-            Ok(())
+            Ok(Delivered { status, upstream })
         } else {
-            Err(DeliveryError::new(format!("upstream answered {status}")))
+            Err(DeliveryError {
+                upstream,
+                ..DeliveryError::new(format!("upstream answered {status}"))
+            })
         }
     }
 }

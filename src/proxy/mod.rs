@@ -66,7 +66,7 @@ mod panic;
 mod route;
 mod upstream;
 
-pub use ack::{Deliver, DeliveryError};
+pub use ack::{Deliver, Delivered, DeliveryError};
 pub use builder::GatewayBuilder;
 pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder, UpstreamAnswer};
