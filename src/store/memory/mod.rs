@@ -1,5 +1,9 @@
 //! The in-memory store: one process, nothing to start.
 
+mod builder;
+
+pub use builder::MemoryStoreBuilder;
+
 use super::completed::{self, Completed};
 use super::{
     fence_floor, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store,
@@ -102,72 +106,6 @@ struct ClientToken {
     expires: Instant,
     /// The request that consumed it: its own resent take still succeeds.
     taken_by: Option<OwnerToken>,
-}
-
-/// Builds a [`MemoryStore`].
-#[derive(Debug, Clone)]
-pub struct MemoryStoreBuilder {
-    max_bytes: u64,
-    max_tokens: u64,
-    max_window: Duration,
-}
-
-impl MemoryStoreBuilder {
-    /// The most memory completed records may occupy, in bytes: their keys,
-    /// headers and bodies as allocated, and the store's own overhead per
-    /// record. Defaults to 256 MiB.
-    pub const fn max_bytes(mut self, max_bytes: u64) -> Self {
-        self.max_bytes = max_bytes;
-        self
-    }
-
-    /// The most unconsumed client tokens to keep (tokens live at most 24 h).
-    /// Defaults to 1,000,000.
-    pub const fn max_tokens(mut self, tokens: u64) -> Self {
-        self.max_tokens = tokens;
-        self
-    }
-
-    /// The longest window any layer over this store uses: records are dropped
-    /// from memory at the latest this long after they were written (each
-    /// record also ends at its own layer's window). Defaults to 25 hours.
-    pub const fn max_window(mut self, window: Duration) -> Self {
-        self.max_window = window;
-        self
-    }
-
-    /// Builds the store.
-    pub fn build(self) -> MemoryStore {
-        let completed = Completed::new(self.max_bytes, true);
-        let tokens = moka::sync::Cache::builder()
-            .max_capacity(self.max_tokens)
-            // Oldest first: a fresh token is never refused.
-            .eviction_policy(moka::policy::EvictionPolicy::lru())
-            .time_to_live(Duration::from_secs(24 * 3600))
-            .build_with_hasher(RandomState::default());
-        let shards = (0..SHARDS)
-            .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
-            .collect();
-        MemoryStore {
-            inner: Arc::new(Inner {
-                hasher: RandomState::default(),
-                shards,
-                completed,
-                tokens,
-                fence: AtomicU64::new(0),
-            }),
-        }
-    }
-}
-
-impl Default for MemoryStoreBuilder {
-    fn default() -> Self {
-        Self {
-            max_bytes: 256 * 1024 * 1024,
-            max_tokens: 1_000_000,
-            max_window: Duration::from_secs(25 * 3600),
-        }
-    }
 }
 
 impl MemoryStore {
