@@ -22,6 +22,8 @@
 //! values win over the global ones; flags win over the file's global
 //! values, and `--route` flags replace the file's routes.
 
+mod journal;
+
 use crate::ack::{self, QueueSettings};
 use crate::cli::Args;
 use crate::parse::{self, StoreSpec};
@@ -153,8 +155,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         text: &text,
     };
     let queue = queue_settings(&args, &file, &at)?;
-    let journal = journal_settings(&args, &file, &at)?;
-    let journal_body = journal_body(&args, &file, &at, journal.is_some())?;
+    let journal = journal::settings(&args, &file, &at)?;
+    let journal_body = journal::body(&args, &file, &at, journal.is_some())?;
     let admin_token = match args
         .admin_token_file
         .as_ref()
@@ -363,49 +365,6 @@ pub fn admin_only(args: &Args) -> Result<(Option<SocketAddr>, Option<PathBuf>), 
         .clone()
         .or(file.admin_token_file.clone());
     Ok((listen, token))
-}
-
-/// The body cap when `journal_body` is on.
-fn journal_body(
-    args: &Args,
-    file: &File,
-    at: &At<'_>,
-    journal: bool,
-) -> Result<Option<usize>, String> {
-    let max = args
-        .journal_body_max
-        .or(at.size(&file.journal_body_max, "journal_body_max")?);
-    if !(args.journal_body || file.journal_body == Some(true)) {
-        return Ok(None);
-    }
-    if !journal {
-        return Err("`journal_body` (--journal-body) needs the journal: add --journal".into());
-    }
-    Ok(Some(max.unwrap_or(DEFAULT_JOURNAL_BODY_MAX)))
-}
-
-/// The most body bytes a journal record keeps unless `journal_body_max` says otherwise.
-pub const DEFAULT_JOURNAL_BODY_MAX: usize = 64 << 10;
-
-fn journal_settings(
-    args: &Args,
-    file: &File,
-    at: &At<'_>,
-) -> Result<Option<(PathBuf, Duration)>, String> {
-    if !(args.journal || file.journal == Some(true)) {
-        return Ok(None);
-    }
-    let dir = args.data_dir.clone().or(file.data_dir.clone());
-    let dir = dir.unwrap_or_else(|| PathBuf::from(ack::DEFAULT_DATA_DIR));
-    let retention = args.journal_retention.or(at.value(
-        &file.journal_retention,
-        "journal_retention",
-        parse::positive_duration,
-    )?);
-    Ok(Some((
-        dir.join("journal.redb"),
-        retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),
-    )))
 }
 
 fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings, String> {

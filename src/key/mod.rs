@@ -41,6 +41,7 @@
 mod extract;
 mod form;
 mod json;
+mod layer;
 mod principal;
 mod scope;
 mod service;
@@ -54,6 +55,7 @@ pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySp
 pub(crate) use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
+pub use layer::KeyLayer;
 pub use principal::{
     AndPrincipal, AuthorizationHash, CookiePrincipal, ExtensionPrincipal, HeaderPrincipal,
     InvalidPrincipalName, NoPrincipal, OrPrincipal, Principal,
@@ -61,7 +63,7 @@ pub use principal::{
 pub(crate) use scope::route_of;
 pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};
 pub(crate) use service::is_guarded_method;
-pub use service::{Key, KeyLayer, ResponseFuture};
+pub use service::{Key, ResponseFuture};
 #[cfg(feature = "verify")]
 pub(crate) use unique::unique_members;
 #[cfg(any(feature = "verify", feature = "journal"))]

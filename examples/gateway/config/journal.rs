@@ -1,0 +1,53 @@
+//! The journal's settings: `journal`, `journal_retention`, `journal_body`.
+
+use super::File;
+use crate::ack;
+use crate::cli::Args;
+use crate::parse;
+use crate::spanned::At;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The body cap when `journal_body` is on.
+pub(super) fn body(
+    args: &Args,
+    file: &File,
+    at: &At<'_>,
+    journal: bool,
+) -> Result<Option<usize>, String> {
+    let max = args
+        .journal_body_max
+        .or(at.size(&file.journal_body_max, "journal_body_max")?);
+    if !(args.journal_body || file.journal_body == Some(true)) {
+        return Ok(None);
+    }
+    if !journal {
+        return Err("`journal_body` (--journal-body) needs the journal: add --journal".into());
+    }
+    Ok(Some(max.unwrap_or(DEFAULT_JOURNAL_BODY_MAX)))
+}
+
+/// The most body bytes a journal record keeps unless `journal_body_max` says otherwise.
+const DEFAULT_JOURNAL_BODY_MAX: usize = 64 << 10;
+
+/// Where the journal lives and how long it keeps records, when it is on.
+pub(super) fn settings(
+    args: &Args,
+    file: &File,
+    at: &At<'_>,
+) -> Result<Option<(PathBuf, Duration)>, String> {
+    if !(args.journal || file.journal == Some(true)) {
+        return Ok(None);
+    }
+    let dir = args.data_dir.clone().or(file.data_dir.clone());
+    let dir = dir.unwrap_or_else(|| PathBuf::from(ack::DEFAULT_DATA_DIR));
+    let retention = args.journal_retention.or(at.value(
+        &file.journal_retention,
+        "journal_retention",
+        parse::positive_duration,
+    )?);
+    Ok(Some((
+        dir.join("journal.redb"),
+        retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),
+    )))
+}
