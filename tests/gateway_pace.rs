@@ -236,6 +236,11 @@ fn bad_pacing_values_exit_2_naming_the_key() {
             "deliver_concurrency = 0",
             ":6: `deliver_concurrency`: expected a whole number more than 0",
         ),
+        // Past what any upstream bears (and what the worker's fetch adds up).
+        (
+            "deliver_concurrency = 9223372036854775807",
+            ":6: `deliver_concurrency`: expected a whole number from 1 to 65536",
+        ),
         (
             "deliver_rate = \"fast\"",
             ":6: `deliver_rate`: `fast`: expected a rate like",

@@ -212,7 +212,7 @@ impl QueueSettings {
             let _ = table.insert(prefix, lane);
             if let Some(pace) = pace {
                 info!(route = %prefix, pace = %crate::pace::describe(pace), "ack-then-deliver route's pace");
-                held += pace.get_concurrency().unwrap_or(0);
+                held = held.saturating_add(pace.get_concurrency().unwrap_or(0));
                 worker = worker.lane(prefix.as_str(), pace.clone());
             }
         }

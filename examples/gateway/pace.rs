@@ -32,12 +32,22 @@ pub fn default_pace() -> Pace {
         .breaker(DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_COOLDOWN)
 }
 
+/// The most deliveries one route may run at once: far past what an
+/// upstream bears, and small enough that the worker's fetch (the routes'
+/// sum) stays a sane number.
+pub const MAX_DELIVER_CONCURRENCY: usize = 65_536;
+
 /// The route's pace; an error names the key and its line.
 pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
     let concurrency = at
         .checked(keys.deliver_concurrency, "deliver_concurrency", |v| {
             let n = whole(v, "expected a whole number more than 0")?;
-            usize::try_from(n).map_err(|_| "too large".to_owned())
+            usize::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_DELIVER_CONCURRENCY)
+                .ok_or_else(|| {
+                    format!("expected a whole number from 1 to {MAX_DELIVER_CONCURRENCY}")
+                })
         })?
         .unwrap_or(DEFAULT_DELIVER_CONCURRENCY);
     let failures = at
