@@ -112,7 +112,7 @@ impl KeyLayer {
 
     /// Whether each response of a request that had a key carries the
     /// request's buffered body (and the decrypted WeChat Pay v3 resource) as
-    /// a [`CapturedRequest`] in its extensions, for a journal. Defaults to
+    /// a [`CapturedRequest`](super::CapturedRequest) in its extensions, for a journal. Defaults to
     /// `false`.
     pub fn capture_request(mut self, capture: bool) -> Self {
         self.config.capture = capture;
