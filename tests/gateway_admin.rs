@@ -35,11 +35,22 @@ impl Drop for Ops {
     }
 }
 
+/// The token file, readable by its owner only (the gateway refuses others).
+fn write_token(path: &std::path::Path, token: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, token).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn start(upstream: &str, store: &str) -> Ops {
+    start_with(upstream, store, &[])
+}
+
+fn start_with(upstream: &str, store: &str, extra: &[&str]) -> Ops {
     let metrics = free_addr();
     let dir = temp_path("admin-data");
     let token_file = temp_path("admin-token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    write_token(&token_file, &format!("{TOKEN}\n"));
     let metrics_arg = metrics.to_string();
     let gw = Proc::start(
         &[
@@ -58,7 +69,10 @@ fn start(upstream: &str, store: &str) -> Ops {
             &metrics_arg,
             "--admin-token-file",
             token_file.to_str().unwrap(),
-        ],
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>(),
         &[],
         Stdio::inherit(),
     );
@@ -324,7 +338,22 @@ async fn the_admin_api_answers_as_its_openapi_file_says() {
             false,
         ),
         ("get", "/admin/keys", "/admin/keys?id=evt_spec".into(), true),
+        (
+            "get",
+            "/admin/keys",
+            "/admin/keys?id=evt_spec&limit=1".into(),
+            true,
+        ),
         ("get", "/admin/keys", "/admin/keys".into(), true),
+        ("get", "/admin/keys", "/admin/keys?id=x&limit=1001".into(), true),
+        ("get", "/admin/journal", "/admin/journal?limit=1".into(), true),
+        ("get", "/admin/journal", "/admin/journal?limit=0".into(), true),
+        (
+            "get",
+            "/admin/journal",
+            "/admin/journal?cursor=not-a-cursor".into(),
+            true,
+        ),
         (
             "get",
             "/admin/journal",
@@ -405,7 +434,7 @@ async fn the_journal_follows_an_acknowledged_notification_to_its_delivery() {
     let metrics = free_addr();
     let dir = temp_path("admin-ack");
     let token_file = temp_path("admin-ack-token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    write_token(&token_file, TOKEN);
     let (upstream, metrics_arg) = (up.url(), metrics.to_string());
     let gw = Proc::start(
         &[
@@ -495,4 +524,179 @@ async fn the_commands_take_the_gateways_own_flags() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("no key ending in :evt_own_flags"));
+}
+
+/// Every record of the journal, read page by page through the admin API.
+fn all_pages(ops: &Ops, limit: usize) -> (Vec<serde_json::Value>, usize) {
+    let (mut records, mut pages) = (Vec::new(), 0);
+    let mut cursor = String::new();
+    loop {
+        let (status, json) = call(
+            ops,
+            "GET",
+            &format!("/admin/journal?limit={limit}&cursor={cursor}"),
+            true,
+        );
+        assert_eq!(status, 200, "{json}");
+        let page = json["records"].as_array().unwrap();
+        assert!(page.len() <= limit, "{json}");
+        records.extend(page.iter().cloned());
+        pages += 1;
+        match json["next_cursor"].as_str() {
+            Some(next) => cursor = next.to_owned(),
+            None => return (records, pages),
+        }
+    }
+}
+
+/// Anonymous clients make records on a client-API route: the journal keeps
+/// their bodies byte for byte (base64 in JSON), holds at most
+/// `--journal-max-size` of records by removing the oldest first (counted),
+/// lives in a directory and a file only its owner can read, and answers a
+/// page at a time. A token file that others can read is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_is_bounded_private_and_paged() {
+    use base64::Engine as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let up = Upstream::start().await;
+    let metrics = free_addr();
+    let root = temp_path("admin-bounded");
+    let dir = root.join("data");
+    let token_file = temp_path("admin-bounded-token");
+    write_token(&token_file, TOKEN);
+    let (upstream, metrics_arg) = (up.url(), metrics.to_string());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+        "--route",
+        "/api=idempotency-key",
+        "--journal",
+        "--journal-body",
+        "--journal-max-size",
+        "1MiB",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--metrics-listen",
+        &metrics_arg,
+        "--admin-token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let gw = Proc::start(&args, &[], Stdio::inherit());
+    let ops = Ops {
+        gw,
+        metrics,
+        token_file,
+        dir: root.clone(),
+    };
+    // 50 keys with 60 KiB bodies that are not UTF-8: 3 MiB of bodies.
+    let body = vec![0xFF_u8; 61_440];
+    for n in 0..50 {
+        let key = format!("bulk-{n:02}");
+        let headers = [
+            ("content-type", "application/octet-stream"),
+            ("idempotency-key", key.as_str()),
+        ];
+        let a = post(&client(), ops.gw.addr, "/api/upload", &headers, body.clone()).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    let (records, pages) = all_pages(&ops, 7);
+    let keys: Vec<&str> = records.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    let mut unique = keys.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), keys.len(), "no record twice: {keys:?}");
+    assert!(pages >= 2, "{pages} pages");
+    assert!(
+        keys.len() < 50 && keys.len() >= 8,
+        "1 MiB holds some of the 60 KiB records: {}",
+        keys.len()
+    );
+    assert!(
+        keys.iter().any(|k| k.ends_with(":bulk-49")),
+        "the newest stays: {keys:?}"
+    );
+    assert!(
+        !keys.iter().any(|k| k.ends_with(":bulk-00")),
+        "the oldest went first: {keys:?}"
+    );
+    // Bytes as received.
+    let kept = base64::engine::general_purpose::STANDARD
+        .decode(records[0]["body_base64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(kept, body, "the body byte for byte");
+    let file = std::fs::metadata(dir.join("journal.redb")).unwrap();
+    assert!(
+        file.len() <= 4 << 20,
+        "journal.redb is {} bytes for a 1 MiB cap",
+        file.len()
+    );
+    assert_eq!(file.permissions().mode() & 0o777, 0o600);
+    let data = std::fs::metadata(&dir).unwrap();
+    assert_eq!(data.permissions().mode() & 0o777, 0o700);
+    let (_, text) = gateway_support::get(ops.metrics, "/metrics");
+    let pruned: f64 = text
+        .lines()
+        .find(|l| l.starts_with("idempotency_journal_pruned_total{reason=\"size\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no size pruning counted: {text}"));
+    assert!(pruned >= 1.0, "{pruned}");
+    // Paged answers: 100 by default, at most 1,000; the CLI reads every page.
+    let (status, json) = call(&ops, "GET", "/admin/journal?limit=5000", true);
+    assert_eq!(status, 400, "{json}");
+    let (code, out, err) = gateway(&ops, &["journal", "--limit", "3", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["records"].as_array().unwrap().len(), 3, "{out}");
+    // A token file that others can read: refused at start, naming its mode.
+    let loose = temp_path("admin-loose-token");
+    std::fs::write(&loose, TOKEN).unwrap();
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(gateway_bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--metrics-listen", "127.0.0.1:0", "--admin-token-file"])
+        .arg(&loose)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("0644") && stderr.contains("too open"), "{stderr}");
+    let _ = std::fs::remove_file(&loose);
+}
+
+/// What a sender chose reaches the operator's terminal as text: `inspect`
+/// and `journal` escape control characters (an OSC 52 clipboard write, a
+/// CSI, a bidi override) in keys, bodies and every other field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_journal_escape_control_characters() {
+    let up = Upstream::start().await;
+    let ops = start_with(&up.url(), "memory", &["--journal-body"]);
+    let osc = "\u{1b}]52;c;aGFja2Vk\u{7}";
+    let id = format!("evt_esc_{}", std::process::id());
+    let body = serde_json::json!({
+        "id": id, "object": "event", "type": "charge.succeeded",
+        "note": format!("{osc}\u{9b}2J\u{202e}"),
+    })
+    .to_string();
+    let headers = [("content-type", "application/json")];
+    let a = post(&client(), ops.gw.addr, "/notify/stripe", &headers, body).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    // An id with escapes, if the key layer takes it: its key is shown escaped too.
+    let sly = serde_json::json!({ "id": format!("evt_{osc}"), "object": "event", "type": "x" });
+    let _ = post(&client(), ops.gw.addr, "/notify/stripe", &headers, sly.to_string()).await;
+    let (code, out, err) = gateway(&ops, &["inspect", "--id", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("body: "), "{out}");
+    assert!(out.contains("\\e]52;c;aGFja2Vk\\a"), "escaped: {out}");
+    assert!(out.contains("\\u{9b}2J\\u{202e}"), "escaped: {out}");
+    let (code, journal, err) = gateway(&ops, &["journal"]);
+    assert_eq!(code, 0, "{err}");
+    for printed in [&out, &journal] {
+        assert!(
+            !printed.contains(['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}']),
+            "a control character reached the terminal: {printed:?}"
+        );
+    }
 }

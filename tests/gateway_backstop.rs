@@ -86,6 +86,9 @@ fn start(up: &Upstream, redis: &RedisServer, backstop: Option<&str>) -> (Gateway
     let metrics = free_addr();
     let token_file = temp_path("backstop-token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    // Readable by its owner only: the gateway refuses a token others can read.
+    let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&token_file, owner_only).unwrap();
     let (redis_url, metrics_arg) = (redis.url(), metrics.to_string());
     let mut args = vec![
         "--store",
@@ -180,6 +183,9 @@ async fn without_a_backstop_a_redis_data_loss_runs_everything_again() {
 fn admin(metrics: SocketAddr, args: &[&str]) -> (i32, String, String) {
     let token_file = temp_path("backstop-cli-token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    // Readable by its owner only: the gateway refuses a token others can read.
+    let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&token_file, owner_only).unwrap();
     let out = Command::new(gateway_bin())
         .arg("--admin-token-file")
         .arg(&token_file)

@@ -10,6 +10,7 @@
 
 mod common;
 mod gateway_support;
+mod support_redis;
 mod verify_support;
 
 use common::upstream::Upstream;
@@ -35,13 +36,20 @@ impl Drop for Ops {
     }
 }
 
+/// The token file, readable by its owner only (the gateway refuses others).
+fn write_token(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 /// The gateway with two WeChat Pay v2 routes (the old notify URL still
 /// routed beside the new one) and an Alipay route, each verifying, and the
 /// journal on.
 fn start(upstream: &str, extra: &[&str]) -> Ops {
     let dir = temp_path("reconcile");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("token"), format!("{TOKEN}\n")).unwrap();
+    write_token(&dir.join("token"));
     std::fs::write(
         dir.join("alipay.pem"),
         fixture("alipay_gbk_test_public_key.pem"),
@@ -59,6 +67,13 @@ fn start(upstream: &str, extra: &[&str]) -> Ops {
          [[route]]\nprefix = \"/notify/v3-nokey\"\npreset = \"wechatpay-v3\"\n\
          verify = {{ platform_keys = {{ \"{V3_SERIAL}\" = \"alipay.pem\" }} }}\n"
     );
+    start_config(&dir, &config, extra)
+}
+
+/// The gateway with the config file `config` (written into `dir`, which
+/// holds the token), the journal on.
+fn start_config(dir: &Path, config: &str, extra: &[&str]) -> Ops {
+    let dir = dir.to_path_buf();
     std::fs::write(dir.join("gateway.toml"), config).unwrap();
     let metrics = free_addr().to_string();
     let data = dir.join("data");
@@ -415,7 +430,11 @@ async fn journal_body_keeps_the_raw_body_capped_and_marked() {
         .iter()
         .find(|r| r["transaction_id"] == id.as_str())
         .unwrap_or_else(|| panic!("no record of {id}: {out}"));
-    assert_eq!(record["body"], &body[..64]);
+    use base64::Engine as _;
+    let kept = base64::engine::general_purpose::STANDARD
+        .decode(record["body_base64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(kept, body.as_bytes()[..64]);
     assert_eq!(record["body_bytes"], body.len());
     assert_eq!(record["body_truncated"], true);
     assert_eq!(record["out_trade_no"], "O9");
@@ -617,4 +636,138 @@ async fn a_queued_notification_whose_deliveries_failed_never_ran() {
     assert_eq!(code, 1, "{out} {err} {journal}");
     assert!(finding(&out, "never_ran", &failed).is_some(), "{out}");
     assert!(!out.contains(&ok), "{out}");
+}
+
+/// A WeChat Pay v2 notification that nobody signed, posted to an `auto`
+/// route (the `/notify/wechat` route verifies WeChat Pay v3 only): it runs,
+/// and its record has the sender's transaction id, amount and `SUCCESS`,
+/// but it is no proof that the payment ran. The bill's rows are reported
+/// `unverified_only`, and exit 1; a verified notification still reconciles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_look_alikes_on_an_auto_route_are_unverified_only() {
+    let up = Upstream::start().await;
+    let dir = temp_path("reconcile-forged");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_token(&dir.join("token"));
+    std::fs::write(
+        dir.join("alipay.pem"),
+        fixture("alipay_gbk_test_public_key.pem"),
+    )
+    .unwrap();
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nupstream = \"{}\"\n\
+         [[route]]\nprefix = \"/notify/wechat\"\npreset = \"wechatpay-v3\"\n\
+         verify = {{ platform_keys = {{ \"{V3_SERIAL}\" = \"alipay.pem\" }}, api_v3_key = \"{V3_KEY}\" }}\n\
+         [[route]]\nprefix = \"/\"\npreset = \"auto\"\n",
+        up.url()
+    );
+    let ops = start_config(&dir, &config, &[]);
+    let pid = std::process::id();
+    let forged: Vec<String> = (1..=3).map(|n| format!("42004{pid}{n:04}")).collect();
+    for (n, id) in forged.iter().enumerate() {
+        // The signature is made up: nobody checks it on `auto`.
+        let body = wechat(id, &format!("F{n}"), 100).replace("<sign><![CDATA[", "<sign><![CDATA[X");
+        send(&ops, "/shop/anything", "text/xml", body).await;
+    }
+    assert_eq!(up.calls("/shop/anything"), 3, "the forged bodies ran");
+    let genuine = format!("42004{pid}0009");
+    send_v3(
+        &ops,
+        "/notify/wechat",
+        wechat_v3(&format!("EV-{pid}-9"), &genuine, "G9", 100),
+    )
+    .await;
+    let bill = ops.dir.join("forged.csv");
+    let rows: Vec<(&str, &str, &str)> = vec![
+        (&forged[0], "F0", "1.00"),
+        (&forged[1], "F1", "1.00"),
+        (&forged[2], "F2", "1.00"),
+    ];
+    std::fs::write(&bill, wechat_bill(&rows)).unwrap();
+    let (code, out, err) = reconcile(&ops, &bill, "wechatpay", false);
+    assert_eq!(code, 1, "forged records are no proof: {out} {err}");
+    for id in &forged {
+        let line = finding(&out, "unverified_only", id).unwrap_or_else(|| panic!("{out}"));
+        assert!(line.trim_end().ends_with(" 1"), "one unverified run: {line}");
+    }
+    let (_, out, _) = reconcile(&ops, &bill, "wechatpay", true);
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(json["findings"][0]["kind"], "unverified_only", "{json}");
+    assert_eq!(json["findings"][0]["routes"][0], "/", "{json}");
+    // The journal says which records were verified, and their route.
+    let (_, out, _) = gateway(&ops, &["journal", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let records = json["records"].as_array().unwrap();
+    let of = |id: &str| {
+        records
+            .iter()
+            .find(|r| r["transaction_id"] == id)
+            .unwrap_or_else(|| panic!("no record of {id}: {out}"))
+            .clone()
+    };
+    assert_eq!(of(&forged[0])["verified"], false, "{out}");
+    assert_eq!(of(&forged[0])["route"], "/", "{out}");
+    assert_eq!(of(&genuine)["verified"], true, "{out}");
+    assert_eq!(of(&genuine)["route"], "/notify/wechat", "{out}");
+    // The verified notification reconciles.
+    std::fs::write(&bill, wechat_bill(&[(genuine.as_str(), "G9", "1.00")])).unwrap();
+    let (code, out, err) = reconcile(&ops, &bill, "wechatpay", false);
+    assert_eq!(code, 0, "{out} {err}");
+}
+
+/// Two gateways on one Redis share one journal (in Redis): a notification
+/// handled by each is seen by reconcile through either, and a key that ran
+/// on both (forgotten on one, then sent to the other) ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_on_one_redis_share_one_journal() {
+    if !support_redis::redis_available() {
+        eprintln!("SKIPPED: no redis-server on this machine");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let up = Upstream::start().await;
+    let url = redis.url();
+    let a = start(&up.url(), &["--store", url.clone().leak()]);
+    let b = start(&up.url(), &["--store", url.clone().leak()]);
+    let pid = std::process::id();
+    let (w1, w2, w3) = (
+        format!("42005{pid}0001"),
+        format!("42005{pid}0002"),
+        format!("42005{pid}0003"),
+    );
+    send(&a, "/notify/wx", "text/xml", wechat(&w1, "R1", 1)).await;
+    send(&b, "/notify/wx", "text/xml", wechat(&w2, "R2", 2)).await;
+    // A copy of W1 to the other instance is a replay: still one run.
+    send(&b, "/notify/wx", "text/xml", wechat(&w1, "R1", 1)).await;
+    assert_eq!(up.calls("/notify/wx"), 2);
+    let bill = a.dir.join("shared.csv");
+    let rows = [(w1.as_str(), "R1", "0.01"), (w2.as_str(), "R2", "0.02")];
+    std::fs::write(&bill, wechat_bill(&rows)).unwrap();
+    for ops in [&a, &b] {
+        let (code, out, err) = reconcile(ops, &bill, "wechatpay", false);
+        assert_eq!(code, 0, "each instance sees both: {out} {err}");
+    }
+    let (code, out, err) = gateway(&a, &["inspect", "--id", &w1]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2 copies (executed 1, replayed 1)"), "{out}");
+    // W3 runs on A, is forgotten, and runs again on B: ran twice.
+    send(&a, "/notify/wx", "text/xml", wechat(&w3, "R3", 3)).await;
+    let key = out
+        .lines()
+        .find_map(|l| l.strip_prefix("key: "))
+        .unwrap()
+        .replace(&w1, &w3);
+    let (code, _, err) = gateway(&a, &["forget", &key]);
+    assert_eq!(code, 0, "{key}: {err}");
+    send(&b, "/notify/wx", "text/xml", wechat(&w3, "R3", 3)).await;
+    assert_eq!(up.calls("/notify/wx"), 4);
+    std::fs::write(&bill, wechat_bill(&[(w3.as_str(), "R3", "0.03")])).unwrap();
+    let (code, out, err) = reconcile(&a, &bill, "wechatpay", false);
+    assert_eq!(code, 1, "{out} {err}");
+    let line = finding(&out, "ran_more_than_once", &w3).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.trim_end().ends_with(" 2"), "two runs of one key: {line}");
+    assert!(
+        !a.dir.join("data/journal.redb").exists(),
+        "no file of its own beside a shared journal"
+    );
 }

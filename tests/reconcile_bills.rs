@@ -172,6 +172,7 @@ fn record(
         "last_seen_ms": 2, "copies": executed + 1,
         "outcomes": { "executed": executed, "replayed": 1 },
         "last_status": 200, "upstream_status": 200, "upstream_ms": 3, "attempts": 0,
+        "verified": true, "completed": executed.min(1),
         "transaction_id": id, "out_trade_no": format!("order-{id}"),
         "amount_minor": amount, "trade_state": state,
     }))
@@ -308,6 +309,54 @@ fn a_call_that_outlived_the_reply_deadline_and_was_replayed_ran() {
     );
 }
 
+/// A record from a sender nobody verified (an `auto` route) is no proof
+/// that the payment ran: reported as `unverified_only`, not as clean, and
+/// beside a verified run it changes nothing. One stored key that ran on two
+/// instances (`completed` 2) ran twice; one whose first run failed did not.
+#[test]
+fn unverified_records_are_no_proof_and_a_key_that_completed_twice_ran_twice() {
+    let bill = Bill {
+        lines: vec![
+            line(2, "forged", 100),
+            line(3, "both", 100),
+            line(4, "two-instances", 100),
+            line(5, "retried", 100),
+        ],
+        skipped: 0,
+    };
+    let unverified = |key: &str, id: &str| {
+        let mut r = record(key, "wechatpay-v2", id, 100, "SUCCESS", 1);
+        r.verified = false;
+        r.route = "/".into();
+        r
+    };
+    let mut twice = record("k-2i", "wechatpay-v2", "two-instances", 100, "SUCCESS", 2);
+    twice.completed = 2;
+    let mut retried = record("k-re", "wechatpay-v2", "retried", 100, "SUCCESS", 2);
+    retried.completed = 1;
+    let records = vec![
+        unverified("k-forged", "forged"),
+        unverified("k-both-forged", "both"),
+        record("k-both", "wechatpay-v2", "both", 100, "SUCCESS", 1),
+        twice,
+        retried,
+    ];
+    let found = reconcile(&bill, &records, &["wechatpay-v2"]);
+    let kinds: Vec<(&str, FindingKind, usize)> = found
+        .iter()
+        .map(|f| (f.transaction_id.as_str(), f.kind, f.runs))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("forged", FindingKind::UnverifiedOnly, 1),
+            ("two-instances", FindingKind::RanMoreThanOnce, 2),
+        ]
+    );
+    assert_eq!(found[0].routes, vec!["/"]);
+    assert_eq!(FindingKind::UnverifiedOnly.as_str(), "unverified_only");
+}
+
 #[test]
 fn old_journal_records_without_business_ids_still_read() {
     // A record as journals before business ids wrote it.
@@ -319,4 +368,6 @@ fn old_journal_records_without_business_ids_still_read() {
         (r.transaction_id, r.body, r.body_truncated),
         (None, None, false)
     );
+    // Written before the journal knew who was verified: not verified.
+    assert!(!r.verified);
 }

@@ -195,6 +195,7 @@ fn journal_event(journaling: &Journaling, res: &GatewayResponse, outcome: Outcom
         event = event.upstream(up.status.as_u16(), up.took);
     }
     if let Some(captured) = res.extensions().get::<CapturedRequest>() {
+        event = event.verified(captured.verified);
         if let Some(business) = Business::read(key.preset(), captured) {
             event = event.business(business);
         }

@@ -22,6 +22,19 @@ const NAME: &str = "gateway";
 /// `--data-dir` when neither it nor `--queue` is given.
 pub const DEFAULT_DATA_DIR: &str = "./gateway-data";
 
+/// Creates the data directory (and its missing parents) readable by its
+/// owner only (0700): the queue and the journal hold what senders sent. An
+/// existing directory is left as it is.
+pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+}
+
 /// Where the queue lives.
 #[derive(Debug, Clone, PartialEq)]
 pub enum QueueSpec {
@@ -103,8 +116,7 @@ impl QueueSettings {
     pub async fn open(&self) -> Result<GatewayQueue, String> {
         match &self.spec {
             QueueSpec::Dir(dir) => {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                create_private_dir(dir)?;
                 RedbQueue::open(dir.join("queue.redb"))
                     .map(Either::Left)
                     .map_err(|e| format!("cannot open the queue: {e}"))

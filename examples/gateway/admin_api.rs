@@ -13,16 +13,60 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
-use tower_idempotency::journal::{now_ms, Journal, JournalEvent, JournalFilter, JournalRecord};
+use tower_idempotency::journal::{
+    now_ms, Journal, JournalCursor, JournalEvent, JournalFilter, JournalRecord,
+};
 use tower_idempotency::store::{Forgotten, RecordState, Store};
 use tower_idempotency::Preset;
 use tracing::{info, warn};
 
 /// The longest an admin call waits for the store.
 const STORE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Records (or matches) per page unless `limit` says otherwise.
+const DEFAULT_LIMIT: usize = 100;
+/// The most records (or matches) one page holds.
+pub const MAX_LIMIT: usize = 1000;
+/// Records `/admin/keys?id=` looks at per page: past it the page ends
+/// with a cursor, so that a search of a large journal answers in bounded time.
+const KEYS_SCAN: usize = 10_000;
 
-/// Reads the bearer token from `path`: its first line, which must not be empty.
+/// `limit` and `cursor` of a paged call.
+fn paging(q: &[(String, String)]) -> Result<(usize, Option<JournalCursor>), String> {
+    let limit = match param(q, "limit") {
+        None => DEFAULT_LIMIT,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => return Err(format!("`limit` is a number from 1 to {MAX_LIMIT}")),
+        },
+    };
+    let cursor = match param(q, "cursor") {
+        None | Some("") => None,
+        Some(c) => Some(
+            c.parse()
+                .map_err(|_| "`cursor` is not one this API gave".to_owned())?,
+        ),
+    };
+    Ok((limit, cursor))
+}
+
+/// Reads the bearer token from `path`: its first line, which must not be
+/// empty; a file that its group or others can read is refused (as ssh
+/// refuses such a key).
 pub fn read_token(path: &Path) -> Result<String, String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "permissions {mode:04o} for the admin token file {} are too open: \
+                 it must not be accessible by others (chmod 600 it)",
+                path.display()
+            ));
+        }
+    }
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?;
     let token = text.lines().next().unwrap_or_default().trim().to_owned();
@@ -254,8 +298,9 @@ impl Admin {
         )
     }
 
-    /// `?id=ID[&preset=P][&route=R]`: the keys the journal knows that end
-    /// in the channel's id, each inspected.
+    /// `?id=ID[&preset=P][&route=R][&limit=N][&cursor=C]`: the keys the
+    /// journal knows that end in the channel's id, each inspected, a page
+    /// at a time.
     async fn find(&self, q: &[(String, String)], store: &GatewayStore) -> Answer {
         let Some(id) = param(q, "id") else {
             return error(StatusCode::BAD_REQUEST, "`id` is needed");
@@ -266,21 +311,27 @@ impl Admin {
                 "the journal is off (--journal): inspect the stored key instead",
             );
         };
-        let mut filter = JournalFilter::default().limit(usize::MAX);
+        let (limit, cursor) = match paging(q) {
+            Ok(p) => p,
+            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+        };
+        let mut filter = JournalFilter::default()
+            .key_suffix(format!(":{id}"))
+            .limit(limit)
+            .scan(KEYS_SCAN);
         if let Some(route) = param(q, "route") {
             filter = filter.route(route);
         }
-        let records = match journal.query(&filter).await {
-            Ok(r) => r,
+        if let Some(cursor) = cursor {
+            filter = filter.after(cursor);
+        }
+        let page = match journal.page(&filter).await {
+            Ok(p) => p,
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         };
-        let suffix = format!(":{id}");
         let preset = param(q, "preset");
         let mut matches = Vec::new();
-        for record in records
-            .iter()
-            .filter(|r| r.key.ends_with(&suffix) && preset.is_none_or(|p| r.preset == p))
-        {
+        for record in (page.records.iter()).filter(|r| preset.is_none_or(|p| r.preset == p)) {
             let state = match self.state(&record.key, store).await {
                 Ok(v) => v,
                 Err(res) => return res,
@@ -289,7 +340,11 @@ impl Admin {
                 json!({ "key": record.key, "record": state, "journal": journal_json(record) }),
             );
         }
-        json_answer(StatusCode::OK, &json!({ "matches": matches }))
+        let next = page.next.map(|c| c.to_string());
+        json_answer(
+            StatusCode::OK,
+            &json!({ "matches": matches, "next_cursor": next }),
+        )
     }
 
     async fn forget(&self, key: &str, who: &str, store: &GatewayStore) -> Answer {
@@ -321,11 +376,20 @@ impl Admin {
         json_answer(status, &json!({ "key": key, "forgotten": word }))
     }
 
+    /// `?[since=T][&until=T][&route=R][&outcome=O][&limit=N][&cursor=C]`:
+    /// a page of records, oldest last copy first.
     async fn journal(&self, q: &[(String, String)]) -> Answer {
         let Some(journal) = self.journal.get() else {
             return error(StatusCode::CONFLICT, "the journal is off (--journal)");
         };
-        let mut filter = JournalFilter::default();
+        let (limit, cursor) = match paging(q) {
+            Ok(p) => p,
+            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+        };
+        let mut filter = JournalFilter::default().limit(limit);
+        if let Some(cursor) = cursor {
+            filter = filter.after(cursor);
+        }
         for (name, value) in q {
             filter = match name.as_str() {
                 "since" | "until" => match parse_time(value) {
@@ -335,10 +399,7 @@ impl Admin {
                 },
                 "route" => filter.route(value.as_str()),
                 "outcome" => filter.outcome(value.as_str()),
-                "limit" => match value.parse() {
-                    Ok(n) => filter.limit(n),
-                    Err(_) => return error(StatusCode::BAD_REQUEST, "`limit` is a number"),
-                },
+                "limit" | "cursor" => filter,
                 other => {
                     return error(
                         StatusCode::BAD_REQUEST,
@@ -347,12 +408,13 @@ impl Admin {
                 }
             };
         }
-        match journal.query(&filter).await {
-            Ok(records) => {
-                let records: Vec<Value> = records.iter().map(journal_json).collect();
+        match journal.page(&filter).await {
+            Ok(page) => {
+                let records: Vec<Value> = page.records.iter().map(journal_json).collect();
+                let next = page.next.map(|c| c.to_string());
                 json_answer(
                     StatusCode::OK,
-                    &json!({ "records": records, "dropped": journal.dropped() }),
+                    &json!({ "records": records, "dropped": journal.dropped(), "next_cursor": next }),
                 )
             }
             Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),

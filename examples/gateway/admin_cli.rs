@@ -3,6 +3,7 @@
 //! `--admin-token-file`), so that they work on every store, the memory
 //! store included, while the gateway runs.
 
+use crate::escape::{shown, shown_bytes};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use http::{header, Method, Request};
@@ -75,7 +76,7 @@ pub struct Journal {
     /// Only records with a copy that got this outcome (executed, replayed, mismatch, ...)
     #[arg(long, value_name = "OUTCOME")]
     outcome: Option<String>,
-    /// At most this many
+    /// At most this many (read a page of at most 1,000 at a time)
     #[arg(long, value_name = "N", default_value_t = 1000)]
     limit: usize,
     #[command(flatten)]
@@ -277,40 +278,37 @@ pub fn run(
     rt.block_on(async {
         match what {
             Call::Inspect(a) => {
-                let path = if a.id || a.preset.is_some() {
-                    let q = query(&[("id", Some(&a.key)), ("preset", a.preset.as_deref())]);
-                    format!("/admin/keys?{q}")
+                let target = a.target.resolve(metrics_listen);
+                let json = if a.id || a.preset.is_some() {
+                    let pairs = [("id", Some(a.key.as_str())), ("preset", a.preset.as_deref())];
+                    paged(&target, &token, "/admin/keys", &pairs, "matches", MAX_MATCHES).await?
                 } else {
-                    format!("/admin/keys/{}", enc(&a.key))
+                    let path = format!("/admin/keys/{}", enc(&a.key));
+                    call_ok(&target, &token, Method::GET, &path).await?.1
                 };
-                let (status, json) = call_ok(
-                    &a.target.resolve(metrics_listen),
-                    &token,
-                    Method::GET,
-                    &path,
-                )
-                .await?;
-                let _ = status;
-                print(&a.target.resolve(metrics_listen), &json, |out| {
+                print(&target, &json, |out| {
                     let found: Vec<&Value> = match json["matches"].as_array() {
                         Some(m) => m.iter().collect(),
                         None => vec![&json],
                     };
                     if found.is_empty() {
-                        writeln!(out, "no key ending in :{} in the journal", a.key)?;
+                        writeln!(out, "no key ending in :{} in the journal", shown(&a.key))?;
                     }
                     for m in found {
-                        writeln!(out, "key: {}", m["key"].as_str().unwrap_or("?"))?;
-                        writeln!(out, "  record: {}", record_line(&m["record"]))?;
-                        writeln!(out, "  journal: {}", journal_line(&m["journal"]))?;
-                        if let Some(body) = m["journal"]["body"].as_str() {
+                        writeln!(out, "key: {}", shown(m["key"].as_str().unwrap_or("?")))?;
+                        writeln!(out, "  record: {}", shown(&record_line(&m["record"])))?;
+                        writeln!(out, "  journal: {}", shown(&journal_line(&m["journal"])))?;
+                        if let Some(body) = body_of(&m["journal"]) {
                             let cut = if m["journal"]["body_truncated"] == Value::Bool(true) {
                                 format!(" [truncated: {} bytes in all]", m["journal"]["body_bytes"])
                             } else {
                                 String::new()
                             };
-                            writeln!(out, "  body: {body}{cut}")?;
+                            writeln!(out, "  body: {}{cut}", shown_bytes(&body))?;
                         }
+                    }
+                    if json["next_cursor"].is_string() {
+                        writeln!(out, "(more than {MAX_MATCHES} keys: only the first shown)")?;
                     }
                     Ok(())
                 })
@@ -331,39 +329,32 @@ pub fn run(
                 .await?;
                 match status {
                     200 => print(&a.target.resolve(metrics_listen), &json, |out| {
-                        writeln!(out, "forgotten: {} (the next copy runs again)", a.key)
+                        writeln!(out, "forgotten: {} (the next copy runs again)", shown(&a.key))
                     }),
-                    404 => Err(format!("{}: no completed record to forget", a.key)),
+                    404 => Err(format!("{}: no completed record to forget", shown(&a.key))),
                     409 => Err(format!(
                         "{}: in flight; nothing forgotten (try again once it has finished)",
-                        a.key
+                        shown(&a.key)
                     )),
                     _ => Err(failed(status, &json)),
                 }
             }
             Call::Journal(a) => {
-                let limit = a.limit.to_string();
-                let q = query(&[
+                let pairs = [
                     ("since", a.since.as_deref()),
                     ("until", a.until.as_deref()),
                     ("route", a.route.as_deref()),
                     ("outcome", a.outcome.as_deref()),
-                    ("limit", Some(&limit)),
-                ]);
-                let (_, json) = call_ok(
-                    &a.target.resolve(metrics_listen),
-                    &token,
-                    Method::GET,
-                    &format!("/admin/journal?{q}"),
-                )
-                .await?;
-                print(&a.target.resolve(metrics_listen), &json, |out| {
+                ];
+                let target = a.target.resolve(metrics_listen);
+                let json = paged(&target, &token, "/admin/journal", &pairs, "records", a.limit).await?;
+                print(&target, &json, |out| {
                     for r in json["records"].as_array().into_iter().flatten() {
                         writeln!(
                             out,
                             "{}\t{}",
-                            r["key"].as_str().unwrap_or("?"),
-                            journal_line(r)
+                            shown(r["key"].as_str().unwrap_or("?")),
+                            shown(&journal_line(r))
                         )?;
                     }
                     Ok(())
@@ -371,6 +362,48 @@ pub fn run(
             }
         }
     })
+}
+
+/// The most keys `inspect --id` reads.
+const MAX_MATCHES: usize = 1000;
+
+/// A paged call (`path?pairs&limit=…&cursor=…`) read page by page until
+/// `most` items of `field` or the last page: one answer with every item,
+/// the last page's other fields and `next_cursor` (null once all were read).
+pub async fn paged(
+    target: &Resolved,
+    token: &str,
+    path: &str,
+    pairs: &[(&str, Option<&str>)],
+    field: &str,
+    most: usize,
+) -> Result<Value, String> {
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let left = most.saturating_sub(items.len());
+        let limit = left.clamp(1, crate::admin_api::MAX_LIMIT).to_string();
+        let mut all = pairs.to_vec();
+        all.push(("limit", Some(&limit)));
+        all.push(("cursor", cursor.as_deref()));
+        let (_, mut json) = call_ok(target, token, Method::GET, &format!("{path}?{}", query(&all))).await?;
+        if let Some(page) = json[field].as_array_mut() {
+            items.append(page);
+        }
+        cursor = json["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() || items.len() >= most {
+            items.truncate(most);
+            json[field] = Value::Array(items);
+            return Ok(json);
+        }
+    }
+}
+
+/// The body a journal record keeps (`body_base64`), decoded.
+fn body_of(j: &Value) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    let text = j["body_base64"].as_str()?;
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
 
 pub async fn call_ok(

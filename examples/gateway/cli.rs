@@ -159,6 +159,10 @@ pub struct Args {
     /// Journal records not seen for this long are removed (default 7d)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_JOURNAL_RETENTION", value_parser = parse::positive_duration)]
     pub journal_retention: Option<Duration>,
+    /// The most bytes the journal's records take in --data-dir/journal.redb: past it the
+    /// records last seen longest ago are removed first (default 1GiB)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_JOURNAL_MAX_SIZE", value_parser = parse::body_size)]
+    pub journal_max_size: Option<usize>,
     /// Keep each notification's raw body in its journal record (off by default: bodies
     /// hold personal data), at most --journal-body-max bytes of it
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL_BODY")]

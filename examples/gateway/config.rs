@@ -22,7 +22,7 @@
 //! values win over the global ones; flags win over the file's global
 //! values, and `--route` flags replace the file's routes.
 
-mod journal;
+pub mod journal;
 
 use crate::ack::{self, QueueSettings};
 use crate::cli::Args;
@@ -71,6 +71,7 @@ struct File {
     ratio_window: Field,
     journal: Option<bool>,
     journal_retention: Field,
+    journal_max_size: Option<Spanned<SizeValue>>,
     journal_body: Option<bool>,
     journal_body_max: Option<Spanned<SizeValue>>,
     admin_token_file: Option<PathBuf>,
@@ -118,8 +119,8 @@ pub struct Settings {
     pub queue_wait: Duration,
     /// How far back the duplicate-ratio gauge looks.
     pub ratio_window: Duration,
-    /// The journal's file and retention, when it is on.
-    pub journal: Option<(PathBuf, Duration)>,
+    /// The journal's file, retention and size, when it is on.
+    pub journal: Option<journal::JournalSettings>,
     /// With `journal_body`: the most body bytes a journal record keeps.
     pub journal_body: Option<usize>,
     /// The admin API's bearer token, when it is on.

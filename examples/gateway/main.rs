@@ -30,6 +30,7 @@ mod admin_cli;
 mod cli;
 mod config;
 mod dlq;
+mod escape;
 mod limit;
 mod logging;
 mod pace;
@@ -225,36 +226,56 @@ fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, St
     Ok(builder.build())
 }
 
-/// The journal: in the SQL store's database when the store is one, else in
-/// `path` (the data directory's redb file).
+/// The journal: in the SQL store's database when the store is one (or the
+/// SQL `--backstop` behind a Redis store), else in `js.path` (the data
+/// directory's redb file, created readable by its owner only).
 async fn open_journal(
     store: &parse::StoreSpec,
-    path: &std::path::Path,
-    retention: Duration,
+    backstop: Option<&str>,
+    js: &config::journal::JournalSettings,
 ) -> Result<Journal, String> {
-    let options = JournalOptions::new().retention(retention);
-    let journal = if let parse::StoreSpec::Sql(url) = store {
+    let retention = js.retention;
+    let options = JournalOptions::new()
+        .retention(retention)
+        .max_size(js.max_size);
+    let database = match store {
+        parse::StoreSpec::Sql(url) => Some(url.as_str()),
+        _ => backstop,
+    };
+    let journal = if let Some(url) = database {
         let opened = Journal::connect(url, options).await;
         let (journal, writer) = opened.map_err(|e| store::redact_text(&e.to_string()))?;
         tokio::spawn(writer);
         info!(
             table = "idempotency_journal",
             ?retention,
-            "journal of notifications on, in the SQL store's database"
+            "journal of notifications on, in the SQL database (shared by every instance)"
+        );
+        journal
+    } else if let parse::StoreSpec::Redis(url) = store {
+        let opened = Journal::connect_redis(url, options).await;
+        let (journal, writer) = opened.map_err(|e| store::redact_text(&e.to_string()))?;
+        tokio::spawn(writer);
+        info!(
+            ?retention,
+            "journal of notifications on, in Redis (shared by every instance)"
         );
         journal
     } else {
+        let path = &js.path;
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            ack::create_private_dir(dir)?;
         }
         let (journal, writer) = Journal::open(path, options).map_err(|e| e.to_string())?;
         tokio::spawn(writer);
-        info!(path = %path.display(), ?retention, "journal of notifications on");
+        info!(path = %path.display(), ?retention, max_size = js.max_size, "journal of notifications on");
         journal
     };
     // At zero from the start, for `increase()` in alert rules.
     metrics::counter!("idempotency_journal_dropped_total").increment(0);
+    for reason in ["retention", "size"] {
+        metrics::counter!("idempotency_journal_pruned_total", "reason" => reason).increment(0);
+    }
     Ok(journal)
 }
 
@@ -348,7 +369,10 @@ async fn run(
     let bound = workers::bind(settings.listen, settings.workers)?;
     let local = bound.local;
     let journal = match &settings.journal {
-        Some((path, retention)) => Some(open_journal(&settings.store, path, *retention).await?),
+        Some(js) => {
+            let backstop = settings.backstop.as_deref();
+            Some(open_journal(&settings.store, backstop, js).await?)
+        }
         None => None,
     };
     if let (Some(handle), Some(journal)) = (&admin, &journal) {

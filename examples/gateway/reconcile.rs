@@ -8,6 +8,7 @@ use crate::admin_cli::{call_ok, Format, Target};
 use clap::{Args, ValueEnum};
 use http::Method;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -109,32 +110,52 @@ fn journal(
         return Err("reconcile needs --admin-token-file (the running gateway's token)".into());
     };
     let token = crate::admin::read_token(token_file)?;
-    let mut q = form_urlencoded::Serializer::new(String::new());
-    q.append_pair("limit", &a.limit.to_string());
-    if let Some(since) = &a.since {
-        q.append_pair("since", since);
-    }
-    if let Some(until) = &a.until {
-        q.append_pair("until", until);
-    }
-    let path = format!("/admin/journal?{}", q.finish());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let target = a.target.resolve(metrics_listen);
-    let (_, json) = rt.block_on(call_ok(&target, &token, Method::GET, &path))?;
-    let records = json["records"].as_array().cloned().unwrap_or_default();
-    if records.len() >= a.limit {
-        return Err(format!(
-            "the journal has more than --limit {} records: raise it, or narrow with --since/--until",
-            a.limit
-        ));
+    // A page of at most 1,000 records at a time, each kept once parsed; a
+    // record that got a copy while the pages were read comes again later
+    // (the later one is newer).
+    let mut by_key: HashMap<String, JournalRecord> = HashMap::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("limit", &crate::admin_api::MAX_LIMIT.to_string());
+        if let Some(since) = &a.since {
+            q.append_pair("since", since);
+        }
+        if let Some(until) = &a.until {
+            q.append_pair("until", until);
+        }
+        if let Some(cursor) = &cursor {
+            q.append_pair("cursor", cursor);
+        }
+        let path = format!("/admin/journal?{}", q.finish());
+        let (_, mut json) = rt.block_on(call_ok(&target, &token, Method::GET, &path))?;
+        let records = match json["records"].take() {
+            Value::Array(records) => records,
+            _ => Vec::new(),
+        };
+        for r in records {
+            let record: JournalRecord =
+                serde_json::from_value(r).map_err(|e| format!("a journal record: {e}"))?;
+            by_key.insert(record.key.clone(), record);
+        }
+        if by_key.len() > a.limit {
+            return Err(format!(
+                "the journal has more than --limit {} records: raise it, or narrow with --since/--until",
+                a.limit
+            ));
+        }
+        cursor = json["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            let mut records: Vec<JournalRecord> = by_key.into_values().collect();
+            records.sort_by(|a, b| (a.first_seen_ms, &a.key).cmp(&(b.first_seen_ms, &b.key)));
+            return Ok(records);
+        }
     }
-    records
-        .into_iter()
-        .map(|r| serde_json::from_value(r).map_err(|e| format!("a journal record: {e}")))
-        .collect()
 }
 
 fn finding_json(f: &Finding) -> Value {
@@ -178,8 +199,8 @@ fn print(a: &Reconcile, bill: &Bill, findings: &[Finding]) -> std::io::Result<()
             "{:<20} {:>6}  {:<32} {:<32} {:>10} {:>10} {:>4}",
             f.kind.as_str(),
             f.line,
-            f.transaction_id,
-            f.out_trade_no,
+            crate::escape::shown(&f.transaction_id),
+            crate::escape::shown(&f.out_trade_no),
             format_yuan(f.bill_amount_minor),
             journal,
             f.runs

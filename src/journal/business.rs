@@ -177,6 +177,7 @@ mod tests {
         CapturedRequest {
             body: Bytes::from(body.to_owned()),
             decrypted: None,
+            verified: false,
         }
     }
 
@@ -203,6 +204,7 @@ mod tests {
         let v3 = CapturedRequest {
             body: Bytes::from_static(b"{}"),
             decrypted: Some(Bytes::from_static(plain.as_bytes())),
+            verified: true,
         };
         let b = Business::read("wechatpay-v3", &v3).unwrap();
         assert_eq!(

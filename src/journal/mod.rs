@@ -39,6 +39,9 @@ mod business;
 mod db;
 mod reconcile;
 mod record;
+#[cfg(feature = "redis")]
+mod redis;
+mod reopen;
 #[cfg(feature = "sql")]
 mod sql;
 
@@ -47,11 +50,12 @@ pub use self::business::{format_yuan, parse_yuan, Business};
 pub use self::reconcile::{channel_presets, reconcile, Finding, FindingKind};
 pub use self::record::JournalRecord;
 
+
 use self::db::Db;
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -74,10 +78,11 @@ pub struct JournalEvent {
     status: Option<u16>,
     upstream: Option<(u16, u64)>,
     attempt: bool,
+    verified: bool,
     note: Option<String>,
-    // Boxed: most events have neither, and the channel holds 65,536 events.
+    // Boxed: most events have neither.
     business: Option<Box<Business>>,
-    body: Option<Box<(String, u64, bool)>>,
+    body: Option<Box<(Vec<u8>, u64, bool)>>,
 }
 
 impl JournalEvent {
@@ -98,6 +103,7 @@ impl JournalEvent {
             status: None,
             upstream: None,
             attempt: false,
+            verified: false,
             note: None,
             business: None,
             body: None,
@@ -111,14 +117,28 @@ impl JournalEvent {
         self
     }
 
-    /// The request's raw body, its first `max` bytes kept (as UTF-8, bytes
-    /// that are not replaced by U+FFFD); a longer body is marked truncated.
+    /// The request's raw body, its first `max` bytes kept as they came
+    /// (bytes, whatever their encoding); a longer body is marked truncated.
     pub fn body(mut self, body: &[u8], max: usize) -> Self {
-        let kept = &body[..body.len().min(max)];
-        let text = String::from_utf8_lossy(kept).into_owned();
+        let kept = body[..body.len().min(max)].to_vec();
         let len = u64::try_from(body.len()).unwrap_or(u64::MAX);
-        self.body = Some(Box::new((text, len, body.len() > max)));
+        self.body = Some(Box::new((kept, len, body.len() > max)));
         self
+    }
+
+    /// About how many bytes the event holds, for the channel's budget.
+    fn size(&self) -> usize {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        let business = self.business.as_ref().map_or(0, |b| {
+            EVENT_OVERHEAD + text(&b.transaction_id) + text(&b.out_trade_no) + text(&b.trade_state)
+        });
+        EVENT_OVERHEAD
+            + self.key.len()
+            + self.preset.len()
+            + self.route.len()
+            + text(&self.note)
+            + self.body.as_ref().map_or(0, |b| b.0.len())
+            + business
     }
 
     /// The status this copy was answered.
@@ -131,6 +151,14 @@ impl JournalEvent {
     pub fn upstream(mut self, status: u16, took: Duration) -> Self {
         let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
         self.upstream = Some((status, ms));
+        self
+    }
+
+    /// The sender of this copy was verified (a verify layer checked its
+    /// signature). Reconciliation counts only verified records as proof
+    /// that a payment ran.
+    pub fn verified(mut self, verified: bool) -> Self {
+        self.verified = verified;
         self
     }
 
@@ -154,6 +182,9 @@ impl JournalEvent {
     }
 }
 
+/// What an event costs the channel's budget beyond its strings.
+const EVENT_OVERHEAD: usize = 160;
+
 /// Which records [`Journal::query`] returns: all of them by default, newest
 /// last, at most 1,000.
 #[derive(Debug, Clone)]
@@ -162,7 +193,10 @@ pub struct JournalFilter {
     until_ms: u64,
     route: Option<String>,
     outcome: Option<String>,
+    key_suffix: Option<String>,
     limit: usize,
+    after: Option<JournalCursor>,
+    scan: usize,
 }
 
 impl Default for JournalFilter {
@@ -172,9 +206,64 @@ impl Default for JournalFilter {
             until_ms: u64::MAX,
             route: None,
             outcome: None,
+            key_suffix: None,
             limit: 1000,
+            after: None,
+            scan: usize::MAX,
         }
     }
+}
+
+/// Where a page of [`Journal::page`] ended: the next page starts after it.
+/// Written as text (`Display`, `FromStr`) for a paged API's `cursor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalCursor {
+    last_seen_ms: u64,
+    key: String,
+}
+
+impl JournalCursor {
+    fn of(record: &JournalRecord) -> Self {
+        Self {
+            last_seen_ms: record.last_seen_ms,
+            key: record.key.clone(),
+        }
+    }
+}
+
+impl fmt::Display for JournalCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&self.key);
+        write!(f, "{}.{key}", self.last_seen_ms)
+    }
+}
+
+impl std::str::FromStr for JournalCursor {
+    type Err = JournalError;
+
+    fn from_str(s: &str) -> Result<Self, JournalError> {
+        use base64::Engine as _;
+        let bad = || JournalError::new("not a journal cursor");
+        let (ms, key) = s.split_once('.').ok_or_else(bad)?;
+        let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(key)
+            .map_err(|_| bad())?;
+        Ok(Self {
+            last_seen_ms: ms.parse().map_err(|_| bad())?,
+            key: String::from_utf8(key).map_err(|_| bad())?,
+        })
+    }
+}
+
+/// One page of records ([`Journal::page`]) and where the next one starts
+/// (`None`: this was the last).
+#[derive(Debug, Clone)]
+pub struct JournalPage {
+    /// The records, oldest last copy first.
+    pub records: Vec<JournalRecord>,
+    /// Give it to [`JournalFilter::after`] for the next page.
+    pub next: Option<JournalCursor>,
 }
 
 impl JournalFilter {
@@ -202,14 +291,52 @@ impl JournalFilter {
         self
     }
 
+    /// Records whose stored key ends with `suffix` (`:ID`: the keys of a
+    /// channel's id on every route).
+    pub fn key_suffix(mut self, suffix: impl Into<String>) -> Self {
+        self.key_suffix = Some(suffix.into());
+        self
+    }
+
     /// At most this many records. Defaults to 1,000.
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self
     }
 
+    /// Records after the page that ended at `cursor` ([`JournalPage::next`]).
+    pub fn after(mut self, cursor: JournalCursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+
+    /// Looks at most this many records for a [`Journal::page`] (the page
+    /// ends there, with a cursor), so that a selective filter answers in
+    /// bounded time. Unbounded by default.
+    pub fn scan(mut self, records: usize) -> Self {
+        self.scan = records.max(1);
+        self
+    }
+
+    /// Where the scan starts: the time index's first entry at or after it.
+    fn start(&self) -> (u64, &str) {
+        match &self.after {
+            Some(c) if c.last_seen_ms >= self.since_ms => (c.last_seen_ms, c.key.as_str()),
+            _ => (self.since_ms, ""),
+        }
+    }
+
+    /// Whether the entry at (`ms`, `key`) of the time index is at or
+    /// before the cursor (already returned).
+    fn seen(&self, ms: u64, key: &str) -> bool {
+        self.after
+            .as_ref()
+            .is_some_and(|c| (ms, key) <= (c.last_seen_ms, c.key.as_str()))
+    }
+
     fn matches(&self, r: &JournalRecord) -> bool {
-        r.last_seen_ms >= self.since_ms
+        self.key_suffix.as_deref().is_none_or(|s| r.key.ends_with(s))
+            && r.last_seen_ms >= self.since_ms
             && r.first_seen_ms <= self.until_ms
             && self.route.as_deref().is_none_or(|p| r.route == p)
             && self
@@ -224,17 +351,42 @@ impl JournalFilter {
 pub struct JournalOptions {
     retention: Duration,
     capacity: usize,
+    queue_bytes: usize,
+    max_size: u64,
     prune_every: Duration,
 }
 
 impl JournalOptions {
-    /// The defaults: 7 days of retention, 65,536 events in the channel.
+    /// The defaults: 7 days of retention, at most 1 GiB of records in the
+    /// file, 65,536 events or 64 MiB in the channel.
     pub const fn new() -> Self {
         Self {
             retention: Duration::from_secs(7 * 24 * 3600),
             capacity: 65_536,
+            queue_bytes: 64 << 20,
+            max_size: 1 << 30,
             prune_every: Duration::from_secs(10),
         }
+    }
+
+    /// The most bytes the records of a journal file ([`Journal::open`])
+    /// take: past it the records last seen longest ago are removed first
+    /// (counted as `idempotency_journal_pruned_total{reason="size"}`), so
+    /// that senders who make up keys cannot fill the disk. The file itself
+    /// is larger by redb's pages and index (about twice the records' size
+    /// at most). Defaults to 1 GiB. A SQL journal is bounded by its
+    /// retention and the database's own quota.
+    pub const fn max_size(mut self, bytes: u64) -> Self {
+        self.max_size = bytes;
+        self
+    }
+
+    /// Bytes of events (their keys, ids and kept bodies) the channel holds
+    /// before new ones are dropped (and counted), whatever their number.
+    /// Defaults to 64 MiB.
+    pub const fn queue_bytes(mut self, bytes: usize) -> Self {
+        self.queue_bytes = bytes;
+        self
     }
 
     /// Records not seen for this long are removed. Defaults to 7 days.
@@ -288,11 +440,81 @@ enum Command {
     Flush(oneshot::Sender<()>),
 }
 
+/// What the journal's handles and its writer share: the bytes of events in
+/// the channel, and the events dropped.
+#[derive(Default)]
+struct Counters {
+    queued: AtomicUsize,
+    dropped: AtomicU64,
+}
+
+impl Counters {
+    /// Counts `n` events that will never be written.
+    fn drop_events(&self, n: usize) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idempotency_journal_dropped_total").increment(n);
+    }
+}
+
+/// The writer's end of the channel: takes events off the byte budget, and
+/// counts what it cannot write.
+struct Inbox {
+    rx: mpsc::Receiver<Command>,
+    counters: Arc<Counters>,
+}
+
+/// Events written in one transaction, at most.
+const BATCH: usize = 512;
+
+impl Inbox {
+    fn took(&self, command: &Command) {
+        if let Command::Event(e) = command {
+            self.counters.queued.fetch_sub(e.size(), Ordering::Relaxed);
+        }
+    }
+
+    /// The next command (cancel-safe).
+    async fn recv(&mut self) -> Option<Command> {
+        let got = self.rx.recv().await;
+        if let Some(command) = &got {
+            self.took(command);
+        }
+        got
+    }
+
+    /// `first` and what else is waiting, up to a batch of events.
+    fn batch(&mut self, first: Command) -> (Vec<JournalEvent>, Vec<oneshot::Sender<()>>) {
+        let (mut events, mut flushed) = (Vec::new(), Vec::new());
+        let mut next = Some(first);
+        while let Some(command) = next.take() {
+            match command {
+                Command::Event(e) => events.push(e),
+                Command::Flush(done) => flushed.push(done),
+            }
+            if events.len() < BATCH {
+                next = self.rx.try_recv().ok();
+                if let Some(command) = &next {
+                    self.took(command);
+                }
+            }
+        }
+        (events, flushed)
+    }
+
+    /// Counts a batch that could not be written.
+    fn lost(&self, events: usize) {
+        self.counters.drop_events(events);
+    }
+}
+
 /// The journal: cheap to clone; [`record`](Self::record) never waits.
 #[derive(Clone)]
 pub struct Journal {
     tx: mpsc::Sender<Command>,
-    dropped: Arc<AtomicU64>,
+    counters: Arc<Counters>,
+    queue_bytes: usize,
     db: Backend,
 }
 
@@ -302,6 +524,8 @@ enum Backend {
     Redb(Db),
     #[cfg(feature = "sql")]
     Sql(self::sql::SqlDb),
+    #[cfg(feature = "redis")]
+    Redis(self::redis::RedisDb),
 }
 
 impl fmt::Debug for Journal {
@@ -312,6 +536,19 @@ impl fmt::Debug for Journal {
     }
 }
 
+/// The handle and the writer's inbox of a new journal.
+fn channel(options: &JournalOptions, db: Backend) -> (Journal, Inbox) {
+    let (tx, rx) = mpsc::channel(options.capacity.max(1));
+    let counters = Arc::new(Counters::default());
+    let journal = Journal {
+        tx,
+        counters: counters.clone(),
+        queue_bytes: options.queue_bytes,
+        db,
+    };
+    (journal, Inbox { rx, counters })
+}
+
 impl Journal {
     /// Opens (or creates) the journal file at `path`; returns the journal
     /// and its writer, a future to spawn. The writer ends once every clone
@@ -320,14 +557,9 @@ impl Journal {
         path: impl AsRef<Path>,
         options: JournalOptions,
     ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), JournalError> {
-        let db = Db::open(path.as_ref())?;
-        let (tx, rx) = mpsc::channel(options.capacity.max(1));
-        let journal = Self {
-            tx,
-            dropped: Arc::default(),
-            db: Backend::Redb(db.clone()),
-        };
-        let writer = db.write_loop(rx, options.retention, options.prune_every);
+        let db = Db::open(path.as_ref(), options.max_size)?;
+        let (journal, inbox) = channel(&options, Backend::Redb(db.clone()));
+        let writer = db.write_loop(inbox, options.retention, options.prune_every);
         Ok((journal, writer))
     }
 
@@ -349,29 +581,52 @@ impl Journal {
         options: JournalOptions,
     ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), JournalError> {
         let db = self::sql::SqlDb::connect(url).await?;
-        let (tx, rx) = mpsc::channel(options.capacity.max(1));
-        let journal = Self {
-            tx,
-            dropped: Arc::default(),
-            db: Backend::Sql(db.clone()),
-        };
-        let writer = db.write_loop(rx, options.retention, options.prune_every);
+        let (journal, inbox) = channel(&options, Backend::Sql(db.clone()));
+        let writer = db.write_loop(inbox, options.retention, options.prune_every);
         Ok((journal, writer))
     }
 
-    /// Adds `event`; when the channel is full it is dropped and counted
-    /// (with the `metrics` feature also as `idempotency_journal_dropped_total`).
+    /// The journal in Redis (feature `redis`), shared by every instance
+    /// that uses it: `redis://HOST:PORT[/DB]`, the URL a
+    /// [`RedisStore`](crate::store::RedisStore) takes. One string per
+    /// stored key (`{idempotency-journal}:r:KEY`, the record as JSON,
+    /// expiring after the retention) and a sorted set
+    /// `{idempotency-journal}:by_time` of the records by last copy; each
+    /// batch of events is merged under `WATCH` and written in one
+    /// `MULTI`/`EXEC`, tried again when another instance wrote one of its
+    /// keys meanwhile, so that no copy is lost. Its size is bounded by the
+    /// retention and Redis's `maxmemory`. Returns the journal and its
+    /// writer, a future to spawn.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub async fn connect_redis(
+        url: &str,
+        options: JournalOptions,
+    ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), JournalError> {
+        let db = self::redis::RedisDb::connect(url).await?;
+        let (journal, inbox) = channel(&options, Backend::Redis(db.clone()));
+        let writer = db.write_loop(inbox, options.retention, options.prune_every);
+        Ok((journal, writer))
+    }
+
+    /// Adds `event`; when the channel is full (in events or in bytes) it is
+    /// dropped and counted (with the `metrics` feature also as
+    /// `idempotency_journal_dropped_total`).
     pub fn record(&self, event: JournalEvent) {
-        if self.tx.try_send(Command::Event(event)).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            #[cfg(feature = "metrics")]
-            metrics::counter!("idempotency_journal_dropped_total").increment(1);
+        let size = event.size();
+        let queued = self.counters.queued.fetch_add(size, Ordering::Relaxed);
+        // One event larger than the budget still goes into an empty channel.
+        let full = queued > 0 && queued.saturating_add(size) > self.queue_bytes;
+        if full || self.tx.try_send(Command::Event(event)).is_err() {
+            self.counters.queued.fetch_sub(size, Ordering::Relaxed);
+            self.counters.drop_events(1);
         }
     }
 
-    /// Events dropped because the channel was full.
+    /// Events dropped: the channel was full, or the writer could not write
+    /// their batch.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.counters.dropped.load(Ordering::Relaxed)
     }
 
     /// Waits until every event recorded before this call is written.
@@ -388,15 +643,28 @@ impl Journal {
             Backend::Redb(db) => db.get(key),
             #[cfg(feature = "sql")]
             Backend::Sql(db) => db.get(key).await,
+            #[cfg(feature = "redis")]
+            Backend::Redis(db) => db.get(key).await,
         }
     }
 
     /// The records `filter` selects, oldest last copy first.
     pub async fn query(&self, filter: &JournalFilter) -> Result<Vec<JournalRecord>, JournalError> {
+        self.page(filter).await.map(|page| page.records)
+    }
+
+    /// One page of the records `filter` selects (at most its
+    /// [`limit`](JournalFilter::limit), after its [`after`](JournalFilter::after)
+    /// cursor), oldest last copy first, and where the next page starts. A
+    /// record that gets a new copy while an operator pages moves to the
+    /// end: it may be seen twice, never missed.
+    pub async fn page(&self, filter: &JournalFilter) -> Result<JournalPage, JournalError> {
         match &self.db {
             Backend::Redb(db) => db.query(filter),
             #[cfg(feature = "sql")]
             Backend::Sql(db) => db.query(filter).await,
+            #[cfg(feature = "redis")]
+            Backend::Redis(db) => db.query(filter).await,
         }
     }
 }

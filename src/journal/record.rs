@@ -11,8 +11,14 @@ pub struct JournalRecord {
     pub key: String,
     /// The preset that guarded it.
     pub preset: String,
-    /// The route it came in on.
+    /// The route it came in on (the route's prefix).
     pub route: String,
+    /// Whether its copies' sender was verified (a verify layer checked the
+    /// signature). A record on an unverified or `auto` route says only what
+    /// somebody sent: [`reconcile`](super::reconcile) does not take it as
+    /// proof that a payment ran.
+    #[serde(default)]
+    pub verified: bool,
     /// When the first copy came, in milliseconds since the Unix epoch.
     pub first_seen_ms: u64,
     /// When the last copy came.
@@ -31,6 +37,11 @@ pub struct JournalRecord {
     pub upstream_ms: Option<u64>,
     /// Delivery attempts from the queue (acknowledge-then-deliver routes).
     pub attempts: u64,
+    /// Copies that ran and were answered 2xx (the answer was stored): more
+    /// than one means the notification ran more than once (on two
+    /// instances, or after its record was forgotten).
+    #[serde(default)]
+    pub completed: u64,
     /// Operators' actions on the key, oldest first (at most 16 kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -48,9 +59,15 @@ pub struct JournalRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trade_state: Option<String>,
     /// The raw body of the first copy that had one, when bodies are kept
-    /// (at most the configured size; see [`JournalEvent::body`](super::JournalEvent::body)).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub body: Option<String>,
+    /// (at most the configured size; see [`JournalEvent::body`](super::JournalEvent::body)),
+    /// byte for byte; in JSON `body_base64`, standard base64.
+    #[serde(
+        default,
+        rename = "body_base64",
+        with = "base64_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub body: Option<Vec<u8>>,
     /// The size of that body as received, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_bytes: Option<u64>,
@@ -65,6 +82,7 @@ impl JournalRecord {
             key: event.key.to_string(),
             preset: event.preset.to_string(),
             route: event.route.to_string(),
+            verified: false,
             first_seen_ms: event.at_ms,
             last_seen_ms: event.at_ms,
             copies: 0,
@@ -73,6 +91,7 @@ impl JournalRecord {
             upstream_status: None,
             upstream_ms: None,
             attempts: 0,
+            completed: 0,
             notes: Vec::new(),
             transaction_id: None,
             out_trade_no: None,
@@ -97,6 +116,7 @@ impl JournalRecord {
         }
         // A delivery attempt from the queue is not a copy the channel sent.
         self.copies += u64::from(!event.attempt);
+        self.verified |= event.verified && !event.attempt;
         *self.outcomes.entry(event.outcome.to_owned()).or_default() += 1;
         if event.status.is_some() {
             self.last_status = event.status;
@@ -106,6 +126,8 @@ impl JournalRecord {
             self.upstream_ms = Some(ms);
         }
         self.attempts += u64::from(event.attempt);
+        let stored = event.status.is_some_and(|s| (200..300).contains(&s));
+        self.completed += u64::from(!event.attempt && event.outcome == "executed" && stored);
         // The copy that ran says what the notification is about; another
         // only fills in what is not known yet.
         if let Some(b) = &event.business {
@@ -132,3 +154,25 @@ impl JournalRecord {
 }
 
 const MAX_NOTES: usize = 16;
+
+/// `Option<Vec<u8>>` as standard base64 text.
+mod base64_bytes {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+    pub(super) fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(bytes) => s.serialize_str(&B64.encode(bytes)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => B64.decode(text).map(Some).map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}

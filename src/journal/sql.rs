@@ -2,7 +2,10 @@
 //! row per stored key in `idempotency_journal`, the record as JSON, an index
 //! on the last copy's time for the time filters and the pruning.
 
-use super::{now_ms, Command, JournalError, JournalEvent, JournalFilter, JournalRecord};
+use super::{
+    now_ms, Inbox, JournalCursor, JournalError, JournalEvent, JournalFilter, JournalPage,
+    JournalRecord,
+};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -10,10 +13,7 @@ use sqlx::Row as _;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
-/// Events written in one transaction, at most.
-const BATCH: usize = 512;
 /// Records removed in one statement, at most.
 const PRUNE_BATCH: u64 = 1000;
 /// Attempts of a batch after the first, when the database refuses it.
@@ -79,7 +79,9 @@ const PG_SQL: Statements = Statements {
         WHERE last_seen_ms >= $1 AND (last_seen_ms, journal_key) > ($2, $3) AND record <> ''
         ORDER BY last_seen_ms, journal_key LIMIT $4",
     get: "SELECT record FROM idempotency_journal WHERE journal_key = $1 AND record <> ''",
-    prune: "DELETE FROM idempotency_journal WHERE journal_key IN (
+    // The condition again outside: a row a writer updated while the
+    // DELETE waited for its lock is checked on its new version.
+    prune: "DELETE FROM idempotency_journal WHERE last_seen_ms < $1 AND journal_key IN (
         SELECT journal_key FROM idempotency_journal WHERE last_seen_ms < $1
         ORDER BY last_seen_ms LIMIT 1000)",
 };
@@ -109,7 +111,7 @@ const LITE_SQL: Statements = Statements {
         WHERE last_seen_ms >= ?1 AND (last_seen_ms, journal_key) > (?2, ?3) AND record <> ''
         ORDER BY last_seen_ms, journal_key LIMIT ?4",
     get: "SELECT record FROM idempotency_journal WHERE journal_key = ?1 AND record <> ''",
-    prune: "DELETE FROM idempotency_journal WHERE journal_key IN (
+    prune: "DELETE FROM idempotency_journal WHERE last_seen_ms < ?1 AND journal_key IN (
         SELECT journal_key FROM idempotency_journal WHERE last_seen_ms < ?1
         ORDER BY last_seen_ms LIMIT 1000)",
 };
@@ -246,12 +248,15 @@ impl SqlDb {
         }
     }
 
-    pub(super) async fn query(
-        &self,
-        filter: &JournalFilter,
-    ) -> Result<Vec<JournalRecord>, JournalError> {
+    pub(super) async fn query(&self, filter: &JournalFilter) -> Result<JournalPage, JournalError> {
         let mut out = Vec::new();
-        let mut cursor: (i64, Vec<u8>) = (-1, Vec::new());
+        let (ms0, key0) = filter.start();
+        // Rows after (ms0, key0); with no cursor, every row at `since` too.
+        let mut cursor: (i64, Vec<u8>) = match &filter.after {
+            Some(_) => (ms(ms0), key0.as_bytes().to_vec()),
+            None => (-1, Vec::new()),
+        };
+        let mut scanned = 0;
         loop {
             let rows: Vec<(Vec<u8>, i64, String)> = each_db!(self, |pool, sql| {
                 let rows = sqlx::query(sql.page)
@@ -270,16 +275,24 @@ impl SqlDb {
             let full = rows.len() as i64 == PAGE;
             for (key, at, json) in rows {
                 let record = decode(&json)?;
+                scanned += 1;
+                let next = JournalCursor::of(&record);
                 if filter.matches(&record) {
                     out.push(record);
-                    if out.len() >= filter.limit {
-                        return Ok(out);
-                    }
+                }
+                if out.len() >= filter.limit || scanned >= filter.scan {
+                    return Ok(JournalPage {
+                        records: out,
+                        next: Some(next),
+                    });
                 }
                 cursor = (at, key);
             }
             if !full {
-                return Ok(out);
+                return Ok(JournalPage {
+                    records: out,
+                    next: None,
+                });
             }
         }
     }
@@ -331,19 +344,15 @@ impl SqlDb {
     }
 
     /// The writer: batches of events, and every `prune_every` the pruning
-    /// in batches, until every sender is gone.
-    pub(super) async fn write_loop(
-        self,
-        mut rx: mpsc::Receiver<Command>,
-        retention: Duration,
-        prune_every: Duration,
-    ) {
+    /// in batches, until every sender is gone. A batch the database refuses
+    /// every time is dropped and counted.
+    pub(super) async fn write_loop(self, mut inbox: Inbox, retention: Duration, prune_every: Duration) {
         let mut every = tokio::time::interval(prune_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
         loop {
             let first = tokio::select! {
-                got = rx.recv() => match got {
+                got = inbox.recv() => match got {
                     Some(command) => command,
                     None => break,
                 },
@@ -353,17 +362,7 @@ impl SqlDb {
                     continue;
                 }
             };
-            let (mut events, mut flushed) = (Vec::new(), Vec::new());
-            let mut next = Some(first);
-            while let Some(command) = next.take() {
-                match command {
-                    Command::Event(e) => events.push(e),
-                    Command::Flush(done) => flushed.push(done),
-                }
-                if events.len() < BATCH {
-                    next = rx.try_recv().ok();
-                }
-            }
+            let (events, flushed) = inbox.batch(first);
             // A transaction the database rolled back (a deadlock with
             // another instance) left nothing: it is tried again.
             let mut tries = 0;
@@ -371,7 +370,8 @@ impl SqlDb {
                 match self.write(&events).await {
                     Ok(()) => break,
                     Err(_e) if tries == WRITE_TRIES => {
-                        crate::outcome::log_warn!(error = %_e, "journal batch not written");
+                        crate::outcome::log_warn!(error = %_e, events = events.len(), "journal batch not written");
+                        inbox.lost(events.len());
                         break;
                     }
                     Err(_) => {

@@ -90,6 +90,9 @@ pub struct CapturedRequest {
     pub body: Bytes,
     /// The decrypted WeChat Pay v3 `resource`, if the route decrypts.
     pub decrypted: Option<Bytes>,
+    /// Whether a verify layer checked the sender's signature (the request
+    /// carried its `Verified` marker).
+    pub verified: bool,
 }
 
 /// The scoped idempotency key of a request, put into its extensions by the

@@ -254,9 +254,14 @@ fn capture(config: &KeyConfig, parts: &Parts, body: &Bytes) -> Option<CapturedRe
         .map(|d| d.0.clone());
     #[cfg(not(feature = "verify"))]
     let decrypted = None;
+    #[cfg(feature = "verify")]
+    let verified = parts.extensions.get::<crate::verify::Verified>().is_some();
+    #[cfg(not(feature = "verify"))]
+    let verified = false;
     Some(CapturedRequest {
         body: body.clone(),
         decrypted,
+        verified,
     })
 }
 

@@ -1,4 +1,5 @@
-//! The journal's settings: `journal`, `journal_retention`, `journal_body`.
+//! The journal's settings: `journal`, `journal_retention`, `journal_max_size`,
+//! `journal_body`.
 
 use super::File;
 use crate::ack;
@@ -30,12 +31,27 @@ pub(super) fn body(
 /// The most body bytes a journal record keeps unless `journal_body_max` says otherwise.
 const DEFAULT_JOURNAL_BODY_MAX: usize = 64 << 10;
 
+/// The most bytes the journal's records take unless `journal_max_size` says otherwise.
+const DEFAULT_JOURNAL_MAX_SIZE: u64 = 1 << 30;
+
+/// Where the journal lives, how long it keeps records and how many bytes of them.
+#[derive(Debug, Clone)]
+pub struct JournalSettings {
+    /// The redb file (`--data-dir/journal.redb`) when no database holds it.
+    pub path: PathBuf,
+    pub retention: Duration,
+    pub max_size: u64,
+}
+
 /// Where the journal lives and how long it keeps records, when it is on.
 pub(super) fn settings(
     args: &Args,
     file: &File,
     at: &At<'_>,
-) -> Result<Option<(PathBuf, Duration)>, String> {
+) -> Result<Option<JournalSettings>, String> {
+    let max_size = args
+        .journal_max_size
+        .or(at.size(&file.journal_max_size, "journal_max_size")?);
     if !(args.journal || file.journal == Some(true)) {
         return Ok(None);
     }
@@ -46,8 +62,9 @@ pub(super) fn settings(
         "journal_retention",
         parse::positive_duration,
     )?);
-    Ok(Some((
-        dir.join("journal.redb"),
-        retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),
-    )))
+    Ok(Some(JournalSettings {
+        path: dir.join("journal.redb"),
+        retention: retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),
+        max_size: max_size.map_or(DEFAULT_JOURNAL_MAX_SIZE, |n| n as u64),
+    }))
 }
