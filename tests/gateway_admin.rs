@@ -627,6 +627,7 @@ async fn the_journal_is_bounded_private_and_paged() {
         .unwrap();
     assert_eq!(kept, body, "the body byte for byte");
     let file = std::fs::metadata(dir.join("journal.redb")).unwrap();
+    eprintln!("journal.redb: {} bytes for {} records", file.len(), keys.len());
     assert!(
         file.len() <= 4 << 20,
         "journal.redb is {} bytes for a 1 MiB cap",
@@ -672,27 +673,37 @@ async fn the_journal_is_bounded_private_and_paged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_journal_escape_control_characters() {
     let up = Upstream::start().await;
-    let ops = start_with(&up.url(), "memory", &["--journal-body"]);
-    let osc = "\u{1b}]52;c;aGFja2Vk\u{7}";
-    let id = format!("evt_esc_{}", std::process::id());
-    let body = serde_json::json!({
-        "id": id, "object": "event", "type": "charge.succeeded",
-        "note": format!("{osc}\u{9b}2J\u{202e}"),
-    })
-    .to_string();
-    let headers = [("content-type", "application/json")];
-    let a = post(&client(), ops.gw.addr, "/notify/stripe", &headers, body).await;
+    let ops = start_with(
+        &up.url(),
+        "memory",
+        &["--journal-body", "--route", "/api=idempotency-key"],
+    );
+    let key = format!("esc-{}", std::process::id());
+    // A client's body is anyone's bytes: a clipboard write (OSC 52), a CSI
+    // as one C1 character, a bidi override, a byte that is not UTF-8.
+    let mut body = b"\x1b]52;c;aGFja2Vk\x07 ".to_vec();
+    body.extend_from_slice("\u{9b}2J\u{202e}".as_bytes());
+    body.push(0xFF);
+    let headers = [
+        ("content-type", "application/octet-stream"),
+        ("idempotency-key", key.as_str()),
+    ];
+    let a = post(&client(), ops.gw.addr, "/api/pay", &headers, body).await;
     assert_eq!(a.status, 200, "{}", a.text());
-    // An id with escapes, if the key layer takes it: its key is shown escaped too.
-    let sly = serde_json::json!({ "id": format!("evt_{osc}"), "object": "event", "type": "x" });
-    let _ = post(&client(), ops.gw.addr, "/notify/stripe", &headers, sly.to_string()).await;
-    let (code, out, err) = gateway(&ops, &["inspect", "--id", &id]);
+    // A channel's id with an escape in it (JSON's \u001b): its key too.
+    let sly = r#"{"id":"evt_\u001b]52;c;aGk=\u0007","object":"event","type":"x"}"#;
+    let headers = [("content-type", "application/json")];
+    let _ = post(&client(), ops.gw.addr, "/notify/stripe", &headers, sly).await;
+    let (code, out, err) = gateway(&ops, &["inspect", "--id", &key]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("body: "), "{out}");
     assert!(out.contains("\\e]52;c;aGFja2Vk\\a"), "escaped: {out}");
-    assert!(out.contains("\\u{9b}2J\\u{202e}"), "escaped: {out}");
+    assert!(out.contains("\\u{9b}2J\\u{202e}\\xff"), "escaped: {out}");
     let (code, journal, err) = gateway(&ops, &["journal"]);
     assert_eq!(code, 0, "{err}");
+    if up.calls("/notify/stripe") == 1 {
+        assert!(journal.contains("evt_\\e]52;c;aGk=\\a"), "{journal}");
+    }
     for printed in [&out, &journal] {
         assert!(
             !printed.contains(['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}']),

@@ -10,6 +10,7 @@ use redb::{Database, Durability, ReadableTable, Table, TableDefinition};
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,6 +83,10 @@ fn owner_only(path: &Path) -> Result<(), JournalError> {
 pub(super) struct Db {
     db: Arc<Reopen>,
     max_size: u64,
+    /// Bytes of records written since the last durable commit: redb reuses
+    /// the pages a commit frees only after a durable one, so a burst of
+    /// eventual commits would grow the file past the records' size.
+    since_durable: Arc<AtomicU64>,
 }
 
 /// While the file is closed after an I/O error (it is opened again with a
@@ -123,6 +128,7 @@ impl Db {
         Ok(Self {
             db: Arc::new(db),
             max_size,
+            since_durable: Arc::default(),
         })
     }
 
@@ -212,8 +218,13 @@ impl Db {
     ) -> Result<(), JournalError> {
         // Merge the batch's copies of one key first: one read and one write each.
         let mut merged: HashMap<&str, JournalRecord> = HashMap::new();
+        let written: u64 = events.iter().map(|e| len(e.size())).sum();
+        let since = self.since_durable.fetch_add(written, Ordering::Relaxed) + written;
+        let durable = durable || since >= (self.max_size / 16).clamp(256 << 10, 64 << 20);
         let mut tx = file.begin_write().map_err(|e| err("write", e))?;
-        if !durable {
+        if durable {
+            self.since_durable.store(0, Ordering::Relaxed);
+        } else {
             tx.set_durability(Durability::Eventual);
         }
         let (pruned, bytes) = {
@@ -425,3 +436,4 @@ mod tests {
         assert!(db.get("during-1").unwrap().is_none());
     }
 }
+

@@ -463,6 +463,9 @@ impl Counters {
 struct Inbox {
     rx: mpsc::Receiver<Command>,
     counters: Arc<Counters>,
+    /// The most bytes of events in one batch (one transaction): a batch's
+    /// pages are all new, so a large one grows the file past the records.
+    batch_bytes: usize,
 }
 
 /// Events written in one transaction, at most.
@@ -488,12 +491,16 @@ impl Inbox {
     fn batch(&mut self, first: Command) -> (Vec<JournalEvent>, Vec<oneshot::Sender<()>>) {
         let (mut events, mut flushed) = (Vec::new(), Vec::new());
         let mut next = Some(first);
+        let mut bytes = 0;
         while let Some(command) = next.take() {
             match command {
-                Command::Event(e) => events.push(e),
+                Command::Event(e) => {
+                    bytes += e.size();
+                    events.push(e);
+                }
                 Command::Flush(done) => flushed.push(done),
             }
-            if events.len() < BATCH {
+            if events.len() < BATCH && bytes < self.batch_bytes {
                 next = self.rx.try_recv().ok();
                 if let Some(command) = &next {
                     self.took(command);
@@ -546,7 +553,13 @@ fn channel(options: &JournalOptions, db: Backend) -> (Journal, Inbox) {
         queue_bytes: options.queue_bytes,
         db,
     };
-    (journal, Inbox { rx, counters })
+    let batch_bytes = usize::try_from((options.max_size / 8).clamp(64 << 10, 4 << 20));
+    let inbox = Inbox {
+        rx,
+        counters,
+        batch_bytes: batch_bytes.unwrap_or(4 << 20),
+    };
+    (journal, inbox)
 }
 
 impl Journal {
