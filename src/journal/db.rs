@@ -220,7 +220,7 @@ impl Db {
         let mut merged: HashMap<&str, JournalRecord> = HashMap::new();
         let written: u64 = events.iter().map(|e| len(e.size())).sum();
         let since = self.since_durable.fetch_add(written, Ordering::Relaxed) + written;
-        let durable = durable || since >= (self.max_size / 16).clamp(256 << 10, 64 << 20);
+        let durable = durable || since >= (self.max_size / 16).clamp(64 << 10, 64 << 20);
         let mut tx = file.begin_write().map_err(|e| err("write", e))?;
         if durable {
             self.since_durable.store(0, Ordering::Relaxed);

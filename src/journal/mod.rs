@@ -553,7 +553,7 @@ fn channel(options: &JournalOptions, db: Backend) -> (Journal, Inbox) {
         queue_bytes: options.queue_bytes,
         db,
     };
-    let batch_bytes = usize::try_from((options.max_size / 8).clamp(64 << 10, 4 << 20));
+    let batch_bytes = usize::try_from((options.max_size / 32).clamp(64 << 10, 4 << 20));
     let inbox = Inbox {
         rx,
         counters,
