@@ -345,9 +345,24 @@ async fn the_admin_api_answers_as_its_openapi_file_says() {
             true,
         ),
         ("get", "/admin/keys", "/admin/keys".into(), true),
-        ("get", "/admin/keys", "/admin/keys?id=x&limit=1001".into(), true),
-        ("get", "/admin/journal", "/admin/journal?limit=1".into(), true),
-        ("get", "/admin/journal", "/admin/journal?limit=0".into(), true),
+        (
+            "get",
+            "/admin/keys",
+            "/admin/keys?id=x&limit=1001".into(),
+            true,
+        ),
+        (
+            "get",
+            "/admin/journal",
+            "/admin/journal?limit=1".into(),
+            true,
+        ),
+        (
+            "get",
+            "/admin/journal",
+            "/admin/journal?limit=0".into(),
+            true,
+        ),
         (
             "get",
             "/admin/journal",
@@ -598,7 +613,14 @@ async fn the_journal_is_bounded_private_and_paged() {
             ("content-type", "application/octet-stream"),
             ("idempotency-key", key.as_str()),
         ];
-        let a = post(&client(), ops.gw.addr, "/api/upload", &headers, body.clone()).await;
+        let a = post(
+            &client(),
+            ops.gw.addr,
+            "/api/upload",
+            &headers,
+            body.clone(),
+        )
+        .await;
         assert_eq!(a.status, 200, "{}", a.text());
     }
     let (records, pages) = all_pages(&ops, 7);
@@ -627,7 +649,11 @@ async fn the_journal_is_bounded_private_and_paged() {
         .unwrap();
     assert_eq!(kept, body, "the body byte for byte");
     let file = std::fs::metadata(dir.join("journal.redb")).unwrap();
-    eprintln!("journal.redb: {} bytes for {} records", file.len(), keys.len());
+    eprintln!(
+        "journal.redb: {} bytes for {} records",
+        file.len(),
+        keys.len()
+    );
     assert!(
         file.len() <= 6 << 20,
         "journal.redb is {} bytes for a 1 MiB cap",
@@ -663,7 +689,10 @@ async fn the_journal_is_bounded_private_and_paged() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("0644") && stderr.contains("too open"), "{stderr}");
+    assert!(
+        stderr.contains("0644") && stderr.contains("too open"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_file(&loose);
 }
 

@@ -688,7 +688,10 @@ async fn forged_look_alikes_on_an_auto_route_are_unverified_only() {
     assert_eq!(code, 1, "forged records are no proof: {out} {err}");
     for id in &forged {
         let line = finding(&out, "unverified_only", id).unwrap_or_else(|| panic!("{out}"));
-        assert!(line.trim_end().ends_with(" 1"), "one unverified run: {line}");
+        assert!(
+            line.trim_end().ends_with(" 1"),
+            "one unverified run: {line}"
+        );
     }
     let (_, out, _) = reconcile(&ops, &bill, "wechatpay", true);
     let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -765,7 +768,10 @@ async fn instances_on_one_redis_share_one_journal() {
     let (code, out, err) = reconcile(&a, &bill, "wechatpay", false);
     assert_eq!(code, 1, "{out} {err}");
     let line = finding(&out, "ran_more_than_once", &w3).unwrap_or_else(|| panic!("{out}"));
-    assert!(line.trim_end().ends_with(" 2"), "two runs of one key: {line}");
+    assert!(
+        line.trim_end().ends_with(" 2"),
+        "two runs of one key: {line}"
+    );
     assert!(
         !a.dir.join("data/journal.redb").exists(),
         "no file of its own beside a shared journal"

@@ -83,7 +83,8 @@ fn the_channel_is_bounded_in_bytes() {
         assert_eq!(kept.body.as_deref(), Some(&body[..]), "bytes as given");
         assert!(journal.get("k3").await.unwrap().is_none());
         // Written, the budget is free again.
-        journal.record(JournalEvent::new("later", "stripe", "/r", "executed").body(&body, 64 << 10));
+        journal
+            .record(JournalEvent::new("later", "stripe", "/r", "executed").body(&body, 64 << 10));
         journal.flush().await;
         assert!(journal.get("later").await.unwrap().is_some());
         drop(journal);

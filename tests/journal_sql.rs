@@ -177,7 +177,12 @@ async fn a_batch_that_cannot_be_written_is_counted() {
         .await
         .unwrap();
     for n in 0..3 {
-        journal.record(JournalEvent::new(format!("k{n}"), "stripe", "/r", "executed"));
+        journal.record(JournalEvent::new(
+            format!("k{n}"),
+            "stripe",
+            "/r",
+            "executed",
+        ));
     }
     journal.flush().await;
     assert_eq!(journal.dropped(), 3, "the refused batch is counted");
@@ -206,7 +211,9 @@ async fn pages_hold_every_record_once() {
         match page.next {
             Some(next) => {
                 let text = next.to_string();
-                filter = JournalFilter::default().limit(4).after(text.parse().unwrap());
+                filter = JournalFilter::default()
+                    .limit(4)
+                    .after(text.parse().unwrap());
             }
             None => break,
         }

@@ -280,8 +280,19 @@ pub fn run(
             Call::Inspect(a) => {
                 let target = a.target.resolve(metrics_listen);
                 let json = if a.id || a.preset.is_some() {
-                    let pairs = [("id", Some(a.key.as_str())), ("preset", a.preset.as_deref())];
-                    paged(&target, &token, "/admin/keys", &pairs, "matches", MAX_MATCHES).await?
+                    let pairs = [
+                        ("id", Some(a.key.as_str())),
+                        ("preset", a.preset.as_deref()),
+                    ];
+                    paged(
+                        &target,
+                        &token,
+                        "/admin/keys",
+                        &pairs,
+                        "matches",
+                        MAX_MATCHES,
+                    )
+                    .await?
                 } else {
                     let path = format!("/admin/keys/{}", enc(&a.key));
                     call_ok(&target, &token, Method::GET, &path).await?.1
@@ -329,7 +340,11 @@ pub fn run(
                 .await?;
                 match status {
                     200 => print(&a.target.resolve(metrics_listen), &json, |out| {
-                        writeln!(out, "forgotten: {} (the next copy runs again)", shown(&a.key))
+                        writeln!(
+                            out,
+                            "forgotten: {} (the next copy runs again)",
+                            shown(&a.key)
+                        )
                     }),
                     404 => Err(format!("{}: no completed record to forget", shown(&a.key))),
                     409 => Err(format!(
@@ -347,7 +362,15 @@ pub fn run(
                     ("outcome", a.outcome.as_deref()),
                 ];
                 let target = a.target.resolve(metrics_listen);
-                let json = paged(&target, &token, "/admin/journal", &pairs, "records", a.limit).await?;
+                let json = paged(
+                    &target,
+                    &token,
+                    "/admin/journal",
+                    &pairs,
+                    "records",
+                    a.limit,
+                )
+                .await?;
                 print(&target, &json, |out| {
                     for r in json["records"].as_array().into_iter().flatten() {
                         writeln!(
@@ -386,7 +409,13 @@ pub async fn paged(
         let mut all = pairs.to_vec();
         all.push(("limit", Some(&limit)));
         all.push(("cursor", cursor.as_deref()));
-        let (_, mut json) = call_ok(target, token, Method::GET, &format!("{path}?{}", query(&all))).await?;
+        let (_, mut json) = call_ok(
+            target,
+            token,
+            Method::GET,
+            &format!("{path}?{}", query(&all)),
+        )
+        .await?;
         if let Some(page) = json[field].as_array_mut() {
             items.append(page);
         }

@@ -39,7 +39,9 @@ fn push(out: &mut String, s: &str) {
             }
             // C1 controls (U+0080..U+009F: CSI as one character) and the
             // bidirectional overrides that reorder what follows.
-            c if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') => {
+            c if c.is_control()
+                || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
             }
             c => out.push(c),

@@ -1,11 +1,11 @@
 //! The journal's file: records by key, an index by last copy for the time
 //! filters and the pruning, and the records' total size for the size cap.
 
+use super::reopen::Reopen;
 use super::{
     now_ms, Inbox, JournalCursor, JournalError, JournalEvent, JournalFilter, JournalPage,
     JournalRecord,
 };
-use super::reopen::Reopen;
 use redb::{Database, Durability, ReadableTable, Table, TableDefinition};
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -48,8 +48,7 @@ fn count_pruned(_reason: Pruned, n: usize) {
             Pruned::Retention => "retention",
             Pruned::Size => "size",
         };
-        metrics::counter!("idempotency_journal_pruned_total", "reason" => reason)
-            .increment(len(n));
+        metrics::counter!("idempotency_journal_pruned_total", "reason" => reason).increment(len(n));
     }
     let _ = n;
 }
@@ -92,7 +91,10 @@ pub(super) struct Db {
 /// While the file is closed after an I/O error (it is opened again with a
 /// backoff).
 fn closed() -> JournalError {
-    err("write", "closed after an I/O error (re-opened once it can be)")
+    err(
+        "write",
+        "closed after an I/O error (re-opened once it can be)",
+    )
 }
 
 impl Db {
@@ -113,7 +115,11 @@ impl Db {
             tx.open_table(BY_TIME).map_err(|e| err("open", e))?;
             let mut meta = tx.open_table(META).map_err(|e| err("open", e))?;
             // A journal written before the size cap: its records counted once.
-            if meta.get(RECORD_BYTES).map_err(|e| err("open", e))?.is_none() {
+            if meta
+                .get(RECORD_BYTES)
+                .map_err(|e| err("open", e))?
+                .is_none()
+            {
                 let mut bytes = 0;
                 for entry in records.iter().map_err(|e| err("open", e))? {
                     let (_, v) = entry.map_err(|e| err("open", e))?;
@@ -420,7 +426,10 @@ mod tests {
         let started = std::time::Instant::now();
         let refused = db.write(&[event("during-2")], true).unwrap_err();
         assert!(refused.to_string().contains("closed"), "{refused}");
-        assert!(started.elapsed() < Duration::from_millis(100), "never waits");
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "never waits"
+        );
         disk.full.store(false, Ordering::Relaxed);
         let mut written = false;
         for _ in 0..40 {
@@ -431,9 +440,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
         }
         assert!(written, "written again once the disk has room");
-        assert!(db.get("before").unwrap().is_some(), "nothing committed is lost");
+        assert!(
+            db.get("before").unwrap().is_some(),
+            "nothing committed is lost"
+        );
         assert!(db.get("after").unwrap().is_some());
         assert!(db.get("during-1").unwrap().is_none());
     }
 }
-

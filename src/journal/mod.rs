@@ -50,7 +50,6 @@ pub use self::business::{format_yuan, parse_yuan, Business};
 pub use self::reconcile::{channel_presets, reconcile, Finding, FindingKind};
 pub use self::record::JournalRecord;
 
-
 use self::db::Db;
 use std::fmt;
 use std::future::Future;
@@ -335,7 +334,9 @@ impl JournalFilter {
     }
 
     fn matches(&self, r: &JournalRecord) -> bool {
-        self.key_suffix.as_deref().is_none_or(|s| r.key.ends_with(s))
+        self.key_suffix
+            .as_deref()
+            .is_none_or(|s| r.key.ends_with(s))
             && r.last_seen_ms >= self.since_ms
             && r.first_seen_ms <= self.until_ms
             && self.route.as_deref().is_none_or(|p| r.route == p)

@@ -169,7 +169,9 @@ mod base64_bytes {
         }
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<u8>>, D::Error> {
         match Option::<String>::deserialize(d)? {
             Some(text) => B64.decode(text).map(Some).map_err(serde::de::Error::custom),
             None => Ok(None),

@@ -168,7 +168,9 @@ impl RedisDb {
                 .or_insert_with(|| (None, JournalRecord::first(event)));
             record.add(event);
         }
-        let ttl = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ttl = u64::try_from(retention.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let mut tx = redis::pipe();
         tx.atomic();
         for (key, (old_seen, record)) in &merged {
@@ -209,7 +211,12 @@ impl RedisDb {
     /// The writer: batches of events on a connection of its own (for
     /// `WATCH`), and every `prune_every` the pruning, until every sender is
     /// gone. A batch that cannot be written is dropped and counted.
-    pub(super) async fn write_loop(self, mut inbox: Inbox, retention: Duration, prune_every: Duration) {
+    pub(super) async fn write_loop(
+        self,
+        mut inbox: Inbox,
+        retention: Duration,
+        prune_every: Duration,
+    ) {
         let mut every = tokio::time::interval(prune_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
@@ -242,7 +249,10 @@ impl RedisDb {
                         tokio::time::sleep(Duration::from_millis(10 * u64::from(tries))).await;
                     }
                     Ok(false) | Err(_) => {
-                        crate::outcome::log_warn!(events = events.len(), "journal batch not written");
+                        crate::outcome::log_warn!(
+                            events = events.len(),
+                            "journal batch not written"
+                        );
                         inbox.lost(events.len());
                         break;
                     }

@@ -78,7 +78,10 @@ impl Reopen {
                     st.db = Some(Arc::new(db));
                     st.failures = 0;
                     #[cfg(feature = "tracing")]
-                    tracing::info!(what = self.what, "re-opened after an I/O error: writing again");
+                    tracing::info!(
+                        what = self.what,
+                        "re-opened after an I/O error: writing again"
+                    );
                 }
                 Err(_e) => {
                     st.failures = st.failures.saturating_add(1);

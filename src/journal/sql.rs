@@ -346,7 +346,12 @@ impl SqlDb {
     /// The writer: batches of events, and every `prune_every` the pruning
     /// in batches, until every sender is gone. A batch the database refuses
     /// every time is dropped and counted.
-    pub(super) async fn write_loop(self, mut inbox: Inbox, retention: Duration, prune_every: Duration) {
+    pub(super) async fn write_loop(
+        self,
+        mut inbox: Inbox,
+        retention: Duration,
+        prune_every: Duration,
+    ) {
         let mut every = tokio::time::interval(prune_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
