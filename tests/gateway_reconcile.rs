@@ -777,3 +777,41 @@ async fn instances_on_one_redis_share_one_journal() {
         "no file of its own beside a shared journal"
     );
 }
+
+/// With a SQL `--backstop` behind Redis the journal is in the database
+/// (shared by every instance), not in Redis nor in a file of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_sql_backstop_the_journal_is_in_the_database() {
+    if !support_redis::redis_available() {
+        eprintln!("SKIPPED: no redis-server on this machine");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let up = Upstream::start().await;
+    let db = temp_path("reconcile-backstop.db");
+    let backstop = format!("sqlite:{}", db.display());
+    let url = redis.url();
+    let store = [
+        "--store",
+        url.clone().leak(),
+        "--backstop",
+        backstop.clone().leak(),
+    ];
+    let a = start(&up.url(), &store);
+    let b = start(&up.url(), &store);
+    let id = format!("42006{}0001", std::process::id());
+    send(&a, "/notify/wx", "text/xml", wechat(&id, "B1", 1)).await;
+    send(&b, "/notify/wx", "text/xml", wechat(&id, "B1", 1)).await;
+    let (code, out, err) = gateway(&b, &["inspect", "--id", &id]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2 copies (executed 1, replayed 1)"), "{out}");
+    let pool = sqlx::SqlitePool::connect(&backstop).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM idempotency_journal")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "one row per stored key, in the backstop's database");
+    pool.close().await;
+    assert!(!a.dir.join("data/journal.redb").exists());
+    let _ = std::fs::remove_file(&db);
+}
