@@ -81,7 +81,7 @@ const PG_SQL: Statements = Statements {
     get: "SELECT record FROM idempotency_journal WHERE journal_key = $1 AND record <> ''",
     prune: "DELETE FROM idempotency_journal WHERE journal_key IN (
         SELECT journal_key FROM idempotency_journal WHERE last_seen_ms < $1
-        ORDER BY last_seen_ms LIMIT 1000)",
+        ORDER BY last_seen_ms LIMIT 1000) AND last_seen_ms < $1",
 };
 
 const MY_SQL: Statements = Statements {
