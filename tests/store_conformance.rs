@@ -795,6 +795,9 @@ async fn tiered_fences_grow_when_redis_lost_its_data() {
     }
 }
 #[cfg(feature = "sql")]
+#[path = "store_conformance/sql_races.rs"]
+mod sql_races;
+#[cfg(feature = "sql")]
 store_tests!(sql_postgres, sql_setup::postgres);
 #[cfg(feature = "sql")]
 store_tests!(sql_mariadb, sql_setup::mariadb);
