@@ -147,8 +147,10 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
-    /// How long a success is replayed. Defaults to the preset's (25 h for
-    /// channels, 24 h for client keys).
+    /// How long a success is replayed. Defaults to the preset's: longer
+    /// than its channel keeps retrying (25 h for WeChat Pay, 26 h for
+    /// Alipay, 30 h for Standard Webhooks, 4 days for Stripe and PayPal, 31
+    /// days for Adyen), 24 h for client keys.
     pub fn window(mut self, window: Duration) -> Self {
         self.dedup = self.dedup.window(window);
         self

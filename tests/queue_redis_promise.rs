@@ -81,3 +81,59 @@ async fn replicas_hold_the_acknowledgement_until_they_have_the_entry() {
     let got = queue.ingest(message("k")).await.unwrap();
     assert_eq!(got, Ingested::Duplicate);
 }
+
+/// With `replicas`, a duplicate is acknowledged only once the replicas hold
+/// the entry that another instance queued: the duplicate's own `WAIT` must
+/// cover that entry, not only this connection's earlier writes. Here the
+/// replica is stopped (SIGSTOP) after the queue connected: the entry
+/// written by the other instance is on the master alone.
+#[tokio::test]
+async fn a_duplicate_waits_for_the_replicas_to_hold_the_entry() {
+    if !support_redis::redis_available() {
+        return eprintln!("skipped: no redis-server");
+    }
+    let master = support_redis::RedisServer::start();
+    let replica = support_redis::RedisServer::start();
+    let of = format!("REPLICAOF 127.0.0.1 {}", master.port());
+    assert!(support_redis::raw_command(replica.port(), &of)
+        .unwrap()
+        .starts_with("+OK"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !support_redis::raw_command(replica.port(), "INFO replication")
+        .unwrap()
+        .contains("master_link_status:up")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let other = RedisStreamsQueue::standalone(master.url().as_str(), "q")
+        .await
+        .unwrap();
+    let here = RedisStreamsQueue::standalone(master.url().as_str(), "q")
+        .await
+        .unwrap()
+        .replicas(1);
+    // Both are set up, and replicated.
+    assert!(here.ingest(message("warm")).await.is_ok());
+    let pid = replica.pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    let queued = other.ingest(message("k")).await;
+    let duplicate = here.ingest(message("k")).await;
+    signal("-CONT");
+    assert!(matches!(queued, Ok(Ingested::Queued(_))), "{queued:?}");
+    assert!(
+        duplicate.is_err(),
+        "a duplicate was acknowledged while no replica held the entry: {duplicate:?}"
+    );
+}

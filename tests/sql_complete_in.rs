@@ -393,3 +393,227 @@ async fn the_layer_leaves_the_handlers_record_alone() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(payments(&store, "EV-plain").await, 1);
 }
+
+/// A guarded route whose handler is `handler`, over `store`, with a short
+/// lease (renewed every 200 ms).
+fn route<St, F, Fut>(
+    store: St,
+    handler: F,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
+where
+    St: tower_idempotency::store::Store,
+    F: Fn(ActiveClaim) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = StatusCode> + Send + 'static,
+{
+    ServiceBuilder::new()
+        .layer(KeyLayer::new(KeySpec::new(
+            [Field::header(http::HeaderName::from_static(
+                "idempotency-key",
+            ))],
+            FingerprintSpec::Request,
+        )))
+        .layer(
+            DedupLayer::new(store)
+                .lease(Duration::from_millis(600))
+                .wait(Duration::from_millis(300)),
+        )
+        .service(service_fn(move |req: Request<Full<Bytes>>| {
+            let handler = handler.clone();
+            async move {
+                let claim = req.extensions().get::<ActiveClaim>().unwrap().clone();
+                let status = handler(claim).await;
+                let mut res = Response::new(Full::new(Bytes::from_static(b"paid")));
+                *res.status_mut() = status;
+                Ok::<_, std::convert::Infallible>(res)
+            }
+        }))
+}
+
+fn notify(id: &str) -> Request<Full<Bytes>> {
+    Request::post("/notify")
+        .header("idempotency-key", id)
+        .body(Full::new(Bytes::from_static(b"{\"amount\":1999}")))
+        .unwrap()
+}
+
+/// The handler completed the record in its transaction, the transaction did
+/// not commit (here: rolled back, as a failed `COMMIT` leaves it), and the
+/// handler answers 2xx anyway: the channel must not hear a success, and the
+/// next copy runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_transaction_did_not_commit_is_no_success() {
+    let file = SqliteFile::new();
+    let store = SqlStore::connect(&file.url()).await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (pool, counted) = (store.as_sqlite().unwrap().clone(), runs.clone());
+    let svc = route(store.clone(), move |claim: ActiveClaim| {
+        let (pool, runs) = (pool.clone(), counted.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+            assert!(claim.complete_in(&mut tx, &response()).await.unwrap());
+            tx.rollback().await.unwrap();
+            StatusCode::OK
+        }
+    });
+    let first = svc.clone().oneshot(notify("EV-uncommitted")).await.unwrap();
+    assert_ne!(
+        first.status(),
+        StatusCode::OK,
+        "a success answered for a record that was never committed"
+    );
+    let again = svc.oneshot(notify("EV-uncommitted")).await.unwrap();
+    assert_ne!(again.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the next copy must run");
+}
+
+/// `complete_in` on a database where the layer holds no claim (the layer's
+/// store is a memory store here, or another database) must fail loudly: a
+/// row written there is not the layer's record, and the next copy would run
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_in_without_the_claims_row_fails_loudly() {
+    let file = SqliteFile::new();
+    let sql = SqlStore::connect(&file.url()).await.unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (pool, log) = (sql.as_sqlite().unwrap().clone(), seen.clone());
+    let svc = route(
+        tower_idempotency::store::MemoryStore::new(),
+        move |claim: ActiveClaim| {
+            let (pool, log) = (pool.clone(), log.clone());
+            async move {
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+                let done = claim.complete_in(&mut tx, &response()).await;
+                let ok = matches!(done, Ok(true));
+                log.lock().unwrap().push(done.map_err(|e| e.to_string()));
+                if ok {
+                    tx.commit().await.unwrap();
+                    StatusCode::OK
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            }
+        },
+    );
+    svc.oneshot(notify("EV-foreign")).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(
+        matches!(&seen[..], [Err(_)]),
+        "complete_in where the layer holds no claim answered {seen:?}"
+    );
+}
+
+/// PostgreSQL at REPEATABLE READ: the layer renews the lease (an update of
+/// the claim's row) while the handler works, so the handler's completion
+/// would fail with a serialization error once it is slower than lease/3.
+/// `complete_in` refuses such a transaction at once with an error that says
+/// what to do, fast or slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_complete_in_refuses_repeatable_read_clearly() {
+    let Some(server) = shared_postgres() else {
+        return;
+    };
+    let store = SqlStore::connect(server.url()).await.unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (pool, log) = (store.as_postgres().unwrap().clone(), seen.clone());
+        let svc = route(store.clone(), move |claim: ActiveClaim| {
+            let (pool, log) = (pool.clone(), log.clone());
+            async move {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                // The snapshot is taken here; renewals follow.
+                sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let done = claim.complete_in(&mut tx, &response()).await;
+                log.lock().unwrap().push(done.map_err(|e| e.to_string()));
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        });
+        let id = format!(
+            "EV-rr-{:x}",
+            tower_idempotency::store::OwnerToken::new().as_u128()
+        );
+        svc.oneshot(notify(&id)).await.unwrap();
+        let seen = seen.lock().unwrap();
+        assert!(
+            matches!(&seen[..], [Err(e)] if e.contains("READ COMMITTED")),
+            "{level}: {seen:?}"
+        );
+    }
+}
+
+/// A client token consumed by a request whose transaction rolled back is
+/// given back: the client's retry with the same token runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_consumed_in_a_rolled_back_transaction_is_given_back() {
+    use tower_idempotency::token::IssueToken;
+    use tower_idempotency::{IdempotencyLayer, Preset};
+    let file = SqliteFile::new();
+    let store = SqlStore::connect(&file.url()).await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (pool, counted) = (store.as_sqlite().unwrap().clone(), runs.clone());
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new_in(
+            Preset::client_token(),
+            store.clone(),
+        ))
+        .service(service_fn(move |req: Request<Full<Bytes>>| {
+            let (pool, runs) = (pool.clone(), counted.clone());
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst);
+                let claim = req.extensions().get::<ActiveClaim>().unwrap().clone();
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+                assert!(claim.complete_in(&mut tx, &response()).await.unwrap());
+                let status = if n == 0 {
+                    // The business write failed after the record was written.
+                    tx.rollback().await.unwrap();
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    tx.commit().await.unwrap();
+                    StatusCode::CREATED
+                };
+                let mut res = Response::new(Full::new(Bytes::from_static(b"paid")));
+                *res.status_mut() = status;
+                Ok::<_, std::convert::Infallible>(res)
+            }
+        }));
+    let issuer = IssueToken::new(store.clone());
+    let issued = issuer
+        .oneshot(
+            Request::get("/orders/token")
+                .header("authorization", "Bearer alice")
+                .body(())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body = issued.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let token = v["token"].as_str().unwrap().to_owned();
+    let submit = || {
+        Request::post("/orders")
+            .header("idempotency-token", &token)
+            .header("authorization", "Bearer alice")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(b"{\"sku\":\"tea\"}")))
+            .unwrap()
+    };
+    let first = svc.clone().oneshot(submit()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let second = svc.oneshot(submit()).await.unwrap();
+    assert_eq!(
+        second.status(),
+        StatusCode::CREATED,
+        "the token consumed in the rolled-back transaction was not given back"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

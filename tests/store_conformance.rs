@@ -424,6 +424,32 @@ mod cases {
         assert!(store.take_token(&tok, OwnerToken::new()).await.unwrap());
     }
 
+    /// `forget` racing the owner's completion answers what was there (in
+    /// flight, or deleted), never `Absent` for a key that was claimed or
+    /// completed all along; once it answered `Deleted`, the next copy runs.
+    pub(super) async fn forget_racing_a_completion_never_answers_absent<S: Store>(store: S) {
+        for i in 0..40 {
+            let key: Arc<str> = unique_key(&format!("forget-race-{i}")).into();
+            let owner = OwnerToken::new();
+            assert_acquired(&store.claim(&key, fp("f"), owner, LEASE).await.unwrap());
+            let (s1, k1) = (store.clone(), key.clone());
+            let done = tokio::spawn(async move {
+                s1.complete(&k1, owner, record(fp("f"), false, false), WINDOW)
+                    .await
+                    .unwrap()
+            });
+            let forgot = store.forget(&key).await.unwrap();
+            assert!(done.await.unwrap());
+            assert_ne!(forgot, Forgotten::Absent, "round {i}");
+            if forgot == Forgotten::Deleted {
+                assert_acquired(&claim(&store, &key, fp("f"), LEASE).await);
+            } else {
+                assert_eq!(store.forget(&key).await.unwrap(), Forgotten::Deleted);
+                assert_acquired(&claim(&store, &key, fp("f"), LEASE).await);
+            }
+        }
+    }
+
     pub(super) async fn client_tokens_are_consumed_once<S: Store>(store: S) {
         let key = unique_key("token");
         store
@@ -497,6 +523,7 @@ macro_rules! store_tests {
                 client_tokens_are_consumed_once,
                 resent_calls_answer_the_same,
                 inspect_and_forget_follow_the_life_cycle,
+                forget_racing_a_completion_never_answers_absent,
                 fences_grow_across_release,
                 fences_grow_across_lease_takeover,
                 fences_grow_across_forget,
@@ -794,6 +821,9 @@ async fn tiered_fences_grow_when_redis_lost_its_data() {
         last = f;
     }
 }
+#[cfg(feature = "sql")]
+#[path = "store_conformance/sql_races.rs"]
+mod sql_races;
 #[cfg(feature = "sql")]
 store_tests!(sql_postgres, sql_setup::postgres);
 #[cfg(feature = "sql")]

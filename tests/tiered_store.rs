@@ -136,3 +136,63 @@ async fn redis_alone_runs_everything_again_after_losing_its_data() {
     };
     assert_eq!(runs, 2 * KEYS);
 }
+
+/// `forget` deletes in both tiers or answers an error: a Redis that does
+/// not answer (paused) must not be taken for "nothing there", or it keeps
+/// replaying the record that the API said was deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_forget_with_the_front_down_is_an_error() {
+    if !redis_available() {
+        return;
+    }
+    let Some(pg) = shared_postgres() else {
+        return;
+    };
+    let redis = RedisServer::start();
+    let front = RedisStore::standalone(redis.url()).await.unwrap();
+    let back = SqlStore::connect(pg.url()).await.unwrap();
+    let store = TieredStore::new(front, back);
+    let key = format!("EV-forget-{:x}", OwnerToken::new().as_u128());
+    let owner = OwnerToken::new();
+    let fp = tower_idempotency::Fingerprint::of(b"f");
+    store
+        .claim(&key, fp, owner, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let record = Arc::new(tower_idempotency::store::CompletedRecord {
+        fingerprint: fp,
+        response: tower_idempotency::store::StoredResponse {
+            status: StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: Bytes::from_static(b"paid"),
+            trailers: None,
+            body_omitted: false,
+        },
+    });
+    let window = std::time::Duration::from_secs(3600);
+    assert!(store.complete(&key, owner, record, window).await.unwrap());
+    let reply = support_redis::raw_command(redis.port(), "CLIENT PAUSE 1500 ALL").unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let forgot = store.forget(&key).await;
+    assert!(
+        forgot.is_err(),
+        "forget answered {forgot:?} while Redis, which keeps the record, did not answer"
+    );
+    // Once Redis answers again, forget deletes it there too.
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    let again = store.forget(&key).await.unwrap();
+    assert_eq!(again, tower_idempotency::store::Forgotten::Deleted);
+    let next = store
+        .claim(
+            &key,
+            fp,
+            OwnerToken::new(),
+            std::time::Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(next, tower_idempotency::store::Claim::Acquired(_)),
+        "{next:?}"
+    );
+}

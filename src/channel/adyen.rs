@@ -1,7 +1,7 @@
 //! Adyen standard notifications: keyed by `pspReference:eventCode:success` of
 //! the first item (Adyen's own duplicate rule), answered `[accepted]`.
 
-use super::{failure_status, fixed, Preset};
+use super::{failure_status, fixed, hours, Preset};
 use crate::key::{Field, FingerprintSpec, KeySpec};
 use crate::normalize::Reply;
 
@@ -23,4 +23,5 @@ pub(super) fn preset() -> Preset {
             failure_status(500),
         ),
     )
+    .with_window(hours(31 * 24))
 }

@@ -1,7 +1,7 @@
 //! Alipay: form-encoded notifications keyed by `notify_id`, answered with the
 //! seven bytes `success`.
 
-use super::{fixed, Preset};
+use super::{fixed, hours, Preset};
 use crate::key::{Field, FingerprintSpec, KeySpec};
 use crate::normalize::Reply;
 
@@ -22,4 +22,5 @@ pub(super) fn preset() -> Preset {
             fixed(500, "text/plain; charset=utf-8", "fail"),
         ),
     )
+    .with_window(hours(26))
 }

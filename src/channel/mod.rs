@@ -14,9 +14,24 @@
 //! | `client-token` | header `Idempotency-Token` (issued, consumed once) | method, path, body | inner response | 400 missing/unknown/used token, 409 in flight or strict, 422 mismatch |
 //!
 //! Channel fingerprints never hash the raw body: retries are re-signed and
-//! re-timestamped. Channel defaults: window 25 h, wait 4 s, lease 30 s, body
-//! limit 64 KiB. Client-key defaults: window 24 h, body limit 1 MiB, keys
-//! scoped to a hash of `Authorization`.
+//! re-timestamped. Channel defaults: wait 4 s, lease 30 s, body limit 64 KiB,
+//! and a window (how long a success is replayed) longer than the channel
+//! keeps retrying, by its published schedule:
+//!
+//! | preset | the channel retries for | default window |
+//! |---|---|---|
+//! | `wechatpay-v3`, `wechatpay-v2` | 24 h 4 min (15 times) | 25 h |
+//! | `alipay` | about 25 h (8 times) | 26 h |
+//! | `standard-webhooks` | about 28 h (Svix's schedule) | 30 h |
+//! | `stripe` | up to 3 days | 4 days |
+//! | `paypal` | 3 days (up to 25 times) | 4 days |
+//! | `adyen` | up to 30 days (its retry queue) | 31 days |
+//!
+//! A retry after the window runs the handler again. On the memory store a
+//! window costs memory for as long as it lasts: see
+//! [`MemoryStore`](crate::store::MemoryStore) for the sizing. Client-key
+//! defaults: window 24 h, body limit 1 MiB, keys scoped to a hash of
+//! `Authorization`.
 //!
 //! ```
 //! use tower_idempotency::Preset;
@@ -85,15 +100,23 @@ pub const PRESET_NAMES: &[&str] = &[
     "client-token",
 ];
 
-const CHANNEL_WINDOW: Duration = Duration::from_secs(25 * 3600);
+/// The window of a channel preset that does not set its own.
+const CHANNEL_WINDOW: Duration = hours(25);
 const CLIENT_WINDOW: Duration = Duration::from_secs(24 * 3600);
 const CHANNEL_MAX_BODY: usize = 64 * 1024;
 const CLIENT_MAX_BODY: usize = 1024 * 1024;
 const DEFAULT_WAIT: Duration = Duration::from_secs(4);
 
+/// `n` hours.
+const fn hours(n: u64) -> Duration {
+    Duration::from_secs(n * 3600)
+}
+
 impl Preset {
     /// A channel preset from a key spec and a reply format, with the channel
-    /// defaults (window 25 h, wait 4 s, body limit 64 KiB).
+    /// defaults (window 25 h, wait 4 s, body limit 64 KiB). Set a window
+    /// longer than the channel keeps retrying with
+    /// [`with_window`](Self::with_window).
     pub fn channel(name: impl Into<Arc<str>>, key: KeySpec, reply: Reply) -> Self {
         let describe = Arc::from(key.describe());
         Self {
@@ -146,36 +169,68 @@ impl Preset {
     }
 
     /// WeChat Pay API v3 notifications.
+    ///
+    /// WeChat Pay retries a notification 15 times over 24 h 4 min (15 s, 15 s,
+    /// 30 s, 3 min, 10 min, 20 min, 30 min, 30 min, 30 min, 60 min, 3 h, 3 h,
+    /// 3 h, 6 h, 6 h:
+    /// <https://pay.weixin.qq.com/wiki/doc/apiv3/apis/chapter3_1_5.shtml>): the
+    /// window is 25 h.
     pub fn wechatpay_v3() -> Self {
         wechatpay_v3::preset()
     }
 
     /// WeChat Pay API v2 (XML) notifications.
+    ///
+    /// WeChat Pay retries a notification 15 times over 24 h 4 min
+    /// (<https://pay.weixin.qq.com/wiki/doc/api/jsapi.php?chapter=9_7>): the
+    /// window is 25 h.
     pub fn wechatpay_v2() -> Self {
         wechatpay_v2::preset()
     }
 
     /// Alipay asynchronous notifications (form-encoded).
+    ///
+    /// Alipay retries an asynchronous notification 8 times over about 25 h
+    /// (4 min, 10 min, 10 min, 1 h, 2 h, 6 h, 15 h:
+    /// <https://opendocs.alipay.com/open/270/105902>): the window is 26 h.
     pub fn alipay() -> Self {
         alipay::preset()
     }
 
     /// Stripe webhooks.
+    ///
+    /// Stripe retries an event for up to three days in live mode, with an
+    /// exponential back-off (<https://docs.stripe.com/webhooks#retries>): the
+    /// window is 4 days.
     pub fn stripe() -> Self {
         stripe::preset()
     }
 
     /// PayPal webhooks.
+    ///
+    /// PayPal retries a webhook up to 25 times over three days
+    /// (<https://developer.paypal.com/api/rest/webhooks/>): the window is 4
+    /// days.
     pub fn paypal() -> Self {
         paypal::preset()
     }
 
     /// Adyen standard (JSON) notifications.
+    ///
+    /// Adyen puts a webhook that was not accepted into its retry queue and
+    /// retries it for up to 30 days
+    /// (<https://docs.adyen.com/development-resources/webhooks/>): the window
+    /// is 31 days.
     pub fn adyen() -> Self {
         adyen::preset()
     }
 
     /// Any [Standard Webhooks](https://www.standardwebhooks.com/) sender.
+    ///
+    /// Standard Webhooks leaves the schedule to the sender; Svix's (the
+    /// reference implementation) retries after 5 s, 5 min, 30 min, 2 h, 5 h,
+    /// 10 h and 10 h, about 28 h in all (<https://docs.svix.com/retries>): the
+    /// window is 30 h.
     pub fn standard_webhooks() -> Self {
         standard_webhooks::preset()
     }
@@ -206,9 +261,16 @@ impl Preset {
         &self.extractor
     }
 
-    /// The default window.
+    /// The default window: how long a success is replayed.
     pub fn window(&self) -> Duration {
         self.window
+    }
+
+    /// The same preset with the default window `window`: make it longer
+    /// than the sender keeps retrying, or a late retry runs again.
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
     }
 
     /// The default wait.

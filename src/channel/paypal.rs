@@ -1,6 +1,6 @@
 //! PayPal: JSON webhook events keyed by the event `/id`.
 
-use super::{failure_status, status_only, Preset};
+use super::{failure_status, hours, status_only, Preset};
 use crate::key::{Field, FingerprintSpec, KeySpec};
 use crate::normalize::Reply;
 
@@ -13,4 +13,5 @@ pub(super) fn preset() -> Preset {
         ),
         Reply::new(status_only(200), failure_status(500)),
     )
+    .with_window(hours(4 * 24))
 }

@@ -1,6 +1,6 @@
 //! Standard Webhooks: keyed by the `webhook-id` header, answered 204.
 
-use super::{failure_status, status_only, Preset};
+use super::{failure_status, hours, status_only, Preset};
 use crate::key::{Field, FingerprintSpec, KeySpec};
 use crate::normalize::Reply;
 use http::HeaderName;
@@ -14,4 +14,5 @@ pub(super) fn preset() -> Preset {
         ),
         Reply::new(status_only(204), failure_status(500)),
     )
+    .with_window(hours(30))
 }

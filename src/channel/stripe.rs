@@ -1,6 +1,6 @@
 //! Stripe: JSON events keyed by the event `/id`.
 
-use super::{failure_status, fixed, Preset};
+use super::{failure_status, fixed, hours, Preset};
 use crate::key::{Field, FingerprintSpec, KeySpec};
 use crate::normalize::Reply;
 
@@ -16,4 +16,5 @@ pub(super) fn preset() -> Preset {
             failure_status(500),
         ),
     )
+    .with_window(hours(4 * 24))
 }

@@ -69,8 +69,9 @@ impl<St: Store> ClaimGuard<St> {
         claim
     }
 
-    /// The inner service completed the record itself.
-    fn completed_by_handler(&self) -> bool {
+    /// The inner service wrote the record in its own transaction (which
+    /// may not have committed).
+    pub(super) fn completed_by_handler(&self) -> bool {
         self.active
             .as_ref()
             .is_some_and(ActiveClaim::completed_by_handler)
@@ -112,11 +113,25 @@ impl<St: Store> ClaimGuard<St> {
         if self.completed_by_handler() {
             // The handler wrote the record in its own transaction. Deleting
             // the claim (owner-checked, in flight only) changes nothing once
-            // that transaction committed, and frees the key for the next
-            // copy if it rolled back.
+            // that transaction committed; if it did not commit, the claim is
+            // still in flight, and this frees it for the next copy: the
+            // handler's success is then no success (`Failed`), and a
+            // consumed client token goes back.
             let fut = self.store.release(self.key.as_str(), self.token);
-            let _ = store_call(self.store_timeout, "release", fut).await;
-            return Outcome::Executed;
+            return match store_call(self.store_timeout, "release", fut).await {
+                Ok(false) => Outcome::Executed,
+                Ok(true) => {
+                    log_warn!(key = %self.key.redacted(), "the handler completed the record in a transaction that did not commit: answered as a failure, claim released");
+                    if let Some((token_key, ttl)) = self.restore_token.take() {
+                        let fut = self.store.put_token(&token_key, ttl);
+                        let _ = store_call(self.store_timeout, "put_token", fut).await;
+                    }
+                    Outcome::Failed
+                }
+                // Committed or not, nobody can tell now: no success is
+                // answered (if it committed, the next copy replays it).
+                Err(_) => Outcome::StoreError,
+            };
         }
         let fut = self
             .store
@@ -156,8 +171,18 @@ impl<St: Store> ClaimGuard<St> {
     pub(super) async fn release(mut self) {
         self.armed = false;
         let restore = self.restore_token.take();
-        // A record the handler completed keeps its client token consumed.
-        let restore = restore.filter(|_| !self.completed_by_handler());
+        if self.completed_by_handler() {
+            // A record the handler committed keeps its client token
+            // consumed; one whose transaction rolled back left the claim in
+            // flight, and gives its token back once the claim is released.
+            let fut = self.store.release(self.key.as_str(), self.token);
+            let released = store_call(self.store_timeout, "release", fut).await;
+            if let (Ok(true), Some((token_key, ttl))) = (released, restore) {
+                let fut = self.store.put_token(&token_key, ttl);
+                let _ = store_call(self.store_timeout, "put_token", fut).await;
+            }
+            return;
+        }
         release(
             &self.store,
             &self.key,

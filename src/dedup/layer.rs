@@ -43,9 +43,10 @@ impl<St: Store> DedupLayer<St> {
         }
     }
 
-    /// How long a completed record is replayed. Defaults to 25 hours (longer
-    /// than every payment channel's retry schedule). At most a year (a longer
-    /// one is taken as a year).
+    /// How long a completed record is replayed. Defaults to 25 hours
+    /// (longer than WeChat Pay and Alipay retry; not as long as Stripe,
+    /// PayPal or Adyen do: the [presets](crate::Preset) set their channel's
+    /// window). At most a year (a longer one is taken as a year).
     pub const fn window(mut self, window: Duration) -> Self {
         self.config.window = clamp(window, Duration::ZERO, MAX_SETTING);
         self

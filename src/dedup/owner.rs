@@ -187,13 +187,27 @@ impl<S, St: Store> Owner<S, St> {
             Verdict::Whole(capture, parts, data, trailers) => {
                 // The record is kept before the caller hears anything.
                 let outcome = settle(*capture, guard, &config).await;
-                let mut res = Response::from_parts(parts, ResponseBody::full(data, trailers));
-                res.extensions_mut().insert(outcome);
+                let res = if outcome == Outcome::Executed {
+                    let mut res = Response::from_parts(parts, ResponseBody::full(data, trailers));
+                    res.extensions_mut().insert(outcome);
+                    res
+                } else {
+                    uncommitted(outcome)
+                };
                 link.answer(Head::Done(Ok(res)));
             }
             Verdict::Ended(capture, trailers) => {
                 // Always finished, even if the caller hangs up meanwhile.
-                settle(*capture, guard, &config).await;
+                let outcome = settle(*capture, guard, &config).await;
+                if outcome != Outcome::Executed {
+                    // The body went out; its end does not.
+                    if let Some(tx) = link.body.take() {
+                        let _ = tx.try_send(Piece::Error(
+                            "the handler's record was not committed".into(),
+                        ));
+                    }
+                    return;
+                }
                 let trailers = trailers.map(|t| Piece::Frame(Frame::trailers(t)));
                 link.finish(trailers.into_iter().chain([Piece::End])).await;
             }
@@ -262,12 +276,28 @@ async fn settle<St: Store>(
         return Outcome::Failed;
     }
     let record = Arc::new(capture.into_record(key.fingerprint()));
+    let by_handler = guard.completed_by_handler();
     let outcome = guard.complete(record, config.window, config.lease).await;
     if outcome == Outcome::LeaseLost {
         log_warn!(key = %key.redacted(), "the lease ran out before the record completed");
     }
     outcome::record(key.preset_arc(), outcome);
+    // The layer's own record is retried in the background when the store
+    // fails; the handler's is there only if its transaction committed.
+    if by_handler && outcome != Outcome::Executed {
+        return outcome;
+    }
     Outcome::Executed
+}
+
+/// The answer to a success whose record, written by the handler in its own
+/// transaction, was not committed (or cannot be told): a retryable failure.
+fn uncommitted<B>(outcome: Outcome) -> Response<ResponseBody<B>> {
+    retry_later(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the handler's transaction did not commit its record; retry later\n",
+        outcome,
+    )
 }
 
 /// Calls the inner service and streams a success's body to the caller,

@@ -13,7 +13,12 @@ if #p == 0 then return 0 end
 pub(super) static INGEST: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local cur = redis.call('GET', KEYS[2])
-         if cur then if cur == ARGV[1] then return 1 else return 2 end end
+         if cur then
+           -- A write of this call's own, so that the caller's WAIT covers
+           -- the entry another instance wrote before it.
+           if ARGV[4] == '1' then redis.call('SET', KEYS[2], cur, 'KEEPTTL') end
+           if cur == ARGV[1] then return 1 else return 2 end
+         end
          local id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[2], 'a', '0', 't', ARGV[3])
          redis.call('SET', KEYS[2], ARGV[1])
          return id",

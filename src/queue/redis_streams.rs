@@ -199,6 +199,7 @@ where
             .arg(&fp[..])
             .arg(message.encode())
             .arg(now_ms())
+            .arg(if self.replicas > 0 { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
@@ -207,6 +208,9 @@ where
             Value::Int(_) => return Ok(Ingested::Mismatch),
             id => Ingested::Queued(EntryId::new(text(&id))),
         };
+        // A duplicate's success reply promises the entry another instance
+        // queued: the script rewrote the key's marker, and replication is one
+        // ordered stream, so this `WAIT` covers that entry too.
         if self.replicas > 0 {
             let acked: u32 = ::redis::cmd("WAIT")
                 .arg(self.replicas)

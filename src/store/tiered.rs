@@ -154,16 +154,20 @@ impl<F: Store, B: Store> Store for TieredStore<F, B> {
         }
     }
 
-    /// Both tiers; a key in flight in either is left alone.
+    /// Both tiers; a key in flight in either is left alone. A tier that
+    /// fails makes `forget` fail (after the other may have forgotten): a
+    /// record left in either tier would still be replayed, so `Deleted` is
+    /// answered only when neither holds it any more. Forgetting again once
+    /// both answer finishes the job.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
-        if let Ok(RecordState::InFlight { .. }) = self.front.inspect(key).await {
+        if let RecordState::InFlight { .. } = self.front.inspect(key).await? {
             return Ok(Forgotten::InFlight);
         }
         let back = self.back.forget(key).await?;
         if back == Forgotten::InFlight {
             return Ok(back);
         }
-        let front = self.front.forget(key).await.unwrap_or(Forgotten::Absent);
+        let front = self.front.forget(key).await?;
         Ok(if front == Forgotten::Deleted {
             Forgotten::Deleted
         } else {

@@ -174,6 +174,11 @@ impl RedisServer {
         false
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The port.
     pub fn port(&self) -> u16 {
         self.port

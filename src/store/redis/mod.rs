@@ -153,6 +153,10 @@ pub struct RedisStore<C = ConnectionManager> {
     pollers: Arc<Mutex<HashMap<String, Arc<Poller>>>>,
     /// Completed records this instance has seen, until their window ends.
     local: Option<Arc<Completed>>,
+    /// Counts this instance's `forget`s: a record read or completed while
+    /// one ran is not copied into the local tier (it may be the record that
+    /// was just forgotten).
+    forgets: Arc<std::sync::atomic::AtomicU64>,
     epoch: Arc<Epoch>,
     epoch_interval: Option<Duration>,
 }
@@ -171,6 +175,7 @@ impl<C: Clone> Clone for RedisStore<C> {
             poll_interval: self.poll_interval,
             pollers: self.pollers.clone(),
             local: self.local.clone(),
+            forgets: self.forgets.clone(),
             epoch: self.epoch.clone(),
             epoch_interval: self.epoch_interval,
         }
@@ -259,6 +264,7 @@ where
             poll_interval: Duration::from_millis(25),
             pollers: Arc::default(),
             local: Some(Arc::new(Completed::new(LOCAL_TIER_BYTES, false))),
+            forgets: Arc::default(),
             epoch: Epoch::new(),
             epoch_interval: Some(EPOCH_INTERVAL),
         }

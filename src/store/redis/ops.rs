@@ -13,6 +13,7 @@ use crate::store::{
 use crate::Fingerprint;
 use ::redis::aio::ConnectionLike;
 use bytes::Bytes;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ where
         // the script may have run, nobody would own the claim it may have
         // made: release it, so it does not block the key for a whole lease.
         let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
+        let forgets = self.forgets.load(Ordering::Acquire);
         let found: ::redis::Value = CLAIM
             .key(&key)
             .key(fence_key(&key))
@@ -61,7 +63,7 @@ where
                 };
                 let record = Arc::new(decode(&Bytes::from(found))?);
                 if let (Some(local), Ok(ttl)) = (&self.local, u64::try_from(ttl)) {
-                    local.insert(&key, &record, Duration::from_millis(ttl));
+                    self.keep_locally(local, &key, &record, Duration::from_millis(ttl), forgets);
                 }
                 return Ok(Claim::Completed(record));
             }
@@ -96,6 +98,7 @@ where
         let key = self.full_key(key);
         let value = encode(&record);
         let mut conn = self.conn.clone();
+        let forgets = self.forgets.load(Ordering::Acquire);
         let done: i64 = COMPLETE
             .key(&key)
             .arg(&owner_bytes(token)[..])
@@ -105,8 +108,10 @@ where
             .await
             .map_err(|e| map_err("complete", e))?;
         if done == 1 {
+            // A forget that ran meanwhile may have deleted this record in
+            // Redis already: no local copy then.
             if let Some(local) = &self.local {
-                local.insert(&key, &record, window);
+                self.keep_locally(local, &key, &record, window, forgets);
             }
             self.wake_local_waiters(&key);
         }
@@ -225,23 +230,48 @@ where
     }
 
     /// One script: deletes a completed record, never a claim; then this
-    /// instance's local tier forgets it too. Other instances' local tiers
+    /// instance's local tier forgets it too (and a completion or claim that
+    /// ran meanwhile copies nothing into it). Other instances' local tiers
     /// keep their copy until its window ends: forget on each of them, or
     /// run them without a local tier.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         let key = self.full_key(key);
         let mut conn = self.conn.clone();
-        let done: i64 = FORGET
-            .key(&key)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_err("forget", e))?;
+        // Odd while a forget runs: a claim or completion that copies a
+        // record into the local tier meanwhile takes its copy out again.
+        self.forgets.fetch_add(1, Ordering::AcqRel);
+        let done: Result<i64, _> = FORGET.key(&key).invoke_async(&mut conn).await;
         let local = self.local.as_ref().is_some_and(|local| local.remove(&key));
+        self.forgets.fetch_add(1, Ordering::AcqRel);
+        let done = done.map_err(|e| map_err("forget", e))?;
         Ok(match done {
             1 => Forgotten::Deleted,
             -1 => Forgotten::InFlight,
             _ if local => Forgotten::Deleted,
             _ => Forgotten::Absent,
         })
+    }
+}
+
+impl<C> RedisStore<C> {
+    /// Copies a completed record into the local tier, unless a `forget` ran
+    /// since `forgets` was read (the count of [`forget`](Store::forget)s
+    /// begun and ended, read before the script that found the record): the
+    /// record may be the one it deleted.
+    fn keep_locally(
+        &self,
+        local: &crate::store::completed::Completed,
+        key: &str,
+        record: &Arc<CompletedRecord>,
+        ttl: Duration,
+        forgets: u64,
+    ) {
+        if !forgets.is_multiple_of(2) {
+            return;
+        }
+        local.insert(key, record, ttl);
+        if self.forgets.load(Ordering::Acquire) != forgets {
+            local.remove(key);
+        }
     }
 }

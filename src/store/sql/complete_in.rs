@@ -3,7 +3,7 @@
 use super::ops::owner_bytes;
 use super::{map_err, millis, mysql, postgres, sqlite, CompleteArgs};
 use crate::store::codec::encode;
-use crate::store::{ActiveClaim, CompletedRecord, StoreError, StoredResponse};
+use crate::store::{ActiveClaim, CompletedRecord, StoreError, StoreErrorKind, StoredResponse};
 use sqlx::mysql::MySqlConnection;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgConnection;
@@ -18,6 +18,26 @@ mod sealed {
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why a completion in the handler's transaction failed.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum CompleteInError {
+    /// The database failed.
+    Sql(sqlx::Error),
+    /// The transaction's isolation level, which `complete_in` refuses.
+    Isolation(String),
+}
+
+impl From<sqlx::Error> for CompleteInError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+/// What a completion in the handler's transaction found: `Some(true)` done,
+/// `Some(false)` the key is no longer the owner's, `None` no row of the key.
+type Completed<'a> = BoxFuture<'a, Result<Option<bool>, CompleteInError>>;
+
 /// A connection (or transaction) to a database that a
 /// [`SqlStore`](super::SqlStore) can live in: PostgreSQL, MySQL / MariaDB
 /// or SQLite, bare, pooled, or inside a [`Transaction`].
@@ -26,39 +46,27 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// and for a [`Transaction`] or [`PoolConnection`] of one of them. Sealed.
 pub trait SqlConnection: sealed::Sealed + Send {
     #[doc(hidden)]
-    fn complete_record<'a>(
-        &'a mut self,
-        args: &'a CompleteArgs<'a>,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a>;
 }
 
 impl sealed::Sealed for PgConnection {}
 impl SqlConnection for PgConnection {
-    fn complete_record<'a>(
-        &'a mut self,
-        args: &'a CompleteArgs<'a>,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
-        Box::pin(postgres::complete(self, args))
+    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
+        Box::pin(postgres::complete_in(self, args))
     }
 }
 
 impl sealed::Sealed for MySqlConnection {}
 impl SqlConnection for MySqlConnection {
-    fn complete_record<'a>(
-        &'a mut self,
-        args: &'a CompleteArgs<'a>,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
-        Box::pin(mysql::complete(self, args))
+    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
+        Box::pin(mysql::complete_in(self, args))
     }
 }
 
 impl sealed::Sealed for SqliteConnection {}
 impl SqlConnection for SqliteConnection {
-    fn complete_record<'a>(
-        &'a mut self,
-        args: &'a CompleteArgs<'a>,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
-        Box::pin(sqlite::complete(self, args))
+    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
+        Box::pin(sqlite::complete_in(self, args))
     }
 }
 
@@ -67,10 +75,7 @@ impl<DB: Database> SqlConnection for Transaction<'_, DB>
 where
     DB::Connection: SqlConnection,
 {
-    fn complete_record<'a>(
-        &'a mut self,
-        args: &'a CompleteArgs<'a>,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         (**self).complete_record(args)
     }
 }
@@ -80,10 +85,7 @@ impl<DB: Database> SqlConnection for PoolConnection<DB>
 where
     DB::Connection: SqlConnection,
 {
-    fn complete_record<'a>(
-        &'a mut self,
-        args: &'a CompleteArgs<'a>,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
+    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         (**self).complete_record(args)
     }
 }
@@ -94,23 +96,39 @@ impl ActiveClaim {
     /// the [`SqlStore`](super::SqlStore), so that the business write and the
     /// record commit together or not at all.
     ///
-    /// `Ok(true)`: written (visible once the transaction commits); the dedup
-    /// layer then writes no record of its own for this call. `Ok(false)`:
-    /// this claim no longer owns the key (its lease ran out and another
-    /// copy took it over): **roll back**, the other copy runs the work.
-    /// The row stays locked until the transaction ends, so a copy that
+    /// `Ok(true)`: written (visible once the transaction commits). When the
+    /// handler then answers a success, the layer checks that the record was
+    /// committed (one owner-checked `UPDATE` that frees the claim if it is
+    /// still in flight) and writes no record of its own; if the transaction
+    /// did not commit (rolled back, or its `COMMIT` failed), the caller gets
+    /// a retryable failure instead of the handler's success, the claim is
+    /// released, and a consumed client token is given back.
+    ///
+    /// `Ok(false)`: this claim no longer owns the key (its lease ran out and
+    /// another copy took it over): **roll back**, the other copy runs the
+    /// work. The row stays locked until the transaction ends, so a copy that
     /// would take over waits for it.
+    ///
+    /// `Err`: the database failed, or the call cannot be kept:
+    /// - the key has **no row** on this database: the layer's store is not
+    ///   this database's [`SqlStore`](super::SqlStore) (a memory or Redis
+    ///   store, another database), or the claim's expired row was swept.
+    ///   A row written here would not be the layer's record, and the next
+    ///   copy would run again, so nothing is written;
+    /// - PostgreSQL, a transaction at **REPEATABLE READ or SERIALIZABLE**:
+    ///   the layer renews the claim's lease (an update of this row) every
+    ///   lease/3 while the handler runs, and at those levels the handler's
+    ///   update of a row changed since its snapshot fails with a
+    ///   serialization error. Begin the transaction at READ COMMITTED (the
+    ///   default).
     ///
     /// Answer with the same response: later copies replay `response`, the
     /// first copy gets what the handler returns. Give only end-to-end
     /// headers (no `Connection`, `Transfer-Encoding`).
     ///
-    /// **Only behind a layer whose store is this database's
-    /// [`SqlStore`](super::SqlStore)** (alone, or as the back of a
-    /// [`TieredStore`](crate::store::TieredStore)): the layer trusts the
-    /// handler's record and writes none of its own, so with a memory or
-    /// Redis store the record would be lost and the next copy would run
-    /// again.
+    /// Only behind a layer whose store is this database's
+    /// [`SqlStore`](super::SqlStore), alone or as the back of a
+    /// [`TieredStore`](crate::store::TieredStore).
     ///
     /// ```no_run
     /// use bytes::Bytes;
@@ -154,13 +172,28 @@ impl ActiveClaim {
             bytes: &bytes,
             window_ms: millis(self.window()),
         };
-        let done = conn
-            .complete_record(&args)
-            .await
-            .map_err(|e| map_err("complete_in", e))?;
-        if done {
-            self.mark_completed();
+        match conn.complete_record(&args).await {
+            Ok(Some(done)) => {
+                if done {
+                    self.mark_completed();
+                }
+                Ok(done)
+            }
+            Ok(None) => Err(StoreError::new(
+                StoreErrorKind::Unsupported,
+                "complete_in: this database holds no claim of the key: the layer's store must be \
+                 this database's SqlStore (alone or behind a TieredStore), not a memory or Redis \
+                 store or another database; nothing was written, roll back",
+            )),
+            Err(CompleteInError::Isolation(level)) => Err(StoreError::new(
+                StoreErrorKind::Unsupported,
+                format!(
+                    "complete_in: the transaction runs at {}: the layer's lease renewals make \
+                     its write fail there; begin it at READ COMMITTED",
+                    level.to_uppercase()
+                ),
+            )),
+            Err(CompleteInError::Sql(e)) => Err(map_err("complete_in", e)),
         }
-        Ok(done)
     }
 }

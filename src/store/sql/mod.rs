@@ -31,6 +31,8 @@ mod watch;
 
 pub use complete_in::SqlConnection;
 
+use self::complete_in::CompleteInError;
+
 use self::watch::Poller;
 use super::{StoreError, StoreErrorKind};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
@@ -77,9 +79,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// | client token: issue / consume | 1 upsert / 1 `UPDATE` |
 ///
 /// A duplicate that finds the key in flight waits on a watch that this
-/// instance shares per key: one small `SELECT` (no response bytes) every
-/// [`poll_interval`](SqlStore::poll_interval) (25 ms by default) while
-/// anyone waits, however many wait; an owner on the same instance wakes its
+/// instance shares per key; every [`poll_interval`](SqlStore::poll_interval)
+/// (25 ms by default), while anyone waits, one small `SELECT` (no response
+/// bytes, up to 500 keys a statement) looks at every key this instance's
+/// duplicates wait on, however many keys and waiters there are; an owner on the same instance wakes its
 /// waiters at once when it completes or releases. On PostgreSQL, completing
 /// and releasing also send a `NOTIFY` on the channel `idempotency_records`
 /// (the key in hex; sent when the transaction commits), which one `LISTEN`
@@ -131,6 +134,8 @@ pub struct SqlStore {
     pool: Pool,
     poll_interval: Duration,
     pollers: Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
+    /// Whether the loop that looks at every watched key runs.
+    polling: Arc<std::sync::atomic::AtomicBool>,
     /// Stops the background sweep when the last clone is dropped.
     sweeper: Arc<Mutex<Option<DropGuard>>>,
     /// PostgreSQL: the `LISTEN` task, started by the first waiter; stops
@@ -248,6 +253,7 @@ impl SqlStore {
             pool,
             poll_interval: Duration::from_millis(25),
             pollers: Arc::default(),
+            polling: Arc::default(),
             sweeper: Arc::default(),
             listener: Arc::default(),
         };
@@ -285,8 +291,9 @@ impl SqlStore {
         Ok(())
     }
 
-    /// How often one instance looks at a key that duplicates wait on (one
-    /// small `SELECT` per interval and key, shared by all its waiters).
+    /// How often one instance looks at the keys that duplicates wait on
+    /// (one small `SELECT` per interval for all of them, up to 500 keys a
+    /// statement, shared by all their waiters).
     /// Clamped to 1 ms – 1 s. Defaults to 25 milliseconds.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval.clamp(Duration::from_millis(1), Duration::from_secs(1));

@@ -7,7 +7,7 @@
 //! reads the row back when the affected-row count leaves it open. Placeholders
 //! are positional: each statement lists its bind order.
 
-use super::{CompleteArgs, Row};
+use super::{CompleteArgs, CompleteInError, Row};
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row as _;
 
@@ -26,16 +26,22 @@ pub(super) const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS idempotency
         INDEX idempotency_records_expires (expires_at)
     ) ENGINE = InnoDB"];
 
+/// The database's clock, in milliseconds since the Unix epoch, whatever
+/// the session's time zone: `UTC_TIMESTAMP` is the UTC wall clock, and the
+/// difference of two zone-free datetimes never steps.
+/// (`UNIX_TIMESTAMP(NOW())` reads `NOW()` in the session's zone: in a zone
+/// with summer time, the hour that repeats in the autumn maps to the first
+/// pass, so the clock jumps back an hour.)
 macro_rules! now_ms {
     () => {
-        "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+        "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)"
     };
 }
 
 /// The database's clock, in microseconds: the floor of the fencing tokens.
 macro_rules! now_us {
     () => {
-        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+        "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS SIGNED)"
     };
 }
 
@@ -82,6 +88,15 @@ pub(super) const PEEK: &str = concat!(
     FROM idempotency_records WHERE idem_key = ?"
 );
 
+/// What the pollers of waiters compare, for many keys at once: followed by
+/// `(…)`, a placeholder per key.
+pub(super) const PEEK_MANY: &str = concat!(
+    "SELECT idem_key, state, owner_token, expires_at - ",
+    now_ms!(),
+    " AS remaining
+    FROM idempotency_records WHERE idem_key IN"
+);
+
 /// Binds: fingerprint, record, window ms, key, owner.
 const COMPLETE: &str = concat!(
     "UPDATE idempotency_records
@@ -100,6 +115,9 @@ const COMPLETE_ABSENT: &str = concat!(
     SELECT ?, 2, ?, 1, NULL, ?, ?, ", now_ms!(), ", ", now_ms!(), " + ? FROM DUAL
     WHERE NOT EXISTS (SELECT 1 FROM idempotency_records WHERE idem_key = ?)"
 );
+
+/// Binds: key. Whether the key has a row at all.
+const EXISTS: &str = "SELECT count(*) FROM idempotency_records WHERE idem_key = ?";
 
 /// Binds: lease ms, lease ms, key, owner.
 pub(super) const RENEW: &str = concat!(
@@ -196,6 +214,32 @@ pub(super) async fn complete(
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Completes the record in the handler's transaction on `conn`: the
+/// owner's claim only (never an insert). `Some(true)` done, `Some(false)`
+/// the key is no longer the owner's, `None` the key has no row here.
+pub(super) async fn complete_in(
+    conn: &mut MySqlConnection,
+    a: &CompleteArgs<'_>,
+) -> Result<Option<bool>, CompleteInError> {
+    let done = sqlx::query(COMPLETE)
+        .bind(&a.fingerprint[..])
+        .bind(a.bytes)
+        .bind(a.window_ms)
+        .bind(a.key)
+        .bind(&a.owner[..])
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if done == 1 {
+        return Ok(Some(true));
+    }
+    let rows: i64 = sqlx::query_scalar(EXISTS)
+        .bind(a.key)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok((rows > 0).then_some(false))
 }
 
 /// Reads a row of [`READ`] or [`PEEK`].

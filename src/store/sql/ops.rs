@@ -7,10 +7,12 @@ use super::{
 use crate::store::codec::{decode, encode};
 use crate::store::{
     Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
+    StoreErrorKind,
 };
 use crate::Fingerprint;
 use bytes::Bytes;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,39 +122,56 @@ impl Store for SqlStore {
         }
     }
 
-    /// One conditional `DELETE` of the completed row; when it deletes
-    /// nothing, one read tells an in-flight key from an absent one.
+    /// One conditional `UPDATE` of the completed row (it becomes a
+    /// released row that keeps its fence); when it changes nothing, one
+    /// read tells an in-flight key from an absent one. A record completed
+    /// between the two (the owner's completion racing this call) is
+    /// forgotten in turn, never answered `Absent`.
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         let k = key.as_bytes();
         let err = |e| map_err("forget", e);
-        let deleted = match &self.pool {
-            Pool::Postgres(p) => sqlx::query(postgres::FORGET)
-                .bind(k)
-                .execute(p)
-                .await
-                .map(|r| r.rows_affected()),
-            Pool::MySql(p) => sqlx::query(mysql::FORGET)
-                .bind(k)
-                .execute(p)
-                .await
-                .map(|r| r.rows_affected()),
-            Pool::Sqlite(p) => sqlx::query(sqlite::FORGET)
-                .bind(k)
-                .execute(p)
-                .await
-                .map(|r| r.rows_affected()),
+        for _ in 0..CLAIM_ATTEMPTS {
+            let deleted = match &self.pool {
+                Pool::Postgres(p) => sqlx::query(postgres::FORGET)
+                    .bind(k)
+                    .execute(p)
+                    .await
+                    .map(|r| r.rows_affected()),
+                Pool::MySql(p) => sqlx::query(mysql::FORGET)
+                    .bind(k)
+                    .execute(p)
+                    .await
+                    .map(|r| r.rows_affected()),
+                Pool::Sqlite(p) => sqlx::query(sqlite::FORGET)
+                    .bind(k)
+                    .execute(p)
+                    .await
+                    .map(|r| r.rows_affected()),
+            }
+            .map_err(err)?;
+            if deleted > 0 {
+                return Ok(Forgotten::Deleted);
+            }
+            match self.read(k, true).await.map_err(err)? {
+                Some(r) if r.state == IN_FLIGHT && r.remaining > 0 => {
+                    return Ok(Forgotten::InFlight)
+                }
+                // Completed since the update looked: forget it now.
+                Some(r) if r.state == COMPLETED && r.remaining > 0 => continue,
+                _ => return Ok(Forgotten::Absent),
+            }
         }
-        .map_err(err)?;
-        if deleted > 0 {
-            return Ok(Forgotten::Deleted);
-        }
-        let row = self.read(k, true).await.map_err(err)?;
-        Ok(match row {
-            Some(r) if r.state == IN_FLIGHT && r.remaining > 0 => Forgotten::InFlight,
-            _ => Forgotten::Absent,
-        })
+        Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "sql forget: the row kept changing under the call",
+        ))
     }
 
+    /// The statements run in a task of their own. A caller that gives up
+    /// (the layer's store timeout) does not stop a statement the server
+    /// already runs: it may still commit the claim, after the layer's
+    /// release found nothing to release. So the task itself releases a
+    /// claim that it won for a caller that is gone, after the claim.
     async fn claim(
         &self,
         key: &str,
@@ -160,97 +179,40 @@ impl Store for SqlStore {
         token: OwnerToken,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let k = key.as_bytes();
-        let owner = owner_bytes(token);
-        let fp = fingerprint.to_bytes();
-        let lease_ms = millis(lease);
-        let err = |e| map_err("claim", e);
-        for _ in 0..CLAIM_ATTEMPTS {
-            // The fence when the statement won the key (PostgreSQL, SQLite:
-            // `RETURNING`); MySQL says only how many rows changed, so its
-            // winner reads the row below like everybody else.
-            let acquired: Option<i64> = retrying(|| async {
-                Ok(match &self.pool {
-                    Pool::Postgres(p) => {
-                        sqlx::query_scalar(postgres::CLAIM)
-                            .bind(k)
-                            .bind(&owner[..])
-                            .bind(&fp[..])
-                            .bind(lease_ms)
-                            .fetch_optional(p)
-                            .await?
-                    }
-                    Pool::Sqlite(p) => {
-                        sqlx::query_scalar(sqlite::CLAIM)
-                            .bind(k)
-                            .bind(&owner[..])
-                            .bind(&fp[..])
-                            .bind(lease_ms)
-                            .fetch_optional(p)
-                            .await?
-                    }
-                    // 2: taken over; 1: inserted, or left alone. Either way
-                    // the read tells (its owner is the caller's when it won).
-                    Pool::MySql(p) => {
-                        sqlx::query(mysql::CLAIM)
-                            .bind(k)
-                            .bind(&owner[..])
-                            .bind(lease_ms)
-                            .bind(&fp[..])
-                            .bind(lease_ms)
-                            .execute(p)
-                            .await?;
-                        None
-                    }
-                })
-            })
-            .await
-            .map_err(err)?;
-            if let Some(fence) = acquired {
-                return Ok(Claim::Acquired(Ownership::new(token, fence_of(fence))));
-            }
-            let Some(row) = self.read(k, false).await.map_err(err)? else {
-                continue; // released or swept in between: claim again
-            };
-            if row.remaining <= 0 {
-                continue; // expired in between: take it over
-            }
-            match row.state {
-                // Released or forgotten (seen so only by a clock that went
-                // back since): free, claim again.
-                RELEASED => continue,
-                IN_FLIGHT => {
-                    let running = owner_of(&row)?;
-                    if running == owner {
-                        return Ok(Claim::Acquired(Ownership::new(token, fence_of(row.fence))));
-                    }
-                    let fp = row
-                        .fingerprint
-                        .as_deref()
-                        .and_then(|f| <[u8; 16]>::try_from(f).ok())
-                        .ok_or_else(|| corrupt("in-flight row without a fingerprint"))?;
-                    return Ok(Claim::InFlight {
-                        fingerprint: Fingerprint::from_bytes(fp),
-                        watch: self.watch(k.to_vec(), running),
-                    });
-                }
-                COMPLETED => {
-                    let bytes = row
-                        .response
-                        .ok_or_else(|| corrupt("completed row without a response"))?;
-                    return Ok(Claim::Completed(Arc::new(decode(&Bytes::from(bytes))?)));
-                }
-                other => {
-                    return Err(corrupt(format_args!(
-                        "a row of state {other} under a claimed key (a client token?)"
-                    )))
-                }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.claim_now(key, fingerprint, token, lease).await;
+        }
+        /// Tells the task that its caller is gone.
+        struct Gone(Arc<AtomicBool>);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
             }
         }
-        Err(StoreError::new(
-            crate::store::StoreErrorKind::Backend,
-            "sql claim: the row kept changing under the claim",
-        ))
+        let gone = Arc::new(AtomicBool::new(false));
+        let _caller = Gone(gone.clone());
+        let (store, key) = (self.clone(), key.to_owned());
+        let task = tokio::spawn(async move {
+            if gone.load(Ordering::Acquire) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Backend,
+                    "sql claim: the caller gave up",
+                ));
+            }
+            let claim = store.claim_now(&key, fingerprint, token, lease).await;
+            if gone.load(Ordering::Acquire) && matches!(claim, Ok(Claim::Acquired(_))) {
+                // Nobody will run it: free the key now, not after the lease.
+                let _ = store.release(&key, token).await;
+            }
+            claim
+        });
+        match task.await {
+            Ok(claim) => claim,
+            Err(e) => Err(StoreError::new(
+                StoreErrorKind::Backend,
+                format!("sql claim: the task failed: {e}"),
+            )),
+        }
     }
 
     async fn complete(
@@ -401,5 +363,108 @@ impl Store for SqlStore {
         .await
         .map_err(|e| map_err("take_token", e))?;
         Ok(n == 1)
+    }
+}
+
+impl SqlStore {
+    /// One claim, in the caller's task.
+    async fn claim_now(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let k = key.as_bytes();
+        let owner = owner_bytes(token);
+        let fp = fingerprint.to_bytes();
+        let lease_ms = millis(lease);
+        let err = |e| map_err("claim", e);
+        for _ in 0..CLAIM_ATTEMPTS {
+            // The fence when the statement won the key (PostgreSQL, SQLite:
+            // `RETURNING`); MySQL says only how many rows changed, so its
+            // winner reads the row below like everybody else.
+            let acquired: Option<i64> = retrying(|| async {
+                Ok(match &self.pool {
+                    Pool::Postgres(p) => {
+                        sqlx::query_scalar(postgres::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .fetch_optional(p)
+                            .await?
+                    }
+                    Pool::Sqlite(p) => {
+                        sqlx::query_scalar(sqlite::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .fetch_optional(p)
+                            .await?
+                    }
+                    // 2: taken over; 1: inserted, or left alone. Either way
+                    // the read tells (its owner is the caller's when it won).
+                    Pool::MySql(p) => {
+                        sqlx::query(mysql::CLAIM)
+                            .bind(k)
+                            .bind(&owner[..])
+                            .bind(lease_ms)
+                            .bind(&fp[..])
+                            .bind(lease_ms)
+                            .execute(p)
+                            .await?;
+                        None
+                    }
+                })
+            })
+            .await
+            .map_err(err)?;
+            if let Some(fence) = acquired {
+                return Ok(Claim::Acquired(Ownership::new(token, fence_of(fence))));
+            }
+            let Some(row) = self.read(k, false).await.map_err(err)? else {
+                continue; // released or swept in between: claim again
+            };
+            if row.remaining <= 0 {
+                continue; // expired in between: take it over
+            }
+            match row.state {
+                // Released or forgotten (seen so only by a clock that went
+                // back since): free, claim again.
+                RELEASED => continue,
+                IN_FLIGHT => {
+                    let running = owner_of(&row)?;
+                    if running == owner {
+                        return Ok(Claim::Acquired(Ownership::new(token, fence_of(row.fence))));
+                    }
+                    let fp = row
+                        .fingerprint
+                        .as_deref()
+                        .and_then(|f| <[u8; 16]>::try_from(f).ok())
+                        .ok_or_else(|| corrupt("in-flight row without a fingerprint"))?;
+                    return Ok(Claim::InFlight {
+                        fingerprint: Fingerprint::from_bytes(fp),
+                        watch: self.watch(k.to_vec(), running),
+                    });
+                }
+                COMPLETED => {
+                    let bytes = row
+                        .response
+                        .ok_or_else(|| corrupt("completed row without a response"))?;
+                    return Ok(Claim::Completed(Arc::new(decode(&Bytes::from(bytes))?)));
+                }
+                other => {
+                    return Err(corrupt(format_args!(
+                        "a row of state {other} under a claimed key (a client token?)"
+                    )))
+                }
+            }
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "sql claim: the row kept changing under the claim",
+        ))
     }
 }

@@ -2,7 +2,7 @@
 //! read from the database's clock, so that every instance agrees on when a
 //! lease or a window ends.
 
-use super::{CompleteArgs, Row};
+use super::{CompleteArgs, CompleteInError, Row};
 use sqlx::postgres::PgConnection;
 use sqlx::Row as _;
 
@@ -80,6 +80,15 @@ pub(super) const PEEK: &str = concat!(
     FROM idempotency_records WHERE idem_key = $1"
 );
 
+/// `$1` keys (an array): what the pollers of waiters compare, for every
+/// watched key at once.
+pub(super) const PEEK_MANY: &str = concat!(
+    "SELECT idem_key, state, owner_token, expires_at - ",
+    now_ms!(),
+    " AS remaining
+    FROM idempotency_records WHERE idem_key = ANY($1)"
+);
+
 /// `$1` key, `$2` owner, `$3` fingerprint, `$4` encoded record, `$5`
 /// window ms. The owner's claim (or an absent key: the owner's expired
 /// lease was swept and nobody claimed since) becomes the completed record;
@@ -101,6 +110,29 @@ pub(super) const COMPLETE: &str = concat!(
     )
     SELECT pg_notify('idempotency_records', encode(idem_key, 'hex'))::TEXT FROM done"
 );
+
+/// `$1` key, `$2` owner, `$3` fingerprint, `$4` encoded record, `$5`
+/// window ms: [`COMPLETE`] inside the handler's transaction, which changes
+/// only the owner's claim (never inserts: a key without the owner's row is
+/// not this layer's claim).
+const COMPLETE_IN: &str = concat!(
+    "WITH done AS (
+    UPDATE idempotency_records SET state = 2, lease_until = NULL, fingerprint = $3,
+        response = $4, expires_at = ",
+    now_ms!(),
+    " + $5
+    WHERE idem_key = $1 AND state = 1 AND owner_token = $2
+    RETURNING idem_key
+    )
+    SELECT pg_notify('idempotency_records', encode(idem_key, 'hex'))::TEXT FROM done"
+);
+
+/// `$1` key: whether the key has a row at all.
+const EXISTS: &str = "SELECT count(*) FROM idempotency_records WHERE idem_key = $1";
+
+/// The transaction's isolation level (`read committed`, `repeatable read`,
+/// `serializable`).
+const ISOLATION: &str = "SELECT current_setting('transaction_isolation')";
 
 /// The channel of the `NOTIFY`s sent when a record completes or a claim is
 /// released; the payload is the key in hex.
@@ -160,17 +192,36 @@ pub(super) const TAKE_TOKEN: &str = concat!(
         AND (state = 3 OR (state = 4 AND owner_token = $2))"
 );
 
-/// `$1` batch size: deletes up to that many expired rows.
+/// Whether the sweep may delete a row: its lease or window ended, and a
+/// released row keeps its fence a minute longer.
+macro_rules! sweepable {
+    () => {
+        concat!(
+            "expires_at <= ",
+            now_ms!(),
+            " AND (state <> 0 OR expires_at <= ",
+            now_ms!(),
+            " - ",
+            fence_keep_ms!(),
+            ")"
+        )
+    };
+}
+
+/// `$1` batch size: deletes up to that many expired rows. The condition is
+/// checked again on the row the `DELETE` deletes: under READ COMMITTED,
+/// a row that a concurrent claim or completion made live after the
+/// subquery chose it is re-checked against its new version by the outer
+/// `WHERE` only (the subquery's result is not evaluated again). Rows
+/// locked by a claim or a handler's transaction are skipped, not waited
+/// for: the next sweep takes them if they are still expired.
 pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idempotency_records WHERE idem_key IN (
-        SELECT idem_key FROM idempotency_records WHERE expires_at <= ",
-    now_ms!(),
-    " AND (state <> 0 OR expires_at <= ",
-    now_ms!(),
-    " - ",
-    fence_keep_ms!(),
-    ") LIMIT $1
-    )"
+        SELECT idem_key FROM idempotency_records WHERE ",
+    sweepable!(),
+    " LIMIT $1 FOR UPDATE SKIP LOCKED
+    ) AND ",
+    sweepable!()
 );
 
 /// Completes `op`'s record on `conn` (the store's pool, or the caller's
@@ -185,6 +236,35 @@ pub(super) async fn complete(conn: &mut PgConnection, a: &CompleteArgs<'_>) -> s
         .fetch_all(conn)
         .await?;
     Ok(done.len() == 1)
+}
+
+/// Completes the record in the handler's transaction on `conn`: `Some(true)`
+/// done, `Some(false)` the key is no longer the owner's, `None` the key has
+/// no row here. Refuses a transaction at REPEATABLE READ or SERIALIZABLE.
+pub(super) async fn complete_in(
+    conn: &mut PgConnection,
+    a: &CompleteArgs<'_>,
+) -> Result<Option<bool>, CompleteInError> {
+    let level: String = sqlx::query_scalar(ISOLATION).fetch_one(&mut *conn).await?;
+    if level != "read committed" {
+        return Err(CompleteInError::Isolation(level));
+    }
+    let done = sqlx::query(COMPLETE_IN)
+        .bind(a.key)
+        .bind(&a.owner[..])
+        .bind(&a.fingerprint[..])
+        .bind(a.bytes)
+        .bind(a.window_ms)
+        .fetch_all(&mut *conn)
+        .await?;
+    if done.len() == 1 {
+        return Ok(Some(true));
+    }
+    let rows: i64 = sqlx::query_scalar(EXISTS)
+        .bind(a.key)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok((rows > 0).then_some(false))
 }
 
 /// Reads a row of [`READ`] or [`PEEK`].

@@ -2,7 +2,7 @@
 //! read from the database's clock, so that every instance agrees on when a
 //! lease or a window ends.
 
-use super::{CompleteArgs, Row};
+use super::{CompleteArgs, CompleteInError, Row};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Row as _;
 
@@ -77,6 +77,15 @@ pub(super) const PEEK: &str = concat!(
     FROM idempotency_records WHERE idem_key = ?1"
 );
 
+/// What the pollers of waiters compare, for many keys at once: followed by
+/// `(…)`, a placeholder per key.
+pub(super) const PEEK_MANY: &str = concat!(
+    "SELECT idem_key, state, owner_token, expires_at - ",
+    now_ms!(),
+    " AS remaining
+    FROM idempotency_records WHERE idem_key IN"
+);
+
 /// `?1` key, `?2` owner, `?3` fingerprint, `?4` encoded record, `?5`
 /// window ms. The owner's claim (or an absent key: the owner's expired
 /// lease was swept and nobody claimed since) becomes the completed record.
@@ -92,6 +101,20 @@ pub(super) const COMPLETE: &str = concat!(
         expires_at = EXCLUDED.expires_at
     WHERE r.state = 1 AND r.owner_token = EXCLUDED.owner_token"
 );
+
+/// `?1` key, `?2` owner, `?3` fingerprint, `?4` encoded record, `?5`
+/// window ms: [`COMPLETE`] inside the handler's transaction, which changes
+/// only the owner's claim (never inserts).
+const COMPLETE_IN: &str = concat!(
+    "UPDATE idempotency_records SET state = 2, lease_until = NULL, fingerprint = ?3,
+        response = ?4, expires_at = ",
+    now_ms!(),
+    " + ?5
+    WHERE idem_key = ?1 AND state = 1 AND owner_token = ?2"
+);
+
+/// `?1` key: whether the key has a row at all.
+const EXISTS: &str = "SELECT count(*) FROM idempotency_records WHERE idem_key = ?1";
 
 /// `?1` key, `?2` owner, `?3` lease ms.
 pub(super) const RENEW: &str = concat!(
@@ -171,6 +194,32 @@ pub(super) async fn complete(
         .await?
         .rows_affected();
     Ok(done == 1)
+}
+
+/// Completes the record in the handler's transaction on `conn`: `Some(true)`
+/// done, `Some(false)` the key is no longer the owner's, `None` the key has
+/// no row here.
+pub(super) async fn complete_in(
+    conn: &mut SqliteConnection,
+    a: &CompleteArgs<'_>,
+) -> Result<Option<bool>, CompleteInError> {
+    let done = sqlx::query(COMPLETE_IN)
+        .bind(a.key)
+        .bind(&a.owner[..])
+        .bind(&a.fingerprint[..])
+        .bind(a.bytes)
+        .bind(a.window_ms)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if done == 1 {
+        return Ok(Some(true));
+    }
+    let rows: i64 = sqlx::query_scalar(EXISTS)
+        .bind(a.key)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok((rows > 0).then_some(false))
 }
 
 /// Reads a row of [`READ`] or [`PEEK`].

@@ -1,11 +1,13 @@
-//! Waiting duplicates on one instance share one poller per key (one small
-//! `SELECT` per interval, however many wait), and expired rows are swept in
-//! bounded batches.
+//! Waiting duplicates on one instance share one poller per key, and every
+//! poller of a store is looked at by one statement per interval, however
+//! many keys and waiters there are; expired rows are swept in bounded
+//! batches.
 
-use super::ops::read;
 use super::{lock, mysql, postgres, sqlite, Pool, SqlStore, IN_FLIGHT};
 use crate::store::{Watch, WatchSender};
+use sqlx::Row as _;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +22,9 @@ pub(super) struct Poller {
 /// A poller stops after this long without a new waiter; it wakes the
 /// waiters left, which claim again and start a new one if they still wait.
 const POLLER_IDLE: Duration = Duration::from_secs(5);
+
+/// Keys per polling statement.
+const POLL_CHUNK: usize = 500;
 
 type Pollers = Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>;
 
@@ -63,44 +68,120 @@ impl SqlStore {
             last_subscribed: Mutex::new(Instant::now()),
         });
         let watch = poller.sender.subscribe();
-        // A replaced poller watched an older owner: it notices the change at
-        // its next look and wakes its waiters.
-        pollers.insert(key.clone(), poller.clone());
+        // A replaced poller watched an older owner: dropped here, its sender
+        // wakes its waiters.
+        pollers.insert(key, poller);
+        // Started and stopped under the map's lock: a poller is never left
+        // without the loop.
+        if !self.polling.swap(true, Ordering::AcqRel) {
+            runtime.spawn(poll(
+                self.pool.clone(),
+                self.pollers.clone(),
+                self.polling.clone(),
+                self.poll_interval,
+            ));
+        }
         drop(pollers);
-        runtime.spawn(poll(
-            self.pool.clone(),
-            self.pollers.clone(),
-            key,
-            poller,
-            self.poll_interval,
-        ));
         watch
     }
 }
 
-async fn poll(pool: Pool, pollers: Pollers, key: Vec<u8>, poller: Arc<Poller>, every: Duration) {
+/// Every `every`, one look (one statement per [`POLL_CHUNK`] keys) at every
+/// key this instance's waiters watch; wakes the waiters of a key that is no
+/// longer in flight under the owner they wait for. Ends when no key is
+/// watched.
+async fn poll(pool: Pool, pollers: Pollers, polling: Arc<AtomicBool>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        if lock(&poller.last_subscribed).elapsed() > POLLER_IDLE {
-            break;
+        let watched: Vec<(Vec<u8>, Arc<Poller>)> = {
+            let mut map = lock(&pollers);
+            map.retain(|_, p| {
+                let idle = lock(&p.last_subscribed).elapsed() > POLLER_IDLE;
+                if idle {
+                    p.sender.notify();
+                }
+                !idle
+            });
+            if map.is_empty() {
+                polling.store(false, Ordering::Release);
+                return;
+            }
+            map.iter().map(|(k, p)| (k.clone(), p.clone())).collect()
+        };
+        let mut live: HashMap<Vec<u8>, [u8; 16]> = HashMap::new();
+        let mut failed = false;
+        for chunk in watched.chunks(POLL_CHUNK) {
+            let keys: Vec<&[u8]> = chunk.iter().map(|(k, _)| &k[..]).collect();
+            match peek_many(&pool, &keys).await {
+                Ok(found) => live.extend(found),
+                // The waiters claim again and see for themselves.
+                Err(_) => failed = true,
+            }
         }
-        match read(&pool, &key, true).await {
-            Ok(Some(row))
-                if row.state == IN_FLIGHT
-                    && row.remaining > 0
-                    && row.owner.as_deref() == Some(&poller.owner[..]) => {}
-            // Completed, released, taken over, expired, or the database
-            // failed: the waiters claim again and see for themselves.
-            _ => break,
+        let mut map = lock(&pollers);
+        for (key, poller) in watched {
+            let still = !failed && live.get(&key) == Some(&poller.owner);
+            if !still {
+                if map.get(&key).is_some_and(|p| Arc::ptr_eq(p, &poller)) {
+                    map.remove(&key);
+                }
+                poller.sender.notify();
+            }
         }
     }
-    {
-        let mut pollers = lock(&pollers);
-        if pollers.get(&key).is_some_and(|p| Arc::ptr_eq(p, &poller)) {
-            pollers.remove(&key);
+}
+
+/// The keys of `keys` that are in flight and live, with their owners.
+async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>, [u8; 16]>> {
+    fn owner_of(state: i32, remaining: i64, owner: Option<Vec<u8>>) -> Option<[u8; 16]> {
+        if state != IN_FLIGHT || remaining <= 0 {
+            return None;
+        }
+        owner.and_then(|o| <[u8; 16]>::try_from(o).ok())
+    }
+    let mut found = HashMap::new();
+    macro_rules! collect {
+        ($rows:expr) => {
+            for r in $rows {
+                let key: Vec<u8> = r.try_get(0)?;
+                if let Some(owner) = owner_of(r.try_get(1)?, r.try_get(3)?, r.try_get(2)?) {
+                    found.insert(key, owner);
+                }
+            }
+        };
+    }
+    match pool {
+        Pool::Postgres(p) => {
+            let rows = sqlx::query(postgres::PEEK_MANY)
+                .bind(keys)
+                .fetch_all(p)
+                .await?;
+            collect!(rows);
+        }
+        Pool::MySql(p) => {
+            let sql = in_list(mysql::PEEK_MANY, keys.len(), |_| "?".to_owned());
+            let mut q = sqlx::query(&sql);
+            for k in keys {
+                q = q.bind(*k);
+            }
+            collect!(q.fetch_all(p).await?);
+        }
+        Pool::Sqlite(p) => {
+            let sql = in_list(sqlite::PEEK_MANY, keys.len(), |i| format!("?{}", i + 1));
+            let mut q = sqlx::query(&sql);
+            for k in keys {
+                q = q.bind(*k);
+            }
+            collect!(q.fetch_all(p).await?);
         }
     }
-    poller.sender.notify();
+    Ok(found)
+}
+
+/// `head` followed by `(p1, p2, …)`, `n` placeholders.
+fn in_list(head: &str, n: usize, placeholder: impl Fn(usize) -> String) -> String {
+    let list: Vec<String> = (0..n).map(placeholder).collect();
+    format!("{head} ({})", list.join(", "))
 }
 
 /// PostgreSQL: wakes this instance's waiters on a key as soon as a
