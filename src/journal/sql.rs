@@ -83,7 +83,7 @@ const PG_SQL: Statements = Statements {
     // DELETE waited for its lock is checked on its new version.
     prune: "DELETE FROM idempotency_journal WHERE last_seen_ms < $1 AND journal_key IN (
         SELECT journal_key FROM idempotency_journal WHERE last_seen_ms < $1
-        ORDER BY last_seen_ms LIMIT 1000) AND last_seen_ms < $1",
+        ORDER BY last_seen_ms LIMIT 1000)",
 };
 
 const MY_SQL: Statements = Statements {
