@@ -263,6 +263,7 @@ impl<S: Store> GatewayBuilder<S> {
                 stacks,
                 reply: route_reply,
                 channel,
+                verified: options.verifies() && auto_limit.is_none(),
                 auto_limit,
                 issuer,
                 ack,
