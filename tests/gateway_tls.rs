@@ -224,3 +224,61 @@ fn tls_flags_are_checked_at_start() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("certificate"), "{stderr}");
 }
+
+/// A notification acknowledged over HTTPS and delivered later from the
+/// queue tells the upstream `x-forwarded-proto: https`, as one forwarded at
+/// once does: the sender's connection is known when it is queued.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queued_delivery_keeps_the_senders_proto() {
+    let up = common::upstream::Upstream::start().await;
+    let (cert, key) = certificate();
+    let (cert_path, key_path) = write_pair(&cert, &key);
+    let dir = temp_path("tls-ack-data");
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &up.url(),
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+            "--route",
+            "/notify/stripe=stripe",
+            "--ack-then-deliver",
+            "/notify/stripe",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let client = client(gw.addr.port(), &cert);
+    let req = Request::post("/notify/stripe")
+        .header("content-type", "application/json")
+        .header("stripe-signature", "t=1,v1=00")
+        .body(Full::new(Bytes::from_static(
+            br#"{"id":"evt_tls_ack","object":"event","type":"charge.succeeded"}"#,
+        )))
+        .unwrap();
+    let (status, body) = send(&client, req).await;
+    assert_eq!(status, 200, "{body}");
+    up.wait_for_call("/notify/stripe").await;
+    let seen = up.last("/notify/stripe");
+    assert_eq!(
+        seen.headers
+            .get("x-forwarded-proto")
+            .map(|v| v.to_str().unwrap()),
+        Some("https"),
+        "{:?}",
+        seen.headers
+    );
+    let forwarded_for: Vec<_> = seen.headers.get_all("x-forwarded-for").iter().collect();
+    assert_eq!(forwarded_for, ["127.0.0.1"], "{:?}", seen.headers);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+    for p in [&cert_path, &key_path] {
+        let _ = std::fs::remove_file(p);
+    }
+}

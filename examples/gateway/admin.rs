@@ -217,6 +217,7 @@ const ALERTED: &[&str] = &[
     "unverified",
     "store_error",
     "shed",
+    "too_many_copies",
 ];
 
 /// Every counter the alert rules read, at zero from the start: Prometheus'
