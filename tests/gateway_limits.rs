@@ -511,3 +511,46 @@ async fn a_hung_client_api_leaves_the_callbacks_their_share() {
     assert_eq!(up.calls("/notify"), 6, "{:?}", up.seen().len());
     assert!(up.calls("/api/slow") <= 4, "{}", up.calls("/api/slow"));
 }
+
+/// The metrics and admin listener has the main listener's header timeout
+/// and a cap on its connections: a client that sends half its headers is
+/// closed once `--header-timeout` passes, and 200 such clients hold at most
+/// the cap of descriptors; health checks are answered again once they are
+/// gone.
+#[test]
+fn the_metrics_listener_times_out_headers_and_caps_its_connections() {
+    let metrics = common::free_addr();
+    let gw = Gateway::start(
+        "http://127.0.0.1:9",
+        &[
+            "--metrics-listen",
+            &metrics.to_string(),
+            "--header-timeout",
+            "2s",
+        ],
+    );
+    assert_eq!(get(metrics, "/healthz").0, 200);
+    let half = "GET /metrics HTTP/1.1\r\nHost: gw\r\n";
+    let started = Instant::now();
+    let s = stall(metrics, half, b"");
+    let answer = answer_of(s, Duration::from_secs(20));
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "a connection with half its headers stayed open {took:?}: {answer:?}"
+    );
+    let before = open_fds(gw.child.id());
+    let stalled: Vec<TcpStream> = (0..200).map(|_| stall(metrics, half, b"")).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = open_fds(gw.child.id());
+    assert!(
+        during <= before + 64 + 4,
+        "descriptors grew from {before} to {during} with 200 stalled clients"
+    );
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(metrics, "/healthz").0 != 200 {
+        assert!(Instant::now() < deadline, "/healthz never answered again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
