@@ -5,10 +5,13 @@ use std::borrow::Cow;
 #[cfg(feature = "proxy")]
 use std::fmt;
 
-/// Why a path has no safe normal form: servers behind a proxy read such a
-/// path in more than one way (Tomcat drops `;params`, some decode `%2F` into a
-/// separator or treat `\` as one, C code stops at a NUL), so no one spelling
-/// can stand for what the upstream will see.
+/// Why a path is refused on a guarded route: it has no safe normal form
+/// (servers behind a proxy read such a path in more than one way: Tomcat
+/// drops `;params`, some decode `%2F` into a separator or treat `\` as one,
+/// C code stops at a NUL, so no one spelling can stand for what the upstream
+/// will see), or its normal form is safe but a lenient server could read it
+/// as another route ([`Unsafe::Ambiguous`]), or it is not ASCII on a verified
+/// route ([`Unsafe::NotAscii`]).
 #[cfg(feature = "proxy")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Unsafe {
