@@ -57,6 +57,12 @@ pub enum Outcome {
     /// calls. Nothing was claimed or run; the sender's retry gets through
     /// once the load is gone.
     Shed,
+    /// On an acknowledge-then-deliver route that does not verify its sender,
+    /// the copies of the key with other payloads already fill the entries
+    /// queued beside it (forged copies, perhaps): this one was not queued and
+    /// the sender got the retryable failure, so that a genuine copy is
+    /// retried once they are delivered.
+    TooManyCopies,
 }
 
 impl Outcome {
@@ -80,6 +86,7 @@ impl Outcome {
             Self::Unverified => "unverified",
             Self::Panicked => "panicked",
             Self::Shed => "shed",
+            Self::TooManyCopies => "too_many_copies",
         }
     }
 
@@ -87,7 +94,11 @@ impl Outcome {
     pub const fn is_duplicate(self) -> bool {
         matches!(
             self,
-            Self::Replayed | Self::Waited | Self::InFlightRejected | Self::Mismatch
+            Self::Replayed
+                | Self::Waited
+                | Self::InFlightRejected
+                | Self::Mismatch
+                | Self::TooManyCopies
         )
     }
 }

@@ -339,3 +339,28 @@ async fn an_unreachable_backstop_stops_the_start_without_its_password() {
     assert!(all.contains("cannot open the postgres backstop"), "{all}");
     assert!(!all.contains("s3cret-pw"), "{all}");
 }
+
+/// A password given as a query parameter of the backstop's URL
+/// (`?password=`, as libpq takes it) is redacted in the start-up log, like
+/// one in the userinfo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_backstop_query_is_not_logged() {
+    if !redis_available() {
+        return;
+    }
+    let Some(pg) = shared_postgres() else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let url = format!("{}?password=hunter2", pg.url());
+    let (gw, _metrics) = start(&up, &redis, Some(&url));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gw.log().contains("gateway started") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = gw.log();
+    assert!(log.contains("gateway started"), "{log}");
+    assert!(!log.contains("hunter2"), "the password was logged:\n{log}");
+    assert!(log.contains("password=***"), "{log}");
+}

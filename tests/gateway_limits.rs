@@ -14,7 +14,9 @@ use common::upstream::Upstream;
 use gateway_support::{get, Gateway};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A Stripe event (`auto` detects it by its signature header; nothing
 /// verifies it there).
@@ -182,10 +184,12 @@ fn open_fds(pid: u32) -> usize {
 }
 
 /// A hung upstream, a short reply deadline and a long run limit: each
-/// notification leaves a call running in the background. At most
-/// `--max-upstream-calls` of them reach the upstream (so the gateway's
-/// descriptors stay bounded); the rest get the channel's retryable failure
-/// at once, counted as shed, and an unguarded request gets 503.
+/// notification leaves a call running in the background. At most half of
+/// `--max-upstream-calls` of them reach the upstream (a route's default
+/// share, so the gateway's descriptors stay bounded and other routes keep
+/// the rest); the others get the channel's retryable failure at once,
+/// counted as shed, and an unguarded request still reaches the upstream
+/// (504: it does not answer).
 #[cfg(feature = "metrics")]
 #[test]
 fn a_hung_upstream_holds_at_most_the_cap_of_calls() {
@@ -219,17 +223,17 @@ fn a_hung_upstream_holds_at_most_the_cap_of_calls() {
         assert_eq!(status(a), 500, "{a:?}");
     }
     assert!(
-        held.lock().unwrap().len() <= 8,
+        held.lock().unwrap().len() <= 4,
         "{} upstream connections",
         held.lock().unwrap().len()
     );
     let after = open_fds(gw.child.id());
     assert!(
-        after <= before + 8 + 4,
+        after <= before + 4 + 4,
         "descriptors grew from {before} to {after}"
     );
     let unguarded = get(gw.addr, "/health");
-    assert_eq!(unguarded.0, 503, "{unguarded:?}");
+    assert_eq!(unguarded.0, 504, "{unguarded:?}");
     let (_, text) = get(metrics, "/metrics");
     let value = |name: &str, label: &str| {
         text.lines()
@@ -239,10 +243,10 @@ fn a_hung_upstream_holds_at_most_the_cap_of_calls() {
     };
     assert_eq!(
         value("idempotency_requests_total{", "outcome=\"shed\""),
-        Some(32.0),
+        Some(36.0),
         "{text}"
     );
-    assert_eq!(value("idempotency_upstream_calls", ""), Some(8.0), "{text}");
+    assert_eq!(value("idempotency_upstream_calls", ""), Some(4.0), "{text}");
 }
 
 /// `Duration::MAX` for the lease, the wait and the run limit (and a lease of
@@ -439,4 +443,114 @@ async fn body_limits_in_front_of_the_stack() {
     assert_eq!(res.status(), 200);
     assert_eq!(budget.used(), 0);
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A slow client API cannot starve the callbacks: a route with no
+/// `max_in_flight` of its own holds at most half of `--max-upstream-calls`,
+/// so while client-API calls hang at the upstream, a burst of notifications
+/// on a channel route still gets through, every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_client_api_leaves_the_callbacks_their_share() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--route",
+            "/api=idempotency-key",
+            "--route",
+            "/notify=stripe",
+            "--max-upstream-calls",
+            "8",
+            "--queue-wait",
+            "1s",
+            "--upstream-timeout",
+            "60s",
+            "--workers",
+            "2",
+        ],
+    );
+    let addr = gw.addr;
+    let answered = Arc::new(AtomicUsize::new(0));
+    for i in 0..8 {
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            let body = "{}";
+            let head = format!(
+                "POST /api/slow HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: slow-{i}\r\n\
+                 X-Delay-Ms: 60000\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = send(addr, &head, body, Duration::from_secs(90));
+            answered.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    // Each client call hangs at the upstream or was shed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while up.calls("/api/slow") + answered.load(Ordering::SeqCst) < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "{} client calls at the upstream, {} answered",
+            up.calls("/api/slow"),
+            answered.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let burst: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let (head, body) = stripe(&format!("evt_burst_{i}"), None);
+                send(addr, &head, &body, Duration::from_secs(20))
+            })
+        })
+        .collect();
+    for (i, t) in burst.into_iter().enumerate() {
+        let a = t.join().unwrap();
+        assert_eq!(status(&a), 200, "notification {i}: {a}");
+    }
+    assert_eq!(up.calls("/notify"), 6, "{:?}", up.seen().len());
+    assert!(up.calls("/api/slow") <= 4, "{}", up.calls("/api/slow"));
+}
+
+/// The metrics and admin listener has the main listener's header timeout
+/// and a cap on its connections: a client that sends half its headers is
+/// closed once `--header-timeout` passes, and 200 such clients hold at most
+/// the cap of descriptors; health checks are answered again once they are
+/// gone.
+#[test]
+fn the_metrics_listener_times_out_headers_and_caps_its_connections() {
+    let metrics = common::free_addr();
+    let gw = Gateway::start(
+        "http://127.0.0.1:9",
+        &[
+            "--metrics-listen",
+            &metrics.to_string(),
+            "--header-timeout",
+            "2s",
+        ],
+    );
+    assert_eq!(get(metrics, "/healthz").0, 200);
+    let half = "GET /metrics HTTP/1.1\r\nHost: gw\r\n";
+    let started = Instant::now();
+    let s = stall(metrics, half, b"");
+    let answer = answer_of(s, Duration::from_secs(20));
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "a connection with half its headers stayed open {took:?}: {answer:?}"
+    );
+    let before = open_fds(gw.child.id());
+    let stalled: Vec<TcpStream> = (0..200).map(|_| stall(metrics, half, b"")).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = open_fds(gw.child.id());
+    assert!(
+        during <= before + 64 + 4,
+        "descriptors grew from {before} to {during} with 200 stalled clients"
+    );
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(metrics, "/healthz").0 != 200 {
+        assert!(Instant::now() < deadline, "/healthz never answered again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

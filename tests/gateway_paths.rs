@@ -255,3 +255,68 @@ async fn channel_routes_take_post_only_and_are_never_scoped_to_a_principal() {
     assert_eq!(up.total(), 1, "one notification, one upstream call");
     let _ = std::fs::remove_file(cfg);
 }
+
+/// Every spelling that a framework behind the gateway would route to a
+/// verified prefix is verified or refused, never forwarded unverified: an
+/// escaped reserved character of the prefix (`%3A` is `:`), escapes cut by
+/// a multi-byte character, a control escape ending a segment, a suffix
+/// (Spring's `stripe.json`), a letter that folds to ASCII (`ſ` is `s` in
+/// Java's and .NET's case-insensitive compare); and on a verified route, no
+/// non-ASCII path. No catch-all: an unrouted path is forwarded as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_a_verified_prefix_is_verified_or_refused() {
+    let up = Upstream::start().await;
+    let cfg = config(&format!(
+        "[[route]]\nprefix = \"/hooks/pay:stripe\"\npreset = \"stripe\"\n\
+         verify = {{ secrets = [\"{STRIPE_SECRET}\"], tolerance = \"300s\" }}\n\
+         [[route]]\nprefix = \"/notify/stripe\"\npreset = \"stripe\"\n\
+         verify = {{ secrets = [\"{STRIPE_SECRET}\"], tolerance = \"300s\" }}\n"
+    ));
+    let gw = Gateway::start(&up.url(), &["--config", cfg.to_str().unwrap()]);
+    let body = fixture(STRIPE_BODY);
+    let forged = stripe_signature("whsec_forger", now(), &body);
+    for (target, status) in [
+        ("/hooks/pay:stripe", 401),
+        ("/hooks/pay%3Astripe", 401),
+        ("/hooks/pay%3astripe", 401),
+        ("/HOOKS/pay%3Astripe/x", 401),
+        ("/a%C\u{e9}%2F..%2Fnotify/stripe", 400),
+        ("/a%C\u{e9}%2F..%2Fhooks/pay%3Astripe", 400),
+        ("/notify/stripe%00", 400),
+        ("/notify/stripe%09", 400),
+        ("/notify/stripe%00.json", 400),
+        ("/notify/stripe.json", 400),
+        ("/notify/stripe.", 400),
+        ("/notify/\u{17f}tripe", 400),
+        ("/notify/STRIPE%2Ejson", 400),
+        ("/notify/stripe%20", 400),
+        ("/notify/stripe/\u{e9}", 400),
+        ("/notify/stripe/%C3%A9", 400),
+        ("/notify/%2573tripe", 400),
+    ] {
+        let a = stripe_post(gw.addr, target, &forged, &body);
+        assert_eq!(a.status, status, "forged POST {target}: {a:?}");
+        assert!(!a.replayed(), "forged POST {target}: replayed");
+    }
+    assert_eq!(
+        up.total(),
+        0,
+        "a forged copy reached the upstream: {:?}",
+        up.seen()
+    );
+    // The genuine copy under the escaped spelling is the route's: it runs
+    // once, and the plain spelling replays it.
+    let genuine = stripe_signature(STRIPE_SECRET, now(), &body);
+    let a = stripe_post(gw.addr, "/hooks/pay%3Astripe", &genuine, &body);
+    assert_eq!(a.status, 200, "the genuine copy: {a:?}");
+    let a = stripe_post(gw.addr, "/hooks/pay:stripe", &genuine, &body);
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(a.replayed(), "{a:?}");
+    assert_eq!(up.total(), 1, "{:?}", up.seen());
+    // Elsewhere (unrouted) such paths are forwarded.
+    for target in ["/files/report.json", "/files/caf%C3%A9", "/files/\u{17f}"] {
+        let a = raw(gw.addr, "POST", target.as_bytes(), &[], b"");
+        assert_eq!(a.status, 200, "POST {target}: {a:?}");
+    }
+    let _ = std::fs::remove_file(cfg);
+}

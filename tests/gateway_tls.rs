@@ -224,3 +224,181 @@ fn tls_flags_are_checked_at_start() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("certificate"), "{stderr}");
 }
+
+/// A notification acknowledged over HTTPS and delivered later from the
+/// queue tells the upstream `x-forwarded-proto: https`, as one forwarded at
+/// once does: the sender's connection is known when it is queued.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queued_delivery_keeps_the_senders_proto() {
+    let up = common::upstream::Upstream::start().await;
+    let (cert, key) = certificate();
+    let (cert_path, key_path) = write_pair(&cert, &key);
+    let dir = temp_path("tls-ack-data");
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &up.url(),
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+            "--route",
+            "/notify/stripe=stripe",
+            "--ack-then-deliver",
+            "/notify/stripe",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let client = client(gw.addr.port(), &cert);
+    let req = Request::post("/notify/stripe")
+        .header("content-type", "application/json")
+        .header("stripe-signature", "t=1,v1=00")
+        .body(Full::new(Bytes::from_static(
+            br#"{"id":"evt_tls_ack","object":"event","type":"charge.succeeded"}"#,
+        )))
+        .unwrap();
+    let (status, body) = send(&client, req).await;
+    assert_eq!(status, 200, "{body}");
+    up.wait_for_call("/notify/stripe").await;
+    let seen = up.last("/notify/stripe");
+    assert_eq!(
+        seen.headers
+            .get("x-forwarded-proto")
+            .map(|v| v.to_str().unwrap()),
+        Some("https"),
+        "{:?}",
+        seen.headers
+    );
+    let forwarded_for: Vec<_> = seen.headers.get_all("x-forwarded-for").iter().collect();
+    assert_eq!(forwarded_for, ["127.0.0.1"], "{:?}", seen.headers);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+    for p in [&cert_path, &key_path] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// The admin API's bearer token never crosses the network in clear: off
+/// loopback the admin API needs `--admin-tls-cert` and `--admin-tls-key`
+/// (from flags, the config file or the environment; exit 2 without), while
+/// metrics alone stay plain anywhere. With them the listener speaks HTTPS
+/// (with the main listener's checks), and the admin commands, given the
+/// same flags, speak it too.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_admin_api_off_loopback_needs_tls() {
+    let bin = gateway_support::gateway_bin();
+    let token = temp_path("admin-tls-token");
+    std::fs::write(&token, "s3cret-admin-token-0123456789\n").unwrap();
+    let token = token.to_str().unwrap().to_owned();
+    let (cert, key) = certificate();
+    let (cert_path, key_path) = write_pair(&cert, &key);
+    let (cert_arg, key_arg) = (
+        cert_path.to_str().unwrap().to_owned(),
+        key_path.to_str().unwrap().to_owned(),
+    );
+    let gateway = |metrics: &str| {
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--metrics-listen",
+            metrics,
+        ]);
+        cmd
+    };
+    for addr in ["0.0.0.0:0", "[::]:0", "192.0.2.1:9100"] {
+        let mut cmd = gateway(addr);
+        cmd.args(["--admin-token-file", &token]);
+        gateway_support::exits_2(cmd, "--admin-tls-cert");
+    }
+    // Half a pair, from the environment.
+    let mut cmd = gateway("0.0.0.0:0");
+    cmd.args(["--admin-token-file", &token])
+        .env("IDEMPOTENCY_GATEWAY_ADMIN_TLS_CERT", &cert_arg);
+    gateway_support::exits_2(cmd, "--admin-tls-key");
+    // A pair that does not load.
+    let mut cmd = gateway("0.0.0.0:0");
+    cmd.args(["--admin-token-file", &token])
+        .args(["--admin-tls-cert", &cert_arg, "--admin-tls-key", &cert_arg])
+        .arg("--check-config");
+    gateway_support::exits_2(cmd, "private key");
+    // Metrics alone stay plain on any address.
+    let port = common::free_addr().port();
+    let plain = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--metrics-listen",
+            &format!("0.0.0.0:{port}"),
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let local: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(gateway_support::get(local, "/healthz").0, 200);
+    drop(plain);
+
+    // The pair from the config file: HTTPS on every address.
+    let port = common::free_addr().port();
+    let config = temp_path("admin-tls.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "metrics_listen = \"0.0.0.0:{port}\"\nadmin_token_file = \"{token}\"\n\
+             admin_tls_cert = \"{cert_arg}\"\nadmin_tls_key = \"{key_arg}\"\n"
+        ),
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap().to_owned();
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--config",
+            &config_arg,
+        ],
+        &[],
+        Stdio::null(),
+    );
+    let admin = client(port, &cert);
+    let health = Request::get("/healthz")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(&admin, health).await, (200, "ok\n".to_owned()));
+    let journal = Request::get("/admin/keys/evt_none")
+        .header("authorization", "Bearer s3cret-admin-token-0123456789")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(&admin, journal).await.0, 200);
+    // Plain HTTP gets no answer.
+    let local: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(gateway_support::get(local, "/healthz").0, 0);
+    // The admin commands read the same config and speak HTTPS.
+    let out = std::process::Command::new(&bin)
+        .args(["--config", &config_arg, "inspect", "evt_none"])
+        .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(gw);
+    for p in [&cert_path, &key_path, &config] {
+        let _ = std::fs::remove_file(p);
+    }
+    let _ = std::fs::remove_file(&token);
+}

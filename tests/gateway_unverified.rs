@@ -56,3 +56,59 @@ fn the_gateway_warns_once_per_unverified_channel_route() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// On an acknowledge-then-deliver route that does not verify its sender,
+/// forged copies of a key with other payloads can fill the entries queued
+/// beside it: the next copy (perhaps the genuine one) gets the channel's
+/// retryable failure, which the channel retries, not a 422 it would not,
+/// and is counted as `too_many_copies`.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_copy_past_the_forged_ones_gets_the_retryable_failure() {
+    let dir = temp_path("unverified-ack");
+    let metrics = common::free_addr();
+    let gw = Gateway::start(
+        "http://127.0.0.1:9",
+        &[
+            "--route",
+            "/notify/stripe=stripe",
+            "--ack-then-deliver",
+            "/notify/stripe",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    );
+    let post = |kind: &str| {
+        let body = format!(r#"{{"id":"evt_copies","object":"event","type":"{kind}"}}"#);
+        gateway_support::raw_http(
+            gw.addr,
+            format!(
+                "POST /notify/stripe HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\
+                 Content-Type: application/json\r\nStripe-Signature: t=1,v1=00\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    for kind in ["forged.a", "forged.b", "forged.c", "forged.d"] {
+        let a = post(kind);
+        assert!(a.starts_with("HTTP/1.1 200"), "{kind}: {a}");
+    }
+    let a = post("charge.succeeded");
+    assert!(
+        a.starts_with("HTTP/1.1 500"),
+        "the copy past the limit gets Stripe's retryable failure: {a}"
+    );
+    let (_, text) = gateway_support::get(metrics, "/metrics");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("idempotency_requests_total{")
+                && l.contains("outcome=\"too_many_copies\"")
+                && l.ends_with(" 1")),
+        "{text}"
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

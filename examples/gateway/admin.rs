@@ -2,23 +2,44 @@
 //!
 //! The Prometheus exporter's own HTTP listener answers `/metrics` only, so
 //! this listener serves the three paths itself, `/metrics` with the
-//! exporter's `PrometheusHandle::render`.
+//! exporter's `PrometheusHandle::render`. It has the main listener's
+//! header timeout (also its TLS handshake's and idle connections' bound)
+//! and a cap of its own on connections, so that slow or idle clients
+//! cannot hold descriptors; with `--admin-tls-cert` it speaks HTTPS.
 
 pub use crate::admin_api::{read_token, Admin};
+use crate::serve::{serve_stream, Watch};
 use crate::store::GatewayStore;
+use crate::tls::Tls;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tracing::info;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
 use tracing_appender::non_blocking::ErrorCounter;
+
+/// The most connections the listener serves at once; more wait to be
+/// accepted. Scrapers, probes and the admin commands need a few.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How the listener serves its connections.
+pub struct Listening {
+    /// The main listener's `--header-timeout`.
+    pub header_timeout: Duration,
+    /// `--admin-tls-cert` and `--admin-tls-key`, loaded.
+    pub tls: Option<Tls>,
+}
 
 /// Installs the recorder and serves the three paths; `store` answers
 /// `/readyz`.
@@ -28,6 +49,7 @@ pub async fn start(
     dropped: ErrorCounter,
     series: &Series<'_>,
     admin: Option<Admin>,
+    listening: Listening,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listener = TcpListener::bind(addr)
         .await
@@ -37,8 +59,28 @@ pub async fn start(
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;
-    info!("metrics on http://{local}/metrics, health on /healthz and /readyz");
+    let scheme = if listening.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    info!("metrics on {scheme}://{local}/metrics, health on /healthz and /readyz");
     let upkeep = handle.clone();
+    let Listening {
+        header_timeout,
+        tls,
+    } = listening;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(16);
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     Ok(tokio::spawn(async move {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -47,15 +89,20 @@ pub async fn start(
                 upkeep.run_upkeep();
             }
         });
-        let builder = auto::Builder::new(TokioExecutor::new());
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
+            let permit = permits.clone().acquire_owned().await.expect("never closed");
+            let Ok((stream, peer)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
             let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
             let admin = admin.clone();
+            // Bumped by each request: a connection idle for the header
+            // timeout is closed.
+            let requests = Arc::new(AtomicUsize::new(0));
+            let counted = requests.clone();
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                counted.fetch_add(1, Ordering::Relaxed);
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
                 let admin = admin.clone();
                 async move {
@@ -68,11 +115,13 @@ pub async fn start(
                     Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await)
                 }
             });
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), svc)
-                .into_owned();
+            let watch = Watch::new(CancellationToken::new(), requests, header_timeout);
+            let (builder, tls) = (builder.clone(), tls.clone());
             tokio::spawn(async move {
-                let _ = conn.await;
+                let _permit = permit;
+                if let Err(e) = serve_stream(stream, tls.as_ref(), &builder, svc, watch).await {
+                    debug!(%peer, error = %e, "metrics connection ended with an error");
+                }
             });
         }
     }))
@@ -217,6 +266,7 @@ const ALERTED: &[&str] = &[
     "unverified",
     "store_error",
     "shed",
+    "too_many_copies",
 ];
 
 /// Every counter the alert rules read, at zero from the start: Prometheus'

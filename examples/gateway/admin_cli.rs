@@ -18,8 +18,9 @@ use std::path::PathBuf;
 /// Where the running gateway's admin API is, and how to print.
 #[derive(Args, Debug, Clone)]
 pub struct Target {
-    /// http://HOST:PORT of the running gateway's admin API (default: the
-    /// --metrics-listen of the flags or --config, else http://127.0.0.1:9100)
+    /// http://HOST:PORT (or https://) of the running gateway's admin API (default: the
+    /// --metrics-listen of the flags or --config, over HTTPS with its --admin-tls-cert,
+    /// else http://127.0.0.1:9100)
     #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_ADMIN")]
     admin: Option<String>,
     /// text (default) or json (the admin API's answer)
@@ -112,7 +113,7 @@ pub async fn call(
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .body(Full::new(Bytes::new()))
         .map_err(|e| format!("bad admin URL {}: {e}", target.base))?;
-    let client = Client::builder(TokioExecutor::new()).build_http();
+    let client = Client::builder(TokioExecutor::new()).build(connector(target)?);
     let res = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
         .await
         .map_err(|_| format!("{uri}: no answer within 10s"))?
@@ -131,6 +132,42 @@ pub async fn call(
         )
     })?;
     Ok((status, json))
+}
+
+/// HTTP, or HTTPS trusting the gateway's `--admin-tls-cert` (the Mozilla
+/// roots without one).
+fn connector(
+    target: &Resolved,
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
+{
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    match &target.trust {
+        Some(path) => {
+            for cert in CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?
+            {
+                let cert = cert
+                    .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("the certificate {}: {e}", path.display()))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build())
 }
 
 fn ms(v: &Value) -> String {
@@ -232,22 +269,42 @@ fn failed(status: u16, json: &Value) -> String {
     format!("the admin API answered {status}: {message}")
 }
 
+/// Where the running gateway's admin API listens, from its own flags or
+/// config file.
+#[derive(Debug, Clone, Default)]
+pub struct AdminAt {
+    /// Its `metrics_listen`.
+    pub listen: Option<SocketAddr>,
+    /// Its `admin_tls_cert`: the admin API speaks HTTPS with it.
+    pub cert: Option<PathBuf>,
+}
+
 /// A [`Target`] with its admin URL resolved.
 pub struct Resolved {
     base: String,
     format: Format,
+    /// The certificate an `https://` admin API is trusted by.
+    trust: Option<PathBuf>,
 }
 
 impl Target {
-    pub fn resolve(&self, metrics_listen: Option<SocketAddr>) -> Resolved {
-        let base = match (&self.admin, metrics_listen) {
-            (Some(url), _) => url.clone(),
-            (None, Some(addr)) => format!("http://{addr}"),
-            (None, None) => "http://127.0.0.1:9100".to_owned(),
+    pub fn resolve(&self, at: &AdminAt) -> Resolved {
+        let base = match (&self.admin, at.listen, &at.cert) {
+            (Some(url), _, _) => url.clone(),
+            // A certificate names a host, not a loopback or wildcard address.
+            (None, Some(addr), Some(_))
+                if addr.ip().is_loopback() || addr.ip().is_unspecified() =>
+            {
+                format!("https://localhost:{}", addr.port())
+            }
+            (None, Some(addr), Some(_)) => format!("https://{addr}"),
+            (None, Some(addr), None) => format!("http://{addr}"),
+            (None, None, _) => "http://127.0.0.1:9100".to_owned(),
         };
         Resolved {
             base,
             format: self.format,
+            trust: at.cert.clone(),
         }
     }
 }
@@ -263,7 +320,7 @@ pub enum Call<'a> {
 pub fn run(
     what: Call<'_>,
     token_file: Option<&PathBuf>,
-    metrics_listen: Option<SocketAddr>,
+    metrics_listen: &AdminAt,
 ) -> Result<(), String> {
     let Some(token_file) = token_file else {
         return Err(

@@ -81,9 +81,23 @@ pub struct Args {
     /// Scope client-API keys to a hash of this cookie (a session id), else of Authorization
     #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::parse::cookie_name)]
     pub principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
-    /// Serve /metrics, /healthz and /readyz at http://ADDR
+    /// Serve /metrics, /healthz and /readyz (and the admin API) at http://ADDR, with
+    /// --header-timeout and at most 64 connections; the admin API off loopback needs
+    /// --admin-tls-cert
     #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]
     pub metrics_listen: Option<SocketAddr>,
+    /// PEM certificate chain: serve --metrics-listen over HTTPS (reloaded on SIGHUP); the
+    /// admin commands trust it to reach the admin API
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_ADMIN_TLS_CERT"
+    )]
+    pub admin_tls_cert: Option<PathBuf>,
+    /// PEM private key of --admin-tls-cert
+    #[arg(long, value_name = "FILE", env = "IDEMPOTENCY_GATEWAY_ADMIN_TLS_KEY")]
+    pub admin_tls_key: Option<PathBuf>,
     /// Deadline for the upstream's answer (default 30s). On guarded routes it is the reply
     /// deadline: the caller gets the channel's failure reply, the upstream call goes on
     /// (up to --max-run) and its success is replayed to the next retry

@@ -22,9 +22,11 @@
 //! values win over the global ones; flags win over the file's global
 //! values, and `--route` flags replace the file's routes.
 
+mod admin;
 pub mod journal;
 
 use crate::ack::{self, QueueSettings};
+use crate::admin_cli::AdminAt;
 use crate::cli::Args;
 use crate::parse::{self, StoreSpec};
 use crate::routes::{FileRoute, Global};
@@ -75,6 +77,8 @@ struct File {
     journal_body: Option<bool>,
     journal_body_max: Option<Spanned<SizeValue>>,
     admin_token_file: Option<PathBuf>,
+    admin_tls_cert: Option<PathBuf>,
+    admin_tls_key: Option<PathBuf>,
     queue: Field,
     data_dir: Option<PathBuf>,
     max_attempts: Option<Spanned<u64>>,
@@ -95,6 +99,8 @@ pub struct Settings {
     /// Prefix, target and the route's options (global values applied).
     pub routes: Vec<(String, Target, RouteOptions)>,
     pub metrics_listen: Option<SocketAddr>,
+    /// The metrics listener's certificate and key: it speaks HTTPS.
+    pub admin_tls: Option<(PathBuf, PathBuf)>,
     pub upstream_timeout: Duration,
     pub max_memory: usize,
     /// The memory store's budget of each route's records (`max_memory`
@@ -166,6 +172,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         Some(path) => Some(crate::admin::read_token(path)?),
         None => None,
     };
+    let admin_at = admin::settings(&args, &file, &at)?;
+    admin::check(&admin_at, admin_token.is_some())?;
     let listen = args
         .listen
         .or(at.value(&file.listen, "listen", parse::addr)?);
@@ -260,11 +268,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         store,
         backstop,
         routes,
-        metrics_listen: args.metrics_listen.or(at.value(
-            &file.metrics_listen,
-            "metrics_listen",
-            parse::addr,
-        )?),
+        metrics_listen: admin_at.listen,
+        admin_tls: admin_at.tls,
         upstream_timeout: args
             .upstream_timeout
             .or(at.value(
@@ -350,17 +355,18 @@ pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
 }
 
 /// What the admin commands (`inspect`, `forget`, `journal`) need of the
-/// flags and the config file: the running gateway's `metrics_listen` and
-/// `admin_token_file`.
-pub fn admin_only(args: &Args) -> Result<(Option<SocketAddr>, Option<PathBuf>), String> {
+/// flags and the config file: the running gateway's `metrics_listen` (and
+/// its certificate, to speak HTTPS to it) and `admin_token_file`.
+pub fn admin_only(args: &Args) -> Result<(AdminAt, Option<PathBuf>), String> {
     let (file, text, path) = load(args)?;
     let at = At {
         path: &path,
         text: &text,
     };
-    let listen =
-        args.metrics_listen
-            .or(at.value(&file.metrics_listen, "metrics_listen", parse::addr)?);
+    let listen = AdminAt {
+        listen: admin::listen(args, &file, &at)?,
+        cert: admin::cert(args, &file),
+    };
     let token = args
         .admin_token_file
         .clone()

@@ -85,7 +85,7 @@ fn main() -> ExitCode {
     if let Some(cmd) = &args.command {
         if let dlq::Command::Reconcile(a) = cmd {
             return match config::admin_only(&args) {
-                Ok((listen, token)) => reconcile::run(a, token.as_ref(), listen),
+                Ok((listen, token)) => reconcile::run(a, token.as_ref(), &listen),
                 Err(msg) => usage_error(&msg),
             };
         }
@@ -100,7 +100,7 @@ fn main() -> ExitCode {
                 Ok(found) => found,
                 Err(msg) => return usage_error(&msg),
             };
-            return match admin_cli::run(call, token.as_ref(), listen) {
+            return match admin_cli::run(call, token.as_ref(), &listen) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(msg) => {
                     eprintln!("gateway: {msg}");
@@ -167,7 +167,7 @@ fn usage_error(msg: &str) -> ExitCode {
 
 /// What `--check-config` checks beyond parsing: the files it names.
 fn check_files(settings: &Settings) -> Result<(), String> {
-    if let Some((cert, key)) = &settings.tls {
+    for (cert, key) in settings.tls.iter().chain(&settings.admin_tls) {
         tls::Tls::load(cert, key)?;
     }
     forward(settings, None).map(drop)
@@ -293,7 +293,12 @@ async fn run(
         Some((cert, key)) => Some(tls::Tls::load(cert, key)?),
         None => None,
     };
-    tls::reload_on_sighup(tls.clone()).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+    let admin_tls = match &settings.admin_tls {
+        Some((cert, key)) => Some(tls::Tls::load(cert, key)?),
+        None => None,
+    };
+    let reloaded = tls.iter().chain(&admin_tls).cloned().collect();
+    tls::reload_on_sighup(reloaded).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     let budgets = store::Budgets {
         max_memory: settings.max_memory as u64,
         local_max_memory: settings.local_max_memory as u64,
@@ -311,7 +316,18 @@ async fn run(
                 presets: &presets,
                 acked: &acked,
             };
-            let started = admin::start(addr, store.clone(), dropped, &series, admin.clone());
+            let listening = admin::Listening {
+                header_timeout: settings.header_timeout,
+                tls: admin_tls,
+            };
+            let started = admin::start(
+                addr,
+                store.clone(),
+                dropped,
+                &series,
+                admin.clone(),
+                listening,
+            );
             Some(started.await?)
         }
         None if admin.is_some() => {

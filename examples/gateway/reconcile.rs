@@ -10,7 +10,6 @@ use http::Method;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tower_idempotency::journal::{
@@ -60,7 +59,7 @@ impl Channel {
 pub fn run(
     a: &Reconcile,
     token_file: Option<&PathBuf>,
-    metrics_listen: Option<SocketAddr>,
+    metrics_listen: &crate::admin_cli::AdminAt,
 ) -> ExitCode {
     let unreadable = |msg: String| {
         eprintln!("gateway: {msg}");
@@ -104,7 +103,7 @@ fn read_bill(a: &Reconcile) -> Result<Bill, String> {
 fn journal(
     a: &Reconcile,
     token_file: Option<&PathBuf>,
-    metrics_listen: Option<SocketAddr>,
+    metrics_listen: &crate::admin_cli::AdminAt,
 ) -> Result<Vec<JournalRecord>, String> {
     let Some(token_file) = token_file else {
         return Err("reconcile needs --admin-token-file (the running gateway's token)".into());

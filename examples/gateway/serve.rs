@@ -122,26 +122,10 @@ pub async fn accept_until(
         );
         let (builder, tls) = (builder.clone(), limits.tls.clone());
         let header_timeout = limits.header_timeout;
-        let watch = Watch {
-            close: open.close.clone(),
-            requests,
-            idle: header_timeout,
-        };
+        let watch = Watch::new(open.close.clone(), requests, header_timeout);
         open.tasks.spawn(async move {
             let _permit = permit;
-            let result = match tls {
-                None => serve_io(stream, &builder, svc, watch).await,
-                Some(tls) => {
-                    let accepted =
-                        tokio::time::timeout(header_timeout, tls.acceptor().accept(stream)).await;
-                    match accepted {
-                        Ok(Ok(stream)) => serve_io(stream, &builder, svc, watch).await,
-                        Ok(Err(e)) => Err(e.into()),
-                        Err(_) => Err("TLS handshake timed out".into()),
-                    }
-                }
-            };
-            if let Err(e) = result {
+            if let Err(e) = serve_stream(stream, tls.as_ref(), &builder, svc, watch).await {
                 debug!(%peer, error = %e, "connection ended with an error");
             }
         });
@@ -150,13 +134,53 @@ pub async fn accept_until(
 }
 
 /// When a connection should finish: the drain, or no request for `idle`.
-struct Watch {
+pub struct Watch {
     close: CancellationToken,
     requests: Arc<AtomicUsize>,
     idle: Duration,
 }
 
+impl Watch {
+    /// Closes the connection when `close` is cancelled, or once `idle`
+    /// passes with no request counted in `requests` (the service counts).
+    pub fn new(close: CancellationToken, requests: Arc<AtomicUsize>, idle: Duration) -> Self {
+        Self {
+            close,
+            requests,
+            idle,
+        }
+    }
+}
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Serves one accepted connection, over TLS when `tls` is set (the
+/// handshake bounded by the watch's idle time, the header timeout).
+pub async fn serve_stream<S, B>(
+    stream: tokio::net::TcpStream,
+    tls: Option<&Tls>,
+    builder: &auto::Builder<TokioExecutor>,
+    svc: S,
+    watch: Watch,
+) -> Result<(), BoxError>
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let Some(tls) = tls else {
+        return serve_io(stream, builder, svc, watch).await;
+    };
+    match tokio::time::timeout(watch.idle, tls.acceptor().accept(stream)).await {
+        Ok(Ok(stream)) => serve_io(stream, builder, svc, watch).await,
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err("TLS handshake timed out".into()),
+    }
+}
 
 async fn serve_io<I, S, B>(
     io: I,

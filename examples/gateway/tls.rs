@@ -37,24 +37,26 @@ impl Tls {
     }
 }
 
-/// On every SIGHUP, for as long as the process runs: reloads `tls`'s files,
-/// or logs that there is nothing to reload. SIGHUP never stops the gateway.
-pub fn reload_on_sighup(tls: Option<Tls>) -> std::io::Result<()> {
+/// On every SIGHUP, for as long as the process runs: reloads the files of
+/// each of `tls` (the main listener's, the metrics listener's), or logs that
+/// there is nothing to reload. SIGHUP never stops the gateway.
+pub fn reload_on_sighup(tls: Vec<Tls>) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = signal(SignalKind::hangup())?;
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            let Some(tls) = &tls else {
+            if tls.is_empty() {
                 info!("SIGHUP: nothing to reload (no TLS certificate)");
-                continue;
-            };
-            let (cert, key) = &*tls.files;
-            match server_config(cert, key) {
-                Ok(config) => {
-                    *tls.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
-                    info!(cert = %cert.display(), "TLS certificate reloaded");
+            }
+            for tls in &tls {
+                let (cert, key) = &*tls.files;
+                match server_config(cert, key) {
+                    Ok(config) => {
+                        *tls.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+                        info!(cert = %cert.display(), "TLS certificate reloaded");
+                    }
+                    Err(error) => warn!(%error, "TLS reload failed; keeping the old certificate"),
                 }
-                Err(error) => warn!(%error, "TLS reload failed; keeping the old certificate"),
             }
         }
     });

@@ -5,6 +5,7 @@
 
 use super::detect::detect;
 use super::gateway::{run_stack, Stack};
+use super::headers::ClientConn;
 use super::ingest::original_key;
 use super::{Gateway, UpstreamAnswer};
 use crate::channel::PRESET_NAMES;
@@ -12,10 +13,12 @@ use crate::consumer::failure::{mark, KEPT, PERMANENT};
 use crate::outcome::Outcome;
 use crate::queue::Message;
 use crate::store::Store;
+use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, Full};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -118,6 +121,39 @@ impl fmt::Display for DeliveryError {
 }
 
 impl std::error::Error for DeliveryError {}
+
+/// Who sent a queued notification, as its ingest wrote it in the
+/// `x-forwarded-*` headers: the delivery forwards it as it would have been
+/// forwarded at once (`x-forwarded-proto: https` for a sender over TLS), so
+/// the last `x-forwarded-for` hop, the sender's address, is taken off here
+/// to be added back. `None` (headers kept as they are) when the ingest knew
+/// no sender.
+fn sender(headers: &mut HeaderMap) -> Option<ClientConn> {
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    let (last, before) = hops.split_last()?;
+    let ip: IpAddr = last.parse().ok()?;
+    let before = match before {
+        [] => None,
+        hops => Some(HeaderValue::from_str(&hops.join(", ")).ok()?),
+    };
+    let tls = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+    match before {
+        Some(value) => headers.insert("x-forwarded-for", value),
+        None => headers.remove("x-forwarded-for"),
+    };
+    Some(ClientConn {
+        addr: SocketAddr::new(ip, 0),
+        tls,
+    })
+}
 
 /// Delivers queued notifications to the upstream, each through the dedup
 /// layer of the [`Gateway`] route its path matches now (so an entry the
@@ -254,7 +290,11 @@ impl<S: Store> Gateway<S> {
         };
         // A panic below is caught as on a request (500, counted as
         // panicked): the delivery fails and is retried.
-        let run = run_stack(stack.clone(), message.to_request().map(Full::new));
+        let mut req = message.to_request();
+        if let Some(conn) = sender(req.headers_mut()) {
+            req.extensions_mut().insert(conn);
+        }
+        let run = run_stack(stack.clone(), req.map(Full::new));
         let res = super::panic::catching("queue", run).await;
         let status = res.status();
         let refused = res.extensions().get::<Outcome>().copied();
@@ -288,5 +328,37 @@ impl<S: Store> Gateway<S> {
                 ..DeliveryError::new(format!("upstream answered {status}"))
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sender;
+    use http::HeaderMap;
+
+    #[test]
+    fn the_sender_of_a_queued_notification_from_its_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "203.0.113.7, 10.0.0.1".parse().unwrap());
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        let conn = sender(&mut h).unwrap();
+        assert!(conn.tls);
+        assert_eq!(conn.addr.ip().to_string(), "10.0.0.1");
+        assert_eq!(h["x-forwarded-for"], "203.0.113.7");
+
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "::1".parse().unwrap());
+        h.insert("x-forwarded-proto", "http".parse().unwrap());
+        let conn = sender(&mut h).unwrap();
+        assert!(!conn.tls);
+        assert!(h.get("x-forwarded-for").is_none());
+
+        // No sender known at ingest: nothing is made up.
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        assert!(sender(&mut h).is_none());
+        h.insert("x-forwarded-for", "not-an-ip".parse().unwrap());
+        assert!(sender(&mut h).is_none());
+        assert_eq!(h["x-forwarded-for"], "not-an-ip");
     }
 }

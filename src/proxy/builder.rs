@@ -11,13 +11,17 @@ use super::{Forward, RouteOptions};
 use crate::channel::PRESET_NAMES;
 use crate::limit::BodyLimits;
 use crate::queue::Queue;
-use crate::shed::{Gauge, Slots};
+use crate::shed::Gauge;
 use crate::store::Store;
 use crate::token::IssueToken;
 use crate::{Preset, TaskTracker};
 use std::fmt;
 use std::sync::Arc;
 use tower_layer::Layer;
+
+/// The name of the unguarded requests' share of the upstream's calls (no
+/// prefix: a prefix starts with `/`).
+const UNGUARDED: &str = "unguarded";
 
 /// Builds a [`Gateway`]; from [`Gateway::builder`].
 #[derive(Debug)]
@@ -181,10 +185,12 @@ impl<S: Store> GatewayBuilder<S> {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
+            // No cap of its own: a share of the upstream's, so that a slow
+            // route cannot hold every slot.
             let slots = options
                 .in_flight_slots()
                 .cloned()
-                .unwrap_or_else(Slots::unlimited);
+                .unwrap_or_else(|| forward.call_limit().share(prefix));
             // `idempotency_upstream_limit{route}` from the start.
             slots.name(prefix);
             let guarded = forward
@@ -263,11 +269,19 @@ impl<S: Store> GatewayBuilder<S> {
                 stacks,
                 reply: route_reply,
                 channel,
+                verified: options.verifies() && auto_limit.is_none(),
                 auto_limit,
                 issuer,
                 ack,
                 deliver,
             }
+        });
+        // Unguarded requests, all routes together, hold a share too.
+        let calls = forward.call_limit();
+        let forward = forward.with_route_limit(RouteLimit {
+            slots: calls.share(UNGUARDED),
+            queue_wait: calls.get_queue_wait(),
+            gauge: Gauge::default(),
         });
         Ok(Gateway {
             routes: Arc::new(routes),

@@ -76,6 +76,8 @@ pub(super) struct Route<S> {
     pub(super) reply: Option<Reply>,
     /// Whether the route's preset is a channel's (POST only).
     pub(super) channel: bool,
+    /// Whether the route verifies its sender (its paths must be ASCII).
+    pub(super) verified: bool,
     /// What an `auto` route buffers to detect; `None` for a preset route.
     pub(super) auto_limit: Option<usize>,
     /// The token issuer of a `client-token` route.
@@ -106,6 +108,17 @@ pub(super) struct Route<S> {
 /// it, or the way a lenient server reads it (path parameters dropped, `%2F`
 /// taken as `/`), falls on a guarded route; otherwise it is forwarded as
 /// written, escapes upper-cased.
+///
+/// **Every spelling of a prefix.** Prefixes are matched with every escape
+/// decoded, as an upstream that decodes the path before routing (Spring,
+/// Django, Go, ASP.NET, Rails) reads it: `/hooks/pay%3Astripe` is on the
+/// `/hooks/pay:stripe` route. A path that a lenient server could read as
+/// another guarded route gets 400: escapes decoded twice, cut at `%00`,
+/// segments trimmed of white space, control characters and trailing dots,
+/// letters folded as Java and .NET fold them (`ſ` is `s`), the suffix of the
+/// last segment dropped as Spring's suffix matching does
+/// (`/notify/stripe.json`). On a route that verifies its sender, a path with
+/// a character that is not ASCII (written or escaped) gets 400.
 ///
 /// **Channel routes take POST only**: any other method gets 405 with
 /// `Allow: POST` and is never forwarded. A route's principal (see
@@ -199,9 +212,14 @@ impl<S: Store> Gateway<S> {
             }
         }
         let found = self.routes.find_entry(req.uri().path());
-        let Some((prefix, route, is_token_path)) =
-            found.map(|(prefix, route, rest)| (prefix, route, rest == TOKEN_PATH))
-        else {
+        let found = found.map(|(prefix, route, rest)| (prefix, route, rest == TOKEN_PATH));
+        if path::has_other_readings(req.uri().path()) {
+            let on = found.map(|(prefix, route, _)| (prefix, route));
+            if let Some(refused) = self.read_otherwise(&req, on) {
+                return refused;
+            }
+        }
+        let Some((prefix, route, is_token_path)) = found else {
             return self.pass_through(req).await;
         };
         if route.channel && req.method() != Method::POST {
@@ -257,18 +275,16 @@ impl<S: Store> Gateway<S> {
         B::Error: Into<BoxError>,
     {
         let written = path::normalize(req.uri().path()).into_owned();
-        // The lenient reading first: it finds the route a lenient upstream
-        // would serve (`/notify/stripe` for `/notify/stripe;x`).
-        for reading in [path::lenient(req.uri().path()), written.clone()] {
+        // The lenient readings first: they find the route a lenient
+        // upstream would serve (`/notify/stripe` for `/notify/stripe;x`).
+        let mut readings = path::variants(path::lenient(req.uri().path()));
+        readings.push(written.clone());
+        for reading in readings {
             let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
                 continue;
             };
             if route.guards(req.method()) {
-                log_warn!(route = prefix, path = req.uri().path(), reason = %why, "request path refused");
-                let _ = prefix;
-                let preset = route.auto_limit.is_none().then(|| route.preset_name());
-                let reply = route.reply.as_ref().filter(|_| route.channel);
-                return bad_path(preset, reply, &why.to_string());
+                return refuse_path(prefix, route, req.uri().path(), why);
             }
         }
         match with_path(req.uri(), &written) {
@@ -276,6 +292,34 @@ impl<S: Store> Gateway<S> {
             None => return bad_path(None, None, "the path cannot be normalised"),
         }
         self.pass_through(req).await
+    }
+
+    /// For a path that has a safe normal form, on route `on` (if any): 400
+    /// when a lenient server could read it as another guarded route
+    /// (`/notify/stripe.json`, `/notify/ſtripe`, `/notify/stripe%00` for
+    /// `/notify/stripe`), or when `on` verifies its sender and the path has a
+    /// character that is not ASCII (written or escaped).
+    fn read_otherwise<B>(
+        &self,
+        req: &Request<B>,
+        on: Option<(&str, &Route<S>)>,
+    ) -> Option<GatewayResponse> {
+        let path = req.uri().path();
+        if let Some((prefix, route)) = on.filter(|(_, route)| route.verified) {
+            if !path::decoded(path).is_ascii() {
+                return Some(refuse_path(prefix, route, path, Unsafe::NotAscii));
+            }
+        }
+        for reading in path::variants(path::lenient(path)) {
+            let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
+                continue;
+            };
+            let same = on.is_some_and(|(on, _)| on == prefix);
+            if !same && route.guards(req.method()) {
+                return Some(refuse_path(prefix, route, path, Unsafe::Ambiguous));
+            }
+        }
+        None
     }
 
     async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
@@ -288,6 +332,16 @@ impl<S: Store> Gateway<S> {
             Err(never) => match never {},
         }
     }
+}
+
+/// 400 for `path`, which falls (in some reading) on the guarded route
+/// `prefix`, in that route's form; logged with `why`.
+fn refuse_path<S>(prefix: &str, route: &Route<S>, path: &str, why: Unsafe) -> GatewayResponse {
+    log_warn!(route = prefix, path, reason = %why, "request path refused");
+    let _ = (prefix, path);
+    let preset = route.auto_limit.is_none().then(|| route.preset_name());
+    let reply = route.reply.as_ref().filter(|_| route.channel);
+    bad_path(preset, reply, &why.to_string())
 }
 
 /// The answer to an `auto` route's body that could not be read: 408 or the

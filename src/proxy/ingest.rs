@@ -22,7 +22,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// On a route that does not verify its sender, how many copies of one key
 /// with distinct fingerprints are queued (the first copy is not trusted
-/// over the later ones); a copy past them gets the failure reply.
+/// over the later ones); a copy past them gets the retryable failure reply,
+/// counted as [`Outcome::TooManyCopies`].
 pub(crate) const MAX_UNVERIFIED_COPIES: usize = 4;
 
 /// What separates a key from the number of its copy in the queue.
@@ -76,7 +77,8 @@ impl fmt::Debug for IngestFn {
 /// The innermost service of an acknowledge-then-deliver route: queues the
 /// request under its scoped key (set by the key layer in front) and answers
 /// 200 only once the queue says the entry is durable; 422 for a key seen
-/// with another fingerprint, 503 when the queue fails. The route's
+/// with another fingerprint (503 on a route that does not verify its
+/// sender, once its copies are full), 503 when the queue fails. The route's
 /// normalize layer turns these into the channel's replies.
 ///
 /// On a route that does not verify its sender (`verified` false), a copy
@@ -151,6 +153,20 @@ impl Ingest {
             Ok(Ingested::Duplicate) => {
                 outcome::record(key.preset_arc(), Outcome::Replayed);
                 reply(StatusCode::OK, "already queued\n", Outcome::Replayed, key)
+            }
+            // Every entry beside the key holds another payload of a sender
+            // nobody verified: perhaps forgeries, and this the genuine copy.
+            // A retryable failure: the channel comes back once they are
+            // delivered (a 422 it would never retry).
+            Ok(Ingested::Mismatch) if !self.verified => {
+                outcome::record(key.preset_arc(), Outcome::TooManyCopies);
+                outcome::log_warn!(key = %key.redacted(), copies = MAX_UNVERIFIED_COPIES, "every copy queued for this key has another payload (a route that does not verify its sender): not queued, answering a retryable failure");
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many copies of this notification with other payloads are waiting\n",
+                    Outcome::TooManyCopies,
+                    key,
+                )
             }
             Ok(Ingested::Mismatch) => {
                 outcome::record(key.preset_arc(), Outcome::Mismatch);

@@ -145,7 +145,8 @@ impl RouteOptions {
     /// the gateways of several serving threads built from clones share one
     /// cap. It comes on top of the upstream's cap of the
     /// [`Forward`](super::Forward) ([`CallLimit`](super::CallLimit)).
-    /// Defaults to no cap of the route's own.
+    /// Defaults to a share of the upstream's cap: half of it, so that one
+    /// slow route cannot hold every slot (set a larger one here to let it).
     ///
     /// ```
     /// use std::time::Duration;

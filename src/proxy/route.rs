@@ -10,10 +10,12 @@ use std::fmt;
 /// regardless of ASCII case (`/NOTIFY/wechat` is under `/notify`), so that a
 /// case-insensitive upstream (IIS, many Java and PHP routers) can never be
 /// reached under a guarded prefix by spelling it in other letters; two
-/// prefixes that differ only in case are the same prefix. Give
-/// [`find`](Self::find) the normal form of a path (the
-/// [`Gateway`](super::Gateway) does): `find` compares spellings, it does not
-/// resolve `..` or escapes.
+/// prefixes that differ only in case are the same prefix. Escapes are
+/// compared decoded, in the prefix and in the path, as an upstream that
+/// decodes the path before routing reads them: `/hooks/pay%3Astripe` is
+/// under `/hooks/pay:stripe`. Give [`find`](Self::find) the normal form of a
+/// path (the [`Gateway`](super::Gateway) does): `find` decodes escapes, it
+/// does not resolve `..`.
 ///
 /// ```
 /// use tower_idempotency::proxy::RouteTable;
@@ -24,14 +26,26 @@ use std::fmt;
 /// assert_eq!(routes.find("/notify/wechat"), Some((&"notify", "/wechat")));
 /// assert_eq!(routes.find("/notifyx"), Some((&"root", "/notifyx")));
 /// assert_eq!(routes.find("/NOTIFY/wechat"), Some((&"notify", "/wechat")));
+/// routes.insert("/hooks/pay:stripe", "hooks").unwrap();
+/// assert_eq!(routes.find("/hooks/pay%3astripe/x"), Some((&"hooks", "/x")));
+/// assert!(routes.insert("/hooks/pay%3Astripe", "again").is_err());
 /// assert!(routes.insert("/notify/", "again").is_err());
 /// assert!(routes.insert("/Notify", "again").is_err());
 /// assert!(routes.insert("//notify/./", "again").is_err());
 /// ```
 #[derive(Debug, Clone)]
 pub struct RouteTable<T> {
-    /// Prefix without a trailing `/` (`""` for the root), longest first.
-    entries: Vec<(String, T)>,
+    /// Longest first.
+    entries: Vec<Entry<T>>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry<T> {
+    /// The prefix in normal form without a trailing `/` (`""` for the root).
+    prefix: String,
+    /// The same with its escapes decoded: what paths are matched against.
+    decoded: String,
+    value: T,
 }
 
 /// Why a prefix was refused by [`RouteTable::insert`].
@@ -90,24 +104,30 @@ impl<T> RouteTable<T> {
         }
         let normal = crate::path::normalize(prefix);
         let prefix = normal.trim_end_matches('/');
+        let decoded = crate::path::decoded(prefix).into_owned();
         if self
             .entries
             .iter()
-            .any(|(p, _)| p.eq_ignore_ascii_case(prefix))
+            .any(|e| e.decoded.eq_ignore_ascii_case(&decoded))
         {
             return Err(RouteError::Duplicate(display(prefix).to_owned()));
         }
         let at = self
             .entries
             .iter()
-            .position(|(p, _)| p.len() < prefix.len())
+            .position(|e| e.decoded.len() < decoded.len())
             .unwrap_or(self.entries.len());
-        self.entries.insert(at, (prefix.to_owned(), value));
+        let entry = Entry {
+            prefix: prefix.to_owned(),
+            decoded,
+            value,
+        };
+        self.entries.insert(at, entry);
         Ok(())
     }
 
-    /// The value of the longest prefix of `path` (ASCII case ignored), and
-    /// the rest of the path (`""` or starting with `/`).
+    /// The value of the longest prefix of `path` (ASCII case ignored,
+    /// escapes decoded), and the rest of the path (`""` or starting with `/`).
     pub fn find<'p>(&self, path: &'p str) -> Option<(&T, &'p str)> {
         self.find_entry(path).map(|(_, value, rest)| (value, rest))
     }
@@ -115,17 +135,15 @@ impl<T> RouteTable<T> {
     /// The longest prefix of `path` as it was routed (`/` for the root), its
     /// value and the rest of the path.
     pub(crate) fn find_entry<'p>(&self, path: &'p str) -> Option<(&str, &T, &'p str)> {
-        self.entries.iter().find_map(|(prefix, value)| {
-            let head = path.get(..prefix.len())?;
-            let rest = &path[prefix.len()..];
-            (head.eq_ignore_ascii_case(prefix) && (rest.is_empty() || rest.starts_with('/')))
-                .then(|| (display(prefix), value, rest))
+        self.entries.iter().find_map(|e| {
+            let rest = strip_prefix(path, &e.decoded)?;
+            (rest.is_empty() || rest.starts_with('/')).then(|| (display(&e.prefix), &e.value, rest))
         })
     }
 
     /// Every prefix (`/` for the root) and its value, longest first.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &T)> {
-        self.entries.iter().map(|(p, v)| (display(p), v))
+        self.entries.iter().map(|e| (display(&e.prefix), &e.value))
     }
 
     /// Whether no prefix is routed.
@@ -139,9 +157,13 @@ impl<T> RouteTable<T> {
             entries: self
                 .entries
                 .into_iter()
-                .map(|(p, v)| {
-                    let u = f(display(&p), v);
-                    (p, u)
+                .map(|e| {
+                    let value = f(display(&e.prefix), e.value);
+                    Entry {
+                        prefix: e.prefix,
+                        decoded: e.decoded,
+                        value,
+                    }
                 })
                 .collect(),
         }
@@ -154,4 +176,42 @@ fn display(prefix: &str) -> &str {
     } else {
         prefix
     }
+}
+
+/// The rest of `path` after `prefix` (decoded), if `path` starts with it
+/// once its own escapes are decoded, ASCII case ignored.
+fn strip_prefix<'p>(path: &'p str, prefix: &str) -> Option<&'p str> {
+    if !path.contains('%') {
+        let head = path.get(..prefix.len())?;
+        return head
+            .eq_ignore_ascii_case(prefix)
+            .then(|| &path[prefix.len()..]);
+    }
+    let bytes = path.as_bytes();
+    let mut at = 0;
+    for want in prefix.bytes() {
+        let got = match *bytes.get(at)? {
+            b'%' => match (
+                crate::path::hex(bytes.get(at + 1)),
+                crate::path::hex(bytes.get(at + 2)),
+            ) {
+                (Some(h), Some(l)) => {
+                    at += 3;
+                    h * 16 + l
+                }
+                _ => {
+                    at += 1;
+                    b'%'
+                }
+            },
+            b => {
+                at += 1;
+                b
+            }
+        };
+        if !got.eq_ignore_ascii_case(&want) {
+            return None;
+        }
+    }
+    path.get(at..)
 }

@@ -1,6 +1,6 @@
 //! [`Upstream`]: where a [`Forward`](super::Forward) sends requests.
 
-use crate::shed::{Slots, DEFAULT_QUEUE_WAIT};
+use crate::shed::{Shares, Slots, DEFAULT_QUEUE_WAIT};
 use http::{HeaderValue, Uri};
 use std::fmt;
 use std::str::FromStr;
@@ -124,6 +124,13 @@ impl FromStr for Upstream {
 /// Unavailable` with `Retry-After` (a guarded route answers its retryable
 /// failure and counts it as [`Outcome::Shed`](crate::Outcome::Shed)).
 ///
+/// A route with no cap of its own (no
+/// [`RouteOptions::max_in_flight`](super::RouteOptions::max_in_flight))
+/// holds at most half of the slots, and so do the unguarded requests
+/// together: one slow route (a hung client API) cannot take every slot
+/// from the others (the callbacks). The clones of a limit share these
+/// shares, across every gateway built on them.
+///
 /// With the `metrics` feature the calls in flight are the gauge
 /// `idempotency_upstream_calls` (install the recorder before building the
 /// limit).
@@ -140,6 +147,7 @@ impl FromStr for Upstream {
 #[derive(Clone)]
 pub struct CallLimit {
     slots: Slots,
+    shares: Shares,
     queue_wait: Duration,
     #[cfg(feature = "metrics")]
     gauge: metrics::Gauge,
@@ -151,8 +159,10 @@ pub const DEFAULT_MAX_UPSTREAM_CALLS: usize = 1024;
 impl CallLimit {
     /// At most `max` calls at once (at least one).
     pub fn new(max: usize) -> Self {
+        let slots = Slots::new(max);
         Self {
-            slots: Slots::new(max),
+            shares: Shares::new(slots.max()),
+            slots,
             queue_wait: DEFAULT_QUEUE_WAIT,
             #[cfg(feature = "metrics")]
             gauge: metrics::gauge!("idempotency_upstream_calls"),
@@ -179,6 +189,12 @@ impl CallLimit {
     /// The calls holding a slot now.
     pub fn in_flight(&self) -> usize {
         self.slots.in_flight()
+    }
+
+    /// The cap of the route `name` when it has none of its own: half of
+    /// this one, shared by every clone.
+    pub(crate) fn share(&self, name: &str) -> Slots {
+        self.shares.get(name)
     }
 
     /// A slot, waiting at most the queue wait for one.

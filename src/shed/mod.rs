@@ -79,10 +79,14 @@
 
 mod adaptive;
 mod service;
+#[cfg(feature = "proxy")]
+mod share;
 mod slots;
 
 pub use adaptive::AimdLimit;
 pub use service::{InFlightBody, InFlightLimit, InFlightLimitLayer, ResponseFuture};
+#[cfg(feature = "proxy")]
+pub(crate) use share::Shares;
 #[cfg(feature = "proxy")]
 pub(crate) use slots::{failed, Gauge, Slot};
 pub use slots::{Slots, DEFAULT_QUEUE_WAIT};
