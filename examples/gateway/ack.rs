@@ -22,6 +22,9 @@ const NAME: &str = "gateway";
 /// `--data-dir` when neither it nor `--queue` is given.
 pub const DEFAULT_DATA_DIR: &str = "./gateway-data";
 
+/// `--data-dir-reserve` when it is not given.
+pub const DEFAULT_DATA_DIR_RESERVE: u64 = 64 << 20;
+
 /// Where the queue lives.
 #[derive(Debug, Clone, PartialEq)]
 pub enum QueueSpec {
@@ -64,6 +67,8 @@ pub struct QueueSettings {
     /// Replicas that must hold an entry before it is acknowledged (Redis
     /// Streams only).
     pub replicas: u32,
+    /// Bytes kept free on the embedded queue's disk (`--data-dir-reserve`).
+    pub reserve: u64,
 }
 
 impl QueueSettings {
@@ -80,7 +85,16 @@ impl QueueSettings {
             max_attempts: max_attempts.unwrap_or(25),
             backoff: backoff.unwrap_or(Duration::from_secs(1)),
             replicas: 0,
+            reserve: DEFAULT_DATA_DIR_RESERVE,
         }
+    }
+
+    /// `--data-dir-reserve SIZE`; `None` keeps the default.
+    pub fn reserve(mut self, reserve: Option<usize>) -> Self {
+        if let Some(reserve) = reserve {
+            self.reserve = reserve as u64;
+        }
+        self
     }
 
     /// `--queue-replicas N`: only for a Redis Streams queue.
@@ -106,7 +120,7 @@ impl QueueSettings {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
                 RedbQueue::open(dir.join("queue.redb"))
-                    .map(Either::Left)
+                    .map(|q| Either::Left(q.reserve(self.reserve)))
                     .map_err(|e| format!("cannot open the queue: {e}"))
             }
             QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)

@@ -17,14 +17,16 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tower_idempotency::queue::RedbQueue;
 use tracing::info;
 use tracing_appender::non_blocking::ErrorCounter;
 
-/// Installs the recorder and serves the three paths; `store` answers
-/// `/readyz`.
+/// Installs the recorder and serves the three paths; `store` and `queue`
+/// (the embedded queue of the ack-then-deliver routes) answer `/readyz`.
 pub async fn start(
     addr: SocketAddr,
     store: GatewayStore,
+    queue: Option<RedbQueue>,
     dropped: ErrorCounter,
     series: &Series<'_>,
     admin: Option<Admin>,
@@ -54,10 +56,10 @@ pub async fn start(
                 continue;
             };
             let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-            let admin = admin.clone();
+            let (admin, queue) = (admin.clone(), queue.clone());
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-                let admin = admin.clone();
+                let (admin, queue) = (admin.clone(), queue.clone());
                 async move {
                     if req.uri().path().starts_with("/admin/") {
                         return Ok::<_, Infallible>(match &admin {
@@ -65,7 +67,11 @@ pub async fn start(
                             None => crate::admin_api::not_found(),
                         });
                     }
-                    Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await)
+                    let ready = Ready {
+                        store: &store,
+                        queue: queue.as_ref(),
+                    };
+                    Ok::<_, Infallible>(answer(req, &handle, ready, &dropped).await)
                 }
             });
             let conn = builder
@@ -78,10 +84,17 @@ pub async fn start(
     }))
 }
 
+/// What `/readyz` asks.
+#[derive(Clone, Copy)]
+struct Ready<'a> {
+    store: &'a GatewayStore,
+    queue: Option<&'a RedbQueue>,
+}
+
 async fn answer(
     req: Request<Incoming>,
     handle: &PrometheusHandle,
-    store: &GatewayStore,
+    ready: Ready<'_>,
     dropped: &ErrorCounter,
 ) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String, kind: &'static str| {
@@ -104,7 +117,16 @@ async fn answer(
         "/healthz" => text(StatusCode::OK, "ok\n".into(), PLAIN),
         "/readyz" => {
             use crate::store::Readiness;
-            match crate::store::ready(store, Duration::from_secs(2)).await {
+            // A queue that cannot store notifications answers each with the
+            // failure reply: the load balancer sends them elsewhere.
+            if ready.queue.is_some_and(|q| !q.writable()) {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the queue cannot store notifications: its disk is full or failing, or has less free than --data-dir-reserve\n".into(),
+                    PLAIN,
+                );
+            }
+            match crate::store::ready(ready.store, Duration::from_secs(2)).await {
                 Readiness::Ready => text(StatusCode::OK, "ready\n".into(), PLAIN),
                 Readiness::FrontDown => text(
                     StatusCode::OK,

@@ -8,7 +8,7 @@ macro_rules! embedded_queue {
         impl $crate::queue::Queue for $ty {
             async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
                 self.inner
-                    .grouped(move |txn| Embedded::ingest(txn, &message))
+                    .grouped_ingest(move |txn| Embedded::ingest(txn, &message))
                     .await
             }
 

@@ -387,6 +387,7 @@ where
             depth: live + delayed,
             oldest,
             dead,
+            ..QueueStats::default()
         })
     }
 }
