@@ -57,7 +57,11 @@ fn values_that_cannot_work_exit_2() {
         ),
         ("max_upstream_calls", "0", "`max_upstream_calls`: expected"),
         ("h2_max_streams", "0", "`h2_max_streams`: expected"),
-        ("data_dir_reserve", "\"lots\"", "`data_dir_reserve`: expected"),
+        (
+            "data_dir_reserve",
+            "\"lots\"",
+            "`data_dir_reserve`: expected",
+        ),
     ] {
         let file = gateway_support::temp_path("bad.toml");
         std::fs::write(
