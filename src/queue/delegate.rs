@@ -18,7 +18,7 @@ macro_rules! embedded_queue {
                 lease: Duration,
             ) -> Result<Vec<Delivery>, QueueError> {
                 self.inner
-                    .grouped(move |txn| Embedded::fetch(txn, max, lease))
+                    .grouped_fetch(move |txn| Embedded::fetch(txn, max, lease))
                     .await
             }
 

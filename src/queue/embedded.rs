@@ -8,7 +8,7 @@
 //! change runs in a write transaction of the group commit: atomic, and
 //! durable before its caller hears back.
 
-use super::group::Committer;
+use super::group::{Committer, Kind};
 use super::health::Health;
 use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
 use super::reopen::Db;
@@ -84,13 +84,14 @@ impl Embedded {
     }
 
     /// Runs `change` in the next group commit (see [`Committer::run`]);
-    /// returns once that commit is durable.
+    /// returns once that commit is durable. After a failed write it waits
+    /// for the file to be reopened (see [`Kind::Settle`]).
     pub(super) async fn grouped<T, F>(&self, change: F) -> Result<T, QueueError>
     where
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
     {
-        self.committer.run(false, change).await
+        self.committer.run(Kind::Settle, change).await
     }
 
     /// [`grouped`](Self::grouped) for a change that stores a new entry:
@@ -100,7 +101,17 @@ impl Embedded {
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
     {
-        self.committer.run(true, change).await
+        self.committer.run(Kind::Ingest, change).await
+    }
+
+    /// [`grouped`](Self::grouped) for a fetch: fails at once while the file
+    /// is being reopened (a settlement waits for it).
+    pub(super) async fn grouped_fetch<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(Kind::Fetch, change).await
     }
 
     /// How long a delivered key is remembered.

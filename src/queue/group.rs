@@ -27,9 +27,22 @@ const REOPEN_MAX: Duration = Duration::from_secs(5);
 /// from [`REOPEN_FIRST`] again.
 const CALM: Duration = Duration::from_secs(60);
 
-/// The longest a change other than an ingest waits for a closed file
-/// before it fails.
+/// The longest a settlement waits for a closed file before it fails.
 const HOLD_MAX: Duration = Duration::from_secs(60);
+
+/// What a change does, for what it waits when the disk is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Stores a new entry: refused while the disk is short of room (see
+    /// `Room`), and at once while the file is closed after a failed write.
+    Ingest,
+    /// Leases due entries: fails at once while the file is closed (the
+    /// worker polls again).
+    Fetch,
+    /// Every other change (settling a delivery, a replay): waits for the
+    /// file to be reopened, up to [`HOLD_MAX`].
+    Settle,
+}
 
 /// One change waiting for the group commit.
 trait Pending: Send {
@@ -41,9 +54,7 @@ trait Pending: Send {
     /// error otherwise.
     fn reply(self: Box<Self>, committed: Result<(), QueueError>);
 
-    /// Whether the change stores a new entry (refused while the disk is
-    /// short of room, see `Room`).
-    fn ingest(&self) -> bool;
+    fn kind(&self) -> Kind;
 
     /// When the change first waited for a closed file (now, the first time).
     fn held(&mut self) -> Instant;
@@ -53,7 +64,7 @@ struct Call<T, F> {
     change: F,
     out: Option<T>,
     reply: oneshot::Sender<Result<T, QueueError>>,
-    ingest: bool,
+    kind: Kind,
     held: Option<Instant>,
 }
 
@@ -74,8 +85,8 @@ where
         let _ = this.reply.send(result);
     }
 
-    fn ingest(&self) -> bool {
-        self.ingest
+    fn kind(&self) -> Kind {
+        self.kind
     }
 
     fn held(&mut self) -> Instant {
@@ -120,9 +131,8 @@ impl Committer {
     /// Runs `change` in the next group commit; returns its result once that
     /// commit is durable. `change` may run twice (the second time in a fresh
     /// transaction, the first one rolled back), so it must not keep state
-    /// of its own between runs. `ingest`: the change stores a new entry, and
-    /// is refused while the disk is short of room.
-    pub(super) async fn run<T, F>(&self, ingest: bool, change: F) -> Result<T, QueueError>
+    /// of its own between runs.
+    pub(super) async fn run<T, F>(&self, kind: Kind, change: F) -> Result<T, QueueError>
     where
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
@@ -133,7 +143,7 @@ impl Committer {
             change,
             out: None,
             reply,
-            ingest,
+            kind,
             held: None,
         }))
         .map_err(|_| err("commit thread stopped"))?;
@@ -143,11 +153,11 @@ impl Committer {
 
 /// Commits the changes sent on `rx` in groups until every sender is gone.
 /// After a write failed on the storage, the file is closed and reopened
-/// with a backoff; meanwhile ingests fail at once (their callers hear an
-/// unwritable error instead of waiting for the disk), and the other changes
-/// (fetches, settlements) wait for a reopen that lets them commit, up to
-/// [`HOLD_MAX`]: a delivery that ended while the disk was full is settled
-/// once space is freed, instead of waiting out its lease.
+/// with a backoff; meanwhile ingests and fetches fail at once (their
+/// callers hear an unwritable error instead of waiting for the disk), and
+/// settlements wait for a reopen that lets them commit, up to [`HOLD_MAX`]:
+/// a delivery that ended while the disk was full is settled once space is
+/// freed, instead of waiting out its lease.
 fn serve(db: &Db, rx: &mpsc::Receiver<Job>) {
     let mut closed: Option<Closed> = None;
     let mut backoff = Backoff::default();
@@ -217,11 +227,11 @@ struct Closed {
 }
 
 impl Closed {
-    /// Keeps `jobs` for the reopen; ingests, and changes that waited
-    /// [`HOLD_MAX`] already, fail with `e`.
+    /// Keeps the settlements of `jobs` for the reopen; the others, and
+    /// settlements that waited [`HOLD_MAX`] already, fail with `e`.
     fn hold(&mut self, jobs: Vec<Job>, e: &QueueError) {
         for mut job in jobs {
-            if job.ingest() || job.held().elapsed() >= HOLD_MAX {
+            if job.kind() != Kind::Settle || job.held().elapsed() >= HOLD_MAX {
                 job.reply(Err(e.clone()));
             } else {
                 self.held.push(job);
@@ -302,12 +312,12 @@ fn commit_group(db: &Db, mut jobs: Vec<Job>) -> Result<(), (Failure, Vec<Job>)> 
             return Ok(());
         }
     };
-    let mut ingests = jobs.iter().any(|j| j.ingest());
+    let mut ingests = jobs.iter().any(|j| j.kind() == Kind::Ingest);
     if ingests {
         if let Err(e) = db.health.room.check() {
             db.health.refused(&e);
             let (refused, others): (Vec<Job>, Vec<Job>) =
-                jobs.into_iter().partition(|j| j.ingest());
+                jobs.into_iter().partition(|j| j.kind() == Kind::Ingest);
             fail(refused, &e);
             (jobs, ingests) = (others, false);
         }
