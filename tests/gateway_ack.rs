@@ -720,9 +720,6 @@ async fn full_disk_freed_then_every_acked_notification_delivered_once_without_re
     }
     drop(gw);
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    if std::env::var_os("KEEP_LOG").is_some() {
-        eprintln!("{text}");
-    }
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(log.with_extension("toml"));
     drop(disk);
