@@ -457,3 +457,310 @@ async fn dead_letters_replayed_in_bulk_by_filter() {
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A tmpfs of `size` mounted on a fresh directory, unmounted on drop;
+/// `None`, said loudly, where mounting is refused (the tests run as root).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Self> {
+        let dir = temp_path("tmpfs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = format!("size={size}");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+            .arg(&dir)
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Self(dir)),
+            other => {
+                eprintln!(
+                    "\n**** SKIPPED: cannot mount a {size} tmpfs for the full-disk test (it needs root): {other:?} ****\n"
+                );
+                let _ = std::fs::remove_dir(&dir);
+                None
+            }
+        }
+    }
+
+    /// Bytes free on it.
+    fn free(&self) -> u64 {
+        let out = Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().nth(1).unwrap().trim().parse().unwrap()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A WeChat Pay v3 notification of about 12 KB.
+fn padded(id: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&notification(id)).unwrap();
+    v["padding"] = serde_json::Value::String("x".repeat(12_000));
+    v.to_string()
+}
+
+/// A gateway on `data` with one ack-then-deliver WeChat Pay v3 route whose
+/// failed deliveries are tried again within a second, its stderr in `log`.
+fn disk_gateway(
+    upstream: SocketAddr,
+    data: &Path,
+    metrics: SocketAddr,
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Proc {
+    let config = log.with_extension("toml");
+    std::fs::write(
+        &config,
+        "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\nmode = \"ack-then-deliver\"\n\
+         retry_schedule = [\"1s\"]\nbreaker_cooldown = \"1s\"\n",
+    )
+    .unwrap();
+    let (upstream, metrics) = (format!("http://{upstream}"), metrics.to_string());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--max-attempts",
+        "1000",
+        "--metrics-listen",
+        &metrics,
+    ];
+    let stderr = Stdio::from(std::fs::File::create(log).unwrap());
+    Proc::start(&args, env, stderr)
+}
+
+/// Sends each id once, 8 at a time: the ids acknowledged with WeChat Pay's
+/// success reply, and those answered its failure reply.
+async fn send_each(
+    http: &HttpClient,
+    gw: SocketAddr,
+    ids: &[String],
+) -> (Vec<String>, Vec<String>) {
+    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+    for chunk in ids.chunks(8) {
+        let mut tasks = Vec::new();
+        for id in chunk {
+            let (http, body) = (http.clone(), padded(id));
+            tasks.push(tokio::spawn(async move {
+                let headers = [("content-type", "application/json")];
+                post(&http, gw, "/wx/notify", &headers, body).await
+            }));
+        }
+        for (id, t) in chunk.iter().zip(tasks) {
+            let answer = t.await.unwrap();
+            match (answer.status, answer.text()) {
+                (200, text) if text == WECHAT_SUCCESS => acked.push(id.clone()),
+                (500, text) if text == common::vectors::WECHAT_FAIL => refused.push(id.clone()),
+                (status, text) => panic!("{id}: unexpected answer {status} {text}"),
+            }
+        }
+    }
+    (acked, refused)
+}
+
+/// The `WARN` lines of a gateway's log from its queue, or from the
+/// ingests it failed.
+fn queue_warnings(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .filter(|l| {
+            ["queue::health", "queue::worker", "proxy::ingest"]
+                .iter()
+                .any(|from| l.contains(from))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The disk of `--data-dir` fills while the upstream is down: every
+/// acknowledged notification was stored, the gateway says it cannot write
+/// (`/readyz`, the gauge, the error counter, a warning a minute); once
+/// space is freed it reopens its file by itself, delivers every
+/// acknowledged notification once and acknowledges new copies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn full_disk_freed_then_every_acked_notification_delivered_once_without_restart() {
+    let Some(disk) = Tmpfs::mount("3m") else {
+        return;
+    };
+    let filler = disk.0.join("filler");
+    std::fs::write(&filler, vec![7u8; 1 << 20]).unwrap();
+    let data = disk.0.join("data");
+    let log = temp_path("full-disk.log");
+    let (up, up_addr) = Upstream::start(true).await;
+    let metrics = free_addr();
+    // No reserve: the disk really fills.
+    let env = [("IDEMPOTENCY_GATEWAY_DATA_DIR_RESERVE", "0")];
+    let gw = disk_gateway(up_addr, &data, metrics, &env, &log);
+    let http = client();
+    let ids: Vec<String> = (0..400).map(|i| format!("EV-FULL-{i:04}")).collect();
+    let (acked, refused) = send_each(&http, gw.addr, &ids).await;
+    eprintln!(
+        "{} acknowledged, {} refused; {} bytes free",
+        acked.len(),
+        refused.len(),
+        disk.free()
+    );
+    assert!(
+        !acked.is_empty() && refused.len() > 100,
+        "the disk did not fill"
+    );
+    // While it lasts, the gateway says so.
+    let mut wrong = Vec::new();
+    let m = metrics;
+    let said = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let unwritable = gauge(m, "idempotency_queue_writable") == Some(0.0);
+            let counted =
+                gauge(m, "idempotency_queue_write_errors_total").is_some_and(|n| n >= 1.0);
+            let (status, _) = get(m, "/readyz");
+            if (unwritable && counted && status == 503) || Instant::now() > deadline {
+                break (unwritable, counted, status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+    if said != (true, true, 503) {
+        wrong.push(format!(
+            "while the disk is full: writable gauge at 0 {}, write errors counted {}, /readyz {} (want 503)",
+            said.0, said.1, said.2
+        ));
+    }
+    // A few seconds of the worker polling a queue that cannot write.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let warnings = queue_warnings(&log);
+    if warnings.len() > 3 {
+        wrong.push(format!(
+            "{} queue warnings in a few seconds (want one a minute): {:#?}",
+            warnings.len(),
+            &warnings[..warnings.len().min(4)]
+        ));
+    }
+    // Space is freed and the upstream comes back: no restart.
+    std::fs::remove_file(&filler).unwrap();
+    up.down.store(false, Ordering::SeqCst);
+    let (probe, want) = (up.clone(), acked.clone());
+    let freed = Instant::now();
+    let delivered = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let counts = probe.counts();
+            let all = want.iter().all(|id| counts.contains_key(id));
+            if all || Instant::now() > deadline {
+                break want.iter().filter(|id| counts.contains_key(*id)).count();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "{delivered} of {} delivered {:?} after space was freed",
+        acked.len(),
+        freed.elapsed()
+    );
+    if delivered < acked.len() {
+        wrong.push(format!(
+            "{delivered} of the {} acknowledged notifications delivered within 30 s of freeing space",
+            acked.len()
+        ));
+    }
+    // New copies are acknowledged again, and delivered once.
+    let again: Vec<String> = refused.iter().take(5).cloned().collect();
+    let (acked_again, refused_again) = send_each(&http, gw.addr, &again).await;
+    if !refused_again.is_empty() {
+        wrong.push(format!(
+            "after freeing space, {} of 5 new copies still got the failure reply",
+            refused_again.len()
+        ));
+    }
+    let (status, _) = get(metrics, "/readyz");
+    if status != 200 {
+        wrong.push(format!("/readyz {status} after recovery"));
+    }
+    let (probe, want) = (up.clone(), acked_again.clone());
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && !want.iter().all(|id| probe.counts().contains_key(id)) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let counts = up.counts();
+    for id in acked.iter().chain(&acked_again) {
+        if counts.get(id).is_some_and(|n| *n > 1) {
+            wrong.push(format!("{id} delivered {} times", counts[id]));
+        }
+    }
+    for id in &acked_again {
+        if !counts.contains_key(id) {
+            wrong.push(format!("{id}, acknowledged after recovery, not delivered"));
+        }
+    }
+    drop(gw);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log.with_extension("toml"));
+    drop(disk);
+    if !wrong.is_empty() {
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        panic!("{wrong:#?}\nlast lines of the gateway's log: {tail:#?}");
+    }
+}
+
+/// `--data-dir-reserve` larger than the free space: every notification
+/// gets the failure reply (nothing is acknowledged that was not stored),
+/// `/readyz` answers 503, and nothing reaches the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_dir_reserve_over_the_free_space_refuses_ingests_with_the_failure_reply() {
+    let Some(disk) = Tmpfs::mount("3m") else {
+        return;
+    };
+    let data = disk.0.join("data");
+    let log = temp_path("reserve.log");
+    let (up, up_addr) = Upstream::start(false).await;
+    let metrics = free_addr();
+    let env = [("IDEMPOTENCY_GATEWAY_DATA_DIR_RESERVE", "4MiB")];
+    let gw = disk_gateway(up_addr, &data, metrics, &env, &log);
+    let ids: Vec<String> = (0..16).map(|i| format!("EV-RESERVE-{i:02}")).collect();
+    let (acked, refused) = send_each(&client(), gw.addr, &ids).await;
+    let (status, body) = get(metrics, "/readyz");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let depth = gauge(metrics, "idempotency_queue_depth");
+    let writable = gauge(metrics, "idempotency_queue_writable");
+    let warnings = queue_warnings(&log);
+    drop(gw);
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(log.with_extension("toml"));
+    assert!(
+        acked.is_empty(),
+        "acknowledged under the reserve: {acked:?}"
+    );
+    assert_eq!(refused.len(), ids.len());
+    assert_eq!((status, body.contains("queue")), (503, true), "{body}");
+    assert_eq!((depth, writable), (Some(0.0), Some(0.0)));
+    assert!(up.counts().is_empty(), "{:?}", up.counts());
+    assert!(warnings.len() <= 1, "{warnings:#?}");
+    drop(disk);
+}

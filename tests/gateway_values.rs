@@ -35,6 +35,7 @@ fn values_that_cannot_work_exit_2() {
         (&["--body-timeout", "400d"], "at most a year"),
         (&["--h2-max-streams", "0"], "from 1 to"),
         (&["--max-upstream-calls", "0"], "more than 0"),
+        (&["--data-dir-reserve", "64MB"], "MiB"),
     ];
     for (extra, hint) in cases {
         let mut cmd = Command::new(gateway_bin());
@@ -56,6 +57,11 @@ fn values_that_cannot_work_exit_2() {
         ),
         ("max_upstream_calls", "0", "`max_upstream_calls`: expected"),
         ("h2_max_streams", "0", "`h2_max_streams`: expected"),
+        (
+            "data_dir_reserve",
+            "\"lots\"",
+            "`data_dir_reserve`: expected",
+        ),
     ] {
         let file = gateway_support::temp_path("bad.toml");
         std::fs::write(
@@ -74,7 +80,8 @@ fn values_that_cannot_work_exit_2() {
     std::fs::write(
         &file,
         "upstream = \"http://127.0.0.1:1\"\nbody_timeout = \"5s\"\nmax_buffered = \"32MiB\"\n\
-         h2_max_streams = 32\nmax_upstream_calls = 100\nlease = \"100ms\"\n",
+         h2_max_streams = 32\nmax_upstream_calls = 100\nlease = \"100ms\"\n\
+         data_dir_reserve = \"0\"\n",
     )
     .unwrap();
     let out = Command::new(gateway_bin())

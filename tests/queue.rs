@@ -692,3 +692,33 @@ async fn a_wall_clock_step_back_does_not_delay_leased_entries() {
     assert_eq!(got.len(), 1, "the lease ran out 300 ms after the step");
     assert_eq!(got[0].attempt, 2);
 }
+
+/// A reserve larger than any disk: ingests are refused with an unwritable
+/// error and nothing is stored; fetches and settlements still work, and
+/// lowering the reserve stores again.
+#[tokio::test]
+async fn the_redb_queue_refuses_ingests_under_its_reserve_and_says_so() {
+    let dir = TempDir::new("queue-reserve");
+    let queue = RedbQueue::open(dir.file()).unwrap();
+    queue.ingest(notification(1)).await.unwrap();
+    let stats = queue.stats().await.unwrap();
+    assert_eq!((stats.writable, stats.write_errors), (Some(true), 0));
+    let queue = queue.reserve(u64::MAX);
+    let e = queue.ingest(notification(2)).await.unwrap_err();
+    assert!(e.is_unwritable(), "{e}");
+    assert!(e.to_string().contains("reserve"), "{e}");
+    assert!(!queue.writable());
+    let stats = queue.stats().await.unwrap();
+    assert_eq!((stats.depth, stats.writable), (1, Some(false)));
+    // What is queued is still delivered and settled.
+    let batch = queue.fetch(8, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    assert!(queue.ack(&batch[0]).await.unwrap());
+    let queue = queue.reserve(0);
+    assert!(queue.writable());
+    let got = queue.ingest(notification(2)).await.unwrap();
+    assert!(matches!(got, Ingested::Queued(_)), "{got:?}");
+    // In memory, a queue can always write.
+    let stats = MemoryQueue::new().stats().await.unwrap();
+    assert_eq!((stats.writable, stats.write_errors), (Some(true), 0));
+}

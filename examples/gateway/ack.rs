@@ -35,6 +35,9 @@ pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))
 }
 
+/// `--data-dir-reserve` when it is not given.
+pub const DEFAULT_DATA_DIR_RESERVE: u64 = 64 << 20;
+
 /// Where the queue lives.
 #[derive(Debug, Clone, PartialEq)]
 pub enum QueueSpec {
@@ -77,6 +80,8 @@ pub struct QueueSettings {
     /// Replicas that must hold an entry before it is acknowledged (Redis
     /// Streams only).
     pub replicas: u32,
+    /// Bytes kept free on the embedded queue's disk (`--data-dir-reserve`).
+    pub reserve: u64,
 }
 
 impl QueueSettings {
@@ -93,7 +98,16 @@ impl QueueSettings {
             max_attempts: max_attempts.unwrap_or(25),
             backoff: backoff.unwrap_or(Duration::from_secs(1)),
             replicas: 0,
+            reserve: DEFAULT_DATA_DIR_RESERVE,
         }
+    }
+
+    /// `--data-dir-reserve SIZE`; `None` keeps the default.
+    pub fn reserve(mut self, reserve: Option<usize>) -> Self {
+        if let Some(reserve) = reserve {
+            self.reserve = reserve as u64;
+        }
+        self
     }
 
     /// `--queue-replicas N`: only for a Redis Streams queue.
@@ -118,7 +132,7 @@ impl QueueSettings {
             QueueSpec::Dir(dir) => {
                 create_private_dir(dir)?;
                 RedbQueue::open(dir.join("queue.redb"))
-                    .map(Either::Left)
+                    .map(|q| Either::Left(q.reserve(self.reserve)))
                     .map_err(|e| format!("cannot open the queue: {e}"))
             }
             QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)

@@ -26,6 +26,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower_idempotency::queue::RedbQueue;
 use tracing::{debug, info};
 use tracing_appender::non_blocking::ErrorCounter;
 
@@ -41,11 +42,12 @@ pub struct Listening {
     pub tls: Option<Tls>,
 }
 
-/// Installs the recorder and serves the three paths; `store` answers
-/// `/readyz`.
+/// Installs the recorder and serves the three paths; `store` and `queue`
+/// (the embedded queue of the ack-then-deliver routes) answer `/readyz`.
 pub async fn start(
     addr: SocketAddr,
     store: GatewayStore,
+    queue: Option<RedbQueue>,
     dropped: ErrorCounter,
     series: &Series<'_>,
     admin: Option<Admin>,
@@ -96,7 +98,7 @@ pub async fn start(
                 continue;
             };
             let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-            let admin = admin.clone();
+            let (admin, queue) = (admin.clone(), queue.clone());
             // Bumped by each request: a connection idle for the header
             // timeout is closed.
             let requests = Arc::new(AtomicUsize::new(0));
@@ -104,7 +106,7 @@ pub async fn start(
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 counted.fetch_add(1, Ordering::Relaxed);
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-                let admin = admin.clone();
+                let (admin, queue) = (admin.clone(), queue.clone());
                 async move {
                     if req.uri().path().starts_with("/admin/") {
                         return Ok::<_, Infallible>(match &admin {
@@ -112,7 +114,11 @@ pub async fn start(
                             None => crate::admin_api::not_found(),
                         });
                     }
-                    Ok::<_, Infallible>(answer(req, &handle, &store, &dropped).await)
+                    let ready = Ready {
+                        store: &store,
+                        queue: queue.as_ref(),
+                    };
+                    Ok::<_, Infallible>(answer(req, &handle, ready, &dropped).await)
                 }
             });
             let watch = Watch::new(CancellationToken::new(), requests, header_timeout);
@@ -127,10 +133,17 @@ pub async fn start(
     }))
 }
 
+/// What `/readyz` asks.
+#[derive(Clone, Copy)]
+struct Ready<'a> {
+    store: &'a GatewayStore,
+    queue: Option<&'a RedbQueue>,
+}
+
 async fn answer(
     req: Request<Incoming>,
     handle: &PrometheusHandle,
-    store: &GatewayStore,
+    ready: Ready<'_>,
     dropped: &ErrorCounter,
 ) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String, kind: &'static str| {
@@ -153,7 +166,16 @@ async fn answer(
         "/healthz" => text(StatusCode::OK, "ok\n".into(), PLAIN),
         "/readyz" => {
             use crate::store::Readiness;
-            match crate::store::ready(store, Duration::from_secs(2)).await {
+            // A queue that cannot store notifications answers each with the
+            // failure reply: the load balancer sends them elsewhere.
+            if ready.queue.is_some_and(|q| !q.writable()) {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the queue cannot store notifications: its disk is full or failing, or has less free than --data-dir-reserve\n".into(),
+                    PLAIN,
+                );
+            }
+            match crate::store::ready(ready.store, Duration::from_secs(2)).await {
                 Readiness::Ready => text(StatusCode::OK, "ready\n".into(), PLAIN),
                 Readiness::FrontDown => text(
                     StatusCode::OK,

@@ -213,6 +213,11 @@ pub struct Args {
         env = "IDEMPOTENCY_GATEWAY_DATA_DIR"
     )]
     pub data_dir: Option<PathBuf>,
+    /// Free space kept on the disk of --data-dir: while less is free, new notifications
+    /// get the channel's failure reply (the channel retries them) so that the queued ones
+    /// can still be delivered; 0 turns it off (default 64MiB)
+    #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_DATA_DIR_RESERVE", value_parser = parse::size)]
+    pub data_dir_reserve: Option<usize>,
     /// Failed deliveries of a queued notification before it is dead-lettered (default 25)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_ATTEMPTS", value_parser = crate::ack::attempts)]
     pub max_attempts: Option<u32>,

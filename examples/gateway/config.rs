@@ -81,6 +81,7 @@ struct File {
     admin_tls_key: Option<PathBuf>,
     queue: Field,
     data_dir: Option<PathBuf>,
+    data_dir_reserve: Option<Spanned<SizeValue>>,
     max_attempts: Option<Spanned<u64>>,
     queue_replicas: Option<Spanned<u64>>,
     retry_backoff: Field,
@@ -403,7 +404,12 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
             parse::positive_duration,
         )?),
     );
-    settings.replicas(replicas)
+    let reserve = args.data_dir_reserve.or(at.size_by(
+        &file.data_dir_reserve,
+        "data_dir_reserve",
+        parse::size,
+    )?);
+    settings.replicas(replicas).map(|s| s.reserve(reserve))
 }
 
 /// The config file `args` names (empty if none), its text and its path.

@@ -305,6 +305,19 @@ async fn run(
     };
     let store = store::connect(&settings.store, settings.backstop.as_deref(), &budgets).await?;
     let admin = settings.admin_token.clone().map(admin::Admin::new);
+    let acked = settings
+        .routes
+        .iter()
+        .any(|(_, _, o)| o.is_ack_then_deliver());
+    ack::warn_unverified(&settings.routes);
+    let memory = matches!(store, tower_idempotency::store::Either::Left(_));
+    ack::warn_memory_store(&settings.queue, memory);
+    let queue = settings.queue.open_for(acked).await?;
+    // `/readyz` says when the embedded queue cannot store notifications.
+    let embedded = match (&queue, acked) {
+        (Some(either::Either::Left(q)), true) => Some(q.clone()),
+        _ => None,
+    };
     let metrics = match settings.metrics_listen {
         Some(addr) => {
             let presets = route_presets(&settings.routes);
@@ -323,6 +336,7 @@ async fn run(
             let started = admin::start(
                 addr,
                 store.clone(),
+                embedded,
                 dropped,
                 &series,
                 admin.clone(),
@@ -337,14 +351,6 @@ async fn run(
         }
         None => None,
     };
-    let acked = settings
-        .routes
-        .iter()
-        .any(|(_, _, o)| o.is_ack_then_deliver());
-    ack::warn_unverified(&settings.routes);
-    let memory = matches!(store, tower_idempotency::store::Either::Left(_));
-    ack::warn_memory_store(&settings.queue, memory);
-    let queue = settings.queue.open_for(acked).await?;
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's

@@ -180,7 +180,10 @@ impl Ingest {
             }
             Err(_e) => {
                 outcome::record(key.preset_arc(), Outcome::StoreError);
-                outcome::log_warn!(key = %key.redacted(), error = %_e, "cannot queue the notification; answering a failure");
+                // A queue that cannot write says so itself, once a minute.
+                if !_e.is_unwritable() {
+                    outcome::log_warn!(key = %key.redacted(), error = %_e, "cannot queue the notification; answering a failure");
+                }
                 reply(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "cannot queue the notification\n",

@@ -43,7 +43,7 @@ impl Embedded {
     }
 
     pub(super) fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        let txn = self.db.begin_read().map_err(err)?;
+        let txn = self.db.get()?.begin_read().map_err(err)?;
         let dead = txn.open_table(DEAD).map_err(err)?;
         let mut out = Vec::new();
         for row in dead.iter().map_err(err)?.take(limit) {

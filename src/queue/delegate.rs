@@ -8,7 +8,7 @@ macro_rules! embedded_queue {
         impl $crate::queue::Queue for $ty {
             async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
                 self.inner
-                    .grouped(move |txn| Embedded::ingest(txn, &message))
+                    .grouped_ingest(move |txn| Embedded::ingest(txn, &message))
                     .await
             }
 
@@ -18,7 +18,7 @@ macro_rules! embedded_queue {
                 lease: Duration,
             ) -> Result<Vec<Delivery>, QueueError> {
                 self.inner
-                    .grouped(move |txn| Embedded::fetch(txn, max, lease))
+                    .grouped_fetch(move |txn| Embedded::fetch(txn, max, lease))
                     .await
             }
 

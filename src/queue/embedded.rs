@@ -8,19 +8,23 @@
 //! change runs in a write transaction of the group commit: atomic, and
 //! durable before its caller hears back.
 
-use super::group::Committer;
+use super::group::{Committer, Kind};
+use super::health::Health;
 use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
+use super::reopen::Db;
+use super::room::Room;
 use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
 use std::hash::BuildHasher;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
-const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
+pub(super) const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
+pub(super) const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
 pub(super) const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
-const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
+pub(super) const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
 pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
 pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
@@ -43,24 +47,21 @@ fn fresh_lease() -> u64 {
 /// The queue over one database.
 #[derive(Debug, Clone)]
 pub(super) struct Embedded {
-    pub(super) db: Arc<Database>,
+    pub(super) db: Arc<Db>,
     window: Duration,
     committer: Arc<Committer>,
 }
 
 impl Embedded {
-    pub(super) fn new(db: Database, window: Duration) -> Result<Self, QueueError> {
-        let txn = db.begin_write().map_err(err)?;
-        {
-            txn.open_table(STATE).map_err(err)?;
-            txn.open_table(MESSAGES).map_err(err)?;
-            txn.open_table(KEYS).map_err(err)?;
-            txn.open_table(EXPIRY).map_err(err)?;
-            txn.open_table(DEAD).map_err(err)?;
-            txn.open_table(META).map_err(err)?;
-        }
-        txn.commit().map_err(err)?;
-        let db = Arc::new(db);
+    /// The queue over `db`; `path`, its file, to reopen it after a failed
+    /// write (none: in memory).
+    pub(super) fn new(
+        db: Database,
+        path: Option<PathBuf>,
+        window: Duration,
+    ) -> Result<Self, QueueError> {
+        let room = path.clone().map(Room::on).unwrap_or_default();
+        let db = Arc::new(Db::new(db, path, Health::new(room))?);
         Ok(Self {
             committer: Arc::new(Committer::start(db.clone())?),
             db,
@@ -68,18 +69,49 @@ impl Embedded {
         })
     }
 
+    /// Keeps `bytes` free on the file's disk: ingests are refused past it.
+    pub(super) fn set_reserve(&self, bytes: u64) {
+        self.db.health.room.set_reserve(bytes);
+    }
+
+    /// Whether new entries can be stored now.
+    pub(super) fn writable(&self) -> bool {
+        self.db.health.writable()
+    }
+
     pub(super) fn set_window(&mut self, window: Duration) {
         self.window = window;
     }
 
     /// Runs `change` in the next group commit (see [`Committer::run`]);
-    /// returns once that commit is durable.
+    /// returns once that commit is durable. After a failed write it waits
+    /// for the file to be reopened (see [`Kind::Settle`]).
     pub(super) async fn grouped<T, F>(&self, change: F) -> Result<T, QueueError>
     where
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
     {
-        self.committer.run(change).await
+        self.committer.run(Kind::Settle, change).await
+    }
+
+    /// [`grouped`](Self::grouped) for a change that stores a new entry:
+    /// refused while the disk is short of room.
+    pub(super) async fn grouped_ingest<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(Kind::Ingest, change).await
+    }
+
+    /// [`grouped`](Self::grouped) for a fetch: fails at once while the file
+    /// is being reopened (a settlement waits for it).
+    pub(super) async fn grouped_fetch<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(Kind::Fetch, change).await
     }
 
     /// How long a delivered key is remembered.
@@ -89,7 +121,7 @@ impl Embedded {
 
     /// Bytes of the file in use (allocated pages), for measurements.
     pub(super) fn allocated_bytes(&self) -> Result<u64, QueueError> {
-        let txn = self.db.begin_write().map_err(err)?;
+        let txn = self.db.get()?.begin_write().map_err(err)?;
         let stats = txn.stats().map_err(err)?;
         txn.abort().map_err(err)?;
         Ok(stats.allocated_pages() * stats.page_size() as u64)
@@ -329,7 +361,11 @@ impl Embedded {
     }
 
     pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
-        let txn = self.db.begin_read().map_err(err)?;
+        self.db.health.stats(self.read_stats())
+    }
+
+    fn read_stats(&self) -> Result<QueueStats, QueueError> {
+        let txn = self.db.get()?.begin_read().map_err(err)?;
         let now = queue_now_read(&txn)?;
         let state = txn.open_table(STATE).map_err(err)?;
         let oldest = match state.first().map_err(err)? {
@@ -343,6 +379,7 @@ impl Embedded {
             depth: state.len().map_err(err)?,
             oldest,
             dead: txn.open_table(DEAD).map_err(err)?.len().map_err(err)?,
+            ..QueueStats::default()
         })
     }
 }

@@ -6,14 +6,43 @@
 //! flush per group instead of one each.
 
 use super::records::err;
+use super::reopen::{poisoned, Db};
+use super::room::is_full;
 use super::QueueError;
-use redb::{Database, WriteTransaction};
-use std::sync::mpsc;
+use redb::{CommitError, Database, StorageError, WriteTransaction};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Changes per group commit, at most.
 const GROUP_MAX: usize = 512;
+
+/// The first wait before a file whose write failed is reopened; doubled
+/// after each failure in a row, up to [`REOPEN_MAX`].
+const REOPEN_FIRST: Duration = Duration::from_millis(100);
+const REOPEN_MAX: Duration = Duration::from_secs(5);
+
+/// A write failing this long after the previous failure starts the backoff
+/// from [`REOPEN_FIRST`] again.
+const CALM: Duration = Duration::from_secs(60);
+
+/// The longest a settlement waits for a closed file before it fails.
+const HOLD_MAX: Duration = Duration::from_secs(60);
+
+/// What a change does, for what it waits when the disk is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Stores a new entry: refused while the disk is short of room (see
+    /// `Room`), and at once while the file is closed after a failed write.
+    Ingest,
+    /// Leases due entries: fails at once while the file is closed (the
+    /// worker polls again).
+    Fetch,
+    /// Every other change (settling a delivery, a replay): waits for the
+    /// file to be reopened, up to [`HOLD_MAX`].
+    Settle,
+}
 
 /// One change waiting for the group commit.
 trait Pending: Send {
@@ -24,12 +53,19 @@ trait Pending: Send {
     /// Answers the caller: the kept result once `committed` is `Ok`, the
     /// error otherwise.
     fn reply(self: Box<Self>, committed: Result<(), QueueError>);
+
+    fn kind(&self) -> Kind;
+
+    /// When the change first waited for a closed file (now, the first time).
+    fn held(&mut self) -> Instant;
 }
 
 struct Call<T, F> {
     change: F,
     out: Option<T>,
     reply: oneshot::Sender<Result<T, QueueError>>,
+    kind: Kind,
+    held: Option<Instant>,
 }
 
 impl<T, F> Pending for Call<T, F>
@@ -47,6 +83,14 @@ where
         let result = committed.and_then(|()| this.out.ok_or_else(|| err("change not run")));
         // The caller may have gone (cancelled): the change stays committed.
         let _ = this.reply.send(result);
+    }
+
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn held(&mut self) -> Instant {
+        *self.held.get_or_insert_with(Instant::now)
     }
 }
 
@@ -72,22 +116,11 @@ impl Drop for Committer {
 
 impl Committer {
     /// Starts the thread over `db`.
-    pub(super) fn start(db: Arc<Database>) -> Result<Self, QueueError> {
+    pub(super) fn start(db: Arc<Db>) -> Result<Self, QueueError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("queue-commit".into())
-            .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut jobs = vec![first];
-                    while jobs.len() < GROUP_MAX {
-                        match rx.try_recv() {
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
-                        }
-                    }
-                    commit_group(&db, jobs);
-                }
-            })
+            .spawn(move || serve(&db, &rx))
             .map_err(err)?;
         Ok(Self {
             tx: Some(tx),
@@ -99,7 +132,7 @@ impl Committer {
     /// commit is durable. `change` may run twice (the second time in a fresh
     /// transaction, the first one rolled back), so it must not keep state
     /// of its own between runs.
-    pub(super) async fn run<T, F>(&self, change: F) -> Result<T, QueueError>
+    pub(super) async fn run<T, F>(&self, kind: Kind, change: F) -> Result<T, QueueError>
     where
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
@@ -110,37 +143,237 @@ impl Committer {
             change,
             out: None,
             reply,
+            kind,
+            held: None,
         }))
         .map_err(|_| err("commit thread stopped"))?;
         rx.await.map_err(|_| err("commit thread stopped"))?
     }
 }
 
-/// Runs `jobs` in one transaction and commits it. If that fails and the
-/// group had more than one change, each runs again alone, so that one bad
-/// entry does not fail the changes that arrived with it.
-fn commit_group(db: &Database, mut jobs: Vec<Job>) {
-    let together = commit(db, &mut jobs);
-    if together.is_ok() || jobs.len() == 1 {
-        for job in jobs {
-            job.reply(together.clone());
+/// Commits the changes sent on `rx` in groups until every sender is gone.
+/// After a write failed on the storage, the file is closed and reopened
+/// with a backoff; meanwhile ingests and fetches fail at once (their
+/// callers hear an unwritable error instead of waiting for the disk), and
+/// settlements wait for a reopen that lets them commit, up to [`HOLD_MAX`]:
+/// a delivery that ended while the disk was full is settled once space is
+/// freed, instead of waiting out its lease.
+fn serve(db: &Db, rx: &mpsc::Receiver<Job>) {
+    let mut closed: Option<Closed> = None;
+    let mut backoff = Backoff::default();
+    loop {
+        let first = match &closed {
+            None => match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => break,
+            },
+            Some(c) => match rx.recv_timeout(c.until.saturating_duration_since(Instant::now())) {
+                Ok(job) => Some(job),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        if let Some(mut c) = closed.take_if(|c| Instant::now() >= c.until) {
+            let reopened = db.reopen();
+            db.health.reopened(&reopened);
+            closed =
+                match reopened {
+                    Ok(()) => commit_group(db, std::mem::take(&mut c.held)).err().map(
+                        |(failure, left)| {
+                            let mut c = backoff.closed(db, &failure);
+                            c.hold(left, &failure.error);
+                            c
+                        },
+                    ),
+                    Err(e) => {
+                        let held = std::mem::take(&mut c.held);
+                        c.until = Instant::now() + backoff.again();
+                        c.hold(held, &e);
+                        Some(c)
+                    }
+                };
         }
-        return;
+        let Some(first) = first else { continue };
+        let mut jobs = vec![first];
+        while jobs.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        if let Some(c) = &mut closed {
+            let e = QueueError::unwritable(
+                "embedded queue: a write failed on its disk; new entries are refused until its file is reopened",
+            );
+            c.hold(jobs, &e);
+            continue;
+        }
+        if let Err((failure, left)) = commit_group(db, jobs) {
+            let mut c = backoff.closed(db, &failure);
+            c.hold(left, &failure.error);
+            closed = Some(c);
+        }
     }
-    for mut job in jobs {
-        let alone = commit(db, std::slice::from_mut(&mut job));
-        job.reply(alone);
+    if let Some(c) = closed {
+        fail(c.held, &err("closed"));
     }
 }
 
-fn commit(db: &Database, jobs: &mut [Job]) -> Result<(), QueueError> {
+/// A file closed after a failed write: when it is reopened next, and the
+/// changes waiting for it.
+struct Closed {
+    until: Instant,
+    held: Vec<Job>,
+}
+
+impl Closed {
+    /// Keeps the settlements of `jobs` for the reopen; the others, and
+    /// settlements that waited [`HOLD_MAX`] already, fail with `e`.
+    fn hold(&mut self, jobs: Vec<Job>, e: &QueueError) {
+        for mut job in jobs {
+            if job.kind() != Kind::Settle || job.held().elapsed() >= HOLD_MAX {
+                job.reply(Err(e.clone()));
+            } else {
+                self.held.push(job);
+            }
+        }
+    }
+}
+
+/// The wait before the next reopen.
+struct Backoff {
+    next: Duration,
+    last_failure: Option<Instant>,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            next: REOPEN_FIRST,
+            last_failure: None,
+        }
+    }
+}
+
+impl Backoff {
+    /// A write failed: the file is closed until the next reopen.
+    fn closed(&mut self, db: &Db, failure: &Failure) -> Closed {
+        db.health.failed(&failure.error, failure.full);
+        self.next = match self.last_failure {
+            Some(at) if at.elapsed() < CALM => (self.next * 2).min(REOPEN_MAX),
+            _ => REOPEN_FIRST,
+        };
+        self.last_failure = Some(Instant::now());
+        Closed {
+            until: Instant::now() + self.next,
+            held: Vec::new(),
+        }
+    }
+
+    /// The reopen failed: the wait before the next one.
+    fn again(&mut self) -> Duration {
+        self.next = (self.next * 2).min(REOPEN_MAX);
+        self.next
+    }
+}
+
+fn fail(jobs: Vec<Job>, e: &QueueError) {
+    for job in jobs {
+        job.reply(Err(e.clone()));
+    }
+}
+
+/// Why a commit failed; `full`: for want of space.
+struct Failure {
+    error: QueueError,
+    full: bool,
+}
+
+impl From<QueueError> for Failure {
+    fn from(error: QueueError) -> Self {
+        Self { error, full: false }
+    }
+}
+
+/// Runs `jobs` in one transaction and commits it. If that fails and the
+/// group had more than one change, each runs again alone, so that one bad
+/// entry does not fail the changes that arrived with it. Ingests are
+/// refused first while the disk is short of room. `Err` when a write failed
+/// on the storage: the database refuses every transaction until it is
+/// reopened, and the changes not answered yet are handed back.
+fn commit_group(db: &Db, mut jobs: Vec<Job>) -> Result<(), (Failure, Vec<Job>)> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let database = match db.get() {
+        Ok(database) => database,
+        Err(e) => {
+            fail(jobs, &e);
+            return Ok(());
+        }
+    };
+    let mut ingests = jobs.iter().any(|j| j.kind() == Kind::Ingest);
+    if ingests {
+        if let Err(e) = db.health.room.check() {
+            db.health.refused(&e);
+            let (refused, others): (Vec<Job>, Vec<Job>) =
+                jobs.into_iter().partition(|j| j.kind() == Kind::Ingest);
+            fail(refused, &e);
+            (jobs, ingests) = (others, false);
+        }
+    }
+    let failed = match commit(&database, &mut jobs) {
+        Ok(()) => {
+            db.health.committed();
+            if ingests {
+                db.health.room.stored();
+            }
+            for job in jobs {
+                job.reply(Ok(()));
+            }
+            return Ok(());
+        }
+        Err(failure) if poisoned(&database) => failure,
+        Err(failure) if jobs.len() == 1 => {
+            fail(jobs, &failure.error);
+            return Ok(());
+        }
+        Err(_) => {
+            let mut left = jobs.into_iter();
+            loop {
+                let Some(mut job) = left.next() else {
+                    return Ok(());
+                };
+                match commit(&database, std::slice::from_mut(&mut job)) {
+                    Ok(()) => job.reply(Ok(())),
+                    Err(failure) if poisoned(&database) => {
+                        jobs = std::iter::once(job).chain(left).collect();
+                        break failure;
+                    }
+                    Err(failure) => job.reply(Err(failure.error)),
+                }
+            }
+        }
+    };
+    let failure = Failure {
+        error: QueueError::unwritable(failed.error.to_string()),
+        full: failed.full,
+    };
+    Err((failure, jobs))
+}
+
+fn commit(db: &Database, jobs: &mut [Job]) -> Result<(), Failure> {
     let txn = db.begin_write().map_err(err)?;
     for job in jobs.iter_mut() {
         if let Err(e) = job.run(&txn) {
             // Rolls back every change of the group.
             let _ = txn.abort();
-            return Err(e);
+            return Err(e.into());
         }
     }
-    txn.commit().map_err(err)
+    // The pages are written here: a full disk shows as this commit's error.
+    txn.commit().map_err(|e| Failure {
+        full: matches!(&e, CommitError::Storage(StorageError::Io(io)) if is_full(io)),
+        error: err(e),
+    })
 }

@@ -21,7 +21,8 @@ impl MemoryQueue {
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .expect("an in-memory database opens");
         Self {
-            inner: Embedded::new(db, Duration::from_secs(25 * 3600)).expect("tables are created"),
+            inner: Embedded::new(db, None, Duration::from_secs(25 * 3600))
+                .expect("tables are created"),
         }
     }
 

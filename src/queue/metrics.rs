@@ -17,7 +17,9 @@ pub(super) fn attempt(queue: &std::sync::Arc<str>, result: &'static str) {
 
 /// Sets the gauges: `idempotency_queue_depth`,
 /// `idempotency_queue_oldest_seconds` and `idempotency_queue_dead_letters`,
-/// each labelled `queue`.
+/// each labelled `queue`; for a queue that says whether it can write (the
+/// embedded one), `idempotency_queue_writable` (1 or 0) and the counter
+/// `idempotency_queue_write_errors_total`.
 #[cfg(feature = "metrics")]
 pub(super) fn stats(queue: &std::sync::Arc<str>, stats: &QueueStats) {
     let label = || metrics::SharedString::from(queue.clone());
@@ -25,6 +27,12 @@ pub(super) fn stats(queue: &std::sync::Arc<str>, stats: &QueueStats) {
     metrics::gauge!("idempotency_queue_oldest_seconds", "queue" => label())
         .set(stats.oldest.map_or(0.0, |d| d.as_secs_f64()));
     metrics::gauge!("idempotency_queue_dead_letters", "queue" => label()).set(stats.dead as f64);
+    if let Some(writable) = stats.writable {
+        metrics::gauge!("idempotency_queue_writable", "queue" => label())
+            .set(f64::from(u8::from(writable)));
+        metrics::counter!("idempotency_queue_write_errors_total", "queue" => label())
+            .absolute(stats.write_errors);
+    }
 }
 
 /// Sets `idempotency_queue_stranded{queue}`: entries kept because no route

@@ -51,6 +51,7 @@ mod delegate;
 mod either;
 mod embedded;
 mod group;
+mod health;
 mod lanes;
 mod memory;
 mod message;
@@ -62,6 +63,8 @@ mod redb;
 mod redis_scripts;
 #[cfg(feature = "redis")]
 mod redis_streams;
+mod reopen;
+mod room;
 mod settle;
 mod worker;
 
@@ -159,12 +162,20 @@ pub struct QueueStats {
     pub oldest: Option<Duration>,
     /// Entries in the dead letters.
     pub dead: u64,
+    /// Whether the queue can store new entries now: `Some(false)` while its
+    /// disk is full or failing, or while it keeps its reserve of free space
+    /// (see [`RedbQueue::reserve`]); `None` from a queue that does not say.
+    pub writable: Option<bool>,
+    /// Writes that failed on the queue's storage (I/O errors) since it was
+    /// opened.
+    pub write_errors: u64,
 }
 
 /// Why a queue call failed.
 #[derive(Debug, Clone)]
 pub struct QueueError {
     message: Arc<str>,
+    unwritable: bool,
 }
 
 impl QueueError {
@@ -172,7 +183,24 @@ impl QueueError {
     pub fn new(message: impl Into<Arc<str>>) -> Self {
         Self {
             message: message.into(),
+            unwritable: false,
         }
+    }
+
+    /// The queue cannot store anything now (its disk is full or failing,
+    /// or it keeps its reserve of free space), and says so itself while
+    /// it lasts: a warning a minute, `idempotency_queue_writable` at 0.
+    pub fn unwritable(message: impl Into<Arc<str>>) -> Self {
+        Self {
+            unwritable: true,
+            ..Self::new(message)
+        }
+    }
+
+    /// Whether this is an [`unwritable`](Self::unwritable) error: the queue
+    /// reports the condition, so a caller need not log each failure.
+    pub fn is_unwritable(&self) -> bool {
+        self.unwritable
     }
 }
 

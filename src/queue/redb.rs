@@ -54,8 +54,37 @@ impl RedbQueue {
         let db = redb::Database::create(path.as_ref())
             .map_err(|e| QueueError::new(format!("open {}: {e}", path.as_ref().display())))?;
         Ok(Self {
-            inner: Embedded::new(db, Duration::from_secs(25 * 3600))?,
+            inner: Embedded::new(
+                db,
+                Some(path.as_ref().to_owned()),
+                Duration::from_secs(25 * 3600),
+            )?,
         })
+    }
+
+    /// Keeps `bytes` free on the file system holding the queue: while less
+    /// is free, [`ingest`](super::Queue::ingest) is refused with an
+    /// [unwritable](QueueError::is_unwritable) error (acknowledge nothing:
+    /// answer the channel's failure reply, it sends the notification again),
+    /// checked before each group of ingests. redb is copy-on-write, so even
+    /// settling a delivery writes new pages first: the reserve keeps the
+    /// room to deliver what is queued. Checked on Unix (`statvfs`). Defaults
+    /// to 0 (none).
+    ///
+    /// Whatever the reserve, after a write failed for want of space new
+    /// entries wait until more is free than was then, and after any failed
+    /// write the queue closes and reopens its file (with a backoff) until it
+    /// works again, at its last commit: nothing it confirmed is lost.
+    pub fn reserve(self, bytes: u64) -> Self {
+        self.inner.set_reserve(bytes);
+        self
+    }
+
+    /// Whether the queue can store new entries now: `false` while its disk
+    /// is full or failing, or while less than the [`reserve`](Self::reserve)
+    /// is free. The same as [`QueueStats::writable`].
+    pub fn writable(&self) -> bool {
+        self.inner.writable()
     }
 
     /// Bytes of the file in use (allocated pages, whatever the file's

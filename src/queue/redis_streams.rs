@@ -391,6 +391,7 @@ where
             depth: live + delayed,
             oldest,
             dead,
+            ..QueueStats::default()
         })
     }
 }

@@ -376,6 +376,8 @@ where
                             }
                         }
                     }
+                    // The queue says so itself, once a minute.
+                    Err(e) if e.is_unwritable() => next_fetch = Instant::now() + self.config.poll,
                     Err(_e) => {
                         crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed");
                         next_fetch = Instant::now() + self.config.poll;
@@ -395,8 +397,11 @@ where
             tokio::select! {
                 () = &mut shutdown, if !stopping => stopping = true,
                 Some(done) = running.next(), if busy => {
-                    if let Err(_e) = self.finish(done) {
-                        crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed while settling a delivery; it is delivered again after its lease");
+                    match self.finish(done) {
+                        Err(_e) if !_e.is_unwritable() => {
+                            crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed while settling a delivery; it is delivered again after its lease");
+                        }
+                        _ => {}
                     }
                     self.report_stranded();
                 }
