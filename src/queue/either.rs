@@ -37,6 +37,10 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
         both!(self, q => q.fetch(max, lease))
     }
 
+    async fn renew(&self, delivery: &Delivery, lease: Duration) -> Result<bool, QueueError> {
+        both!(self, q => q.renew(delivery, lease))
+    }
+
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
         both!(self, q => q.ack(delivery))
     }

@@ -205,6 +205,21 @@ pub trait Queue: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Delivery>, QueueError>> + Send;
 
+    /// The delivery is still running (or waiting for its turn): its lease
+    /// runs `lease` from now, so that the entry is not handed out again
+    /// meanwhile (nor does that count as an attempt). `false` if the lease
+    /// was lost. A [`Worker`] calls it every third of its lease. Defaults to
+    /// doing nothing (`true`): a queue whose leases cannot be renewed hands
+    /// out again an entry whose delivery outlives its lease.
+    fn renew(
+        &self,
+        delivery: &Delivery,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        let _ = (delivery, lease);
+        async { Ok(true) }
+    }
+
     /// The entry was delivered: removes it. `false` if the lease was lost
     /// (the entry was handed to another worker).
     fn ack(&self, delivery: &Delivery) -> impl Future<Output = Result<bool, QueueError>> + Send;

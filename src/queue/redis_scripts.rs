@@ -82,6 +82,17 @@ pub(super) static ACK: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Resets the idle time of an entry this consumer holds (so that no
+/// `XAUTOCLAIM` takes it while its delivery runs), without counting a
+/// delivery (`JUSTID`).
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+         return 1"
+    ))
+});
+
 pub(super) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{OWNED}

@@ -1,6 +1,6 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
-use super::redis_scripts::{ACK, DEAD, FETCH, INGEST, PRUNE, REPLAY, RETRY};
+use super::redis_scripts::{ACK, DEAD, FETCH, INGEST, PRUNE, RENEW, REPLAY, RETRY};
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
@@ -257,6 +257,20 @@ where
             });
         }
         Ok(out)
+    }
+
+    async fn renew(&self, delivery: &Delivery, _lease: Duration) -> Result<bool, QueueError> {
+        // Redis keeps the idle time, not a lease: reset to zero, the entry
+        // is reclaimed one (reclaiming worker's) lease from now.
+        let got: i64 = RENEW
+            .key(self.key("s"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {

@@ -81,7 +81,7 @@ mod adaptive;
 mod service;
 mod slots;
 
-pub use adaptive::AimdLimit;
+pub use adaptive::{AimdLimit, InvalidAimdLimit};
 pub use service::{InFlightBody, InFlightLimit, InFlightLimitLayer, ResponseFuture};
 #[cfg(feature = "proxy")]
 pub(crate) use slots::{failed, Gauge, Slot};
