@@ -424,6 +424,19 @@ fn bad_limits_exit_2_with_the_reason() {
             "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"soon\" }",
             ":6: `auto_limit.latency_threshold`:",
         ),
+        // Extremes no limit works with: errors, not panics.
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"100000h\" }",
+            ":6: `auto_limit`: latency threshold",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { tolerance = inf }",
+            ":6: `auto_limit.tolerance`: inf must be a number of at least 1",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { tolerance = 1e300 }",
+            ":6: `auto_limit`: tolerance",
+        ),
         ("max_in_flight = \"auto\"\nauto_limit = { mx = 3 }", "unknown field `mx`"),
         (
             "max_in_flight = \"many\"",

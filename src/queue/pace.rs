@@ -214,6 +214,9 @@ pub(super) struct Lane {
     /// Until when the entries given back for a full lane are spread (each
     /// due when the lane should have room for it).
     spread_until: Option<Instant>,
+    /// Until when no delivery starts: the shared slots or turns (held
+    /// across every worker on the queue) were all taken.
+    held_until: Option<Instant>,
 }
 
 /// The longest an entry fetched for a full lane is given back for.
@@ -250,6 +253,7 @@ impl Lane {
             latency: None,
             busy_since: None,
             spread_until: None,
+            held_until: None,
         }
     }
 
@@ -261,6 +265,9 @@ impl Lane {
             Some(Gate::Wait) => return Admit::Wait(None),
             Some(Gate::Probe) => true,
         };
+        if let Some(at) = self.held_until.filter(|at| now < *at) {
+            return Admit::Wait(Some(at));
+        }
         if self.pace.concurrency.is_some_and(|n| self.running >= n) {
             return Admit::Wait(None);
         }
@@ -297,6 +304,20 @@ impl Lane {
         breaker.start_probe(entry, fresh);
         super::metrics::breaker(&self.name, 2);
         Some(delivery)
+    }
+
+    /// A delivery admitted but not started (the shared slots or turns were
+    /// all taken): back to the front of the line, no start before `until`;
+    /// a probe gives its place back.
+    pub(super) fn put_back(&mut self, delivery: super::Delivery, probe: bool, until: Instant) {
+        self.running = self.running.saturating_sub(1);
+        if let (Some(breaker), true) = (self.breaker.as_mut(), probe) {
+            let entry = entry_of(&delivery.message.key);
+            breaker.record(entry, true, None, until, &self.name);
+        }
+        self.waiting.push_front(delivery);
+        self.held_until = Some(until);
+        self.gauges();
     }
 
     /// Whether the lane holds as many deliveries as it may (its

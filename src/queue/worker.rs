@@ -215,7 +215,7 @@ where
         let mut running = FuturesUnordered::new();
         for delivery in batch {
             if let Some((lane, delivery, act)) = self.enqueue(delivery, false) {
-                running.push(self.launch(lane, delivery, act).await);
+                running.extend(self.launch(lane, delivery, act).await);
             }
         }
         let mut failed = None;
@@ -223,7 +223,7 @@ where
         loop {
             let (ready, wake) = self.admit();
             for (lane, delivery, act) in ready {
-                running.push(self.launch(lane, delivery, act).await);
+                running.extend(self.launch(lane, delivery, act).await);
             }
             if running.is_empty() && (self.waiting() == 0 || wake.is_none()) {
                 break;
@@ -252,15 +252,25 @@ where
         }
     }
 
-    /// Starts `act` for `delivery`; the returned future settles it.
+    /// Starts `act` for `delivery`; the returned future settles it. `None`
+    /// when the lane's shared slots or turns (held across every worker on
+    /// the queue) are all taken: the delivery went back to its line.
     async fn launch(
         &mut self,
         lane: usize,
         delivery: Delivery,
         act: Act,
-    ) -> impl Future<Output = Done> + use<Q, S> {
+    ) -> Option<impl Future<Output = Done> + use<Q, S>> {
+        let mut slot = None;
         let call = match act {
             Act::Call(probe) => {
+                match self.shared_turn(lane).await {
+                    Ok(taken) => slot = taken,
+                    Err(wait) => {
+                        self.lanes[lane].put_back(delivery, probe, Instant::now() + wait);
+                        return None;
+                    }
+                }
                 let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
                 Some((
                     probe,
@@ -269,21 +279,32 @@ where
             }
             _ => None,
         };
+        let slot = slot.map(|slot| (self.lanes[lane].name.clone(), slot));
         let (queue, config) = (self.queue.clone(), self.config.clone());
         let last = delivery.attempt >= config.max_attempts;
         let after = self.lanes[lane]
             .pace
             .scheduled_wait(delivery.attempt)
             .unwrap_or_else(|| config.backoff_after(delivery.attempt));
-        async move {
+        Some(async move {
             let key = delivery.message.key.clone();
             let (call, settled) = match (act, call) {
                 (_, Some((probe, call))) => {
                     let started = Instant::now();
                     let result = match call {
-                        Ok(fut) => renewing(&queue, &config, &delivery, fut).await.map(drop),
+                        Ok(fut) => {
+                            let slot = slot.as_ref();
+                            renewing(&queue, &config, (&delivery, slot), fut)
+                                .await
+                                .map(drop)
+                        }
                         Err(e) => Err(e),
                     };
+                    if let Some((lane, slot)) = &slot {
+                        if let Err(_e) = queue.give_slot(lane, *slot).await {
+                            crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
+                        }
+                    }
                     let (took, up) = (started.elapsed(), verdict(&result));
                     let how = (last, after);
                     let settled = settle(&queue, &config.name, how, &delivery, result).await;
@@ -301,7 +322,41 @@ where
                 call,
                 settled,
             }
+        })
+    }
+
+    /// The lane's shared slot and turn, when its pace has a concurrency or
+    /// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
+    /// to wait. A queue that fails here does not stop the deliveries: the
+    /// worker's own limits still hold.
+    async fn shared_turn(&self, lane: usize) -> Result<Option<u64>, Duration> {
+        let lane = &self.lanes[lane];
+        let mut slot = None;
+        if let Some(n) = lane.pace.get_concurrency() {
+            match self.queue.take_slot(&lane.name, n, self.config.lease).await {
+                Ok(Some(taken)) => slot = Some(taken),
+                Ok(None) => return Err(SHARED_FULL_WAIT),
+                Err(_e) => {
+                    crate::outcome::log_warn!(queue = %self.config.name, route = %lane.name, error = %_e, "cannot take a shared delivery slot; this instance's own limit holds");
+                }
+            }
         }
+        if let Some(rate) = lane.pace.get_rate() {
+            let wait = match self.queue.take_turn(&lane.name, rate.interval()).await {
+                Ok(wait) => wait,
+                Err(_e) => {
+                    crate::outcome::log_warn!(queue = %self.config.name, route = %lane.name, error = %_e, "cannot take a shared delivery turn; this instance's own rate holds");
+                    None
+                }
+            };
+            if let Some(wait) = wait {
+                if let Some(taken) = slot {
+                    let _ = self.queue.give_slot(&lane.name, taken).await;
+                }
+                return Err(wait);
+            }
+        }
+        Ok(slot)
     }
 
     /// Records a delivery that ended in its lane and the stranded set.
@@ -372,7 +427,7 @@ where
                 // Not inside `push` (it borrows the set across the
                 // service's readiness).
                 let started = self.launch(lane, delivery, act).await;
-                running.push(started);
+                running.extend(started);
             }
             // Entries being postponed take no room: they are given back.
             let free = self
@@ -386,7 +441,7 @@ where
                         for delivery in batch {
                             if let Some((lane, delivery, act)) = self.enqueue(delivery, true) {
                                 let started = self.launch(lane, delivery, act).await;
-                                running.push(started);
+                                running.extend(started);
                             }
                         }
                     }
@@ -432,7 +487,7 @@ where
 async fn renewing<Q: Queue, F: Future>(
     queue: &Q,
     config: &Config,
-    delivery: &Delivery,
+    (delivery, slot): (&Delivery, Option<&(Arc<str>, u64)>),
     call: F,
 ) -> F::Output {
     let every = renew_every(config.lease);
@@ -441,6 +496,11 @@ async fn renewing<Q: Queue, F: Future>(
         tokio::select! {
             out = &mut call => return out,
             () = tokio::time::sleep(every) => {
+                if let Some((lane, slot)) = slot {
+                    if let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
+                        crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared delivery slot");
+                    }
+                }
                 match queue.renew(delivery, config.lease).await {
                     Ok(true) => {}
                     Ok(false) => {
@@ -467,6 +527,10 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// How long a delivery waits when its lane's shared slots are all taken
+/// (by the workers of other instances) before it tries again.
+const SHARED_FULL_WAIT: Duration = Duration::from_millis(50);
 
 /// How often stranded entries are warned about.
 const STRANDED_WARNING_EVERY: Duration = Duration::from_secs(60);
