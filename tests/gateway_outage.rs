@@ -304,14 +304,7 @@ async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
 /// sees more than 20 deliveries at once (not 60), and each notification is
 /// delivered once. The copies of each notification go to different
 /// gateways, as a load balancer spreads them.
-///
-/// Ignored for now: the shared slot set holds at 20 (read from Redis during
-/// the run), yet the upstream still saw 37 calls at once from two gateways
-/// (60 from three before the slots were shared); one gateway on the same
-/// Redis queue and store stays at 20. The calls past the slots are not
-/// explained yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the upstream still sees more than deliver_concurrency from several gateways; see the doc comment"]
 async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
     if !support_redis::redis_available() {
         eprintln!("skipped: no redis-server");

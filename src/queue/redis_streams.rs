@@ -283,7 +283,7 @@ where
     ) -> Result<Option<u64>, QueueError> {
         // Unique across instances (an owner token's low half counts up).
         let t = crate::store::OwnerToken::new().as_u128();
-        let slot = ((t >> 64) as u64 ^ t as u64) | 1;
+        let slot = (t >> 64) as u64 ^ t as u64;
         let got: i64 = TAKE_SLOT
             .key(self.key(&format!("slots:{lane}")))
             .arg(limit)
