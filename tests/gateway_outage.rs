@@ -504,7 +504,7 @@ fn bad_limits_exit_2_with_the_reason() {
         ),
         // Extremes no limit works with: errors, not panics.
         (
-            "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"100000h\" }",
+            "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"30d\" }",
             ":6: `auto_limit`: latency threshold",
         ),
         (

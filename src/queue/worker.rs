@@ -264,7 +264,13 @@ where
         let mut slot = None;
         let call = match act {
             Act::Call(probe) => {
-                match self.shared_turn(lane).await {
+                let turn = {
+                    let l = &self.lanes[lane];
+                    let pace = (l.pace.get_concurrency(), l.pace.get_rate());
+                    let (queue, config) = (self.queue.clone(), self.config.clone());
+                    shared_turn(queue, config, l.name.clone(), pace)
+                };
+                match turn.await {
                     Ok(taken) => slot = taken,
                     Err(wait) => {
                         self.lanes[lane].put_back(delivery, probe, Instant::now() + wait);
@@ -323,40 +329,6 @@ where
                 settled,
             }
         })
-    }
-
-    /// The lane's shared slot and turn, when its pace has a concurrency or
-    /// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
-    /// to wait. A queue that fails here does not stop the deliveries: the
-    /// worker's own limits still hold.
-    async fn shared_turn(&self, lane: usize) -> Result<Option<u64>, Duration> {
-        let lane = &self.lanes[lane];
-        let mut slot = None;
-        if let Some(n) = lane.pace.get_concurrency() {
-            match self.queue.take_slot(&lane.name, n, self.config.lease).await {
-                Ok(Some(taken)) => slot = Some(taken),
-                Ok(None) => return Err(SHARED_FULL_WAIT),
-                Err(_e) => {
-                    crate::outcome::log_warn!(queue = %self.config.name, route = %lane.name, error = %_e, "cannot take a shared delivery slot; this instance's own limit holds");
-                }
-            }
-        }
-        if let Some(rate) = lane.pace.get_rate() {
-            let wait = match self.queue.take_turn(&lane.name, rate.interval()).await {
-                Ok(wait) => wait,
-                Err(_e) => {
-                    crate::outcome::log_warn!(queue = %self.config.name, route = %lane.name, error = %_e, "cannot take a shared delivery turn; this instance's own rate holds");
-                    None
-                }
-            };
-            if let Some(wait) = wait {
-                if let Some(taken) = slot {
-                    let _ = self.queue.give_slot(&lane.name, taken).await;
-                }
-                return Err(wait);
-            }
-        }
-        Ok(slot)
     }
 
     /// Records a delivery that ended in its lane and the stranded set.
@@ -479,6 +451,44 @@ where
             }
         }
     }
+}
+
+/// The lane's shared slot and turn, when its pace has a concurrency or
+/// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
+/// to wait. A queue that fails here does not stop the deliveries: the
+/// worker's own limits still hold.
+async fn shared_turn<Q: Queue>(
+    queue: Q,
+    config: Arc<Config>,
+    lane: Arc<str>,
+    (concurrency, rate): (Option<usize>, Option<super::Rate>),
+) -> Result<Option<u64>, Duration> {
+    let mut slot = None;
+    if let Some(n) = concurrency {
+        match queue.take_slot(&lane, n, config.lease).await {
+            Ok(Some(taken)) => slot = Some(taken),
+            Ok(None) => return Err(SHARED_FULL_WAIT),
+            Err(_e) => {
+                crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot take a shared delivery slot; this instance's own limit holds");
+            }
+        }
+    }
+    if let Some(rate) = rate {
+        let wait = match queue.take_turn(&lane, rate.interval()).await {
+            Ok(wait) => wait,
+            Err(_e) => {
+                crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot take a shared delivery turn; this instance's own rate holds");
+                None
+            }
+        };
+        if let Some(wait) = wait {
+            if let Some(taken) = slot {
+                let _ = queue.give_slot(&lane, taken).await;
+            }
+            return Err(wait);
+        }
+    }
+    Ok(slot)
 }
 
 /// Runs a delivery's call, renewing the entry's lease every third of it
