@@ -245,7 +245,7 @@ async fn a_minority_failing_on_its_own_never_opens_the_breaker() {
                 *tried += 1;
                 *tried
             };
-            if n % 5 == 0 && n < 100 && tried <= 3 {
+            if n.is_multiple_of(5) && n < 100 && tried <= 3 {
                 return Err(io::Error::other("upstream answered 500: order not found"));
             }
             delivered.fetch_add(1, Ordering::SeqCst);

@@ -256,7 +256,7 @@ mod tests {
         // 100 notifications, every fifth failing; each failing one fails
         // again and again (its own retries vote only once).
         for i in 0..100u64 {
-            b.record(i, false, Some(i % 5 != 0), t, &lane());
+            b.record(i, false, Some(!i.is_multiple_of(5)), t, &lane());
         }
         for _ in 0..10 {
             for i in (0..100u64).step_by(5) {
