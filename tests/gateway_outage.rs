@@ -11,6 +11,8 @@
 //! - Ack-then-deliver with `deliver_concurrency = 20`: every copy
 //!   acknowledged at once, each notification delivered exactly once, never
 //!   more than 20 at once.
+//! - The same with three gateways on one Redis Streams queue (and one Redis
+//!   store): `deliver_concurrency = 20` holds for all of them together.
 //! - Today's behaviour (no limit: the default cap of 1024 is far above what
 //!   this upstream bears): the backlog knocks it over.
 //!
@@ -23,6 +25,7 @@
 
 mod common;
 mod gateway_support;
+mod support_redis;
 
 use bytes::Bytes;
 use common::vectors::{fixture, WECHAT_SUCCESS};
@@ -296,6 +299,81 @@ async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Three gateways on one Redis Streams queue and one Redis store, each with
+/// `deliver_concurrency = 20`: the slots are shared, so the upstream never
+/// sees more than 20 deliveries at once (not 60), and each notification is
+/// delivered once. The copies of each notification go to different
+/// gateways, as a load balancer spreads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    let (fragile, upstream) = Fragile::start().await;
+    let config = gateway_support::temp_path("outage-three.toml");
+    std::fs::write(
+        &config,
+        "retry_backoff = \"200ms\"\n\
+         [[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\n\
+         mode = \"ack-then-deliver\"\ndeliver_concurrency = 20\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let args = ["--config", &config, "--queue", &url, "--store", &url];
+    let gateways: Vec<Gateway> = (0..3).map(|_| Gateway::start(&upstream, &args)).collect();
+    let client = client();
+    let barrier = Arc::new(tokio::sync::Barrier::new(NOTIFICATIONS * COPIES));
+    let mut tasks = Vec::new();
+    for n in 0..NOTIFICATIONS {
+        let body = notification(&format!("EV-three-{n}"));
+        for copy in 0..COPIES {
+            let url = gateways[(n + copy) % 3].url("/wx");
+            let (client, body, barrier) = (client.clone(), body.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                channel_copy(client, url, body).await
+            }));
+        }
+    }
+    let mut missing = 0;
+    for t in tasks {
+        missing += usize::from(!t.await.unwrap());
+    }
+    let logs = || {
+        gateways
+            .iter()
+            .map(Gateway::log)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(missing, 0, "copies never acknowledged\n{}", logs());
+    let started = std::time::Instant::now();
+    while fragile.executed.lock().unwrap().len() < NOTIFICATIONS && started.elapsed() < GIVE_UP {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let executed = fragile.executed.lock().unwrap().len();
+    assert_eq!(
+        executed,
+        NOTIFICATIONS,
+        "notifications delivered (peak {}, overloaded {})\n{}",
+        fragile.peak.load(Ordering::SeqCst),
+        fragile.overloaded.load(Ordering::SeqCst),
+        logs()
+    );
+    let took = started.elapsed();
+    assert_eq!(doubles(&fragile), 0, "notifications delivered twice");
+    let peak = fragile.peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= BEARS,
+        "the upstream saw {peak} calls at once from three gateways"
+    );
+    assert_eq!(fragile.overloaded.load(Ordering::SeqCst), 0);
+    eprintln!("three gateways: peak {peak}, delivered all {NOTIFICATIONS} within {took:?} of the last acknowledgement");
+}
+
 /// Today's behaviour, without a limit that fits the upstream: the backlog
 /// reaches it all at once and knocks it over (far more than 20 calls at
 /// once, many of them hung). Nothing is doubled even so. Bounded to a few
@@ -423,6 +501,19 @@ fn bad_limits_exit_2_with_the_reason() {
         (
             "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"soon\" }",
             ":6: `auto_limit.latency_threshold`:",
+        ),
+        // Extremes no limit works with: errors, not panics.
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { latency_threshold = \"30d\" }",
+            ":6: `auto_limit`: latency threshold",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { tolerance = inf }",
+            ":6: `auto_limit.tolerance`: inf must be a number of at least 1",
+        ),
+        (
+            "max_in_flight = \"auto\"\nauto_limit = { tolerance = 1e300 }",
+            ":6: `auto_limit`: tolerance",
         ),
         ("max_in_flight = \"auto\"\nauto_limit = { mx = 3 }", "unknown field `mx`"),
         (

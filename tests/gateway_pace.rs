@@ -288,3 +288,61 @@ fn bad_pacing_values_exit_2_naming_the_key() {
         let _ = std::fs::remove_file(&file);
     }
 }
+
+/// A route whose own `max_in_flight` is under `deliver_concurrency` (the
+/// default 16): the worker runs no more deliveries than the route lets
+/// through (lowered, with a warning), so none is shed by the gateway
+/// itself, none uses an attempt for it, and with one attempt allowed none
+/// is dead-lettered as "upstream answered 503" though the upstream never
+/// failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliver_concurrency_above_the_routes_max_in_flight_is_lowered_to_it() {
+    #[derive(Default)]
+    struct Slow {
+        now: AtomicUsize,
+        peak: AtomicUsize,
+        delivered: AtomicUsize,
+    }
+    let slow = Arc::new(Slow::default());
+    let s = slow.clone();
+    let svc = tower::service_fn(move |_req: Request<hyper::body::Incoming>| {
+        let s = s.clone();
+        async move {
+            let now = s.now.fetch_add(1, Ordering::SeqCst) + 1;
+            s.peak.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.now.fetch_sub(1, Ordering::SeqCst);
+            s.delivered.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+        }
+    });
+    let (addr, _task) = common::serve(svc).await;
+    let (gw, metrics) = gateway(
+        &format!("http://{addr}"),
+        "max_attempts = 1",
+        "max_in_flight = 4",
+    );
+    until("the warning", &gw, || gw.log().contains("lowered to it")).await;
+    let warned = gw.log();
+    let line = warned
+        .lines()
+        .find(|l| l.contains("lowered to it"))
+        .unwrap();
+    assert!(line.contains("WARN") && line.contains("/wx"), "{line}");
+    notify(&gw, "clamped", 24).await;
+    until("all 24 are delivered", &gw, || {
+        slow.delivered.load(Ordering::SeqCst) >= 24
+    })
+    .await;
+    assert!(slow.peak.load(Ordering::SeqCst) <= 4);
+    let (_, text) = get(metrics, "/metrics");
+    let dead = text
+        .lines()
+        .find(|l| l.starts_with("idempotency_queue_dead_letters{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(dead, Some(0.0), "{}", gw.log());
+    assert_eq!(
+        route_gauge(metrics, "idempotency_upstream_breaker"),
+        Some(0.0)
+    );
+}

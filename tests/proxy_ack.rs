@@ -230,16 +230,22 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lease_runs_out_while_the_upstream_hangs_delivered_once_never_twice_at_once() {
-    let up = Hung::default();
-    up.hang.store(true, Ordering::SeqCst);
-    let forward = up.clone().start().await;
+/// A fresh directory for a redb queue.
+fn queue_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "tower-idempotency-proxy-ack-{:032x}",
         tower_idempotency::store::OwnerToken::new().as_u128()
     ));
     std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_outliving_its_lease_is_renewed_not_handed_out_again() {
+    let up = Hung::default();
+    up.hang.store(true, Ordering::SeqCst);
+    let forward = up.clone().start().await;
+    let dir = queue_dir();
     let queue = RedbQueue::open(dir.join("queue.redb")).unwrap();
     let gateway = Gateway::builder(forward, MemoryStore::new())
         .queue(queue.clone())
@@ -249,8 +255,10 @@ async fn lease_runs_out_while_the_upstream_hangs_delivered_once_never_twice_at_o
     let req = request("/wx", &[], wechat("EV-hung", "TRANSACTION.SUCCESS"));
     let answer = read(gateway.clone().oneshot(req).await.unwrap()).await;
     check(&answer, SUCCESS, "the acknowledgement");
-    // Two workers with a lease far shorter than the hang: the entry is
-    // handed out again while its first delivery is still in flight.
+    // Two workers with a lease far shorter than the hang: the running
+    // delivery renews it, so the entry is not handed out again (each
+    // handout would count an attempt: three, and it would be dead-lettered
+    // as "handed out 4 times without settling" once it finally succeeds).
     let attempts = Counter::default();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let workers: Vec<_> = (0..2)
@@ -263,6 +271,7 @@ async fn lease_runs_out_while_the_upstream_hangs_delivered_once_never_twice_at_o
             let worker = Worker::new(queue.clone(), counted)
                 .lease(Duration::from_millis(300))
                 .poll_interval(Duration::from_millis(20))
+                .max_attempts(3)
                 .backoff(Duration::from_millis(50), Duration::from_millis(200));
             let mut stopped = stopped.clone();
             tokio::spawn(worker.run(async move {
@@ -271,17 +280,14 @@ async fn lease_runs_out_while_the_upstream_hangs_delivered_once_never_twice_at_o
         })
         .collect();
     let limit = Duration::from_secs(20);
-    // (Or a second delivery reaching the upstream beside the hung one.)
-    wait_for("two more attempts while the first hangs", limit, || {
-        attempts.get() >= 3 || up.most_in_flight.load(Ordering::SeqCst) > 1
+    wait_for("the first delivery", limit, || {
+        up.in_flight.load(Ordering::SeqCst) == 1
     })
     .await;
-    assert_eq!(
-        up.most_in_flight.load(Ordering::SeqCst),
-        1,
-        "delivered twice at once"
-    );
-    assert_eq!(up.answered.get(), 0);
+    // Eight leases long.
+    tokio::time::sleep(Duration::from_millis(2400)).await;
+    assert_eq!(attempts.get(), 1, "handed out again while its delivery ran");
+    assert_eq!(up.most_in_flight.load(Ordering::SeqCst), 1);
     up.hang.store(false, Ordering::SeqCst);
     let depth = |q: RedbQueue| async move { q.stats().await.unwrap().depth };
     let start = std::time::Instant::now();
@@ -294,8 +300,94 @@ async fn lease_runs_out_while_the_upstream_hangs_delivered_once_never_twice_at_o
         w.await.unwrap();
     }
     assert_eq!(up.answered.get(), 1, "delivered more than once");
-    assert_eq!(up.most_in_flight.load(Ordering::SeqCst), 1);
-    assert_eq!(queue.stats().await.unwrap().dead, 0);
+    assert_eq!(attempts.get(), 1);
+    assert_eq!(queue.stats().await.unwrap().dead, 0, "dead-lettered");
+    drop((gateway, queue));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The route's own `max_in_flight` sheds the deliveries past it (the
+/// worker runs more at once): the gateway answered those itself, so they
+/// use no attempt and do not count for the breaker. (Counted, with two
+/// attempts and a breaker at 1 failure, they were dead-lettered as "upstream
+/// answered 503" and the breaker opened, though the upstream never failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deliveries_the_gateway_sheds_itself_use_no_attempt() {
+    let up = Hung::default();
+    up.hang.store(true, Ordering::SeqCst);
+    let forward = up.clone().start().await;
+    let dir = queue_dir();
+    let queue = RedbQueue::open(dir.join("queue.redb")).unwrap();
+    let options = acked().max_in_flight(1).queue_wait(Duration::ZERO);
+    let gateway = Gateway::builder(forward, MemoryStore::new())
+        .queue(queue.clone())
+        .route_with("/wx", Target::Preset(Preset::wechatpay_v3()), options)
+        .build()
+        .unwrap();
+    for i in 0..4 {
+        let req = request(
+            "/wx",
+            &[],
+            wechat(&format!("EV-shed-{i}"), "TRANSACTION.SUCCESS"),
+        );
+        check(
+            &read(gateway.clone().oneshot(req).await.unwrap()).await,
+            SUCCESS,
+            "the acknowledgement",
+        );
+    }
+    // A shed delivery, seen alone: the gateway's own answer.
+    // (Both entries are leased briefly: the worker below delivers them too.)
+    let first = queue.fetch(1, Duration::from_millis(200)).await.unwrap();
+    let hung = tokio::spawn({
+        let (gateway, message) = (gateway.clone(), first[0].message.clone());
+        async move { gateway.deliver(message).await }
+    });
+    wait_for("the first delivery", Duration::from_secs(10), || {
+        up.in_flight.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let other = queue.fetch(1, Duration::from_millis(1)).await.unwrap();
+    let shed = gateway.deliver(other[0].message.clone()).await.unwrap_err();
+    assert!(shed.is_held(), "{shed}");
+    assert!(!shed.is_permanent() && !shed.is_kept() && shed.upstream().is_none());
+    let worker = Worker::new(queue.clone(), gateway.deliverer())
+        .concurrency(4)
+        .max_attempts(2)
+        .breaker(1, Duration::from_secs(60))
+        .lease(Duration::from_millis(500))
+        .poll_interval(Duration::from_millis(20))
+        .backoff(Duration::from_millis(50), Duration::from_millis(50));
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(worker.run(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    up.hang.store(false, Ordering::SeqCst);
+    let _ = hung.await.unwrap();
+    let start = std::time::Instant::now();
+    while queue.stats().await.unwrap().depth > 0 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = queue.stats().await.unwrap();
+    assert_eq!(
+        stats.dead,
+        0,
+        "dead-lettered: {:?}",
+        queue
+            .dead_letters(4)
+            .await
+            .unwrap()
+            .first()
+            .map(|d| d.error.clone())
+    );
+    assert_eq!(
+        (stats.depth, up.answered.get()),
+        (0, 4),
+        "each delivered once"
+    );
+    stop.send(true).unwrap();
+    task.await.unwrap();
     drop((gateway, queue));
     let _ = std::fs::remove_dir_all(&dir);
 }

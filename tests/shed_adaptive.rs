@@ -423,3 +423,32 @@ fn the_builder_keeps_its_values_within_bounds() {
     let slots = Slots::adaptive(AimdLimit::new().min(5).max(8).initial(30));
     assert_eq!(slots.max(), 8);
 }
+
+/// Values no limit can work with are refused by `validate`, and used
+/// anyway they never panic: an infinite tolerance, a threshold of
+/// `Duration::MAX`, a min past the semaphore's bound.
+#[tokio::test]
+async fn extreme_values_are_errors_not_panics() {
+    for bad in [
+        AimdLimit::new().tolerance(f64::INFINITY),
+        AimdLimit::new().tolerance(f64::NAN),
+        AimdLimit::new().latency_threshold(Duration::MAX),
+        AimdLimit::new().latency_threshold(Duration::ZERO),
+        AimdLimit::new().min(usize::MAX),
+        AimdLimit::new().max(3).min(5),
+        AimdLimit::new().backoff(f64::INFINITY),
+    ] {
+        assert!(bad.validate().is_err(), "{bad:?} validated");
+        // Used anyway: calls run, fast and slow, without a panic.
+        let limit = InFlightLimitLayer::adaptive(bad);
+        round(&limit, answering(Duration::ZERO, StatusCode::OK), 2).await;
+        round(
+            &limit,
+            answering(Duration::from_millis(30), StatusCode::OK),
+            2,
+        )
+        .await;
+        assert!(limit.slots().max() >= 1);
+    }
+    assert!(AimdLimit::new().validate().is_ok());
+}

@@ -189,3 +189,168 @@ async fn the_retry_schedule_replaces_the_backoff() {
     );
     assert_eq!(up.calls.load(Ordering::SeqCst), 4);
 }
+
+/// Runs `worker` in the background; dropping the handle stops it at once
+/// (the deliveries under way are dropped: their entries come back after
+/// their lease).
+struct Running(tokio::task::JoinHandle<()>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn spawn<S>(worker: Worker<MemoryQueue, S>) -> Running
+where
+    S: tower::Service<Message> + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Display + Send,
+    S::Response: Send,
+{
+    Running(tokio::spawn(worker.run(std::future::pending())))
+}
+
+/// Waits until `done` or `limit`; whether it was done.
+async fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// The issue's storm: 100 notifications × 5 copies, every fifth failing its
+/// first 3 deliveries on its own (its order not committed yet), the rest
+/// succeeding at once, and 50 healthy ones a moment later. The failing
+/// fifth, retried together, fail many times in a row: the breaker must not
+/// take that for the upstream (a 30 s cooldown would hold everything).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_failing_on_its_own_never_opens_the_breaker() {
+    let queue = MemoryQueue::new();
+    let tries = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let (t, d) = (tries.clone(), delivered.clone());
+    let svc = tower::service_fn(move |m: Message| {
+        let (tries, delivered) = (t.clone(), d.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let n: usize = m.key.rsplit('-').next().unwrap().parse().unwrap();
+            let tried = {
+                let mut tries = tries.lock().unwrap();
+                let tried = tries.entry(m.key.clone()).or_insert(0usize);
+                *tried += 1;
+                *tried
+            };
+            if n.is_multiple_of(5) && n < 100 && tried <= 3 {
+                return Err(io::Error::other("upstream answered 500: order not found"));
+            }
+            delivered.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    });
+    for i in 0..100 {
+        for _ in 0..5 {
+            queue.ingest(message("/a", i)).await.unwrap();
+        }
+    }
+    // The gateway's defaults: 16 at a time, the breaker at 10 for 30 s.
+    let _worker = spawn(
+        Worker::new(queue.clone(), svc)
+            .concurrency(16)
+            .breaker(10, Duration::from_secs(30))
+            .poll_interval(Duration::from_millis(20))
+            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 100..150 {
+        queue.ingest(message("/a", i)).await.unwrap();
+    }
+    let all = within(Duration::from_secs(10), || {
+        delivered.load(Ordering::SeqCst) == 150
+    })
+    .await;
+    assert!(
+        all,
+        "delivered {} of 150 within 10 s",
+        delivered.load(Ordering::SeqCst)
+    );
+    assert_eq!(queue.stats().await.unwrap().dead, 0);
+}
+
+/// A delivery that runs longer than the lease, and entries waiting for
+/// their lane's turn meanwhile: the leases are renewed, nothing is handed
+/// out again (which would count attempts and dead-letter them as "handed
+/// out N times without settling").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_longer_than_the_lease_is_delivered_once() {
+    let queue = MemoryQueue::new();
+    queue_of(3, "/a", &queue).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let svc = tower::service_fn(move |_m: Message| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            Ok::<_, io::Error>(())
+        }
+    });
+    let _worker = spawn(
+        Worker::new(queue.clone(), svc)
+            .concurrency(1)
+            .lease(Duration::from_millis(200))
+            .poll_interval(Duration::from_millis(20))
+            .max_attempts(3),
+    );
+    let depth = || queue.stats();
+    let start = std::time::Instant::now();
+    while depth().await.unwrap().depth > 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "not delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = queue.stats().await.unwrap();
+    assert_eq!(
+        (calls.load(Ordering::SeqCst), stats.dead),
+        (3, 0),
+        "each delivered once, none dead-lettered"
+    );
+}
+
+/// 200 entries for a route whose upstream takes seconds, then one for a
+/// fast route: the slow lane's entries do not hold the fetch budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_lane_does_not_starve_the_others() {
+    let queue = MemoryQueue::new();
+    queue_of(200, "/slow", &queue).await;
+    queue_of(1, "/fast", &queue).await;
+    let fast = Arc::new(AtomicUsize::new(0));
+    let f = fast.clone();
+    let svc = tower::service_fn(move |m: Message| {
+        let f = f.clone();
+        async move {
+            match m.uri.path() {
+                "/slow" => tokio::time::sleep(Duration::from_secs(20)).await,
+                _ => {
+                    f.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Ok::<_, io::Error>(())
+        }
+    });
+    let lane = |m: &Message| Some(Arc::<str>::from(m.uri.path()));
+    let _worker = spawn(
+        Worker::new(queue.clone(), svc)
+            .lane("/slow", Pace::new().concurrency(16))
+            .lane("/fast", Pace::new().concurrency(16))
+            .lanes(lane)
+            .poll_interval(Duration::from_millis(20)),
+    );
+    let delivered = within(Duration::from_secs(2), || fast.load(Ordering::SeqCst) == 1).await;
+    assert!(
+        delivered,
+        "the fast route's entry waited behind the slow route's"
+    );
+}

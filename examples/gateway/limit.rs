@@ -126,5 +126,8 @@ fn aimd(auto: Option<&AutoLimit>) -> Result<AimdLimit, String> {
         }
         limit = limit.backoff(b);
     }
+    // What the checks above let through and no limit can work with (a
+    // threshold of years).
+    limit.validate().map_err(|e| format!("`auto_limit`: {e}"))?;
     Ok(limit)
 }

@@ -130,6 +130,29 @@ pub fn describe(pace: &Pace) -> String {
     parts.join(" ")
 }
 
+/// `pace` with its `deliver_concurrency` brought down to the route's own
+/// `max_in_flight` (the most an `"auto"` limit may give), with a warning:
+/// deliveries past it would only be shed by the gateway itself.
+fn clamped(prefix: &str, pace: Pace, options: &tower_idempotency::proxy::RouteOptions) -> Pace {
+    let cap = options.get_max_in_flight().or_else(|| {
+        options
+            .get_adaptive_in_flight()
+            .map(|limit| limit.get_max())
+    });
+    match (pace.get_concurrency(), cap) {
+        (Some(n), Some(cap)) if n > cap => {
+            tracing::warn!(
+                route = %prefix,
+                deliver_concurrency = n,
+                max_in_flight = cap,
+                "`deliver_concurrency` is above the route's `max_in_flight`: lowered to it (deliveries past it would only be shed by the gateway)"
+            );
+            pace.concurrency(cap)
+        }
+        _ => pace,
+    }
+}
+
 /// The pace of every ack-then-deliver route (its own keys, or the
 /// defaults for a route of the flags), by prefix; `None` for the others.
 pub fn lanes(
@@ -144,10 +167,11 @@ pub fn lanes(
         .iter()
         .map(|(prefix, _, options)| {
             let pace = options.is_ack_then_deliver().then(|| {
-                paces
+                let pace = paces
                     .iter()
                     .find(|(p, _)| p == prefix)
-                    .map_or_else(default_pace, |(_, pace)| pace.clone())
+                    .map_or_else(default_pace, |(_, pace)| pace.clone());
+                clamped(prefix, pace, options)
             });
             (prefix.clone(), pace)
         })

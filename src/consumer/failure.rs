@@ -19,6 +19,13 @@ pub(crate) const PERMANENT: &str = "\u{0}permanent\u{0}";
 #[cfg_attr(not(feature = "proxy"), allow(dead_code))]
 pub(crate) const KEPT: &str = "\u{0}kept\u{0}";
 
+/// Starts the `{:-}` form of an error the deliverer answered itself, not
+/// the upstream (shed by its own limit, the key in flight, the reply
+/// deadline, its store failed): postponed without counting the attempt,
+/// and no sign of the upstream's health.
+#[cfg_attr(not(feature = "proxy"), allow(dead_code))]
+pub(crate) const HELD: &str = "\u{0}held\u{0}";
+
 /// How the worker settles a failed delivery.
 #[cfg_attr(not(feature = "queue"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +36,9 @@ pub(crate) enum Failure {
     Permanent,
     /// Kept and tried again later, never dead-lettered for it.
     Kept,
+    /// Held back by the deliverer itself: due again after the backoff, the
+    /// attempt not counted.
+    Held,
 }
 
 #[cfg_attr(not(feature = "queue"), allow(dead_code))]
@@ -39,6 +49,8 @@ impl Failure {
             Self::Permanent
         } else if marked.starts_with(KEPT) {
             Self::Kept
+        } else if marked.starts_with(HELD) {
+            Self::Held
         } else {
             Self::Retry
         }

@@ -9,7 +9,7 @@ use super::headers::ClientConn;
 use super::ingest::original_key;
 use super::{Gateway, UpstreamAnswer};
 use crate::channel::PRESET_NAMES;
-use crate::consumer::failure::{mark, KEPT, PERMANENT};
+use crate::consumer::failure::{mark, HELD, KEPT, PERMANENT};
 use crate::outcome::Outcome;
 use crate::queue::Message;
 use crate::store::Store;
@@ -31,7 +31,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// no later delivery can succeed ([`is_permanent`](Self::is_permanent): the
 /// key was done with another payload, or the message has no key), and keeps
 /// it, never dead-lettered for it, when no route delivers its path now
-/// ([`is_kept`](Self::is_kept)).
+/// ([`is_kept`](Self::is_kept)), and postpones it without counting the
+/// attempt when the gateway answered itself ([`is_held`](Self::is_held)).
 #[derive(Debug, Clone)]
 pub struct DeliveryError {
     message: Arc<str>,
@@ -66,6 +67,7 @@ enum Kind {
     Retry,
     Permanent,
     Kept,
+    Held,
 }
 
 impl DeliveryError {
@@ -101,6 +103,16 @@ impl DeliveryError {
         self.kind == Kind::Kept
     }
 
+    /// Whether the gateway answered itself, not the upstream: shed by the
+    /// route's own limit (`max_in_flight`, or the upstream's cap), the key
+    /// in flight elsewhere, the reply deadline, or its store failed. A
+    /// [`Worker`](crate::queue::Worker) postpones such a delivery without
+    /// counting the attempt, and its breaker does not count it against the
+    /// upstream.
+    pub fn is_held(&self) -> bool {
+        self.kind == Kind::Held
+    }
+
     /// What the upstream answered and how long it took, when this attempt
     /// reached it (a non-2xx answer, or one whose body was cut); `None` when
     /// the gateway answered itself (no route, shed, the store failed).
@@ -115,6 +127,7 @@ impl fmt::Display for DeliveryError {
             Kind::Retry => {}
             Kind::Permanent => mark(f, PERMANENT)?,
             Kind::Kept => mark(f, KEPT)?,
+            Kind::Held => mark(f, HELD)?,
         }
         f.write_str(&self.message)
     }
@@ -322,6 +335,22 @@ impl<S: Store> Gateway<S> {
         }
         if status.is_success() {
             Ok(Delivered { status, upstream })
+        } else if let Some(
+            own @ (Outcome::Shed
+            | Outcome::InFlightRejected
+            | Outcome::ReplyDeadline
+            | Outcome::StoreError),
+        ) = refused
+        {
+            // The gateway's own answer: the upstream was not called (or
+            // still runs), so it says nothing of it.
+            Err(DeliveryError {
+                kind: Kind::Held,
+                ..DeliveryError::new(format!(
+                    "the gateway answered {status} itself ({}): postponed, not counted",
+                    own.as_str()
+                ))
+            })
         } else {
             Err(DeliveryError {
                 upstream,

@@ -204,7 +204,7 @@ impl Forward {
                 }
             }
         };
-        let sample = |slot: &mut Option<Slot>, failed: bool| {
+        let sample = |slot: &mut Option<Slot>, failed: Option<bool>| {
             if let Some(slot) = slot {
                 slot.answered(failed);
             }
@@ -234,7 +234,7 @@ impl Forward {
                         crate::body::body_limit_response::<http_body_util::Full<Bytes>>(limit);
                     return res.map(|b| b.map_err(|never| match never {}).boxed_unsync());
                 }
-                sample(&mut route_slot, true);
+                sample(&mut route_slot, Some(true));
                 let kind = if e.is_connect() { "connect" } else { "other" };
                 upstream_error(kind);
                 let error = error_chain(&e);
@@ -249,7 +249,7 @@ impl Forward {
                 plain(StatusCode::BAD_GATEWAY, "bad gateway\n")
             }
             Err(_) => {
-                sample(&mut route_slot, true);
+                sample(&mut route_slot, Some(true));
                 upstream_error("timeout");
                 log_warn!(upstream = %upstream, timeout = ?self.timeout, "upstream timed out");
                 plain(

@@ -22,6 +22,17 @@ macro_rules! embedded_queue {
                     .await
             }
 
+            async fn renew(
+                &self,
+                delivery: &Delivery,
+                lease: Duration,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .grouped(move |txn| Embedded::renew(txn, &d, lease))
+                    .await
+            }
+
             async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
                 let (d, window) = (delivery.clone(), self.inner.window());
                 self.inner

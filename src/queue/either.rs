@@ -37,6 +37,35 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
         both!(self, q => q.fetch(max, lease))
     }
 
+    async fn renew(&self, delivery: &Delivery, lease: Duration) -> Result<bool, QueueError> {
+        both!(self, q => q.renew(delivery, lease))
+    }
+
+    async fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<u64>, QueueError> {
+        both!(self, q => q.take_slot(lane, limit, lease))
+    }
+
+    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+        both!(self, q => q.renew_slot(lane, slot, lease))
+    }
+
+    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
+        both!(self, q => q.give_slot(lane, slot))
+    }
+
+    async fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, QueueError> {
+        both!(self, q => q.take_turn(lane, interval))
+    }
+
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
         both!(self, q => q.ack(delivery))
     }

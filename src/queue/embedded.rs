@@ -270,6 +270,23 @@ impl Embedded {
         Ok(found.filter(|s| s.lease == delivery.lease).map(|s| (id, s)))
     }
 
+    /// The lease of `delivery` runs `lease` from now, if it still holds it.
+    pub(super) fn renew(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        lease: Duration,
+    ) -> Result<bool, QueueError> {
+        let Some((id, mut s)) = Self::leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        s.due = queue_now(txn)? + lease.as_millis() as u64;
+        txn.open_table(STATE)
+            .map_err(err)?
+            .insert(id, s.encode().as_slice())
+            .map_err(err)?;
+        Ok(true)
+    }
+
     /// Removes a live entry: its message bytes if it had any.
     pub(super) fn remove(txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
         txn.open_table(STATE)

@@ -33,8 +33,9 @@ impl<Q: Queue, S> Worker<Q, S> {
         self.pace_with(|p| p.retry_schedule(delays))
     }
 
-    /// A circuit breaker on the default lane: after `failures` consecutive
-    /// failed deliveries, no delivery for `cooldown`, then one probe. See
+    /// A circuit breaker on the default lane: opened when at least
+    /// `failures` of the notifications delivered lately failed and they are
+    /// at least half; no delivery for `cooldown`, then a few probes. See
     /// [`Pace::breaker`].
     pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
         self.pace_with(|p| p.breaker(failures, cooldown))
@@ -96,6 +97,31 @@ impl<Q: Queue, S> Worker<Q, S> {
         self.lanes.iter().map(|l| l.waiting.len()).sum()
     }
 
+    /// Deliveries calling the service (until they are settled).
+    pub(super) fn calls(&self) -> usize {
+        self.lanes.iter().map(|l| l.running).sum()
+    }
+
+    /// Renews the lease of every delivery waiting for its lane's turn
+    /// (waiting is not a handout: it must not run out meanwhile). The
+    /// future borrows nothing of the worker.
+    pub(super) fn renew_waiting(&self) -> impl std::future::Future<Output = ()> + use<Q, S> {
+        let (queue, config) = (self.queue.clone(), self.config.clone());
+        let waiting: Vec<Delivery> = self
+            .lanes
+            .iter()
+            .flat_map(|l| l.waiting.iter().cloned())
+            .collect();
+        async move {
+            let renewals = waiting.iter().map(|d| queue.renew(d, config.lease));
+            for result in futures_util::future::join_all(renewals).await {
+                if let Err(_e) = result {
+                    crate::outcome::log_warn!(queue = %config.name, error = %_e, "cannot renew the lease of a waiting delivery");
+                }
+            }
+        }
+    }
+
     pub(super) fn gauges(&self) {
         for lane in &self.lanes {
             lane.gauges();
@@ -103,8 +129,12 @@ impl<Q: Queue, S> Worker<Q, S> {
     }
 
     /// Puts a fetched delivery in its lane's line, or says what to do with
-    /// it at once.
-    pub(super) fn enqueue(&mut self, delivery: Delivery) -> Option<(usize, Delivery, Act)> {
+    /// it at once (`skip_full`: give it back if its lane is full).
+    pub(super) fn enqueue(
+        &mut self,
+        delivery: Delivery,
+        skip_full: bool,
+    ) -> Option<(usize, Delivery, Act)> {
         let i = self.lane_index(&delivery.message);
         // Handed out more often than it may fail without ever settling: its
         // deliveries died with the process (or outlived their lease).
@@ -115,6 +145,12 @@ impl<Q: Queue, S> Worker<Q, S> {
         let wait = lane.rate_wait(Instant::now());
         if wait > self.config.lease / 2 {
             return Some((i, delivery, Act::Postpone(wait, RATE)));
+        }
+        // Its lane holds all it may: back to the queue for a moment, so
+        // that the fetch budget goes to the other lanes' entries.
+        if skip_full && lane.full() {
+            let after = lane.overflow_wait(Instant::now());
+            return Some((i, delivery, Act::Postpone(after, FULL)));
         }
         lane.waiting.push_back(delivery);
         None
@@ -141,7 +177,8 @@ impl<Q: Queue, S> Worker<Q, S> {
                         break;
                     }
                 };
-                let delivery = lane.waiting.pop_front().expect("not empty");
+                let probe = matches!(act, Act::Call(true));
+                let delivery = lane.take(probe).expect("not empty");
                 ready.push((i, delivery, act));
             }
         }
@@ -163,5 +200,6 @@ impl<Q: Queue, S> Worker<Q, S> {
 }
 
 const RATE: &str = "the route's delivery rate left no turn within the lease";
+const FULL: &str = "the route's deliveries are at their concurrency";
 const OPEN: &str = "the upstream's circuit breaker is open";
 const STOPPED: &str = "the worker stopped before its turn";

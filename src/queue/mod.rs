@@ -233,6 +233,75 @@ pub trait Queue: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Delivery>, QueueError>> + Send;
 
+    /// The delivery is still running (or waiting for its turn): its lease
+    /// runs `lease` from now, so that the entry is not handed out again
+    /// meanwhile (nor does that count as an attempt). `false` if the lease
+    /// was lost. A [`Worker`] calls it every third of its lease. Defaults to
+    /// doing nothing (`true`): a queue whose leases cannot be renewed hands
+    /// out again an entry whose delivery outlives its lease.
+    fn renew(
+        &self,
+        delivery: &Delivery,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        let _ = (delivery, lease);
+        async { Ok(true) }
+    }
+
+    /// Takes one of `limit` delivery slots of the lane `lane` that every
+    /// worker on this queue shares (so that a route's concurrency holds
+    /// across instances), for `lease` (renewed with
+    /// [`renew_slot`](Self::renew_slot), given back with
+    /// [`give_slot`](Self::give_slot), or freed when the lease runs out):
+    /// `Some(slot)`, or `None` when all are taken. Defaults to `Some(0)`: a
+    /// queue of one instance shares nothing, the worker's own limit holds.
+    fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<u64>, QueueError>> + Send {
+        let _ = (lane, limit, lease);
+        async { Ok(Some(0)) }
+    }
+
+    /// Renews a slot from [`take_slot`](Self::take_slot) for `lease` from
+    /// now. Defaults to doing nothing.
+    fn renew_slot(
+        &self,
+        lane: &str,
+        slot: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send {
+        let _ = (lane, slot, lease);
+        async { Ok(()) }
+    }
+
+    /// Gives back a slot from [`take_slot`](Self::take_slot). Defaults to
+    /// doing nothing.
+    fn give_slot(
+        &self,
+        lane: &str,
+        slot: u64,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send {
+        let _ = (lane, slot);
+        async { Ok(()) }
+    }
+
+    /// Takes the next turn of the lane `lane` at one start per `interval`,
+    /// shared by every worker on this queue (so that a route's rate holds
+    /// across instances): `Ok(None)` when this start may go now, or how long
+    /// until the next turn. Defaults to `Ok(None)`: the worker's own rate
+    /// holds alone.
+    fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> impl Future<Output = Result<Option<Duration>, QueueError>> + Send {
+        let _ = (lane, interval);
+        async { Ok(None) }
+    }
+
     /// The entry was delivered: removes it. `false` if the lease was lost
     /// (the entry was handed to another worker).
     fn ack(&self, delivery: &Delivery) -> impl Future<Output = Result<bool, QueueError>> + Send;

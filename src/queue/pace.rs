@@ -2,7 +2,7 @@
 //! rate, a retry schedule and a circuit breaker), and the state of one lane
 //! of its deliveries.
 
-use super::breaker::Breaker;
+use super::breaker::{entry_of, Breaker, Gate};
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
@@ -61,13 +61,21 @@ impl Pace {
         self
     }
 
-    /// A circuit breaker: after `failures` consecutive failed deliveries
-    /// (at least 1) no delivery starts for `cooldown` (the entries due meanwhile
-    /// are postponed to its end, their attempts not counted); then exactly
-    /// one delivery is sent as a probe: its success closes the breaker, its
-    /// failure opens it for another `cooldown`. A delivery failed when the
-    /// service returned an error the worker retries; an answer that cannot
-    /// succeed (dead-lettered at once) shows the upstream is up.
+    /// A circuit breaker that judges the upstream, not single
+    /// notifications: each notification delivered in the last minute has
+    /// one vote, the result of its latest delivery, and the breaker opens
+    /// when at least `failures` of them (at least 1) failed and they are at
+    /// least half. A minority failing on their own, however often they are
+    /// retried, never opens it. Open, no delivery starts for `cooldown` (the
+    /// entries due meanwhile are postponed to its end, their attempts not
+    /// counted); then it admits up to 3 probes (no more than `failures`),
+    /// preferring entries that have not failed: a probe delivered closes it;
+    /// a probe that had not failed before and fails, or all three failing,
+    /// open it for another `cooldown`; a probe whose result says nothing of
+    /// the upstream (no route for it now, or the gateway held it back) makes
+    /// room for another. A delivery failed when the service returned an
+    /// error the worker retries; an answer that cannot succeed (dead-lettered
+    /// at once) shows the upstream is up.
     pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
         self.breaker = Some((failures.max(1), cooldown));
         self
@@ -199,7 +207,23 @@ pub(super) struct Lane {
     /// Whether its gauges are exported: a worker that paces nothing (and
     /// names no lane) adds no series.
     pub(super) reported: bool,
+    /// How long its calls take (a moving average), once one ended.
+    latency: Option<Duration>,
+    /// Since when calls have been running without a pause.
+    busy_since: Option<Instant>,
+    /// Until when the entries given back for a full lane are spread (each
+    /// due when the lane should have room for it).
+    spread_until: Option<Instant>,
+    /// Until when no delivery starts: the shared slots or turns (held
+    /// across every worker on the queue) were all taken.
+    held_until: Option<Instant>,
 }
+
+/// The longest an entry fetched for a full lane is given back for.
+const MAX_OVERFLOW_WAIT: Duration = Duration::from_secs(30);
+/// The least (so that the entries given back do not come back before the
+/// ones behind them were fetched).
+const MIN_OVERFLOW_WAIT: Duration = Duration::from_secs(1);
 
 /// What to do with a lane's next waiting delivery.
 #[derive(Debug, PartialEq, Eq)]
@@ -226,20 +250,23 @@ impl Lane {
             next_start: None,
             breaker,
             reported,
+            latency: None,
+            busy_since: None,
+            spread_until: None,
+            held_until: None,
         }
     }
 
     /// Whether the next waiting delivery may start now.
     pub(super) fn admit(&mut self, now: Instant) -> Admit {
-        if let Some(breaker) = &self.breaker {
-            if let Some(until) = breaker.open_until() {
-                if now < until {
-                    return Admit::Postpone(until - now);
-                }
-            }
-            if breaker.probing() {
-                return Admit::Wait(None);
-            }
+        let probe = match self.breaker.as_ref().map(|b| b.gate(now)) {
+            None | Some(Gate::Pass) => false,
+            Some(Gate::Open(left)) => return Admit::Postpone(left),
+            Some(Gate::Wait) => return Admit::Wait(None),
+            Some(Gate::Probe) => true,
+        };
+        if let Some(at) = self.held_until.filter(|at| now < *at) {
+            return Admit::Wait(Some(at));
         }
         if self.pace.concurrency.is_some_and(|n| self.running >= n) {
             return Admit::Wait(None);
@@ -252,11 +279,75 @@ impl Lane {
         } else if let Some(rate) = self.pace.rate {
             self.next_start = Some(now + rate.interval());
         }
-        let probe = self.breaker.as_mut().is_some_and(|b| b.try_probe(now));
-        if probe {
-            super::metrics::breaker(&self.name, 2);
-        }
         Admit::Go(probe)
+    }
+
+    /// Takes the waiting delivery that goes next: the first in line, or
+    /// for a probe the first that has not failed before (fewest attempts),
+    /// which then starts as the probe.
+    pub(super) fn take(&mut self, probe: bool) -> Option<super::Delivery> {
+        let Some(breaker) = self.breaker.as_mut().filter(|_| probe) else {
+            return self.waiting.pop_front();
+        };
+        let at = self
+            .waiting
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, d)| {
+                let failed = breaker.failed_before(entry_of(&d.message.key));
+                (failed || d.attempt > 1, d.attempt, *i)
+            })
+            .map(|(i, _)| i)?;
+        let delivery = self.waiting.remove(at)?;
+        let entry = entry_of(&delivery.message.key);
+        let fresh = !breaker.failed_before(entry) && delivery.attempt <= 1;
+        breaker.start_probe(entry, fresh);
+        super::metrics::breaker(&self.name, 2);
+        Some(delivery)
+    }
+
+    /// A delivery admitted but not started (the shared slots or turns were
+    /// all taken): back to the front of the line, no start before `until`;
+    /// a probe gives its place back.
+    pub(super) fn put_back(&mut self, delivery: super::Delivery, probe: bool, until: Instant) {
+        self.running = self.running.saturating_sub(1);
+        if let (Some(breaker), true) = (self.breaker.as_mut(), probe) {
+            let entry = entry_of(&delivery.message.key);
+            breaker.record(entry, true, None, until, &self.name);
+        }
+        self.waiting.push_front(delivery);
+        self.held_until = Some(until);
+        self.gauges();
+    }
+
+    /// Whether the lane holds as many deliveries as it may (its
+    /// concurrency running, and a quarter more waiting, at least 4): more
+    /// fetched now would only wait, holding the fetch budget the other
+    /// lanes need.
+    pub(super) fn full(&self) -> bool {
+        self.pace.concurrency.is_some_and(|n| {
+            let reserve = n.div_ceil(4).max(4);
+            self.running + self.waiting.len() >= n.saturating_add(reserve)
+        })
+    }
+
+    /// How long an entry fetched for this full lane is given back for:
+    /// until the lane should have room for it (one call's latency over the
+    /// concurrency after the last one given back), from 1 to 30 seconds.
+    /// Until a call ended, the latency is at least how long the lane has
+    /// been busy.
+    pub(super) fn overflow_wait(&mut self, now: Instant) -> Duration {
+        let n = self.pace.concurrency.unwrap_or(1).max(1) as u32;
+        let busy = self
+            .busy_since
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
+        let latency = self.latency.unwrap_or(busy).max(Duration::from_millis(10));
+        let from = self.spread_until.map_or(now, |t| t.max(now));
+        let at = (from + latency / n)
+            .max(now + MIN_OVERFLOW_WAIT)
+            .min(now + MAX_OVERFLOW_WAIT);
+        self.spread_until = Some(at);
+        at - now
     }
 
     /// How long a delivery joining the waiting line now would wait for its
@@ -269,12 +360,25 @@ impl Lane {
         (first - now) + rate.interval() * self.waiting.len() as u32
     }
 
-    /// Records a finished call; `up` is `None` when its result says nothing
-    /// of the upstream.
-    pub(super) fn finished(&mut self, probe: bool, up: Option<bool>, now: Instant) {
+    /// Records a finished call of `key`; `up` is `None` when its result
+    /// says nothing of the upstream.
+    pub(super) fn finished(
+        &mut self,
+        key: &str,
+        took: Duration,
+        (probe, up): (bool, Option<bool>),
+        now: Instant,
+    ) {
         self.running = self.running.saturating_sub(1);
-        if let (Some(breaker), Some(up)) = (self.breaker.as_mut(), up) {
-            breaker.record(probe, up, now, &self.name);
+        if self.running == 0 {
+            self.busy_since = None;
+        }
+        self.latency = Some(match self.latency {
+            None => took,
+            Some(avg) => (avg * 7 + took) / 8,
+        });
+        if let Some(breaker) = self.breaker.as_mut() {
+            breaker.record(entry_of(key), probe, up, now, &self.name);
         }
         self.gauges();
     }
@@ -282,6 +386,7 @@ impl Lane {
     /// One more call running.
     pub(super) fn started(&mut self) {
         self.running += 1;
+        self.busy_since.get_or_insert_with(Instant::now);
         if self.reported {
             super::metrics::deliveries_in_flight(&self.name, self.running);
         }
@@ -362,7 +467,7 @@ mod tests {
         assert_eq!(lane.admit(now), Admit::Go(false));
         lane.started();
         assert_eq!(lane.admit(now), Admit::Wait(None));
-        lane.finished(false, Some(true), now);
+        lane.finished("k", Duration::ZERO, (false, Some(true)), now);
         assert_eq!(lane.admit(now), Admit::Go(false));
     }
 

@@ -87,6 +87,17 @@ pub(super) static ACK: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Resets the idle time of an entry this consumer holds (so that no
+/// `XAUTOCLAIM` takes it while its delivery runs), without counting a
+/// delivery (`JUSTID`).
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+         return 1"
+    ))
+});
+
 pub(super) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{OWNED}
@@ -119,4 +130,50 @@ pub(super) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
          redis.call('XDEL', KEYS[1], ARGV[1])
          return 1",
     )
+});
+
+/// The server's clock in milliseconds (every instance's slots and turns on
+/// one clock).
+const NOW: &str = "
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+/// A lane's shared delivery slots: a sorted set of slot → lease end.
+/// KEYS[1] the set; ARGV: limit, lease (ms), slot. 1 taken, 0 all taken.
+pub(super) static TAKE_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+         redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+         if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+         redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+         redis.call('PEXPIRE', KEYS[1], ARGV[2])
+         return 1"
+    ))
+});
+
+/// Renews a slot still held. KEYS[1] the set; ARGV: lease (ms), slot.
+pub(super) static RENEW_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+         if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then return 0 end
+         redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[2])
+         if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
+           redis.call('PEXPIRE', KEYS[1], ARGV[1])
+         end
+         return 1"
+    ))
+});
+
+/// A lane's shared rate: the time of its next turn (a GCRA with no burst).
+/// KEYS[1] the turn; ARGV: interval (ms). 0 go now, else ms to wait.
+pub(super) static TAKE_TURN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+         local interval = tonumber(ARGV[1])
+         local next = tonumber(redis.call('GET', KEYS[1]) or '0')
+         if next > now then return next - now end
+         redis.call('SET', KEYS[1], tostring(now + interval), 'PX', interval + 1000)
+         return 0"
+    ))
 });

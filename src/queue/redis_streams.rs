@@ -1,6 +1,8 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
-use super::redis_scripts::{ACK, DEAD, FETCH, INGEST, PRUNE, REPLAY, RETRY};
+use super::redis_scripts::{
+    ACK, DEAD, FETCH, INGEST, PRUNE, RENEW, RENEW_SLOT, REPLAY, RETRY, TAKE_SLOT, TAKE_TURN,
+};
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
@@ -261,6 +263,75 @@ where
             });
         }
         Ok(out)
+    }
+
+    async fn renew(&self, delivery: &Delivery, _lease: Duration) -> Result<bool, QueueError> {
+        // Redis keeps the idle time, not a lease: reset to zero, the entry
+        // is reclaimed one (reclaiming worker's) lease from now.
+        let got: i64 = RENEW
+            .key(self.key("s"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
+    async fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<u64>, QueueError> {
+        // Unique across instances (an owner token's low half counts up).
+        let t = crate::store::OwnerToken::new().as_u128();
+        let slot = (t >> 64) as u64 ^ t as u64;
+        let got: i64 = TAKE_SLOT
+            .key(self.key(&format!("slots:{lane}")))
+            .arg(limit)
+            .arg(lease.as_millis().max(1) as u64)
+            .arg(slot)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok((got == 1).then_some(slot))
+    }
+
+    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+        let _: i64 = RENEW_SLOT
+            .key(self.key(&format!("slots:{lane}")))
+            .arg(lease.as_millis().max(1) as u64)
+            .arg(slot)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
+        let _: i64 = ::redis::cmd("ZREM")
+            .arg(self.key(&format!("slots:{lane}")))
+            .arg(slot)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, QueueError> {
+        let wait: u64 = TAKE_TURN
+            .key(self.key(&format!("turn:{lane}")))
+            .arg(interval.as_millis().max(1) as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok((wait > 0).then(|| Duration::from_millis(wait)))
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {

@@ -24,9 +24,10 @@ pub struct WorkerRound {
     /// Not delivered for want of a route, and kept: tried again later,
     /// never dead-lettered for it (see `idempotency_queue_stranded`).
     pub kept: usize,
-    /// Not delivered because the circuit breaker was open (or the rate
-    /// left no turn within the lease): due again later, the attempt not
-    /// counted.
+    /// Not delivered because the circuit breaker was open, the rate left
+    /// no turn within the lease, the lane was full, or the deliverer held it
+    /// back itself (a gateway's own limit shed it): due again later, the
+    /// attempt not counted.
     pub paused: usize,
 }
 
@@ -73,14 +74,15 @@ const KEPT_FOR: Duration = Duration::from_secs(10);
 
 /// What a delivery's result says of the upstream: `Some(true)` it answered
 /// (delivered, or an answer that cannot succeed), `Some(false)` it failed,
-/// `None` nothing (no route delivers the entry now).
+/// `None` nothing (no route delivers the entry now, or the deliverer held it
+/// back itself).
 pub(super) fn verdict<E: fmt::Display>(result: &Result<(), E>) -> Option<bool> {
     match result {
         Ok(()) => Some(true),
         Err(e) => match Failure::of(e) {
             Failure::Retry => Some(false),
             Failure::Permanent => Some(true),
-            Failure::Kept => None,
+            Failure::Kept | Failure::Held => None,
         },
     }
 }
@@ -104,7 +106,9 @@ pub(super) async fn unsettled<Q: Queue>(
 }
 
 /// Settles a delivery by its result: acknowledged, retried after `after`,
-/// kept, or dead-lettered (`last`: this was the last attempt).
+/// kept, postponed after `after` without counting the attempt (held back by
+/// the deliverer itself), or dead-lettered (`last`: this was the last
+/// attempt).
 pub(super) async fn settle<Q: Queue, E: fmt::Display>(
     queue: &Q,
     name: &Arc<str>,
@@ -123,6 +127,10 @@ pub(super) async fn settle<Q: Queue, E: fmt::Display>(
         Failure::Kept => {
             super::metrics::attempt(name, "kept");
             Settled::Kept(queue.postpone(delivery, KEPT_FOR, &e.to_string()).await?)
+        }
+        Failure::Held => {
+            super::metrics::attempt(name, "postponed");
+            Settled::Paused(queue.postpone(delivery, after, &e.to_string()).await?)
         }
         Failure::Permanent => {
             super::metrics::attempt(name, "dead_lettered");

@@ -49,8 +49,9 @@ pub(super) enum Act {
 struct Done {
     lane: usize,
     key: String,
-    /// For a call: whether it was the probe, and what it says of the upstream.
-    call: Option<(bool, Option<bool>)>,
+    /// For a call: how long it took, whether it was the probe, and what it
+    /// says of the upstream.
+    call: Option<(Duration, bool, Option<bool>)>,
     settled: Result<Settled, QueueError>,
 }
 
@@ -142,8 +143,9 @@ impl<Q: Queue, S> Worker<Q, S> {
     }
 
     /// How long a fetched entry is leased: if the worker dies, the entry is
-    /// delivered again after it. Keep it longer than one delivery. Defaults
-    /// to 30 seconds.
+    /// delivered again after it. The lease is renewed every third of it
+    /// while the entry's delivery runs or waits for its lane's turn, so a
+    /// delivery may run longer than the lease. Defaults to 30 seconds.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config().lease = lease;
         self
@@ -212,25 +214,31 @@ where
         // acknowledgements that arrive together in one commit.
         let mut running = FuturesUnordered::new();
         for delivery in batch {
-            if let Some((lane, delivery, act)) = self.enqueue(delivery) {
-                running.push(self.launch(lane, delivery, act).await);
+            if let Some((lane, delivery, act)) = self.enqueue(delivery, false) {
+                running.extend(self.launch(lane, delivery, act).await);
             }
         }
         let mut failed = None;
+        let mut renew_at = Instant::now() + renew_every(self.config.lease);
         loop {
             let (ready, wake) = self.admit();
             for (lane, delivery, act) in ready {
-                running.push(self.launch(lane, delivery, act).await);
+                running.extend(self.launch(lane, delivery, act).await);
             }
             if running.is_empty() && (self.waiting() == 0 || wake.is_none()) {
                 break;
             }
+            let waiting = self.waiting() > 0;
             tokio::select! {
                 Some(done) = running.next() => match self.finish(done) {
                     Ok(settled) => round.record(settled),
                     Err(e) => failed = Some(e),
                 },
                 () = sleep_until(wake), if wake.is_some() => {}
+                () = tokio::time::sleep_until(renew_at.into()), if waiting => {
+                    self.renew_waiting().await;
+                    renew_at = Instant::now() + renew_every(self.config.lease);
+                }
             }
         }
         self.report_stranded();
@@ -244,15 +252,31 @@ where
         }
     }
 
-    /// Starts `act` for `delivery`; the returned future settles it.
+    /// Starts `act` for `delivery`; the returned future settles it. `None`
+    /// when the lane's shared slots or turns (held across every worker on
+    /// the queue) are all taken: the delivery went back to its line.
     async fn launch(
         &mut self,
         lane: usize,
         delivery: Delivery,
         act: Act,
-    ) -> impl Future<Output = Done> + use<Q, S> {
+    ) -> Option<impl Future<Output = Done> + use<Q, S>> {
+        let mut slot = None;
         let call = match act {
             Act::Call(probe) => {
+                let turn = {
+                    let l = &self.lanes[lane];
+                    let pace = (l.pace.get_concurrency(), l.pace.get_rate());
+                    let (queue, config) = (self.queue.clone(), self.config.clone());
+                    shared_turn(queue, config, l.name.clone(), pace)
+                };
+                match turn.await {
+                    Ok(taken) => slot = taken,
+                    Err(wait) => {
+                        self.lanes[lane].put_back(delivery, probe, Instant::now() + wait);
+                        return None;
+                    }
+                }
                 let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
                 Some((
                     probe,
@@ -261,24 +285,36 @@ where
             }
             _ => None,
         };
+        let slot = slot.map(|slot| (self.lanes[lane].name.clone(), slot));
         let (queue, config) = (self.queue.clone(), self.config.clone());
         let last = delivery.attempt >= config.max_attempts;
         let after = self.lanes[lane]
             .pace
             .scheduled_wait(delivery.attempt)
             .unwrap_or_else(|| config.backoff_after(delivery.attempt));
-        async move {
+        Some(async move {
             let key = delivery.message.key.clone();
             let (call, settled) = match (act, call) {
                 (_, Some((probe, call))) => {
+                    let started = Instant::now();
                     let result = match call {
-                        Ok(fut) => fut.await.map(drop),
+                        Ok(fut) => {
+                            let slot = slot.as_ref();
+                            renewing(&queue, &config, (&delivery, slot), fut)
+                                .await
+                                .map(drop)
+                        }
                         Err(e) => Err(e),
                     };
-                    let up = verdict(&result);
+                    if let Some((lane, slot)) = &slot {
+                        if let Err(_e) = queue.give_slot(lane, *slot).await {
+                            crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
+                        }
+                    }
+                    let (took, up) = (started.elapsed(), verdict(&result));
                     let how = (last, after);
                     let settled = settle(&queue, &config.name, how, &delivery, result).await;
-                    (Some((probe, up)), settled)
+                    (Some((took, probe, up)), settled)
                 }
                 (Act::Postpone(after, why), None) => {
                     let kept = queue.postpone(&delivery, after, why).await;
@@ -292,13 +328,13 @@ where
                 call,
                 settled,
             }
-        }
+        })
     }
 
     /// Records a delivery that ended in its lane and the stranded set.
     fn finish(&mut self, done: Done) -> Result<Settled, QueueError> {
-        if let Some((probe, up)) = done.call {
-            self.lanes[done.lane].finished(probe, up, Instant::now());
+        if let Some((took, probe, up)) = done.call {
+            self.lanes[done.lane].finished(&done.key, took, (probe, up), Instant::now());
         }
         if let Ok(settled) = &done.settled {
             self.note(&done.key, settled);
@@ -339,7 +375,10 @@ where
     /// Delivers until `shutdown` resolves: up to the batch size of entries
     /// are held at once, each delivery starts as soon as its lane's pace
     /// allows and settles as soon as it ends (a slow one never holds the
-    /// others), and a free slot is filled from the queue at once, or after
+    /// others), an entry fetched for a lane that holds all it may (its
+    /// concurrency running and a quarter more waiting) is given back until
+    /// that lane should have room (so a slow lane never holds the fetch
+    /// budget of the others), and a free slot is filled from the queue at once, or after
     /// the poll interval when nothing was due or the queue failed (which is
     /// logged). At shutdown no new entry is fetched or started (those
     /// waiting for their turn are given back to the queue, due at once) and
@@ -349,6 +388,7 @@ where
         let mut shutdown = std::pin::pin!(shutdown);
         let mut running = FuturesUnordered::new();
         let mut next_fetch = Instant::now();
+        let mut renew_at = Instant::now() + renew_every(self.config.lease);
         let mut stopping = false;
         loop {
             let (ready, wake) = match stopping {
@@ -359,20 +399,21 @@ where
                 // Not inside `push` (it borrows the set across the
                 // service's readiness).
                 let started = self.launch(lane, delivery, act).await;
-                running.push(started);
+                running.extend(started);
             }
+            // Entries being postponed take no room: they are given back.
             let free = self
                 .config
                 .batch
-                .saturating_sub(running.len() + self.waiting());
+                .saturating_sub(self.calls() + self.waiting());
             if !stopping && free > 0 && Instant::now() >= next_fetch {
                 match self.queue.fetch(free, self.config.lease).await {
                     Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
                     Ok(batch) => {
                         for delivery in batch {
-                            if let Some((lane, delivery, act)) = self.enqueue(delivery) {
+                            if let Some((lane, delivery, act)) = self.enqueue(delivery, true) {
                                 let started = self.launch(lane, delivery, act).await;
-                                running.push(started);
+                                running.extend(started);
                             }
                         }
                     }
@@ -394,6 +435,7 @@ where
             }
             let can_fetch = !stopping && free > 0;
             let busy = !running.is_empty();
+            let waiting = self.waiting() > 0;
             tokio::select! {
                 () = &mut shutdown, if !stopping => stopping = true,
                 Some(done) = running.next(), if busy => {
@@ -407,9 +449,90 @@ where
                 }
                 () = tokio::time::sleep_until(next_fetch.into()), if can_fetch => {}
                 () = sleep_until(wake), if wake.is_some() => {}
+                () = tokio::time::sleep_until(renew_at.into()), if waiting => {
+                    self.renew_waiting().await;
+                    renew_at = Instant::now() + renew_every(self.config.lease);
+                }
             }
         }
     }
+}
+
+/// The lane's shared slot and turn, when its pace has a concurrency or
+/// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
+/// to wait. A queue that fails here does not stop the deliveries: the
+/// worker's own limits still hold.
+async fn shared_turn<Q: Queue>(
+    queue: Q,
+    config: Arc<Config>,
+    lane: Arc<str>,
+    (concurrency, rate): (Option<usize>, Option<super::Rate>),
+) -> Result<Option<u64>, Duration> {
+    let mut slot = None;
+    if let Some(n) = concurrency {
+        match queue.take_slot(&lane, n, config.lease).await {
+            Ok(Some(taken)) => slot = Some(taken),
+            Ok(None) => return Err(SHARED_FULL_WAIT),
+            Err(_e) => {
+                crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot take a shared delivery slot; this instance's own limit holds");
+            }
+        }
+    }
+    if let Some(rate) = rate {
+        let wait = match queue.take_turn(&lane, rate.interval()).await {
+            Ok(wait) => wait,
+            Err(_e) => {
+                crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot take a shared delivery turn; this instance's own rate holds");
+                None
+            }
+        };
+        if let Some(wait) = wait {
+            if let Some(taken) = slot {
+                let _ = queue.give_slot(&lane, taken).await;
+            }
+            return Err(wait);
+        }
+    }
+    Ok(slot)
+}
+
+/// Runs a delivery's call, renewing the entry's lease every third of it
+/// meanwhile (a delivery may run longer than the lease; it must not be
+/// handed out again while it runs).
+async fn renewing<Q: Queue, F: Future>(
+    queue: &Q,
+    config: &Config,
+    (delivery, slot): (&Delivery, Option<&(Arc<str>, u64)>),
+    call: F,
+) -> F::Output {
+    let every = renew_every(config.lease);
+    let mut call = std::pin::pin!(call);
+    loop {
+        tokio::select! {
+            out = &mut call => return out,
+            () = tokio::time::sleep(every) => {
+                if let Some((lane, slot)) = slot {
+                    if let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
+                        crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared delivery slot");
+                    }
+                }
+                match queue.renew(delivery, config.lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        crate::outcome::log_warn!(queue = %config.name, entry = %delivery.id, "the lease of a running delivery was lost (it outlived its lease before it could be renewed)");
+                    }
+                    Err(_e) => {
+                        crate::outcome::log_warn!(queue = %config.name, entry = %delivery.id, error = %_e, "cannot renew the lease of a running delivery");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How often a lease is renewed: a third of it (at least 10 ms).
+pub(super) fn renew_every(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(10))
 }
 
 /// Sleeps until `at` (forever for `None`: the branch is off then).
@@ -419,6 +542,10 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// How long a delivery waits when its lane's shared slots are all taken
+/// (by the workers of other instances) before it tries again.
+const SHARED_FULL_WAIT: Duration = Duration::from_millis(50);
 
 /// How often stranded entries are warned about.
 const STRANDED_WARNING_EVERY: Duration = Duration::from_secs(60);

@@ -11,8 +11,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// moves: additive increase on fast successes, multiplicative decrease on
 /// failures and slow calls, as Netflix's concurrency-limits `AIMDLimit`.
 ///
-/// Every call that got a slot and was answered is a sample (a shed call is
-/// none):
+/// Every call that got a slot and whose answer says something about load is
+/// a sample (a shed call is none, nor a 4xx answer other than 429: a fast
+/// refusal says nothing of how loaded the upstream is):
 ///
 /// - **decrease**: the upstream failed (a 5xx or 429 answer, no answer,
 ///   a timeout), or took longer than the latency threshold: the limit is
@@ -27,9 +28,19 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// The limit stays within [`min`](Self::min) and [`max`](Self::max). The
 /// latency threshold is fixed ([`latency_threshold`](Self::latency_threshold))
 /// or, by default, [`tolerance`](Self::tolerance) times the measured
-/// baseline: a moving average of the successful calls' latency under the
-/// threshold, never less than the baseline plus 10 ms. Until the first
-/// success there is no baseline, and only failures count.
+/// baseline, never less than the baseline plus 10 ms. The baseline is the
+/// least latency of the last 256 successful calls, slow ones included (as
+/// the Vegas limit's windowed minimum): it follows the upstream when its
+/// latency steps up for good (a deploy, a failover, day-time load), so the
+/// limit falls while the step is new and grows back once the window has
+/// seen it, instead of staying at `min`. Until the first success there is
+/// no baseline, and only failures count.
+///
+/// Values no limit can work with (a tolerance that is not a finite number
+/// of at least 1, a threshold of zero or over a day, `max` under `min`, an
+/// initial limit outside them, a backoff outside `[0.5, 1)`) are refused by
+/// [`validate`](Self::validate); used anyway, they are brought within
+/// bounds, never a panic.
 ///
 /// Shrinking the limit never takes a slot back from a call holding it: no
 /// new slot is given until the calls in flight are below the new limit.
@@ -62,8 +73,12 @@ impl Default for AimdLimit {
 
 /// The least threshold over the baseline (scheduling jitter is not load).
 const MIN_HEADROOM: Duration = Duration::from_millis(10);
-/// The baseline moves by this share of each sample's difference.
-const BASELINE_WEIGHT: f64 = 1.0 / 16.0;
+/// The baseline is the least latency of this many successful calls.
+const BASELINE_WINDOW: u64 = 256;
+/// The highest tolerance used (a larger one is taken as this).
+const MAX_TOLERANCE: f64 = 1000.0;
+/// The longest latency threshold used (a longer one is taken as this).
+const MAX_THRESHOLD: Duration = Duration::from_secs(24 * 3600);
 /// The most often a change of the limit is logged.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -124,7 +139,7 @@ impl AimdLimit {
 
     /// The least limit (see [`min`](Self::min)).
     pub fn get_min(&self) -> usize {
-        self.min.max(1)
+        self.min.clamp(1, Semaphore::MAX_PERMITS)
     }
 
     /// The most limit (see [`max`](Self::max)).
@@ -137,17 +152,69 @@ impl AimdLimit {
         self.initial.clamp(self.get_min(), self.get_max())
     }
 
-    /// The fixed latency threshold, if any.
+    /// The fixed latency threshold, if any (at most a day).
     pub fn get_latency_threshold(&self) -> Option<Duration> {
-        self.threshold
+        self.threshold.map(|t| t.min(MAX_THRESHOLD))
     }
 
-    /// The tolerance over the baseline (see [`tolerance`](Self::tolerance)).
+    /// The tolerance over the baseline (see [`tolerance`](Self::tolerance)),
+    /// from 1 to 1000.
     pub fn get_tolerance(&self) -> f64 {
         if self.tolerance.is_nan() {
             return 1.0;
         }
-        self.tolerance.max(1.0)
+        self.tolerance.clamp(1.0, MAX_TOLERANCE)
+    }
+
+    /// Refuses the values no limit can work with: a tolerance that is not a
+    /// finite number of at least 1 (or over 1000), a latency threshold of
+    /// zero or over a day, `max` under `min`, an initial limit outside
+    /// them, a backoff outside `[0.5, 1)`. (Used anyway, each is brought
+    /// within its bounds.)
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::shed::AimdLimit;
+    ///
+    /// assert!(AimdLimit::new().validate().is_ok());
+    /// assert!(AimdLimit::new().tolerance(f64::INFINITY).validate().is_err());
+    /// assert!(AimdLimit::new().latency_threshold(Duration::MAX).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), InvalidAimdLimit> {
+        let bad = |why: String| Err(InvalidAimdLimit(why));
+        let t = self.tolerance;
+        if !(t.is_finite() && (1.0..=MAX_TOLERANCE).contains(&t)) {
+            return bad(format!(
+                "tolerance {t}: expected a number from 1 to {MAX_TOLERANCE}"
+            ));
+        }
+        if let Some(t) = self.threshold {
+            if t.is_zero() || t > MAX_THRESHOLD {
+                return bad(format!(
+                    "latency threshold {t:?}: expected more than zero and at most a day"
+                ));
+            }
+        }
+        if !(0.5..1.0).contains(&self.backoff) {
+            return bad(format!(
+                "backoff {}: expected at least 0.5 and less than 1",
+                self.backoff
+            ));
+        }
+        let (min, max) = (self.min, self.max);
+        if min == 0 || min > Semaphore::MAX_PERMITS || max < min || max > Semaphore::MAX_PERMITS {
+            return bad(format!(
+                "min {min}, max {max}: expected 1 <= min <= max <= {}",
+                Semaphore::MAX_PERMITS
+            ));
+        }
+        if !(min..=max).contains(&self.initial) {
+            return bad(format!(
+                "initial {}: expected from min ({min}) to max ({max})",
+                self.initial
+            ));
+        }
+        Ok(())
     }
 
     /// The backoff ratio (see [`backoff`](Self::backoff)).
@@ -156,6 +223,48 @@ impl AimdLimit {
             return 0.9;
         }
         self.backoff.clamp(0.5, 1.0)
+    }
+}
+
+/// Why [`AimdLimit::validate`] refused a limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidAimdLimit(String);
+
+impl fmt::Display for InvalidAimdLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidAimdLimit {}
+
+/// The least of the last [`BASELINE_WINDOW`] latencies (a sliding-window
+/// minimum: each sample is pushed once and popped once).
+#[derive(Default)]
+struct WindowMin {
+    /// Increasing latencies, each with its sample's number.
+    mins: std::collections::VecDeque<(u64, f64)>,
+    seen: u64,
+}
+
+impl WindowMin {
+    fn push(&mut self, secs: f64) {
+        self.seen += 1;
+        while self.mins.back().is_some_and(|(_, v)| *v >= secs) {
+            self.mins.pop_back();
+        }
+        self.mins.push_back((self.seen, secs));
+        while self
+            .mins
+            .front()
+            .is_some_and(|(n, _)| *n + BASELINE_WINDOW <= self.seen)
+        {
+            self.mins.pop_front();
+        }
+    }
+
+    fn get(&self) -> Option<f64> {
+        self.mins.front().map(|(_, v)| *v)
     }
 }
 
@@ -183,7 +292,7 @@ struct State {
     /// them): the next this many given back are forgotten.
     debt: usize,
     /// The successful calls' latency, in seconds.
-    baseline: Option<f64>,
+    baseline: WindowMin,
     logged: usize,
     logged_at: Option<Instant>,
 }
@@ -196,7 +305,7 @@ impl Adaptive {
             limit: target as f64,
             target,
             debt: 0,
-            baseline: None,
+            baseline: WindowMin::default(),
             logged: target,
             logged_at: None,
         };
@@ -251,29 +360,40 @@ impl Adaptive {
     }
 
     fn threshold_of(&self, s: &State) -> Option<Duration> {
-        if let Some(fixed) = self.config.threshold {
+        if let Some(fixed) = self.config.get_latency_threshold() {
             return Some(fixed);
         }
-        let base = Duration::try_from_secs_f64(s.baseline?).ok()?;
-        let scaled = base.mul_f64(self.config.get_tolerance());
-        Some(scaled.max(base + MIN_HEADROOM))
+        let secs = s.baseline.get()?;
+        let base = Duration::try_from_secs_f64(secs).unwrap_or(MAX_THRESHOLD);
+        let scaled = Duration::try_from_secs_f64(secs * self.config.get_tolerance())
+            .unwrap_or(MAX_THRESHOLD);
+        Some(
+            scaled
+                .max(base.saturating_add(MIN_HEADROOM))
+                .min(MAX_THRESHOLD),
+        )
+    }
+
+    /// A success's latency, for the baseline only (its call was already
+    /// counted as slow while it ran).
+    pub(crate) fn learn(&self, latency: Duration) {
+        self.lock().baseline.push(latency.as_secs_f64());
     }
 
     /// One answered call: `failed` (or slower than the threshold) shrinks
-    /// the limit; a fast success while the limit is in use grows it. The
-    /// call's own slot is still held.
+    /// the limit; a fast success while the limit is in use grows it; every
+    /// success's latency joins the baseline. The call's own slot is still
+    /// held.
     pub(crate) fn sample(&self, latency: Duration, failed: bool) {
         let mut s = self.lock();
         let slow = self.threshold_of(&s).is_some_and(|t| latency > t);
         let (min, max) = (self.config.get_min() as f64, self.config.get_max() as f64);
+        if !failed && latency != Duration::MAX {
+            s.baseline.push(latency.as_secs_f64());
+        }
         if failed || slow {
             s.limit = (s.limit * self.config.get_backoff()).max(min);
         } else {
-            let secs = latency.as_secs_f64();
-            s.baseline = Some(match s.baseline {
-                None => secs,
-                Some(b) => b + (secs - b) * BASELINE_WEIGHT,
-            });
             let in_flight = (s.target + s.debt).saturating_sub(self.sem.available_permits());
             if in_flight * 2 >= s.target {
                 s.limit = (s.limit + 1.0 / s.limit).min(max);
@@ -345,7 +465,57 @@ impl fmt::Debug for Adaptive {
             .field("config", &self.config)
             .field("limit", &s.limit)
             .field("debt", &s.debt)
-            .field("baseline", &s.baseline)
+            .field("baseline", &s.baseline.get())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `calls` calls at once, each taking `latency` and succeeding: the
+    /// whole limit in use, as under a backlog.
+    fn round(a: &Adaptive, sem: &Arc<Semaphore>, latency: Duration) -> usize {
+        let calls = a.limit();
+        let held: Vec<_> = (0..calls)
+            .map(|_| sem.clone().try_acquire_owned().expect("a free slot"))
+            .collect();
+        for permit in held {
+            a.sample(latency, false);
+            a.release(permit);
+        }
+        calls
+    }
+
+    /// The upstream's latency steps up for good (10 ms for 200 calls, then
+    /// 30 ms): the limit falls while the step is new, then follows the new
+    /// baseline back up instead of staying at `min`. Time is counted, not
+    /// slept: each round of calls at once takes one latency.
+    #[test]
+    fn a_latency_step_up_does_not_pin_the_limit_at_min() {
+        let (a, sem) = Adaptive::new(AimdLimit::new().max(40).initial(20));
+        let fast = Duration::from_millis(10);
+        let mut calls = 0;
+        while calls < 200 {
+            calls += round(&a, &sem, fast);
+        }
+        assert!(a.limit() >= 20, "fast calls at full use: {}", a.limit());
+        let slow = Duration::from_millis(30);
+        let mut clock = Duration::ZERO;
+        let mut lowest = a.limit();
+        // Until the step has shrunk the limit and it is back above half of
+        // max (or 30 s of calls).
+        while (lowest >= 10 || a.limit() <= 20) && clock < Duration::from_secs(30) {
+            round(&a, &sem, slow);
+            clock += slow;
+            lowest = lowest.min(a.limit());
+        }
+        assert!(lowest < 10, "the step shrank the limit first: {lowest}");
+        assert!(
+            a.limit() > 20,
+            "the limit is {} after {clock:?} of 30 ms calls (it fell to {lowest})",
+            a.limit()
+        );
     }
 }

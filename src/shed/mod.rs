@@ -83,7 +83,7 @@ mod service;
 mod share;
 mod slots;
 
-pub use adaptive::AimdLimit;
+pub use adaptive::{AimdLimit, InvalidAimdLimit};
 pub use service::{InFlightBody, InFlightLimit, InFlightLimitLayer, ResponseFuture};
 #[cfg(feature = "proxy")]
 pub(crate) use share::Shares;

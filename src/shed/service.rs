@@ -295,7 +295,7 @@ where
                     };
                     let mut slot = slot.take();
                     if let Some(slot) = &mut slot {
-                        slot.answered(res.as_ref().map_or(true, |r| failed(r.status())));
+                        slot.answered(res.as_ref().map_or(Some(true), |r| failed(r.status())));
                     }
                     let res = res?;
                     this.state.set(State::Done);

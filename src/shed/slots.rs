@@ -124,12 +124,13 @@ impl Slots {
         let slow_at = adaptive
             .as_ref()
             .and_then(|a| a.threshold())
-            .map(|t| started + t);
+            .and_then(|t| started.checked_add(t));
         Slot {
             permit: Some(permit),
             gauge: gauge.clone(),
             adaptive,
             sampled: false,
+            slowed: false,
             started,
             slow_at,
         }
@@ -187,10 +188,18 @@ pub(crate) fn shed_response<B: From<Bytes>>(what: &'static str) -> http::Respons
     res
 }
 
-/// What shrinks an adaptive limit: the upstream failed (5xx) or said it
-/// is overloaded (429).
-pub(crate) fn failed(status: http::StatusCode) -> bool {
-    status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS
+/// What an answer says of the upstream's load: `Some(true)` it failed
+/// (5xx) or said it is overloaded (429), which shrinks an adaptive limit;
+/// `None` nothing (another 4xx: a fast refusal is no measure of load);
+/// `Some(false)` it served the call.
+pub(crate) fn failed(status: http::StatusCode) -> Option<bool> {
+    if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
+        Some(true)
+    } else if status.is_client_error() {
+        None
+    } else {
+        Some(false)
+    }
 }
 
 /// A gauge that follows the slots taken (`idempotency_upstream_in_flight`
@@ -221,6 +230,8 @@ pub(crate) struct Slot {
     gauge: Gauge,
     adaptive: Option<Arc<Adaptive>>,
     sampled: bool,
+    /// Counted as slow while it ran: its answer only teaches the baseline.
+    slowed: bool,
     started: Instant,
     slow_at: Option<Instant>,
 }
@@ -229,7 +240,7 @@ impl Slot {
     /// When the call, still unanswered, counts as slow (adaptive pools
     /// with a threshold, until sampled).
     pub(crate) fn slow_at(&self) -> Option<Instant> {
-        if self.sampled {
+        if self.sampled || self.slowed {
             return None;
         }
         self.slow_at
@@ -243,22 +254,29 @@ impl Slot {
             .adaptive
             .as_ref()
             .and_then(|a| a.threshold())
-            .map(|t| self.started + t);
+            .and_then(|t| self.started.checked_add(t));
     }
 
-    /// The upstream answered: `failed` (a 5xx, 429, no answer or timeout)
-    /// or a success, timed from the slot's start.
-    pub(crate) fn answered(&mut self, failed: bool) {
-        if let (Some(a), false) = (&self.adaptive, self.sampled) {
-            self.sampled = true;
-            a.sample(self.started.elapsed(), failed);
+    /// The upstream answered: `Some(true)` it failed (a 5xx, 429, no
+    /// answer or timeout), `Some(false)` a success, timed from the slot's
+    /// start; `None` an answer that says nothing of load (another 4xx).
+    pub(crate) fn answered(&mut self, failed: Option<bool>) {
+        let Some(a) = self.adaptive.as_ref().filter(|_| !self.sampled) else {
+            return;
+        };
+        self.sampled = true;
+        match (failed, self.slowed) {
+            (Some(failed), false) => a.sample(self.started.elapsed(), failed),
+            // Counted as slow already: its latency still moves the baseline.
+            (Some(false), true) => a.learn(self.started.elapsed()),
+            _ => {}
         }
     }
 
     /// The call is past its threshold, unanswered: a slow sample now.
     pub(crate) fn slow(&mut self) {
-        if let (Some(a), false) = (&self.adaptive, self.sampled) {
-            self.sampled = true;
+        if let (Some(a), false, false) = (&self.adaptive, self.sampled, self.slowed) {
+            self.slowed = true;
             a.sample(Duration::MAX, true);
         }
     }
