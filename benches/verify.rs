@@ -87,6 +87,46 @@ fn verify(c: &mut Criterion) {
         bench_case(c, &rt, name, case.keys.clone(), &case);
     }
     hostile_headers(c, &rt);
+    hostile_bodies(c, &rt);
+}
+
+/// `field(i)` repeated from `open` to `close` until the body holds 64 KiB.
+fn fields_at_limit(open: &str, close: &str, field: impl Fn(usize) -> String) -> (Vec<u8>, usize) {
+    let mut body = open.as_bytes().to_vec();
+    let mut n = 0;
+    loop {
+        let next = field(n);
+        if body.len() + next.len() + close.len() > 64 * 1024 {
+            break;
+        }
+        body.extend_from_slice(next.as_bytes());
+        n += 1;
+    }
+    body.extend_from_slice(close.as_bytes());
+    (body, n)
+}
+
+fn hostile_bodies(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    let alipay = fields_at_limit("", "sign=AAAA", |i| format!("p{i}=&"));
+    let wechat = fields_at_limit("<xml>", "</xml>", |i| format!("<e{i}/>"));
+    let json = fields_at_limit("{", r#""z":0}"#, |i| format!(r#""m{i}":0,"#));
+    for case in cases() {
+        let (body, what) = match case.name {
+            "alipay trade_status_sync (without sign_type)" => (&alipay, "parameters"),
+            "wechatpay-v2 md5" => (&wechat, "empty elements"),
+            "wechatpay-v3" | "stripe" | "standard-webhooks go" | "adyen colon" | "paypal" => {
+                (&json, "JSON members")
+            }
+            _ => continue,
+        };
+        let channel = case.name.split(' ').next().unwrap_or(case.name);
+        let name = format!("{channel} 64 KiB, {} {what}, refused", body.1);
+        let hostile = Case {
+            body: body.0.clone(),
+            ..case
+        };
+        bench_case(c, rt, &name, hostile.keys.clone(), &hostile);
+    }
 }
 
 /// A 64 KiB JSON body (the body limit).

@@ -81,13 +81,23 @@ async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
             ("idempotency-client-key", "forged"),
         ],
     );
-    let r = send(&client(), &gw.url("/notify/fence2"), &headers, w.base().body).await;
+    let r = send(
+        &client(),
+        &gw.url("/notify/fence2"),
+        &headers,
+        w.base().body,
+    )
+    .await;
     assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
     let other = up.last("/notify/fence2");
     assert_hash(&key(&other));
     assert_ne!(key(&other), hash, "the stored key's hash, not the client's");
     assert_eq!(other.headers.get_all("idempotency-key").iter().count(), 1);
-    let client_key: Vec<_> = other.headers.get_all("idempotency-client-key").iter().collect();
+    let client_key: Vec<_> = other
+        .headers
+        .get_all("idempotency-client-key")
+        .iter()
+        .collect();
     assert_eq!(client_key, [hash.as_str()]);
     assert!(fence(&other) > 0);
 
@@ -106,7 +116,6 @@ async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
     assert_hash(&key(&seen));
     assert_eq!(seen.headers["idempotency-client-key"], "pay-1");
     assert!(fence(&seen) > 7, "the client's token is not forwarded");
-
 
     // A request no preset guards carries no token, not even the client's.
     let a = raw(gw.addr, "GET", b"/plain", &[(FENCE, "9")], b"");
@@ -188,13 +197,21 @@ async fn underscore_spellings_of_the_gateways_headers_are_dropped() {
         );
     }
     assert!(fence(&seen) < u64::MAX);
-    assert_eq!(seen.headers["x_tenant_note"], "kept", "other underscores pass");
+    assert_eq!(
+        seen.headers["x_tenant_note"], "kept",
+        "other underscores pass"
+    );
     // An unguarded request too.
     let a = raw(gw.addr, "GET", b"/plain", &spoofed, b"");
     assert_eq!(a.status, 200, "{a:?}");
     let seen = up.last("/plain");
     for (name, _) in spoofed {
-        assert!(seen.headers.get(name.to_ascii_lowercase().as_str()).is_none(), "{name}");
+        assert!(
+            seen.headers
+                .get(name.to_ascii_lowercase().as_str())
+                .is_none(),
+            "{name}"
+        );
     }
 }
 

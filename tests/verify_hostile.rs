@@ -283,7 +283,10 @@ fn a_signed_body_of_more_than_256_fields_is_refused() {
     // and the extra members.
     let item = adyen_item("PSP1", 100, "AUTHORISATION");
     for (extra, ok) in [(MAX_FIELDS - 2, true), (MAX_FIELDS - 1, false)] {
-        let members: String = names[..extra].iter().map(|n| format!(",\"{n}\":0")).collect();
+        let members: String = names[..extra]
+            .iter()
+            .map(|n| format!(",\"{n}\":0"))
+            .collect();
         let body = format!(r#"{{"live":"false","notificationItems":[{item}]{members}}}"#);
         let got = verify(&adyen(), "application/json", body.as_bytes());
         if ok {

@@ -133,7 +133,10 @@ fn a_value_holding_a_field_boundary_is_refused_though_the_signed_string_is_genui
         .iter()
         .filter(|(k, _)| *k != "notify_type")
         .map(|&(k, v)| match k {
-            "notify_id" => (k, "2019081500222155624068450559358070&notify_type=trade_status_sync"),
+            "notify_id" => (
+                k,
+                "2019081500222155624068450559358070&notify_type=trade_status_sync",
+            ),
             _ => (k, v),
         })
         .collect();
@@ -175,7 +178,11 @@ fn a_value_holding_a_field_boundary_is_refused_though_the_signed_string_is_genui
     };
     let genuine = fields("SUCCESS", Some("1"));
     let folded = fields("SUCCESS&total_fee=1", None);
-    assert_eq!(wechat_sign(&genuine), wechat_sign(&folded), "one signed string");
+    assert_eq!(
+        wechat_sign(&genuine),
+        wechat_sign(&folded),
+        "one signed string"
+    );
     let with_sign = |mut f: Vec<(String, String)>| {
         let sign = wechat_sign(&f);
         f.push(("sign".into(), sign));
