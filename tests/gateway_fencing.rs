@@ -41,6 +41,16 @@ fn key(seen: &Seen) -> String {
         .to_owned()
 }
 
+/// 64 lowercase hex digits: a SHA-256.
+fn assert_hash(key: &str) {
+    assert_eq!(key.len(), 64, "{key}");
+    assert!(
+        key.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+        "{key}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
     let up = Upstream::start().await;
@@ -58,25 +68,41 @@ async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
     let first = fence(&seen);
     assert!(first > 0 && first < u64::MAX, "{first}");
     let hash = key(&seen);
-    assert_eq!(hash.len(), 64, "{hash}");
-    assert!(hash
-        .bytes()
-        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-    // Another notification is another stored key, with a token of its own.
+    assert_hash(&hash);
+    // Another notification is another stored key, with a token of its own:
+    // a client-sent `idempotency-key` (here the first one's) replaces
+    // nothing, it goes upstream as `idempotency-client-key`, and a
+    // client-sent `idempotency-client-key` is dropped.
     let w = &WECHATPAY_V3_VECTORS[1];
+    let headers = headers_with(
+        w,
+        &[
+            ("idempotency-key", &hash),
+            ("idempotency-client-key", "forged"),
+        ],
+    );
     let r = send(
         &client(),
         &gw.url("/notify/fence2"),
-        &w.base().headers,
+        &headers,
         w.base().body,
     )
     .await;
     assert_eq!((r.status, r.text().as_str()), (200, WECHAT_SUCCESS));
     let other = up.last("/notify/fence2");
-    assert_ne!(key(&other), hash);
+    assert_hash(&key(&other));
+    assert_ne!(key(&other), hash, "the stored key's hash, not the client's");
+    assert_eq!(other.headers.get_all("idempotency-key").iter().count(), 1);
+    let client_key: Vec<_> = other
+        .headers
+        .get_all("idempotency-client-key")
+        .iter()
+        .collect();
+    assert_eq!(client_key, [hash.as_str()]);
     assert!(fence(&other) > 0);
 
-    // A client's own Idempotency-Key is forwarded as it is, with the token.
+    // A client's own Idempotency-Key goes upstream as
+    // `idempotency-client-key`; `idempotency-key` is the stored key's hash.
     let json = ("content-type", "application/json");
     let a = raw(
         gw.addr,
@@ -87,13 +113,106 @@ async fn the_upstream_gets_the_key_hash_and_the_fencing_token() {
     );
     assert_eq!(a.status, 200, "{a:?}");
     let seen = up.last("/api/pay");
-    assert_eq!(key(&seen), "pay-1");
+    assert_hash(&key(&seen));
+    assert_eq!(seen.headers["idempotency-client-key"], "pay-1");
     assert!(fence(&seen) > 7, "the client's token is not forwarded");
 
     // A request no preset guards carries no token, not even the client's.
     let a = raw(gw.addr, "GET", b"/plain", &[(FENCE, "9")], b"");
     assert_eq!(a.status, 200, "{a:?}");
     assert!(up.last("/plain").headers.get(FENCE).is_none());
+}
+
+/// Two tenants that both send `Idempotency-Key: order-1001` each run once
+/// and reach the upstream with different `idempotency-key`s (the scoped
+/// keys' hashes), so the upstream's unique index on it does not collide
+/// across tenants; each one's own key is in `idempotency-client-key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_principals_with_one_client_key_reach_the_upstream_with_different_keys() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--route",
+            "/api=idempotency-key",
+            "--principal-header",
+            "x-tenant-id",
+        ],
+    );
+    let mut seen = Vec::new();
+    for tenant in ["tenant-a", "tenant-b"] {
+        let h = [
+            ("idempotency-key", "order-1001"),
+            ("x-tenant-id", tenant),
+            ("content-type", "application/json"),
+        ];
+        let a = raw(gw.addr, "POST", b"/api/orders", &h, b"{}");
+        assert_eq!(a.status, 200, "{tenant}: {a:?}");
+        seen.push(up.last("/api/orders"));
+    }
+    assert_eq!(up.calls("/api/orders"), 2, "each tenant ran once");
+    assert_ne!(key(&seen[0]), key(&seen[1]), "one upstream key per tenant");
+    for s in &seen {
+        assert_hash(&key(s));
+        assert_eq!(s.headers["idempotency-client-key"], "order-1001");
+    }
+}
+
+/// CGI and WSGI servers read `Idempotency_Fencing_Token` as
+/// `HTTP_IDEMPOTENCY_FENCING_TOKEN`, the same as the gateway's header: a
+/// client's underscore spelling of a header the gateway sets never reaches
+/// the upstream (a maximal token would make the fencing recipe refuse every
+/// later write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscore_spellings_of_the_gateways_headers_are_dropped() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &["--route", "/notify=auto", "--route", "/api=idempotency-key"],
+    );
+    let spoofed = [
+        ("Idempotency_Fencing_Token", "18446744073709551615"),
+        ("idempotency_key", "chosen"),
+        ("Idempotency_Client_Key", "chosen"),
+        ("idempotent_replayed", "true"),
+        ("X_Forwarded_For", "10.0.0.1"),
+        ("x_forwarded_proto", "https"),
+        ("x_forwarded_host", "bank.example"),
+    ];
+    let mut h = vec![
+        ("idempotency-key", "pay-2"),
+        ("content-type", "application/json"),
+        ("x_tenant_note", "kept"),
+    ];
+    h.extend(spoofed);
+    let a = raw(gw.addr, "POST", b"/api/pay", &h, b"{}");
+    assert_eq!(a.status, 200, "{a:?}");
+    let seen = up.last("/api/pay");
+    for (name, _) in spoofed {
+        let name = name.to_ascii_lowercase();
+        assert!(
+            seen.headers.get(name.as_str()).is_none(),
+            "{name} reached the upstream: {:?}",
+            seen.headers
+        );
+    }
+    assert!(fence(&seen) < u64::MAX);
+    assert_eq!(
+        seen.headers["x_tenant_note"], "kept",
+        "other underscores pass"
+    );
+    // An unguarded request too.
+    let a = raw(gw.addr, "GET", b"/plain", &spoofed, b"");
+    assert_eq!(a.status, 200, "{a:?}");
+    let seen = up.last("/plain");
+    for (name, _) in spoofed {
+        assert!(
+            seen.headers
+                .get(name.to_ascii_lowercase().as_str())
+                .is_none(),
+            "{name}"
+        );
+    }
 }
 
 /// Two gateways over one SQLite file. The first dies (SIGKILL) while the

@@ -363,6 +363,49 @@ async fn a_signed_body_read_two_ways_is_refused_before_the_claim_and_the_genuine
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Alipay signs the sorted `k=v` pairs of the decoded values joined with
+/// `&`: folding `notify_time` into `notify_id` (`%26notify_time%3D…`) keeps
+/// the signed string byte for byte and changes the key. Refused: a decoded
+/// value holding `&` and then `=` would read as a field boundary.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_alipay_field_folded_into_another_is_refused_and_the_payment_runs_once() {
+    let up = Upstream::start().await;
+    let pem = fixture("alipay_public_key_trade_status_sync.pem");
+    let routes = "[[route]]\nprefix = \"/notify/alipay\"\npreset = \"alipay\"\n\
+                  verify = { public_keys = [\"alipay.pem\"] }\n";
+    let dir = config(routes, &up.url(), &[("alipay.pem", &pem)]);
+    let log = dir.join("stderr.log");
+    let gw = start(&dir, &log);
+    let client = client();
+    let genuine = String::from_utf8(
+        fixture("alipay_notify_trade_status_sync_alipay-sdk-nodejs-all.form").to_vec(),
+    )
+    .unwrap();
+    let id = "notify_id=2019081500222155624068450559358070";
+    let time = "&notify_time=2019-08-15%2015%3A56%3A25";
+    assert!(genuine.contains(id) && genuine.contains(time));
+    let folded = genuine.replacen(time, "", 1).replacen(
+        id,
+        &format!("{id}%26notify_time%3D2019-08-15+15%3A56%3A25"),
+        1,
+    );
+    let h = [("content-type", "application/x-www-form-urlencoded")];
+    let a = post(&client, gw.addr, "/notify/alipay", &h, genuine.clone()).await;
+    assert_eq!((a.status, a.text().as_str()), (200, "success"));
+    assert_eq!(up.total(), 1);
+    let a = post(&client, gw.addr, "/notify/alipay", &h, folded.clone()).await;
+    assert_eq!(
+        a.status,
+        401,
+        "the folded copy is refused, not run under a new key: {}",
+        a.text()
+    );
+    assert_eq!(up.total(), 1, "one payment, one run upstream");
+    let text = log_with(&log, "field boundary");
+    assert!(text.contains("field boundary"), "the log says why:\n{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The log once it holds `needle` (its writer is non-blocking: a line may
 /// reach the file a little after the answer), or as it is after 10 s.
 fn log_with(log: &std::path::Path, needle: &str) -> String {

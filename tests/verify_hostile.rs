@@ -230,3 +230,74 @@ async fn a_queued_paypal_notification_is_delivered_though_its_transmission_was_u
         "the queued notification reached the upstream"
     );
 }
+
+/// A real notification has about 30 fields: a signed body of more than
+/// 256 (form parameters, XML elements, members of one JSON object) is
+/// refused before its signature is checked, however it is signed.
+#[test]
+fn a_signed_body_of_more_than_256_fields_is_refused() {
+    use tower_idempotency::key::MAX_FIELDS;
+    use verify_support::signed::*;
+    assert_eq!(MAX_FIELDS, 256);
+    assert_eq!(tower_idempotency::verify::MAX_FIELDS, MAX_FIELDS);
+    let names: Vec<String> = (0..MAX_FIELDS).map(|i| format!("x{i:03}")).collect();
+    // Alipay: 9 fields, `sign` and `sign_type`, and the extra ones.
+    for (extra, ok) in [(MAX_FIELDS - 11, true), (MAX_FIELDS - 10, false)] {
+        let mut fields = trade("utf-8", "order");
+        fields.extend(names[..extra].iter().map(|n| (n.as_str(), "")));
+        let body = alipay_body(&fields, encoding_rs::UTF_8);
+        assert_eq!(body.split('&').count(), extra + 11);
+        let got = verify(&alipay(), FORM, body.as_bytes());
+        if ok {
+            assert!(got.is_ok(), "alipay, {} fields: {got:?}", extra + 11);
+        } else {
+            let err = got.unwrap_err();
+            assert!(
+                matches!(&err, VerifyError::Malformed(m) if m.contains("256")),
+                "alipay, {} fields: {err}",
+                extra + 11
+            );
+        }
+    }
+    // WeChat Pay v2: the fields and `sign`.
+    for (count, ok) in [(MAX_FIELDS - 1, true), (MAX_FIELDS, false)] {
+        let mut fields: Vec<(String, String)> = names[..count]
+            .iter()
+            .map(|n| (n.clone(), "1".to_owned()))
+            .collect();
+        let sign = wechat_sign(&fields);
+        fields.push(("sign".into(), sign));
+        let got = verify(&wechat(), "text/xml", xml(&fields).as_bytes());
+        if ok {
+            assert!(got.is_ok(), "wechat, {} fields: {got:?}", count + 1);
+        } else {
+            let err = got.unwrap_err();
+            assert!(
+                matches!(&err, VerifyError::Malformed(m) if m.contains("256")),
+                "wechat, {} fields: {err}",
+                count + 1
+            );
+        }
+    }
+    // Adyen: a genuine item, in an envelope of `live`, `notificationItems`
+    // and the extra members.
+    let item = adyen_item("PSP1", 100, "AUTHORISATION");
+    for (extra, ok) in [(MAX_FIELDS - 2, true), (MAX_FIELDS - 1, false)] {
+        let members: String = names[..extra]
+            .iter()
+            .map(|n| format!(",\"{n}\":0"))
+            .collect();
+        let body = format!(r#"{{"live":"false","notificationItems":[{item}]{members}}}"#);
+        let got = verify(&adyen(), "application/json", body.as_bytes());
+        if ok {
+            assert!(got.is_ok(), "adyen, {} members: {got:?}", extra + 2);
+        } else {
+            let err = got.unwrap_err();
+            assert!(
+                matches!(&err, VerifyError::Malformed(m) if m.contains("256")),
+                "adyen, {} members: {err}",
+                extra + 2
+            );
+        }
+    }
+}

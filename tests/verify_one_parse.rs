@@ -1,8 +1,9 @@
 //! One parse: a signed body that two readers could read differently is
 //! refused before the claim, the signed content is built as the channels'
 //! SDKs build it (Alipay signs `k=` too, in the body's charset), and — the
-//! property — whenever a body verifies, the key and fingerprint read from it
-//! are those of the fields the verifier checked.
+//! properties — whenever a body verifies, the key and fingerprint read from
+//! it are those of the fields the verifier checked, and the string a `k=v`
+//! scheme signs determines the field map.
 
 mod verify_support;
 
@@ -121,6 +122,115 @@ fn adyen_notification_items_twice_are_refused() {
             "{name}"
         );
     }
+}
+
+#[test]
+fn a_value_holding_a_field_boundary_is_refused_though_the_signed_string_is_genuine() {
+    // Alipay: `notify_type` folded into `notify_id` signs the same string
+    // (`notify_id=N&notify_type=…`) under another key.
+    let genuine = trade("utf-8", "order");
+    let folded: Vec<(&str, &str)> = genuine
+        .iter()
+        .filter(|(k, _)| *k != "notify_type")
+        .map(|&(k, v)| match k {
+            "notify_id" => (
+                k,
+                "2019081500222155624068450559358070&notify_type=trade_status_sync",
+            ),
+            _ => (k, v),
+        })
+        .collect();
+    assert_eq!(
+        signed_pairs(&genuine),
+        signed_pairs(&folded),
+        "one signed string"
+    );
+    let body = alipay_body(&folded, encoding_rs::UTF_8);
+    let err = verify(&alipay(), FORM, body.as_bytes()).unwrap_err();
+    assert!(matches!(err, VerifyError::Malformed(_)), "{err}");
+    assert!(err.to_string().contains("field boundary"), "{err}");
+    // A name holding `=` or `&` (`notify_id=N` named `notify_id=2019…`).
+    for name in ["a=b", "a&b"] {
+        let mut fields = trade("utf-8", "order");
+        fields.push((name, "1"));
+        let body = alipay_body(&fields, encoding_rs::UTF_8);
+        let err = verify(&alipay(), FORM, body.as_bytes()).unwrap_err();
+        assert!(matches!(err, VerifyError::Malformed(_)), "{name}: {err}");
+    }
+    // `&` or `=` alone, or `=` before `&`, reads as no boundary: verifies.
+    for subject in ["Tom & Jerry", "a=b", "x=1&y", "&", "=", "&&"] {
+        let body = alipay_body(&trade("utf-8", subject), encoding_rs::UTF_8);
+        let got = verify(&alipay(), FORM, body.as_bytes());
+        assert!(got.is_ok(), "{subject:?}: {got:?}");
+    }
+
+    // WeChat Pay v2: `total_fee` folded into `result_code`.
+    let fields = |result: &str, fee: Option<&str>| {
+        let mut f = vec![
+            ("out_trade_no".to_owned(), "o1".to_owned()),
+            ("result_code".to_owned(), result.to_owned()),
+            ("transaction_id".to_owned(), "4200001".to_owned()),
+        ];
+        if let Some(fee) = fee {
+            f.push(("total_fee".to_owned(), fee.to_owned()));
+        }
+        f
+    };
+    let genuine = fields("SUCCESS", Some("1"));
+    let folded = fields("SUCCESS&total_fee=1", None);
+    assert_eq!(
+        wechat_sign(&genuine),
+        wechat_sign(&folded),
+        "one signed string"
+    );
+    let with_sign = |mut f: Vec<(String, String)>| {
+        let sign = wechat_sign(&f);
+        f.push(("sign".into(), sign));
+        xml(&f)
+    };
+    assert!(verify(&wechat(), "text/xml", with_sign(genuine).as_bytes()).is_ok());
+    let err = verify(&wechat(), "text/xml", with_sign(folded).as_bytes()).unwrap_err();
+    assert!(matches!(err, VerifyError::Malformed(_)), "{err}");
+    for result in ["A & B", "a=b", "x=1&y"] {
+        let body = with_sign(fields(result, Some("1")));
+        let got = verify(&wechat(), "text/xml", body.as_bytes());
+        assert!(got.is_ok(), "{result:?}: {got:?}");
+    }
+}
+
+/// The string Alipay signs for `fields` (every field here is signed).
+fn signed_pairs(fields: &[(&str, &str)]) -> String {
+    let mut sorted = fields.to_vec();
+    sorted.sort();
+    let pairs: Vec<String> = sorted.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join("&")
+}
+
+/// Another reading of the signed string `s` of `k=v` pairs joined with `&`:
+/// cut at the `&`s that `choice` picks, each piece split at one of its `=`s;
+/// `None` when a piece holds no `=`, a name is empty or repeats, or the
+/// names are not in the order the scheme sorts them (another signed string).
+fn reread(s: &str, choice: &[u8]) -> Option<Vec<(String, String)>> {
+    let mut pick = choice.iter().cycle();
+    let mut pieces = vec![String::new()];
+    for c in s.chars() {
+        if c == '&' && pick.next().is_some_and(|b| b & 1 == 1) {
+            pieces.push(String::new());
+        } else {
+            pieces.last_mut().unwrap().push(c);
+        }
+    }
+    let mut out: Vec<(String, String)> = Vec::new();
+    for piece in pieces {
+        let eqs: Vec<usize> = piece.match_indices('=').map(|(i, _)| i).collect();
+        let at = *eqs.get(usize::from(*pick.next().unwrap()) % eqs.len().max(1))?;
+        let (name, value) = (&piece[..at], &piece[at + 1..]);
+        if name.is_empty() || out.last().is_some_and(|(k, _)| k.as_str() >= name) {
+            return None;
+        }
+        out.push((name.to_owned(), value.to_owned()));
+    }
+    Some(out)
 }
 
 // ---- The property --------------------------------------------------------
@@ -330,6 +440,54 @@ proptest! {
             prop_assert_eq!(got.map(|g| g.fingerprint), Some(want.fingerprint), "{}", body);
         } else {
             prop_assert!(!matches!(m, Mutation::None | Mutation::Reverse), "{}", body);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// The signed string determines the field map: two different Alipay
+    /// field maps that sign one string (`a=x&b=y` is `{a: "x&b=y"}` or
+    /// `{a: "x", b: "y"}`) never both verify.
+    #[test]
+    fn alipay_one_signed_string_verifies_one_field_map(
+        fields in prop::collection::btree_map("[ab][ab&=]{0,2}", "[ab&=]{0,4}", 1..4),
+        choice in prop::collection::vec(any::<u8>(), 1..12),
+    ) {
+        let genuine: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let signed = signed_pairs(&genuine);
+        let Some(other) = reread(&signed, &choice) else { return Ok(()) };
+        let other: Vec<(&str, &str)> = other.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        prop_assert_eq!(&signed_pairs(&other), &signed);
+        if other != genuine {
+            let a = verify(&alipay(), FORM, alipay_body(&genuine, encoding_rs::UTF_8).as_bytes());
+            let b = verify(&alipay(), FORM, alipay_body(&other, encoding_rs::UTF_8).as_bytes());
+            prop_assert!(a.is_err() || b.is_err(), "{:?} and {:?} both verify, signing {:?}", genuine, other, signed);
+        }
+    }
+
+    /// The same for WeChat Pay v2 (its non-empty fields: empty ones are not
+    /// signed, by the channel's rule).
+    #[test]
+    fn wechat_v2_one_signed_string_verifies_one_field_map(
+        fields in prop::collection::btree_map("[ab]{1,3}", "[ab&=]{1,4}", 1..4),
+        choice in prop::collection::vec(any::<u8>(), 1..12),
+    ) {
+        let genuine: Vec<(String, String)> = fields.into_iter().collect();
+        let pairs: Vec<(&str, &str)> = genuine.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let signed = signed_pairs(&pairs);
+        let Some(other) = reread(&signed, &choice) else { return Ok(()) };
+        if other != genuine && other.iter().all(|(_, v)| !v.is_empty()) {
+            prop_assert_eq!(wechat_sign(&other), wechat_sign(&genuine));
+            let body = |f: &[(String, String)]| {
+                let mut f = f.to_vec();
+                f.push(("sign".into(), wechat_sign(&f)));
+                xml(&f)
+            };
+            let a = verify(&wechat(), "text/xml", body(&genuine).as_bytes());
+            let b = verify(&wechat(), "text/xml", body(&other).as_bytes());
+            prop_assert!(a.is_err() || b.is_err(), "{:?} and {:?} both verify, signing {:?}", genuine, other, signed);
         }
     }
 }

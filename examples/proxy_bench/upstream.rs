@@ -103,9 +103,13 @@ async fn upstream_answer(req: Request<Incoming>, state: &State) -> Response<Full
             .unwrap_or_default();
         return Response::new(Full::new(Bytes::from(key_summary(state, prefix))));
     }
+    // Behind the gateway the client's own key is `idempotency-client-key`
+    // (`idempotency-key` is the stored key's hash); other proxies forward
+    // `idempotency-key` as the client sent it.
     let key = req
         .headers()
-        .get("idempotency-key")
+        .get("idempotency-client-key")
+        .or_else(|| req.headers().get("idempotency-key"))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     // Read the whole body, as a real handler would.

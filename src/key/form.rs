@@ -73,8 +73,10 @@ pub(crate) struct FormField {
 
 /// Every field of a form body, strictly: a name that repeats, a segment that
 /// is no `name=value` pair, a name that is not UTF-8, a value that does not
-/// decode in the body's charset, or an unknown charset is an `Err` naming
-/// the fault. Empty segments (`a=1&&b=2`, a trailing `&`) are skipped.
+/// decode in the body's charset, an unknown charset, or more than
+/// [`MAX_FIELDS`](super::MAX_FIELDS) parameters is an `Err` naming the
+/// fault. Empty segments (`a=1&&b=2`, a trailing `&`) are skipped. Linear in
+/// the body: each name is looked up in a hash set of the earlier ones.
 #[cfg(feature = "verify")]
 pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'static, str>> {
     let charset = form_charset(body).map_err(|label| {
@@ -83,7 +85,14 @@ pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'stat
         ))
     })?;
     let mut out: Vec<FormField> = Vec::new();
+    let mut names = foldhash::HashSet::default();
     for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        if out.len() == super::MAX_FIELDS {
+            return Err(Cow::Owned(format!(
+                "form body of more than {} parameters",
+                super::MAX_FIELDS
+            )));
+        }
         let Some(at) = pair.iter().position(|&b| b == b'=') else {
             return Err(Cow::Borrowed("form segment without `=`"));
         };
@@ -92,7 +101,7 @@ pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'stat
         if name.is_empty() {
             return Err(Cow::Borrowed("form parameter without a name"));
         }
-        if out.iter().any(|f| f.name == name) {
+        if !names.insert(name.clone()) {
             return Err(Cow::Owned(format!("repeated form parameter {name:?}")));
         }
         let raw = percent_decode(&pair[at + 1..]).into_owned();

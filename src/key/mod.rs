@@ -73,6 +73,14 @@ use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
 
+/// The most fields a signed body may hold: form parameters (Alipay), children
+/// of the XML root (WeChat Pay v2), members of any one JSON object (Adyen,
+/// PayPal). A real notification has about 30; a body with more is refused
+/// with the channel's failure reply (401, `unverified`) before its fields are
+/// trusted, so that a 64 KiB body of ten thousand fields costs no more than a
+/// normal one.
+pub const MAX_FIELDS: usize = 256;
+
 /// Extra bytes that an earlier layer (the verify layer, after decrypting a
 /// WeChat Pay v3 resource) asks the [`KeyLayer`] to fold into the fingerprint
 /// of the request; put it into the request extensions.

@@ -3,6 +3,7 @@
 //! upstreams the last), so a signed body must not repeat any.
 
 use super::json::Str;
+use super::MAX_FIELDS;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
 use std::fmt;
@@ -10,7 +11,9 @@ use std::fmt;
 /// Checks that `body` is one JSON value in which no object repeats a member
 /// name, at any depth: the readers that keep the first of repeated members
 /// and those that keep the last (`JSON.parse`, Jackson) then read the same
-/// document. `Err` names the first repeated member.
+/// document. An object of more than [`MAX_FIELDS`] members is refused too
+/// (bounded work). `Err` names the first fault. Linear in the body: each
+/// name is looked up in a hash set of its object's earlier ones.
 pub(crate) fn unique_members(body: &[u8]) -> Result<(), String> {
     let mut de = serde_json::Deserializer::from_slice(body);
     de::Deserializer::deserialize_any(&mut de, Unique).map_err(|e| e.to_string())?;
@@ -36,15 +39,20 @@ impl<'de> Visitor<'de> for Unique {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut names: Vec<Cow<'de, str>> = Vec::new();
+        let mut names: foldhash::HashSet<Cow<'de, str>> = foldhash::HashSet::default();
         while let Some(name) = map.next_key::<Str<'de>>()? {
+            if names.len() == MAX_FIELDS {
+                return Err(de::Error::custom(format_args!(
+                    "JSON object of more than {MAX_FIELDS} members"
+                )));
+            }
             if names.contains(&name.0) {
                 return Err(de::Error::custom(format_args!(
                     "repeated JSON member {:?}",
                     name.0
                 )));
             }
-            names.push(name.0);
+            names.insert(name.0);
             map.next_value_seed(Unique)?;
         }
         Ok(())

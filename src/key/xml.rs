@@ -28,7 +28,10 @@ pub(super) fn parse_flat_xml<'w>(
 /// Refused, so that no two readers can read the document differently: more
 /// than one root, a nested element where a field's text is expected, text or
 /// CDATA outside the fields, a repeated field, a comment or processing
-/// instruction inside the root, a DOCTYPE, and anything not well formed.
+/// instruction inside the root, a DOCTYPE, and anything not well formed;
+/// and, to bound the work, more than [`MAX_FIELDS`](super::MAX_FIELDS)
+/// fields. Linear in the body: each name is looked up in a hash set of the
+/// earlier ones.
 pub(crate) fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'static, str>> {
     use quick_xml::events::Event;
     let bad = |e: quick_xml::Error| Cow::Owned(format!("XML body: {e}"));
@@ -42,8 +45,15 @@ pub(crate) fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'sta
             .map(str::to_owned)
             .map_err(|_| Cow::Borrowed("XML element name is not UTF-8"))
     };
-    let push = |out: &mut Vec<(String, String)>, name: String, value: String| {
-        if out.iter().any(|(k, _)| *k == name) {
+    let mut names = foldhash::HashSet::default();
+    let mut push = |out: &mut Vec<(String, String)>, name: String, value: String| {
+        if out.len() == super::MAX_FIELDS {
+            return Err(Cow::Owned(format!(
+                "XML body of more than {} fields",
+                super::MAX_FIELDS
+            )));
+        }
+        if !names.insert(name.clone()) {
             return Err(Cow::Owned(format!("repeated XML element <{name}>")));
         }
         out.push((name, value));

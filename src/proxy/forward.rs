@@ -2,7 +2,8 @@
 
 use super::deadline::Deadline;
 use super::headers::{
-    set_forwarded, set_idempotency, strip_request_hop_by_hop, strip_response_hop_by_hop, ClientConn,
+    set_forwarded, set_idempotency, strip_request_hop_by_hop, strip_response_hop_by_hop,
+    strip_underscore_spellings, ClientConn,
 };
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
@@ -37,10 +38,14 @@ use tower_service::Service;
 /// `Expect`) but `TE: trailers` when the client accepts trailers. Behind the
 /// dedup layer (an [`ActiveClaim`](crate::store::ActiveClaim) in the
 /// request's extensions) it also gets `idempotency-fencing-token` (the
-/// claim's fencing token, decimal) and, unless the client sent its own
-/// `Idempotency-Key` (forwarded as it is), `idempotency-key` with the
-/// SHA-256 of the stored key (64 hex digits). A client's own
-/// `idempotency-fencing-token` is never forwarded. The
+/// claim's fencing token, decimal) and `idempotency-key` with the SHA-256 of
+/// the stored key (64 hex digits; the key is scoped by route and principal,
+/// so two tenants' `Idempotency-Key: order-1001` are two hashes). A
+/// client's own `Idempotency-Key` goes upstream as `idempotency-client-key`;
+/// a client's own `idempotency-fencing-token` or `idempotency-client-key`
+/// is never forwarded, nor a header spelling one the gateway sets or strips
+/// with `_` for `-` (`Idempotency_Fencing_Token`: CGI and WSGI servers read
+/// both spellings as one). The
 /// answer keeps its `Trailer` header, so that its trailers reach a client
 /// that accepts them. An upstream that refuses or resets the connection gets
 /// `502 Bad Gateway`; one that does not answer in full within the timeout
@@ -166,6 +171,7 @@ impl Forward {
         let request_id = parts.headers.get("x-request-id").cloned();
         let authority = parts.uri.authority().map(|a| a.to_string());
         strip_request_hop_by_hop(&mut parts.headers);
+        strip_underscore_spellings(&mut parts.headers);
         parts.headers.remove(header::EXPECT);
         // The body's own length (or chunks) frames it upstream.
         parts.headers.remove(header::CONTENT_LENGTH);

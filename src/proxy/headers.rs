@@ -104,29 +104,79 @@ pub(crate) fn set_forwarded(headers: &mut HeaderMap, conn: Option<ClientConn>, h
 /// The header that carries the claim's fencing token upstream.
 pub(crate) const FENCING_TOKEN: &str = "idempotency-fencing-token";
 
+/// The header that carries the stored key's hash upstream.
+pub(crate) const KEY: &str = "idempotency-key";
+
+/// The header that carries the client's own `Idempotency-Key` upstream.
+pub(crate) const CLIENT_KEY: &str = "idempotency-client-key";
+
 /// Sets what the upstream needs to keep its own unique index and refuse a
 /// stale owner's write: `idempotency-fencing-token` with the claim's token
-/// and, when the client sent no `Idempotency-Key` of its own (that one is
-/// forwarded as it is), `idempotency-key` with the SHA-256 of the stored key
-/// in hex. A client's own `idempotency-fencing-token` is dropped: only the
-/// gateway says what the token is.
+/// and `idempotency-key` with the SHA-256 of the stored key in hex (the key
+/// scoped by route and principal: two tenants' `order-1001` are two
+/// hashes). Only the gateway says what these are: a client's own
+/// `idempotency-fencing-token` and `idempotency-client-key` are dropped, and
+/// its own `Idempotency-Key` goes upstream as `idempotency-client-key`,
+/// claim or not.
 pub(crate) fn set_idempotency(headers: &mut HeaderMap, claim: Option<&crate::store::ActiveClaim>) {
     headers.remove(FENCING_TOKEN);
+    headers.remove(CLIENT_KEY);
+    if let Some(client) = headers.remove(KEY) {
+        headers.insert(CLIENT_KEY, client);
+    }
     let Some(claim) = claim else {
         return;
     };
     headers.insert(FENCING_TOKEN, HeaderValue::from(claim.fence()));
-    if !headers.contains_key("idempotency-key") {
-        use sha2::{Digest, Sha256};
-        use std::fmt::Write as _;
-        let digest = Sha256::digest(claim.key().as_bytes());
-        let mut hex = String::with_capacity(64);
-        for b in digest {
-            let _ = write!(hex, "{b:02x}");
-        }
-        if let Ok(v) = HeaderValue::from_str(&hex) {
-            headers.insert("idempotency-key", v);
-        }
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let digest = Sha256::digest(claim.key().as_bytes());
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        let _ = write!(hex, "{b:02x}");
+    }
+    if let Ok(v) = HeaderValue::from_str(&hex) {
+        headers.insert(KEY, v);
+    }
+}
+
+/// The headers the gateway sets or strips on the way upstream (and its own
+/// answer headers): a client's spelling of one of them with `_` for `-` is
+/// dropped by [`strip_underscore_spellings`].
+const GATEWAY_HEADERS: &[&str] = &[
+    FENCING_TOKEN,
+    KEY,
+    CLIENT_KEY,
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-request-id",
+    "idempotent-replayed",
+    "idempotent-body-omitted",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+];
+
+/// Removes the client's headers that name one the gateway sets or strips
+/// once `_` is read as `-` (`Idempotency_Fencing_Token`, `idempotency_key`,
+/// `X_Forwarded_For`, `Transfer_Encoding`, `Proxy_Authorization`, ...): CGI
+/// and WSGI servers map both spellings to one variable
+/// (`HTTP_IDEMPOTENCY_FENCING_TOKEN`), so the client's could stand beside,
+/// or for, the gateway's. nginx drops underscore headers by default for the
+/// same reason. Other names with `_` pass.
+pub(crate) fn strip_underscore_spellings(headers: &mut HeaderMap) {
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().contains('_'))
+        .filter(|k| {
+            let dashed = k.as_str().replace('_', "-");
+            GATEWAY_HEADERS.contains(&dashed.as_str()) || dashed.starts_with("proxy-")
+        })
+        .cloned()
+        .collect();
+    for name in dropped {
+        headers.remove(name);
     }
 }
 
@@ -153,22 +203,55 @@ mod tests {
         h.insert(FENCING_TOKEN, HeaderValue::from_static("999999999999"));
         set_idempotency(&mut h, Some(&claim(42)));
         assert_eq!(h[FENCING_TOKEN], "42");
-        let key = h["idempotency-key"].to_str().unwrap();
+        let key = h[KEY].to_str().unwrap().to_owned();
         assert_eq!(key.len(), 64);
         assert!(key
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-        // The client's own key is forwarded as it is.
+        // The client's own key goes upstream under a name of its own; the
+        // stored key's hash is `idempotency-key` whatever the client sent.
         let mut h = HeaderMap::new();
-        h.insert("idempotency-key", HeaderValue::from_static("client-1"));
+        h.insert(KEY, HeaderValue::from_static("client-1"));
+        h.insert(CLIENT_KEY, HeaderValue::from_static("forged"));
         set_idempotency(&mut h, Some(&claim(7)));
-        assert_eq!(h["idempotency-key"], "client-1");
+        assert_eq!(h[KEY], key.as_str());
+        assert_eq!(h.get_all(KEY).iter().count(), 1);
+        assert_eq!(h[CLIENT_KEY], "client-1");
+        assert_eq!(h.get_all(CLIENT_KEY).iter().count(), 1);
         assert_eq!(h[FENCING_TOKEN], "7");
-        // Without a claim, a client cannot choose a token.
+        // Without a claim, a client cannot choose a token nor the key.
         let mut h = HeaderMap::new();
         h.insert(FENCING_TOKEN, HeaderValue::from_static("5"));
+        h.insert(KEY, HeaderValue::from_static("client-2"));
         set_idempotency(&mut h, None);
         assert!(!h.contains_key(FENCING_TOKEN));
-        assert!(!h.contains_key("idempotency-key"));
+        assert!(!h.contains_key(KEY));
+        assert_eq!(h[CLIENT_KEY], "client-2");
+    }
+
+    #[test]
+    fn underscore_spellings_of_the_gateways_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "idempotency_fencing_token",
+            "idempotency_key",
+            "idempotency_client_key",
+            "idempotent_replayed",
+            "x_forwarded_for",
+            "x-forwarded_proto",
+            "transfer_encoding",
+            "proxy_authorization",
+        ] {
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("1"),
+            );
+        }
+        h.insert("x_tenant_id", HeaderValue::from_static("t"));
+        h.insert(FENCING_TOKEN, HeaderValue::from_static("3"));
+        strip_underscore_spellings(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, [FENCING_TOKEN, "x_tenant_id"]);
     }
 }

@@ -1,6 +1,7 @@
 //! Alipay: RSA2 (SHA256withRSA) over the sorted notification parameters.
 
 use super::keys::{KeyError, RsaPublicKey};
+use super::pairs::check_pair;
 use super::{base64_sig, Verified, Verifier, VerifyError};
 use crate::key::{parse_form_strict, FormField};
 use bytes::Bytes;
@@ -23,7 +24,11 @@ use std::time::SystemTime;
 /// A body two readers could read differently is refused before the
 /// signature is checked: a repeated parameter, a segment that is no
 /// `name=value` pair, a value that does not decode in the declared charset,
-/// an unknown charset.
+/// an unknown charset, more than [`MAX_FIELDS`](crate::key::MAX_FIELDS)
+/// parameters. So is a decoded name holding `&` or `=`, or a decoded value
+/// holding `&` and after it `=` (`notify_id=N%26notify_time%3DT`): the signed
+/// string would read a field boundary there, and one signature would stand
+/// for two sets of parameters (another `notify_id`, another key).
 ///
 /// ```
 /// use tower_idempotency::verify::AlipayKeys;
@@ -77,6 +82,10 @@ fn content(params: &[FormField], keep_sign_type: bool) -> Vec<u8> {
 impl Verifier for AlipayKeys {
     fn verify(&self, _parts: &mut Parts, body: &Bytes, _now: SystemTime) -> Result<Verified, VerifyError> {
         let mut params = parse_form_strict(body).map_err(VerifyError::Malformed)?;
+        // Every field but `sign` is signed (`sign_type` by the second check).
+        for field in params.iter().filter(|f| f.name != "sign") {
+            check_pair(&field.name, &field.raw)?;
+        }
         params.sort_by(|a, b| a.name.cmp(&b.name));
         let find = |name: &str| {
             params

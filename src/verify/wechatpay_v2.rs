@@ -1,6 +1,7 @@
 //! WeChat Pay API v2: the `sign` field, MD5 or HMAC-SHA256 with the API key.
 
 use super::keys::KeyError;
+use super::pairs::check_pair;
 use super::{Verified, Verifier, VerifyError};
 use crate::key::flat_fields;
 use bytes::Bytes;
@@ -20,6 +21,11 @@ use subtle::ConstantTimeEq;
 /// the API key, anything else (or none) MD5 (a 64-digit `sign` without
 /// `sign_type` is taken as HMAC-SHA256). MD5 is only here because the channel
 /// still signs with it; prefer HMAC-SHA256 where the merchant can choose.
+///
+/// A signed value holding `&` and after it `=` (`SUCCESS&total_fee=1`) is
+/// refused: the signed string would read a field boundary there, and one
+/// `sign` would stand for two sets of fields. So is a body of more than
+/// [`MAX_FIELDS`](crate::key::MAX_FIELDS) fields.
 ///
 /// ```
 /// use tower_idempotency::verify::WechatPayV2Keys;
@@ -75,6 +81,9 @@ impl Verifier for WechatPayV2Keys {
             None => sign.len() == 32,
         };
         fields.retain(|(k, v)| k != "sign" && !v.is_empty());
+        for (k, v) in &fields {
+            check_pair(k, v.as_bytes())?;
+        }
         fields.sort();
         let mut content = Vec::with_capacity(body.len());
         for (k, v) in &fields {

@@ -102,8 +102,8 @@ pub fn pct(bytes: &[u8]) -> String {
 
 /// Signs `fields` (name, value text) as Alipay does: every field but `sign`
 /// and `sign_type`, empty ones included, sorted, `k=v&…`, in the bytes of
-/// `charset`; returns the form body (values percent-encoded in `charset`)
-/// with `sign` and `sign_type=RSA2`.
+/// `charset`; returns the form body (names percent-encoded, values
+/// percent-encoded in `charset`) with `sign` and `sign_type=RSA2`.
 pub fn alipay_body(fields: &[(&str, &str)], charset: &'static encoding_rs::Encoding) -> String {
     let enc = |s: &str| charset.encode(s).0.into_owned();
     let mut sorted: Vec<&(&str, &str)> = fields.iter().collect();
@@ -128,7 +128,7 @@ pub fn alipay_body(fields: &[(&str, &str)], charset: &'static encoding_rs::Encod
     .unwrap();
     let mut body: Vec<String> = fields
         .iter()
-        .map(|(k, v)| format!("{k}={}", pct(&enc(v))))
+        .map(|(k, v)| format!("{}={}", pct(k.as_bytes()), pct(&enc(v))))
         .collect();
     body.push(format!(
         "sign={}",
