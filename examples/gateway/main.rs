@@ -329,6 +329,9 @@ async fn run(
     let memory = matches!(store, tower_idempotency::store::Either::Left(_));
     ack::warn_memory_store(&settings.queue, memory);
     let queue = settings.queue.open_for(acked).await?;
+    if let (Some(admin), Some(queue)) = (&admin, &queue) {
+        admin.set_queue(queue.clone());
+    }
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's
