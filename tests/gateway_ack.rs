@@ -247,6 +247,118 @@ async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
     killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
 }
 
+/// `gateway ARGS --admin http://METRICS` with the admin token file: exit
+/// code, stdout and stderr.
+fn admin_cli(metrics: SocketAddr, token: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(gateway_bin())
+        .arg("--admin-token-file")
+        .arg(token)
+        .args(args)
+        .arg("--admin")
+        .arg(format!("http://{metrics}"))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sends one copy of notification `id`; asserts WeChat Pay's success reply.
+async fn send_one(gw: SocketAddr, id: &str) {
+    let headers = [("content-type", "application/json")];
+    let answer = post(&client(), gw, "/wx/notify", &headers, notification(id)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.text(), WECHAT_SUCCESS);
+}
+
+/// `forget` on an acknowledge-then-deliver route forgets the queue's marker
+/// of the key too: the next copy is acknowledged and delivered again. While
+/// the entry is still queued, `forget` answers an error and forgets nothing.
+async fn forgotten_key_is_delivered_again(queue: &[&str]) {
+    let (up, up_addr) = Upstream::start(false).await;
+    let dir = temp_path("ack-forget");
+    let token = temp_path("ack-forget-token");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(&token, "s3cret-admin-token-0123456789\n").unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let metrics = free_addr();
+    let admin = [
+        "--journal",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ];
+    let gw = gateway(up_addr, queue, metrics, &admin);
+    let id = format!("EV-ACK-FORGET-{}", std::process::id());
+    // Delivered `n` times and settled in the queue (within 30 s).
+    let delivered = |n: usize| {
+        let (probe, id) = (up.clone(), id.clone());
+        tokio::task::spawn_blocking(move || {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(30)
+                && (probe.counts().get(&id) != Some(&n)
+                    || gauge(metrics, "idempotency_queue_depth") != Some(0.0))
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            probe.counts()
+        })
+    };
+    send_one(gw.addr, &id).await;
+    assert_eq!(delivered(1).await.unwrap().get(&id), Some(&1));
+    let (code, out, err) = admin_cli(metrics, &token, &["inspect", "--id", &id]);
+    assert_eq!(code, 0, "{err}");
+    let key = (out.lines().find_map(|l| l.strip_prefix("key: ")))
+        .unwrap_or_else(|| panic!("no key in {out}"))
+        .to_owned();
+    // Forgotten: the next copy is delivered again.
+    let (code, out, err) = admin_cli(metrics, &token, &["forget", &key]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("the next copy runs again"), "{out}");
+    send_one(gw.addr, &id).await;
+    let counts = delivered(2).await.unwrap();
+    assert_eq!(
+        counts.get(&id),
+        Some(&2),
+        "the copy after `forget` was not delivered again: {counts:?}"
+    );
+    // Forgotten again, and the next copy queued while the upstream is down:
+    // `forget` refuses, and says why.
+    let (code, out, err) = admin_cli(metrics, &token, &["forget", &key]);
+    assert_eq!(code, 0, "{out}{err}");
+    up.down.store(true, Ordering::SeqCst);
+    send_one(gw.addr, &id).await;
+    let (code, out, err) = admin_cli(metrics, &token, &["forget", &key]);
+    assert_eq!(code, 1, "forget of a queued entry: {out}{err}");
+    assert!(err.contains("still queued"), "{err}");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_on_an_ack_route_delivers_the_next_copy_again_embedded() {
+    let dir = temp_path("ack-forget-queue");
+    forgotten_key_is_delivered_again(&["--queue", dir.to_str().unwrap()]).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    forgotten_key_is_delivered_again(&["--queue", &url]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
     let (up, up_addr) = Upstream::start(true).await;

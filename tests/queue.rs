@@ -255,6 +255,52 @@ mod cases {
         assert!(runs.values().all(|&n| n == 1), "{runs:?}");
         assert!(queue.dead_letters(100).await.unwrap().is_empty());
     }
+
+    /// Forget lets a delivered key be queued and delivered again; a key
+    /// still queued or dead-lettered is refused, and stays a duplicate.
+    pub(super) async fn forget_lets_a_delivered_key_run_again<Q: Queue>(queue: Q) {
+        let key = notification(0).key;
+        assert!(!queue.forget(&key).await.unwrap(), "never seen");
+        assert!(matches!(
+            queue.ingest(notification(0)).await.unwrap(),
+            Ingested::Queued(_)
+        ));
+        let refused = queue.forget(&key).await.unwrap_err().to_string();
+        assert!(refused.contains("still queued"), "{refused}");
+        assert_eq!(
+            queue.ingest(notification(0)).await.unwrap(),
+            Ingested::Duplicate
+        );
+        let upstream = Upstream::default();
+        let mut worker = Worker::new(queue.clone(), upstream.handler())
+            .max_attempts(1)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5));
+        drain(&mut worker).await;
+        assert_eq!(
+            queue.ingest(notification(0)).await.unwrap(),
+            Ingested::Duplicate
+        );
+        // Delivered: forgotten once; the next copy is queued and runs again.
+        assert!(queue.forget(&key).await.unwrap());
+        assert!(!queue.forget(&key).await.unwrap(), "forgotten already");
+        assert!(matches!(
+            queue.ingest(notification(0)).await.unwrap(),
+            Ingested::Queued(_)
+        ));
+        drain(&mut worker).await;
+        assert_eq!(upstream.runs().get(&key), Some(&2));
+        // Dead-lettered: refused, the copy stays a duplicate.
+        upstream.down.store(true, Ordering::SeqCst);
+        queue.ingest(notification(1)).await.unwrap();
+        drain(&mut worker).await;
+        assert_eq!(queue.stats().await.unwrap().dead, 1);
+        let refused = queue.forget(&notification(1).key).await.unwrap_err();
+        assert!(refused.to_string().contains("dead-lettered"), "{refused}");
+        assert_eq!(
+            queue.ingest(notification(1)).await.unwrap(),
+            Ingested::Duplicate
+        );
+    }
 }
 
 macro_rules! queue_tests {
@@ -279,6 +325,7 @@ queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
+    forget_lets_a_delivered_key_run_again,
 );
 queue_tests!(redb_queue, {
     let dir = TempDir::new("queue-case");
@@ -288,12 +335,14 @@ queue_tests!(redb_queue, {
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
+    forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on Redis Streams yet (see its docs).
 queue_tests!(redis_streams_queue, redis_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    forget_lets_a_delivered_key_run_again,
 );
 
 /// The environment variable that turns this test binary into a child

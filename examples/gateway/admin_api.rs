@@ -3,6 +3,7 @@
 //! `Authorization: Bearer TOKEN`, checked in constant time. Described in
 //! `deploy/openapi/admin.yaml`.
 
+use crate::ack::GatewayQueue;
 use crate::store::GatewayStore;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -16,6 +17,8 @@ use subtle::ConstantTimeEq;
 use tower_idempotency::journal::{
     now_ms, Journal, JournalCursor, JournalEvent, JournalFilter, JournalRecord,
 };
+use tower_idempotency::proxy::queued_keys;
+use tower_idempotency::queue::Queue;
 use tower_idempotency::store::{Forgotten, RecordState, Store};
 use tower_idempotency::Preset;
 use tracing::{info, warn};
@@ -82,13 +85,15 @@ pub fn read_token(path: &Path) -> Result<String, String> {
 /// Picks the store of a route's records for one of its presets.
 pub type PickStore = dyn Fn(&str, &Preset) -> GatewayStore + Send + Sync;
 
-/// The admin API's state: its token, the journal once it is open, and the
-/// routes' own stores when each route has one (the memory store).
+/// The admin API's state: its token, the journal once it is open, the
+/// routes' own stores when each route has one (the memory store), and the
+/// queue of the acknowledge-then-deliver routes.
 #[derive(Clone)]
 pub struct Admin {
     token: Arc<str>,
     journal: Arc<OnceLock<Journal>>,
     stores: Arc<OnceLock<Arc<PickStore>>>,
+    queue: Arc<OnceLock<GatewayQueue>>,
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -181,7 +186,31 @@ impl Admin {
             token: token.into(),
             journal: Arc::default(),
             stores: Arc::default(),
+            queue: Arc::default(),
         }
+    }
+
+    /// The queue whose key markers `forget` clears too.
+    pub fn set_queue(&self, queue: GatewayQueue) {
+        let _ = self.queue.set(queue);
+    }
+
+    /// Forgets `key` (and its copies) in the queue, if there is one: whether
+    /// a marker of a delivered key was forgotten. An error while an entry of
+    /// the key is still queued, or when the queue fails.
+    async fn forget_queued(&self, key: &str) -> Result<bool, String> {
+        let Some(queue) = self.queue.get() else {
+            return Ok(false);
+        };
+        let mut forgot = false;
+        for queued in queued_keys(key) {
+            match tokio::time::timeout(STORE_TIMEOUT, queue.forget(&queued)).await {
+                Ok(Ok(done)) => forgot |= done,
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => return Err("the queue did not answer".into()),
+            }
+        }
+        Ok(forgot)
     }
 
     /// The routes' own stores: a key is looked up in its route's.
@@ -348,6 +377,17 @@ impl Admin {
     }
 
     async fn forget(&self, key: &str, who: &str, store: &GatewayStore) -> Answer {
+        // The queue's marker first (acknowledge-then-deliver routes): while
+        // it stays, the next copy would be answered "already queued" and
+        // never delivered. An entry still queued keeps everything.
+        let queued = match self.forget_queued(key).await {
+            Ok(queued) => queued,
+            Err(e) => {
+                warn!(key = %redact(key), error = %e, "admin: the queue did not forget the key");
+                let message = format!("the queue did not forget the key: {e}");
+                return error(StatusCode::SERVICE_UNAVAILABLE, &message);
+            }
+        };
         let store = self.store_of(key, store);
         let done = match tokio::time::timeout(STORE_TIMEOUT, store.forget(key)).await {
             Ok(Ok(done)) => done,
@@ -356,6 +396,12 @@ impl Admin {
                 return error(StatusCode::SERVICE_UNAVAILABLE, "the store failed");
             }
             Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "the store did not answer"),
+        };
+        // The record had gone (its window ended) but the queue remembered
+        // the key: forgotten there, the next copy runs again too.
+        let done = match done {
+            Forgotten::Absent if queued => Forgotten::Deleted,
+            done => done,
         };
         let (status, word) = match done {
             Forgotten::Deleted => (StatusCode::OK, "deleted"),

@@ -313,6 +313,9 @@ async fn run(
     let memory = matches!(store, tower_idempotency::store::Either::Left(_));
     ack::warn_memory_store(&settings.queue, memory);
     let queue = settings.queue.open_for(acked).await?;
+    if let (Some(admin), Some(queue)) = (&admin, &queue) {
+        admin.set_queue(queue.clone());
+    }
     // `/readyz` says when the embedded queue cannot store notifications.
     let embedded = match (&queue, acked) {
         (Some(either::Either::Left(q)), true) => Some(q.clone()),

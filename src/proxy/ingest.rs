@@ -52,6 +52,22 @@ pub fn original_key(queued: &str) -> &str {
     }
 }
 
+/// The queue keys the notifications of stored key `key` may be queued
+/// under: the key itself, then the copies with another payload that a route
+/// which does not verify its sender queues beside it (`KEY~copyN`). What a
+/// forget of `key` clears in the queue
+/// ([`Queue::forget`](crate::queue::Queue::forget) on each).
+///
+/// ```
+/// use tower_idempotency::proxy::queued_keys;
+/// let keys: Vec<String> = queued_keys("idem:stripe:/n::evt_1").collect();
+/// assert_eq!(keys[0], "idem:stripe:/n::evt_1");
+/// assert_eq!(keys[1], "idem:stripe:/n::evt_1~copy1");
+/// ```
+pub fn queued_keys(key: &str) -> impl Iterator<Item = String> + '_ {
+    (0..MAX_UNVERIFIED_COPIES).map(move |n| copy_key(key, n))
+}
+
 /// A queue's `ingest`, type-erased so that a gateway does not carry the
 /// queue's type.
 #[derive(Clone)]

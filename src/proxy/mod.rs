@@ -72,7 +72,7 @@ pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder, UpstreamAnswer};
 pub use gateway::{Gateway, GatewayResponse, MatchedRoute, RoutedPreset, Target};
 pub use headers::ClientConn;
-pub use ingest::original_key;
+pub use ingest::{original_key, queued_keys};
 pub use options::RouteOptions;
 pub use route::{RouteError, RouteTable};
 pub use upstream::{CallLimit, Upstream, UpstreamError, DEFAULT_MAX_UPSTREAM_CALLS};

@@ -101,6 +101,16 @@ macro_rules! embedded_queue {
                     .await
                     .map_err(|e| QueueError::new(e.to_string()))?
             }
+
+            async fn forget(&self, key: &str) -> Result<bool, QueueError> {
+                let key = key.to_owned();
+                // A refusal is the change's answer, not its failure: the
+                // changes committed with it are kept.
+                self.inner
+                    .grouped(move |txn| Embedded::forget(txn, &key))
+                    .await?
+                    .map_err(QueueError::new)
+            }
         }
     };
 }

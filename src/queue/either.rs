@@ -107,4 +107,8 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         both!(self, q => q.stats())
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, QueueError> {
+        both!(self, q => q.forget(key))
+    }
 }

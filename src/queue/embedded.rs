@@ -355,6 +355,38 @@ impl Embedded {
         Ok(())
     }
 
+    /// Forgets the marker of a delivered `key` (see
+    /// [`Queue::forget`](super::Queue::forget)): `Ok(true)` if it was
+    /// forgotten, `Ok(false)` if there was none, `Err` (the refusal, nothing
+    /// changed) while an entry of `key` is live or dead-lettered.
+    pub(super) fn forget(
+        txn: &WriteTransaction,
+        key: &str,
+    ) -> Result<Result<bool, &'static str>, QueueError> {
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let Some(marker) = keys
+            .get(key)
+            .map_err(err)?
+            .and_then(|v| Marker::decode(v.value()))
+        else {
+            return Ok(Ok(false));
+        };
+        if marker.entry != 0 {
+            let dead = txn.open_table(DEAD).map_err(err)?;
+            return Ok(Err(if dead.get(marker.entry).map_err(err)?.is_some() {
+                "dead-lettered: replay it from the dead letters instead"
+            } else {
+                "still queued: delivered when due"
+            }));
+        }
+        keys.remove(key).map_err(err)?;
+        txn.open_table(EXPIRY)
+            .map_err(err)?
+            .remove((marker.expires, key))
+            .map_err(err)?;
+        Ok(Ok(marker.expires > queue_now(txn)?))
+    }
+
     /// Due again after `after`; `uncounted`: this attempt does not count.
     pub(super) fn retry(
         txn: &WriteTransaction,

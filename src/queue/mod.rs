@@ -352,4 +352,19 @@ pub trait Queue: Clone + Send + Sync + 'static {
 
     /// Depth, age of the oldest entry, dead letters.
     fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send;
+
+    /// Forgets that `key` was delivered, so that its next copy is queued
+    /// and delivered again (an operator's "run this one again"). `true` if a
+    /// delivered key was forgotten, `false` if the queue holds nothing for
+    /// `key` (never seen, or its window ended). An entry of `key` still
+    /// queued, being delivered or dead-lettered is an error, and nothing is
+    /// forgotten: it is delivered when due (or replayed from the dead
+    /// letters), and a copy arriving meanwhile must stay a duplicate.
+    ///
+    /// Defaults to an error: a queue that cannot forget says so rather than
+    /// keep the key while its caller is told it was forgotten.
+    fn forget(&self, key: &str) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        let _ = key;
+        std::future::ready(Err(QueueError::new("this queue cannot forget keys")))
+    }
 }

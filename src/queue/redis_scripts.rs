@@ -120,6 +120,19 @@ pub(super) static DEAD: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Forgets a delivered key's marker: 1, or 0 if there is none, or -1 (and
+/// nothing changed) while it has no expiry (its entry is queued, being
+/// delivered or dead-lettered).
+pub(super) static FORGET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local t = redis.call('PTTL', KEYS[1])
+         if t == -2 then return 0 end
+         if t == -1 then return -1 end
+         redis.call('DEL', KEYS[1])
+         return 1",
+    )
+});
+
 pub(super) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])

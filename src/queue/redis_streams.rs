@@ -1,7 +1,8 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
 use super::redis_scripts::{
-    ACK, DEAD, FETCH, INGEST, PRUNE, RENEW, RENEW_SLOT, REPLAY, RETRY, TAKE_SLOT, TAKE_TURN,
+    ACK, DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW, RENEW_SLOT, REPLAY, RETRY, TAKE_SLOT,
+    TAKE_TURN,
 };
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
@@ -21,7 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// again when due; one that failed too often moves to the dead-letter stream
 /// `{name}:d`. Each key has a marker `{name}:k:<key>` (its fingerprint),
 /// set by the same script that appends the entry, so 7 copies make one entry;
-/// it expires one window after delivery. Every key of a queue shares the
+/// it expires one window after delivery, or when [`forget`](Queue::forget)
+/// deletes it. Every key of a queue shares the
 /// hash tag `{name}`, so the queue works on a Redis Cluster too (one slot).
 ///
 /// Give every worker of a queue the same [lease](super::Worker::lease): an
@@ -464,6 +466,20 @@ where
             dead,
             ..QueueStats::default()
         })
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, QueueError> {
+        let got: i64 = FORGET
+            .key(self.marker(key))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        match got {
+            -1 => Err(QueueError::new(
+                "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
+            )),
+            n => Ok(n == 1),
+        }
     }
 }
 
