@@ -51,7 +51,8 @@ SHA=$(git rev-parse --short=12 "$REF^{commit}")
 # --- builds
 OLD_TREE=$AB_DIR/tree-$SHA
 OLD_TARGET=$AB_DIR/target-$SHA
-OLD_BIN=$OLD_TARGET/release/examples/gateway
+# OLD_BIN=path: a gateway binary already built for REF (REF then only names it).
+OLD_BIN=${OLD_BIN:-$OLD_TARGET/release/examples/gateway}
 if [ ! -x "$OLD_BIN" ]; then
     mkdir -p "$AB_DIR"
     [ -d "$OLD_TREE" ] || git worktree add --detach "$OLD_TREE" "$SHA" >&2

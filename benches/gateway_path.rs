@@ -61,7 +61,10 @@ fn notification(id: &str) -> Request<Full<Bytes>> {
         .header("wechatpay-signature", "x")
         .header("wechatpay-timestamp", "1764460800")
         .header("wechatpay-nonce", "fdasflkja484w")
-        .header("wechatpay-serial", "5157F09EFDC096DE15EBE81A47057A7232F1B8E1")
+        .header(
+            "wechatpay-serial",
+            "5157F09EFDC096DE15EBE81A47057A7232F1B8E1",
+        )
         .body(Full::new(Bytes::from(body)))
         .expect("a valid request")
 }
@@ -156,8 +159,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| routes.find(std::hint::black_box("/notify/wechat/v3")))
     });
     group.bench_function("forward", |b| {
-        b.to_async(&rt)
-            .iter(|| drive(&forward, notification("x")))
+        b.to_async(&rt).iter(|| drive(&forward, notification("x")))
     });
     group.bench_function("first", |b| {
         b.to_async(&rt)

@@ -63,14 +63,38 @@ start
 wrk_run first 1 warm >/dev/null
 wrk_run repeat 1 rep >/dev/null
 for mode in first repeat; do
-    perf record -F 999 -g -p "$GW_PID" -o "$TMP/$mode.data" -- sleep "$SECONDS_PER_RUN" 2>/dev/null &
+    perf record -F "${FREQ:-4999}" --call-graph "${CALLGRAPH:-fp}" -p "$GW_PID" -o "$TMP/$mode.data" -- sleep "$SECONDS_PER_RUN" 2>/dev/null &
     rec=$!
     wrk_run "$mode" "$SECONDS_PER_RUN" "prof-$mode"
     wait "$rec" || true
+    # PERF_OUT=DIR keeps the recordings (first.data, repeat.data).
+    [ -z "${PERF_OUT:-}" ] || { mkdir -p "$PERF_OUT"; cp "$TMP/$mode.data" "$PERF_OUT/"; }
+    perf report -i "$TMP/$mode.data" --no-children --percent-limit 0 --sort symbol \
+        --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | sed 's/ *$//' >"$TMP/$mode.txt"
+    samples=$(perf report -i "$TMP/$mode.data" --stdio 2>/dev/null | sed -n 's/^# Samples: \([^ ]*\).*/\1/p' | head -n1 || true)
     echo
-    echo "## $mode: perf report --no-children (top $TOP, self time)"
-    perf report -i "$TMP/$mode.data" --no-children --percent-limit 0.5 --sort symbol \
-        --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -n "$TOP"
+    echo "## $mode: self time by part ($samples samples)"
+    # The kernel, the allocator, and user-space symbols by the crate they name first.
+    awk '{
+        pct = $1; sub("%", "", pct); kind = $2; $1 = ""; $2 = ""; sym = substr($0, 3)
+        if (kind == "[k]") part = "kernel"
+        else if (sym ~ /^_?mi_|malloc|free|memmove|memcpy|memset|realloc/) part = "allocator, memcpy"
+        else if (sym ~ /clock_gettime|vdso/) part = "clock_gettime"
+        else if (sym ~ /^(<)?(core::ptr::drop_in_place<)?tower_idempotency/) part = "tower_idempotency"
+        else if (sym ~ /^(<)?(core::ptr::drop_in_place<)?hyper_util/) part = "hyper_util"
+        else if (sym ~ /^(<)?(core::ptr::drop_in_place<)?hyper/) part = "hyper"
+        else if (sym ~ /^(<)?(core::ptr::drop_in_place<)?tokio/) part = "tokio"
+        else if (sym ~ /^(<)?(core::ptr::drop_in_place<)?(http|bytes|httparse)/) part = "http, bytes, httparse"
+        else if (sym ~ /^(<)?(core::ptr::drop_in_place<)?(gateway|tower_http|tower)/) part = "gateway example, tower"
+        else if (sym ~ /serde_json/) part = "serde_json"
+        else if (sym ~ /sha2|ring::/) part = "sha2, ring"
+        else if (sym ~ /moka|hashbrown|foldhash|metrics/) part = "hash maps, metrics"
+        else part = "other"
+        sum[part] += pct
+    } END { for (p in sum) printf "%6.2f%%  %s\n", sum[p], p }' "$TMP/$mode.txt" | sort -nr
+    echo
+    echo "## $mode: top $TOP symbols (self time)"
+    cut -c1-150 "$TMP/$mode.txt" | head -n "$TOP" || true
 done
 
 # Syscalls per request: strace attached to every thread of the running
@@ -88,5 +112,5 @@ for mode in first repeat; do
     echo
     echo "## $mode: syscalls per request under strace ($line)"
     awk -v n="$n" '$1 ~ /^[0-9.]+$/ && NF >= 5 { name = $NF; calls = $4; if (name != "total") printf "%-16s %.2f\n", name, calls / n }' \
-        "$TMP/strace.$mode" | sort -k2 -nr | head -n 12
+        "$TMP/strace.$mode" | sort -k2 -nr | head -n 12 || true
 done

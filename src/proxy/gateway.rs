@@ -137,31 +137,33 @@ pub(super) struct Route<S> {
 ///
 /// Clones share everything. Build one with [`Gateway::builder`].
 pub struct Gateway<S> {
-    pub(super) routes: Arc<RouteTable<Route<S>>>,
+    /// One reference count per request, not one per part.
+    pub(super) shared: Arc<Shared<S>>,
+}
+
+/// What every clone of a [`Gateway`] shares.
+pub(super) struct Shared<S> {
+    pub(super) routes: RouteTable<Route<S>>,
     pub(super) forward: Forward,
     pub(super) tasks: TaskTracker,
-    pub(super) bodies: Arc<BodyLimits>,
+    pub(super) bodies: BodyLimits,
     pub(super) verified: Arc<[Verified]>,
 }
 
 impl<S> Clone for Gateway<S> {
     fn clone(&self) -> Self {
         Self {
-            routes: self.routes.clone(),
-            forward: self.forward.clone(),
-            tasks: self.tasks.clone(),
-            bodies: self.bodies.clone(),
-            verified: self.verified.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
 
 impl<S> fmt::Debug for Gateway<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let routes: Vec<&str> = self.routes.iter().map(|(p, _)| p).collect();
+        let routes: Vec<&str> = self.shared.routes.iter().map(|(p, _)| p).collect();
         f.debug_struct("Gateway")
             .field("routes", &routes)
-            .field("forward", &self.forward)
+            .field("forward", &self.shared.forward)
             .finish()
     }
 }
@@ -171,13 +173,14 @@ impl<S: Store> Gateway<S> {
     /// accepting, let the requests in flight finish, then `close()` it and
     /// `wait()` for it.
     pub fn tasks(&self) -> &TaskTracker {
-        &self.tasks
+        &self.shared.tasks
     }
 
     /// Every routed prefix and what it does (`auto` or the preset's name),
     /// longest first.
     pub fn routes(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.routes
+        self.shared
+            .routes
             .iter()
             .map(|(prefix, route)| (prefix, route.preset_name()))
     }
@@ -198,7 +201,7 @@ impl<S: Store> Gateway<S> {
                 None => return bad_path(None, None, "the path cannot be normalised"),
             }
         }
-        let found = self.routes.find_entry(req.uri().path());
+        let found = self.shared.routes.find_entry(req.uri().path());
         let Some((prefix, route, is_token_path)) =
             found.map(|(prefix, route, rest)| (prefix, route, rest == TOKEN_PATH))
         else {
@@ -213,7 +216,7 @@ impl<S: Store> Gateway<S> {
         let Some(limit) = route.auto_limit else {
             let at = route.stacks.iter().position(Option::is_some);
             let at = at.expect("a preset route has its stack");
-            let req = req.map(|body| self.bodies.wrap(body));
+            let req = req.map(|body| self.shared.bodies.wrap(body));
             if let Some(ack) = &route.ack {
                 return queued(ack.clone(), route, at, req).await;
             }
@@ -223,7 +226,7 @@ impl<S: Store> Gateway<S> {
             return self.pass_through(req).await;
         }
         let (parts, body) = req.into_parts();
-        let body = self.bodies.wrap(body);
+        let body = self.shared.bodies.wrap(body);
         let body = match Limited::new(body, limit).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
@@ -233,6 +236,7 @@ impl<S: Store> Gateway<S> {
             Err(e) => return unreadable(&*e),
         };
         let elsewhere = self
+            .shared
             .verified
             .iter()
             .find(|v| looks_like(v.name, &parts.headers, &body));
@@ -260,7 +264,7 @@ impl<S: Store> Gateway<S> {
         // The lenient reading first: it finds the route a lenient upstream
         // would serve (`/notify/stripe` for `/notify/stripe;x`).
         for reading in [path::lenient(req.uri().path()), written.clone()] {
-            let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
+            let Some((prefix, route, _)) = self.shared.routes.find_entry(&reading) else {
                 continue;
             };
             if route.guards(req.method()) {
@@ -278,12 +282,12 @@ impl<S: Store> Gateway<S> {
         self.pass_through(req).await
     }
 
-    async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
+    async fn pass_through<B>(self, req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        match self.forward.call(req).await {
+        match self.shared.forward.clone().call(req).await {
             Ok(res) => res.map(ResponseBody::stream),
             Err(never) => match never {},
         }
