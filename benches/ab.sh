@@ -65,9 +65,12 @@ if [ ! -x "$OLD_BIN" ]; then
     echo "# building $REF ($SHA) in $OLD_TREE (release)" >&2
     (cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --all-features --example gateway)
 fi
-echo "# building the working tree (release)" >&2
-cargo build --release --quiet --all-features --example gateway
-NEW_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/gateway
+# NEW_BIN=path: the working tree's gateway, already built.
+if [ -z "${NEW_BIN:-}" ]; then
+    echo "# building the working tree (release)" >&2
+    cargo build --release --quiet --all-features --example gateway
+    NEW_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/gateway
+fi
 
 # shellcheck source=benches/lib.sh
 . benches/lib.sh
