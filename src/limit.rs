@@ -186,8 +186,10 @@ impl BodyLimits {
         }
     }
 
-    /// The longest a body may take to arrive whole, from the moment its
-    /// request is wrapped (its head has arrived). Defaults to 10 seconds.
+    /// The longest a body may take to arrive whole, from the first time it
+    /// is read and has nothing ready (a body that is whole at once, as a
+    /// small notification usually is, sets no timer). Defaults to 10
+    /// seconds.
     pub const fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -209,8 +211,8 @@ impl BodyLimits {
     pub fn wrap<B>(&self, body: B) -> LimitedBody<B> {
         LimitedBody {
             body,
-            deadline: self.timeout.map(tokio::time::sleep),
-            timeout: self.timeout.unwrap_or(Duration::ZERO),
+            deadline: None,
+            timeout: self.timeout,
             held: Held {
                 budget: self.budget.clone(),
                 n: 0,
@@ -304,9 +306,10 @@ pin_project! {
     pub struct LimitedBody<B> {
         #[pin]
         body: B,
+        // Set at the first read that finds nothing ready.
         #[pin]
         deadline: Option<Sleep>,
-        timeout: Duration,
+        timeout: Option<Duration>,
         held: Held,
         failed: bool,
     }
@@ -362,11 +365,17 @@ where
                 Poll::Ready(Some(Err(e.into())))
             }
             Poll::Pending => {
+                let Some(timeout) = *this.timeout else {
+                    return Poll::Pending;
+                };
+                if this.deadline.is_none() {
+                    this.deadline.set(Some(tokio::time::sleep(timeout)));
+                }
                 if let Some(deadline) = this.deadline.as_pin_mut() {
                     if deadline.poll(cx).is_ready() {
                         *this.failed = true;
                         this.held.release();
-                        let e = BodyLimitError::Timeout(*this.timeout);
+                        let e = BodyLimitError::Timeout(timeout);
                         return Poll::Ready(Some(Err(e.into())));
                     }
                 }

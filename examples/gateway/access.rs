@@ -27,6 +27,11 @@ const STEPS: u32 = 30;
 /// history, which [`tick`](Self::tick) moves on every thirtieth of the window.
 pub struct Ratios {
     by_preset: Vec<Counts>,
+    /// Per built-in preset (indexed like `by_preset`, the last for the
+    /// rest), the latency histogram and the ratio gauge, registered once;
+    /// `None` without a metrics recorder (no `--metrics-listen`): nothing
+    /// to feed.
+    series: Option<Vec<Series>>,
     /// Totals at every step, oldest first, at most one window's worth.
     history: Mutex<VecDeque<Vec<(u64, u64)>>>,
     window: Duration,
@@ -44,6 +49,22 @@ impl Journaling {
     /// Events to `journal`; bodies kept (up to `body_max` bytes) when given.
     pub fn new(journal: Journal, body_max: Option<usize>) -> Self {
         Self { journal, body_max }
+    }
+}
+
+/// One preset's series, registered once (a lookup per request hashes the
+/// name and labels, and allocates them).
+struct Series {
+    latency: metrics::Histogram,
+    ratio: metrics::Gauge,
+}
+
+impl Series {
+    fn of(preset: &'static str) -> Self {
+        Self {
+            latency: metrics::histogram!("idempotency_request_seconds", "preset" => preset),
+            ratio: metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset),
+        }
     }
 }
 
@@ -70,11 +91,15 @@ impl Counts {
 
 impl Ratios {
     /// Ratios over the last `window`; every guarded response also goes to
-    /// `journal`, if there is one.
-    pub fn new(window: Duration, journal: Option<Journaling>) -> Self {
+    /// `journal`, if there is one. With `metrics` (a recorder is installed,
+    /// before this is called) the latency histogram and the ratio gauge
+    /// are fed; without, only the journal and the access log.
+    pub fn new(window: Duration, journal: Option<Journaling>, metrics: bool) -> Self {
         let by_preset = (0..=PRESET_NAMES.len()).map(|_| Counts::default());
+        let series = metrics.then(|| PRESET_NAMES.iter().map(|name| Series::of(name)).collect());
         Self {
             by_preset: by_preset.collect(),
+            series,
             history: Mutex::default(),
             window,
             journal,
@@ -94,11 +119,22 @@ impl Ratios {
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
         let elapsed = started.elapsed();
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
-            // Until the head is answered: a streamed body may take longer.
-            metrics::histogram!("idempotency_request_seconds", "preset" => preset)
-                .record(elapsed.as_secs_f64());
-            let ratio = self.count(preset, outcome.is_duplicate());
-            metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset).set(ratio);
+            let at = Self::index(preset);
+            let ratio = self.count(at, outcome.is_duplicate());
+            match self.series.as_ref().map(|s| s.get(at)) {
+                // Until the head is answered: a streamed body may take longer.
+                Some(Some(series)) => {
+                    series.latency.record(elapsed.as_secs_f64());
+                    series.ratio.set(ratio);
+                }
+                // A preset of the library's own beyond the built-in ones.
+                Some(None) => {
+                    metrics::histogram!("idempotency_request_seconds", "preset" => preset)
+                        .record(elapsed.as_secs_f64());
+                    metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset).set(ratio);
+                }
+                None => {}
+            }
             if let Some(journal) = &self.journal {
                 journal_event(journal, res, outcome);
             }
@@ -117,9 +153,10 @@ impl Ratios {
         );
     }
 
-    /// Counts one guarded request; returns the preset's ratio in the window.
-    fn count(&self, preset: &str, duplicate: bool) -> f64 {
-        let counts = &self.by_preset[Self::index(preset)];
+    /// Counts one guarded request of the preset at `at`; returns its ratio
+    /// in the window.
+    fn count(&self, at: usize, duplicate: bool) -> f64 {
+        let counts = &self.by_preset[at];
         let guarded = counts.guarded.fetch_add(1, Ordering::Relaxed) + 1;
         let duplicates = if duplicate {
             counts.duplicates.fetch_add(1, Ordering::Relaxed) + 1
@@ -161,9 +198,9 @@ impl Ratios {
                 counts.base_duplicates.store(base[i].1, Ordering::Relaxed);
             }
             let (guarded, duplicates) = now[i];
-            if let (true, Some(name)) = (guarded > 0, PRESET_NAMES.get(i)) {
-                metrics::gauge!("idempotency_duplicate_ratio", "preset" => *name)
-                    .set(counts.ratio(guarded, duplicates));
+            if let (true, Some(series)) = (guarded > 0, self.series.as_ref().and_then(|s| s.get(i)))
+            {
+                series.ratio.set(counts.ratio(guarded, duplicates));
             }
         }
     }

@@ -413,7 +413,11 @@ async fn run(
     });
     let journal_at_exit = journal.clone();
     let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));
-    let ratios = Arc::new(access::Ratios::new(settings.ratio_window, journal));
+    let ratios = Arc::new(access::Ratios::new(
+        settings.ratio_window,
+        journal,
+        metrics.is_some(),
+    ));
     tokio::spawn(ratios.clone().keep_moving());
     let limits = serve::Limits {
         permits: Arc::new(Semaphore::new(settings.max_connections)),

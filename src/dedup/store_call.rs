@@ -2,9 +2,11 @@
 
 use crate::store::StoreError;
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
-/// Runs one store call, turning a timeout into a [`StoreError`].
+/// Runs one store call, turning a timeout into a [`StoreError`]. A call
+/// that answers at its first poll (the memory store's) sets no timer.
 pub(super) async fn store_call<T>(
     timeout: Duration,
     op: &'static str,
@@ -12,9 +14,14 @@ pub(super) async fn store_call<T>(
 ) -> Result<T, StoreError> {
     #[cfg(feature = "metrics")]
     let start = std::time::Instant::now();
-    let res = match tokio::time::timeout(timeout, fut).await {
-        Ok(res) => res,
-        Err(_) => Err(StoreError::timeout(op, timeout)),
+    let mut fut = std::pin::pin!(fut);
+    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+    let res = match first {
+        Poll::Ready(res) => res,
+        Poll::Pending => match tokio::time::timeout(timeout, fut).await {
+            Ok(res) => res,
+            Err(_) => Err(StoreError::timeout(op, timeout)),
+        },
     };
     #[cfg(feature = "metrics")]
     crate::outcome::store_latency(op, start.elapsed().as_secs_f64());

@@ -261,7 +261,10 @@ impl<S: Store> Gateway<S> {
     /// Whether a route acknowledges, then delivers (a worker is needed; it
     /// is also needed while the queue holds entries of earlier runs).
     pub fn has_ack_routes(&self) -> bool {
-        self.routes.iter().any(|(_, route)| route.ack.is_some())
+        self.shared
+            .routes
+            .iter()
+            .any(|(_, route)| route.ack.is_some())
     }
 
     /// A service that delivers the queued notifications; give it to a
@@ -282,7 +285,7 @@ impl<S: Store> Gateway<S> {
     /// an earlier delivery.
     pub async fn deliver(&self, message: Message) -> Result<Delivered, DeliveryError> {
         let path = message.uri.path().to_owned();
-        let Some((route, _)) = self.routes.find(&path) else {
+        let Some((route, _)) = self.shared.routes.find(&path) else {
             return Err(DeliveryError::kept(format!(
                 "no route for {path}: kept until one delivers it"
             )));

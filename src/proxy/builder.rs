@@ -3,7 +3,7 @@
 
 use super::entrance::verified_presets;
 use super::forward::RouteLimit;
-use super::gateway::{Gateway, Route, Stack, Target};
+use super::gateway::{Gateway, Route, Shared, Stack, Target};
 use super::ingest::{Ingest, IngestFn};
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
@@ -174,7 +174,7 @@ impl<S: Store> GatewayBuilder<S> {
         }
         let verified = verified_presets(self.routes.iter());
         let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
-        let bodies = Arc::new(self.bodies);
+        let bodies = self.bodies;
         let pick = self.stores;
         let capture = self.capture;
         let routes = self.routes.map(|prefix, (target, options)| {
@@ -284,11 +284,13 @@ impl<S: Store> GatewayBuilder<S> {
             gauge: Gauge::default(),
         });
         Ok(Gateway {
-            routes: Arc::new(routes),
-            forward,
-            tasks,
-            bodies,
-            verified,
+            shared: Arc::new(Shared {
+                routes,
+                forward,
+                tasks,
+                bodies,
+                verified,
+            }),
         })
     }
 }

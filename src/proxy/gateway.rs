@@ -150,31 +150,33 @@ pub(super) struct Route<S> {
 ///
 /// Clones share everything. Build one with [`Gateway::builder`].
 pub struct Gateway<S> {
-    pub(super) routes: Arc<RouteTable<Route<S>>>,
+    /// One reference count per request, not one per part.
+    pub(super) shared: Arc<Shared<S>>,
+}
+
+/// What every clone of a [`Gateway`] shares.
+pub(super) struct Shared<S> {
+    pub(super) routes: RouteTable<Route<S>>,
     pub(super) forward: Forward,
     pub(super) tasks: TaskTracker,
-    pub(super) bodies: Arc<BodyLimits>,
+    pub(super) bodies: BodyLimits,
     pub(super) verified: Arc<[Verified]>,
 }
 
 impl<S> Clone for Gateway<S> {
     fn clone(&self) -> Self {
         Self {
-            routes: self.routes.clone(),
-            forward: self.forward.clone(),
-            tasks: self.tasks.clone(),
-            bodies: self.bodies.clone(),
-            verified: self.verified.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
 
 impl<S> fmt::Debug for Gateway<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let routes: Vec<&str> = self.routes.iter().map(|(p, _)| p).collect();
+        let routes: Vec<&str> = self.shared.routes.iter().map(|(p, _)| p).collect();
         f.debug_struct("Gateway")
             .field("routes", &routes)
-            .field("forward", &self.forward)
+            .field("forward", &self.shared.forward)
             .finish()
     }
 }
@@ -184,13 +186,14 @@ impl<S: Store> Gateway<S> {
     /// accepting, let the requests in flight finish, then `close()` it and
     /// `wait()` for it.
     pub fn tasks(&self) -> &TaskTracker {
-        &self.tasks
+        &self.shared.tasks
     }
 
     /// Every routed prefix and what it does (`auto` or the preset's name),
     /// longest first.
     pub fn routes(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.routes
+        self.shared
+            .routes
             .iter()
             .map(|(prefix, route)| (prefix, route.preset_name()))
     }
@@ -211,7 +214,7 @@ impl<S: Store> Gateway<S> {
                 None => return bad_path(None, None, "the path cannot be normalised"),
             }
         }
-        let found = self.routes.find_entry(req.uri().path());
+        let found = self.shared.routes.find_entry(req.uri().path());
         let found = found.map(|(prefix, route, rest)| (prefix, route, rest == TOKEN_PATH));
         if path::has_other_readings(req.uri().path()) {
             let on = found.map(|(prefix, route, _)| (prefix, route));
@@ -231,7 +234,7 @@ impl<S: Store> Gateway<S> {
         let Some(limit) = route.auto_limit else {
             let at = route.stacks.iter().position(Option::is_some);
             let at = at.expect("a preset route has its stack");
-            let req = req.map(|body| self.bodies.wrap(body));
+            let req = req.map(|body| self.shared.bodies.wrap(body));
             if let Some(ack) = &route.ack {
                 return queued(ack.clone(), route, at, req).await;
             }
@@ -241,7 +244,7 @@ impl<S: Store> Gateway<S> {
             return self.pass_through(req).await;
         }
         let (parts, body) = req.into_parts();
-        let body = self.bodies.wrap(body);
+        let body = self.shared.bodies.wrap(body);
         let body = match Limited::new(body, limit).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
@@ -251,6 +254,7 @@ impl<S: Store> Gateway<S> {
             Err(e) => return unreadable(&*e),
         };
         let elsewhere = self
+            .shared
             .verified
             .iter()
             .find(|v| looks_like(v.name, &parts.headers, &body));
@@ -280,7 +284,7 @@ impl<S: Store> Gateway<S> {
         let mut readings = path::variants(path::lenient(req.uri().path()));
         readings.push(written.clone());
         for reading in readings {
-            let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
+            let Some((prefix, route, _)) = self.shared.routes.find_entry(&reading) else {
                 continue;
             };
             if route.guards(req.method()) {
@@ -311,7 +315,7 @@ impl<S: Store> Gateway<S> {
             }
         }
         for reading in path::variants(path::lenient(path)) {
-            let Some((prefix, route, _)) = self.routes.find_entry(&reading) else {
+            let Some((prefix, route, _)) = self.shared.routes.find_entry(&reading) else {
                 continue;
             };
             let same = on.is_some_and(|(on, _)| on == prefix);
@@ -327,7 +331,7 @@ impl<S: Store> Gateway<S> {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        match self.forward.call(req).await {
+        match self.shared.forward.clone().call(req).await {
             Ok(res) => res.map(ResponseBody::stream),
             Err(never) => match never {},
         }
@@ -394,12 +398,15 @@ where
     B::Error: Into<BoxError>,
 {
     let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
-    let mut res = catching(name, async move {
-        match ack.call(req).await {
-            Ok(res) => res,
-            Err(never) => match never {},
-        }
-    })
+    let mut res = catching(
+        name,
+        Box::pin(async move {
+            match ack.call(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            }
+        }),
+    )
     .await;
     res.extensions_mut().insert(RoutedPreset(name));
     res.extensions_mut()
@@ -416,7 +423,11 @@ where
 {
     let stack = route.stacks[at].clone().expect("checked by the caller");
     let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
-    let mut res = catching(name, run_stack(stack, req)).await;
+    // Boxed: the stack's future is large, and every future around it
+    // (the panic boundaries, the gateway's own) would copy it as it is
+    // built and moved (memcpy was a quarter of a first delivery's
+    // instructions, callgrind).
+    let mut res = catching(name, Box::pin(run_stack(stack, req))).await;
     res.extensions_mut().insert(RoutedPreset(name));
     res.extensions_mut()
         .insert(MatchedRoute(route.prefix.clone()));
@@ -438,6 +449,19 @@ where
         },
         Err(never) => match never {},
     }
+}
+
+/// The gateway's request under its panic boundary.
+async fn catch_gateway<S, B>(
+    gateway: Gateway<S>,
+    req: Request<B>,
+) -> Result<GatewayResponse, Infallible>
+where
+    S: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    Ok(catching("gateway", gateway.handle(req)).await)
 }
 
 async fn issue_token<S: Store, B>(mut issuer: IssueToken<S>, req: Request<B>) -> GatewayResponse {
@@ -470,6 +494,6 @@ where
         let this = self.clone();
         // A panic anywhere below answers 500 instead of resetting the
         // connection (the preset's own stack counts it under its name).
-        Box::pin(async move { Ok(catching("gateway", this.handle(req)).await) })
+        Box::pin(catch_gateway(this, req))
     }
 }

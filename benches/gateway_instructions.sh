@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Instructions per request of a gateway binary (callgrind), first
+# deliveries and replays: the figure to decide by on a busy machine, where
+# wall-clock throughput is noise. Needs valgrind, nginx and python3.
+#
+#   benches/gateway_instructions.sh BIN [BIN...]
+#   N=2000 benches/gateway_instructions.sh target/release/examples/gateway target/ab/target-*/release/examples/gateway
+#
+# Each binary runs on one serving thread (`--workers 1`, `--route
+# /=wechatpay-v3`) under callgrind in front of nginx answering `return
+# 200`, and gets 50 warm-up requests, then 100 or 100 + N requests over one
+# keep-alive connection; the difference of the two runs' totals over N is
+# the cost of one request (start-up and shutdown cancel out).
+set -euo pipefail
+
+N=${N:-1000}
+cd "$(dirname "$0")/.."
+[ "$#" -gt 0 ] || { echo "usage: benches/gateway_instructions.sh BIN [BIN...]" >&2; exit 2; }
+for tool in valgrind nginx python3; do
+    command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
+done
+
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
+bench_start gateway_instructions
+
+UP_PORT=$(free_port)
+mkdir -p "$TMP/nginx"
+cat >"$TMP/nginx/nginx.conf" <<EOF
+$( [ "$(id -u)" = 0 ] && echo "user root;" )
+worker_processes 1;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/client_body;
+    keepalive_requests 1000000;
+    server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok\n"; } }
+}
+EOF
+nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
+PIDS+=($!)
+
+cat >"$TMP/client.py" <<'EOF'
+import http.client, sys
+port, mode, n, prefix = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+c = http.client.HTTPConnection("127.0.0.1", port)
+headers = {"content-type": "application/json", "wechatpay-signature": "x",
+           "wechatpay-timestamp": "1764460800", "wechatpay-nonce": "fdasflkja484w",
+           "wechatpay-serial": "5157F09EFDC096DE15EBE81A47057A7232F1B8E1"}
+body = ('{"id":"%s","create_time":"2026-11-30T08:00:00+08:00","resource_type":"encrypt-resource",'
+        '"event_type":"TRANSACTION.SUCCESS","summary":"ok","resource":{"original_type":"transaction",'
+        '"algorithm":"AEAD_AES_256_GCM","ciphertext":"sRvt4YOGXeWyk3qNrYBlQX0YTr1MrJLm1w6R3ExSlXY0mAEOWX2qHSGgmAjtmg8=",'
+        '"associated_data":"transaction","nonce":"fdasflkja484w"}}')
+for k in range(n):
+    i = "%s-%d" % (prefix, k) if mode == "first" else "rep-%d" % (k % 8)
+    c.request("POST", "/notify", body=(body % i).encode(), headers=headers)
+    r = c.getresponse()
+    r.read()
+    if r.status != 200:
+        sys.exit("status %d" % r.status)
+EOF
+
+# total BIN MODE COUNT: the callgrind total of a gateway that served COUNT.
+total() {
+    local port out vg
+    port=$(free_port)
+    out="$TMP/cg.$RANDOM.out"
+    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --listen "127.0.0.1:$port" \
+        --upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 --workers 1 >"$TMP/gw.out" 2>"$TMP/gw.err" &
+    vg=$!
+    wait_line "$TMP/gw.out" "listening on " >/dev/null || sleep 5
+    python3 "$TMP/client.py" "$port" "$2" 50 "warm$RANDOM"
+    python3 "$TMP/client.py" "$port" "$2" "$3" "m$RANDOM"
+    kill -INT "$vg"
+    wait "$vg" 2>/dev/null || true
+    sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$out"
+}
+
+echo "| binary | first delivery, instructions | replay, instructions |"
+echo "|---|---|---|"
+for bin in "$@"; do
+    row="| $bin |"
+    for mode in first repeat; do
+        a=$(total "$bin" "$mode" 100)
+        b=$(total "$bin" "$mode" $((100 + N)))
+        row="$row $(( (b - a) / N )) |"
+    done
+    echo "$row"
+done
