@@ -326,7 +326,7 @@ impl<S: Store> Gateway<S> {
         None
     }
 
-    async fn pass_through<B>(mut self, req: Request<B>) -> GatewayResponse
+    async fn pass_through<B>(self, req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
