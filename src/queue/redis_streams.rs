@@ -1,8 +1,7 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
 use super::redis_scripts::{
-    ACK, DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW, RENEW_SLOT, REPLAY, RETRY, TAKE_SLOT,
-    TAKE_TURN,
+    ACK, DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW, RENEW_SLOT, REPLAY, RETRY, TAKE_SLOT, TAKE_TURN,
 };
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
