@@ -114,8 +114,10 @@ async fn send_as_is(port: u16, ca_pem: &str, mut req: Request<Full<Bytes>>) -> (
         .await
         .unwrap();
     tokio::spawn(conn);
-    req.headers_mut()
-        .insert(http::header::HOST, format!("localhost:{port}").parse().unwrap());
+    req.headers_mut().insert(
+        http::header::HOST,
+        format!("localhost:{port}").parse().unwrap(),
+    );
     let res = sender.send_request(req).await.unwrap();
     let status = res.status().as_u16();
     let body = res.into_body().collect().await.unwrap().to_bytes();
