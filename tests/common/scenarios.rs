@@ -399,7 +399,7 @@ pub async fn resent_and_tampered(v: &'static Vector) {
             "{what}: a tampered copy is not a replay"
         );
     } else {
-        // DESIGN §6: no fingerprint, so the key alone decides.
+        // The preset has no fingerprint fields, so the key alone decides.
         check(&tampered, ok, &format!("{what}, other body"));
         assert!(tampered.replayed(), "{what}: the key alone decides");
     }

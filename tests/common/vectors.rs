@@ -35,7 +35,7 @@ pub enum Ct {
     Has(&'static str),
     /// No `content-type` header.
     Absent,
-    /// Not checked (DESIGN does not fix it).
+    /// Not checked (the channel fixes no value for it).
     Any,
 }
 
@@ -375,7 +375,7 @@ pub struct Vector {
     /// The same key with another business field.
     pub tampered: Edit,
     /// Whether the preset fingerprints the body at all (standard-webhooks
-    /// does not: DESIGN §6 lists no fingerprint fields).
+    /// does not: the preset names no fingerprint fields).
     pub fingerprinted: bool,
     pub malformed: &'static [Malformed],
     pub pad: Pad,
