@@ -1,4 +1,4 @@
-//! One test (or more) per promise of DESIGN §2, through the real stack:
+//! One test (or more) per promise the crate makes, through the real stack:
 //! `ServiceBuilder` + `oneshot` for unit-level paths, real hyper servers on
 //! 127.0.0.1:0 for end-to-end ones.
 

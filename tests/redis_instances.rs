@@ -1,4 +1,5 @@
-//! Several gateway instances sharing one Redis (DESIGN P1, P2, P7): three
+//! Several gateway instances sharing one Redis (once, no false
+//! acknowledgement, a store outage answered as decided): three
 //! independent WeChat Pay v3 stacks, each behind its own loopback hyper
 //! server, take a retry storm together.
 #![cfg(feature = "redis")]
