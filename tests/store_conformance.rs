@@ -1,6 +1,5 @@
 //! One conformance suite for every store (the record life cycle): the same
-//! cases run
-//! against the memory store, a standalone Redis and a 3-master Redis Cluster
+//! cases run against the memory store, a standalone Redis and a 3-master Redis Cluster
 //! (feature `redis`; the servers are started here, see `support_redis`).
 
 #[cfg(feature = "redis")]
