@@ -1,11 +1,9 @@
 //! The journal's file: records by key, an index by last copy for the time
 //! filters and the pruning, and the records' total size for the size cap.
 
+use super::page::PageBuilder;
 use super::reopen::Reopen;
-use super::{
-    now_ms, Inbox, JournalCursor, JournalError, JournalEvent, JournalFilter, JournalPage,
-    JournalRecord,
-};
+use super::{now_ms, Inbox, JournalError, JournalEvent, JournalFilter, JournalPage, JournalRecord};
 use redb::{Database, Durability, ReadableTable, Table, TableDefinition};
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -174,12 +172,11 @@ impl Db {
         let tx = file.begin_read().map_err(|e| err("read", e))?;
         let by_time = tx.open_table(BY_TIME).map_err(|e| err("read", e))?;
         let records = tx.open_table(RECORDS).map_err(|e| err("read", e))?;
-        let mut out = Vec::new();
+        let mut page = PageBuilder::new(filter);
         let start = filter.start();
         let range = by_time
             .range::<(u64, &str)>((Bound::Included(start), Bound::Unbounded))
             .map_err(|e| err("read", e))?;
-        let mut scanned = 0;
         for entry in range {
             let (at, _) = entry.map_err(|e| err("read", e))?;
             let (ms, key) = at.value();
@@ -191,22 +188,11 @@ impl Db {
             };
             let record: JournalRecord =
                 serde_json::from_slice(found.value()).map_err(|e| err("decode", e))?;
-            scanned += 1;
-            let next = JournalCursor::of(&record);
-            if filter.matches(&record) {
-                out.push(record);
-            }
-            if out.len() >= filter.limit || scanned >= filter.scan {
-                return Ok(JournalPage {
-                    records: out,
-                    next: Some(next),
-                });
+            if let Some(full) = page.push(record) {
+                return Ok(full);
             }
         }
-        Ok(JournalPage {
-            records: out,
-            next: None,
-        })
+        Ok(page.last())
     }
 
     /// Writes one batch of events: each record read, updated and written

@@ -5,10 +5,8 @@
 //! under `WATCH` and written in `MULTI`/`EXEC`: when another instance
 //! wrote one of its keys meanwhile, the batch is read and merged again.
 
-use super::{
-    now_ms, Inbox, JournalCursor, JournalError, JournalEvent, JournalFilter, JournalPage,
-    JournalRecord,
-};
+use super::page::PageBuilder;
+use super::{now_ms, Inbox, JournalError, JournalEvent, JournalFilter, JournalPage, JournalRecord};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::AsyncCommands as _;
 use std::collections::HashMap;
@@ -77,7 +75,7 @@ impl RedisDb {
             Some(_) => format!("({}", member(ms, key)),
             None => format!("[{}", member(ms, "")),
         };
-        let (mut out, mut scanned) = (Vec::new(), 0);
+        let mut page = PageBuilder::new(filter);
         loop {
             let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
                 .arg(BY_TIME)
@@ -90,10 +88,7 @@ impl RedisDb {
                 .await
                 .map_err(|e| err("read", e))?;
             let Some(last) = members.last() else {
-                return Ok(JournalPage {
-                    records: out,
-                    next: None,
-                });
+                return Ok(page.last());
             };
             from = format!("({last}");
             let full = members.len() as isize == PAGE;
@@ -113,23 +108,12 @@ impl RedisDb {
             for json in found.into_iter().flatten() {
                 let record: JournalRecord =
                     serde_json::from_slice(&json).map_err(|e| err("decode", e))?;
-                scanned += 1;
-                let next = JournalCursor::of(&record);
-                if filter.matches(&record) {
-                    out.push(record);
-                }
-                if out.len() >= filter.limit || scanned >= filter.scan {
-                    return Ok(JournalPage {
-                        records: out,
-                        next: Some(next),
-                    });
+                if let Some(done) = page.push(record) {
+                    return Ok(done);
                 }
             }
             if !full {
-                return Ok(JournalPage {
-                    records: out,
-                    next: None,
-                });
+                return Ok(page.last());
             }
         }
     }

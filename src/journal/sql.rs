@@ -2,10 +2,8 @@
 //! row per stored key in `idempotency_journal`, the record as JSON, an index
 //! on the last copy's time for the time filters and the pruning.
 
-use super::{
-    now_ms, Inbox, JournalCursor, JournalError, JournalEvent, JournalFilter, JournalPage,
-    JournalRecord,
-};
+use super::page::PageBuilder;
+use super::{now_ms, Inbox, JournalError, JournalEvent, JournalFilter, JournalPage, JournalRecord};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -249,14 +247,13 @@ impl SqlDb {
     }
 
     pub(super) async fn query(&self, filter: &JournalFilter) -> Result<JournalPage, JournalError> {
-        let mut out = Vec::new();
+        let mut page = PageBuilder::new(filter);
         let (ms0, key0) = filter.start();
         // Rows after (ms0, key0); with no cursor, every row at `since` too.
         let mut cursor: (i64, Vec<u8>) = match &filter.after {
             Some(_) => (ms(ms0), key0.as_bytes().to_vec()),
             None => (-1, Vec::new()),
         };
-        let mut scanned = 0;
         loop {
             let rows: Vec<(Vec<u8>, i64, String)> = each_db!(self, |pool, sql| {
                 let rows = sqlx::query(sql.page)
@@ -274,25 +271,13 @@ impl SqlDb {
             });
             let full = rows.len() as i64 == PAGE;
             for (key, at, json) in rows {
-                let record = decode(&json)?;
-                scanned += 1;
-                let next = JournalCursor::of(&record);
-                if filter.matches(&record) {
-                    out.push(record);
-                }
-                if out.len() >= filter.limit || scanned >= filter.scan {
-                    return Ok(JournalPage {
-                        records: out,
-                        next: Some(next),
-                    });
+                if let Some(done) = page.push(decode(&json)?) {
+                    return Ok(done);
                 }
                 cursor = (at, key);
             }
             if !full {
-                return Ok(JournalPage {
-                    records: out,
-                    next: None,
-                });
+                return Ok(page.last());
             }
         }
     }
