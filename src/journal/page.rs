@@ -4,7 +4,7 @@
 use super::{JournalError, JournalRecord};
 use std::fmt;
 
-/// Which records [`Journal::query`] returns: all of them by default, newest
+/// Which records [`Journal::query`](super::Journal::query) returns: all of them by default, newest
 /// last, at most 1,000.
 #[derive(Debug, Clone)]
 pub struct JournalFilter {
@@ -33,7 +33,7 @@ impl Default for JournalFilter {
     }
 }
 
-/// Where a page of [`Journal::page`] ended: the next page starts after it.
+/// Where a page of [`Journal::page`](super::Journal::page) ended: the next page starts after it.
 /// Written as text (`Display`, `FromStr`) for a paged API's `cursor`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalCursor {
@@ -75,7 +75,7 @@ impl std::str::FromStr for JournalCursor {
     }
 }
 
-/// One page of records ([`Journal::page`]) and where the next one starts
+/// One page of records ([`Journal::page`](super::Journal::page)) and where the next one starts
 /// (`None`: this was the last).
 #[derive(Debug, Clone)]
 pub struct JournalPage {
@@ -129,7 +129,7 @@ impl JournalFilter {
         self
     }
 
-    /// Looks at most this many records for a [`Journal::page`] (the page
+    /// Looks at most this many records for a [`Journal::page`](super::Journal::page) (the page
     /// ends there, with a cursor), so that a selective filter answers in
     /// bounded time. Unbounded by default.
     pub fn scan(mut self, records: usize) -> Self {
