@@ -602,3 +602,136 @@ async fn an_auto_limit_keeps_a_fragile_upstream_standing() {
     assert!((2.0..=MAX as f64).contains(&now), "limit {now}");
     let _ = std::fs::remove_file(&config);
 }
+
+/// An upstream that fails every call (503 at once) while it is down, then
+/// answers 200: when each call came, and how often each notification was
+/// executed (answered 200).
+#[derive(Default)]
+struct Fallen {
+    up: std::sync::atomic::AtomicBool,
+    calls: Mutex<Vec<std::time::Instant>>,
+    executed: Mutex<HashMap<String, usize>>,
+}
+
+impl Fallen {
+    async fn call(self: Arc<Self>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+        self.calls.lock().unwrap().push(std::time::Instant::now());
+        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        if !self.up.load(Ordering::SeqCst) {
+            let mut res = Response::new(Full::new(Bytes::from_static(b"down\n")));
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return res;
+        }
+        let id = body
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        *self.executed.lock().unwrap().entry(id).or_default() += 1;
+        Response::new(Full::new(Bytes::from_static(b"ok\n")))
+    }
+
+    async fn start() -> (Arc<Self>, String) {
+        let fallen = Arc::new(Self::default());
+        let f = fallen.clone();
+        let svc = tower::service_fn(move |req| {
+            let f = f.clone();
+            async move { Ok::<_, Infallible>(f.call(req).await) }
+        });
+        let (addr, _task) = common::serve(svc).await;
+        (fallen, format!("http://{addr}"))
+    }
+
+    fn calls_between(&self, from: std::time::Instant, to: std::time::Instant) -> usize {
+        let calls = self.calls.lock().unwrap();
+        calls.iter().filter(|t| **t >= from && **t < to).count()
+    }
+}
+
+/// Three gateways on one Redis Streams queue judge the upstream together:
+/// the breaker's votes, its open state and its half-open probes live in
+/// Redis. Against an upstream that fails everything, once the breaker is
+/// open the upstream sees at most 3 probes per cooldown from the three of
+/// them together (each judging alone, each probes on its own: about three
+/// times that), and the gateway that opened it stops the others; once the
+/// upstream is back, every notification is delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_redis_queue_share_the_breaker() {
+    /// The breaker's most probes at once (the library's MAX_PROBES).
+    const PROBES: usize = 3;
+    const COOLDOWN: Duration = Duration::from_secs(1);
+    const SENT: usize = 30;
+    /// Cooldowns watched while the upstream is down, after the first.
+    const WATCHED: u32 = 5;
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    let (fallen, upstream) = Fallen::start().await;
+    let config = gateway_support::temp_path("outage-breaker.toml");
+    std::fs::write(
+        &config,
+        "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\n\
+         mode = \"ack-then-deliver\"\nbreaker_failures = 5\nbreaker_cooldown = \"1s\"\n\
+         retry_schedule = [\"100ms\"]\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let args = ["--config", &config, "--queue", &url, "--store", &url];
+    let gateways: Vec<Gateway> = (0..3).map(|_| Gateway::start(&upstream, &args)).collect();
+    let logs = || {
+        gateways
+            .iter()
+            .map(Gateway::log)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let client = client();
+    let mut tasks = Vec::new();
+    for n in 0..SENT {
+        let url = gateways[n % 3].url("/wx");
+        let body = notification(&format!("EV-breaker-{n}"));
+        tasks.push(tokio::spawn(channel_copy(client.clone(), url, body)));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap(), "a copy never acknowledged\n{}", logs());
+    }
+    // The first cooldown: the first failures open the breaker (and the
+    // calls under way then end as they may).
+    let first = loop {
+        if let Some(t) = fallen.calls.lock().unwrap().first() {
+            break *t;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let watch_from = first + COOLDOWN;
+    let watch_to = watch_from + COOLDOWN * WATCHED;
+    tokio::time::sleep_until((watch_to + Duration::from_millis(100)).into()).await;
+    let probes = fallen.calls_between(watch_from, watch_to);
+    let before = fallen.calls_between(first, watch_from);
+    // A window of WATCHED cooldowns overlaps at most WATCHED + 1 half-open
+    // periods.
+    let most = PROBES * (WATCHED as usize + 1);
+    assert!(
+        probes <= most,
+        "the upstream saw {probes} calls in {WATCHED} cooldowns after the breaker opened (at most {most}: {PROBES} probes per cooldown for the three gateways; {before} calls in the first cooldown)\n{}",
+        logs()
+    );
+    assert!(probes > 0, "no probe in {WATCHED} cooldowns\n{}", logs());
+    // Back up: the next probe closes it, and everything is delivered once.
+    fallen.up.store(true, Ordering::SeqCst);
+    let back = std::time::Instant::now();
+    while fallen.executed.lock().unwrap().len() < SENT && back.elapsed() < GIVE_UP {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let executed = fallen.executed.lock().unwrap().clone();
+    assert_eq!(executed.len(), SENT, "notifications delivered\n{}", logs());
+    let twice = executed.values().filter(|n| **n > 1).count();
+    assert_eq!(twice, 0, "notifications delivered twice");
+    eprintln!(
+        "shared breaker: {before} calls in the first cooldown, {probes} in the next {WATCHED}, all {SENT} delivered {:?} after the upstream came back",
+        back.elapsed()
+    );
+}
