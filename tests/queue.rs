@@ -771,3 +771,126 @@ async fn the_redb_queue_refuses_ingests_under_its_reserve_and_says_so() {
     let stats = MemoryQueue::new().stats().await.unwrap();
     assert_eq!((stats.writable, stats.write_errors), (Some(true), 0));
 }
+
+/// The breaker two instances share on a Redis Streams queue: one's votes
+/// open it for the other, the half-open probes are counted across both and
+/// leased (an instance that died mid-probe holds its place only until the
+/// lease runs out), a fresh probe failing opens it again, one delivered
+/// closes it for both, and a minority failing never opens it.
+#[tokio::test]
+async fn redis_shared_breaker_judges_for_every_instance_and_leases_its_probes() {
+    use tower_idempotency::queue::{BreakerRule, BreakerState};
+    let Some(server) = support_redis::shared_standalone() else {
+        eprintln!("skipped: no redis-server");
+        return;
+    };
+    let name = format!("breaker-{:x}", OwnerToken::new().as_u128());
+    let open = || RedisStreamsQueue::standalone(server.url(), &name);
+    let (a, b) = (open().await.unwrap(), open().await.unwrap());
+    let cooldown = Duration::from_millis(300);
+    let rule = BreakerRule {
+        failures: 2,
+        cooldown,
+        probes: 3,
+    };
+    let lease = Duration::from_millis(400);
+    let lane = "/wx";
+    assert_eq!(
+        a.breaker_state(lane).await.unwrap(),
+        Some(BreakerState::Closed)
+    );
+    let first = a.breaker_vote(lane, 1, false, rule).await.unwrap();
+    assert_eq!(
+        first,
+        Some(BreakerState::Closed),
+        "one failure of two needed"
+    );
+    let opened = a.breaker_vote(lane, 2, false, rule).await.unwrap();
+    assert!(matches!(opened, Some(BreakerState::Open(_))), "{opened:?}");
+    // The other instance sees it open, and its votes change nothing.
+    assert!(matches!(
+        b.breaker_state(lane).await.unwrap(),
+        Some(BreakerState::Open(_))
+    ));
+    let voted = b.breaker_vote(lane, 3, true, rule).await.unwrap();
+    assert!(matches!(voted, Some(BreakerState::Open(_))), "{voted:?}");
+    assert!(matches!(
+        b.take_probe(lane, rule, lease).await.unwrap(),
+        Some(BreakerState::Open(_))
+    ));
+    tokio::time::sleep(cooldown + Duration::from_millis(50)).await;
+    assert_eq!(
+        b.breaker_state(lane).await.unwrap(),
+        Some(BreakerState::HalfOpen)
+    );
+    // Three probes across both instances, then none.
+    let mut probes = Vec::new();
+    for q in [&a, &a, &b] {
+        match q.take_probe(lane, rule, lease).await.unwrap() {
+            Some(BreakerState::Probe(id)) => probes.push(id),
+            other => panic!("no probe: {other:?}"),
+        }
+    }
+    for q in [&a, &b] {
+        let out = q.take_probe(lane, rule, lease).await.unwrap();
+        assert_eq!(out, Some(BreakerState::ProbesOut));
+    }
+    // One that says nothing gives its place back.
+    let given = b
+        .settle_probe(lane, probes[2], None, true, rule)
+        .await
+        .unwrap();
+    assert_eq!(given, Some(BreakerState::HalfOpen));
+    let Some(BreakerState::Probe(_)) = b.take_probe(lane, rule, lease).await.unwrap() else {
+        panic!("the place given back was not taken");
+    };
+    // `a` dies with its two probes, `b` with its one: their leases run out,
+    // and the probes go to whoever asks next.
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let late = a
+        .settle_probe(lane, probes[0], Some(false), true, rule)
+        .await
+        .unwrap();
+    assert_eq!(
+        late,
+        Some(BreakerState::HalfOpen),
+        "a probe past its lease settles nothing"
+    );
+    let Some(BreakerState::Probe(fresh)) = b.take_probe(lane, rule, lease).await.unwrap() else {
+        panic!("the expired probes' places were not given to another");
+    };
+    // A probe that had not failed before fails: open again.
+    let again = b
+        .settle_probe(lane, fresh, Some(false), true, rule)
+        .await
+        .unwrap();
+    assert!(matches!(again, Some(BreakerState::Open(_))), "{again:?}");
+    tokio::time::sleep(cooldown + Duration::from_millis(50)).await;
+    let Some(BreakerState::Probe(ok)) = a.take_probe(lane, rule, lease).await.unwrap() else {
+        panic!("no probe after the second cooldown");
+    };
+    let closed = a
+        .settle_probe(lane, ok, Some(true), true, rule)
+        .await
+        .unwrap();
+    assert_eq!(closed, Some(BreakerState::Closed));
+    assert_eq!(
+        b.breaker_state(lane).await.unwrap(),
+        Some(BreakerState::Closed)
+    );
+    // Closed afresh: a minority failing, however often, never opens it.
+    for e in 10..30u64 {
+        b.breaker_vote(lane, e, true, rule).await.unwrap();
+    }
+    for _ in 0..5 {
+        for e in 10..15u64 {
+            let got = a.breaker_vote(lane, e, false, rule).await.unwrap();
+            assert_eq!(got, Some(BreakerState::Closed), "5 failed of 20");
+        }
+    }
+    // Another lane's breaker is its own.
+    assert_eq!(
+        a.breaker_state("/other").await.unwrap(),
+        Some(BreakerState::Closed)
+    );
+}

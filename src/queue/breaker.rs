@@ -2,6 +2,12 @@
 //! the notifications delivered lately (each has one vote, its latest
 //! result), opens for a cooldown when too many of them failed, then admits
 //! a few probes.
+//!
+//! On a queue shared by many instances (Redis Streams) the judgement and the
+//! state live in the queue ([`BreakerState`]: the votes, the open state, the
+//! probes' leases), and this breaker follows what the queue answers; it
+//! judges alone on a queue that shares nothing, and whenever the queue
+//! cannot answer.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -18,6 +24,42 @@ const FAILURE_RATE: f64 = 0.5;
 /// The most probes a half-open breaker admits (and no more than its
 /// `failures`).
 pub(crate) const MAX_PROBES: u32 = 3;
+
+/// The share of failed votes that opens the breaker, in per mille (for the
+/// shared breaker's script).
+pub(crate) const FAILURE_PER_MILLE: u32 = (FAILURE_RATE * 1000.0) as u32;
+/// The most votes kept, for the shared breaker's script.
+pub(crate) const MAX_SHARED_VOTES: usize = MAX_VOTES;
+
+/// Where a lane's breaker shared by every instance on a queue stands, as
+/// the queue answers it (see [`Queue::breaker_vote`](super::Queue::breaker_vote)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Deliveries flow.
+    Closed,
+    /// No delivery starts for this long.
+    Open(Duration),
+    /// The cooldown is over: a few probes may go.
+    HalfOpen,
+    /// Half-open, and every probe is out (with another instance, perhaps):
+    /// wait for their results (or for their leases to run out).
+    ProbesOut,
+    /// Half-open, and this probe (its id) was taken, leased to the caller:
+    /// renew it while its delivery runs, settle it with its result.
+    Probe(u64),
+}
+
+/// What a lane's breaker is set to, for the shared breaker's scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerRule {
+    /// The least failed votes that open it (and they are at least half).
+    pub failures: u32,
+    /// How long it stays open.
+    pub cooldown: Duration,
+    /// The most probes a half-open breaker admits at once (across every
+    /// instance).
+    pub probes: u32,
+}
 
 /// An entry's identity in the breaker: its key, hashed.
 pub(crate) fn entry_of(key: &str) -> u64 {
@@ -228,6 +270,78 @@ impl Breaker {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Records a delivery's result as [`record`](Self::record) does, but
+    /// the breaker shared on the queue judged it: this one keeps the vote
+    /// (so that a probe still prefers entries that have not failed, and the
+    /// judgement is warm if the queue stops answering) and follows `state`.
+    pub(crate) fn record_shared(
+        &mut self,
+        entry: u64,
+        probe: bool,
+        up: Option<bool>,
+        now: Instant,
+        state: BreakerState,
+        lane: &Arc<str>,
+    ) {
+        if let Some(ok) = up {
+            if probe || self.state == State::Closed {
+                self.votes.cast(entry, ok, now);
+            }
+        }
+        if let (State::HalfOpen { started, running }, true) = (&mut self.state, probe) {
+            if let Some(at) = running.iter().position(|(e, _)| *e == entry) {
+                running.swap_remove(at);
+                *started = started.saturating_sub(u32::from(up.is_none()));
+            }
+        }
+        self.follow(state, now, lane);
+    }
+
+    /// Takes the state the shared breaker answered. Half-open, this one
+    /// counts only its own probes under way: how many more may go is the
+    /// shared breaker's to say (a probe is asked of it before it starts).
+    pub(crate) fn follow(&mut self, state: BreakerState, now: Instant, _lane: &Arc<str>) {
+        match state {
+            BreakerState::Closed => {
+                if self.state != State::Closed {
+                    crate::outcome::log_info!(route = %_lane, "upstream circuit breaker closed (shared): a probe was delivered; deliveries resume");
+                    self.votes.clear();
+                    self.state = State::Closed;
+                }
+            }
+            BreakerState::Open(left) => {
+                if self.state == State::Closed {
+                    crate::outcome::log_warn!(
+                        route = %_lane,
+                        cooldown = ?left,
+                        "upstream circuit breaker open (shared by the instances on the queue): most notifications delivered lately failed; deliveries paused for the cooldown, then a few probes"
+                    );
+                }
+                self.state = State::Open(now + left);
+            }
+            BreakerState::HalfOpen | BreakerState::ProbesOut | BreakerState::Probe(_) => {
+                match &mut self.state {
+                    State::HalfOpen { started, running } => *started = running.len() as u32,
+                    _ => {
+                        self.state = State::HalfOpen {
+                            started: 0,
+                            running: Vec::new(),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the breaker is set to.
+    pub(crate) fn rule(&self) -> BreakerRule {
+        BreakerRule {
+            failures: self.failures,
+            cooldown: self.cooldown,
+            probes: self.probes(),
         }
     }
 

@@ -15,7 +15,10 @@
 //! # }
 //! ```
 
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
+use super::{
+    BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
+    QueueStats,
+};
 use ::either::Either;
 use std::time::Duration;
 
@@ -64,6 +67,44 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
         interval: Duration,
     ) -> Result<Option<Duration>, QueueError> {
         both!(self, q => q.take_turn(lane, interval))
+    }
+
+    async fn breaker_state(&self, lane: &str) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.breaker_state(lane))
+    }
+
+    async fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.breaker_vote(lane, entry, ok, rule))
+    }
+
+    async fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.take_probe(lane, rule, lease))
+    }
+
+    async fn renew_probe(&self, lane: &str, probe: u64, lease: Duration) -> Result<(), QueueError> {
+        both!(self, q => q.renew_probe(lane, probe, lease))
+    }
+
+    async fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.settle_probe(lane, probe, up, fresh, rule))
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {

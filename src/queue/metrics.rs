@@ -70,3 +70,16 @@ pub(super) fn breaker(lane: &std::sync::Arc<str>, state: u8) {
     )
     .set(f64::from(state));
 }
+
+/// Counts `idempotency_breaker_shared_errors_total{route}`: the breaker
+/// shared on the queue could not answer (the worker's own breaker judged
+/// alone).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(super) fn breaker_shared_error(lane: &std::sync::Arc<str>) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "idempotency_breaker_shared_errors_total",
+        "route" => metrics::SharedString::from(lane.clone())
+    )
+    .increment(1);
+}

@@ -69,6 +69,7 @@ mod settle;
 mod worker;
 
 pub use self::redb::RedbQueue;
+pub use breaker::{BreakerRule, BreakerState};
 pub use memory::MemoryQueue;
 pub use message::Message;
 pub use pace::{Pace, Rate};
@@ -299,6 +300,81 @@ pub trait Queue: Clone + Send + Sync + 'static {
         interval: Duration,
     ) -> impl Future<Output = Result<Option<Duration>, QueueError>> + Send {
         let _ = (lane, interval);
+        async { Ok(None) }
+    }
+
+    /// The shared breaker of the lane `lane` (one every worker on this queue
+    /// follows, so that one instance's judgement of the upstream holds for
+    /// all of them): where it stands now. Defaults to `Ok(None)`: the
+    /// queue shares no breaker, each worker judges alone (as it does while
+    /// a shared one cannot answer).
+    fn breaker_state(
+        &self,
+        lane: &str,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = lane;
+        async { Ok(None) }
+    }
+
+    /// Casts `entry`'s vote (`ok`: its delivery succeeded) in the lane's
+    /// shared breaker, which judges by `rule` over the votes of every
+    /// worker on the queue (one per entry, its latest, within a minute;
+    /// while it is open or half-open, only the probes' results count) and
+    /// answers where it stands. Defaults to `Ok(None)` (nothing shared).
+    fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = (lane, entry, ok, rule);
+        async { Ok(None) }
+    }
+
+    /// Asks the lane's shared breaker for a probe, leased for `lease`
+    /// (renewed with [`renew_probe`](Self::renew_probe); a probe whose
+    /// lease runs out, its worker dead, makes room for another):
+    /// [`BreakerState::Probe`] with its id if one was taken, or where the
+    /// breaker stands (closed: deliver as usual; open; every probe out).
+    /// Defaults to `Ok(None)` (nothing shared).
+    fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = (lane, rule, lease);
+        async { Ok(None) }
+    }
+
+    /// Renews a probe from [`take_probe`](Self::take_probe) for `lease`
+    /// from now. Defaults to doing nothing.
+    fn renew_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send {
+        let _ = (lane, probe, lease);
+        async { Ok(()) }
+    }
+
+    /// Settles a probe from [`take_probe`](Self::take_probe) with its
+    /// result: `Some(true)` delivered (the breaker closes), `Some(false)`
+    /// failed (it opens again if the probe's entry had not failed before,
+    /// `fresh`, or when every probe failed), `None` said nothing of the
+    /// upstream (its place goes to another). Answers where the breaker
+    /// stands. Defaults to `Ok(None)` (nothing shared).
+    fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = (lane, probe, up, fresh, rule);
         async { Ok(None) }
     }
 

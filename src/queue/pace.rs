@@ -76,6 +76,13 @@ impl Pace {
     /// room for another. A delivery failed when the service returned an
     /// error the worker retries; an answer that cannot succeed (dead-lettered
     /// at once) shows the upstream is up.
+    ///
+    /// On a queue shared by many instances (`RedisStreamsQueue`) the votes,
+    /// the open state and the probes are the queue's (per lane name), so
+    /// the breaker judges on every instance's deliveries and its 3 probes
+    /// are for all of them together, each leased like the entry (one whose
+    /// worker died makes room for another when its lease runs out); while
+    /// the queue cannot answer, each worker's breaker judges alone.
     pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
         self.breaker = Some((failures.max(1), cooldown));
         self
@@ -362,11 +369,13 @@ impl Lane {
 
     /// Records a finished call of `key`; `up` is `None` when its result
     /// says nothing of the upstream.
+    /// `shared`: what the breaker shared on the queue answered (it judged;
+    /// this lane's breaker follows), `None` when this one judges alone.
     pub(super) fn finished(
         &mut self,
         key: &str,
         took: Duration,
-        (probe, up): (bool, Option<bool>),
+        (probe, up, shared): (bool, Option<bool>, Option<super::BreakerState>),
         now: Instant,
     ) {
         self.running = self.running.saturating_sub(1);
@@ -378,7 +387,11 @@ impl Lane {
             Some(avg) => (avg * 7 + took) / 8,
         });
         if let Some(breaker) = self.breaker.as_mut() {
-            breaker.record(entry_of(key), probe, up, now, &self.name);
+            let entry = entry_of(key);
+            match shared {
+                Some(state) => breaker.record_shared(entry, probe, up, now, state, &self.name),
+                None => breaker.record(entry, probe, up, now, &self.name),
+            }
         }
         self.gauges();
     }
@@ -467,7 +480,7 @@ mod tests {
         assert_eq!(lane.admit(now), Admit::Go(false));
         lane.started();
         assert_eq!(lane.admit(now), Admit::Wait(None));
-        lane.finished("k", Duration::ZERO, (false, Some(true)), now);
+        lane.finished("k", Duration::ZERO, (false, Some(true), None), now);
         assert_eq!(lane.admit(now), Admit::Go(false));
     }
 

@@ -190,3 +190,113 @@ pub(super) static TAKE_TURN: LazyLock<Script> = LazyLock::new(|| {
          return 0"
     ))
 });
+
+/// The shared breaker's answers: 0 closed, more than 0 open for that many
+/// ms, -1 half-open, -2 half-open with every probe out, -3 the probe was
+/// taken. Its keys (per lane): a hash with `until` (when the open state
+/// ends; absent while closed) and `failed` (probes failed since it was
+/// half-open), the probes under way (a sorted set of probe → lease end),
+/// and the votes (a sorted set of entry → when, and one of the failed
+/// entries alone).
+const BREAKER_STANDS: &str = "
+local ends = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+";
+
+/// Where a lane's shared breaker stands. KEYS[1] its state.
+pub(super) static BREAKER_STATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}{BREAKER_STANDS}
+         if ends == 0 then return 0 end
+         if now < ends then return ends - now end
+         return -1"
+    ))
+});
+
+/// Casts an entry's vote (its latest result replaces its earlier one),
+/// then judges while closed: open when at least `failures` votes failed
+/// and they are at least the rate. Open or half-open, only probes count.
+/// KEYS: state, probes, votes, failed votes; ARGV: entry, ok (1 or 0),
+/// failures, cooldown (ms), window (ms), most votes, rate (per mille).
+pub(super) static BREAKER_VOTE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}{BREAKER_STANDS}
+         if ends > 0 then
+           if now < ends then return ends - now end
+           return -1
+         end
+         local votes, fails = KEYS[3], KEYS[4]
+         local cutoff = now - tonumber(ARGV[5])
+         redis.call('ZREMRANGEBYSCORE', votes, '-inf', cutoff)
+         redis.call('ZREMRANGEBYSCORE', fails, '-inf', cutoff)
+         redis.call('ZADD', votes, now, ARGV[1])
+         if ARGV[2] == '1' then
+           redis.call('ZREM', fails, ARGV[1])
+         else
+           redis.call('ZADD', fails, now, ARGV[1])
+         end
+         local over = redis.call('ZCARD', votes) - tonumber(ARGV[6])
+         if over > 0 then
+           local old = redis.call('ZPOPMIN', votes, over)
+           for i = 1, #old, 2 do redis.call('ZREM', fails, old[i]) end
+         end
+         redis.call('PEXPIRE', votes, ARGV[5])
+         redis.call('PEXPIRE', fails, ARGV[5])
+         if ARGV[2] == '1' then return 0 end
+         local failed, all = redis.call('ZCARD', fails), redis.call('ZCARD', votes)
+         if failed >= tonumber(ARGV[3]) and failed * 1000 >= all * tonumber(ARGV[7]) then
+           redis.call('HSET', KEYS[1], 'until', now + tonumber(ARGV[4]), 'failed', 0)
+           redis.call('DEL', KEYS[2])
+           return tonumber(ARGV[4])
+         end
+         return 0"
+    ))
+});
+
+/// Takes a probe, leased: half-open, while the probes under way (their
+/// leases not run out) and those failed are fewer than the most.
+/// KEYS: state, probes; ARGV: most probes, lease (ms), probe.
+pub(super) static TAKE_PROBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}{BREAKER_STANDS}
+         if ends == 0 then return 0 end
+         if now < ends then return ends - now end
+         redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+         local out = redis.call('ZCARD', KEYS[2]) + tonumber(redis.call('HGET', KEYS[1], 'failed') or '0')
+         if out >= tonumber(ARGV[1]) then return -2 end
+         redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
+         if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+           redis.call('PEXPIRE', KEYS[2], ARGV[2])
+         end
+         return -3"
+    ))
+});
+
+/// Settles a probe: delivered, the breaker closes (its votes forgotten);
+/// failed, it opens again if its entry had not failed before or every
+/// probe failed; a probe that said nothing, or whose lease ran out (its
+/// place was given to another), changes nothing more.
+/// KEYS: state, probes, votes, failed votes; ARGV: probe, result (1
+/// delivered, 0 failed, -1 nothing), fresh (1 or 0), most probes, cooldown
+/// (ms).
+pub(super) static SETTLE_PROBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW}
+         local known = redis.call('ZREM', KEYS[2], ARGV[1]) == 1
+         {BREAKER_STANDS}
+         if ends == 0 then return 0 end
+         if ARGV[2] == '1' then
+           redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+           return 0
+         end
+         if now < ends then return ends - now end
+         if not known or ARGV[2] ~= '0' then return -1 end
+         local failed = redis.call('HINCRBY', KEYS[1], 'failed', 1)
+         redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+         if ARGV[3] == '1' or (failed >= tonumber(ARGV[4]) and redis.call('ZCARD', KEYS[2]) == 0) then
+           redis.call('HSET', KEYS[1], 'until', now + tonumber(ARGV[5]), 'failed', 0)
+           redis.call('DEL', KEYS[2])
+           return tonumber(ARGV[5])
+         end
+         return -1"
+    ))
+});

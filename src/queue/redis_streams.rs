@@ -1,9 +1,14 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
+use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
 use super::redis_scripts::{
-    ACK, DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW, RENEW_SLOT, REPLAY, RETRY, TAKE_SLOT, TAKE_TURN,
+    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW, RENEW_SLOT,
+    REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN,
 };
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
+use super::{
+    BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
+    QueueStats,
+};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
 use std::collections::HashMap;
@@ -163,6 +168,36 @@ where
     fn marker(&self, key: &str) -> String {
         format!("{{{}}}:k:{key}", self.name)
     }
+
+    /// The keys of a lane's shared breaker: its state, its probes, its
+    /// votes and its failed votes.
+    fn breaker_keys(&self, lane: &str) -> [String; 4] {
+        ["brk", "brkp", "brkv", "brkf"].map(|part| self.key(&format!("{part}:{lane}")))
+    }
+}
+
+/// A shared breaker script's answer (see the scripts), `probe` the id of
+/// the probe it was asked for.
+fn breaker_of(code: i64, probe: u64) -> BreakerState {
+    match code {
+        0 => BreakerState::Closed,
+        -1 => BreakerState::HalfOpen,
+        -2 => BreakerState::ProbesOut,
+        -3 => BreakerState::Probe(probe),
+        n => BreakerState::Open(Duration::from_millis(n.unsigned_abs())),
+    }
+}
+
+/// A duration in whole milliseconds, at least 1.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A fresh id, unique across instances (an owner token's low half counts
+/// up).
+fn unique_id() -> u64 {
+    let t = crate::store::OwnerToken::new().as_u128();
+    (t >> 64) as u64 ^ t as u64
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {
@@ -286,9 +321,7 @@ where
         limit: usize,
         lease: Duration,
     ) -> Result<Option<u64>, QueueError> {
-        // Unique across instances (an owner token's low half counts up).
-        let t = crate::store::OwnerToken::new().as_u128();
-        let slot = (t >> 64) as u64 ^ t as u64;
+        let slot = unique_id();
         let got: i64 = TAKE_SLOT
             .key(self.key(&format!("slots:{lane}")))
             .arg(limit)
@@ -333,6 +366,96 @@ where
             .await
             .map_err(err)?;
         Ok((wait > 0).then(|| Duration::from_millis(wait)))
+    }
+
+    async fn breaker_state(&self, lane: &str) -> Result<Option<BreakerState>, QueueError> {
+        let [state, ..] = self.breaker_keys(lane);
+        let got: i64 = BREAKER_STATE
+            .key(state)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, 0)))
+    }
+
+    async fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        let got: i64 = BREAKER_VOTE
+            .key(&self.breaker_keys(lane)[..])
+            .arg(entry)
+            .arg(u8::from(ok))
+            .arg(rule.failures.max(1))
+            .arg(ms(rule.cooldown))
+            .arg(ms(WINDOW))
+            .arg(MAX_SHARED_VOTES)
+            .arg(FAILURE_PER_MILLE)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, 0)))
+    }
+
+    async fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        let [state, probes, ..] = self.breaker_keys(lane);
+        let probe = unique_id();
+        let got: i64 = TAKE_PROBE
+            .key(state)
+            .key(probes)
+            .arg(rule.probes.max(1))
+            .arg(ms(lease))
+            .arg(probe)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, probe)))
+    }
+
+    async fn renew_probe(&self, lane: &str, probe: u64, lease: Duration) -> Result<(), QueueError> {
+        let [_, probes, ..] = self.breaker_keys(lane);
+        let _: i64 = RENEW_SLOT
+            .key(probes)
+            .arg(ms(lease))
+            .arg(probe)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        let result: i8 = match up {
+            Some(true) => 1,
+            Some(false) => 0,
+            None => -1,
+        };
+        let got: i64 = SETTLE_PROBE
+            .key(&self.breaker_keys(lane)[..])
+            .arg(probe)
+            .arg(result)
+            .arg(u8::from(fresh))
+            .arg(rule.probes.max(1))
+            .arg(ms(rule.cooldown))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, 0)))
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {

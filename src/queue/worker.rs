@@ -1,5 +1,6 @@
 //! [`Worker`]: delivers queue entries to a tower service.
 
+use super::breaker::{entry_of, BreakerRule, BreakerState};
 use super::pace::{Lane, Pace};
 use super::settle::{settle, unsettled, verdict, Settled, WorkerRound};
 use super::{Delivery, Message, Queue, QueueError};
@@ -52,6 +53,9 @@ struct Done {
     /// For a call: how long it took, whether it was the probe, and what it
     /// says of the upstream.
     call: Option<(Duration, bool, Option<bool>)>,
+    /// What the lane's breaker shared on the queue answered after the call
+    /// (`None`: nothing shared, or it could not answer).
+    shared: Option<BreakerState>,
     settled: Result<Settled, QueueError>,
 }
 
@@ -262,8 +266,45 @@ where
         act: Act,
     ) -> Option<impl Future<Output = Done> + use<Q, S>> {
         let mut slot = None;
+        let mut probe_id = None;
+        let rule = self.lanes[lane].breaker.as_ref().map(|b| b.rule());
+        let entry = entry_of(&delivery.message.key);
         let call = match act {
-            Act::Call(probe) => {
+            Act::Call(mut probe) => {
+                let fresh = probe && {
+                    let b = self.lanes[lane].breaker.as_ref();
+                    b.is_some_and(|b| !b.failed_before(entry)) && delivery.attempt <= 1
+                };
+                if let Some(rule) = rule {
+                    let name = self.lanes[lane].name.clone();
+                    let lease = self.config.lease;
+                    match shared_gate(&self.queue, &self.config, &name, rule, probe, lease).await {
+                        SharedGate::Local => {}
+                        SharedGate::Go(follow, id) => {
+                            if let (Some(state), Some(b)) =
+                                (follow, self.lanes[lane].breaker.as_mut())
+                            {
+                                b.follow(state, Instant::now(), &name);
+                                probe = false;
+                            }
+                            probe_id = id;
+                        }
+                        SharedGate::Hold(state) => {
+                            let now = Instant::now();
+                            let until = match state {
+                                BreakerState::ProbesOut => now + probe_wait(rule.cooldown),
+                                _ => now,
+                            };
+                            let l = &mut self.lanes[lane];
+                            l.put_back(delivery, probe, until);
+                            if let Some(b) = l.breaker.as_mut() {
+                                b.follow(state, now, &name);
+                            }
+                            l.gauges();
+                            return None;
+                        }
+                    }
+                }
                 let turn = {
                     let l = &self.lanes[lane];
                     let pace = (l.pace.get_concurrency(), l.pace.get_rate());
@@ -273,19 +314,28 @@ where
                 match turn.await {
                     Ok(taken) => slot = taken,
                     Err(wait) => {
+                        if let (Some(rule), Some(id)) = (rule, probe_id) {
+                            let name = &self.lanes[lane].name;
+                            let given = self.queue.settle_probe(name, id, None, fresh, rule).await;
+                            if let Err(_e) = given {
+                                crate::outcome::log_warn!(queue = %self.config.name, route = %name, error = %_e, "cannot give back a shared breaker probe (its place is freed when its lease runs out)");
+                            }
+                        }
                         self.lanes[lane].put_back(delivery, probe, Instant::now() + wait);
                         return None;
                     }
                 }
                 let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
                 Some((
-                    probe,
+                    (probe, fresh),
                     ready.map(|()| self.service.call(delivery.message.clone())),
                 ))
             }
             _ => None,
         };
-        let slot = slot.map(|slot| (self.lanes[lane].name.clone(), slot));
+        let name = self.lanes[lane].name.clone();
+        let slot = slot.map(|slot| (name.clone(), slot));
+        let probe_id = probe_id.map(|id| (name.clone(), id));
         let (queue, config) = (self.queue.clone(), self.config.clone());
         let last = delivery.attempt >= config.max_attempts;
         let after = self.lanes[lane]
@@ -294,24 +344,29 @@ where
             .unwrap_or_else(|| config.backoff_after(delivery.attempt));
         Some(async move {
             let key = delivery.message.key.clone();
+            let mut shared = None;
             let (call, settled) = match (act, call) {
-                (_, Some((probe, call))) => {
+                (_, Some(((probe, fresh), call))) => {
                     let started = Instant::now();
                     let result = match call {
                         Ok(fut) => {
-                            let slot = slot.as_ref();
-                            renewing(&queue, &config, (&delivery, slot), fut)
+                            let held = (slot.as_ref(), probe_id.as_ref());
+                            renewing(&queue, &config, (&delivery, held), fut)
                                 .await
                                 .map(drop)
                         }
                         Err(e) => Err(e),
                     };
+                    let (took, up) = (started.elapsed(), verdict(&result));
+                    if let Some(rule) = rule {
+                        let id = probe_id.as_ref().map(|(_, id)| *id);
+                        shared = judged(&queue, &config, &name, (entry, id, fresh), up, rule).await;
+                    }
                     if let Some((lane, slot)) = &slot {
                         if let Err(_e) = queue.give_slot(lane, *slot).await {
                             crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
                         }
                     }
-                    let (took, up) = (started.elapsed(), verdict(&result));
                     let how = (last, after);
                     let settled = settle(&queue, &config.name, how, &delivery, result).await;
                     (Some((took, probe, up)), settled)
@@ -326,6 +381,7 @@ where
                 lane,
                 key,
                 call,
+                shared,
                 settled,
             }
         })
@@ -334,7 +390,8 @@ where
     /// Records a delivery that ended in its lane and the stranded set.
     fn finish(&mut self, done: Done) -> Result<Settled, QueueError> {
         if let Some((took, probe, up)) = done.call {
-            self.lanes[done.lane].finished(&done.key, took, (probe, up), Instant::now());
+            let result = (probe, up, done.shared);
+            self.lanes[done.lane].finished(&done.key, took, result, Instant::now());
         }
         if let Ok(settled) = &done.settled {
             self.note(&done.key, settled);
@@ -496,13 +553,117 @@ async fn shared_turn<Q: Queue>(
     Ok(slot)
 }
 
+/// What the lane's breaker shared on the queue says of a delivery about to
+/// start.
+enum SharedGate {
+    /// Nothing shared, or the queue cannot answer now: this worker's own
+    /// breaker judges alone.
+    Local,
+    /// Go: the lane's breaker follows this state first (a probe asked of a
+    /// breaker found closed goes as a plain delivery); with the shared
+    /// probe's id if one was taken.
+    Go(Option<BreakerState>, Option<u64>),
+    /// Not now: the breaker stands so (open, half-open for a probe, or
+    /// every probe out); the lane's breaker follows it.
+    Hold(BreakerState),
+}
+
+/// Asks the lane's breaker shared on the queue whether a delivery (`probe`:
+/// as the breaker's probe) may start.
+///
+/// A queue that cannot answer (Redis unreachable) stops nothing: this
+/// worker's own breaker then judges alone on its own votes (kept warm all
+/// along), which is logged and counted
+/// (`idempotency_breaker_shared_errors_total{route}`). The breaker only
+/// paces: whichever decides, each entry is still settled once through the
+/// queue's lease and the dedup layer, so nothing is lost or delivered twice;
+/// the price of the fallback is each instance probing on its own, as before.
+async fn shared_gate<Q: Queue>(
+    queue: &Q,
+    config: &Config,
+    lane: &Arc<str>,
+    rule: BreakerRule,
+    probe: bool,
+    lease: Duration,
+) -> SharedGate {
+    let asked = match probe {
+        false => queue.breaker_state(lane).await,
+        true => queue.take_probe(lane, rule, lease).await,
+    };
+    match asked {
+        Ok(None) => SharedGate::Local,
+        Ok(Some(BreakerState::Closed)) => {
+            SharedGate::Go(probe.then_some(BreakerState::Closed), None)
+        }
+        Ok(Some(BreakerState::Probe(id))) if probe => SharedGate::Go(None, Some(id)),
+        Ok(Some(state)) => SharedGate::Hold(state),
+        Err(_e) => {
+            shared_failed(config, lane, &_e);
+            SharedGate::Local
+        }
+    }
+}
+
+/// Casts a finished call's vote in the lane's shared breaker, or settles
+/// its shared probe (`id`); what the breaker answered. `up` is what the
+/// result says of the upstream (`None`: nothing, no vote).
+async fn judged<Q: Queue>(
+    queue: &Q,
+    config: &Config,
+    lane: &Arc<str>,
+    (entry, id, fresh): (u64, Option<u64>, bool),
+    up: Option<bool>,
+    rule: BreakerRule,
+) -> Option<BreakerState> {
+    let answered = match (id, up) {
+        (Some(id), up) => queue.settle_probe(lane, id, up, fresh, rule).await,
+        (None, Some(ok)) => queue.breaker_vote(lane, entry, ok, rule).await,
+        (None, None) => return None,
+    };
+    answered.unwrap_or_else(|e| {
+        shared_failed(config, lane, &e);
+        None
+    })
+}
+
+/// The shared breaker could not answer: counted each time, logged at most
+/// every [`SHARED_WARNING_EVERY`] (it is asked before and after every
+/// delivery).
+fn shared_failed(config: &Config, lane: &Arc<str>, _e: &QueueError) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WARNED: AtomicU64 = AtomicU64::new(0);
+    super::metrics::breaker_shared_error(lane);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = WARNED.load(Ordering::Relaxed);
+    let due = now >= last.saturating_add(SHARED_WARNING_EVERY.as_secs()) || last == 0;
+    if due
+        && WARNED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "the circuit breaker shared on the queue cannot answer; this instance's own breaker judges alone meanwhile (logged at most every 10 s; idempotency_breaker_shared_errors_total counts each)");
+    }
+}
+
+/// How often the shared breaker's failures are logged at most.
+const SHARED_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a delivery waits while every probe of the shared breaker is
+/// out (with other instances) before it asks again.
+fn probe_wait(cooldown: Duration) -> Duration {
+    (cooldown / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
 /// Runs a delivery's call, renewing the entry's lease every third of it
 /// meanwhile (a delivery may run longer than the lease; it must not be
-/// handed out again while it runs).
+/// handed out again while it runs), and the shared slot and probe it
+/// holds.
 async fn renewing<Q: Queue, F: Future>(
     queue: &Q,
     config: &Config,
-    (delivery, slot): (&Delivery, Option<&(Arc<str>, u64)>),
+    (delivery, (slot, probe)): (&Delivery, Held<'_>),
     call: F,
 ) -> F::Output {
     let every = renew_every(config.lease);
@@ -514,6 +675,11 @@ async fn renewing<Q: Queue, F: Future>(
                 if let Some((lane, slot)) = slot {
                     if let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
                         crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared delivery slot");
+                    }
+                }
+                if let Some((lane, probe)) = probe {
+                    if let Err(_e) = queue.renew_probe(lane, *probe, config.lease).await {
+                        crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared breaker probe");
                     }
                 }
                 match queue.renew(delivery, config.lease).await {
@@ -529,6 +695,9 @@ async fn renewing<Q: Queue, F: Future>(
         }
     }
 }
+
+/// The shared slot and probe a delivery holds (lane and id).
+type Held<'a> = (Option<&'a (Arc<str>, u64)>, Option<&'a (Arc<str>, u64)>);
 
 /// How often a lease is renewed: a third of it (at least 10 ms).
 pub(super) fn renew_every(lease: Duration) -> Duration {
