@@ -21,7 +21,9 @@ on the same storm and prints them side by side; with --json alone, runs dedup.
 --scenario outage: the backlog after an outage (default 600 notifications x 3
 copies) against a fragile upstream, through the gateway with no limit and with
 --limit (default 20) upstream calls at once; --limit auto: the route's adaptive
-limit (max_in_flight = \"auto\", starting at 5) instead.
+limit (max_in_flight = \"auto\", starting at 5) instead. With --store
+redis://HOST:PORT, one more row: --instances gateways (default 3) on one Redis
+Streams queue, the limit and the breaker shared by all of them.
 --repeat: after the storm, every notification once more (each a replay of its
 completed record), measured apart.";
 
@@ -237,6 +239,7 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
     let mut args = Args::default();
     let mut baseline_given = false;
     let (mut transactions_given, mut duplicates_given) = (false, false);
+    let mut instances_given = false;
     while let Some(arg) = argv.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((flag, value)) if flag.starts_with("--") => {
@@ -325,7 +328,10 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
                 }
             }
             "--store" => args.store = StoreArg::parse(&value)?,
-            "--instances" => args.instances = positive(&flag, &value)?,
+            "--instances" => {
+                instances_given = true;
+                args.instances = positive(&flag, &value)?;
+            }
             "--scenario" => {
                 args.scenario = match value.as_str() {
                     "burst" => Scenario::Burst,
@@ -351,6 +357,15 @@ pub(crate) fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Parse
         }
         if !duplicates_given {
             args.duplicates = 3;
+        }
+        // The shared row (with --store redis://): three gateways.
+        if !instances_given {
+            args.instances = 3;
+        }
+        if !matches!(args.store, StoreArg::Memory | StoreArg::Redis(_)) {
+            return Err(
+                "--store: the outage scenario's shared row runs on `redis://HOST:PORT`".into(),
+            );
         }
     }
     // Scripts that read the JSON line measure one system, as before the

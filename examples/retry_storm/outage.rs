@@ -2,7 +2,11 @@
 //! `Gateway` in front of a fragile upstream, with no limit, with a cap
 //! (shed; `--limit auto`: the route's adaptive limit), and acknowledging
 //! first then delivering from the queue at `deliver_concurrency` (a `Worker`
-//! with `concurrency(limit)`).
+//! with `concurrency(limit)`). With `--store redis://HOST:PORT`, one more
+//! row: `--instances` gateways (3 when not given) acknowledging into one
+//! Redis Streams queue (records in that Redis too), each with its worker at
+//! `concurrency(limit)`: the slots, the rate and the breaker are shared, so
+//! the limit holds for all of them together.
 //!
 //! The upstream serves 50 ms calls but falls over above `BEARS` at once:
 //! every extra call hangs 3 s, then answers 503 (and does nothing). The
@@ -22,12 +26,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tower_idempotency::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
-use tower_idempotency::queue::{RedbQueue, Worker};
+use tower_idempotency::queue::{RedbQueue, RedisStreamsQueue, Worker};
 use tower_idempotency::shed::{AimdLimit, Slots};
-use tower_idempotency::store::MemoryStore;
+use tower_idempotency::store::{MemoryStore, RedisStore};
 use tower_idempotency::Preset;
 
-use crate::args::Args;
+use crate::args::{Args, StoreArg};
 use crate::server::serve;
 
 /// The route of the notifications.
@@ -121,6 +125,12 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let label = format!("ack, deliver_conc. {}", args.limit);
     let ack = once(args, &label, Mode::Ack(args.limit)).await?;
+    let mut rows = vec![none, shed, ack];
+    if let StoreArg::Redis(_) = &args.store {
+        let n = args.instances;
+        let label = format!("ack x{n}, Redis, conc. {}", args.limit);
+        rows.push(once(args, &label, Mode::SharedAck(args.limit, n)).await?);
+    }
     println!(
         "\n{:<22} {:>14} {:>14} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
         "mode",
@@ -139,7 +149,7 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             |d| format!("{:.1}", d.as_secs_f64()),
         )
     };
-    for o in [&none, &shed, &ack] {
+    for o in &rows {
         println!(
             "{:<22} {:>14} {:>14} {:>14} {:>10} {:>12} {:>10} {:>9} {:>10}",
             o.label,
@@ -158,7 +168,7 @@ pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let json = |d: Option<Duration>| {
             d.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64()))
         };
-        for o in [&none, &shed, &ack] {
+        for o in &rows {
             println!(
                 "{{\"mode\":\"{}\",\"acked\":{},\"all_acked_s\":{},\"copies_acked_s\":{},\"delivered_s\":{},\"peak\":{},\"overloaded\":{},\"executed\":{},\"doubles\":{},\"requests\":{}}}",
                 o.label,
@@ -187,6 +197,47 @@ enum Mode {
     Auto,
     /// Acknowledge from the queue, deliver this many at once.
     Ack(usize),
+    /// This many gateways on one Redis Streams queue (`--store`'s Redis,
+    /// their records there too), each delivering this many at once: the
+    /// limit is shared.
+    SharedAck(usize, usize),
+}
+
+/// What stops a mode's workers and cleans up after it.
+#[derive(Default)]
+struct Stop {
+    workers: Vec<tokio::sync::oneshot::Sender<()>>,
+    file: Option<std::path::PathBuf>,
+}
+
+/// Starts a worker for `queue` as the gateway's ack-then-deliver route
+/// runs it (the gateway's defaults beside the limit: breaker 10 / 30 s).
+fn spawn_worker<Q: tower_idempotency::queue::Queue, S>(
+    queue: Q,
+    gateway: &Gateway<S>,
+    limit: usize,
+    stop: &mut Stop,
+) where
+    S: tower_idempotency::store::Store + Clone + Send + Sync + 'static,
+{
+    let worker = Worker::new(queue, gateway.deliverer())
+        .batch(limit + 16)
+        .concurrency(limit)
+        .breaker(10, Duration::from_secs(30));
+    let (tx, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    stop.workers.push(tx);
+}
+
+/// A tag unique to this run (the records of an earlier run in the same
+/// Redis must not answer for this one's notifications).
+fn run_tag() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{}-{t}", std::process::id())
 }
 
 /// One mode: a fresh upstream and gateway, the backlog released at once.
@@ -200,53 +251,69 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
     .await?;
     let calls = match mode {
         Mode::Shed(limit) => CallLimit::new(limit),
-        Mode::Auto | Mode::Ack(_) => CallLimit::new(1024),
+        Mode::Auto | Mode::Ack(_) | Mode::SharedAck(..) => CallLimit::new(1024),
     };
     let forward = Forward::builder(format!("http://{upstream}").parse()?)
         .call_limit(calls)
         .build();
     let wechat = Target::Preset(Preset::wechatpay_v3());
     let slots = matches!(mode, Mode::Auto).then(|| Slots::adaptive(AimdLimit::new().initial(5)));
-    let (gateway, _stop) = match mode {
-        Mode::Auto => (
-            Gateway::builder(forward, MemoryStore::new())
+    let mut stop = Stop::default();
+    let tag = run_tag();
+    let mut addrs = Vec::new();
+    match mode {
+        Mode::Auto => {
+            let gateway = Gateway::builder(forward, MemoryStore::new())
                 .route_with(
                     PATH,
                     wechat,
                     RouteOptions::new().shared_in_flight(slots.clone().expect("auto has slots")),
                 )
-                .build()?,
-            None,
-        ),
-        Mode::Shed(_) => (
-            Gateway::builder(forward, MemoryStore::new())
+                .build()?;
+            addrs.push(serve(gateway).await?);
+        }
+        Mode::Shed(_) => {
+            let gateway = Gateway::builder(forward, MemoryStore::new())
                 .route(PATH, wechat)
-                .build()?,
-            None,
-        ),
+                .build()?;
+            addrs.push(serve(gateway).await?);
+        }
         Mode::Ack(limit) => {
             // The embedded queue in a file of its own, as the gateway runs it.
-            let file = std::env::temp_dir()
-                .join(format!("retry-storm-outage-{}.redb", std::process::id()));
+            let file = std::env::temp_dir().join(format!("retry-storm-outage-{tag}.redb"));
             let _ = std::fs::remove_file(&file);
             let queue = RedbQueue::open(&file)?;
             let gateway = Gateway::builder(forward, MemoryStore::new())
                 .route_with(PATH, wechat, RouteOptions::new().ack_then_deliver(true))
                 .queue(queue.clone())
                 .build()?;
-            // The gateway's defaults beside the limit: breaker 10 / 30 s.
-            let worker = Worker::new(queue, gateway.deliverer())
-                .batch(limit + 16)
-                .concurrency(limit)
-                .breaker(10, Duration::from_secs(30));
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            tokio::spawn(worker.run(async move {
-                let _ = stopped.await;
-            }));
-            (gateway, Some((stop, file)))
+            spawn_worker(queue, &gateway, limit, &mut stop);
+            stop.file = Some(file);
+            addrs.push(serve(gateway).await?);
         }
-    };
-    let addr = serve(gateway).await?;
+        Mode::SharedAck(limit, instances) => {
+            let StoreArg::Redis(url) = &args.store else {
+                return Err("the shared row needs --store redis://HOST:PORT".into());
+            };
+            // Each instance with its own connections and its own consumer
+            // of the one queue, as separate processes would be.
+            let name = format!("retry-storm-outage-{tag}");
+            for _ in 0..instances {
+                let queue = RedisStreamsQueue::standalone(url.as_str(), &name).await?;
+                let store = RedisStore::standalone(url.as_str()).await?;
+                let gateway = Gateway::builder(forward.clone(), store)
+                    .route_with(
+                        PATH,
+                        wechat.clone(),
+                        RouteOptions::new().ack_then_deliver(true),
+                    )
+                    .queue(queue.clone())
+                    .build()?;
+                spawn_worker(queue, &gateway, limit, &mut stop);
+                addrs.push(serve(gateway).await?);
+            }
+        }
+    }
     // An adaptive limit's value every 250 ms, until every copy is done.
     let line = Arc::new(Mutex::new(Vec::new()));
     let timeline = slots.map(|slots| {
@@ -259,18 +326,23 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
         })
     });
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let url = format!("http://{addr}{PATH}");
+    let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}{PATH}")).collect();
     let requests = Arc::new(AtomicUsize::new(0));
     let copies = args.transactions * args.duplicates;
     let barrier = Arc::new(tokio::sync::Barrier::new(copies));
     eprintln!("{label}: releasing {copies} copies");
     let started = Instant::now();
+    // The answers other than the success reply, by status and body.
+    let refused = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let mut tasks = Vec::with_capacity(copies);
     for n in 0..args.transactions {
         let body = format!(
-            r#"{{"id":"EV-OUTAGE-{n}","create_time":"2026-12-01T10:00:00+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功"}}"#
+            r#"{{"id":"EV-OUTAGE-{tag}-{n}","create_time":"2026-12-01T10:00:00+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功"}}"#
         );
-        for _ in 0..args.duplicates {
+        for copy in 0..args.duplicates {
+            // The copies of a notification spread over the instances, as a
+            // load balancer spreads them.
+            let url = &urls[(n + copy) % urls.len()];
             let (client, url, body, barrier, requests) = (
                 client.clone(),
                 url.clone(),
@@ -278,6 +350,7 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
                 barrier.clone(),
                 requests.clone(),
             );
+            let refused = refused.clone();
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
                 while started.elapsed() < GIVE_UP {
@@ -288,13 +361,26 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
                         .expect("a valid request");
                     let sent =
                         tokio::time::timeout(Duration::from_secs(5), client.request(req)).await;
-                    if let Ok(Ok(res)) = sent {
-                        let ok = res.status() == StatusCode::OK;
-                        let text = res.into_body().collect().await.map(|b| b.to_bytes());
-                        if ok && text.is_ok_and(|t| t == SUCCESS.as_bytes()) {
-                            return Some(started.elapsed());
+                    let answer = match sent {
+                        Ok(Ok(res)) => {
+                            let status = res.status();
+                            let text = res.into_body().collect().await.map(|b| b.to_bytes());
+                            match text {
+                                Ok(t) if status == StatusCode::OK && t == SUCCESS.as_bytes() => {
+                                    return Some(started.elapsed());
+                                }
+                                Ok(t) => format!(
+                                    "{} {}",
+                                    status.as_u16(),
+                                    String::from_utf8_lossy(&t[..t.len().min(60)]).trim()
+                                ),
+                                Err(_) => format!("{} (body cut)", status.as_u16()),
+                            }
                         }
-                    }
+                        Ok(Err(_)) => "no answer (connection failed)".to_owned(),
+                        Err(_) => "no answer within 5 s".to_owned(),
+                    };
+                    *refused.lock().unwrap().entry(answer).or_insert(0) += 1;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 None
@@ -302,6 +388,15 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
         }
     }
     let mut first_ack: Vec<Option<Duration>> = vec![None; args.transactions];
+    let answers = |refused: &Mutex<HashMap<String, usize>>| {
+        let refused = refused.lock().unwrap();
+        let mut all: Vec<_> = refused
+            .iter()
+            .map(|(a, n)| format!("{n} x {a:?}"))
+            .collect();
+        all.sort();
+        all.join(", ")
+    };
     let (mut copies_acked, mut last_copy) = (0, Duration::ZERO);
     for (i, t) in tasks.into_iter().enumerate() {
         if let Some(at) = t.await? {
@@ -310,6 +405,9 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
             copies_acked += 1;
             last_copy = last_copy.max(at);
         }
+    }
+    if !refused.lock().unwrap().is_empty() {
+        println!("{label}: answers other than success: {}", answers(&refused));
     }
     if let Some(t) = timeline {
         t.abort();
@@ -327,8 +425,10 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
         true => fragile.last_new.lock().unwrap().map(|at| at - started),
         false => None,
     };
-    if let Some((stop, file)) = _stop {
-        let _ = stop.send(());
+    for worker in stop.workers {
+        let _ = worker.send(());
+    }
+    if let Some(file) = stop.file {
         let _ = std::fs::remove_file(file);
     }
     let acked = first_ack.iter().filter(|a| a.is_some()).count();

@@ -426,6 +426,40 @@ mod tests {
     }
 
     #[test]
+    fn it_follows_the_shared_breaker_and_keeps_its_votes_for_a_fallback() {
+        let mut b = Breaker::new(3, Duration::from_secs(30));
+        let t = Instant::now();
+        // The shared one judged: these votes open nothing here...
+        for i in 0..5u64 {
+            b.record_shared(i, false, Some(false), t, BreakerState::Closed, &lane());
+        }
+        assert_eq!(b.gauge(), 0);
+        assert!(b.failed_before(2), "the votes are kept");
+        // ...but open it when the shared one says so.
+        let left = Duration::from_secs(10);
+        b.follow(BreakerState::Open(left), t, &lane());
+        assert_eq!(b.gate(t), Gate::Open(left));
+        // Half-open: only its own probes count here; the shared one says
+        // how many more may go (so this one never waits for good).
+        let end = t + left;
+        b.follow(BreakerState::HalfOpen, end, &lane());
+        b.start_probe(7, true);
+        b.start_probe(8, true);
+        b.start_probe(9, true);
+        assert_eq!(b.gate(end), Gate::Wait);
+        b.record_shared(7, true, Some(false), end, BreakerState::HalfOpen, &lane());
+        assert_eq!(b.gate(end), Gate::Probe, "two under way here");
+        b.record_shared(8, true, Some(true), end, BreakerState::Closed, &lane());
+        assert_eq!(b.gauge(), 0);
+        // The shared one cannot answer: this one judges alone again, on a
+        // fresh window (closing forgot the votes).
+        for i in 20..23u64 {
+            b.record(i, false, Some(false), end, &lane());
+        }
+        assert_eq!(b.gauge(), 1);
+    }
+
+    #[test]
     fn a_fresh_probe_failing_opens_it_again() {
         let mut b = Breaker::new(1, Duration::from_secs(30));
         let t = Instant::now();
