@@ -354,3 +354,111 @@ async fn a_slow_lane_does_not_starve_the_others() {
         "the fast route's entry waited behind the slow route's"
     );
 }
+
+/// A memory queue whose shared breaker cannot answer (as a Redis queue's
+/// while Redis is unreachable).
+#[derive(Clone, Debug)]
+struct Unanswering(MemoryQueue);
+
+fn unanswered() -> tower_idempotency::queue::QueueError {
+    tower_idempotency::queue::QueueError::new("the shared breaker is unreachable")
+}
+
+mod unanswering {
+    use super::*;
+    use tower_idempotency::queue::{
+        BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, QueueError, QueueStats,
+    };
+
+    type Answer = Result<Option<BreakerState>, QueueError>;
+
+    impl Queue for Unanswering {
+        async fn ingest(&self, m: Message) -> Result<Ingested, QueueError> {
+            self.0.ingest(m).await
+        }
+        async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+            self.0.fetch(max, lease).await
+        }
+        async fn breaker_state(&self, _lane: &str) -> Answer {
+            Err(unanswered())
+        }
+        async fn breaker_vote(&self, _: &str, _: u64, _: bool, _: BreakerRule) -> Answer {
+            Err(unanswered())
+        }
+        async fn take_probe(&self, _: &str, _: BreakerRule, _: Duration) -> Answer {
+            Err(unanswered())
+        }
+        async fn settle_probe(
+            &self,
+            _: &str,
+            _: u64,
+            _: Option<bool>,
+            _: bool,
+            _: BreakerRule,
+        ) -> Answer {
+            Err(unanswered())
+        }
+        async fn ack(&self, d: &Delivery) -> Result<bool, QueueError> {
+            self.0.ack(d).await
+        }
+        async fn retry(&self, d: &Delivery, after: Duration, e: &str) -> Result<bool, QueueError> {
+            self.0.retry(d, after, e).await
+        }
+        async fn postpone(
+            &self,
+            d: &Delivery,
+            after: Duration,
+            e: &str,
+        ) -> Result<bool, QueueError> {
+            self.0.postpone(d, after, e).await
+        }
+        async fn dead_letter(&self, d: &Delivery, e: &str) -> Result<bool, QueueError> {
+            self.0.dead_letter(d, e).await
+        }
+        async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+            self.0.dead_letters(limit).await
+        }
+        async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+            self.0.replay(id).await
+        }
+        async fn replay_all(&self) -> Result<usize, QueueError> {
+            self.0.replay_all().await
+        }
+        async fn stats(&self) -> Result<QueueStats, QueueError> {
+            self.0.stats().await
+        }
+    }
+}
+
+/// A queue whose shared breaker cannot answer stops nothing and doubles
+/// nothing: the worker's own breaker judges alone (it opens after its own
+/// failures and probes on its own), and every entry is delivered once.
+#[tokio::test]
+async fn a_shared_breaker_that_cannot_answer_leaves_the_worker_its_own() {
+    let inner = MemoryQueue::new();
+    queue_of(5, "/a", &inner).await;
+    let queue = Unanswering(inner);
+    let up = Arc::new(Upstream::default());
+    up.failing.store(true, Ordering::SeqCst);
+    let mut worker = Worker::new(queue.clone(), service(up.clone()))
+        .concurrency(1)
+        .breaker(2, Duration::from_millis(300))
+        .backoff(Duration::from_millis(10), Duration::from_millis(10))
+        .max_attempts(10);
+    let round = worker.run_once().await.unwrap();
+    assert_eq!(up.calls.load(Ordering::SeqCst), 2, "calls before it opened");
+    assert_eq!((round.retried, round.paused), (2, 3), "{round:?}");
+    up.failing.store(false, Ordering::SeqCst);
+    let mut tries = 0;
+    while queue.stats().await.unwrap().depth > 0 && tries < 100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        worker.run_once().await.unwrap();
+        tries += 1;
+    }
+    assert_eq!(queue.stats().await.unwrap().depth, 0);
+    assert_eq!(
+        up.calls.load(Ordering::SeqCst),
+        7,
+        "5 delivered once, 2 failed before"
+    );
+}
