@@ -27,8 +27,10 @@ pub(crate) const MAX_PROBES: u32 = 3;
 
 /// The share of failed votes that opens the breaker, in per mille (for the
 /// shared breaker's script).
+#[cfg(feature = "redis")]
 pub(crate) const FAILURE_PER_MILLE: u32 = (FAILURE_RATE * 1000.0) as u32;
 /// The most votes kept, for the shared breaker's script.
+#[cfg(feature = "redis")]
 pub(crate) const MAX_SHARED_VOTES: usize = MAX_VOTES;
 
 /// Where a lane's breaker shared by every instance on a queue stands, as

@@ -629,7 +629,7 @@ async fn judged<Q: Queue>(
 /// The shared breaker could not answer: counted each time, logged at most
 /// every [`SHARED_WARNING_EVERY`] (it is asked before and after every
 /// delivery).
-fn shared_failed(config: &Config, lane: &Arc<str>, _e: &QueueError) {
+fn shared_failed(_config: &Config, lane: &Arc<str>, _e: &QueueError) {
     use std::sync::atomic::{AtomicU64, Ordering};
     static WARNED: AtomicU64 = AtomicU64::new(0);
     super::metrics::breaker_shared_error(lane);
@@ -643,7 +643,7 @@ fn shared_failed(config: &Config, lane: &Arc<str>, _e: &QueueError) {
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     {
-        crate::outcome::log_warn!(queue = %config.name, route = %lane, error = %_e, "the circuit breaker shared on the queue cannot answer; this instance's own breaker judges alone meanwhile (logged at most every 10 s; idempotency_breaker_shared_errors_total counts each)");
+        crate::outcome::log_warn!(queue = %_config.name, route = %lane, error = %_e, "the circuit breaker shared on the queue cannot answer; this instance's own breaker judges alone meanwhile (logged at most every 10 s; idempotency_breaker_shared_errors_total counts each)");
     }
 }
 
