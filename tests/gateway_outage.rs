@@ -13,6 +13,9 @@
 //!   more than 20 at once.
 //! - The same with three gateways on one Redis Streams queue (and one Redis
 //!   store): `deliver_concurrency = 20` holds for all of them together.
+//! - Three gateways on one Redis queue against an upstream that fails
+//!   everything: the breaker is shared, at most 3 probes per cooldown for
+//!   all of them together, and everything is delivered once when it is back.
 //! - Today's behaviour (no limit: the default cap of 1024 is far above what
 //!   this upstream bears): the backlog knocks it over.
 //!
