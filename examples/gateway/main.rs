@@ -213,7 +213,9 @@ fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
 /// `calls` (none: a cap of its own, for `--check-config`).
 fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
     let mut builder =
-        Forward::builder(settings.upstream.clone()).timeout(settings.upstream_timeout);
+        Forward::builder(settings.upstream.clone())
+            .timeout(settings.upstream_timeout)
+            .accept_traceparent(settings.accept_traceparent);
     if let Some(calls) = calls {
         builder = builder.call_limit(calls.clone());
     }

@@ -278,10 +278,12 @@ where
                     }
                 }
                 let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
-                Some((
-                    probe,
-                    ready.map(|()| self.service.call(delivery.message.clone())),
-                ))
+                let span = crate::span::deliver(&delivery.message, delivery.attempt);
+                let call = ready.map(|()| {
+                    let _entered = span.enter();
+                    self.service.call(delivery.message.clone())
+                });
+                Some((probe, call.map(|fut| crate::span::instrument(fut, span))))
             }
             _ => None,
         };
