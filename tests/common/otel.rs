@@ -24,7 +24,14 @@ impl Traces {
             .with_simple_exporter(exporter.clone())
             .build();
         let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("tests"));
+        // With one subscriber registered, tracing caches a callsite's
+        // interest from the thread that hits it first: another test's
+        // thread, with no subscriber, would switch it off for every
+        // thread. A second one keeps the cache per thread.
+        static SECOND: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+        tracing::callsite::rebuild_interest_cache();
         Self {
             exporter,
             _provider: provider,
