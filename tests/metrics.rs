@@ -96,7 +96,10 @@ mod traces {
         format!(r#"{{"id":"{id}","event_type":"TRANSACTION.SUCCESS","resource":{{}}}}"#)
     }
 
-    fn gateway(up: &Upstream, f: impl FnOnce(GatewayBuilder<MemoryStore>) -> GatewayBuilder<MemoryStore>) -> Gateway<MemoryStore> {
+    fn gateway(
+        up: &Upstream,
+        f: impl FnOnce(GatewayBuilder<MemoryStore>) -> GatewayBuilder<MemoryStore>,
+    ) -> Gateway<MemoryStore> {
         let forward = Forward::new(up.url().parse().unwrap());
         let builder = Gateway::builder(forward, MemoryStore::new())
             .route("/wx", Target::Preset(Preset::wechatpay_v3()));
@@ -110,9 +113,21 @@ mod traces {
         let traces = Traces::start();
         let up = Upstream::start().await;
         let gw = gateway(&up, |b| b);
-        let first = read(gw.clone().oneshot(request("/wx", JSON, wechat("ORDER-SECRET-7"))).await.unwrap()).await;
+        let first = read(
+            gw.clone()
+                .oneshot(request("/wx", JSON, wechat("ORDER-SECRET-7")))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(first.status, 200);
-        let again = read(gw.clone().oneshot(request("/wx", JSON, wechat("ORDER-SECRET-7"))).await.unwrap()).await;
+        let again = read(
+            gw.clone()
+                .oneshot(request("/wx", JSON, wechat("ORDER-SECRET-7")))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(again.status, 200);
         assert_eq!(up.total(), 1);
 
@@ -121,10 +136,16 @@ mod traces {
         let (run, replayed) = (&requests[0], &requests[1]);
         // A request with no caller's context starts a trace of its own.
         assert_eq!(run.parent_span_id, SpanId::INVALID);
-        assert_ne!(run.span_context.trace_id(), replayed.span_context.trace_id());
+        assert_ne!(
+            run.span_context.trace_id(),
+            replayed.span_context.trace_id()
+        );
         let claim = traces.child(run, "claim");
         let upstream = traces.child(run, "upstream");
-        assert!(claim.end_time <= upstream.start_time, "claimed, then called");
+        assert!(
+            claim.end_time <= upstream.start_time,
+            "claimed, then called"
+        );
         assert_eq!(attr(run, "preset").as_deref(), Some("wechatpay-v3"));
         assert_eq!(attr(run, "outcome").as_deref(), Some("executed"));
         traces.child(replayed, "claim");
@@ -136,11 +157,17 @@ mod traces {
         let seen = up.last("/wx");
         let key_hash = attr(run, "key_hash").unwrap();
         assert_eq!(key_hash.len(), 16);
-        assert!(seen.headers["idempotency-key"].to_str().unwrap().starts_with(&key_hash));
+        assert!(seen.headers["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .starts_with(&key_hash));
         assert_eq!(attr(replayed, "key_hash"), Some(key_hash));
         // Never the key, nor the body.
         for value in all_values(&traces.spans()) {
-            assert!(!value.contains("ORDER-SECRET-7"), "the key in an attribute: {value}");
+            assert!(
+                !value.contains("ORDER-SECRET-7"),
+                "the key in an attribute: {value}"
+            );
         }
 
         // The upstream's call is a child of the `upstream` span: its trace joins ours.
@@ -159,7 +186,14 @@ mod traces {
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
             }));
         let body = r#"{"id":"evt_1","type":"payment_intent.succeeded"}"#;
-        let res = svc.oneshot(request("/stripe", &[("stripe-signature", "t=1,v1=00")], body)).await.unwrap();
+        let res = svc
+            .oneshot(request(
+                "/stripe",
+                &[("stripe-signature", "t=1,v1=00")],
+                body,
+            ))
+            .await
+            .unwrap();
         assert_eq!(res.status(), 401);
         let request = &traces.named("idempotency")[0];
         traces.child(request, "verify");
@@ -177,33 +211,59 @@ mod traces {
         let up = Upstream::start().await;
         let client = [
             ("content-type", "application/json"),
-            ("traceparent", &*format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")),
+            (
+                "traceparent",
+                &*format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"),
+            ),
             ("tracestate", "vendor=client"),
         ];
         let client_trace = TraceId::from_hex(CLIENT_TRACE).unwrap();
 
         // By default: a trace of our own, and the client's never reaches the upstream.
         let gw = gateway(&up, |b| b);
-        let res = read(gw.oneshot(request("/wx", &client, wechat("EV-1"))).await.unwrap()).await;
+        let res = read(
+            gw.oneshot(request("/wx", &client, wechat("EV-1")))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(res.status, 200);
         let ours = traces.named("idempotency").pop().unwrap();
         assert_ne!(ours.span_context.trace_id(), client_trace);
         assert_eq!(ours.parent_span_id, SpanId::INVALID);
         let seen = up.last("/wx");
-        assert_eq!(traceparent(&seen.headers["traceparent"]).0, ours.span_context.trace_id());
-        assert!(seen.headers.get("tracestate").is_none(), "{:?}", seen.headers);
+        assert_eq!(
+            traceparent(&seen.headers["traceparent"]).0,
+            ours.span_context.trace_id()
+        );
+        assert!(
+            seen.headers.get("tracestate").is_none(),
+            "{:?}",
+            seen.headers
+        );
 
         // Accepted: the request's span continues the client's trace.
         let gw = gateway(&up, |b| b.accept_traceparent(true));
-        let res = read(gw.oneshot(request("/wx", &client, wechat("EV-2"))).await.unwrap()).await;
+        let res = read(
+            gw.oneshot(request("/wx", &client, wechat("EV-2")))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(res.status, 200);
         let followed = traces.named("idempotency").pop().unwrap();
         assert_eq!(followed.span_context.trace_id(), client_trace);
-        assert_eq!(followed.parent_span_id, SpanId::from_hex(CLIENT_SPAN).unwrap());
+        assert_eq!(
+            followed.parent_span_id,
+            SpanId::from_hex(CLIENT_SPAN).unwrap()
+        );
         let upstream = traces.child(&followed, "upstream");
         let seen = up.last("/wx");
         let (trace, parent) = traceparent(&seen.headers["traceparent"]);
-        assert_eq!((trace, parent), (client_trace, upstream.span_context.span_id()));
+        assert_eq!(
+            (trace, parent),
+            (client_trace, upstream.span_context.span_id())
+        );
         assert_eq!(seen.headers["tracestate"], "vendor=client");
     }
 }

@@ -151,7 +151,10 @@ async fn a_delivery_links_to_its_ingest_and_sends_its_own_trace_upstream() {
         SUCCESS,
         "queued",
     );
-    let ingest = traces.named("idempotency").pop().expect("the ingest's span");
+    let ingest = traces
+        .named("idempotency")
+        .pop()
+        .expect("the ingest's span");
     assert_eq!(attr(&ingest, "outcome").as_deref(), Some("executed"));
     assert_eq!(ingest.parent_span_id, SpanId::INVALID);
     let queued = queue.fetch(1, Duration::ZERO).await.unwrap()[0]
@@ -172,13 +175,19 @@ async fn a_delivery_links_to_its_ingest_and_sends_its_own_trace_upstream() {
     assert_eq!(worker.run_once().await.unwrap().delivered, 1);
     let deliver = traces.named("deliver").pop().expect("a deliver span");
     assert_eq!(deliver.parent_span_id, SpanId::INVALID, "a root of its own");
-    assert_ne!(deliver.span_context.trace_id(), ingest.span_context.trace_id());
+    assert_ne!(
+        deliver.span_context.trace_id(),
+        ingest.span_context.trace_id()
+    );
     let links: Vec<_> = deliver
         .links
         .iter()
         .map(|l| (l.span_context.trace_id(), l.span_context.span_id()))
         .collect();
-    let ingested = (ingest.span_context.trace_id(), ingest.span_context.span_id());
+    let ingested = (
+        ingest.span_context.trace_id(),
+        ingest.span_context.span_id(),
+    );
     assert_eq!(links, [ingested], "linked to the ingest");
     assert_eq!(attr(&deliver, "route").as_deref(), Some("/wx"));
     assert_eq!(attr(&deliver, "attempt").as_deref(), Some("2"));

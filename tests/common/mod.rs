@@ -5,9 +5,9 @@
 
 pub mod faults;
 // Also included by `support_redis`; a test may include both.
+pub mod otel;
 #[allow(clippy::duplicate_mod)]
 mod port;
-pub mod otel;
 pub mod scenarios;
 pub mod upstream;
 pub mod vectors;

@@ -46,7 +46,10 @@ impl Traces {
 
     /// The spans named `name` that ended, in the order they ended.
     pub fn named(&self, name: &str) -> Vec<SpanData> {
-        self.spans().into_iter().filter(|s| s.name == name).collect()
+        self.spans()
+            .into_iter()
+            .filter(|s| s.name == name)
+            .collect()
     }
 
     /// The one span named `name` whose parent is `parent`.
