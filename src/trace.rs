@@ -58,10 +58,12 @@ use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The W3C header of the trace and the parent span.
-pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+#[cfg(any(feature = "queue", feature = "proxy"))]
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The W3C header of the vendors' trace state.
-pub(crate) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+#[cfg(feature = "proxy")]
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Writes the context of the current `tracing` span (its OpenTelemetry
 /// context: `traceparent`, and `tracestate` when it has one) into
@@ -93,6 +95,7 @@ pub fn extract(headers: &HeaderMap) -> Context {
 }
 
 /// Removes a client's `traceparent` and `tracestate`.
+#[cfg(feature = "proxy")]
 pub(crate) fn strip(headers: &mut HeaderMap) {
     headers.remove(TRACEPARENT);
     headers.remove(TRACESTATE);

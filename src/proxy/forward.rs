@@ -53,9 +53,9 @@ use tower_service::Service;
 /// never cache them. The service never returns `Err`.
 ///
 /// With the `otel` feature the upstream also gets the W3C `traceparent`
-/// (and `tracestate`) of the span the call runs in (see [`crate::trace`]);
-/// a client's own are dropped first unless
-/// [`accept_traceparent`](ForwardBuilder::accept_traceparent) is on.
+/// (and `tracestate`) of the span the call runs in (see the `trace`
+/// module); a client's own are dropped first unless `accept_traceparent`
+/// is on.
 #[derive(Clone)]
 pub struct Forward {
     /// Cloned for every request: one reference count, not the client's
