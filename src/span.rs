@@ -7,8 +7,28 @@
 //! no field is computed (the key's hash included) and nothing is
 //! allocated. Without the feature the spans are a unit type and vanish.
 
+/// A span of the crate: boxed, and nothing (one null pointer) when nobody
+/// listens, so that the futures that hold one stay as small as they were.
 #[cfg(feature = "tracing")]
-pub(crate) use tracing::Span;
+#[derive(Debug, Default)]
+pub(crate) struct Span(Option<Box<tracing::Span>>);
+
+#[cfg(feature = "tracing")]
+impl Span {
+    fn new(span: tracing::Span) -> Self {
+        Self((!span.is_disabled()).then(|| Box::new(span)))
+    }
+
+    /// Enters the span until the guard drops.
+    pub(crate) fn enter(&self) -> Option<tracing::span::Entered<'_>> {
+        self.0.as_deref().map(tracing::Span::enter)
+    }
+
+    /// Enters the span until the returned guard drops, which closes it.
+    pub(crate) fn entered(self) -> Option<tracing::span::EnteredSpan> {
+        self.0.map(|span| (*span).entered())
+    }
+}
 
 /// Without `tracing`: no span at all.
 #[cfg(not(feature = "tracing"))]
@@ -32,7 +52,7 @@ impl Span {
 #[cfg(feature = "tracing")]
 macro_rules! span {
     ($($t:tt)*) => {
-        tracing::info_span!(target: "tower_idempotency", $($t)*)
+        Span::new(tracing::info_span!(target: "tower_idempotency", $($t)*))
     };
 }
 
@@ -99,7 +119,7 @@ pub(crate) fn deliver(message: &crate::queue::Message, attempt: u32) -> Span {
     if !span.is_disabled() {
         crate::trace::link_to_ingest(&span, &message.headers);
     }
-    span
+    Span::new(span)
 }
 
 /// Without `tracing`: no span.
@@ -112,9 +132,9 @@ pub(crate) fn deliver(_message: &crate::queue::Message, _attempt: u32) -> Span {
 /// outcome) on its `idempotency` span; nothing when nobody listens.
 #[cfg(feature = "tracing")]
 pub(crate) fn record_answer<B>(span: &Span, res: &http::Response<B>) {
-    if span.is_disabled() {
+    let Some(span) = span.0.as_deref() else {
         return;
-    }
+    };
     if let Some(key) = res.extensions().get::<crate::IdempotencyKey>() {
         span.record("preset", key.preset());
         span.record("key_hash", tracing::field::display(KeyHash(key.as_str())));
@@ -131,17 +151,39 @@ pub(crate) fn record_answer<B>(_span: &Span, _res: &http::Response<B>) {}
 /// `fut` inside `span`: the span is entered at every poll (wherever the
 /// future is moved, a spawned task included).
 #[cfg(feature = "tracing")]
-pub(crate) fn instrument<F: std::future::Future>(
-    fut: F,
-    span: Span,
-) -> tracing::instrument::Instrumented<F> {
-    tracing::Instrument::instrument(fut, span)
+pub(crate) fn instrument<F: std::future::Future>(fut: F, span: Span) -> InSpan<F> {
+    InSpan { fut, span }
 }
 
 /// Without `tracing`: `fut` itself.
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn instrument<F: std::future::Future>(fut: F, _span: Span) -> F {
     fut
+}
+
+#[cfg(feature = "tracing")]
+pin_project_lite::pin_project! {
+    /// A future inside a [`Span`] (tracing's `Instrumented`, one pointer
+    /// wide).
+    pub(crate) struct InSpan<F> {
+        #[pin]
+        fut: F,
+        span: Span,
+    }
+}
+
+#[cfg(feature = "tracing")]
+impl<F: std::future::Future> std::future::Future for InSpan<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.fut.poll(cx)
+    }
 }
 
 /// The `key_hash` of a stored key: the first 16 hex digits of its SHA-256,
