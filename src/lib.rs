@@ -115,7 +115,8 @@
 //! | `queue` | durable queues: `queue::RedbQueue` (one node), `queue::MemoryQueue` (tests), `queue::Worker` |
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor, and with `verify` the decrypted WeChat Pay v3 resource (`verify::DecryptedResource`); the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
-//! | `tracing` | warnings on mismatches, store failures, lost leases and panics |
+//! | `tracing` | warnings on mismatches, store failures, lost leases and panics, and a span per request (`idempotency`, with `verify`, `claim`, `upstream` and `replay` under it) and per queued delivery (`deliver`), carrying the preset, the key's hash and the outcome |
+//! | `otel` | with `tracing`, [`trace`]: W3C `traceparent` / `tracestate` sent to the upstream on every call (queued deliveries included), stored with each queued notification so that its delivery links to the ingest's span, and the crate's spans as OpenTelemetry spans through `tracing-opentelemetry` |
 //! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
 //! | `journal` | `journal::Journal`: one record per notification key (copies, outcomes, the upstream's answer) in a redb file, written off the request path |
@@ -131,6 +132,10 @@
 #![cfg_attr(
     not(feature = "proxy"),
     doc = "\n\n[`proxy`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/proxy/index.html"
+)]
+#![cfg_attr(
+    not(feature = "otel"),
+    doc = "\n\n[`trace`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/trace/index.html"
 )]
 #![forbid(unsafe_code)]
 #![warn(
@@ -163,8 +168,12 @@ pub mod proxy;
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
 pub mod shed;
+mod span;
 pub mod store;
 pub mod token;
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod trace;
 pub mod verify;
 
 pub use body::{BoxError, ResponseBody};

@@ -2,7 +2,8 @@
 //! reply only for a queued (or already queued) notification, the failure
 //! reply for a queue error or a fingerprint mismatch, and delivery through
 //! the dedup layer (an entry handed out twice reaches the upstream once,
-//! even while its first delivery hangs past its lease).
+//! even while its first delivery hangs past its lease); a delivery's span
+//! links to its ingest's, and the upstream gets the delivery's trace.
 
 mod common;
 
@@ -119,6 +120,88 @@ async fn queued_once_success_reply_then_delivered_once_through_dedup() {
     assert_eq!(worker.run_once().await.unwrap().delivered, 1);
     assert_eq!(up.total(), 1);
     assert_eq!(queue.stats().await.unwrap().depth, 0);
+}
+
+#[tokio::test]
+async fn a_delivery_links_to_its_ingest_and_sends_its_own_trace_upstream() {
+    use common::otel::{attr, traceparent, Traces};
+    use opentelemetry::trace::SpanId;
+    let traces = Traces::start();
+    let (forward, up) = upstream().await;
+    let queue = MemoryQueue::new();
+    let gateway = Gateway::builder(forward, MemoryStore::new())
+        .queue(queue.clone())
+        .route_with("/wx", Target::Preset(Preset::wechatpay_v3()), acked())
+        .build()
+        .unwrap();
+    // A client's traceparent is not what the queue keeps.
+    let req = request(
+        "/wx",
+        &[
+            ("content-type", "application/json"),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        ],
+        wechat("EV-T1", "TRANSACTION.SUCCESS"),
+    );
+    check(
+        &read(gateway.clone().oneshot(req).await.unwrap()).await,
+        SUCCESS,
+        "queued",
+    );
+    let ingest = traces
+        .named("idempotency")
+        .pop()
+        .expect("the ingest's span");
+    assert_eq!(attr(&ingest, "outcome").as_deref(), Some("executed"));
+    assert_eq!(ingest.parent_span_id, SpanId::INVALID);
+    let queued = queue.fetch(1, Duration::ZERO).await.unwrap()[0]
+        .message
+        .clone();
+    let (trace, parent) = traceparent(&queued.headers["traceparent"]);
+    assert_eq!(
+        (trace, parent),
+        (
+            ingest.span_context.trace_id(),
+            ingest.span_context.span_id()
+        ),
+        "the ingest's context is stored with the notification"
+    );
+
+    // The lease of that fetch ran out: the worker delivers it.
+    let mut worker = Worker::new(queue.clone(), gateway.deliverer());
+    assert_eq!(worker.run_once().await.unwrap().delivered, 1);
+    let deliver = traces.named("deliver").pop().expect("a deliver span");
+    assert_eq!(deliver.parent_span_id, SpanId::INVALID, "a root of its own");
+    assert_ne!(
+        deliver.span_context.trace_id(),
+        ingest.span_context.trace_id()
+    );
+    let links: Vec<_> = deliver
+        .links
+        .iter()
+        .map(|l| (l.span_context.trace_id(), l.span_context.span_id()))
+        .collect();
+    let ingested = (
+        ingest.span_context.trace_id(),
+        ingest.span_context.span_id(),
+    );
+    assert_eq!(links, [ingested], "linked to the ingest");
+    assert_eq!(attr(&deliver, "route").as_deref(), Some("/wx"));
+    assert_eq!(attr(&deliver, "attempt").as_deref(), Some("2"));
+    assert_eq!(attr(&deliver, "key_hash"), attr(&ingest, "key_hash"));
+    // Under it the route's stack: the dedup layer's claim and the upstream call.
+    let delivered = traces.child(&deliver, "idempotency");
+    traces.child(&delivered, "claim");
+    let call = traces.child(&delivered, "upstream");
+    let seen = up.last("/wx");
+    assert_eq!(
+        traceparent(&seen.headers["traceparent"]),
+        (deliver.span_context.trace_id(), call.span_context.span_id()),
+        "the upstream joins the delivery's trace"
+    );
 }
 
 #[tokio::test]

@@ -136,6 +136,11 @@ pub struct Args {
     /// PEM CA certificates trusted for an https:// upstream, besides the Mozilla roots
     #[arg(long, value_name = "FILE", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+    /// Follow a client's own W3C `traceparent` / `tracestate`: its request joins the
+    /// client's trace. Off by default: payment channels send none, a client's are dropped
+    /// and every request starts a trace of its own
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_ACCEPT_TRACEPARENT")]
+    pub accept_traceparent: bool,
     /// Most client connections open at once; more wait to be accepted (default 10000)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_MAX_CONNECTIONS", value_parser = parse::count)]
     pub max_connections: Option<usize>,

@@ -62,6 +62,7 @@ struct File {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     upstream_ca: Option<PathBuf>,
+    accept_traceparent: Option<bool>,
     max_connections: Option<Spanned<u64>>,
     workers: Option<Spanned<u64>>,
     header_timeout: Field,
@@ -113,6 +114,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub upstream_ca: Option<PathBuf>,
+    /// Whether a client's `traceparent` is followed (`--accept-traceparent`).
+    pub accept_traceparent: bool,
     pub max_connections: usize,
     /// Serving threads.
     pub workers: usize,
@@ -291,6 +294,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .unwrap_or(Duration::from_secs(30)),
         tls,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        accept_traceparent: args.accept_traceparent || file.accept_traceparent.unwrap_or(false),
         max_connections: args
             .max_connections
             .or(at.number(&file.max_connections, "max_connections", parse::count)?)

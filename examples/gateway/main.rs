@@ -212,8 +212,9 @@ fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
 /// A forwarder to the upstream; every one shares the cap on upstream calls
 /// `calls` (none: a cap of its own, for `--check-config`).
 fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
-    let mut builder =
-        Forward::builder(settings.upstream.clone()).timeout(settings.upstream_timeout);
+    let mut builder = Forward::builder(settings.upstream.clone())
+        .timeout(settings.upstream_timeout)
+        .accept_traceparent(settings.accept_traceparent);
     if let Some(calls) = calls {
         builder = builder.call_limit(calls.clone());
     }

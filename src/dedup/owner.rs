@@ -164,8 +164,11 @@ impl<S, St: Store> Owner<S, St> {
             let_go: false,
         };
         let verdict = {
-            let work =
-                AssertUnwindSafe(serve(&mut inner, req, &mut link, &config, &clock)).catch_unwind();
+            let work = crate::span::instrument(
+                serve(&mut inner, req, &mut link, &config, &clock),
+                crate::span::upstream(),
+            );
+            let work = AssertUnwindSafe(work).catch_unwind();
             // One timer serves the renewals and the run limit; a call that
             // is over at its first poll registers none.
             let work = renewing(work, &guard, &config, &clock);

@@ -84,8 +84,8 @@ impl<S, St: Store> Run<S, St> {
                 "claim",
                 self.store
                     .claim(self.key.as_str(), fingerprint, token, self.config.lease),
-            )
-            .await;
+            );
+            let claim = crate::span::instrument(claim, crate::span::claim()).await;
             let claim = match claim {
                 Ok(claim) => claim,
                 Err(e) => {
@@ -110,6 +110,7 @@ impl<S, St: Store> Run<S, St> {
                         Outcome::Replayed
                     };
                     outcome::record(self.key.preset_arc(), outcome);
+                    let _span = crate::span::replay().entered();
                     return Ok(replay(record, outcome));
                 }
                 Claim::InFlight {

@@ -325,12 +325,18 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let grpc = is_grpc(req.headers());
+        // The request's span, the outermost of the stack's: the layers
+        // behind open theirs under it.
+        let span = crate::span::request();
+        let fut = {
+            let _entered = span.enter();
+            self.inner.call(req)
+        };
         ResponseFuture {
-            state: State::Call {
-                fut: self.inner.call(req),
-            },
+            state: State::Call { fut },
             reply: self.reply.clone(),
             grpc,
+            span,
         }
     }
 }
@@ -347,6 +353,7 @@ pin_project! {
         state: State<F, B>,
         reply: Arc<Reply>,
         grpc: bool,
+        span: crate::span::Span,
     }
 }
 
@@ -375,10 +382,12 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let _entered = this.span.enter();
         loop {
             match this.state.as_mut().project() {
                 StateProj::Call { fut } => {
                     let res = ready!(fut.poll(cx))?;
+                    crate::span::record_answer(this.span, &res);
                     if *this.grpc && !res.status().is_success() && !is_grpc(res.headers()) {
                         return Poll::Ready(Ok(grpc_refusal(res)));
                     }

@@ -35,6 +35,8 @@ pub struct GatewayBuilder<S> {
     bodies: BodyLimits,
     stores: Option<PickStore<S>>,
     capture: bool,
+    #[cfg(feature = "otel")]
+    accept_traceparent: Option<bool>,
 }
 
 /// The function that picks a route's store for one of its presets.
@@ -63,6 +65,8 @@ impl<S: Store> Gateway<S> {
             bodies: BodyLimits::new(),
             stores: None,
             capture: false,
+            #[cfg(feature = "otel")]
+            accept_traceparent: None,
         }
     }
 }
@@ -153,6 +157,23 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// Whether a client's own `traceparent` and `tracestate` are followed
+    /// (see [`ForwardBuilder::accept_traceparent`](super::ForwardBuilder::accept_traceparent)):
+    /// on, a request that carries a valid `traceparent` runs in the
+    /// client's trace (the `idempotency` span takes it as parent) unless a
+    /// span of the program's is current, which then takes it itself (set
+    /// its parent with [`trace::extract`](crate::trace::extract)); off,
+    /// they are dropped and every request starts a trace of its own (or
+    /// joins the program's span). An acknowledge-then-deliver route stores
+    /// its ingest's context with the notification either way. Defaults to
+    /// the [`Forward`]'s setting (`false`).
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    pub fn accept_traceparent(mut self, accept: bool) -> Self {
+        self.accept_traceparent = Some(accept);
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
@@ -173,7 +194,14 @@ impl<S: Store> GatewayBuilder<S> {
             return Err(RouteError::AckThenDeliver(format!("{prefix}: {why}")));
         }
         let verified = verified_presets(self.routes.iter());
-        let (forward, store, tasks, queue) = (self.forward, self.store, self.tasks, self.queue);
+        #[cfg(feature = "otel")]
+        let forward = match self.accept_traceparent {
+            Some(accept) => self.forward.with_accept_traceparent(accept),
+            None => self.forward,
+        };
+        #[cfg(not(feature = "otel"))]
+        let forward = self.forward;
+        let (store, tasks, queue) = (self.store, self.tasks, self.queue);
         let bodies = self.bodies;
         let pick = self.stores;
         let capture = self.capture;
@@ -236,6 +264,8 @@ impl<S: Store> GatewayBuilder<S> {
                         let ingest = Ingest {
                             queue: queue.clone(),
                             verified: options.verifies(),
+                            #[cfg(feature = "otel")]
+                            accept_traceparent: forward.accepts_traceparent(),
                         };
                         let layer = options
                             .layer(preset.clone(), store_for(&preset))

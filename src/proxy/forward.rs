@@ -51,6 +51,11 @@ use tower_service::Service;
 /// `502 Bad Gateway`; one that does not answer in full within the timeout
 /// gets `504 Gateway Timeout`. Both are failures, so the idempotency layers
 /// never cache them. The service never returns `Err`.
+///
+/// With the `otel` feature the upstream also gets the W3C `traceparent`
+/// (and `tracestate`) of the span the call runs in (see the `trace`
+/// module); a client's own are dropped first unless `accept_traceparent`
+/// is on.
 #[derive(Clone)]
 pub struct Forward {
     /// Cloned for every request: one reference count, not the client's
@@ -59,6 +64,10 @@ pub struct Forward {
     timeout: Duration,
     /// A route's own cap, in front of the upstream's (guarded routes).
     route: Option<Arc<RouteLimit>>,
+    /// Whether a client's `traceparent` and `tracestate` go on upstream
+    /// (when no span's context replaces them).
+    #[cfg(feature = "otel")]
+    accept_traceparent: bool,
 }
 
 /// A route's cap on its calls in flight, its queue wait and its gauge.
@@ -93,6 +102,8 @@ pub struct ForwardBuilder {
     pool_idle_timeout: Duration,
     roots: Vec<CertificateDer<'static>>,
     calls: Option<CallLimit>,
+    #[cfg(feature = "otel")]
+    accept_traceparent: bool,
 }
 
 impl Forward {
@@ -109,6 +120,8 @@ impl Forward {
             pool_idle_timeout: Duration::from_secs(30),
             roots: Vec::new(),
             calls: None,
+            #[cfg(feature = "otel")]
+            accept_traceparent: false,
         }
     }
 
@@ -137,6 +150,24 @@ impl Forward {
             route: Some(Arc::new(limit)),
             ..self.clone()
         }
+    }
+
+    /// This forwarder following clients' `traceparent` or not (see
+    /// [`ForwardBuilder::accept_traceparent`]), sharing its connection pool.
+    #[cfg(feature = "otel")]
+    pub(crate) fn with_accept_traceparent(&self, accept: bool) -> Self {
+        Self {
+            accept_traceparent: accept,
+            ..self.clone()
+        }
+    }
+
+    /// Whether clients' `traceparent` and `tracestate` are followed (see
+    /// [`ForwardBuilder::accept_traceparent`]).
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    pub fn accepts_traceparent(&self) -> bool {
+        self.accept_traceparent
     }
 
     /// The cap on this upstream's calls in flight (see
@@ -178,6 +209,13 @@ impl Forward {
         set_forwarded(&mut parts.headers, conn, authority.as_deref());
         let claim = parts.extensions.get::<crate::store::ActiveClaim>();
         set_idempotency(&mut parts.headers, claim);
+        #[cfg(feature = "otel")]
+        {
+            if !self.accept_traceparent {
+                crate::trace::strip(&mut parts.headers);
+            }
+            crate::trace::inject(&mut parts.headers);
+        }
         parts.headers.insert(header::HOST, upstream.host().clone());
         parts.uri = uri;
         parts.version = Version::HTTP_11;
@@ -327,6 +365,20 @@ impl ForwardBuilder {
         self
     }
 
+    /// Whether a client's own `traceparent` and `tracestate` are followed:
+    /// forwarded as they came when no span's context replaces them, and
+    /// taken by a [`Gateway`](super::Gateway) as the parent of its request's
+    /// span when no span of the program's is current. Payment channels send
+    /// none, and a sender should not choose the trace its notification is
+    /// recorded in: off, they are dropped and the upstream gets the
+    /// gateway's own context only. Defaults to `false`.
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    pub fn accept_traceparent(mut self, accept: bool) -> Self {
+        self.accept_traceparent = accept;
+        self
+    }
+
     /// Trusts the PEM certificates in `pem` for `https://` upstreams, on top
     /// of the Mozilla roots (webpki-roots). Defaults to those roots only.
     pub fn add_root_certificates_pem(mut self, pem: &[u8]) -> Result<Self, BoxError> {
@@ -376,6 +428,8 @@ impl ForwardBuilder {
             }),
             timeout: self.timeout,
             route: None,
+            #[cfg(feature = "otel")]
+            accept_traceparent: self.accept_traceparent,
         }
     }
 }

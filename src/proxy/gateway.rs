@@ -163,6 +163,14 @@ pub(super) struct Shared<S> {
     pub(super) verified: Arc<[Verified]>,
 }
 
+impl<S> Shared<S> {
+    /// Whether clients' `traceparent` are followed.
+    #[cfg(feature = "otel")]
+    fn accepts_traceparent(&self) -> bool {
+        self.forward.accepts_traceparent()
+    }
+}
+
 impl<S> Clone for Gateway<S> {
     fn clone(&self) -> Self {
         Self {
@@ -464,6 +472,19 @@ where
     Ok(catching("gateway", gateway.handle(req)).await)
 }
 
+/// `fut` in the client's trace: under its context unless a span with a
+/// context is current when it starts (a server's request span, which then
+/// takes the client's context itself).
+#[cfg(feature = "otel")]
+async fn in_client_trace<F: Future>(client: opentelemetry::Context, fut: F) -> F::Output {
+    use opentelemetry::context::FutureExt;
+    if crate::trace::in_span() {
+        fut.await
+    } else {
+        fut.with_context(client).await
+    }
+}
+
 async fn issue_token<S: Store, B>(mut issuer: IssueToken<S>, req: Request<B>) -> GatewayResponse {
     if !matches!(*req.method(), Method::GET | Method::POST) {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST\n")
@@ -492,6 +513,12 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
+        #[cfg(feature = "otel")]
+        if this.shared.accepts_traceparent() {
+            if let Some(client) = crate::trace::client_context(req.headers()) {
+                return Box::pin(in_client_trace(client, catch_gateway(this, req)));
+            }
+        }
         // A panic anywhere below answers 500 instead of resetting the
         // connection (the preset's own stack counts it under its name).
         Box::pin(catch_gateway(this, req))

@@ -106,6 +106,10 @@ impl fmt::Debug for IngestFn {
 pub(crate) struct Ingest {
     pub(crate) queue: IngestFn,
     pub(crate) verified: bool,
+    /// Whether the client's `traceparent` is kept when no span's context
+    /// replaces it.
+    #[cfg(feature = "otel")]
+    pub(crate) accept_traceparent: bool,
 }
 
 impl Service<Request<KeyBody>> for Ingest {
@@ -141,6 +145,15 @@ impl Ingest {
         let conn = parts.extensions.get::<ClientConn>().copied();
         let authority = parts.uri.authority().map(|a| a.to_string());
         set_forwarded(&mut parts.headers, conn, authority.as_deref());
+        // The ingest's trace context goes with the notification: its
+        // delivery, on whichever instance, links to it.
+        #[cfg(feature = "otel")]
+        {
+            if !self.accept_traceparent {
+                crate::trace::strip(&mut parts.headers);
+            }
+            crate::trace::inject(&mut parts.headers);
+        }
         parts.extensions = http::Extensions::new();
         let req = Request::from_parts(parts, body);
         let copies = if self.verified {

@@ -326,9 +326,14 @@ where
                     }
                 }
                 let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
+                let span = crate::span::deliver(&delivery.message, delivery.attempt);
+                let call = ready.map(|()| {
+                    let _entered = span.enter();
+                    self.service.call(delivery.message.clone())
+                });
                 Some((
                     (probe, fresh),
-                    ready.map(|()| self.service.call(delivery.message.clone())),
+                    call.map(|fut| crate::span::instrument(fut, span)),
                 ))
             }
             _ => None,

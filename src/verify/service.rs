@@ -260,7 +260,11 @@ where
                     } else {
                         let body = std::mem::take(buf).into_bytes();
                         let verifier = config.verifier.as_ref().expect("verification is on");
-                        match verifier.verify(&mut parts, &body, (config.clock)()) {
+                        let verified = {
+                            let _span = crate::span::verify().entered();
+                            verifier.verify(&mut parts, &body, (config.clock)())
+                        };
+                        match verified {
                             Ok(verified) => {
                                 parts.extensions.insert(verified);
                                 let body = VerifyBody::verified(body);

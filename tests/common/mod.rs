@@ -1,10 +1,11 @@
 //! Shared test support: real hyper servers on loopback and a small client,
 //! the recording upstream, the table of channel vectors and the channel
-//! scenarios, the fault-injecting store.
+//! scenarios, the fault-injecting store, the in-memory trace exporter.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod faults;
 // Also included by `support_redis`; a test may include both.
+pub mod otel;
 #[allow(clippy::duplicate_mod)]
 mod port;
 pub mod scenarios;

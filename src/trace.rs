@@ -1,0 +1,166 @@
+//! W3C trace context (`traceparent`, `tracestate`) in and out of HTTP
+//! headers, for the crate's spans exported through OpenTelemetry.
+//!
+//! With the feature `otel`, the crate's `tracing` spans (`idempotency` per
+//! request, `verify`, `claim`, `upstream`, `replay` under it, `deliver` per
+//! queued delivery; target `tower_idempotency`, level INFO) carry an
+//! OpenTelemetry context once a
+//! [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry) layer
+//! is installed, and:
+//!
+//! - [`Forward`](crate::proxy::Forward) sends the context of the span it
+//!   runs in to the upstream on every call, queued deliveries included, so
+//!   the upstream's own trace joins the gateway's;
+//! - an acknowledge-then-deliver route stores its ingest's `traceparent`
+//!   with the queued notification, and the delivery's `deliver` span links
+//!   to it: one notification is one trace across instances, whichever
+//!   instance delivers it;
+//! - a client's own `traceparent` and `tracestate` are dropped (payment
+//!   channels send none, and a sender should not choose the gateway's trace
+//!   ids) unless the gateway is told to follow them
+//!   ([`GatewayBuilder::accept_traceparent`](crate::proxy::GatewayBuilder::accept_traceparent),
+//!   [`ForwardBuilder::accept_traceparent`](crate::proxy::ForwardBuilder::accept_traceparent)).
+//!
+//! The spans record `preset`, `key_hash` (the first 16 hex digits of the
+//! SHA-256 of the stored key) and `outcome`: never the key nor a body. A
+//! span nobody listens to costs a check of a cached flag: no field is
+//! computed and nothing is allocated.
+//!
+//! Headers are read and written through the global propagator
+//! ([`opentelemetry::global::set_text_map_propagator`]); install the W3C
+//! one (`opentelemetry_sdk::propagation::TraceContextPropagator`) with your
+//! exporter.
+//!
+//! ```
+//! use opentelemetry::trace::TraceContextExt;
+//! use opentelemetry_sdk::propagation::TraceContextPropagator;
+//!
+//! opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+//! let mut headers = http::HeaderMap::new();
+//! headers.insert(
+//!     "traceparent",
+//!     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap(),
+//! );
+//! let cx = tower_idempotency::trace::extract(&headers);
+//! let trace_id = cx.span().span_context().trace_id();
+//! assert_eq!(trace_id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+//!
+//! // Outside any span there is no context to send: nothing is written.
+//! let mut out = http::HeaderMap::new();
+//! tower_idempotency::trace::inject(&mut out);
+//! assert!(out.get("traceparent").is_none());
+//! ```
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry::Context;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The W3C header of the trace and the parent span.
+#[cfg(any(feature = "queue", feature = "proxy"))]
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// The W3C header of the vendors' trace state.
+#[cfg(feature = "proxy")]
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// Writes the context of the current `tracing` span (its OpenTelemetry
+/// context: `traceparent`, and `tracestate` when it has one) into
+/// `headers`, through the global propagator. Outside any span with an
+/// OpenTelemetry context (no span, or no `tracing-opentelemetry` layer),
+/// nothing is written.
+pub fn inject(headers: &mut HeaderMap) {
+    let mut cx = tracing::Span::current().context();
+    if !cx.has_active_span() {
+        // A context attached by other instrumentation.
+        cx = Context::current();
+        if !cx.has_active_span() {
+            return;
+        }
+    }
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&cx, &mut HeaderInjector(headers));
+    });
+}
+
+/// The context `headers` carry (`traceparent`, `tracestate`), read
+/// through the global propagator: give it to
+/// [`OpenTelemetrySpanExt::set_parent`] to continue a caller's trace. An
+/// empty context when they carry none (or one that does not parse).
+pub fn extract(headers: &HeaderMap) -> Context {
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(headers))
+    })
+}
+
+/// Removes a client's `traceparent` and `tracestate`.
+#[cfg(feature = "proxy")]
+pub(crate) fn strip(headers: &mut HeaderMap) {
+    headers.remove(TRACEPARENT);
+    headers.remove(TRACESTATE);
+}
+
+/// Links `span` (a delivery's) to the span context stored in a queued
+/// message's headers, if there is one.
+#[cfg(feature = "queue")]
+pub(crate) fn link_to_ingest(span: &tracing::Span, headers: &HeaderMap) {
+    if !headers.contains_key(TRACEPARENT) {
+        return;
+    }
+    let cx = extract(headers);
+    let ingest = cx.span().span_context().clone();
+    if ingest.is_valid() {
+        span.add_link(ingest);
+    }
+}
+
+/// The context of a client's `traceparent`, to run its request in when no
+/// span with a context is current (a server's own request span takes the
+/// client's context itself); `None` without a valid one.
+#[cfg(feature = "proxy")]
+pub(crate) fn client_context(headers: &HeaderMap) -> Option<Context> {
+    if !headers.contains_key(TRACEPARENT) {
+        return None;
+    }
+    let cx = extract(headers);
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// Whether a span with an OpenTelemetry context is current.
+#[cfg(feature = "proxy")]
+pub(crate) fn in_span() -> bool {
+    Context::current().has_active_span() || tracing::Span::current().context().has_active_span()
+}
+
+/// Writes a propagator's fields into a [`HeaderMap`].
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        // An empty `tracestate` is the same as none (W3C): not sent.
+        if value.is_empty() {
+            return;
+        }
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) else {
+            return;
+        };
+        self.0.insert(name, value);
+    }
+}
+
+/// Reads a propagator's fields from a [`HeaderMap`].
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
