@@ -168,7 +168,7 @@ impl RabbitServer {
                 return false;
             }
             if amqp_answers(self.port) {
-                self.watchdog = watchdog(child.id(), self.epmd.as_ref().map(Child::id));
+                self.watchdog = watchdog(child.id(), self.epmd.as_ref().map(Child::id), &self.dir);
                 self.child = Some(child);
                 return true;
             }
@@ -222,8 +222,10 @@ impl RabbitServer {
         }
         self.watchdog = None;
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-9", "--", &format!("-{}", child.id())])
+            // The shell's `kill` takes a negative pid as a process group.
+            let _ = Command::new("sh")
+                .arg("-c")
+                .arg(format!("kill -9 -{}", child.id()))
                 .status();
             let _ = child.wait();
         }
@@ -239,11 +241,14 @@ impl RabbitServer {
 /// A shell that kills the broker's process group (and `epmd`) once this
 /// test process is gone, so that a broker held in a static (never dropped)
 /// does not outlive it.
-fn watchdog(group: u32, epmd: Option<u32>) -> Option<Child> {
-    let epmd = epmd.map(|p| format!(" {p}")).unwrap_or_default();
+fn watchdog(group: u32, epmd: Option<u32>, dir: &Path) -> Option<Child> {
+    let epmd = epmd
+        .map(|p| format!("kill -9 {p} 2>/dev/null; "))
+        .unwrap_or_default();
     let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 -- -{group}{epmd} 2>/dev/null",
-        parent = std::process::id()
+        "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 -{group} 2>/dev/null; {epmd}rm -rf '{dir}'",
+        parent = std::process::id(),
+        dir = dir.display()
     );
     Command::new("sh")
         .arg("-c")
