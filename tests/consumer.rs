@@ -304,7 +304,9 @@ consumer_tests!(redis_cluster, redis_cluster_setup);
 /// queue ends empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_a_failure() {
-    use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+    use lapin::options::{
+        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    };
     use lapin::types::FieldTable;
     use lapin::{BasicProperties, Connection, ConnectionProperties};
     use std::collections::HashMap;
@@ -314,10 +316,13 @@ async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_
     let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
         return;
     };
-    let connect = || Connection::connect(&broker.url(), ConnectionProperties::default());
+    let url = broker.url();
+    let connect = || Connection::connect(&url, ConnectionProperties::default());
     let conn = connect().await.unwrap();
     let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
     let queue = unique("consumer").replace(':', "-");
     let durable = QueueDeclareOptions {
         durable: true,
@@ -332,11 +337,17 @@ async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_
                 .with_delivery_mode(2)
                 .with_message_id(format!("{i}-{copy}").into());
             let body = format!("order-{i}");
-            ch.basic_publish("".into(), queue.as_str().into(), BasicPublishOptions::default(), body.as_bytes(), props)
-                .await
-                .unwrap()
-                .await
-                .unwrap();
+            ch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
         }
     }
     let key = |m: &AmqpMessage| {
@@ -373,7 +384,10 @@ async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_
         })
         .await
     };
-    assert!(handled.is_err(), "acknowledged on a closed connection: {handled:?}");
+    assert!(
+        handled.is_err(),
+        "acknowledged on a closed connection: {handled:?}"
+    );
 
     // The second consumer gets everything, the dead one's message again.
     let b = AmqpConsumer::new(Consumer::new(store.clone()).scope("amqp"), key)
@@ -414,7 +428,11 @@ async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_
         if left == 0 && ran.lock().unwrap().len() == 20 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "left {left}, ran {:?}", ran.lock().unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "left {left}, ran {:?}",
+            ran.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Settled: nothing comes back.

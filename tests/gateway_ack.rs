@@ -324,7 +324,10 @@ async fn rabbitmq_100_notifications_5_copies_acked_at_once_delivered_once_throug
     let ids: Vec<String> = (0..100).map(|i| format!("EV-AMQP-{i:04}")).collect();
     let (longest, failures) = send_until_acked(gw.addr, &ids, 5, Duration::ZERO).await;
     assert_eq!(failures, 0, "copies answered with a failure");
-    assert!(longest < Duration::from_secs(1), "a copy acknowledged after {longest:?}");
+    assert!(
+        longest < Duration::from_secs(1),
+        "a copy acknowledged after {longest:?}"
+    );
     // The upstream fails what reaches it (the breaker holds the rest back);
     // nothing is delivered.
     let probe = up.clone();
@@ -363,7 +366,9 @@ async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_
     let mut broker = support_rabbitmq::RabbitServer::start();
     let (up, up_addr) = Upstream::start(false).await;
     let gw = gateway(up_addr, &["--queue", &broker.url()], free_addr(), &[]);
-    let ids: Vec<String> = (0..100).map(|i| format!("EV-AMQP-RESTART-{i:04}")).collect();
+    let ids: Vec<String> = (0..100)
+        .map(|i| format!("EV-AMQP-RESTART-{i:04}"))
+        .collect();
     let gw_addr = gw.addr;
     let sent = {
         let ids = ids.clone();

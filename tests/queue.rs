@@ -667,10 +667,7 @@ async fn amqp_redelivered_entry_does_not_run_the_handler_twice() {
 
 /// A queue of its own on the broker shared by this binary, its key
 /// records in a memory store.
-async fn amqp_queue() -> Option<(
-    AmqpQueue<MemoryStore>,
-    Arc<support_rabbitmq::RabbitServer>,
-)> {
+async fn amqp_queue() -> Option<(AmqpQueue<MemoryStore>, Arc<support_rabbitmq::RabbitServer>)> {
     let broker = support_rabbitmq::shared_rabbitmq()?;
     let name = format!("case-{:x}", OwnerToken::new().as_u128());
     let queue = AmqpQueue::open(&broker.url(), &name, MemoryStore::new())

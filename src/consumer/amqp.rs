@@ -53,11 +53,16 @@ impl AmqpMessage {
         Message::decode(&self.data)
     }
 
-    /// A header as text (a string header), if it is there.
+    /// A header as text (a string or a number), if it is there: the
+    /// gateway's entries carry `x-idempotency-key`, `x-attempts` (failed
+    /// attempts before this one), `x-last-error` and `x-enqueued-ms`.
     pub fn header(&self, name: &str) -> Option<String> {
         match self.properties.headers().as_ref()?.inner().get(name)? {
             AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
             AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+            AMQPValue::LongLongInt(n) => Some(n.to_string()),
+            AMQPValue::LongInt(n) => Some(n.to_string()),
+            AMQPValue::LongUInt(n) => Some(n.to_string()),
             _ => None,
         }
     }

@@ -90,9 +90,7 @@
 //! implements publisher confirms, `amqps://` over rustls, and runs on tokio.
 
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
-use crate::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Store, StoredResponse,
-};
+use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, Store, StoredResponse};
 use crate::Fingerprint;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -360,7 +358,10 @@ impl<S: Store> AmqpQueue<S> {
     /// Forgets a broken connection, so that the next call connects again.
     async fn broken(&self, link: &Link) {
         let mut slot = self.inner.link.lock().await;
-        if slot.as_ref().is_some_and(|l| l.generation == link.generation) {
+        if slot
+            .as_ref()
+            .is_some_and(|l| l.generation == link.generation)
+        {
             *slot = None;
         }
     }
@@ -520,7 +521,9 @@ impl<S: Store> AmqpQueue<S> {
             let token = OwnerToken::new();
             if let Claim::Acquired(_) = store.claim(&rk, fingerprint, token, INGEST_LEASE).await? {
                 let record = Self::record(fingerprint, status);
-                store.complete(&rk, token, record, self.inner.window).await?;
+                store
+                    .complete(&rk, token, record, self.inner.window)
+                    .await?;
             }
             Ok::<_, crate::store::StoreError>(())
         }
@@ -593,13 +596,19 @@ impl<S: Store> AmqpQueue<S> {
             let _ = held.acker.nack(requeue()).await;
             return Err(e);
         }
-        held.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
+        held.acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(err)?;
         Ok(true)
     }
 
     /// Takes up to `max` dead letters on a channel of their own, unacked
     /// (closing the channel gives back those not acknowledged).
-    async fn peek_dead(&self, max: usize) -> Result<(Channel, Vec<lapin::message::Delivery>), QueueError> {
+    async fn peek_dead(
+        &self,
+        max: usize,
+    ) -> Result<(Channel, Vec<lapin::message::Delivery>), QueueError> {
         let link = self.link().await?;
         let ch = link.conn.create_channel().await.map_err(err)?;
         let mut out = Vec::new();
@@ -628,8 +637,7 @@ impl<S: Store> AmqpQueue<S> {
             id: EntryId::new(id),
             attempts: header_u64(p, "x-attempts").unwrap_or(0) as u32,
             error: header_text(p, "x-last-error"),
-            dead_at: UNIX_EPOCH
-                + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
+            dead_at: UNIX_EPOCH + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
         }
     }
 
@@ -650,7 +658,8 @@ impl<S: Store> AmqpQueue<S> {
                     enqueued_ms: now_ms(),
                     dead_at: None,
                 };
-                self.publish("", &self.inner.name, &letter.message, env).await?;
+                self.publish("", &self.inner.name, &letter.message, env)
+                    .await?;
                 d.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
                 self.set_state(&letter.message.key, letter.message.fingerprint, QUEUED)
                     .await;
@@ -684,7 +693,11 @@ impl<S: Store> Queue for AmqpQueue<S> {
         let token = OwnerToken::new();
         let deadline = Instant::now() + INGEST_LEASE + Duration::from_secs(1);
         loop {
-            match store.claim(&rk, fp, token, INGEST_LEASE).await.map_err(err)? {
+            match store
+                .claim(&rk, fp, token, INGEST_LEASE)
+                .await
+                .map_err(err)?
+            {
                 Claim::Completed(rec) if rec.fingerprint == fp => return Ok(Ingested::Duplicate),
                 Claim::Completed(_) => return Ok(Ingested::Mismatch),
                 Claim::InFlight { fingerprint, .. } if fingerprint != fp => {
@@ -751,8 +764,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 .unwrap_or_else(fresh_id);
             // This attempt: the failures recorded, plus every time the
             // broker handed this message out before (a dead worker's).
-            let handed = header_u64(p, "x-delivery-count")
-                .unwrap_or(u64::from(got.redelivered));
+            let handed = header_u64(p, "x-delivery-count").unwrap_or(u64::from(got.redelivered));
             let attempt = header_u64(p, "x-attempts").unwrap_or(0) + 1 + handed;
             let enqueued = UNIX_EPOCH
                 + Duration::from_millis(header_u64(p, "x-enqueued-ms").unwrap_or_else(now_ms));
@@ -769,8 +781,12 @@ impl<S: Store> Queue for AmqpQueue<S> {
                     enqueued_ms: ms_of(enqueued),
                     dead_at: Some(now_ms()),
                 };
-                self.publish(&self.dlx(), &self.inner.name, &raw, env).await?;
-                got.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
+                self.publish(&self.dlx(), &self.inner.name, &raw, env)
+                    .await?;
+                got.acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map_err(err)?;
                 continue;
             };
             let lease_id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
@@ -905,7 +921,8 @@ impl<S: Store> Queue for AmqpQueue<S> {
         after: Duration,
         error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt, error).await
+        self.back_off(delivery, after, delivery.attempt, error)
+            .await
     }
 
     async fn postpone(
@@ -937,7 +954,10 @@ impl<S: Store> Queue for AmqpQueue<S> {
             let _ = held.acker.nack(requeue()).await;
             return Err(e);
         }
-        held.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
+        held.acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(err)?;
         Ok(true)
     }
 

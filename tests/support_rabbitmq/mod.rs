@@ -29,8 +29,9 @@ const SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 /// Whether the broker is installed; panics under CI if it is not.
 pub fn rabbitmq_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    let available = *AVAILABLE
-        .get_or_init(|| Path::new(SERVER).exists() && Command::new("epmd").arg("-help").output().is_ok());
+    let available = *AVAILABLE.get_or_init(|| {
+        Path::new(SERVER).exists() && Command::new("epmd").arg("-help").output().is_ok()
+    });
     if !available {
         if std::env::var_os("CI").is_some() {
             panic!(
@@ -147,7 +148,10 @@ impl RabbitServer {
         cmd.current_dir(d)
             .env("HOME", d.join("home"))
             .env("ERL_EPMD_PORT", self.epmd_port.to_string())
-            .env("RABBITMQ_NODENAME", format!("rabbit-{}@localhost", self.port))
+            .env(
+                "RABBITMQ_NODENAME",
+                format!("rabbit-{}@localhost", self.port),
+            )
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
             .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
@@ -159,7 +163,9 @@ impl RabbitServer {
             .env("RABBITMQ_PID_FILE", d.join("rabbit.pid"))
             .process_group(0)
             .stdin(Stdio::null())
-            .stdout(Stdio::from(std::fs::File::create(d.join("out.log")).unwrap()))
+            .stdout(Stdio::from(
+                std::fs::File::create(d.join("out.log")).unwrap(),
+            ))
             .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn rabbitmq-server");
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -234,7 +240,11 @@ impl RabbitServer {
     /// Starts the broker again on the same ports and data.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart a killed broker only");
-        assert!(self.spawn(), "rabbitmq-server did not restart on {}", self.port);
+        assert!(
+            self.spawn(),
+            "rabbitmq-server did not restart on {}",
+            self.port
+        );
     }
 }
 
@@ -281,5 +291,8 @@ pub fn shared_rabbitmq() -> Option<Arc<RabbitServer>> {
         return None;
     }
     let mut slot = SLOT.lock().unwrap_or_else(|p| p.into_inner());
-    Some(slot.get_or_insert_with(|| Arc::new(RabbitServer::start())).clone())
+    Some(
+        slot.get_or_insert_with(|| Arc::new(RabbitServer::start()))
+            .clone(),
+    )
 }
