@@ -573,6 +573,14 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_on_an_ack_route_delivers_the_next_copy_again_rabbitmq() {
+    let Some((_broker, url)) = rabbitmq_queue("forget") else {
+        return;
+    };
+    forgotten_key_is_delivered_again(&["--queue", &url]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
     let (up, up_addr) = Upstream::start(true).await;
     let dir = temp_path("ack-dlq");

@@ -1,27 +1,5 @@
 //! [`AmqpConsumer`]: a handler that runs once per message key on a
 //! RabbitMQ subscription.
-//!
-//! RabbitMQ delivers at least once: a consumer that dies before its `ack`
-//! gets the message redelivered (to itself or another consumer), a publisher
-//! that did not hear its confirm publishes again (another message id, the
-//! same content), and a sender's own retries arrive as copies. The key of a
-//! message comes from its content (a closure you give, or
-//! [`gateway_entry`] for what the gateway queued), never from the broker's
-//! message id, so all of these run the handler once, through a
-//! [`Consumer`] and its store: the same claim, lease, run limit and failure
-//! rules as the HTTP [dedup layer](crate::dedup).
-//!
-//! - The handler succeeded (now, or on an earlier delivery of the key):
-//!   the message is acknowledged.
-//! - It failed, panicked, ran past the run limit, or the store failed, or
-//!   another delivery of the key is running: nothing is recorded, and the
-//!   message is handed back to the queue after
-//!   [`retry_after`](AmqpConsumer::retry_after) (`nack` with requeue), so a
-//!   later delivery runs it again.
-//! - It can never succeed (no key, its key reused with another payload, a
-//!   stored receipt that cannot be read): the message is rejected without
-//!   requeue, which dead-letters it if the queue has a dead-letter exchange
-//!   (declare one: without it, RabbitMQ drops it).
 
 use super::{ConsumeError, Consumer, Once, Receipt};
 use crate::queue::Message;
@@ -90,9 +68,29 @@ pub enum Handled {
     Rejected,
 }
 
-/// Runs a handler once per message key on a RabbitMQ subscription (see the
-/// [module docs](self)).
+/// Runs a handler once per message key on a RabbitMQ subscription.
 ///
+/// RabbitMQ delivers at least once: a consumer that dies before its `ack`
+/// gets the message redelivered (to itself or another consumer), a publisher
+/// that did not hear its confirm publishes again (another message id, the
+/// same content), and a sender's own retries arrive as copies. The key of a
+/// message comes from its content (a closure you give, or
+/// [`gateway_entry`] for what the gateway queued), never from the broker's
+/// message id, so all of these run the handler once, through a
+/// [`Consumer`] and its store: the same claim, lease, run limit and failure
+/// rules as the HTTP [dedup layer](crate::dedup).
+///
+/// - The handler succeeded (now, or on an earlier delivery of the key):
+///   the message is acknowledged.
+/// - It failed, panicked, ran past the run limit, or the store failed, or
+///   another delivery of the key is running: nothing is recorded, and the
+///   message is handed back to the queue after
+///   [`retry_after`](AmqpConsumer::retry_after) (`nack` with requeue), so a
+///   later delivery runs it again.
+/// - It can never succeed (no key, its key reused with another payload, a
+///   stored receipt that cannot be read): the message is rejected without
+///   requeue, which dead-letters it if the queue has a dead-letter exchange
+///   (declare one: without it, RabbitMQ drops it).
 /// ```no_run
 /// use lapin::{Connection, ConnectionProperties};
 /// use tower_idempotency::consumer::{gateway_entry, AmqpConsumer, AmqpMessage, Consumer};
@@ -197,7 +195,7 @@ where
 
     /// Handles one delivery: runs `handler` unless its key already
     /// succeeded, then acknowledges, hands back or rejects it (see the
-    /// [module docs](self)). `Err` if the broker could not be told.
+    /// [type docs](AmqpConsumer)). `Err` if the broker could not be told.
     pub async fn handle<H, F, T, E>(
         &self,
         delivery: lapin::message::Delivery,

@@ -1,93 +1,5 @@
 //! [`AmqpQueue`]: the acknowledge-then-deliver queue on the RabbitMQ a team
 //! already runs.
-//!
-//! # On the broker
-//!
-//! For a queue named `NAME` (one per gateway route group), declared on
-//! every connect (declaring again is harmless):
-//!
-//! - `NAME`: a durable **quorum** queue (replicated by Raft over the
-//!   cluster's nodes) holding the entries due now. Its dead-letter exchange
-//!   is `NAME.dlx`, so whatever the broker itself dead-letters (a delivery
-//!   limit set by policy, say) lands in the dead letters, never dropped.
-//! - `NAME.delay.MS` for `MS` = 16, 32, …, 2²⁰ milliseconds: quorum queues
-//!   whose messages wait out a retry's backoff (`x-message-ttl`) and are
-//!   dead-lettered back into `NAME` at-least-once. A backoff is rounded up
-//!   to the next of these (never due earlier than asked).
-//! - `NAME.dlx`, a durable direct exchange, and `NAME.dead`, the quorum
-//!   queue of dead letters bound to it.
-//!
-//! Every message is persistent (delivery mode 2) and published with
-//! **publisher confirms**: a write has happened only once the broker
-//! confirmed it (for a quorum queue: once a majority of its replicas wrote
-//! it to disk). The attempts made and the last error travel in the headers
-//! `x-attempts` and `x-last-error`, the key in `x-idempotency-key`, the time
-//! it was first queued in `x-enqueued-ms`; the body is the queued message.
-//!
-//! # Who says "already queued"
-//!
-//! The broker is not asked to deduplicate (RabbitMQ has no atomic "publish
-//! unless a message with this key was seen" across a window). The key
-//! record lives in an idempotency [`Store`], the one the gateway already
-//! keeps its records in, under `amqp:NAME:KEY`. Writes happen in an order
-//! that can neither lose nor double an acknowledged notification:
-//!
-//! 1. the key is **claimed** in the store (atomic: of 7 copies arriving at
-//!    once, one owns the key; the others wait for its outcome);
-//! 2. the owner **publishes** and waits for the broker's confirm;
-//! 3. only then the claim is **completed** ("queued", with the
-//!    fingerprint). A copy answers `Duplicate` only from a completed
-//!    record, so a duplicate's success reply is never given for an entry the
-//!    broker did not confirm.
-//!
-//! A publish that fails releases the claim: nothing was acknowledged, and
-//! the sender's retry publishes again. A gateway killed between the confirm
-//! and the completion leaves a claim that runs out after its lease (10 s);
-//! the next copy then publishes a second entry of the same key. That is a
-//! duplicate *in the broker*, never a lost notification, and the delivery
-//! side runs the handler once: put a
-//! [`ConsumerLayer`](crate::consumer::ConsumerLayer) or the gateway's dedup
-//! layer in front of it, as for every queue (an entry is redelivered
-//! whenever a worker dies before acknowledging it anyway).
-//!
-//! The record follows the entry: delivered (kept one window from delivery,
-//! so that late copies stay duplicates), dead-lettered (copies stay
-//! duplicates until it is replayed), queued again. A state change rewrites
-//! the record (forget, claim, complete); a copy arriving within that one
-//! store round trip may queue the key a second time, which again the
-//! consumer runs once.
-//!
-//! # Across gateways
-//!
-//! Gateways pointing at one broker share its queues. Pacing
-//! (`deliver_concurrency`, `deliver_rate`) holds across them through the
-//! same store: a lane's `N` delivery slots are `N` claims with a lease
-//! (a dead gateway's slot comes back when its lease runs out), a lane's
-//! turn is a claim that runs out one interval later. With a store of one
-//! instance (the memory store) each gateway paces alone, and so does
-//! deduplication at ingest: give every gateway the same Redis or SQL store.
-//!
-//! # What the broker does not say
-//!
-//! [`stats`](Queue::stats) counts the messages ready in `NAME` and in the
-//! delay queues (from the broker) plus those this instance is delivering;
-//! entries another gateway is delivering are not counted, and the age of the
-//! oldest entry is that of the oldest this instance is delivering (AMQP
-//! cannot look at a queue's head without taking it). Order groups
-//! ([`Message::order`]) are not enforced.
-//!
-//! A delivery holds its message unacknowledged on this instance's channel:
-//! a gateway that dies (or loses its connection) hands it back at once,
-//! without waiting for a lease. An entry whose lease runs out while this
-//! instance still holds it (a worker that stopped renewing it) is returned
-//! to the queue at the next fetch. Keep the broker's `consumer_timeout`
-//! (30 minutes by default) above the longest delivery.
-//!
-//! # Why lapin
-//!
-//! [lapin](https://docs.rs/lapin) is the AMQP 0-9-1 client the Rust
-//! ecosystem uses for RabbitMQ (the one its documentation lists): it
-//! implements publisher confirms, `amqps://` over rustls, and runs on tokio.
 
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, Store, StoredResponse};
@@ -187,9 +99,95 @@ struct Inner<S> {
 
 /// A queue on RabbitMQ: quorum queues, persistent messages, publisher
 /// confirms, dead letters through a dead-letter exchange; "already queued"
-/// kept in an idempotency [`Store`]. See the [module docs](self) for the
-/// layout on the broker and why no acknowledged notification is lost.
+/// kept in an idempotency [`Store`].
 ///
+/// # On the broker
+///
+/// For a queue named `NAME` (one per gateway route group), declared on
+/// every connect (declaring again is harmless):
+///
+/// - `NAME`: a durable **quorum** queue (replicated by Raft over the
+///   cluster's nodes) holding the entries due now. Its dead-letter exchange
+///   is `NAME.dlx`, so whatever the broker itself dead-letters (a delivery
+///   limit set by policy, say) lands in the dead letters, never dropped.
+/// - `NAME.delay.MS` for `MS` = 16, 32, …, 2²⁰ milliseconds: quorum queues
+///   whose messages wait out a retry's backoff (`x-message-ttl`) and are
+///   dead-lettered back into `NAME` at-least-once. A backoff is rounded up
+///   to the next of these (never due earlier than asked).
+/// - `NAME.dlx`, a durable direct exchange, and `NAME.dead`, the quorum
+///   queue of dead letters bound to it.
+///
+/// Every message is persistent (delivery mode 2) and published with
+/// **publisher confirms**: a write has happened only once the broker
+/// confirmed it (for a quorum queue: once a majority of its replicas wrote
+/// it to disk). The attempts made and the last error travel in the headers
+/// `x-attempts` and `x-last-error`, the key in `x-idempotency-key`, the time
+/// it was first queued in `x-enqueued-ms`; the body is the queued message.
+///
+/// # Who says "already queued"
+///
+/// The broker is not asked to deduplicate (RabbitMQ has no atomic "publish
+/// unless a message with this key was seen" across a window). The key
+/// record lives in an idempotency [`Store`], the one the gateway already
+/// keeps its records in, under `amqp:NAME:KEY`. Writes happen in an order
+/// that can neither lose nor double an acknowledged notification:
+///
+/// 1. the key is **claimed** in the store (atomic: of 7 copies arriving at
+///    once, one owns the key; the others wait for its outcome);
+/// 2. the owner **publishes** and waits for the broker's confirm;
+/// 3. only then the claim is **completed** ("queued", with the
+///    fingerprint). A copy answers `Duplicate` only from a completed
+///    record, so a duplicate's success reply is never given for an entry the
+///    broker did not confirm.
+///
+/// A publish that fails releases the claim: nothing was acknowledged, and
+/// the sender's retry publishes again. A gateway killed between the confirm
+/// and the completion leaves a claim that runs out after its lease (10 s);
+/// the next copy then publishes a second entry of the same key. That is a
+/// duplicate *in the broker*, never a lost notification, and the delivery
+/// side runs the handler once: put a
+/// [`ConsumerLayer`](crate::consumer::ConsumerLayer) or the gateway's dedup
+/// layer in front of it, as for every queue (an entry is redelivered
+/// whenever a worker dies before acknowledging it anyway).
+///
+/// The record follows the entry: delivered (kept one window from delivery,
+/// so that late copies stay duplicates), dead-lettered (copies stay
+/// duplicates until it is replayed), queued again. A state change rewrites
+/// the record (forget, claim, complete); a copy arriving within that one
+/// store round trip may queue the key a second time, which again the
+/// consumer runs once.
+///
+/// # Across gateways
+///
+/// Gateways pointing at one broker share its queues. Pacing
+/// (`deliver_concurrency`, `deliver_rate`) holds across them through the
+/// same store: a lane's `N` delivery slots are `N` claims with a lease
+/// (a dead gateway's slot comes back when its lease runs out), a lane's
+/// turn is a claim that runs out one interval later. With a store of one
+/// instance (the memory store) each gateway paces alone, and so does
+/// deduplication at ingest: give every gateway the same Redis or SQL store.
+///
+/// # What the broker does not say
+///
+/// [`stats`](Queue::stats) counts the messages ready in `NAME` and in the
+/// delay queues (from the broker) plus those this instance is delivering;
+/// entries another gateway is delivering are not counted, and the age of the
+/// oldest entry is that of the oldest this instance is delivering (AMQP
+/// cannot look at a queue's head without taking it). Order groups
+/// ([`Message::order`]) are not enforced.
+///
+/// A delivery holds its message unacknowledged on this instance's channel:
+/// a gateway that dies (or loses its connection) hands it back at once,
+/// without waiting for a lease. An entry whose lease runs out while this
+/// instance still holds it (a worker that stopped renewing it) is returned
+/// to the queue at the next fetch. Keep the broker's `consumer_timeout`
+/// (30 minutes by default) above the longest delivery.
+///
+/// # Why lapin
+///
+/// [lapin](https://docs.rs/lapin) is the AMQP 0-9-1 client the Rust
+/// ecosystem uses for RabbitMQ (the one its documentation lists): it
+/// implements publisher confirms, `amqps://` over rustls, and runs on tokio.
 /// ```no_run
 /// use tower_idempotency::queue::{AmqpQueue, Queue};
 /// use tower_idempotency::store::RedisStore;
@@ -275,7 +273,7 @@ struct Envelope<'a> {
 
 impl<S: Store> AmqpQueue<S> {
     /// Connects to the broker at `uri` (`amqp://USER:PASS@HOST:PORT/VHOST`,
-    /// or `amqps://`), declares the queue `name` (see the module docs), and
+    /// or `amqps://`), declares the queue `name` (see the layout above), and
     /// keeps its key records in `store`.
     pub async fn open(uri: &str, name: &str, store: S) -> Result<Self, QueueError> {
         let queue = Self {
@@ -351,6 +349,12 @@ impl<S: Store> AmqpQueue<S> {
             take,
             generation: self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1,
         };
+        // What the old connection held, the broker handed out again.
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, h| h.generation == link.generation);
         *slot = Some(link.clone());
         Ok(link)
     }
