@@ -168,7 +168,8 @@ impl RabbitServer {
             ))
             .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn rabbitmq-server");
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // A few seconds on a quiet machine; far more on a loaded one.
+        let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
