@@ -4,7 +4,7 @@
 //! queued notification takes.
 //!
 //! ```text
-//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL]
+//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL] [--amqp URL]
 //! ```
 //!
 //! Each notification is the WeChat Pay v3 payment notification of
@@ -16,12 +16,14 @@
 //! growth of the allocated pages (`RedbQueue::allocated_bytes`) over the
 //! first `--n` ingests, divided by `--n`. With `--redis`, the same for
 //! `RedisStreamsQueue`, whose bytes are the growth of Redis' `used_memory`.
+//! With `--amqp`, the same for `AmqpQueue` on that RabbitMQ (its key records
+//! in a memory store; bytes are not measured).
 
 use std::sync::Arc;
 use std::time::Instant;
 use tower::service_fn;
-use tower_idempotency::queue::{Message, Queue, RedbQueue, RedisStreamsQueue, Worker};
-use tower_idempotency::store::OwnerToken;
+use tower_idempotency::queue::{AmqpQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency::store::{MemoryStore, OwnerToken};
 use tower_idempotency::Fingerprint;
 
 const BODY: &str =
@@ -52,6 +54,7 @@ struct Args {
     n: usize,
     concurrency: usize,
     redis: Option<String>,
+    amqp: Option<String>,
 }
 
 fn args() -> Args {
@@ -59,6 +62,7 @@ fn args() -> Args {
         n: 2000,
         concurrency: 64,
         redis: None,
+        amqp: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -78,6 +82,7 @@ fn args() -> Args {
                     .unwrap_or_else(|_| usage("--concurrency takes a number"))
             }
             "--redis" => a.redis = Some(value()),
+            "--amqp" => a.amqp = Some(value()),
             other => usage(&format!("unknown flag {other}")),
         }
     }
@@ -85,7 +90,7 @@ fn args() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL]");
+    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL] [--amqp URL]");
     std::process::exit(2)
 }
 
@@ -130,18 +135,20 @@ async fn deliver_all<Q: Queue>(queue: &Q) -> (usize, f64) {
     (delivered, delivered as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn bench<Q: Queue>(label: &str, queue: Q, a: &Args, size: impl Fn() -> u64) {
+async fn bench<Q: Queue>(label: &str, queue: Q, a: &Args, size: impl Fn() -> Option<u64>) {
     let run = format!("{:x}", OwnerToken::new().as_u128());
     let before = size();
     let seq = ingest_all(&queue, &format!("{run}-s"), a.n, 1).await;
-    let grown = size().saturating_sub(before);
+    let per = match (before, size()) {
+        (Some(b), Some(after)) => format!("{:.0}", after.saturating_sub(b) as f64 / a.n as f64),
+        _ => "n/a".to_owned(),
+    };
     let conc = ingest_all(&queue, &format!("{run}-c"), a.n, a.concurrency).await;
     let (delivered, rate) = deliver_all(&queue).await;
     println!(
         "{label}: ingest {seq:.0}/s one at a time, {conc:.0}/s at concurrency {}; \
-         {:.0} bytes per queued notification; delivered {delivered} at {rate:.0}/s",
+         {per} bytes per queued notification; delivered {delivered} at {rate:.0}/s",
         a.concurrency,
-        grown as f64 / a.n as f64,
     );
 }
 
@@ -154,7 +161,7 @@ async fn main() {
     let queue = RedbQueue::open(&path).unwrap();
     let file = path.clone();
     bench("redb", queue, &a, move || {
-        std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0)
+        std::fs::metadata(&file).map(|m| m.len()).ok()
     })
     .await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -170,8 +177,14 @@ async fn main() {
             info.lines()
                 .find_map(|l| l.strip_prefix("used_memory:"))
                 .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
         };
         bench("redis-streams", queue, &a, used).await;
+    }
+    if let Some(url) = &a.amqp {
+        let name = format!("bench-{:x}", OwnerToken::new().as_u128());
+        let queue = AmqpQueue::open(url, &name, MemoryStore::new())
+            .await
+            .unwrap();
+        bench("rabbitmq", queue, &a, || None).await;
     }
 }

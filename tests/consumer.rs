@@ -1,6 +1,8 @@
 //! The idempotent consumer: one suite of cases, run against every store
-//! (memory, a standalone Redis and a 3-master Redis Cluster started here).
+//! (memory, a standalone Redis and a 3-master Redis Cluster started here),
+//! and its RabbitMQ adapter on a real broker.
 
+mod support_rabbitmq;
 mod support_redis;
 
 use std::any::Any;
@@ -294,3 +296,158 @@ use redis_setup::{cluster as redis_cluster_setup, standalone as redis_standalone
 
 consumer_tests!(redis_standalone, redis_standalone_setup);
 consumer_tests!(redis_cluster, redis_cluster_setup);
+
+/// On RabbitMQ: 20 orders published 3 times each (each copy with its own
+/// message id, as a publisher's retries are), one consumer that dies
+/// (its connection closed) after its handler ran and before its `ack`,
+/// and a handler that fails once: every order is handled once, and the
+/// queue ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_a_failure() {
+    use lapin::options::{
+        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    };
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use tower_idempotency::consumer::{AmqpConsumer, AmqpMessage};
+
+    let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
+        return;
+    };
+    let url = broker.url();
+    let connect = || Connection::connect(&url, ConnectionProperties::default());
+    let conn = connect().await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let queue = unique("consumer").replace(':', "-");
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    ch.queue_declare(queue.as_str().into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    for i in 0..20 {
+        for copy in 0..3 {
+            let props = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(format!("{i}-{copy}").into());
+            let body = format!("order-{i}");
+            ch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+    }
+    let key = |m: &AmqpMessage| {
+        let order = String::from_utf8(m.data.to_vec()).ok()?;
+        let fp = Fingerprint::of(order.as_bytes());
+        Some((order, fp))
+    };
+    let store = MemoryStore::new();
+    let ran: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // The first consumer takes one message, runs the handler, and dies
+    // before its ack.
+    let doomed = connect().await.unwrap();
+    let doomed_ch = doomed.create_channel().await.unwrap();
+    let first = doomed_ch
+        .basic_get(queue.as_str().into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+        .unwrap()
+        .delivery;
+    let first_order = String::from_utf8(first.data.clone()).unwrap();
+    let a = AmqpConsumer::new(Consumer::new(store.clone()).scope("amqp"), key);
+    let handled = {
+        let (ran, doomed) = (ran.clone(), &doomed);
+        a.handle(first, &move |m: AmqpMessage| {
+            let ran = ran.clone();
+            async move {
+                let order = String::from_utf8(m.data.to_vec()).unwrap();
+                *ran.lock().unwrap().entry(order).or_default() += 1;
+                doomed.close(200, "killed".into()).await.unwrap();
+                Ok::<_, Down>(())
+            }
+        })
+        .await
+    };
+    assert!(
+        handled.is_err(),
+        "acknowledged on a closed connection: {handled:?}"
+    );
+
+    // The second consumer gets everything, the dead one's message again.
+    let b = AmqpConsumer::new(Consumer::new(store.clone()).scope("amqp"), key)
+        .retry_after(Duration::from_millis(50));
+    let b_conn = connect().await.unwrap();
+    let b_ch = b_conn.create_channel().await.unwrap();
+    let running = {
+        let (ran, failed_once, queue) = (ran.clone(), failed_once.clone(), queue.clone());
+        tokio::spawn(async move {
+            let handler = move |m: AmqpMessage| {
+                let (ran, failed_once) = (ran.clone(), failed_once.clone());
+                async move {
+                    let order = String::from_utf8(m.data.to_vec()).unwrap();
+                    if order == "order-7" && !failed_once.swap(true, Ordering::SeqCst) {
+                        return Err(Down);
+                    }
+                    *ran.lock().unwrap().entry(order).or_default() += 1;
+                    Ok(())
+                }
+            };
+            b.run(&b_ch, &queue, handler).await
+        })
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let left = ch
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+            .message_count();
+        if left == 0 && ran.lock().unwrap().len() == 20 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "left {left}, ran {:?}",
+            ran.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Settled: nothing comes back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    b_conn.close(200, "done".into()).await.unwrap();
+    let _ = running.await;
+    let ran = ran.lock().unwrap().clone();
+    assert_eq!(ran.len(), 20, "{ran:?}");
+    assert!(ran.values().all(|&n| n == 1), "{ran:?}");
+    assert!(ran.contains_key(&first_order));
+    assert!(failed_once.load(Ordering::SeqCst));
+    let check = connect().await.unwrap().create_channel().await.unwrap();
+    let left = check
+        .basic_get(queue.as_str().into(), BasicGetOptions::default())
+        .await
+        .unwrap();
+    assert!(left.is_none(), "a message left: {left:?}");
+}

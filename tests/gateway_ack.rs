@@ -1,14 +1,16 @@
 //! The gateway example's ack-then-deliver routes as a real process: the
 //! channel's success reply only once the notification is durably queued,
 //! then one delivery per notification to a real hyper upstream on loopback,
-//! across an upstream outage, a `kill -9` of the gateway (embedded queue and
-//! Redis Streams) and a dead letter replayed with `gateway dlq replay`.
+//! across an upstream outage, a `kill -9` of the gateway (embedded queue,
+//! Redis Streams and RabbitMQ), a RabbitMQ broker killed and restarted
+//! mid-storm, and a dead letter replayed with `gateway dlq replay`.
 //!
 //! Build the binary first when running this file alone:
 //! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_ack`.
 
 mod common;
 mod gateway_support;
+mod support_rabbitmq;
 mod support_redis;
 
 use common::upstream::Replies;
@@ -19,7 +21,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,11 +151,15 @@ fn assert_once(up: &Upstream, ids: &[String]) {
 }
 
 fn dlq(data_dir: &Path, args: &[&str]) -> (i32, String) {
+    dlq_at(&["--data-dir", data_dir.to_str().unwrap()], args)
+}
+
+/// `gateway dlq ARGS QUEUE`: exit status and stdout.
+fn dlq_at(queue: &[&str], args: &[&str]) -> (i32, String) {
     let out = Command::new(gateway_bin())
         .arg("dlq")
         .args(args)
-        .arg("--data-dir")
-        .arg(data_dir)
+        .args(queue)
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
@@ -245,6 +251,213 @@ async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
     let redis = support_redis::RedisServer::start();
     let url = redis.url();
     killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
+}
+
+/// A virtual host of its own on the broker this binary shares (queues of
+/// one name, `gateway`, in every test): the broker and the vhost's URL.
+/// `None` when RabbitMQ is not installed.
+fn rabbitmq_queue(tag: &str) -> Option<(Arc<support_rabbitmq::RabbitServer>, String)> {
+    let broker = support_rabbitmq::shared_rabbitmq()?;
+    let url = broker.vhost(&format!("{tag}-{}", std::process::id()));
+    Some((broker, url))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_ack_delivered_once_after_restart_rabbitmq() {
+    let Some((_broker, url)) = rabbitmq_queue("kill") else {
+        return;
+    };
+    killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
+}
+
+/// Copies of `ids` (`copies` of each) sent at once, each retried every
+/// 200 ms until it gets WeChat Pay's success reply (as the channel
+/// does); copy `c` of notification `n` starts `n * spread`. The longest a
+/// copy took to be acknowledged, and how many failure replies were seen.
+async fn send_until_acked(
+    gw: SocketAddr,
+    ids: &[String],
+    copies: usize,
+    spread: Duration,
+) -> (Duration, usize) {
+    let http = client();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let body = notification(id);
+        for _ in 0..copies {
+            let (http, body, failures) = (http.clone(), body.clone(), failures.clone());
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(spread * n as u32).await;
+                let headers = [("content-type", "application/json")];
+                let started = Instant::now();
+                for _ in 0..600 {
+                    let a = post(&http, gw, "/wx/notify", &headers, body.clone()).await;
+                    if a.status == 200 && a.text() == WECHAT_SUCCESS {
+                        return Some(started.elapsed());
+                    }
+                    failures.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                None
+            }));
+        }
+    }
+    let mut longest = Duration::ZERO;
+    for t in tasks {
+        let took = t.await.unwrap().expect("a copy never acknowledged");
+        longest = longest.max(took);
+    }
+    (longest, failures.load(Ordering::SeqCst))
+}
+
+/// 100 notifications x 5 copies at once on RabbitMQ while the upstream
+/// fails: every copy gets the success reply at its first try, within 1 s,
+/// and each notification is delivered once when the upstream is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_100_notifications_5_copies_acked_at_once_delivered_once_through_failures() {
+    let Some((_broker, url)) = rabbitmq_queue("storm") else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let ids: Vec<String> = (0..100).map(|i| format!("EV-AMQP-{i:04}")).collect();
+    let (longest, failures) = send_until_acked(gw.addr, &ids, 5, Duration::ZERO).await;
+    assert_eq!(failures, 0, "copies answered with a failure");
+    assert!(
+        longest < Duration::from_secs(1),
+        "a copy acknowledged after {longest:?}"
+    );
+    // The upstream fails what reaches it (the breaker holds the rest back);
+    // nothing is delivered.
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("failed attempts", Duration::from_secs(60), || {
+            probe.recording.seen().len() >= 3
+        })
+    })
+    .await
+    .unwrap();
+    assert!(up.counts().is_empty());
+    up.down.store(false, Ordering::SeqCst);
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("every delivery", Duration::from_secs(120), || {
+            probe.counts().len() == 100
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    eprintln!("rabbitmq: 500 copies acknowledged, the slowest after {longest:?}");
+    drop(gw);
+}
+
+/// The broker killed with `kill -9` while copies arrive, and started again
+/// a second later: copies are answered with a failure meanwhile (and
+/// retried by the channel), every notification is acknowledged in the
+/// end, and each is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_twice() {
+    if !support_rabbitmq::rabbitmq_available() {
+        return;
+    }
+    let mut broker = support_rabbitmq::RabbitServer::start();
+    let (up, up_addr) = Upstream::start(false).await;
+    let gw = gateway(up_addr, &["--queue", &broker.url()], free_addr(), &[]);
+    let ids: Vec<String> = (0..100)
+        .map(|i| format!("EV-AMQP-RESTART-{i:04}"))
+        .collect();
+    let gw_addr = gw.addr;
+    let sent = {
+        let ids = ids.clone();
+        tokio::spawn(
+            async move { send_until_acked(gw_addr, &ids, 3, Duration::from_millis(30)).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let delivered_before = up.counts().len();
+    let broker = tokio::task::spawn_blocking(move || {
+        broker.kill();
+        std::thread::sleep(Duration::from_secs(1));
+        broker.restart();
+        broker
+    })
+    .await
+    .unwrap();
+    let (_, failures) = sent.await.unwrap();
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("every delivery", Duration::from_secs(120), || {
+            probe.counts().len() == 100
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_once(&up, &ids);
+    eprintln!(
+        "rabbitmq restart: {delivered_before} delivered before the kill, {failures} failure replies while it was down"
+    );
+    drop(gw);
+    drop(broker);
+}
+
+/// On RabbitMQ: past `--max-attempts` the entry is a dead letter, `gateway
+/// dlq` lists it while the gateway runs, `replay` brings it back once (a
+/// second replay finds nothing), and it is delivered once; copies arriving
+/// afterwards are duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_dead_letter_replayed_once_with_dlq_subcommands() {
+    let Some((_broker, url)) = rabbitmq_queue("dlq") else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let queue = ["--queue", url.as_str()];
+    let metrics = free_addr();
+    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
+    let ids = vec!["EV-AMQP-DEAD-1".to_owned()];
+    send_all(&client(), gw.addr, &ids).await;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a dead letter", Duration::from_secs(60), || {
+            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+        })
+    })
+    .await
+    .unwrap();
+    let (code, listed) = dlq_at(&queue, &["list"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].contains("attempts=2"), "{listed}");
+    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
+    assert!(!lines[0].ends_with("error="), "the last error: {listed}");
+    // A copy arriving while it is dead is a duplicate.
+    send_all(&client(), gw.addr, &ids).await;
+    let id = lines[0].split('\t').next().unwrap().to_owned();
+    up.down.store(false, Ordering::SeqCst);
+    let (code, out) = dlq_at(&queue, &["replay", &id]);
+    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
+    let (code, _) = dlq_at(&queue, &["replay", &id]);
+    assert_eq!(code, 1, "replayed twice");
+    let (code, out) = dlq_at(&queue, &["replay", "--all"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the delivery", Duration::from_secs(60), || {
+            probe.counts().len() == 1
+        })
+    })
+    .await
+    .unwrap();
+    // Copies after the delivery are duplicates too.
+    send_all(&client(), gw.addr, &ids).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    let (code, out) = dlq_at(&queue, &["list"]);
+    assert_eq!((code, out.as_str()), (0, ""));
+    drop(gw);
 }
 
 /// `gateway ARGS --admin http://METRICS` with the admin token file: exit
@@ -356,6 +569,14 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
     }
     let redis = support_redis::RedisServer::start();
     let url = redis.url();
+    forgotten_key_is_delivered_again(&["--queue", &url]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_on_an_ack_route_delivers_the_next_copy_again_rabbitmq() {
+    let Some((_broker, url)) = rabbitmq_queue("forget") else {
+        return;
+    };
     forgotten_key_is_delivered_again(&["--queue", &url]).await;
 }
 

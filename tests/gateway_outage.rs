@@ -12,7 +12,8 @@
 //!   acknowledged at once, each notification delivered exactly once, never
 //!   more than 20 at once.
 //! - The same with three gateways on one Redis Streams queue (and one Redis
-//!   store): `deliver_concurrency = 20` holds for all of them together.
+//!   store), or on one RabbitMQ queue (its key records and slots in one
+//!   Redis store): `deliver_concurrency = 20` holds for all of them together.
 //! - Three gateways on one Redis queue against an upstream that fails
 //!   everything: the breaker is shared, at most 3 probes per cooldown for
 //!   all of them together, and everything is delivered once when it is back.
@@ -28,6 +29,7 @@
 
 mod common;
 mod gateway_support;
+mod support_rabbitmq;
 mod support_redis;
 
 use bytes::Bytes;
@@ -315,8 +317,27 @@ async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
     }
     let redis = support_redis::RedisServer::start();
     let url = redis.url();
+    three_gateways_share_deliver_concurrency(&url, &url, "three").await;
+}
+
+/// The same on one RabbitMQ queue: the slots are claims in the gateways'
+/// shared Redis store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_rabbitmq_queue_share_deliver_concurrency() {
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
+        return;
+    };
+    let redis = support_redis::RedisServer::start();
+    three_gateways_share_deliver_concurrency(&broker.url(), &redis.url(), "three-amqp").await;
+}
+
+async fn three_gateways_share_deliver_concurrency(queue: &str, store: &str, tag: &str) {
     let (fragile, upstream) = Fragile::start().await;
-    let config = gateway_support::temp_path("outage-three.toml");
+    let config = gateway_support::temp_path(&format!("outage-{tag}.toml"));
     std::fs::write(
         &config,
         "retry_backoff = \"200ms\"\n\
@@ -325,13 +346,13 @@ async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
     )
     .unwrap();
     let config = config.display().to_string();
-    let args = ["--config", &config, "--queue", &url, "--store", &url];
+    let args = ["--config", &config, "--queue", queue, "--store", store];
     let gateways: Vec<Gateway> = (0..3).map(|_| Gateway::start(&upstream, &args)).collect();
     let client = client();
     let barrier = Arc::new(tokio::sync::Barrier::new(NOTIFICATIONS * COPIES));
     let mut tasks = Vec::new();
     for n in 0..NOTIFICATIONS {
-        let body = notification(&format!("EV-three-{n}"));
+        let body = notification(&format!("EV-{tag}-{n}"));
         for copy in 0..COPIES {
             let url = gateways[(n + copy) % 3].url("/wx");
             let (client, body, barrier) = (client.clone(), body.clone(), barrier.clone());
@@ -374,7 +395,7 @@ async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
         "the upstream saw {peak} calls at once from three gateways"
     );
     assert_eq!(fragile.overloaded.load(Ordering::SeqCst), 0);
-    eprintln!("three gateways: peak {peak}, delivered all {NOTIFICATIONS} within {took:?} of the last acknowledgement");
+    eprintln!("three gateways ({tag}): peak {peak}, delivered all {NOTIFICATIONS} within {took:?} of the last acknowledgement");
 }
 
 /// Today's behaviour, without a limit that fits the upstream: the backlog

@@ -2,6 +2,7 @@
 //! the consumer, order per group, dead letters replayed once, and a process
 //! killed with `kill -9` between acknowledgement and delivery.
 
+mod support_rabbitmq;
 mod support_redis;
 
 use std::collections::HashMap;
@@ -12,7 +13,7 @@ use tower::service_fn;
 use tower::ServiceBuilder;
 use tower_idempotency::consumer::{Consumer, ConsumerLayer};
 use tower_idempotency::queue::{
-    Ingested, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+    AmqpQueue, Ingested, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
 };
 use tower_idempotency::store::{MemoryStore, OwnerToken, RedisStore};
 use tower_idempotency::Fingerprint;
@@ -344,6 +345,13 @@ queue_tests!(redis_streams_queue, redis_queue().await;
     dead_letters_are_kept_and_replayed_once,
     forget_lets_a_delivered_key_run_again,
 );
+// Order groups are not enforced on RabbitMQ either (see its docs).
+queue_tests!(amqp_queue, amqp_queue().await;
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    dead_letters_are_kept_and_replayed_once,
+    forget_lets_a_delivered_key_run_again,
+);
 
 /// The environment variable that turns this test binary into a child
 /// process for the `kill -9` tests.
@@ -362,6 +370,12 @@ fn child_process() {
         let args: Vec<String> = mode.split('|').map(str::to_owned).collect();
         match args[1].as_str() {
             "redb" => child_run(RedbQueue::open(&args[2]).unwrap(), &args).await,
+            name if name.starts_with("amqp-") => {
+                let queue = AmqpQueue::open(&args[2], name, MemoryStore::new())
+                    .await
+                    .unwrap();
+                child_run(queue, &args).await
+            }
             _ => {
                 let queue = RedisStreamsQueue::standalone(args[2].as_str(), &args[1])
                     .await
@@ -599,6 +613,67 @@ async fn redis_redelivered_entry_does_not_run_the_handler_twice() {
             .unwrap()
     })
     .await;
+}
+
+async fn amqp_spec(tag: &str, url: &str) -> (Spec, AmqpQueue<MemoryStore>) {
+    let name = format!("amqp-{tag}-{:x}", OwnerToken::new().as_u128());
+    let queue = AmqpQueue::open(url, &name, MemoryStore::new())
+        .await
+        .unwrap();
+    let spec = format!("{name}|{url}");
+    (
+        Spec {
+            child: spec,
+            _dir: TempDir::new(&format!("queue-{tag}")),
+        },
+        queue,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
+        return;
+    };
+    let (spec, queue) = amqp_spec("kill", &broker.url()).await;
+    let name = spec.child.split('|').next().unwrap().to_owned();
+    let url = broker.url();
+    killed_after_ack(spec, queue, async move {
+        AmqpQueue::open(&url, &name, MemoryStore::new())
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_redelivered_entry_does_not_run_the_handler_twice() {
+    let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
+        return;
+    };
+    let Some(server) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue) = amqp_spec("kill-handled", &broker.url()).await;
+    let name = spec.child.split('|').next().unwrap().to_owned();
+    let url = broker.url();
+    killed_after_handler(spec, queue, &server.url(), async move {
+        AmqpQueue::open(&url, &name, MemoryStore::new())
+            .await
+            .unwrap()
+    })
+    .await;
+}
+
+/// A queue of its own on the broker shared by this binary, its key
+/// records in a memory store.
+async fn amqp_queue() -> Option<(AmqpQueue<MemoryStore>, Arc<support_rabbitmq::RabbitServer>)> {
+    let broker = support_rabbitmq::shared_rabbitmq()?;
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = AmqpQueue::open(&broker.url(), &name, MemoryStore::new())
+        .await
+        .unwrap();
+    Some((queue, broker))
 }
 
 async fn redis_queue() -> Option<(RedisStreamsQueue, Arc<support_redis::RedisServer>)> {

@@ -10,13 +10,16 @@ use std::time::Duration;
 use tower::Service;
 use tower_idempotency::journal::{Journal, JournalEvent};
 use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, RouteTable, Target};
-use tower_idempotency::queue::{Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency::queue::{
+    AmqpQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
 use tracing::{info, warn};
 
-/// The queue: the embedded file, or Redis Streams.
-pub type GatewayQueue = Either<RedbQueue, RedisStreamsQueue>;
+/// The queue: the embedded file, Redis Streams, or RabbitMQ (its key
+/// records in the gateway's store).
+pub type GatewayQueue = Either<RedbQueue, Either<RedisStreamsQueue, AmqpQueue<GatewayStore>>>;
 
-/// The queue's name in metrics and in Redis.
+/// The queue's name in metrics, in Redis and on RabbitMQ.
 const NAME: &str = "gateway";
 
 /// `--data-dir` when neither it nor `--queue` is given.
@@ -45,18 +48,27 @@ pub enum QueueSpec {
     Dir(PathBuf),
     /// Redis Streams at this URL.
     Redis(String),
+    /// RabbitMQ at this URL (`amqp://USER:PASS@HOST:PORT/VHOST`).
+    Amqp(String),
 }
 
-/// `--queue DIR|redis://HOST:PORT`.
+/// `--queue DIR|redis://HOST:PORT|amqp://USER:PASS@HOST:PORT/VHOST`.
 pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
+    const EXPECTED: &str = "a directory, redis://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST";
     if s.starts_with("redis://") || s.starts_with("rediss://") {
         return Ok(QueueSpec::Redis(s.to_owned()));
     }
+    if s.starts_with("amqp://") || s.starts_with("amqps://") {
+        return Ok(QueueSpec::Amqp(s.to_owned()));
+    }
     if s.contains("://") {
-        return Err(format!("`{s}`: expected a directory or redis://HOST:PORT"));
+        return Err(format!(
+            "`{}`: expected {EXPECTED}",
+            crate::store::redact(s)
+        ));
     }
     if s.is_empty() {
-        return Err("expected a directory or redis://HOST:PORT".into());
+        return Err(format!("expected {EXPECTED}"));
     }
     Ok(QueueSpec::Dir(PathBuf::from(s)))
 }
@@ -121,13 +133,15 @@ impl QueueSettings {
         Ok(self)
     }
 
-    /// Whether this is a Redis Streams queue.
+    /// Whether several gateways can share this queue (Redis Streams,
+    /// RabbitMQ).
     pub fn is_shared(&self) -> bool {
-        matches!(self.spec, QueueSpec::Redis(_))
+        matches!(self.spec, QueueSpec::Redis(_) | QueueSpec::Amqp(_))
     }
 
-    /// Opens (or creates) the queue.
-    pub async fn open(&self) -> Result<GatewayQueue, String> {
+    /// Opens (or creates) the queue; a RabbitMQ queue keeps its key records
+    /// in `store`.
+    pub async fn open(&self, store: &GatewayStore) -> Result<GatewayQueue, String> {
         match &self.spec {
             QueueSpec::Dir(dir) => {
                 create_private_dir(dir)?;
@@ -137,7 +151,14 @@ impl QueueSettings {
             }
             QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)
                 .await
-                .map(|q| Either::Right(q.replicas(self.replicas)))
+                .map(|q| Either::Right(Either::Left(q.replicas(self.replicas))))
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
+            QueueSpec::Amqp(url) => AmqpQueue::open(url, NAME, store.clone())
+                .await
+                .map(|q| Either::Right(Either::Right(q)))
                 .map_err(|e| {
                     let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
@@ -150,16 +171,20 @@ impl QueueSettings {
     /// entries (an acknowledgement is owed to the entry, not to the
     /// configuration), or a Redis queue named by `--queue` (other instances
     /// may fill it).
-    pub async fn open_for(&self, acked: bool) -> Result<Option<GatewayQueue>, String> {
+    pub async fn open_for(
+        &self,
+        acked: bool,
+        store: &GatewayStore,
+    ) -> Result<Option<GatewayQueue>, String> {
         if acked {
-            return self.open().await.map(Some);
+            return self.open(store).await.map(Some);
         }
         if let QueueSpec::Dir(dir) = &self.spec {
             if !dir.join("queue.redb").exists() {
                 return Ok(None);
             }
         }
-        let queue = match self.open().await {
+        let queue = match self.open(store).await {
             Ok(queue) => queue,
             Err(e) => {
                 warn!(error = %e, "no route acknowledges first, and the queue of earlier runs cannot be opened: its entries wait for the next start");
@@ -183,7 +208,7 @@ impl QueueSettings {
     pub fn describe(&self) -> String {
         match &self.spec {
             QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
-            QueueSpec::Redis(url) => crate::store::redact(url),
+            QueueSpec::Redis(url) | QueueSpec::Amqp(url) => crate::store::redact(url),
         }
     }
 
@@ -267,6 +292,10 @@ pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
 /// instance reclaims (its worker died or its lease ran out) or a redelivery
 /// finds no record there and reaches the upstream again.
 pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
+    if matches!(queue.spec, QueueSpec::Amqp(_)) && memory_store {
+        warn!(queue = %queue.describe(), "THE RABBITMQ QUEUE KEEPS ITS KEY RECORDS IN `--store memory`: if several gateways share this queue, each deduplicates and paces (`deliver_concurrency`, `deliver_rate`) on its own, and an entry one of them redelivers finds no record in another's memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
+        return;
+    }
     if queue.is_shared() && memory_store {
         warn!(queue = %queue.describe(), "THE REDIS STREAMS QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
     }

@@ -118,7 +118,12 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
         }
     }
     rt.block_on(async {
-        let queue = settings.open().await?;
+        // A RabbitMQ queue's key records are the running gateways' (in
+        // their store): a replay here leaves them as they are, and the
+        // delivery that follows updates them.
+        let records =
+            tower_idempotency::store::Either::Left(tower_idempotency::store::MemoryStore::new());
+        let queue = settings.open(&records).await?;
         let Command::Dlq { action } = cmd else {
             return Err("not a dlq command".into());
         };

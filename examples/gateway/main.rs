@@ -313,7 +313,7 @@ async fn run(
     ack::warn_unverified(&settings.routes);
     let memory = matches!(store, tower_idempotency::store::Either::Left(_));
     ack::warn_memory_store(&settings.queue, memory);
-    let queue = settings.queue.open_for(acked).await?;
+    let queue = settings.queue.open_for(acked, &store).await?;
     if let (Some(admin), Some(queue)) = (&admin, &queue) {
         admin.set_queue(queue.clone());
     }

@@ -58,15 +58,23 @@
 //! # }
 //! ```
 //!
+//! On RabbitMQ, [`AmqpConsumer`] (feature `amqp`) does the same for every
+//! message of a subscription, and acknowledges, hands back or rejects it.
+//!
 //! An instance that dies while its handler talks to a remote system cannot
 //! know whether that system acted: after the lease, the next delivery runs
 //! again. Keep a unique index in the business database as the backstop.
 
+#[cfg(feature = "amqp")]
+mod amqp;
 pub(crate) mod failure;
 mod lease;
 mod once;
 mod service;
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use amqp::{gateway_entry, AmqpConsumer, AmqpMessage, Handled};
 pub use once::Consumer;
 pub use service::{ConsumeFuture, ConsumeOnce, ConsumerLayer, MessageKey};
 

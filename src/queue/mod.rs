@@ -17,7 +17,8 @@
 //!
 //! Backends: [`RedbQueue`], a file on one node that survives `kill -9`
 //! (the default for one instance); `RedisStreamsQueue` (feature `redis`)
-//! for many instances; [`MemoryQueue`] for tests only.
+//! for many instances; `AmqpQueue` (feature `amqp`) on the RabbitMQ you
+//! already run; [`MemoryQueue`] for tests only.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,6 +46,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "amqp")]
+mod amqp;
 mod breaker;
 mod dead;
 mod delegate;
@@ -68,6 +71,9 @@ mod room;
 mod settle;
 mod worker;
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use self::amqp::AmqpQueue;
 pub use self::redb::RedbQueue;
 pub use breaker::{BreakerRule, BreakerState};
 pub use memory::MemoryQueue;
