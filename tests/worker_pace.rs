@@ -462,3 +462,46 @@ async fn a_shared_breaker_that_cannot_answer_leaves_the_worker_its_own() {
         "5 delivered once, 2 failed before"
     );
 }
+
+/// 120 entries for one lane at `concurrency(4)` with a fetch batch of 20 (as
+/// the gateway sizes it: the concurrency and 16 more): the lane holds 8 and
+/// the rest of each fetch is given back. An entry given back comes back as
+/// the lane gets room: the upstream is never left idle for long while
+/// entries are due (given back for a second each time, it was idle for
+/// about a second after every 8 deliveries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_given_back_for_a_full_lane_come_back_as_it_gets_room() {
+    let queue = MemoryQueue::new();
+    queue_of(120, "/a", &queue).await;
+    let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = starts.clone();
+    let svc = tower::service_fn(move |_m: Message| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(std::time::Instant::now());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, io::Error>(())
+        }
+    });
+    let _worker = spawn(
+        Worker::new(queue.clone(), svc)
+            .batch(20)
+            .concurrency(4)
+            .poll_interval(Duration::from_millis(20)),
+    );
+    let done = within(Duration::from_secs(20), || starts.lock().unwrap().len() >= 120).await;
+    let starts = starts.lock().unwrap().clone();
+    assert!(done, "{} of 120 delivered", starts.len());
+    let gap = starts
+        .windows(2)
+        .map(|w| w[1].saturating_duration_since(w[0]))
+        .max()
+        .unwrap();
+    // 120 × 10 ms / 4 = 0.3 s of calls: no pause of half a second between
+    // two of them while others were due.
+    assert!(
+        gap < Duration::from_millis(500),
+        "the lane sat idle for {gap:?} with entries due (total {:?})",
+        starts[119] - starts[0]
+    );
+}
