@@ -304,6 +304,11 @@ fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
             ":10: the prefix `/notify` is routed twice",
         ),
         ("upstream = \"ftp://x\"\n", ":1: `upstream`"),
+        (&format!("log_format = \"xml\"\n{good}"), ":1: `log_format`"),
+        (
+            &format!("trace_sample_ratio = 1.5\n{good}"),
+            ":1: `trace_sample_ratio`",
+        ),
     ];
     for (text, want) in cases {
         std::fs::write(&path, text).unwrap();
@@ -315,6 +320,27 @@ fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
         assert_eq!(out.status.code(), Some(2), "{text}: {stderr}");
         assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
         assert!(stderr.contains(path.to_str().unwrap()), "{stderr}");
+    }
+    // The OpenTelemetry variables are checked at start too.
+    std::fs::write(&path, good).unwrap();
+    for (env, want) in [
+        (
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), "`http/json`"),
+        (("OTEL_TRACES_SAMPLER_ARG", "2"), "OTEL_TRACES_SAMPLER_ARG"),
+    ] {
+        let out = std::process::Command::new(&bin)
+            .args(["--config", path.to_str().unwrap(), "--check-config"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            .env("OTEL_TRACES_SAMPLER", "traceidratio")
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
     }
     let _ = std::fs::remove_file(&path);
 }
