@@ -243,6 +243,7 @@ fn service(
             req.extensions_mut().insert(conn);
             let http1 = req.version() < http::Version::HTTP_2;
             let (span, trace_id) = request_span(&req);
+            let routed = span.clone();
             let answer = async move {
                 let started = Instant::now();
                 // What the access line needs, kept only when it is logged.
@@ -253,8 +254,10 @@ fn service(
                     res.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
-                if let Some(route) = res.extensions().get::<MatchedRoute>() {
-                    tracing::Span::current().record("route", &*route.0);
+                if let (false, Some(route)) =
+                    (routed.is_disabled(), res.extensions().get::<MatchedRoute>())
+                {
+                    routed.record("route", &*route.0);
                 }
                 ratios.record(line, started, &res, trace_id.as_deref());
                 Ok(res)
