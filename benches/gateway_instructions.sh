@@ -5,6 +5,12 @@
 #
 #   benches/gateway_instructions.sh BIN [BIN...]
 #   N=2000 benches/gateway_instructions.sh target/release/examples/gateway target/ab/target-*/release/examples/gateway
+#   OTLP=1 RATIO=0.01 benches/gateway_instructions.sh target/release/examples/gateway
+#
+# With OTLP=1 the gateway exports its traces (--otlp-endpoint) to the same
+# nginx (`/v1/traces` answers 200, empty: an OTLP success), sampled at
+# RATIO (default 1), batches every 200 ms: the export's own work (encoding,
+# the HTTP call) is in the count.
 #
 # Each binary runs on one serving thread (`--workers 1`, `--route
 # /=wechatpay-v3`) under callgrind in front of nginx answering `return
@@ -36,7 +42,11 @@ http {
     access_log off;
     client_body_temp_path $TMP/nginx/client_body;
     keepalive_requests 1000000;
-    server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok\n"; } }
+    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / { return 200 "ok\n"; }
+        location = /v1/traces { default_type application/x-protobuf; return 200 ""; }
+    }
 }
 EOF
 nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
@@ -62,13 +72,19 @@ for k in range(n):
         sys.exit("status %d" % r.status)
 EOF
 
+TRACING=()
+if [ "${OTLP:-0}" = 1 ]; then
+    TRACING=(--otlp-endpoint "http://127.0.0.1:$UP_PORT" --trace-sample-ratio "${RATIO:-1}")
+    export OTEL_BSP_SCHEDULE_DELAY=200
+fi
+
 # total BIN MODE COUNT: the callgrind total of a gateway that served COUNT.
 total() {
     local port out vg
     port=$(free_port)
     out="$TMP/cg.$RANDOM.out"
     RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --listen "127.0.0.1:$port" \
-        --upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 --workers 1 >"$TMP/gw.out" 2>"$TMP/gw.err" &
+        --upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 --workers 1 "${TRACING[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
     vg=$!
     wait_line "$TMP/gw.out" "listening on " >/dev/null || sleep 5
     python3 "$TMP/client.py" "$port" "$2" 50 "warm$RANDOM"

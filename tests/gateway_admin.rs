@@ -2,13 +2,16 @@
 //! followed from its first copy to its answer with `gateway inspect` and
 //! `gateway journal`, forgotten with `gateway forget` (then a copy runs once
 //! more), on the memory store and on Redis; the admin API refuses calls
-//! without the token.
+//! without the token; with traces exported, `inspect` names the trace a
+//! collector got.
 //!
 //! Build the binary first when running this file alone:
 //! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_admin`.
 
 mod common;
 mod gateway_support;
+#[path = "gateway_support/otlp.rs"]
+mod otlp;
 mod support_redis;
 
 use common::upstream::{Replies, Upstream};
@@ -738,5 +741,55 @@ async fn inspect_and_journal_escape_control_characters() {
             !printed.contains(['\u{1b}', '\u{7}', '\u{9b}', '\u{202e}']),
             "a control character reached the terminal: {printed:?}"
         );
+    }
+}
+
+/// With `--otlp-endpoint`, each request's `request` span reaches the
+/// collector (its request id, its route, its trace id; never the key nor
+/// the body), and `gateway inspect` names the trace of the copy that ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_points_to_the_trace_the_collector_got() {
+    let up = Upstream::start().await;
+    let collector = otlp::Collector::start().await;
+    let endpoint = collector.url();
+    let mut ops = start_with(&up.url(), "memory", &["--otlp-endpoint", &endpoint]);
+    let id = format!("evt_traced_{}", std::process::id());
+    for _ in 0..2 {
+        assert_eq!(send(&ops, &id).await, 200);
+    }
+    assert_eq!(up.calls("/notify/stripe"), 1);
+    let (code, out, err) = gateway(&ops, &["inspect", "--id", &id]);
+    assert_eq!(code, 0, "{err}");
+    let trace = out
+        .split("; trace ")
+        .nth(1)
+        .map(|t| {
+            t.chars()
+                .take_while(char::is_ascii_hexdigit)
+                .collect::<String>()
+        })
+        .unwrap_or_else(|| panic!("no trace in {out}"));
+    assert_eq!(trace.len(), 32, "{out}");
+    // The batch is sent at the latest when the gateway exits.
+    ops.gw.signal(libc::SIGTERM);
+    assert!(ops.gw.wait_exit(Duration::from_secs(20)).success());
+    let spans = collector
+        .wait_for("request", 2, Duration::from_secs(10))
+        .await;
+    assert_eq!(spans.len(), 2, "{:#?}", collector.spans());
+    let ran = spans
+        .iter()
+        .find(|s| s.trace_id == trace)
+        .unwrap_or_else(|| panic!("no exported request span in trace {trace}: {spans:#?}"));
+    assert_eq!(ran.parent_span_id, "", "the request span is the root");
+    assert_eq!(ran.service, "idempotency-gateway");
+    assert_eq!(ran.attributes["route"], "/notify/stripe", "{ran:#?}");
+    assert_eq!(ran.attributes["trace_id"], trace, "{ran:#?}");
+    assert!(!ran.attributes["request_id"].is_empty(), "{ran:#?}");
+    assert_ne!(spans[0].trace_id, spans[1].trace_id, "one trace per copy");
+    for span in collector.spans() {
+        for value in span.attributes.values() {
+            assert!(!value.contains(&id), "the key or the body in {span:#?}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The gateway example as an operator runs it: logs that never block,
-//! health endpoints, environment variables, a config file, stalled
-//! clients. Each test starts the built binary (build it first:
+//! JSON logs, a trace collector that is down, health endpoints,
+//! environment variables, a config file, stalled clients. Each test starts the built binary (build it first:
 //! `cargo build --all-features --example gateway`).
 
 mod common;
@@ -92,6 +92,109 @@ async fn health_endpoints_and_dropped_log_lines_share_the_metrics_listener() {
         "{metrics}"
     );
     assert_eq!(get(admin, "/nothing").0, 404);
+}
+
+/// The sum of a counter's series in a Prometheus text page.
+fn counter_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `--log-format json`: every line of the log is one JSON object, and the
+/// lines of a request (its access line among them) carry its `request_id`
+/// and `trace_id`. Traces go to a collector that is down (nothing listens
+/// at `OTEL_EXPORTER_OTLP_ENDPOINT`): every request is answered as without
+/// tracing and at once, and the spans it could not take are counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_parse_and_a_down_collector_costs_no_answer() {
+    let up = Upstream::start().await;
+    let upstream = up.url();
+    let admin = common::free_addr();
+    let collector = format!("http://{}", common::free_addr());
+    let log = gateway_support::temp_path("json-log");
+    let mut gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/api=idempotency-key",
+            "--metrics-listen",
+            &admin.to_string(),
+            "--log-format",
+            "json",
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector),
+            ("OTEL_BSP_SCHEDULE_DELAY", "20"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "8"),
+        ],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let client = client();
+    let n = 40;
+    for i in 0..n {
+        let req = Request::post(format!("http://{}/api/orders", gw.addr))
+            .header("idempotency-key", format!("order-{i}"))
+            .header("x-request-id", format!("req-{i}"))
+            .body(Full::new(Bytes::from(format!("{{\"order\":{i}}}"))))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let res = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+            .await
+            .unwrap_or_else(|_| panic!("request {i}: no answer within 10 s"))
+            .unwrap();
+        assert_eq!(res.status(), 200, "request {i}");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "request {i} took {took:?}");
+    }
+    assert_eq!(up.total(), n);
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = get(admin, "/metrics").1;
+        if counter_sum(&metrics, "gateway_trace_spans_dropped_total") > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dropped = counter_sum(&metrics, "gateway_trace_spans_dropped_total");
+    assert!(dropped > 0.0, "no dropped span counted: {metrics}");
+    gw.signal(libc::SIGTERM);
+    assert!(gw.wait_exit(Duration::from_secs(20)).success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let mut access = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}\n{text}"));
+        for field in ["timestamp", "level", "target"] {
+            assert!(v[field].is_string(), "no {field}: {line}");
+        }
+        if v["target"] == "gateway::access" {
+            access.push(v);
+        }
+    }
+    assert_eq!(access.len(), n, "{text}");
+    let mut traces = std::collections::HashSet::new();
+    for (i, line) in access.iter().enumerate() {
+        assert_eq!(line["request_id"], format!("req-{i}"), "{line}");
+        assert_eq!(line["route"], "/api", "{line}");
+        assert_eq!(line["status"], 200, "{line}");
+        assert_eq!(line["outcome"], "executed", "{line}");
+        let trace = line["trace_id"].as_str().unwrap_or_default();
+        assert!(
+            trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{line}"
+        );
+        assert!(
+            traces.insert(trace.to_owned()),
+            "one trace per request: {line}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -201,6 +304,11 @@ fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
             ":10: the prefix `/notify` is routed twice",
         ),
         ("upstream = \"ftp://x\"\n", ":1: `upstream`"),
+        (&format!("log_format = \"xml\"\n{good}"), ":1: `log_format`"),
+        (
+            &format!("trace_sample_ratio = 1.5\n{good}"),
+            ":1: `trace_sample_ratio`",
+        ),
     ];
     for (text, want) in cases {
         std::fs::write(&path, text).unwrap();
@@ -212,6 +320,27 @@ fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
         assert_eq!(out.status.code(), Some(2), "{text}: {stderr}");
         assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
         assert!(stderr.contains(path.to_str().unwrap()), "{stderr}");
+    }
+    // The OpenTelemetry variables are checked at start too.
+    std::fs::write(&path, good).unwrap();
+    for (env, want) in [
+        (
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), "`http/json`"),
+        (("OTEL_TRACES_SAMPLER_ARG", "2"), "OTEL_TRACES_SAMPLER_ARG"),
+    ] {
+        let out = std::process::Command::new(&bin)
+            .args(["--config", path.to_str().unwrap(), "--check-config"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+            .env("OTEL_TRACES_SAMPLER", "traceidratio")
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
     }
     let _ = std::fs::remove_file(&path);
 }

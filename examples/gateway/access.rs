@@ -108,12 +108,15 @@ impl Ratios {
 
     /// Updates the gauge and the latency histogram for `res`, answered
     /// for a request that started at `started`, and logs its access line,
-    /// given the request's method and path when access lines are logged.
+    /// given the request's method and path when access lines are logged
+    /// (inside the request's span: its request and trace ids go with it).
+    /// `trace_id`: the request's, for the journal.
     pub fn record(
         &self,
         line: Option<(http::Method, String)>,
         started: Instant,
         res: &GatewayResponse,
+        trace_id: Option<&str>,
     ) {
         let outcome = res.extensions().get::<Outcome>().copied();
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
@@ -136,7 +139,7 @@ impl Ratios {
                 None => {}
             }
             if let Some(journal) = &self.journal {
-                journal_event(journal, res, outcome);
+                journal_event(journal, res, outcome, trace_id);
             }
         }
         let Some((method, path)) = line else {
@@ -218,9 +221,14 @@ impl Ratios {
 }
 
 /// One guarded response's event: its stored key, route, outcome and status,
-/// what the upstream answered when it ran, the notification's business ids
+/// what the upstream answered when it ran, the request's trace id, the notification's business ids
 /// and (with `journal_body`) its body.
-fn journal_event(journaling: &Journaling, res: &GatewayResponse, outcome: Outcome) {
+fn journal_event(
+    journaling: &Journaling,
+    res: &GatewayResponse,
+    outcome: Outcome,
+    trace_id: Option<&str>,
+) {
     let journal = &journaling.journal;
     let Some(key) = res.extensions().get::<IdempotencyKey>() else {
         return;
@@ -230,6 +238,9 @@ fn journal_event(journaling: &Journaling, res: &GatewayResponse, outcome: Outcom
         .status(res.status().as_u16());
     if let Some(up) = res.extensions().get::<UpstreamAnswer>() {
         event = event.upstream(up.status.as_u16(), up.took);
+    }
+    if let Some(trace_id) = trace_id {
+        event = event.trace_id(trace_id);
     }
     if let Some(captured) = res.extensions().get::<CapturedRequest>() {
         event = event.verified(captured.verified);

@@ -231,6 +231,7 @@ impl QueueSettings {
             async move {
                 let key = original_key(&message.key).to_owned();
                 let route = message.uri.path().to_owned();
+                let trace_id = crate::otel::delivery_trace_id(&message.headers);
                 let done = deliver.call(message).await;
                 if let Some(journal) = journal {
                     let (outcome, upstream) = match &done {
@@ -242,6 +243,9 @@ impl QueueSettings {
                     // What the upstream answered this attempt, when it was called.
                     if let Some(answer) = upstream {
                         event = event.upstream(answer.status.as_u16(), answer.took);
+                    }
+                    if let Some(trace_id) = &trace_id {
+                        event = event.trace_id(trace_id);
                     }
                     journal.record(event);
                 }

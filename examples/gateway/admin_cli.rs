@@ -238,6 +238,9 @@ fn journal_line(j: &Value) -> String {
             );
         }
     }
+    if let Some(trace) = j["trace_id"].as_str() {
+        line += &format!("; trace {trace}");
+    }
     if let Some(n) = j["attempts"].as_u64().filter(|n| *n > 0) {
         line += &format!("; {n} delivery attempts");
     }

@@ -232,6 +232,19 @@ pub struct Args {
     /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
     pub retry_backoff: Option<Duration>,
+    /// Log lines as `text` (default) or `json`: one JSON object per line, a request's
+    /// `request_id` and `trace_id` in each of its lines
+    #[arg(long, value_name = "FORMAT", env = "IDEMPOTENCY_GATEWAY_LOG_FORMAT", value_parser = crate::logging::format)]
+    pub log_format: Option<crate::logging::LogFormat>,
+    /// Export traces over OTLP to this collector (http://HOST:4318 with
+    /// OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, the default; http://HOST:4317 with grpc);
+    /// overrides OTEL_EXPORTER_OTLP_ENDPOINT (default: no export)
+    #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of new traces exported, 0 to 1 (parent-based, as parentbased_traceidratio);
+    /// overrides OTEL_TRACES_SAMPLER (default: every trace)
+    #[arg(long, value_name = "RATIO", env = "IDEMPOTENCY_GATEWAY_TRACE_SAMPLE_RATIO", value_parser = crate::otel::ratio)]
+    pub trace_sample_ratio: Option<f64>,
     #[command(subcommand)]
     pub command: Option<crate::dlq::Command>,
 }

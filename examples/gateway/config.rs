@@ -86,6 +86,9 @@ struct File {
     max_attempts: Option<Spanned<u64>>,
     queue_replicas: Option<Spanned<u64>>,
     retry_backoff: Field,
+    log_format: Field,
+    otlp_endpoint: Field,
+    trace_sample_ratio: Option<Spanned<f64>>,
     #[serde(default)]
     route: Vec<Spanned<FileRoute>>,
 }
@@ -141,6 +144,9 @@ pub struct Settings {
     pub paces: Vec<(String, Pace)>,
     /// Warnings to log once logging is on.
     pub warnings: Vec<String>,
+    pub log_format: crate::logging::LogFormat,
+    /// Where and how traces are exported, when they are.
+    pub traces: Option<crate::otel::Traces>,
 }
 
 /// The memory store's budget when `--max-memory` is not given.
@@ -266,6 +272,21 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         StoreSpec::Memory => crate::store::split(max_memory, &routes, &own_memory)?,
         _ => Vec::new(),
     };
+    let log_format = args
+        .log_format
+        .or(at.value(&file.log_format, "log_format", crate::logging::format)?)
+        .unwrap_or_default();
+    let given = crate::otel::Given {
+        endpoint: args
+            .otlp_endpoint
+            .or(file.otlp_endpoint.map(Spanned::into_inner)),
+        ratio: args.trace_sample_ratio.or(at.checked(
+            &file.trace_sample_ratio,
+            "trace_sample_ratio",
+            |r| crate::otel::ratio(&r.to_string()),
+        )?),
+    };
+    let traces = crate::otel::settings(given, &mut warnings)?;
     Ok(Settings {
         listen: listen.ok_or("`--listen ADDR` is required")?,
         upstream: upstream.ok_or("`--upstream URL` is required")?,
@@ -343,6 +364,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         queue,
         paces,
         warnings,
+        log_format,
+        traces,
     })
 }
 

@@ -6,8 +6,9 @@
 //! A thin program over the library's `proxy` module: `cli` (flags and
 //! environment variables), `config` (the TOML file), `store`, `tls`,
 //! `serve` (connections), `workers` (serving threads and their drain),
-//! `spanned` (a config value's line), `admin` (metrics and health), `logging` (non-blocking logs), `access`
-//! (the access log line), `verify` (a route's signature keys).
+//! `spanned` (a config value's line), `admin` (metrics and health), `logging` (non-blocking logs,
+//! text or JSON), `otel` (traces over OTLP), `access` (the access log line), `verify` (a
+//! route's signature keys).
 //!
 //! ```text
 //! cargo run --release --example gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
@@ -33,6 +34,7 @@ mod dlq;
 mod escape;
 mod limit;
 mod logging;
+mod otel;
 mod pace;
 mod parse;
 mod reconcile;
@@ -134,9 +136,8 @@ fn main() -> ExitCode {
             Err(msg) => usage_error(&msg),
         };
     }
-    let (_log_guard, dropped) = logging::init();
-    // Signals, the store's connections, the queue's worker, metrics and
-    // the drain; requests are served on the `workers` threads.
+    // Signals, the store's connections, the queue's worker, metrics, the
+    // OTLP export and the drain; requests are served on the `workers` threads.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -147,7 +148,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = rt.block_on(run(settings, dropped));
+    let logging = {
+        let _in = rt.enter();
+        logging::init(settings.log_format, settings.traces.as_ref())
+    };
+    let mut logging = match logging {
+        Ok(logging) => logging,
+        Err(msg) => {
+            eprintln!("gateway: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let export = logging.export.take();
+    let result = rt.block_on(async {
+        let result = run(settings, logging.dropped.clone()).await;
+        if let Some(export) = export {
+            // What is still queued goes out before exit, if the collector takes it.
+            export.shutdown(Duration::from_secs(5)).await;
+        }
+        result
+    });
     rt.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -355,6 +375,18 @@ async fn run(
         }
         None => None,
     };
+    if let Some(traces) = &settings.traces {
+        if metrics.is_some() {
+            otel::register_metrics();
+        }
+        info!(
+            endpoint = %traces.endpoint,
+            protocol = ?traces.protocol,
+            service = %traces.service,
+            sample_ratio = %traces.sampler.describe(),
+            "traces exported over OTLP"
+        );
+    }
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's

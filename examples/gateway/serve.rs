@@ -1,6 +1,6 @@
 //! Accepting connections: TLS, a cap on connections, header read timeout,
-//! idle connections closed (HTTP/2 too), request ids, the access log; and
-//! the drain on SIGTERM or SIGINT.
+//! idle connections closed (HTTP/2 too), request ids, each request's root
+//! span, the access log; and the drain on SIGTERM or SIGINT.
 
 use crate::access::Ratios;
 use crate::tls::Tls;
@@ -22,8 +22,8 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_idempotency::limit::BodyLimitError;
-use tower_idempotency::proxy::{ClientConn, Gateway};
-use tracing::{debug, warn};
+use tower_idempotency::proxy::{ClientConn, Gateway, MatchedRoute};
+use tracing::{debug, warn, Instrument as _};
 
 use crate::store::GatewayStore;
 
@@ -242,7 +242,9 @@ fn service(
             requests.fetch_add(1, Ordering::Relaxed);
             req.extensions_mut().insert(conn);
             let http1 = req.version() < http::Version::HTTP_2;
-            async move {
+            let (span, trace_id) = request_span(&req);
+            let routed = span.clone();
+            let answer = async move {
                 let started = Instant::now();
                 // What the access line needs, kept only when it is logged.
                 let line = tracing::enabled!(target: "gateway::access", tracing::Level::INFO)
@@ -252,11 +254,46 @@ fn service(
                     res.headers_mut()
                         .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
-                ratios.record(line, started, &res);
+                if let (false, Some(route)) =
+                    (routed.is_disabled(), res.extensions().get::<MatchedRoute>())
+                {
+                    routed.record("route", &*route.0);
+                }
+                ratios.record(line, started, &res, trace_id.as_deref());
                 Ok(res)
-            }
+            };
+            answer.instrument(span)
         });
     TowerToHyperService::new(svc)
+}
+
+/// The most bytes of a client's `x-request-id` that go into the logs.
+const MAX_LOGGED_REQUEST_ID: usize = 128;
+
+/// The root span of a request, `request` (its `x-request-id`, its route once
+/// routed, its trace id), and that trace id when the request is traced: the
+/// library's spans are its children, and the upstream gets its trace id in
+/// `traceparent`.
+fn request_span<B>(req: &http::Request<B>) -> (tracing::Span, Option<String>) {
+    let id = req.headers().get("x-request-id").map_or("-", |v| {
+        let text = v.to_str().unwrap_or("-");
+        // A client's id is its own: a huge one is not copied into every line.
+        text.get(..MAX_LOGGED_REQUEST_ID.min(text.len()))
+            .unwrap_or("-")
+    });
+    let span = tracing::info_span!(
+        "request",
+        request_id = id,
+        route = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+    );
+    let trace_id = crate::otel::exporting()
+        .then(|| crate::otel::trace_id(&span))
+        .flatten();
+    if let Some(trace_id) = &trace_id {
+        span.record("trace_id", trace_id.as_str());
+    }
+    (span, trace_id)
 }
 
 /// Random (v4) UUIDs for `x-request-id`, as tower-http's `MakeRequestUuid`

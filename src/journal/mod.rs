@@ -81,6 +81,8 @@ pub struct JournalEvent {
     attempt: bool,
     verified: bool,
     note: Option<String>,
+    /// The W3C trace id (32 lowercase hex digits) of the trace this copy ran in.
+    trace_id: Option<Box<str>>,
     // Boxed: most events have neither.
     business: Option<Box<Business>>,
     body: Option<Box<(Vec<u8>, u64, bool)>>,
@@ -106,6 +108,7 @@ impl JournalEvent {
             attempt: false,
             verified: false,
             note: None,
+            trace_id: None,
             business: None,
             body: None,
         }
@@ -138,6 +141,7 @@ impl JournalEvent {
             + self.preset.len()
             + self.route.len()
             + text(&self.note)
+            + self.trace_id.as_ref().map_or(0, |t| t.len())
             + self.body.as_ref().map_or(0, |b| b.0.len())
             + business
     }
@@ -166,6 +170,21 @@ impl JournalEvent {
     /// This event is a delivery attempt from the queue (acknowledge-then-deliver routes).
     pub fn attempt(mut self) -> Self {
         self.attempt = true;
+        self
+    }
+
+    /// The trace this copy ran in: its W3C trace id, 32 lowercase hex
+    /// digits (the one in the `traceparent` sent to the upstream), so that
+    /// the record points to the trace. Anything else (an invalid or all-zero
+    /// id) is ignored.
+    pub fn trace_id(mut self, trace_id: &str) -> Self {
+        let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+        let valid = trace_id.len() == 32
+            && trace_id.bytes().all(hex)
+            && trace_id.bytes().any(|b| b != b'0');
+        if valid {
+            self.trace_id = Some(trace_id.into());
+        }
         self
     }
 

@@ -58,6 +58,12 @@ pub struct JournalRecord {
     /// The trade state the notification reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trade_state: Option<String>,
+    /// The trace (its W3C trace id) of the last copy or delivery attempt
+    /// that reached the upstream, else of the first copy that had one: the
+    /// trace id in the `traceparent` the upstream got, to look the
+    /// notification up in the tracing backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     /// The raw body of the first copy that had one, when bodies are kept
     /// (at most the configured size; see [`JournalEvent::body`](super::JournalEvent::body)),
     /// byte for byte; in JSON `body_base64`, standard base64.
@@ -97,6 +103,7 @@ impl JournalRecord {
             out_trade_no: None,
             amount_minor: None,
             trade_state: None,
+            trace_id: None,
             body: None,
             body_bytes: None,
             body_truncated: false,
@@ -126,6 +133,11 @@ impl JournalRecord {
             self.upstream_ms = Some(ms);
         }
         self.attempts += u64::from(event.attempt);
+        if let Some(trace) = &event.trace_id {
+            if event.upstream.is_some() || self.trace_id.is_none() {
+                self.trace_id = Some(trace.to_string());
+            }
+        }
         let stored = event.status.is_some_and(|s| (200..300).contains(&s));
         self.completed += u64::from(!event.attempt && event.outcome == "executed" && stored);
         // The copy that ran says what the notification is about; another
@@ -176,5 +188,59 @@ mod base64_bytes {
             Some(text) => B64.decode(text).map(Some).map_err(serde::de::Error::custom),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const FIRST: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const RAN: &str = "0af7651916cd43dd8448eb211c80319c";
+
+    fn event(outcome: &'static str) -> JournalEvent {
+        JournalEvent::new("idem:stripe:/n:evt_1", "stripe", "/n", outcome)
+    }
+
+    #[test]
+    fn the_record_points_to_the_trace_of_the_copy_that_reached_the_upstream() {
+        let first = event("in_flight_rejected").trace_id(FIRST);
+        let mut record = JournalRecord::first(&first);
+        record.add(&first);
+        assert_eq!(record.trace_id.as_deref(), Some(FIRST), "the first copy's");
+        let ran = event("executed")
+            .upstream(200, Duration::from_millis(3))
+            .trace_id(RAN);
+        record.add(&ran);
+        assert_eq!(record.trace_id.as_deref(), Some(RAN), "the copy that ran");
+        // A replay did not reach the upstream: the record keeps the trace
+        // of the copy that did.
+        record.add(&event("replayed").trace_id(FIRST));
+        assert_eq!(record.trace_id.as_deref(), Some(RAN));
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["trace_id"], RAN);
+    }
+
+    #[test]
+    fn what_is_not_a_trace_id_is_not_kept() {
+        for bad in [
+            "",
+            "00000000000000000000000000000000",
+            "4BF92F3577B34DA6A3CE929D0E0E4736",
+            "4bf92f3577b34da6a3ce929d0e0e473",
+            "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "zz f92f3577b34da6a3ce929d0e0e4736",
+        ] {
+            let e = event("executed").trace_id(bad);
+            let mut record = JournalRecord::first(&e);
+            record.add(&e);
+            assert_eq!(record.trace_id, None, "{bad:?}");
+        }
+        // A record written before trace ids were kept reads back without one.
+        let old = serde_json::to_value(JournalRecord::first(&event("executed"))).unwrap();
+        assert!(old.get("trace_id").is_none());
+        let back: JournalRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(back.trace_id, None);
     }
 }
