@@ -787,6 +787,40 @@ async fn inspect_points_to_the_trace_the_collector_got() {
     assert_eq!(ran.attributes["trace_id"], trace, "{ran:#?}");
     assert!(!ran.attributes["request_id"].is_empty(), "{ran:#?}");
     assert_ne!(spans[0].trace_id, spans[1].trace_id, "one trace per copy");
+    // The upstream's call is in that trace: its `traceparent` names it.
+    let seen = up.seen();
+    let traceparent = seen[0]
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("no traceparent upstream: {:?}", seen[0].headers));
+    assert_eq!(
+        traceparent.split('-').nth(1),
+        Some(trace.as_str()),
+        "{traceparent}"
+    );
+    // The library's spans are the request span's children: `idempotency`
+    // under `request`, `claim` and `upstream` under `idempotency`.
+    let all = collector.spans();
+    let in_trace = |name: &str| {
+        all.iter()
+            .find(|s| s.name == name && s.trace_id == trace)
+            .unwrap_or_else(|| panic!("no `{name}` span in trace {trace}: {all:#?}"))
+    };
+    let guarded = in_trace("idempotency");
+    assert_eq!(guarded.parent_span_id, ran.span_id, "{guarded:#?}");
+    for child in ["claim", "upstream"] {
+        assert_eq!(
+            in_trace(child).parent_span_id,
+            guarded.span_id,
+            "`{child}` under `idempotency`"
+        );
+    }
+    assert_eq!(
+        traceparent.split('-').nth(2),
+        Some(in_trace("upstream").span_id.as_str()),
+        "the upstream's parent is the `upstream` span"
+    );
     for span in collector.spans() {
         for value in span.attributes.values() {
             assert!(!value.contains(&id), "the key or the body in {span:#?}");

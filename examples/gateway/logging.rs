@@ -13,7 +13,7 @@ use std::fmt;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
-use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::filter::{FilterExt as _, LevelFilter, Targets};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -59,6 +59,12 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging, Strin
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The library's spans (one per step of every request) are for the trace
+    // export, not the log: kept out of it, a request whose spans nobody
+    // exports pays nothing for them (a span no layer wants is never built).
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|m| {
+        !m.is_span() || !m.target().starts_with("tower_idempotency")
+    }));
     let log = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

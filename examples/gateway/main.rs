@@ -148,6 +148,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    otel::accept_traceparent(settings.accept_traceparent);
     let logging = {
         let _in = rt.enter();
         logging::init(settings.log_format, settings.traces.as_ref())

@@ -333,6 +333,23 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
+/// Whether a client's `traceparent` is followed (`--accept-traceparent`).
+static ACCEPTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Follows a client's `traceparent` (`--accept-traceparent`): a request's
+/// span takes the client's context as its parent.
+pub fn accept_traceparent(on: bool) {
+    ACCEPTING.store(on, Ordering::Relaxed);
+}
+
+/// Makes `span` a child of the client's trace when `--accept-traceparent`
+/// is on and the request carries one.
+pub fn follow_client(span: &tracing::Span, headers: &http::HeaderMap) {
+    if ACCEPTING.load(Ordering::Relaxed) && headers.contains_key("traceparent") {
+        let _ = span.set_parent(tower_idempotency::trace::extract(headers));
+    }
+}
+
 /// The trace id of `span` (its OpenTelemetry context), as 32 hex digits;
 /// `None` when the span is not traced.
 pub fn trace_id(span: &tracing::Span) -> Option<String> {

@@ -288,7 +288,10 @@ fn request_span<B>(req: &http::Request<B>) -> (tracing::Span, Option<String>) {
         trace_id = tracing::field::Empty,
     );
     let trace_id = crate::otel::exporting()
-        .then(|| crate::otel::trace_id(&span))
+        .then(|| {
+            crate::otel::follow_client(&span, req.headers());
+            crate::otel::trace_id(&span)
+        })
         .flatten();
     if let Some(trace_id) = &trace_id {
         span.record("trace_id", trace_id.as_str());
