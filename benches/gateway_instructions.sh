@@ -73,7 +73,11 @@ total() {
     RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --listen "127.0.0.1:$port" \
         --upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 --workers 1 >"$TMP/gw.out" 2>"$TMP/gw.err" &
     vg=$!
-    wait_line "$TMP/gw.out" "listening on " >/dev/null || sleep 5
+    # valgrind starts slowly on a loaded machine: up to a minute.
+    local tries
+    for tries in 1 2 3 4 5 6; do
+        wait_line "$TMP/gw.out" "listening on " >/dev/null 2>&1 && break
+    done
     python3 "$TMP/client.py" "$port" "$2" 50 "warm$RANDOM"
     python3 "$TMP/client.py" "$port" "$2" "$3" "m$RANDOM"
     kill -INT "$vg"
