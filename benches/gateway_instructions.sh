@@ -17,6 +17,9 @@
 # 200`, and gets 50 warm-up requests, then 100 or 100 + N requests over one
 # keep-alive connection; the difference of the two runs' totals over N is
 # the cost of one request (start-up and shutdown cancel out).
+#
+# KEEP=DIR keeps each binary's larger run per mode as DIR/N.MODE.callgrind
+# (N counts the binaries from 1), for `callgrind_annotate --inclusive=no`.
 set -euo pipefail
 
 N=${N:-1000}
@@ -86,21 +89,33 @@ total() {
     RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --listen "127.0.0.1:$port" \
         --upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 --workers 1 "${TRACING[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
     vg=$!
-    wait_line "$TMP/gw.out" "listening on " >/dev/null || sleep 5
+    # valgrind starts slowly on a loaded machine: up to a minute.
+    local tries
+    for tries in 1 2 3 4 5 6; do
+        wait_line "$TMP/gw.out" "listening on " >/dev/null 2>&1 && break
+    done
     python3 "$TMP/client.py" "$port" "$2" 50 "warm$RANDOM"
     python3 "$TMP/client.py" "$port" "$2" "$3" "m$RANDOM"
     kill -INT "$vg"
     wait "$vg" 2>/dev/null || true
     sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$out"
+    LAST_OUT=$out
 }
 
 echo "| binary | first delivery, instructions | replay, instructions |"
 echo "|---|---|---|"
+n=0
 for bin in "$@"; do
+    n=$((n + 1))
     row="| $bin |"
     for mode in first repeat; do
         a=$(total "$bin" "$mode" 100)
-        b=$(total "$bin" "$mode" $((100 + N)))
+        total "$bin" "$mode" $((100 + N)) >"$TMP/b"
+        b=$(cat "$TMP/b")
+        if [ -n "${KEEP:-}" ]; then
+            mkdir -p "$KEEP"
+            cp "$LAST_OUT" "$KEEP/$n.$mode.callgrind"
+        fi
         row="$row $(( (b - a) / N )) |"
     done
     echo "$row"

@@ -113,19 +113,145 @@ impl fmt::Display for Outcome {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn record(preset: &std::sync::Arc<str>, outcome: Outcome) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "idempotency_requests_total",
-        "preset" => metrics::SharedString::from(preset.clone()),
-        "outcome" => outcome.as_str()
-    )
-    .increment(1);
+    match series::requests(preset, outcome) {
+        // A built-in preset: its key built once (no label vector, no
+        // reference count per request); the recorder of this moment is
+        // asked for the counter, so a recorder installed later, or a
+        // thread's local one, still counts it.
+        Some(key) => {
+            metrics::with_recorder(|r| r.register_counter(key, series::metadata())).increment(1)
+        }
+        None => metrics::counter!(
+            "idempotency_requests_total",
+            "preset" => metrics::SharedString::from(preset.clone()),
+            "outcome" => outcome.as_str()
+        )
+        .increment(1),
+    }
 }
 
 /// Records the latency of one store call.
 #[cfg(feature = "metrics")]
 pub(crate) fn store_latency(op: &'static str, seconds: f64) {
-    #[cfg(feature = "metrics")]
-    metrics::histogram!("idempotency_store_seconds", "op" => op).record(seconds);
+    match series::store_op(op) {
+        Some(key) => metrics::with_recorder(|r| r.register_histogram(key, series::metadata()))
+            .record(seconds),
+        None => metrics::histogram!("idempotency_store_seconds", "op" => op).record(seconds),
+    }
+}
+
+/// The keys of the series counted on every request, built once: the
+/// `metrics` macros build a key (and allocate its labels) per call when a
+/// label's value is not a literal.
+#[cfg(feature = "metrics")]
+mod series {
+    use super::Outcome;
+    use crate::channel::PRESET_NAMES;
+    use metrics::{Key, Label, Level, Metadata};
+    use std::sync::OnceLock;
+
+    /// Every outcome, in declaration order (`ALL[o as usize] == o`).
+    const ALL: [Outcome; 18] = [
+        Outcome::Executed,
+        Outcome::Failed,
+        Outcome::Replayed,
+        Outcome::Waited,
+        Outcome::InFlightRejected,
+        Outcome::Mismatch,
+        Outcome::KeyMissing,
+        Outcome::RejectedBadInput,
+        Outcome::StoreError,
+        Outcome::LeaseLost,
+        Outcome::PassedThrough,
+        Outcome::RunLimitExceeded,
+        Outcome::ReplyDeadline,
+        Outcome::CompletionAbandoned,
+        Outcome::Unverified,
+        Outcome::Panicked,
+        Outcome::Shed,
+        Outcome::TooManyCopies,
+    ];
+
+    /// The store calls that are timed.
+    const OPS: [&str; 6] = [
+        "claim",
+        "complete",
+        "renew",
+        "release",
+        "take_token",
+        "put_token",
+    ];
+
+    /// What the macros would give these series (the target is this module's
+    /// parent, as where they were called).
+    pub(super) fn metadata() -> &'static Metadata<'static> {
+        static METADATA: Metadata<'static> = Metadata::new(
+            "tower_idempotency::outcome",
+            Level::INFO,
+            Some("tower_idempotency::outcome"),
+        );
+        &METADATA
+    }
+
+    /// `idempotency_requests_total{preset, outcome}` of a built-in preset.
+    pub(super) fn requests(preset: &str, outcome: Outcome) -> Option<&'static Key> {
+        static KEYS: OnceLock<Box<[Key]>> = OnceLock::new();
+        let at = PRESET_NAMES.iter().position(|n| *n == preset)?;
+        // An outcome added without its place in `ALL` takes the slow path.
+        if ALL.get(outcome as usize) != Some(&outcome) {
+            return None;
+        }
+        let keys = KEYS.get_or_init(|| {
+            PRESET_NAMES
+                .iter()
+                .flat_map(|name| {
+                    ALL.iter().map(move |o| {
+                        let labels = vec![
+                            Label::from_static_parts("preset", name),
+                            Label::from_static_parts("outcome", o.as_str()),
+                        ];
+                        Key::from_parts("idempotency_requests_total", labels)
+                    })
+                })
+                .collect()
+        });
+        keys.get(at * ALL.len() + outcome as usize)
+    }
+
+    /// `idempotency_store_seconds{op}` of the store calls in `OPS`.
+    pub(super) fn store_op(op: &str) -> Option<&'static Key> {
+        static KEYS: OnceLock<Box<[Key]>> = OnceLock::new();
+        let at = OPS.iter().position(|o| *o == op)?;
+        let keys = KEYS.get_or_init(|| {
+            OPS.iter()
+                .map(|op| {
+                    let labels = vec![Label::from_static_parts("op", op)];
+                    Key::from_parts("idempotency_store_seconds", labels)
+                })
+                .collect()
+        });
+        keys.get(at)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn every_outcome_in_its_place() {
+            for (i, o) in ALL.iter().enumerate() {
+                assert_eq!(*o as usize, i, "{o}");
+            }
+            let key = requests("stripe", Outcome::Replayed).unwrap();
+            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+            assert_eq!(labels, [("preset", "stripe"), ("outcome", "replayed")]);
+            assert!(requests("custom", Outcome::Replayed).is_none());
+            let key = store_op("complete").unwrap();
+            let labels: Vec<_> = key.labels().map(|l| l.value()).collect();
+            assert_eq!(labels, ["complete"]);
+            assert!(store_op("scan").is_none());
+        }
+    }
 }
 
 /// Logs at warn level when the `tracing` feature is on.

@@ -126,8 +126,11 @@ pub(super) async fn renewing<F: Future, St: Store>(
                 continue;
             }
             let preset = guard.key().preset_arc();
-            // A renewal that hangs does not hold the run limit back.
-            let renewal = guard.renew(config.lease);
+            // A renewal that hangs does not hold the run limit back. Boxed:
+            // this loop lives beside every call, and a renewal is rare (a
+            // call longer than a third of the lease), so the renewal's
+            // future is not carried, and copied, in every call's own.
+            let renewal = Box::pin(guard.renew(config.lease));
             let Ok(renewed) = tokio::time::timeout_at(clock.end(), renewal).await else {
                 if clock.over() {
                     return;

@@ -92,7 +92,9 @@ impl<B, E> Link<B, E> {
             Err(mpsc::error::TrySendError::Full(piece)) => piece,
         };
         clock.on_caller(true);
-        let sent = tokio::time::timeout_at(clock.caller_end(), tx.send(piece)).await;
+        // Boxed: a full channel is the rare case (a large body, a slow
+        // reader), and its timer and send would enlarge every call's future.
+        let sent = Box::pin(tokio::time::timeout_at(clock.caller_end(), tx.send(piece))).await;
         clock.on_caller(false);
         match sent {
             Ok(Ok(())) => {}
@@ -111,7 +113,8 @@ impl<B, E> Link<B, E> {
     async fn finish(&mut self, pieces: impl IntoIterator<Item = Piece>) {
         for piece in pieces {
             let Some(tx) = &self.body else { return };
-            match tokio::time::timeout_at(self.until, tx.send(piece)).await {
+            // Boxed, as in `send`: only a streamed body ends here.
+            match Box::pin(tokio::time::timeout_at(self.until, tx.send(piece))).await {
                 Ok(Ok(())) => {}
                 _ => self.body = None,
             }

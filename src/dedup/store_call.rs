@@ -18,7 +18,10 @@ pub(super) async fn store_call<T>(
     let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
     let res = match first {
         Poll::Ready(res) => res,
-        Poll::Pending => match tokio::time::timeout(timeout, fut).await {
+        // Boxed: only a store that waits (Redis, SQL) gets here, and the
+        // timer would otherwise enlarge every caller's future (copied whole
+        // as it is built and moved) for the memory store's calls too.
+        Poll::Pending => match Box::pin(tokio::time::timeout(timeout, fut)).await {
             Ok(res) => res,
             Err(_) => Err(StoreError::timeout(op, timeout)),
         },

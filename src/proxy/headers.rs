@@ -119,15 +119,23 @@ pub(crate) const CLIENT_KEY: &str = "idempotency-client-key";
 /// its own `Idempotency-Key` goes upstream as `idempotency-client-key`,
 /// claim or not.
 pub(crate) fn set_idempotency(headers: &mut HeaderMap, claim: Option<&crate::store::ActiveClaim>) {
-    headers.remove(FENCING_TOKEN);
-    headers.remove(CLIENT_KEY);
-    if let Some(client) = headers.remove(KEY) {
-        headers.insert(CLIENT_KEY, client);
+    // The names parsed once, at compile time: a `&str` name is parsed and
+    // checked again at every `remove` and `insert`. (A `HeaderName` holds
+    // `Bytes`, whose atomic pointer clippy takes for interior mutability;
+    // a static name's is never written.)
+    #![allow(clippy::declare_interior_mutable_const)]
+    const FENCING_TOKEN_NAME: HeaderName = HeaderName::from_static(FENCING_TOKEN);
+    const KEY_NAME: HeaderName = HeaderName::from_static(KEY);
+    const CLIENT_KEY_NAME: HeaderName = HeaderName::from_static(CLIENT_KEY);
+    headers.remove(FENCING_TOKEN_NAME);
+    headers.remove(CLIENT_KEY_NAME);
+    if let Some(client) = headers.remove(KEY_NAME) {
+        headers.insert(CLIENT_KEY_NAME, client);
     }
     let Some(claim) = claim else {
         return;
     };
-    headers.insert(FENCING_TOKEN, HeaderValue::from(claim.fence()));
+    headers.insert(FENCING_TOKEN_NAME, HeaderValue::from(claim.fence()));
     use sha2::{Digest, Sha256};
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(claim.key().as_bytes());
@@ -139,7 +147,7 @@ pub(crate) fn set_idempotency(headers: &mut HeaderMap, claim: Option<&crate::sto
         hex[2 * i + 1] = DIGITS[usize::from(b & 15)];
     }
     if let Ok(v) = HeaderValue::from_bytes(&hex) {
-        headers.insert(KEY, v);
+        headers.insert(KEY_NAME, v);
     }
 }
 
