@@ -1,14 +1,16 @@
 //! The gateway example's ack-then-deliver routes as a real process: the
 //! channel's success reply only once the notification is durably queued,
 //! then one delivery per notification to a real hyper upstream on loopback,
-//! across an upstream outage, a `kill -9` of the gateway (embedded queue and
-//! Redis Streams) and a dead letter replayed with `gateway dlq replay`.
+//! across an upstream outage, a `kill -9` of the gateway (embedded queue,
+//! Redis Streams and NATS JetStream), a JetStream server killed mid-storm,
+//! and a dead letter replayed with `gateway dlq replay`.
 //!
 //! Build the binary first when running this file alone:
 //! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_ack`.
 
 mod common;
 mod gateway_support;
+mod support_nats;
 mod support_redis;
 
 use common::upstream::Replies;
@@ -149,11 +151,15 @@ fn assert_once(up: &Upstream, ids: &[String]) {
 }
 
 fn dlq(data_dir: &Path, args: &[&str]) -> (i32, String) {
+    dlq_on(&["--data-dir", data_dir.to_str().unwrap()], args)
+}
+
+/// `gateway dlq ARGS QUEUE-FLAGS`.
+fn dlq_on(queue: &[&str], args: &[&str]) -> (i32, String) {
     let out = Command::new(gateway_bin())
         .arg("dlq")
         .args(args)
-        .arg("--data-dir")
-        .arg(data_dir)
+        .args(queue)
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
@@ -245,6 +251,196 @@ async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
     let redis = support_redis::RedisServer::start();
     let url = redis.url();
     killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_ack_delivered_once_after_restart_jetstream() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    killed_after_ack_delivered_once_after_restart(&["--queue", &nats.url()]).await;
+}
+
+/// One copy, sent again every 200 ms until it gets the success reply (a
+/// channel's retries); how long its first try took to be answered, and
+/// whether it was acknowledged within `give_up`.
+async fn copy_until_acknowledged(
+    http: HttpClient,
+    gw: SocketAddr,
+    body: String,
+    give_up: Duration,
+) -> (Duration, bool) {
+    let start = Instant::now();
+    let mut first = None;
+    while start.elapsed() < give_up {
+        let sent = Instant::now();
+        let headers = [("content-type", "application/json")];
+        let answer = post(&http, gw, "/wx/notify", &headers, body.clone()).await;
+        first.get_or_insert(sent.elapsed());
+        if answer.status == 200 && answer.text() == WECHAT_SUCCESS {
+            return (first.unwrap_or_default(), true);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (first.unwrap_or_default(), false)
+}
+
+/// On JetStream: 100 notifications x 5 copies at once, while the upstream
+/// fails: every copy acknowledged within a second, 100 entries, and once
+/// the upstream is back each delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upstream_down_100_notifications_5_copies_acked_within_1s_delivered_once_jetstream() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let metrics = free_addr();
+    let url = nats.url();
+    let gw = gateway(up_addr, &["--queue", &url], metrics, &[]);
+    let ids: Vec<String> = (0..100).map(|i| format!("EV-JS-{i:04}")).collect();
+    let http = client();
+    let mut tasks = Vec::new();
+    for id in &ids {
+        for _ in 0..5 {
+            let (http, body) = (http.clone(), notification(id));
+            tasks.push(tokio::spawn(copy_until_acknowledged(
+                http,
+                gw.addr,
+                body,
+                Duration::from_secs(1),
+            )));
+        }
+    }
+    let mut slowest = Duration::ZERO;
+    for t in tasks {
+        let (took, acked) = t.await.unwrap();
+        assert!(acked, "a copy was not acknowledged within 1 s");
+        slowest = slowest.max(took);
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest answer {slowest:?}"
+    );
+    let m = metrics;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a depth of 100", Duration::from_secs(30), || {
+            gauge(m, "idempotency_queue_depth") == Some(100.0)
+        })
+    })
+    .await
+    .unwrap();
+    assert!(up.counts().is_empty());
+    up.down.store(false, Ordering::SeqCst);
+    tokio::task::spawn_blocking(move || {
+        wait_until("the queue to empty", Duration::from_secs(120), || {
+            gauge(m, "idempotency_queue_depth") == Some(0.0)
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_once(&up, &ids);
+    eprintln!("jetstream: 500 copies, slowest answer {slowest:?}");
+    drop(gw);
+}
+
+/// The JetStream server killed with `kill -9` in the middle of a storm and
+/// started again: copies sent meanwhile get the failure reply and come
+/// back; every notification acknowledged is delivered, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothing_twice() {
+    let Some(mut nats) = support_nats::own() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(false).await;
+    let url = nats.url();
+    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let ids: Vec<String> = (0..60).map(|i| format!("EV-JS-KILL-{i:04}")).collect();
+    let http = client();
+    let mut tasks = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        for copy in 0..3 {
+            let (http, body, addr) = (http.clone(), notification(id), gw.addr);
+            tasks.push(tokio::spawn(async move {
+                // Spread over about 2 s, across the kill and the restart.
+                tokio::time::sleep(Duration::from_millis((n * 30 + copy * 7) as u64)).await;
+                copy_until_acknowledged(http, addr, body, Duration::from_secs(60)).await
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    nats.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    nats.restart();
+    for t in tasks {
+        let (_, acked) = t.await.unwrap();
+        assert!(acked, "a copy was never acknowledged");
+    }
+    let probe = up.clone();
+    let want = ids.len();
+    tokio::task::spawn_blocking(move || {
+        wait_until("every delivery", Duration::from_secs(90), || {
+            probe.counts().len() == want
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    drop(gw);
+}
+
+/// On JetStream: past `--max-attempts` in the dead letters (the server's
+/// stream), listed and replayed once with `gateway dlq` while the gateway
+/// runs, then delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let url = nats.url();
+    let queue = ["--queue", url.as_str()];
+    let metrics = free_addr();
+    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
+    let ids = vec!["EV-JS-DEAD-1".to_owned()];
+    send_all(&client(), gw.addr, &ids).await;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a dead letter", Duration::from_secs(60), || {
+            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+        })
+    })
+    .await
+    .unwrap();
+    let (code, listed) = dlq_on(&queue, &["list"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].contains("attempts=2"), "{listed}");
+    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
+    // A copy arriving while it is dead is a duplicate.
+    send_all(&client(), gw.addr, &ids).await;
+    up.down.store(false, Ordering::SeqCst);
+    let id = lines[0].split('\t').next().unwrap().to_owned();
+    let (code, out) = dlq_on(&queue, &["replay", &id]);
+    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
+    let (code, _) = dlq_on(&queue, &["replay", &id]);
+    assert_eq!(code, 1);
+    let (code, out) = dlq_on(&queue, &["replay", "--all"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the delivery", Duration::from_secs(60), || {
+            probe.counts().len() == 1
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    let (code, out) = dlq_on(&queue, &["list"]);
+    assert_eq!((code, out.as_str()), (0, ""));
+    drop(gw);
 }
 
 /// `gateway ARGS --admin http://METRICS` with the admin token file: exit

@@ -11,8 +11,9 @@
 //! - Ack-then-deliver with `deliver_concurrency = 20`: every copy
 //!   acknowledged at once, each notification delivered exactly once, never
 //!   more than 20 at once.
-//! - The same with three gateways on one Redis Streams queue (and one Redis
-//!   store): `deliver_concurrency = 20` holds for all of them together.
+//! - The same with three gateways on one Redis Streams queue, or on one NATS
+//!   JetStream queue (and one Redis store): `deliver_concurrency = 20` holds
+//!   for all of them together.
 //! - Today's behaviour (no limit: the default cap of 1024 is far above what
 //!   this upstream bears): the backlog knocks it over.
 //!
@@ -25,6 +26,7 @@
 
 mod common;
 mod gateway_support;
+mod support_nats;
 mod support_redis;
 
 use bytes::Bytes;
@@ -312,6 +314,25 @@ async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
     }
     let redis = support_redis::RedisServer::start();
     let url = redis.url();
+    three_gateways_share_deliver_concurrency(&url, &url, "three").await;
+}
+
+/// The same with three gateways on one NATS JetStream queue (and one Redis
+/// store): the slots are shared through the server's `PACE` bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_jetstream_queue_share_deliver_concurrency() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    three_gateways_share_deliver_concurrency(&nats.url(), &redis.url(), "three-js").await;
+}
+
+async fn three_gateways_share_deliver_concurrency(queue: &str, store: &str, tag: &str) {
     let (fragile, upstream) = Fragile::start().await;
     let config = gateway_support::temp_path("outage-three.toml");
     std::fs::write(
@@ -322,13 +343,13 @@ async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
     )
     .unwrap();
     let config = config.display().to_string();
-    let args = ["--config", &config, "--queue", &url, "--store", &url];
+    let args = ["--config", &config, "--queue", queue, "--store", store];
     let gateways: Vec<Gateway> = (0..3).map(|_| Gateway::start(&upstream, &args)).collect();
     let client = client();
     let barrier = Arc::new(tokio::sync::Barrier::new(NOTIFICATIONS * COPIES));
     let mut tasks = Vec::new();
     for n in 0..NOTIFICATIONS {
-        let body = notification(&format!("EV-three-{n}"));
+        let body = notification(&format!("EV-{tag}-{n}"));
         for copy in 0..COPIES {
             let url = gateways[(n + copy) % 3].url("/wx");
             let (client, body, barrier) = (client.clone(), body.clone(), barrier.clone());

@@ -10,13 +10,15 @@ use std::time::Duration;
 use tower::Service;
 use tower_idempotency::journal::{Journal, JournalEvent};
 use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, RouteTable, Target};
-use tower_idempotency::queue::{Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency::queue::{
+    JetStreamQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
 use tracing::{info, warn};
 
-/// The queue: the embedded file, or Redis Streams.
-pub type GatewayQueue = Either<RedbQueue, RedisStreamsQueue>;
+/// The queue: the embedded file, Redis Streams, or NATS JetStream.
+pub type GatewayQueue = Either<RedbQueue, Either<RedisStreamsQueue, JetStreamQueue>>;
 
-/// The queue's name in metrics and in Redis.
+/// The queue's name in metrics, in Redis and in JetStream.
 const NAME: &str = "gateway";
 
 /// `--data-dir` when neither it nor `--queue` is given.
@@ -45,18 +47,26 @@ pub enum QueueSpec {
     Dir(PathBuf),
     /// Redis Streams at this URL.
     Redis(String),
+    /// NATS JetStream at this URL.
+    Nats(String),
 }
 
-/// `--queue DIR|redis://HOST:PORT`.
+/// `--queue DIR|redis://HOST:PORT|nats://HOST:PORT`.
 pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
     if s.starts_with("redis://") || s.starts_with("rediss://") {
         return Ok(QueueSpec::Redis(s.to_owned()));
     }
+    if s.starts_with("nats://") || s.starts_with("tls://") {
+        return Ok(QueueSpec::Nats(s.to_owned()));
+    }
     if s.contains("://") {
-        return Err(format!("`{s}`: expected a directory or redis://HOST:PORT"));
+        return Err(format!(
+            "`{}`: expected a directory, redis://HOST:PORT or nats://HOST:PORT",
+            crate::store::redact(s)
+        ));
     }
     if s.is_empty() {
-        return Err("expected a directory or redis://HOST:PORT".into());
+        return Err("expected a directory, redis://HOST:PORT or nats://HOST:PORT".into());
     }
     Ok(QueueSpec::Dir(PathBuf::from(s)))
 }
@@ -121,9 +131,9 @@ impl QueueSettings {
         Ok(self)
     }
 
-    /// Whether this is a Redis Streams queue.
+    /// Whether this queue is shared by instances (Redis Streams, JetStream).
     pub fn is_shared(&self) -> bool {
-        matches!(self.spec, QueueSpec::Redis(_))
+        matches!(self.spec, QueueSpec::Redis(_) | QueueSpec::Nats(_))
     }
 
     /// Opens (or creates) the queue.
@@ -137,7 +147,14 @@ impl QueueSettings {
             }
             QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)
                 .await
-                .map(|q| Either::Right(q.replicas(self.replicas)))
+                .map(|q| Either::Right(Either::Left(q.replicas(self.replicas))))
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
+            QueueSpec::Nats(url) => JetStreamQueue::connect(url, NAME)
+                .await
+                .map(|q| Either::Right(Either::Right(q)))
                 .map_err(|e| {
                     let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
@@ -183,7 +200,7 @@ impl QueueSettings {
     pub fn describe(&self) -> String {
         match &self.spec {
             QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
-            QueueSpec::Redis(url) => crate::store::redact(url),
+            QueueSpec::Redis(url) | QueueSpec::Nats(url) => crate::store::redact(url),
         }
     }
 
@@ -262,13 +279,13 @@ pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
     }
 }
 
-/// Warns when a Redis Streams queue is delivered through a memory store:
+/// Warns when a shared queue (Redis Streams, JetStream) is delivered through a memory store:
 /// every instance on that queue keeps its own records, so an entry another
 /// instance reclaims (its worker died or its lease ran out) or a redelivery
 /// finds no record there and reaches the upstream again.
 pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
     if queue.is_shared() && memory_store {
-        warn!(queue = %queue.describe(), "THE REDIS STREAMS QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
+        warn!(queue = %queue.describe(), "THE SHARED QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
     }
 }
 

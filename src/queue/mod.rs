@@ -17,7 +17,8 @@
 //!
 //! Backends: [`RedbQueue`], a file on one node that survives `kill -9`
 //! (the default for one instance); `RedisStreamsQueue` (feature `redis`)
-//! for many instances; [`MemoryQueue`] for tests only.
+//! for many instances; `JetStreamQueue` (feature `nats`) on the NATS
+//! JetStream server you already run; [`MemoryQueue`] for tests only.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,6 +53,8 @@ mod either;
 mod embedded;
 mod group;
 mod health;
+#[cfg(feature = "nats")]
+mod jetstream;
 mod lanes;
 mod memory;
 mod message;
@@ -69,6 +72,9 @@ mod settle;
 mod worker;
 
 pub use self::redb::RedbQueue;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
 pub use memory::MemoryQueue;
 pub use message::Message;
 pub use pace::{Pace, Rate};
