@@ -1,47 +1,5 @@
-//! [`JetStreamConsumer`]: a handler run once per message key on a NATS
-//! JetStream subscription.
-//!
-//! JetStream delivers at least once: a message whose consumer died before
-//! acknowledging it is delivered again after its ack wait, a publisher that
-//! retried with another `Nats-Msg-Id` (or after the stream's duplicate
-//! window) stored it twice, and a `nak` redelivers it. The key read from
-//! the message (a business id, not the message id) is claimed in the
-//! [`Consumer`]'s store before the handler runs, with the same lease, run
-//! limit and failure rules as every other consumer: the handler runs once
-//! per key, however often the message arrives.
-//!
-//! Each message is settled after its handler: acknowledged (`+ACK`, waiting
-//! for the server's confirmation) once it ran or had run before; `nak`ed
-//! with a delay when it failed, panicked, ran past the run limit or found
-//! its key in flight elsewhere (it comes back); terminated (`+TERM`, never
-//! delivered again) when no delivery can succeed (no key, the key reused
-//! with another payload). While the handler runs, the message's ack wait is
-//! renewed (`+WPI`) every third of it, so a long handler does not see its
-//! message handed to another consumer meanwhile.
-//!
-//! ```no_run
-//! use futures_util::StreamExt;
-//! use tower_idempotency::consumer::{Consumer, JetStreamConsumer};
-//! use tower_idempotency::store::MemoryStore;
-//! # async fn f(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), async_nats::Error> {
-//! // Keyed by the publisher's `Idempotency-Key` header, the payload as
-//! // the fingerprint.
-//! let once = JetStreamConsumer::new(
-//!     Consumer::new(MemoryStore::new()).scope("orders"),
-//!     JetStreamConsumer::header_key("Idempotency-Key"),
-//! );
-//! let mut messages = pull.messages().await?;
-//! while let Some(message) = messages.next().await {
-//!     let message = message?;
-//!     let _ = once
-//!         .handle(&message, |m| {
-//!             let order = m.payload.clone();
-//!             async move { Ok::<_, std::io::Error>(format!("shipped {} bytes", order.len())) }
-//!         })
-//!         .await;
-//! }
-//! # Ok(()) }
-//! ```
+//! [`JetStreamConsumer`]: a handler run once per message key on NATS
+//! JetStream.
 
 use super::{ConsumeError, Consumer, MessageKey, Once, Receipt};
 use crate::store::Store;
@@ -51,7 +9,49 @@ use std::future::Future;
 use std::time::Duration;
 
 /// Runs a handler once per message key on JetStream messages, and settles
-/// each message. See the [module documentation](self).
+/// each message.
+///
+/// JetStream delivers at least once: a message whose consumer died before
+/// acknowledging it is delivered again after its ack wait, a publisher that
+/// retried with another `Nats-Msg-Id` (or after the stream's duplicate
+/// window) stored it twice, and a `nak` redelivers it. The key read from
+/// the message (a business id, not the message id) is claimed in the
+/// [`Consumer`]'s store before the handler runs, with the same lease, run
+/// limit and failure rules as every other consumer: the handler runs once
+/// per key, however often the message arrives.
+///
+/// Each message is settled after its handler: acknowledged (`+ACK`, waiting
+/// for the server's confirmation) once it ran or had run before; `nak`ed
+/// with a delay when it failed, panicked, ran past the run limit or found
+/// its key in flight elsewhere (it comes back); terminated (`+TERM`, never
+/// delivered again) when no delivery can succeed (no key, the key reused
+/// with another payload). While the handler runs, the message's ack wait is
+/// renewed (`+WPI`) every third of it, so a long handler does not see its
+/// message handed to another consumer meanwhile.
+///
+/// ```no_run
+/// use futures_util::StreamExt;
+/// use tower_idempotency::consumer::{Consumer, JetStreamConsumer};
+/// use tower_idempotency::store::MemoryStore;
+/// # async fn f(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), async_nats::Error> {
+/// // Keyed by the publisher's `Idempotency-Key` header, the payload as
+/// // the fingerprint.
+/// let once = JetStreamConsumer::new(
+///     Consumer::new(MemoryStore::new()).scope("orders"),
+///     JetStreamConsumer::header_key("Idempotency-Key"),
+/// );
+/// let mut messages = pull.messages().await?;
+/// while let Some(message) = messages.next().await {
+///     let message = message?;
+///     let _ = once
+///         .handle(&message, |m| {
+///             let order = m.payload.clone();
+///             async move { Ok::<_, std::io::Error>(format!("shipped {} bytes", order.len())) }
+///         })
+///         .await;
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct JetStreamConsumer<St, K> {
     consumer: Consumer<St>,
@@ -94,7 +94,7 @@ impl<St: Store, K: MessageKey<Message>> JetStreamConsumer<St, K> {
     }
 
     /// Runs `handler` for `message` unless its key already succeeded, then
-    /// settles the message (see the [module documentation](self)). A
+    /// settles the message (see [`JetStreamConsumer`]). A
     /// settlement that fails is not an error of the handler: the message is
     /// then delivered again, and finds its key done.
     pub async fn handle<T, E, F, Fut>(

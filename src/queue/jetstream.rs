@@ -1,86 +1,4 @@
 //! [`JetStreamQueue`]: the queue on a NATS JetStream server the user runs.
-//!
-//! # What is where
-//!
-//! For a queue named `gw` (any name; characters other than letters, digits,
-//! `-` and `_` become `_`):
-//!
-//! - the stream `IDEM_gw` (subject `idem.gw.q`, work-queue retention, file
-//!   storage) holds the entries: one message per queued notification,
-//!   published with a `Nats-Msg-Id` and answered by the server's PubAck
-//!   only once the message is stored (and replicated to a quorum of the
-//!   stream's replicas);
-//! - the durable pull consumer `workers` on it (explicit ack) is shared by
-//!   every gateway on the queue: each message is handed to one of them at a
-//!   time, its ack wait renewed (`+WPI`) while the delivery runs; a failed
-//!   delivery is `nak`ed with the backoff as its delay; one that failed
-//!   `max_attempts` times is copied to the dead letters and `term`inated;
-//! - the stream `IDEM_gw_DEAD` (subject `idem.gw.dead`) holds the dead
-//!   letters, with their attempts and last error in headers;
-//!   [`replay`](Queue::replay) publishes one back into the queue and then
-//!   deletes it from the dead letters;
-//! - the key-value bucket `IDEM_gw_KEYS` holds one marker per key (a hash
-//!   of it): its fingerprint and whether its entry is being queued, queued,
-//!   dead-lettered or delivered. Markers expire one window after their last
-//!   change;
-//! - the bucket `IDEM_gw_PACE` holds the delivery slots and turns that pace
-//!   a lane across every gateway on the queue.
-//!
-//! # Why no acknowledged notification is lost or doubled
-//!
-//! Deduplication is decided by the marker, not by JetStream's duplicate
-//! window. The first copy of a key creates the marker (a compare-and-set:
-//! one copy wins however many race) as *being queued*, with a fresh message
-//! id, then publishes the entry with that id and waits for the PubAck, then
-//! marks it *queued*. [`ingest`](Queue::ingest) returns `Queued` only after
-//! the PubAck, so the success reply is sent only for a stored entry.
-//!
-//! A copy that finds the marker *queued*, *dead-lettered* or *delivered* is
-//! a duplicate of a stored entry. One that finds it *being queued* (the
-//! first copy still publishing, or it failed, or its process died between
-//! the PubAck and the marker) publishes its own copy **under the marker's
-//! message id** and waits for the PubAck itself: it is acknowledged only
-//! once an entry is stored, whoever stored it. The two publishes carry one
-//! message id, so within the stream's duplicate window (two minutes) the
-//! server stores one of them. Only when a process died between the PubAck
-//! and the marker and no copy came for longer than that window can a second
-//! entry of the key be stored; the consumer in front of the handler (which
-//! every worker has) then runs it once. A publish that failed leaves the
-//! marker *being queued*, never *queued*: the sender got a failure reply
-//! and retries, and its retry publishes again.
-//!
-//! Settling an entry writes its marker first (delivered, dead-lettered),
-//! then acknowledges or terminates the message: a crash between the two
-//! redelivers the entry, and the consumer finds its key done. A dead letter
-//! and a replay are published before the message they replace is
-//! terminated or deleted, each under a message id derived from the
-//! original's sequence, so a repeated move is one message. A replay is
-//! counted once: only the call that deleted the dead letter returns `true`.
-//!
-//! What can be lost is what the server loses: run JetStream with file
-//! storage (the default here) and, in a cluster, streams of 3 replicas
-//! ([`JetStreamQueue::replicas`]), so that a PubAck means a quorum holds
-//! the entry; with one replica, the entries are as durable as that server's
-//! disk (JetStream syncs its files every two minutes by default; set
-//! `sync_interval: always` in the server's `jetstream` block for a sync per
-//! write).
-//!
-//! # Limits
-//!
-//! - Give every gateway of a queue the same [lease](super::Worker::lease):
-//!   the consumer's ack wait is one setting on the server, set by the queue's
-//!   [`lease`](JetStreamQueue::lease) (30 s by default) when it is created or
-//!   opened.
-//! - A worker whose lease ran out (its entry handed to another) cannot be
-//!   told so: JetStream accepts its late acknowledgement. The consumer in
-//!   front of the handler keeps the handler from running twice.
-//! - Order groups ([`Message::order`]) are not enforced (as on Redis
-//!   Streams): use the embedded queue where events of one transaction must
-//!   be delivered in order.
-//! - Pacing across gateways ([`take_slot`](Queue::take_slot),
-//!   [`take_turn`](Queue::take_turn)) keeps its leases and turns in the
-//!   `PACE` bucket with compare-and-set writes, timed by each gateway's
-//!   clock: the gateways' clocks must agree to well within a lease (NTP).
 
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
@@ -123,8 +41,7 @@ const DEAD: u8 = b'x';
 const DELIVERED: u8 = b'd';
 
 /// A queue on a NATS JetStream server, shared by every gateway that names
-/// it. See the [module documentation](self) for what it keeps where and
-/// why an acknowledgement after [`ingest`](Queue::ingest) is true.
+/// it.
 ///
 /// ```no_run
 /// use tower_idempotency::queue::{JetStreamQueue, Queue};
@@ -133,6 +50,89 @@ const DELIVERED: u8 = b'd';
 /// println!("{:?}", queue.stats().await?);
 /// # Ok(()) }
 /// ```
+///
+/// # What is where
+///
+/// For a queue named `gw` (any name; characters other than letters, digits,
+/// `-` and `_` become `_`):
+///
+/// - the stream `IDEM_gw` (subject `idem.gw.q`, work-queue retention, file
+///   storage) holds the entries: one message per queued notification,
+///   published with a `Nats-Msg-Id` and answered by the server's PubAck
+///   only once the message is stored (and replicated to a quorum of the
+///   stream's replicas);
+/// - the durable pull consumer `workers` on it (explicit ack) is shared by
+///   every gateway on the queue: each message is handed to one of them at a
+///   time, its ack wait renewed (`+WPI`) while the delivery runs; a failed
+///   delivery is `nak`ed with the backoff as its delay; one that failed
+///   `max_attempts` times is copied to the dead letters and `term`inated;
+/// - the stream `IDEM_gw_DEAD` (subject `idem.gw.dead`) holds the dead
+///   letters, with their attempts and last error in headers;
+///   [`replay`](Queue::replay) publishes one back into the queue and then
+///   deletes it from the dead letters;
+/// - the key-value bucket `IDEM_gw_KEYS` holds one marker per key (a hash
+///   of it): its fingerprint and whether its entry is being queued, queued,
+///   dead-lettered or delivered. Markers expire one window after their last
+///   change;
+/// - the bucket `IDEM_gw_PACE` holds the delivery slots and turns that pace
+///   a lane across every gateway on the queue.
+///
+/// # Why no acknowledged notification is lost or doubled
+///
+/// Deduplication is decided by the marker, not by JetStream's duplicate
+/// window. The first copy of a key creates the marker (a compare-and-set:
+/// one copy wins however many race) as *being queued*, with a fresh message
+/// id, then publishes the entry with that id and waits for the PubAck, then
+/// marks it *queued*. [`ingest`](Queue::ingest) returns `Queued` only after
+/// the PubAck, so the success reply is sent only for a stored entry.
+///
+/// A copy that finds the marker *queued*, *dead-lettered* or *delivered* is
+/// a duplicate of a stored entry. One that finds it *being queued* (the
+/// first copy still publishing, or it failed, or its process died between
+/// the PubAck and the marker) publishes its own copy **under the marker's
+/// message id** and waits for the PubAck itself: it is acknowledged only
+/// once an entry is stored, whoever stored it. The two publishes carry one
+/// message id, so within the stream's duplicate window (two minutes) the
+/// server stores one of them. Only when a process died between the PubAck
+/// and the marker and no copy came for longer than that window can a second
+/// entry of the key be stored; the consumer in front of the handler (which
+/// every worker has) then runs it once. A publish that failed leaves the
+/// marker *being queued*, never *queued*: the sender got a failure reply
+/// and retries, and its retry publishes again.
+///
+/// Settling an entry writes its marker first (delivered, dead-lettered),
+/// then acknowledges or terminates the message: a crash between the two
+/// redelivers the entry, and the consumer finds its key done. A dead letter
+/// and a replay are published before the message they replace is
+/// terminated or deleted, each under a message id derived from the
+/// original's sequence, so a repeated move is one message. A replay is
+/// counted once: only the call that deleted the dead letter returns `true`.
+///
+/// What can be lost is what the server loses: run JetStream with file
+/// storage (the default here) and, in a cluster, streams of 3 replicas
+/// ([`JetStreamQueueBuilder::replicas`]), so that a PubAck means a quorum
+/// holds the entry. A server writes each message to its files before its
+/// PubAck, so a killed server process loses nothing; it syncs them to the
+/// disk only periodically (every two minutes by default), so a single
+/// server's power cut can lose the last writes (servers from 2.10 on take
+/// `sync_interval: always` in their `jetstream` block for a sync per write).
+///
+/// # Limits
+///
+/// - Give every gateway of a queue the same [lease](super::Worker::lease):
+///   the consumer's ack wait is one setting on the server, set by the queue's
+///   [`lease`](JetStreamQueueBuilder::lease) (30 s by default) when it is created or
+///   opened.
+/// - A worker whose lease ran out (its entry handed to another) cannot be
+///   told so: JetStream accepts its late acknowledgement. The consumer in
+///   front of the handler keeps the handler from running twice.
+/// - Order groups ([`Message::order`]) are not enforced (as on Redis
+///   Streams): use the embedded queue where events of one transaction must
+///   be delivered in order.
+/// - Pacing across gateways ([`take_slot`](Queue::take_slot),
+///   [`take_turn`](Queue::take_turn)) keeps its leases and turns in the
+///   `PACE` bucket with compare-and-set writes, timed by each gateway's
+///   clock: the gateways' clocks must agree to well within a lease (NTP).
 #[derive(Clone)]
 pub struct JetStreamQueue {
     inner: Arc<Inner>,
