@@ -114,7 +114,7 @@ const DELIVERED: u8 = b'd';
 /// holds the entry. A server writes each message to its files before its
 /// PubAck, so a killed server process loses nothing; it syncs them to the
 /// disk only periodically (every two minutes by default), so a single
-/// server's power cut can lose the last writes (servers from 2.10 on take
+/// server's power cut can lose the last writes (later server versions take
 /// `sync_interval: always` in their `jetstream` block for a sync per write).
 ///
 /// # Limits
@@ -126,6 +126,10 @@ const DELIVERED: u8 = b'd';
 /// - A worker whose lease ran out (its entry handed to another) cannot be
 ///   told so: JetStream accepts its late acknowledgement. The consumer in
 ///   front of the handler keeps the handler from running twice.
+/// - A key's marker lives one [window](JetStreamQueueBuilder::window) after
+///   its last change: an entry still queued or dead-lettered longer than
+///   that no longer holds its later copies off (a copy is then queued
+///   again; the consumer in front of the handler still runs the key once).
 /// - Order groups ([`Message::order`]) are not enforced (as on Redis
 ///   Streams): use the embedded queue where events of one transaction must
 ///   be delivered in order.
