@@ -4,7 +4,7 @@
 //! queued notification takes.
 //!
 //! ```text
-//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL]
+//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL] [--nats URL]
 //! ```
 //!
 //! Each notification is the WeChat Pay v3 payment notification of
@@ -16,11 +16,16 @@
 //! growth of the allocated pages (`RedbQueue::allocated_bytes`) over the
 //! first `--n` ingests, divided by `--n`. With `--redis`, the same for
 //! `RedisStreamsQueue`, whose bytes are the growth of Redis' `used_memory`.
+//! With `--nats`, the same for `JetStreamQueue` (a JetStream server with
+//! file storage), whose bytes are the growth of its entries' stream and key
+//! markers' bucket (the streams' `bytes`).
 
 use std::sync::Arc;
 use std::time::Instant;
 use tower::service_fn;
-use tower_idempotency::queue::{Message, Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency::queue::{
+    JetStreamQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
 use tower_idempotency::store::OwnerToken;
 use tower_idempotency::Fingerprint;
 
@@ -52,6 +57,7 @@ struct Args {
     n: usize,
     concurrency: usize,
     redis: Option<String>,
+    nats: Option<String>,
 }
 
 fn args() -> Args {
@@ -59,6 +65,7 @@ fn args() -> Args {
         n: 2000,
         concurrency: 64,
         redis: None,
+        nats: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -78,6 +85,7 @@ fn args() -> Args {
                     .unwrap_or_else(|_| usage("--concurrency takes a number"))
             }
             "--redis" => a.redis = Some(value()),
+            "--nats" => a.nats = Some(value()),
             other => usage(&format!("unknown flag {other}")),
         }
     }
@@ -85,7 +93,7 @@ fn args() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL]");
+    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL] [--nats URL]");
     std::process::exit(2)
 }
 
@@ -130,11 +138,16 @@ async fn deliver_all<Q: Queue>(queue: &Q) -> (usize, f64) {
     (delivered, delivered as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn bench<Q: Queue>(label: &str, queue: Q, a: &Args, size: impl Fn() -> u64) {
+async fn bench<Q: Queue, F: std::future::Future<Output = u64>>(
+    label: &str,
+    queue: Q,
+    a: &Args,
+    size: impl Fn() -> F,
+) {
     let run = format!("{:x}", OwnerToken::new().as_u128());
-    let before = size();
+    let before = size().await;
     let seq = ingest_all(&queue, &format!("{run}-s"), a.n, 1).await;
-    let grown = size().saturating_sub(before);
+    let grown = size().await.saturating_sub(before);
     let conc = ingest_all(&queue, &format!("{run}-c"), a.n, a.concurrency).await;
     let (delivered, rate) = deliver_all(&queue).await;
     println!(
@@ -154,7 +167,7 @@ async fn main() {
     let queue = RedbQueue::open(&path).unwrap();
     let file = path.clone();
     bench("redb", queue, &a, move || {
-        std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0)
+        std::future::ready(std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0))
     })
     .await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -167,11 +180,31 @@ async fn main() {
         let used = move || {
             let mut c = client.get_connection().unwrap();
             let info: String = redis::cmd("INFO").arg("memory").query(&mut c).unwrap();
-            info.lines()
-                .find_map(|l| l.strip_prefix("used_memory:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
+            std::future::ready(
+                info.lines()
+                    .find_map(|l| l.strip_prefix("used_memory:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0),
+            )
         };
         bench("redis-streams", queue, &a, used).await;
+    }
+    if let Some(url) = &a.nats {
+        let name = format!("bench-{:x}", OwnerToken::new().as_u128());
+        let queue = JetStreamQueue::connect(url, &name).await.unwrap();
+        let js = async_nats::jetstream::new(async_nats::connect(url.as_str()).await.unwrap());
+        let streams = [format!("IDEM_{name}"), format!("KV_IDEM_{name}_KEYS")];
+        let bytes = move || {
+            let (js, streams) = (js.clone(), streams.clone());
+            async move {
+                let mut total = 0;
+                for s in &streams {
+                    let mut stream = js.get_stream(s).await.unwrap();
+                    total += stream.info().await.unwrap().state.bytes;
+                }
+                total
+            }
+        };
+        bench("jetstream", queue, &a, bytes).await;
     }
 }

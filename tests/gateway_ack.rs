@@ -405,6 +405,77 @@ async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothi
     drop(gw);
 }
 
+/// A JetStream server that wants a user and password: the gateway queues
+/// and delivers through it, and no log line or start error shows the
+/// password (an unreachable server stops the start, exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
+    if !support_nats::nats_available() {
+        return;
+    }
+    let nats = support_nats::NatsServer::start_with(&["--user", "app", "--pass", "s3cret-pw"]);
+    let url = format!("nats://app:s3cret-pw@127.0.0.1:{}", nats.port());
+    let (up, up_addr) = Upstream::start(false).await;
+    let log = temp_path("ack-nats-auth.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let upstream = format!("http://{up_addr}");
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--queue",
+            &url,
+        ],
+        &[],
+        Stdio::from(file),
+    );
+    let ids = vec!["EV-JS-AUTH-1".to_owned()];
+    send_all(&client(), gw.addr, &ids).await;
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the delivery", Duration::from_secs(30), || {
+            probe.counts().len() == 1
+        })
+    })
+    .await
+    .unwrap();
+    assert_once(&up, &ids);
+    drop(gw);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("s3cret-pw"),
+        "the password was logged:\n{text}"
+    );
+    assert!(text.contains("nats://app:***@127.0.0.1"), "{text}");
+    let _ = std::fs::remove_file(&log);
+    // Unreachable: the start fails with the URL redacted.
+    let out = Command::new(gateway_bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"])
+        .args(["--queue", "nats://app:s3cret-pw@127.0.0.1:1"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(!all.contains("s3cret-pw"), "{all}");
+    assert!(
+        all.contains("cannot open the queue at nats://app:***@127.0.0.1:1"),
+        "{all}"
+    );
+}
+
 /// On JetStream: past `--max-attempts` in the dead letters (the server's
 /// stream), listed and replayed once with `gateway dlq` while the gateway
 /// runs, then delivered once.

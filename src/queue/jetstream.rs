@@ -211,6 +211,31 @@ fn sanitize(name: &str) -> String {
     }
 }
 
+/// A URL's percent-escaped userinfo, decoded (`p%40ss` -> `p@ss`).
+fn unescape(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A key-value key for any text (keys allow few characters).
 fn hashed(text: &str) -> String {
     let d = Sha256::digest(text.as_bytes());
@@ -302,11 +327,19 @@ impl JetStreamQueueBuilder {
     /// Connects to `url` (`nats://HOST:PORT`, `nats://USER:PASS@HOST:PORT`,
     /// `tls://…`) and opens the queue.
     pub async fn connect(self, url: &str) -> Result<JetStreamQueue, QueueError> {
-        let client = async_nats::ConnectOptions::new()
-            .name("tower-idempotency")
-            .connect(url)
-            .await
-            .map_err(err)?;
+        let addr: async_nats::ServerAddr = url
+            .parse()
+            .map_err(|_| err("not a nats://HOST:PORT address"))?;
+        // The client does not read credentials from the address itself.
+        let mut options = async_nats::ConnectOptions::new().name("tower-idempotency");
+        match (addr.username(), addr.password()) {
+            (Some(user), Some(pass)) => {
+                options = options.user_and_password(unescape(user), unescape(pass));
+            }
+            (Some(token), None) => options = options.token(unescape(token)),
+            _ => {}
+        }
+        let client = options.connect(addr).await.map_err(err)?;
         self.open(client).await
     }
 
@@ -1037,5 +1070,26 @@ impl Queue for JetStreamQueue {
                 "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_credentials() {
+        assert_eq!(sanitize("gate.way *>"), "gate_way___");
+        assert_eq!(sanitize(""), "default");
+        assert_eq!(unescape("p%40ss%3Aw%zz%4"), "p@ss:w%zz%4");
+        assert_eq!(hashed("wx:1").len(), 40);
+        let m = Marker::decode(&Marker::encode(QUEUED, [7; 16], "id-1")).unwrap();
+        assert_eq!(
+            (m.state, m.fingerprint, m.id.as_str()),
+            (QUEUED, [7; 16], "id-1")
+        );
+        assert!(Marker::decode(b"short").is_none());
+        let slots = [(1, 2), (u64::MAX, 9)];
+        assert_eq!(decode_slots(&encode_slots(&slots)), slots);
     }
 }

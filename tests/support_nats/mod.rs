@@ -67,7 +67,7 @@ fn temp_dir(tag: &str) -> PathBuf {
 
 /// Whether a JetStream server answers on `port`: a real client handshake
 /// (`CONNECT`, `PING`), then a JetStream API request answered.
-fn jetstream_ready(port: u16) -> bool {
+fn jetstream_ready(port: u16, auth: &str) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(
         &format!("127.0.0.1:{port}").parse().unwrap(),
         Duration::from_millis(500),
@@ -75,8 +75,10 @@ fn jetstream_ready(port: u16) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let hello = "CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true}\r\n\
-                 SUB _INBOX.ready 1\r\nPUB $JS.API.INFO _INBOX.ready 0\r\n\r\nPING\r\n";
+    let hello = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true{auth}}}\r\n\
+         SUB _INBOX.ready 1\r\nPUB $JS.API.INFO _INBOX.ready 0\r\n\r\nPING\r\n"
+    );
     if s.write_all(hello.as_bytes()).is_err() {
         return false;
     }
@@ -105,11 +107,17 @@ pub struct NatsServer {
     watchdog: Option<Child>,
     port: u16,
     dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl NatsServer {
     /// Starts a server with JetStream on a free loopback port.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// The same with more `nats-server` arguments (`--user`, `--pass`).
+    pub fn start_with(extra: &[&str]) -> Self {
         for _ in 0..10 {
             let port = free_port();
             let mut server = Self {
@@ -117,6 +125,7 @@ impl NatsServer {
                 watchdog: None,
                 port,
                 dir: temp_dir(&format!("js-{port}")),
+                extra: extra.iter().map(|s| s.to_string()).collect(),
             };
             if server.spawn() {
                 return server;
@@ -135,6 +144,7 @@ impl NatsServer {
             .arg(self.dir.join("js"))
             .arg("-l")
             .arg(self.dir.join("nats.log"))
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -145,7 +155,7 @@ impl NatsServer {
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
             }
-            if jetstream_ready(self.port) {
+            if jetstream_ready(self.port, &self.auth()) {
                 self.watchdog = watchdog(child.id());
                 self.child = Some(child);
                 return true;
@@ -155,6 +165,18 @@ impl NatsServer {
         let _ = child.kill();
         let _ = child.wait();
         false
+    }
+
+    /// The `user` and `pass` fields of a `CONNECT`, from `--user`/`--pass`.
+    fn auth(&self) -> String {
+        let arg = |name: &str| {
+            let i = self.extra.iter().position(|a| a == name)?;
+            self.extra.get(i + 1).cloned()
+        };
+        match (arg("--user"), arg("--pass")) {
+            (Some(u), Some(p)) => format!(",\"user\":\"{u}\",\"pass\":\"{p}\""),
+            _ => String::new(),
+        }
     }
 
     /// The port.
