@@ -4,7 +4,7 @@
 //! queued notification takes.
 //!
 //! ```text
-//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL] [--amqp URL]
+//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL] [--amqp URL] [--nats URL]
 //! ```
 //!
 //! Each notification is the WeChat Pay v3 payment notification of
@@ -16,13 +16,18 @@
 //! growth of the allocated pages (`RedbQueue::allocated_bytes`) over the
 //! first `--n` ingests, divided by `--n`. With `--redis`, the same for
 //! `RedisStreamsQueue`, whose bytes are the growth of Redis' `used_memory`.
-//! With `--amqp`, the same for `AmqpQueue` on that RabbitMQ (its key records
-//! in a memory store; bytes are not measured).
+//! With `--nats`, the same for `JetStreamQueue` (a JetStream server with
+//! file storage), whose bytes are the growth of its entries' stream and key
+//! markers' bucket (the streams' `bytes`). With `--amqp`, the same for
+//! `AmqpQueue` on that RabbitMQ (its key records in a memory store; bytes
+//! are not measured).
 
 use std::sync::Arc;
 use std::time::Instant;
 use tower::service_fn;
-use tower_idempotency::queue::{AmqpQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency::queue::{
+    AmqpQueue, JetStreamQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
 use tower_idempotency::store::{MemoryStore, OwnerToken};
 use tower_idempotency::Fingerprint;
 
@@ -55,6 +60,7 @@ struct Args {
     concurrency: usize,
     redis: Option<String>,
     amqp: Option<String>,
+    nats: Option<String>,
 }
 
 fn args() -> Args {
@@ -63,6 +69,7 @@ fn args() -> Args {
         concurrency: 64,
         redis: None,
         amqp: None,
+        nats: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -83,6 +90,7 @@ fn args() -> Args {
             }
             "--redis" => a.redis = Some(value()),
             "--amqp" => a.amqp = Some(value()),
+            "--nats" => a.nats = Some(value()),
             other => usage(&format!("unknown flag {other}")),
         }
     }
@@ -90,7 +98,7 @@ fn args() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL] [--amqp URL]");
+    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL] [--amqp URL] [--nats URL]");
     std::process::exit(2)
 }
 
@@ -135,11 +143,16 @@ async fn deliver_all<Q: Queue>(queue: &Q) -> (usize, f64) {
     (delivered, delivered as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn bench<Q: Queue>(label: &str, queue: Q, a: &Args, size: impl Fn() -> Option<u64>) {
+async fn bench<Q: Queue, F: std::future::Future<Output = Option<u64>>>(
+    label: &str,
+    queue: Q,
+    a: &Args,
+    size: impl Fn() -> F,
+) {
     let run = format!("{:x}", OwnerToken::new().as_u128());
-    let before = size();
+    let before = size().await;
     let seq = ingest_all(&queue, &format!("{run}-s"), a.n, 1).await;
-    let per = match (before, size()) {
+    let per = match (before, size().await) {
         (Some(b), Some(after)) => format!("{:.0}", after.saturating_sub(b) as f64 / a.n as f64),
         _ => "n/a".to_owned(),
     };
@@ -161,7 +174,7 @@ async fn main() {
     let queue = RedbQueue::open(&path).unwrap();
     let file = path.clone();
     bench("redb", queue, &a, move || {
-        std::fs::metadata(&file).map(|m| m.len()).ok()
+        std::future::ready(std::fs::metadata(&file).map(|m| m.len()).ok())
     })
     .await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -174,17 +187,37 @@ async fn main() {
         let used = move || {
             let mut c = client.get_connection().unwrap();
             let info: String = redis::cmd("INFO").arg("memory").query(&mut c).unwrap();
-            info.lines()
-                .find_map(|l| l.strip_prefix("used_memory:"))
-                .and_then(|v| v.trim().parse().ok())
+            std::future::ready(
+                info.lines()
+                    .find_map(|l| l.strip_prefix("used_memory:"))
+                    .and_then(|v| v.trim().parse().ok()),
+            )
         };
         bench("redis-streams", queue, &a, used).await;
+    }
+    if let Some(url) = &a.nats {
+        let name = format!("bench-{:x}", OwnerToken::new().as_u128());
+        let queue = JetStreamQueue::connect(url, &name).await.unwrap();
+        let js = async_nats::jetstream::new(async_nats::connect(url.as_str()).await.unwrap());
+        let streams = [format!("IDEM_{name}"), format!("KV_IDEM_{name}_KEYS")];
+        let bytes = move || {
+            let (js, streams) = (js.clone(), streams.clone());
+            async move {
+                let mut total = 0;
+                for s in &streams {
+                    let mut stream = js.get_stream(s).await.unwrap();
+                    total += stream.info().await.unwrap().state.bytes;
+                }
+                Some(total)
+            }
+        };
+        bench("jetstream", queue, &a, bytes).await;
     }
     if let Some(url) = &a.amqp {
         let name = format!("bench-{:x}", OwnerToken::new().as_u128());
         let queue = AmqpQueue::open(url, &name, MemoryStore::new())
             .await
             .unwrap();
-        bench("rabbitmq", queue, &a, || None).await;
+        bench("rabbitmq", queue, &a, || std::future::ready(None)).await;
     }
 }

@@ -1,7 +1,9 @@
 //! The idempotent consumer: one suite of cases, run against every store
 //! (memory, a standalone Redis and a 3-master Redis Cluster started here),
-//! and its RabbitMQ adapter on a real broker.
+//! its RabbitMQ adapter on a real broker and its JetStream adapter on a
+//! real `nats-server -js`.
 
+mod support_nats;
 mod support_rabbitmq;
 mod support_redis;
 
@@ -450,4 +452,152 @@ async fn amqp_consumer_runs_each_key_once_through_copies_a_crash_before_ack_and_
         .await
         .unwrap();
     assert!(left.is_none(), "a message left: {left:?}");
+}
+
+/// The JetStream adapter: a handler runs once per key through publisher
+/// retries (another message id, or the same one), a consumer that crashed
+/// after its handler ran, and a failed delivery redelivered; a key reused
+/// with another payload never runs.
+mod jetstream_consumer {
+    use super::*;
+    use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, stream};
+    use futures_util::StreamExt;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use tower_idempotency::consumer::JetStreamConsumer;
+
+    const ACK_WAIT: Duration = Duration::from_secs(1);
+
+    async fn publish(js: &jetstream::Context, subject: &str, key: &str, id: &str, body: &str) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Idempotency-Key", key);
+        headers.insert("Nats-Msg-Id", id);
+        js.publish_with_headers(subject.to_owned(), headers, body.to_owned().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_runs_once_per_key_on_a_jetstream_subscription() {
+        let Some(server) = super::support_nats::shared() else {
+            return;
+        };
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = jetstream::new(client);
+        let name = format!("orders_{:x}", OwnerToken::new().as_u128());
+        let subject = format!("{name}.paid");
+        let stream = js
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let pull: jetstream::consumer::PullConsumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some("shipper".into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: ACK_WAIT,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // A: the publisher retried with another id, and with the same id
+        // (the server drops that one); B once; C's consumer crashes after
+        // its handler ran; D fails once; E has no key.
+        publish(&js, &subject, "A", "a-1", "paid A 100").await;
+        publish(&js, &subject, "A", "a-2", "paid A 100").await;
+        publish(&js, &subject, "A", "a-1", "paid A 100").await;
+        publish(&js, &subject, "B", "b-1", "paid B 5").await;
+        publish(&js, &subject, "C", "c-1", "paid C 7").await;
+        publish(&js, &subject, "D", "d-1", "paid D 9").await;
+        // A again with another amount: refused, never run.
+        publish(&js, &subject, "A", "a-3", "paid A 100000").await;
+        js.publish(subject.clone(), "no key".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+
+        let consumer = Consumer::new(MemoryStore::new()).scope(unique("js"));
+        let once = JetStreamConsumer::new(
+            consumer.clone(),
+            JetStreamConsumer::header_key("Idempotency-Key"),
+        )
+        .ack_wait(ACK_WAIT)
+        .retry_after(Duration::from_millis(100));
+        let runs: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let failed_d = Arc::new(AtomicUsize::new(0));
+        let mut crashed_c = false;
+        let (mut mismatched, mut keyless) = (0, 0);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = pull.clone().info().await.unwrap().clone();
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not settled: {info:?}"
+            );
+            let mut batch = pull.fetch().max_messages(16).messages().await.unwrap();
+            while let Some(m) = batch.next().await {
+                let m = m.unwrap();
+                let key = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Idempotency-Key"))
+                    .map(|v| v.as_str().to_owned());
+                if key.as_deref() == Some("C") && !crashed_c {
+                    // The handler runs and succeeds, then the consumer
+                    // dies before it acknowledged: redelivered after the
+                    // ack wait.
+                    crashed_c = true;
+                    let r = runs.clone();
+                    consumer
+                        .once("C", Fingerprint::of(&m.payload), async move {
+                            *r.lock().unwrap().entry("C".into()).or_default() += 1;
+                            Ok::<_, Down>(())
+                        })
+                        .await
+                        .unwrap();
+                    continue;
+                }
+                let (r, failed) = (runs.clone(), failed_d.clone());
+                let got = once
+                    .handle(&m, |m| {
+                        let key = m.headers.as_ref().unwrap().get("Idempotency-Key");
+                        let key = key.unwrap().as_str().to_owned();
+                        async move {
+                            if key == "D" && failed.fetch_add(1, Ordering::SeqCst) == 0 {
+                                return Err(Down);
+                            }
+                            *r.lock().unwrap().entry(key).or_default() += 1;
+                            Ok(())
+                        }
+                    })
+                    .await;
+                match got {
+                    Err(ConsumeError::Mismatch) => mismatched += 1,
+                    Err(ConsumeError::KeyMissing) => keyless += 1,
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let runs = runs.lock().unwrap().clone();
+        for key in ["A", "B", "C", "D"] {
+            assert_eq!(runs.get(key), Some(&1), "{key}: {runs:?}");
+        }
+        assert_eq!(runs.len(), 4, "{runs:?}");
+        assert_eq!(
+            failed_d.load(Ordering::SeqCst),
+            2,
+            "D failed once, then ran"
+        );
+        assert_eq!((mismatched, keyless), (1, 1));
+    }
 }

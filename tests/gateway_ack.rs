@@ -2,14 +2,16 @@
 //! channel's success reply only once the notification is durably queued,
 //! then one delivery per notification to a real hyper upstream on loopback,
 //! across an upstream outage, a `kill -9` of the gateway (embedded queue,
-//! Redis Streams and RabbitMQ), a RabbitMQ broker killed and restarted
-//! mid-storm, and a dead letter replayed with `gateway dlq replay`.
+//! Redis Streams, RabbitMQ and NATS JetStream), a RabbitMQ broker or a
+//! JetStream server killed and restarted mid-storm, and a dead letter
+//! replayed with `gateway dlq replay`.
 //!
 //! Build the binary first when running this file alone:
 //! `cargo build --all-features --example gateway && cargo test --all-features --test gateway_ack`.
 
 mod common;
 mod gateway_support;
+mod support_nats;
 mod support_rabbitmq;
 mod support_redis;
 
@@ -1096,4 +1098,280 @@ async fn data_dir_reserve_over_the_free_space_refuses_ingests_with_the_failure_r
     assert!(up.counts().is_empty(), "{:?}", up.counts());
     assert!(warnings.len() <= 1, "{warnings:#?}");
     drop(disk);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_ack_delivered_once_after_restart_jetstream() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    killed_after_ack_delivered_once_after_restart(&["--queue", &nats.url()]).await;
+}
+
+/// One copy, sent again every 200 ms until it gets the success reply (a
+/// channel's retries): how long its first try took to be answered, whether
+/// it was acknowledged within `give_up`, and how many tries it took.
+async fn copy_until_acknowledged(
+    http: HttpClient,
+    gw: SocketAddr,
+    body: String,
+    give_up: Duration,
+) -> (Duration, bool, usize) {
+    let start = Instant::now();
+    let mut first = None;
+    let mut tries = 0;
+    while start.elapsed() < give_up {
+        let sent = Instant::now();
+        let headers = [("content-type", "application/json")];
+        let answer = post(&http, gw, "/wx/notify", &headers, body.clone()).await;
+        tries += 1;
+        first.get_or_insert(sent.elapsed());
+        if answer.status == 200 && answer.text() == WECHAT_SUCCESS {
+            return (first.unwrap_or_default(), true, tries);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (first.unwrap_or_default(), false, tries)
+}
+
+/// On JetStream: 100 notifications x 5 copies at once, while the upstream
+/// fails: every copy acknowledged within a second, 100 entries, and once
+/// the upstream is back each delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upstream_down_100_notifications_5_copies_acked_within_1s_delivered_once_jetstream() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let metrics = free_addr();
+    let url = nats.url();
+    let gw = gateway(up_addr, &["--queue", &url], metrics, &[]);
+    let ids: Vec<String> = (0..100).map(|i| format!("EV-JS-{i:04}")).collect();
+    let http = client();
+    let mut tasks = Vec::new();
+    for id in &ids {
+        for _ in 0..5 {
+            let (http, body) = (http.clone(), notification(id));
+            tasks.push(tokio::spawn(copy_until_acknowledged(
+                http,
+                gw.addr,
+                body,
+                Duration::from_secs(1),
+            )));
+        }
+    }
+    let mut slowest = Duration::ZERO;
+    for t in tasks {
+        let (took, acked, _) = t.await.unwrap();
+        assert!(acked, "a copy was not acknowledged within 1 s");
+        slowest = slowest.max(took);
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest answer {slowest:?}"
+    );
+    let m = metrics;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a depth of 100", Duration::from_secs(30), || {
+            gauge(m, "idempotency_queue_depth") == Some(100.0)
+        })
+    })
+    .await
+    .unwrap();
+    assert!(up.counts().is_empty());
+    up.down.store(false, Ordering::SeqCst);
+    tokio::task::spawn_blocking(move || {
+        wait_until("the queue to empty", Duration::from_secs(120), || {
+            gauge(m, "idempotency_queue_depth") == Some(0.0)
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_once(&up, &ids);
+    eprintln!("jetstream: 500 copies, slowest answer {slowest:?}");
+    drop(gw);
+}
+
+/// The JetStream server killed with `kill -9` in the middle of a storm and
+/// started again: copies sent meanwhile get the failure reply and come
+/// back; every notification acknowledged is delivered, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothing_twice() {
+    let Some(mut nats) = support_nats::own() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(false).await;
+    let url = nats.url();
+    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let ids: Vec<String> = (0..60).map(|i| format!("EV-JS-KILL-{i:04}")).collect();
+    let http = client();
+    let mut tasks = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        for copy in 0..3 {
+            let (http, body, addr) = (http.clone(), notification(id), gw.addr);
+            tasks.push(tokio::spawn(async move {
+                // Spread over about 2 s, across the kill and the restart.
+                tokio::time::sleep(Duration::from_millis((n * 30 + copy * 7) as u64)).await;
+                let start = Instant::now();
+                let (_, acked, tries) =
+                    copy_until_acknowledged(http, addr, body, Duration::from_secs(60)).await;
+                (acked, tries, start.elapsed())
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    nats.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    nats.restart();
+    let (mut refused, mut longest) = (0, Duration::ZERO);
+    for t in tasks {
+        let (acked, tries, took) = t.await.unwrap();
+        assert!(acked, "a copy was never acknowledged");
+        refused += tries - 1;
+        longest = longest.max(took);
+    }
+    // The kill was felt: copies sent while it lasted were refused, or
+    // answered only once the restarted server confirmed their entry.
+    assert!(
+        refused > 0 || longest > Duration::from_millis(1000),
+        "no copy waited for the server: {refused} refused, longest {longest:?}"
+    );
+    let probe = up.clone();
+    let want = ids.len();
+    tokio::task::spawn_blocking(move || {
+        wait_until("every delivery", Duration::from_secs(90), || {
+            probe.counts().len() == want
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    eprintln!("jetstream server killed mid-storm: {refused} tries refused, the longest acknowledged after {longest:?}; all delivered once");
+    drop(gw);
+}
+
+/// A JetStream server that wants a user and password: the gateway queues
+/// and delivers through it, and no log line or start error shows the
+/// password (an unreachable server stops the start, exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
+    if !support_nats::nats_available() {
+        return;
+    }
+    let nats = support_nats::NatsServer::start_with(&["--user", "app", "--pass", "s3cret-pw"]);
+    let url = format!("nats://app:s3cret-pw@127.0.0.1:{}", nats.port());
+    let (up, up_addr) = Upstream::start(false).await;
+    let log = temp_path("ack-nats-auth.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let upstream = format!("http://{up_addr}");
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--queue",
+            &url,
+        ],
+        &[],
+        Stdio::from(file),
+    );
+    let ids = vec!["EV-JS-AUTH-1".to_owned()];
+    send_all(&client(), gw.addr, &ids).await;
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the delivery", Duration::from_secs(30), || {
+            probe.counts().len() == 1
+        })
+    })
+    .await
+    .unwrap();
+    assert_once(&up, &ids);
+    drop(gw);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("s3cret-pw"),
+        "the password was logged:\n{text}"
+    );
+    assert!(text.contains("nats://app:***@127.0.0.1"), "{text}");
+    let _ = std::fs::remove_file(&log);
+    // Unreachable: the start fails with the URL redacted.
+    let out = Command::new(gateway_bin())
+        .args(["--listen", "127.0.0.1:0", "--upstream", &upstream])
+        .args(["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"])
+        .args(["--queue", "nats://app:s3cret-pw@127.0.0.1:1"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(!all.contains("s3cret-pw"), "{all}");
+    assert!(
+        all.contains("cannot open the queue at nats://app:***@127.0.0.1:1"),
+        "{all}"
+    );
+}
+
+/// On JetStream: past `--max-attempts` in the dead letters (the server's
+/// stream), listed and replayed once with `gateway dlq` while the gateway
+/// runs, then delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let url = nats.url();
+    let queue = ["--queue", url.as_str()];
+    let metrics = free_addr();
+    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
+    let ids = vec!["EV-JS-DEAD-1".to_owned()];
+    send_all(&client(), gw.addr, &ids).await;
+    tokio::task::spawn_blocking(move || {
+        wait_until("a dead letter", Duration::from_secs(60), || {
+            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+        })
+    })
+    .await
+    .unwrap();
+    let (code, listed) = dlq_at(&queue, &["list"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].contains("attempts=2"), "{listed}");
+    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
+    // A copy arriving while it is dead is a duplicate.
+    send_all(&client(), gw.addr, &ids).await;
+    up.down.store(false, Ordering::SeqCst);
+    let id = lines[0].split('\t').next().unwrap().to_owned();
+    let (code, out) = dlq_at(&queue, &["replay", &id]);
+    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
+    let (code, _) = dlq_at(&queue, &["replay", &id]);
+    assert_eq!(code, 1);
+    let (code, out) = dlq_at(&queue, &["replay", "--all"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    let probe = up.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the delivery", Duration::from_secs(60), || {
+            probe.counts().len() == 1
+        })
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, &ids);
+    let (code, out) = dlq_at(&queue, &["list"]);
+    assert_eq!((code, out.as_str()), (0, ""));
+    drop(gw);
 }

@@ -12,8 +12,10 @@
 //!   acknowledged at once, each notification delivered exactly once, never
 //!   more than 20 at once.
 //! - The same with three gateways on one Redis Streams queue (and one Redis
-//!   store), or on one RabbitMQ queue (its key records and slots in one
-//!   Redis store): `deliver_concurrency = 20` holds for all of them together.
+//!   store), on one RabbitMQ queue (its key records and slots in one Redis
+//!   store), or on one NATS JetStream queue (its slots in the server's
+//!   `PACE` bucket): `deliver_concurrency = 20` holds for all of them
+//!   together.
 //! - Three gateways on one Redis queue against an upstream that fails
 //!   everything: the breaker is shared, at most 3 probes per cooldown for
 //!   all of them together, and everything is delivered once when it is back.
@@ -29,6 +31,7 @@
 
 mod common;
 mod gateway_support;
+mod support_nats;
 mod support_rabbitmq;
 mod support_redis;
 
@@ -758,4 +761,19 @@ async fn three_gateways_on_one_redis_queue_share_the_breaker() {
         "shared breaker: {before} calls in the first cooldown, {probes} in the next {WATCHED}, all {SENT} delivered {:?} after the upstream came back",
         back.elapsed()
     );
+}
+
+/// The same with three gateways on one NATS JetStream queue (and one Redis
+/// store): the slots are shared through the server's `PACE` bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_jetstream_queue_share_deliver_concurrency() {
+    let Some(nats) = support_nats::own() else {
+        return;
+    };
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    three_gateways_share_deliver_concurrency(&nats.url(), &redis.url(), "three-js").await;
 }

@@ -2,6 +2,7 @@
 //! the consumer, order per group, dead letters replayed once, and a process
 //! killed with `kill -9` between acknowledgement and delivery.
 
+mod support_nats;
 mod support_rabbitmq;
 mod support_redis;
 
@@ -13,7 +14,8 @@ use tower::service_fn;
 use tower::ServiceBuilder;
 use tower_idempotency::consumer::{Consumer, ConsumerLayer};
 use tower_idempotency::queue::{
-    AmqpQueue, Ingested, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+    AmqpQueue, Ingested, JetStreamQueue, MemoryQueue, Message, Queue, RedbQueue,
+    RedisStreamsQueue, Worker,
 };
 use tower_idempotency::store::{MemoryStore, OwnerToken, RedisStore};
 use tower_idempotency::Fingerprint;
@@ -375,6 +377,16 @@ fn child_process() {
                     .await
                     .unwrap();
                 child_run(queue, &args).await
+            }
+            "jetstream" => {
+                let queue = JetStreamQueue::builder(&args[3])
+                    .lease(Duration::from_secs(1))
+                    .connect(&args[2])
+                    .await
+                    .unwrap();
+                let mut rest = args.clone();
+                rest.remove(3);
+                child_run(queue, &rest).await
             }
             _ => {
                 let queue = RedisStreamsQueue::standalone(args[2].as_str(), &args[1])
@@ -968,4 +980,69 @@ async fn redis_shared_breaker_judges_for_every_instance_and_leases_its_probes() 
         a.breaker_state("/other").await.unwrap(),
         Some(BreakerState::Closed)
     );
+}
+
+// Order groups are not enforced on JetStream either (see its docs).
+queue_tests!(jetstream_queue, jetstream_queue().await;
+
+/// A queue of its own on the binary's shared `nats-server -js`.
+async fn jetstream_queue() -> Option<(JetStreamQueue, Arc<support_nats::NatsServer>)> {
+    let server = support_nats::shared()?;
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = JetStreamQueue::connect(&server.url(), &name).await.unwrap();
+    Some((queue, server))
+}
+
+async fn jetstream_spec(tag: &str, url: &str) -> (Spec, JetStreamQueue, String) {
+    let name = format!("{tag}-{:x}", OwnerToken::new().as_u128());
+    let queue = jetstream_open(url, &name).await;
+    let spec = format!("jetstream|{url}|{name}");
+    (
+        Spec {
+            child: spec,
+            _dir: TempDir::new(&format!("queue-{tag}")),
+        },
+        queue,
+        name,
+    )
+}
+
+/// The lease of the child's: the consumer's ack wait is one setting.
+async fn jetstream_open(url: &str, name: &str) -> JetStreamQueue {
+    JetStreamQueue::builder(name)
+        .lease(Duration::from_secs(1))
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_killed_after_ack_before_delivery_delivers_once_after_restart() {
+    let Some(server) = support_nats::shared() else {
+        return;
+    };
+    let (spec, queue, name) = jetstream_spec("kill", &server.url()).await;
+    let url = server.url();
+    killed_after_ack(
+        spec,
+        queue,
+        async move { jetstream_open(&url, &name).await },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_redelivered_entry_does_not_run_the_handler_twice() {
+    let Some(server) = support_nats::shared() else {
+        return;
+    };
+    let Some(redis) = support_redis::shared_standalone() else {
+        return;
+    };
+    let (spec, queue, name) = jetstream_spec("kill-handled", &server.url()).await;
+    let url = server.url();
+    killed_after_handler(spec, queue, &redis.url(), async move {
+        jetstream_open(&url, &name).await
+    })
+    .await;
 }

@@ -11,15 +11,16 @@ use tower::Service;
 use tower_idempotency::journal::{Journal, JournalEvent};
 use tower_idempotency::proxy::{original_key, Gateway, RouteOptions, RouteTable, Target};
 use tower_idempotency::queue::{
-    AmqpQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
+    AmqpQueue, JetStreamQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
 };
 use tracing::{info, warn};
 
-/// The queue: the embedded file, Redis Streams, or RabbitMQ (its key
-/// records in the gateway's store).
-pub type GatewayQueue = Either<RedbQueue, Either<RedisStreamsQueue, AmqpQueue<GatewayStore>>>;
+/// The queue: the embedded file, Redis Streams, RabbitMQ (its key records in
+/// the gateway's store), or NATS JetStream.
+pub type GatewayQueue =
+    Either<RedbQueue, Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>>;
 
-/// The queue's name in metrics, in Redis and on RabbitMQ.
+/// The queue's name in metrics, in Redis, on RabbitMQ and in JetStream.
 const NAME: &str = "gateway";
 
 /// `--data-dir` when neither it nor `--queue` is given.
@@ -50,16 +51,22 @@ pub enum QueueSpec {
     Redis(String),
     /// RabbitMQ at this URL (`amqp://USER:PASS@HOST:PORT/VHOST`).
     Amqp(String),
+    /// NATS JetStream at this URL.
+    Nats(String),
 }
 
-/// `--queue DIR|redis://HOST:PORT|amqp://USER:PASS@HOST:PORT/VHOST`.
+/// `--queue DIR|redis://HOST:PORT|amqp://USER:PASS@HOST:PORT/VHOST|nats://HOST:PORT`.
 pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
-    const EXPECTED: &str = "a directory, redis://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST";
+    const EXPECTED: &str =
+        "a directory, redis://HOST:PORT, amqp://USER:PASS@HOST:PORT/VHOST or nats://HOST:PORT";
     if s.starts_with("redis://") || s.starts_with("rediss://") {
         return Ok(QueueSpec::Redis(s.to_owned()));
     }
     if s.starts_with("amqp://") || s.starts_with("amqps://") {
         return Ok(QueueSpec::Amqp(s.to_owned()));
+    }
+    if s.starts_with("nats://") || s.starts_with("tls://") {
+        return Ok(QueueSpec::Nats(s.to_owned()));
     }
     if s.contains("://") {
         return Err(format!(
@@ -134,9 +141,12 @@ impl QueueSettings {
     }
 
     /// Whether several gateways can share this queue (Redis Streams,
-    /// RabbitMQ).
+    /// RabbitMQ, JetStream).
     pub fn is_shared(&self) -> bool {
-        matches!(self.spec, QueueSpec::Redis(_) | QueueSpec::Amqp(_))
+        matches!(
+            self.spec,
+            QueueSpec::Redis(_) | QueueSpec::Amqp(_) | QueueSpec::Nats(_)
+        )
     }
 
     /// Opens (or creates) the queue; a RabbitMQ queue keeps its key records
@@ -158,7 +168,14 @@ impl QueueSettings {
                 }),
             QueueSpec::Amqp(url) => AmqpQueue::open(url, NAME, store.clone())
                 .await
-                .map(|q| Either::Right(Either::Right(q)))
+                .map(|q| Either::Right(Either::Right(Either::Left(q))))
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
+            QueueSpec::Nats(url) => JetStreamQueue::connect(url, NAME)
+                .await
+                .map(|q| Either::Right(Either::Right(Either::Right(q))))
                 .map_err(|e| {
                     let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
@@ -208,7 +225,9 @@ impl QueueSettings {
     pub fn describe(&self) -> String {
         match &self.spec {
             QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
-            QueueSpec::Redis(url) | QueueSpec::Amqp(url) => crate::store::redact(url),
+            QueueSpec::Redis(url) | QueueSpec::Amqp(url) | QueueSpec::Nats(url) => {
+                crate::store::redact(url)
+            }
         }
     }
 
@@ -291,7 +310,7 @@ pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
     }
 }
 
-/// Warns when a Redis Streams queue is delivered through a memory store:
+/// Warns when a shared queue (Redis Streams, JetStream) is delivered through a memory store:
 /// every instance on that queue keeps its own records, so an entry another
 /// instance reclaims (its worker died or its lease ran out) or a redelivery
 /// finds no record there and reaches the upstream again.
@@ -301,7 +320,7 @@ pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
         return;
     }
     if queue.is_shared() && memory_store {
-        warn!(queue = %queue.describe(), "THE REDIS STREAMS QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
+        warn!(queue = %queue.describe(), "THE SHARED QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
     }
 }
 

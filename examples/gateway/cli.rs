@@ -207,7 +207,7 @@ pub struct Args {
     #[arg(long, value_name = "PREFIX", env = "IDEMPOTENCY_GATEWAY_ACK_THEN_DELIVER",
           value_delimiter = ',', value_parser = parse::prefix)]
     pub ack_then_deliver: Vec<String>,
-    /// DIR | redis://HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST (or amqps://): the queue of ack-then-deliver routes (default: the embedded queue in --data-dir)
+    /// DIR | redis://HOST:PORT | amqp://USER:PASS@HOST:PORT/VHOST (or amqps://) | nats://HOST:PORT (JetStream): the queue of ack-then-deliver routes (default: the embedded queue in --data-dir)
     #[arg(long, global = true, value_name = "QUEUE", env = "IDEMPOTENCY_GATEWAY_QUEUE", value_parser = crate::ack::queue_spec)]
     pub queue: Option<crate::ack::QueueSpec>,
     /// Directory of the embedded queue (default ./gateway-data)

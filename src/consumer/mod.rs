@@ -7,7 +7,8 @@
 //! a lease renewed every `lease/3` while the handler runs, an owner-checked
 //! completion, failures and panics never recorded (the claim is released, so
 //! the next delivery runs again). [`ConsumerLayer`] does the same as a tower
-//! layer over any message type.
+//! layer over any message type, and `JetStreamConsumer` (feature `nats`)
+//! on a NATS JetStream subscription, settling each message.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,6 +69,8 @@
 #[cfg(feature = "amqp")]
 mod amqp;
 pub(crate) mod failure;
+#[cfg(feature = "nats")]
+mod jetstream;
 mod lease;
 mod once;
 mod service;
@@ -75,6 +78,9 @@ mod service;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use amqp::{gateway_entry, AmqpConsumer, AmqpMessage, Handled};
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use jetstream::JetStreamConsumer;
 pub use once::Consumer;
 pub use service::{ConsumeFuture, ConsumeOnce, ConsumerLayer, MessageKey};
 

@@ -18,7 +18,8 @@
 //! Backends: [`RedbQueue`], a file on one node that survives `kill -9`
 //! (the default for one instance); `RedisStreamsQueue` (feature `redis`)
 //! for many instances; `AmqpQueue` (feature `amqp`) on the RabbitMQ you
-//! already run; [`MemoryQueue`] for tests only.
+//! already run; `JetStreamQueue` (feature `nats`) on the NATS JetStream
+//! server you already run; [`MemoryQueue`] for tests only.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,6 +56,8 @@ mod either;
 mod embedded;
 mod group;
 mod health;
+#[cfg(feature = "nats")]
+mod jetstream;
 mod lanes;
 mod memory;
 mod message;
@@ -76,6 +79,9 @@ mod worker;
 pub use self::amqp::AmqpQueue;
 pub use self::redb::RedbQueue;
 pub use breaker::{BreakerRule, BreakerState};
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
 pub use memory::MemoryQueue;
 pub use message::Message;
 pub use pace::{Pace, Rate};
