@@ -95,7 +95,16 @@ struct Inner<S> {
     next_lease: AtomicU64,
     /// Slot id → (record key, owner).
     slots: Mutex<HashMap<u64, (String, OwnerToken)>>,
+    /// Entries this instance put in a delay queue: id → when due. The
+    /// broker moves an entry back into the queue once due, and counts it in
+    /// neither while it moves: `stats` counts it meanwhile (until it is
+    /// fetched again, or for [`IN_TRANSIT`] past its due time).
+    backing_off: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long after its due time an entry that left its delay queue is
+/// counted in the depth, unless fetched again before.
+const IN_TRANSIT: Duration = Duration::from_secs(5);
 
 /// A queue on RabbitMQ: quorum queues, persistent messages, publisher
 /// confirms, dead letters through a dead-letter exchange; "already queued"
@@ -170,7 +179,8 @@ struct Inner<S> {
 /// # What the broker does not say
 ///
 /// [`stats`](Queue::stats) counts the messages ready in `NAME` and in the
-/// delay queues (from the broker) plus those this instance is delivering;
+/// delay queues (from the broker) plus those this instance is delivering
+/// or moved to a delay queue and that are on their way back;
 /// entries another gateway is delivering are not counted, and the age of the
 /// oldest entry is that of the oldest this instance is delivering (AMQP
 /// cannot look at a queue's head without taking it). Order groups
@@ -287,6 +297,7 @@ impl<S: Store> AmqpQueue<S> {
                 held: Mutex::new(HashMap::new()),
                 next_lease: AtomicU64::new(1),
                 slots: Mutex::new(HashMap::new()),
+                backing_off: Mutex::new(HashMap::new()),
             }),
         };
         queue.link().await?;
@@ -586,7 +597,8 @@ impl<S: Store> AmqpQueue<S> {
         let Some(held) = self.release_held(delivery).await else {
             return Ok(false);
         };
-        let queue = self.delay_queue(delay_bucket(after));
+        let bucket = delay_bucket(after);
+        let queue = self.delay_queue(bucket);
         let env = Envelope {
             id: delivery.id.to_string(),
             attempts,
@@ -600,6 +612,14 @@ impl<S: Store> AmqpQueue<S> {
             let _ = held.acker.nack(requeue()).await;
             return Err(e);
         }
+        self.inner
+            .backing_off
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                delivery.id.to_string(),
+                Instant::now() + Duration::from_millis(bucket),
+            );
         held.acker
             .ack(BasicAckOptions::default())
             .await
@@ -793,6 +813,11 @@ impl<S: Store> Queue for AmqpQueue<S> {
                     .map_err(err)?;
                 continue;
             };
+            self.inner
+                .backing_off
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
             let lease_id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
             self.inner
                 .held
@@ -1010,6 +1035,20 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 return Err(err(e));
             }
         };
+        // This instance's retries not fetched again yet: in a delay queue,
+        // in the queue, or moving between the two, where the broker counts
+        // them in neither. The broker's count is at least theirs unless
+        // some are moving.
+        let retried = {
+            let now = Instant::now();
+            let mut backing = self
+                .inner
+                .backing_off
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            backing.retain(|_, due| *due + IN_TRANSIT > now);
+            backing.len() as u64
+        };
         let held = self.inner.held.lock().unwrap_or_else(|e| e.into_inner());
         let now = SystemTime::now();
         let oldest = held
@@ -1017,7 +1056,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
             .map(|h| now.duration_since(h.enqueued).unwrap_or_default())
             .max();
         Ok(QueueStats {
-            depth: ready + held.len() as u64,
+            depth: ready.max(retried) + held.len() as u64,
             oldest,
             dead,
             ..QueueStats::default()
