@@ -984,6 +984,11 @@ async fn redis_shared_breaker_judges_for_every_instance_and_leases_its_probes() 
 
 // Order groups are not enforced on JetStream either (see its docs).
 queue_tests!(jetstream_queue, jetstream_queue().await;
+    seven_copies_make_one_entry,
+    storm_while_upstream_down_delivers_each_once,
+    dead_letters_are_kept_and_replayed_once,
+    forget_lets_a_delivered_key_run_again,
+);
 
 /// A queue of its own on the binary's shared `nats-server -js`.
 async fn jetstream_queue() -> Option<(JetStreamQueue, Arc<support_nats::NatsServer>)> {
