@@ -489,7 +489,10 @@ async fn entries_given_back_for_a_full_lane_come_back_as_it_gets_room() {
             .concurrency(4)
             .poll_interval(Duration::from_millis(20)),
     );
-    let done = within(Duration::from_secs(20), || starts.lock().unwrap().len() >= 120).await;
+    let done = within(Duration::from_secs(20), || {
+        starts.lock().unwrap().len() >= 120
+    })
+    .await;
     let starts = starts.lock().unwrap().clone();
     assert!(done, "{} of 120 delivered", starts.len());
     let gap = starts

@@ -199,6 +199,14 @@ impl<Q: Queue, S> Worker<Q, S> {
     }
 }
 
+impl Act {
+    /// Whether this gives a fetched entry back because its lane holds all
+    /// it may.
+    pub(super) fn gives_back_for_room(&self) -> bool {
+        matches!(self, Act::Postpone(_, why) if *why == FULL)
+    }
+}
+
 const RATE: &str = "the route's delivery rate left no turn within the lease";
 const FULL: &str = "the route's deliveries are at their concurrency";
 const OPEN: &str = "the upstream's circuit breaker is open";
