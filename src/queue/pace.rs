@@ -228,6 +228,9 @@ pub(super) struct Lane {
 
 /// The longest an entry fetched for a full lane is given back for.
 const MAX_OVERFLOW_WAIT: Duration = Duration::from_secs(30);
+/// The least (so that the entries given back do not come back before the
+/// ones behind them were fetched).
+const MIN_OVERFLOW_WAIT: Duration = Duration::from_secs(1);
 
 /// What to do with a lane's next waiting delivery.
 #[derive(Debug, PartialEq, Eq)]
@@ -329,16 +332,22 @@ impl Lane {
     /// fetched now would only wait, holding the fetch budget the other
     /// lanes need.
     pub(super) fn full(&self) -> bool {
-        self.pace.concurrency.is_some_and(|n| {
+        self.room() == Some(0)
+    }
+
+    /// How many more deliveries the lane may hold before it is
+    /// [full](Self::full); `None` without a concurrency (no bound).
+    pub(super) fn room(&self) -> Option<usize> {
+        self.pace.concurrency.map(|n| {
             let reserve = n.div_ceil(4).max(4);
-            self.running + self.waiting.len() >= n.saturating_add(reserve)
+            let held = self.running + self.waiting.len();
+            n.saturating_add(reserve).saturating_sub(held)
         })
     }
 
     /// How long an entry fetched for this full lane is given back for:
     /// until the lane should have room for it (one call's latency over the
-    /// concurrency after the last one given back), at least one call's
-    /// latency (the calls running now end by then) and at most 30 seconds.
+    /// concurrency after the last one given back), from 1 to 30 seconds.
     /// Until a call ended, the latency is at least how long the lane has
     /// been busy.
     pub(super) fn overflow_wait(&mut self, now: Instant) -> Duration {
@@ -349,7 +358,7 @@ impl Lane {
         let latency = self.latency.unwrap_or(busy).max(Duration::from_millis(10));
         let from = self.spread_until.map_or(now, |t| t.max(now));
         let at = (from + latency / n)
-            .max(now + latency)
+            .max(now + MIN_OVERFLOW_WAIT)
             .min(now + MAX_OVERFLOW_WAIT);
         self.spread_until = Some(at);
         at - now

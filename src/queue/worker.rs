@@ -447,10 +447,6 @@ where
         let mut next_fetch = Instant::now();
         let mut renew_at = Instant::now() + renew_every(self.config.lease);
         let mut stopping = false;
-        // Entries were given back for a full lane: each delivery that ends
-        // makes room, so the queue is asked again at once (they come back
-        // due as the lane should have room), not after the poll interval.
-        let mut gave_back = false;
         loop {
             let (ready, wake) = match stopping {
                 false => self.admit(),
@@ -463,18 +459,20 @@ where
                 running.extend(started);
             }
             // Entries being postponed take no room: they are given back.
+            // Never more than the lanes can hold together: an entry fetched
+            // for a full lane is written back to the queue (a commit each)
+            // and comes back no sooner than a second later.
             let free = self
                 .config
                 .batch
-                .saturating_sub(self.calls() + self.waiting());
+                .saturating_sub(self.calls() + self.waiting())
+                .min(self.room().unwrap_or(usize::MAX));
             if !stopping && free > 0 && Instant::now() >= next_fetch {
                 match self.queue.fetch(free, self.config.lease).await {
                     Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
                     Ok(batch) => {
-                        gave_back = false;
                         for delivery in batch {
                             if let Some((lane, delivery, act)) = self.enqueue(delivery, true) {
-                                gave_back |= act.gives_back_for_room();
                                 let started = self.launch(lane, delivery, act).await;
                                 running.extend(started);
                             }
@@ -502,9 +500,6 @@ where
             tokio::select! {
                 () = &mut shutdown, if !stopping => stopping = true,
                 Some(done) = running.next(), if busy => {
-                    if gave_back {
-                        next_fetch = next_fetch.min(Instant::now());
-                    }
                     match self.finish(done) {
                         Err(_e) if !_e.is_unwritable() => {
                             crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed while settling a delivery; it is delivered again after its lease");
