@@ -464,11 +464,11 @@ async fn a_shared_breaker_that_cannot_answer_leaves_the_worker_its_own() {
 }
 
 /// 120 entries for one lane at `concurrency(4)` with a fetch batch of 20 (as
-/// the gateway sizes it: the concurrency and 16 more): the lane holds 8 and
-/// the rest of each fetch is given back. An entry given back comes back as
-/// the lane gets room: the upstream is never left idle for long while
-/// entries are due (given back for a second each time, it was idle for
-/// about a second after every 8 deliveries).
+/// the gateway sizes it: the concurrency and 16 more): the lane holds 8. The
+/// worker fetches no more than that, so no entry is given back to wait out a
+/// second while the lane has room: the upstream is never left idle for long
+/// while entries are due (fetching the whole batch and giving back the
+/// rest, it was idle for about a second after every 8 deliveries).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_given_back_for_a_full_lane_come_back_as_it_gets_room() {
     let queue = MemoryQueue::new();
@@ -489,7 +489,10 @@ async fn entries_given_back_for_a_full_lane_come_back_as_it_gets_room() {
             .concurrency(4)
             .poll_interval(Duration::from_millis(20)),
     );
-    let done = within(Duration::from_secs(20), || starts.lock().unwrap().len() >= 120).await;
+    let done = within(Duration::from_secs(20), || {
+        starts.lock().unwrap().len() >= 120
+    })
+    .await;
     let starts = starts.lock().unwrap().clone();
     assert!(done, "{} of 120 delivered", starts.len());
     let gap = starts

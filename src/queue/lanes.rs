@@ -97,6 +97,12 @@ impl<Q: Queue, S> Worker<Q, S> {
         self.lanes.iter().map(|l| l.waiting.len()).sum()
     }
 
+    /// How many more deliveries the lanes may hold together; `None` when
+    /// one of them has no bound. More fetched would only be given back.
+    pub(super) fn room(&self) -> Option<usize> {
+        self.lanes.iter().map(Lane::room).sum()
+    }
+
     /// Deliveries calling the service (until they are settled).
     pub(super) fn calls(&self) -> usize {
         self.lanes.iter().map(|l| l.running).sum()

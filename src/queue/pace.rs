@@ -332,9 +332,16 @@ impl Lane {
     /// fetched now would only wait, holding the fetch budget the other
     /// lanes need.
     pub(super) fn full(&self) -> bool {
-        self.pace.concurrency.is_some_and(|n| {
+        self.room() == Some(0)
+    }
+
+    /// How many more deliveries the lane may hold before it is
+    /// [full](Self::full); `None` without a concurrency (no bound).
+    pub(super) fn room(&self) -> Option<usize> {
+        self.pace.concurrency.map(|n| {
             let reserve = n.div_ceil(4).max(4);
-            self.running + self.waiting.len() >= n.saturating_add(reserve)
+            let held = self.running + self.waiting.len();
+            n.saturating_add(reserve).saturating_sub(held)
         })
     }
 

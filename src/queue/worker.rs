@@ -464,10 +464,14 @@ where
                 running.extend(started);
             }
             // Entries being postponed take no room: they are given back.
+            // Never more than the lanes can hold together: an entry fetched
+            // for a full lane is written back to the queue (a commit each)
+            // and comes back no sooner than a second later.
             let free = self
                 .config
                 .batch
-                .saturating_sub(self.calls() + self.waiting());
+                .saturating_sub(self.calls() + self.waiting())
+                .min(self.room().unwrap_or(usize::MAX));
             if !stopping && free > 0 && Instant::now() >= next_fetch {
                 match self.queue.fetch(free, self.config.lease).await {
                     Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
