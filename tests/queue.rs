@@ -14,8 +14,8 @@ use tower::service_fn;
 use tower::ServiceBuilder;
 use tower_idempotency::consumer::{Consumer, ConsumerLayer};
 use tower_idempotency::queue::{
-    AmqpQueue, Ingested, JetStreamQueue, MemoryQueue, Message, Queue, RedbQueue,
-    RedisStreamsQueue, Worker,
+    AmqpQueue, Ingested, JetStreamQueue, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue,
+    Worker,
 };
 use tower_idempotency::store::{MemoryStore, OwnerToken, RedisStore};
 use tower_idempotency::Fingerprint;
