@@ -223,10 +223,8 @@ where
             Err(e) if e.is_retryable() => Handled::Requeued,
             Err(_) => Handled::Rejected,
         };
-        match handled {
-            Handled::Ran | Handled::Done => {
-                acker.ack(BasicAckOptions::default()).await?;
-            }
+        let told = match handled {
+            Handled::Ran | Handled::Done => acker.ack(BasicAckOptions::default()).await?,
             Handled::Requeued => {
                 tokio::time::sleep(self.retry_after).await;
                 acker
@@ -234,11 +232,17 @@ where
                         requeue: true,
                         ..BasicNackOptions::default()
                     })
-                    .await?;
+                    .await?
             }
-            Handled::Rejected => {
-                acker.nack(BasicNackOptions::default()).await?;
-            }
+            Handled::Rejected => acker.nack(BasicNackOptions::default()).await?,
+        };
+        if !told {
+            // lapin answers `false`, not an error, when the channel closed
+            // under the delivery: the broker was not told, and hands it out
+            // again (where its key's record makes it a duplicate).
+            return Err(lapin::Error::from(std::io::Error::other(
+                "the channel closed before the broker was told",
+            )));
         }
         Ok(handled)
     }

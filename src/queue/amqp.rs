@@ -34,6 +34,17 @@ fn err(e: impl fmt::Display) -> QueueError {
     QueueError::new(format!("amqp queue: {e}"))
 }
 
+/// An acknowledgement's answer as a result: lapin answers `Ok(false)`, not
+/// an error, when the channel closed under the delivery (the broker hands
+/// it out again), and that is no acknowledgement.
+fn settled(answer: lapin::Result<bool>) -> Result<(), QueueError> {
+    match answer {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(err("the channel closed before the broker was told")),
+        Err(e) => Err(err(e)),
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -620,10 +631,7 @@ impl<S: Store> AmqpQueue<S> {
                 delivery.id.to_string(),
                 Instant::now() + Duration::from_millis(bucket),
             );
-        held.acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(err)?;
+        settled(held.acker.ack(BasicAckOptions::default()).await)?;
         Ok(true)
     }
 
@@ -684,7 +692,7 @@ impl<S: Store> AmqpQueue<S> {
                 };
                 self.publish("", &self.inner.name, &letter.message, env)
                     .await?;
-                d.acker.ack(BasicAckOptions::default()).await.map_err(err)?;
+                settled(d.acker.ack(BasicAckOptions::default()).await)?;
                 self.set_state(&letter.message.key, letter.message.fingerprint, QUEUED)
                     .await;
                 n += 1;
@@ -807,10 +815,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 };
                 self.publish(&self.dlx(), &self.inner.name, &raw, env)
                     .await?;
-                got.acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .map_err(err)?;
+                settled(got.acker.ack(BasicAckOptions::default()).await)?;
                 continue;
             };
             self.inner
@@ -935,7 +940,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
         let Some(held) = self.release_held(delivery).await else {
             return Ok(false);
         };
-        if held.acker.ack(BasicAckOptions::default()).await.is_err() {
+        if settled(held.acker.ack(BasicAckOptions::default()).await).is_err() {
             // The connection broke: the broker hands the entry out again.
             return Ok(false);
         }
@@ -983,10 +988,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
             let _ = held.acker.nack(requeue()).await;
             return Err(e);
         }
-        held.acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(err)?;
+        settled(held.acker.ack(BasicAckOptions::default()).await)?;
         Ok(true)
     }
 
