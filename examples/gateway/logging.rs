@@ -95,7 +95,13 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging, Strin
         }
         None => (None, None),
     };
-    tracing_subscriber::registry().with(log).with(spans).init();
+    // Without an exporter there is no second layer at all: a `None` layer
+    // would answer "always" for every callsite, and every span the log does
+    // not want would still be built in the registry.
+    match spans {
+        Some(spans) => tracing_subscriber::registry().with(log).with(spans).init(),
+        None => tracing_subscriber::registry().with(log).init(),
+    }
     Ok(Logging {
         _guard: guard,
         dropped,
