@@ -701,8 +701,30 @@ impl<S: Store> AmqpQueue<S> {
         }
         .await;
         // The others go back to the dead letters.
-        let _ = ch.close(200, "done".into()).await;
+        self.give_back(&ch, &taken).await;
         result.map(|()| n)
+    }
+
+    /// Hands the dead letters a peek took back to the dead queue, and
+    /// returns once they are counted there again. Closing the channel
+    /// alone requeues them too, but the broker does it on its own time: a
+    /// count read on another channel right after could miss them. A nack
+    /// and then a passive declare on the same channel reach the queue in
+    /// that order, so once the declare is answered they are back.
+    async fn give_back(&self, ch: &Channel, taken: &[lapin::message::Delivery]) {
+        for d in taken {
+            if d.acker.usable() {
+                let _ = d.acker.nack(requeue()).await;
+            }
+        }
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let _ = ch
+            .queue_declare(string(self.dead_queue()), passive, FieldTable::default())
+            .await;
+        let _ = ch.close(200, "done".into()).await;
     }
 }
 
@@ -994,7 +1016,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
         let (ch, taken) = self.peek_dead(usize::MAX).await?;
-        let _ = ch.close(200, "looked".into()).await;
+        self.give_back(&ch, &taken).await;
         let mut letters: Vec<DeadLetter> = taken.iter().map(Self::dead_letter_of).collect();
         letters.sort_by_key(|d| d.dead_at);
         letters.truncate(limit);
