@@ -19,7 +19,10 @@
 //!   channels send none, and a sender should not choose the gateway's trace
 //!   ids) unless the gateway is told to follow them
 //!   ([`GatewayBuilder::accept_traceparent`](crate::proxy::GatewayBuilder::accept_traceparent),
-//!   [`ForwardBuilder::accept_traceparent`](crate::proxy::ForwardBuilder::accept_traceparent)).
+//!   [`ForwardBuilder::accept_traceparent`](crate::proxy::ForwardBuilder::accept_traceparent)),
+//!   and even then one that is not a single well-formed W3C `traceparent`
+//!   (see [`extract`]) is dropped with its `tracestate`: the request starts
+//!   a trace of its own.
 //!
 //! The spans record `preset`, `key_hash` (the first 16 hex digits of the
 //! SHA-256 of the stored key) and `outcome`: never the key nor a body. A
@@ -58,18 +61,17 @@ use opentelemetry::Context;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The W3C header of the trace and the parent span.
-#[cfg(any(feature = "queue", feature = "proxy"))]
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The W3C header of the vendors' trace state.
-#[cfg(feature = "proxy")]
 const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Writes the context of the current `tracing` span (its OpenTelemetry
 /// context: `traceparent`, and `tracestate` when it has one) into
-/// `headers`, through the global propagator. Outside any span with an
-/// OpenTelemetry context (no span, or no `tracing-opentelemetry` layer),
-/// nothing is written.
+/// `headers`, through the global propagator, in place of any `traceparent`
+/// and `tracestate` already there. Outside any span with an OpenTelemetry
+/// context (no span, or no `tracing-opentelemetry` layer), nothing is
+/// written.
 pub fn inject(headers: &mut HeaderMap) {
     let mut cx = tracing::Span::current().context();
     if !cx.has_active_span() {
@@ -79,6 +81,9 @@ pub fn inject(headers: &mut HeaderMap) {
             return;
         }
     }
+    // The propagator writes no empty `tracestate`: one already there
+    // belongs to another trace.
+    headers.remove(TRACESTATE);
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.inject_context(&cx, &mut HeaderInjector(headers));
     });
@@ -87,18 +92,60 @@ pub fn inject(headers: &mut HeaderMap) {
 /// The context `headers` carry (`traceparent`, `tracestate`), read
 /// through the global propagator: give it to
 /// [`OpenTelemetrySpanExt::set_parent`] to continue a caller's trace. An
-/// empty context when they carry none (or one that does not parse).
+/// empty context when they carry none, or a `traceparent` that is not one
+/// W3C Trace Context `traceparent` header exactly: two of them, a field
+/// that is not lowercase hex of its length (2, 32, 16, 2 digits), version
+/// `ff`, an all-zero id, or more after the flags in version `00`.
 pub fn extract(headers: &HeaderMap) -> Context {
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.extract(&HeaderExtractor(headers))
     })
 }
 
-/// Removes a client's `traceparent` and `tracestate`.
+/// Readies a request's headers for the upstream: a client's `traceparent`
+/// and `tracestate` are removed unless they are `accept`ed and the
+/// `traceparent` is well-formed ([`extract`]'s rules), then the current
+/// span's context is written in their place.
 #[cfg(feature = "proxy")]
-pub(crate) fn strip(headers: &mut HeaderMap) {
-    headers.remove(TRACEPARENT);
-    headers.remove(TRACESTATE);
+pub(crate) fn pass_on(headers: &mut HeaderMap, accept: bool) {
+    if !accept || !one_well_formed(headers) {
+        headers.remove(TRACEPARENT);
+        headers.remove(TRACESTATE);
+    }
+    inject(headers);
+}
+
+/// Whether `headers` hold exactly one `traceparent` and it is well-formed
+/// W3C Trace Context: `VERSION-TRACEID-PARENTID-FLAGS`, lowercase hex of 2,
+/// 32, 16 and 2 digits, a version other than `ff`, ids not all zero; a
+/// version above `00` may add fields after the flags (a `-` first).
+fn one_well_formed(headers: &HeaderMap) -> bool {
+    let mut all = headers.get_all(TRACEPARENT).iter();
+    let (Some(value), None) = (all.next(), all.next()) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    let hex = |s: &[u8]| s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let not_zero = |s: &[u8]| s.iter().any(|&b| b != b'0');
+    let Some((head, rest)) = value.split_at_checked(55) else {
+        return false;
+    };
+    let (version, trace_id, parent_id, flags) =
+        (&head[..2], &head[3..35], &head[36..52], &head[53..]);
+    let dashes = head[2] == b'-' && head[35] == b'-' && head[52] == b'-';
+    let more_ok = match version {
+        b"00" => rest.is_empty(),
+        _ => rest.first().is_none_or(|&b| b == b'-'),
+    };
+    dashes
+        && more_ok
+        && version != b"ff"
+        && hex(version)
+        && hex(trace_id)
+        && hex(parent_id)
+        && hex(flags)
+        && not_zero(trace_id)
+        && not_zero(parent_id)
 }
 
 /// Links `span` (a delivery's) to the span context stored in a queued
@@ -157,6 +204,11 @@ struct HeaderExtractor<'a>(&'a HeaderMap);
 
 impl Extractor for HeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
+        // The propagator reads `tracestate` only after a `traceparent` it
+        // took: a malformed one is none.
+        if key.eq_ignore_ascii_case(TRACEPARENT.as_str()) && !one_well_formed(self.0) {
+            return None;
+        }
         self.0.get(key).and_then(|v| v.to_str().ok())
     }
 

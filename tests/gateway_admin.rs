@@ -827,3 +827,242 @@ async fn inspect_points_to_the_trace_the_collector_got() {
         }
     }
 }
+
+/// A client's `traceparent` or `tracestate`, one case of
+/// [`a_hostile_trace_context_is_never_followed_nor_passed_up`].
+struct Hostile {
+    what: &'static str,
+    headers: Vec<(&'static str, String)>,
+    /// The trace ids it names (none may be the gateway's).
+    names: Vec<String>,
+}
+
+/// With `--accept-traceparent`, a client's trace context that is malformed
+/// (W3C Trace Context: a version of `ff`, an all-zero trace id, a field that
+/// is not lowercase hex of its length, a missing field, two `traceparent`
+/// headers) or 400 KB long is never followed and never reaches the upstream:
+/// each copy of a signed notification gets the channel's answer, the
+/// upstream runs once per notification and gets a fresh `traceparent` of
+/// the gateway's trace and no `tracestate`, and every `request` span
+/// exported is a root. A valid `traceparent` with a 400 KB `tracestate` is
+/// followed (the flag's point), and its `tracestate` is not passed up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_trace_context_is_never_followed_nor_passed_up() {
+    const SECRET: &str = "whsec_hostile_trace_context";
+    const SPAN: &str = "00f067aa0ba902b7";
+    let up = Upstream::start().await;
+    let collector = otlp::Collector::start().await;
+    let config = temp_path("hostile-trace.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"{}\"\n\
+             [[route]]\nprefix = \"/notify/stripe\"\npreset = \"stripe\"\n\
+             verify = {{ secrets = [\"{SECRET}\"], tolerance = \"300s\" }}\n",
+            up.url()
+        ),
+    )
+    .unwrap();
+    let endpoint = collector.url();
+    let mut gw = Proc::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--otlp-endpoint",
+            &endpoint,
+            "--accept-traceparent",
+        ],
+        &[],
+        Stdio::inherit(),
+    );
+    // A trace id of its own for each case, so that any that leaks is named.
+    let id = |n: u32| format!("4bf92f3577b34da6a3ce929d{n:08x}");
+    let one = |what, n: u32, traceparent: String| Hostile {
+        what,
+        headers: vec![("traceparent", traceparent)],
+        names: vec![id(n)],
+    };
+    // Members of the right shape: the list is read, not refused outright.
+    let mut members = String::new();
+    for i in 0.. {
+        if members.len() >= 400_000 {
+            break;
+        }
+        members.push_str(&format!("k{i}=v,"));
+    }
+    let cases = vec![
+        one("version ff", 1, format!("ff-{}-{SPAN}-01", id(1))),
+        one(
+            "an all-zero trace id",
+            2,
+            format!("00-{}-{SPAN}-01", "0".repeat(32)),
+        ),
+        one("a trace id with a non-hex digit", 3, {
+            let mut t = id(3);
+            t.replace_range(31.., "g");
+            format!("00-{t}-{SPAN}-01")
+        }),
+        one("a trace id with a sign", 4, {
+            let mut t = id(4);
+            t.replace_range(..1, "+");
+            format!("00-{t}-{SPAN}-01")
+        }),
+        one("no flags", 5, format!("00-{}-{SPAN}", id(5))),
+        one(
+            "a short trace id",
+            6,
+            format!("00-{}-{SPAN}-01", &id(6)[16..]),
+        ),
+        Hostile {
+            what: "two traceparent headers",
+            headers: vec![
+                ("traceparent", format!("00-{}-{SPAN}-01", id(7))),
+                ("traceparent", format!("00-{}-{SPAN}-01", id(8))),
+            ],
+            names: vec![id(7), id(8)],
+        },
+        Hostile {
+            what: "a 400 KB tracestate beside an all-zero trace id",
+            headers: vec![
+                ("traceparent", format!("00-{}-{SPAN}-01", "0".repeat(32))),
+                ("tracestate", members.clone()),
+            ],
+            names: vec![],
+        },
+        one(
+            "a 400 KB traceparent",
+            9,
+            format!("00-{}-{SPAN}-01-{}", id(9), "a".repeat(400_000)),
+        ),
+    ];
+    let followed = Hostile {
+        what: "a valid traceparent with a 400 KB tracestate",
+        headers: vec![
+            ("traceparent", format!("00-{}-{SPAN}-01", id(10))),
+            ("tracestate", format!("k={}", "v".repeat(400_000))),
+        ],
+        names: vec![id(10)],
+    };
+    let client = client();
+    let run = std::process::id();
+    for (n, case) in cases.iter().chain([&followed]).enumerate() {
+        let body =
+            format!(r#"{{"id":"evt_trace_{run}_{n}","object":"event","type":"charge.succeeded"}}"#);
+        let signature = gateway_support::stripe_signature(SECRET, unix_now(), body.as_bytes());
+        for copy in 0..2 {
+            let mut req = http::Request::post(format!("http://{}/notify/stripe", gw.addr))
+                .header("content-type", "application/json")
+                .header("stripe-signature", &signature);
+            for (name, value) in &case.headers {
+                req = req.header(*name, value.as_str());
+            }
+            let req = req
+                .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+                .unwrap();
+            let answer = match client.request(req).await {
+                Ok(res) => common::read(res).await,
+                Err(e) => panic!("{}, copy {copy}: no answer: {e:?}", case.what),
+            };
+            let what = format!("{}, copy {copy}", case.what);
+            common::vectors::check(&answer, common::vectors::STRIPE.success.unwrap(), &what);
+            assert_eq!(answer.replayed(), copy == 1, "{what}");
+        }
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), cases.len() + 1, "once per notification");
+    // Every case is checked and every wrong thing said at once.
+    let mut wrong = Vec::new();
+    let leaked = |trace: &str| cases.iter().flat_map(|c| &c.names).any(|n| n == trace);
+    let hex = |s: &str, len| {
+        s.len() == len && (s.bytes()).all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let mut upstream_traces = Vec::new();
+    for (call, case) in seen.iter().zip(cases.iter().chain([&followed])) {
+        let what = case.what;
+        let sent: Vec<&str> = (call.headers.get_all("traceparent").iter())
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        let trace = match sent[..] {
+            [traceparent] => {
+                let f: Vec<&str> = traceparent.split('-').collect();
+                let w3c = f.len() == 4
+                    && f[0] == "00"
+                    && hex(f[1], 32)
+                    && hex(f[2], 16)
+                    && hex(f[3], 2)
+                    && f[1] != "0".repeat(32);
+                if !w3c {
+                    wrong.push(format!("{what}: upstream traceparent {traceparent:.100}"));
+                }
+                f.get(1).copied().unwrap_or_default().to_owned()
+            }
+            _ => {
+                wrong.push(format!("{what}: {} traceparent upstream", sent.len()));
+                String::new()
+            }
+        };
+        if let Some(state) = call.headers.get("tracestate") {
+            wrong.push(format!(
+                "{what}: a tracestate of {} bytes upstream",
+                state.len()
+            ));
+        }
+        let size: usize = (call.headers.iter())
+            .map(|(k, v)| k.as_str().len() + v.len())
+            .sum();
+        if size > 4096 {
+            wrong.push(format!("{what}: {size} bytes of headers upstream"));
+        }
+        if leaked(&trace) {
+            wrong.push(format!(
+                "{what}: the upstream got the client's trace {trace}"
+            ));
+        }
+        upstream_traces.push((what, trace));
+    }
+    // The batch is sent at the latest when the gateway exits.
+    gw.signal(libc::SIGTERM);
+    assert!(gw.wait_exit(Duration::from_secs(20)).success());
+    let copies = 2 * (cases.len() + 1);
+    let spans = collector
+        .wait_for("request", copies, Duration::from_secs(10))
+        .await;
+    assert_eq!(spans.len(), copies, "{:#?}", collector.spans());
+    for (n, (what, trace)) in upstream_traces.iter().enumerate() {
+        let Some(span) = spans.iter().find(|s| &s.trace_id == trace) else {
+            wrong.push(format!(
+                "{what}: no request span in the upstream's trace {trace}"
+            ));
+            continue;
+        };
+        let parent = if n < cases.len() { "" } else { SPAN };
+        if span.parent_span_id != parent {
+            wrong.push(format!(
+                "{what}: the request span's parent is {:?}, not {parent:?} (trace {trace})",
+                span.parent_span_id
+            ));
+        }
+    }
+    let followed_spans = (spans.iter())
+        .filter(|s| s.trace_id == id(10) && s.parent_span_id == SPAN)
+        .count();
+    if followed_spans != 2 {
+        wrong.push(format!(
+            "{}: {followed_spans} request spans in the client's trace, not 2",
+            followed.what
+        ));
+    }
+    for span in &spans {
+        if span.trace_id != id(10) && (span.parent_span_id != "" || leaked(&span.trace_id)) {
+            wrong.push(format!("a request span not a root of its own: {span:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}

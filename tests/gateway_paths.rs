@@ -14,8 +14,7 @@ mod gateway_support;
 use common::upstream::Upstream;
 use common::vectors::fixture;
 use gateway_support::raw::{raw, Raw};
-use gateway_support::{temp_path, Gateway};
-use ring::hmac;
+use gateway_support::{stripe_signature, temp_path, Gateway};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -28,19 +27,6 @@ fn now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
-}
-
-/// `Stripe-Signature` for `body` at `t` (hex HMAC-SHA256 of `t.body`).
-fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
-    let mut msg = format!("{t}.").into_bytes();
-    msg.extend_from_slice(body);
-    let hex: String = hmac::sign(&key, &msg)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("t={t},v1={hex}")
 }
 
 /// A config file with `routes` (given to the gateway with `--config`).

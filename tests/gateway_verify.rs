@@ -15,7 +15,7 @@ use bytes::Bytes;
 use common::upstream::Upstream;
 use common::vectors::{self, fixture, STRIPE};
 use common::{all_at_once, client, post, Answer, HttpClient};
-use gateway_support::{gateway_bin, temp_path, Proc};
+use gateway_support::{gateway_bin, stripe_signature, temp_path, Proc};
 use ring::hmac;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,20 +34,6 @@ fn now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
-}
-
-/// `Stripe-Signature` for `body` at `t`: hex HMAC-SHA256 of `t.body` keyed
-/// with the whole `whsec_…` string.
-fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
-    let mut msg = format!("{t}.").into_bytes();
-    msg.extend_from_slice(body);
-    let hex: String = hmac::sign(&key, &msg)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("t={t},v1={hex}")
 }
 
 /// `webhook-signature` for `id.t.body`: `v1,` and the base64 HMAC-SHA256

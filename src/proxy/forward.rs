@@ -210,12 +210,7 @@ impl Forward {
         let claim = parts.extensions.get::<crate::store::ActiveClaim>();
         set_idempotency(&mut parts.headers, claim);
         #[cfg(feature = "otel")]
-        {
-            if !self.accept_traceparent {
-                crate::trace::strip(&mut parts.headers);
-            }
-            crate::trace::inject(&mut parts.headers);
-        }
+        crate::trace::pass_on(&mut parts.headers, self.accept_traceparent);
         parts.headers.insert(header::HOST, upstream.host().clone());
         parts.uri = uri;
         parts.version = Version::HTTP_11;
@@ -366,7 +361,9 @@ impl ForwardBuilder {
     }
 
     /// Whether a client's own `traceparent` and `tracestate` are followed:
-    /// forwarded as they came when no span's context replaces them, and
+    /// forwarded as they came when no span's context replaces them (a
+    /// well-formed `traceparent` only, as [`trace::extract`](crate::trace::extract)
+    /// reads it: a malformed one is dropped with its `tracestate`), and
     /// taken by a [`Gateway`](super::Gateway) as the parent of its request's
     /// span when no span of the program's is current. Payment channels send
     /// none, and a sender should not choose the trace its notification is

@@ -148,12 +148,7 @@ impl Ingest {
         // The ingest's trace context goes with the notification: its
         // delivery, on whichever instance, links to it.
         #[cfg(feature = "otel")]
-        {
-            if !self.accept_traceparent {
-                crate::trace::strip(&mut parts.headers);
-            }
-            crate::trace::inject(&mut parts.headers);
-        }
+        crate::trace::pass_on(&mut parts.headers, self.accept_traceparent);
         parts.extensions = http::Extensions::new();
         let req = Request::from_parts(parts, body);
         let copies = if self.verified {

@@ -75,6 +75,21 @@ pub fn temp_path(tag: &str) -> PathBuf {
     ))
 }
 
+/// `Stripe-Signature` for `body` at `t` (Unix seconds): `t=T,v1=` and the
+/// hex HMAC-SHA256 of `T.body`, keyed with the whole `whsec_…` secret.
+pub fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {
+    use ring::hmac;
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
+    let mut msg = format!("{t}.").into_bytes();
+    msg.extend_from_slice(body);
+    let hex: String = hmac::sign(&key, &msg)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("t={t},v1={hex}")
+}
+
 /// A running gateway, killed on drop.
 pub struct Proc {
     pub child: Child,
