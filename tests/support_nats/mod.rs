@@ -9,60 +9,36 @@
 #[allow(clippy::duplicate_mod)]
 #[path = "../common/port.rs"]
 mod port;
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/server.rs"]
+mod server;
 
 use port::free_port;
+use server::{Process, Ready};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Whether `nats-server` is there; panics under CI if it is not.
 pub fn nats_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    let available = *AVAILABLE.get_or_init(|| {
-        Command::new("nats-server")
+    *AVAILABLE.get_or_init(|| {
+        let works = Command::new("nats-server")
             .arg("--version")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
-            .is_ok_and(|s| s.success())
-    });
-    if !available {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "nats-server is not on PATH but CI is set: CI must run the NATS tests \
-                 (apt-get install -y nats-server)"
-            );
-        }
-        static WARNED: OnceLock<()> = OnceLock::new();
-        WARNED.get_or_init(|| {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n\
-                 ************************************************************************\n\
-                 WARNING: nats-server not found on PATH: SKIPPING the NATS JetStream\n\
-                 tests (they pass without running). Install it to run them:\n\
-                 apt-get install -y nats-server\n\
-                 ************************************************************************\n"
-            );
-        });
-    }
-    available
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-nats-{}-{}-{tag}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+            .is_ok_and(|s| s.success());
+        server::installed(
+            works,
+            "nats-server (on PATH)",
+            "apt-get install -y nats-server",
+        )
+    })
 }
 
 /// Whether a JetStream server answers on `port`: a real client handshake
@@ -103,8 +79,7 @@ fn jetstream_ready(port: u16, auth: &str) -> bool {
 /// One `nats-server -js` child process.
 #[derive(Debug)]
 pub struct NatsServer {
-    child: Option<Child>,
-    watchdog: Option<Child>,
+    process: Option<Process>,
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
@@ -121,10 +96,9 @@ impl NatsServer {
         for _ in 0..10 {
             let port = free_port();
             let mut server = Self {
-                child: None,
-                watchdog: None,
+                process: None,
                 port,
-                dir: temp_dir(&format!("js-{port}")),
+                dir: server::temp_dir("nats", &format!("js-{port}")),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
             };
             if server.spawn() {
@@ -150,21 +124,19 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn nats-server");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return false;
-            }
-            if jetstream_ready(self.port, &self.auth()) {
-                self.watchdog = watchdog(child.id());
-                self.child = Some(child);
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(30));
+        let auth = self.auth();
+        let ready = server::wait_ready(
+            &mut child,
+            Duration::from_secs(15),
+            Duration::from_millis(30),
+            || jetstream_ready(self.port, &auth),
+        );
+        // Killed on drop unless it answers.
+        let process = Process::watched(child, "");
+        if ready == Ready::Up {
+            self.process = Some(process);
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        ready == Ready::Up
     }
 
     /// The `user` and `pass` fields of a `CONNECT`, from `--user`/`--pass`.
@@ -191,21 +163,17 @@ impl NatsServer {
 
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.as_ref().map(Process::id)
     }
 
     /// Kills the server with SIGKILL (no flush, no shutdown).
     pub fn kill(&mut self) {
-        self.kill_watchdog();
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process = None;
     }
 
     /// Starts the server again on the same port and store directory.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart a stopped server only");
+        assert!(self.process.is_none(), "restart a stopped server only");
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.spawn() {
             assert!(
@@ -216,29 +184,6 @@ impl NatsServer {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-
-    fn kill_watchdog(&mut self) {
-        if let Some(mut w) = self.watchdog.take() {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-    }
-}
-
-/// A shell that kills `server_pid` once this test process is gone.
-fn watchdog(server_pid: u32) -> Option<Child> {
-    let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 {server_pid} 2>/dev/null",
-        parent = std::process::id()
-    );
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()
 }
 
 impl Drop for NatsServer {

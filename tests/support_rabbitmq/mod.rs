@@ -11,16 +11,19 @@
 #[allow(clippy::duplicate_mod)]
 #[path = "../common/port.rs"]
 mod port;
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/server.rs"]
+mod server;
 
 use port::free_port;
+use server::{Process, Ready};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The broker's start script (the package's `/usr/sbin/rabbitmq-server`
 /// wraps it to run as the `rabbitmq` user in `/var/lib/rabbitmq`).
@@ -29,41 +32,13 @@ const SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 /// Whether the broker is installed; panics under CI if it is not.
 pub fn rabbitmq_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    let available = *AVAILABLE.get_or_init(|| {
-        Path::new(SERVER).exists() && Command::new("epmd").arg("-help").output().is_ok()
-    });
-    if !available {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "rabbitmq-server is not installed but CI is set: CI must run the RabbitMQ \
-                 tests (apt-get install -y rabbitmq-server)"
-            );
-        }
-        static WARNED: OnceLock<()> = OnceLock::new();
-        WARNED.get_or_init(|| {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n\
-                 ************************************************************************\n\
-                 WARNING: {SERVER} not found: SKIPPING the RabbitMQ\n\
-                 tests (they pass without running). Install it to run them:\n\
-                 apt-get install -y rabbitmq-server\n\
-                 ************************************************************************\n"
-            );
-        });
-    }
-    available
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-rabbitmq-{}-{}-{tag}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+    *AVAILABLE.get_or_init(|| {
+        server::installed(
+            Path::new(SERVER).exists() && Command::new("epmd").arg("-help").output().is_ok(),
+            &format!("{SERVER} (and epmd)"),
+            "apt-get install -y rabbitmq-server",
+        )
+    })
 }
 
 /// Whether an AMQP 0-9-1 broker answers on `port`: the protocol header
@@ -85,13 +60,12 @@ pub fn amqp_answers(port: u16) -> bool {
     s.read_exact(&mut head).is_ok() && head[0] == 1 && head[7..11] == [0, 10, 0, 10]
 }
 
-/// One broker: `epmd` and `rabbitmq-server` as children, in their own
-/// process group.
+/// One broker: `epmd` and `rabbitmq-server` as children, the broker in a
+/// process group of its own.
 #[derive(Debug)]
 pub struct RabbitServer {
-    child: Option<Child>,
-    epmd: Option<Child>,
-    watchdog: Option<Child>,
+    process: Option<Process>,
+    epmd: Option<Process>,
     port: u16,
     dist_port: u16,
     epmd_port: u16,
@@ -103,7 +77,7 @@ impl RabbitServer {
     pub fn start() -> Self {
         for _ in 0..5 {
             let port = free_port();
-            let dir = temp_dir(&port.to_string());
+            let dir = server::temp_dir("rabbitmq", &port.to_string());
             for sub in ["home", "mnesia", "log"] {
                 std::fs::create_dir_all(dir.join(sub)).unwrap();
             }
@@ -116,9 +90,8 @@ impl RabbitServer {
             }
             std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
             let mut server = Self {
-                child: None,
+                process: None,
                 epmd: None,
-                watchdog: None,
                 port,
                 dist_port: free_port(),
                 epmd_port: free_port(),
@@ -141,7 +114,8 @@ impl RabbitServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .ok();
+                .ok()
+                .map(|epmd| Process::watched(epmd, ""));
         }
         let d = &self.dir;
         let mut cmd = Command::new(SERVER);
@@ -169,20 +143,18 @@ impl RabbitServer {
             .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn rabbitmq-server");
         // A few seconds on a quiet machine; far more on a loaded one.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return false;
-            }
-            if amqp_answers(self.port) {
-                self.watchdog = watchdog(child.id(), self.epmd.as_ref().map(Child::id), &self.dir);
-                self.child = Some(child);
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let ready = server::wait_ready(
+            &mut child,
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || amqp_answers(self.port),
+        );
+        // The whole group is killed on drop unless it answers.
+        let process = Process::watched_group(child, &format!("rm -rf '{}'", d.display()));
+        if ready == Ready::Up {
+            self.process = Some(process);
         }
-        self.child = Some(child);
-        false
+        ready == Ready::Up
     }
 
     /// The AMQP port.
@@ -223,24 +195,12 @@ impl RabbitServer {
     /// Kills the broker with SIGKILL (the start script and the Erlang VM,
     /// one process group); `epmd` stays. What it confirmed is on disk.
     pub fn kill(&mut self) {
-        if let Some(w) = self.watchdog.as_mut() {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-        self.watchdog = None;
-        if let Some(mut child) = self.child.take() {
-            // The shell's `kill` takes a negative pid as a process group.
-            let _ = Command::new("sh")
-                .arg("-c")
-                .arg(format!("kill -9 -{}", child.id()))
-                .status();
-            let _ = child.wait();
-        }
+        self.process = None;
     }
 
     /// Starts the broker again on the same ports and data.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart a killed broker only");
+        assert!(self.process.is_none(), "restart a killed broker only");
         assert!(
             self.spawn(),
             "rabbitmq-server did not restart on {}",
@@ -249,35 +209,10 @@ impl RabbitServer {
     }
 }
 
-/// A shell that kills the broker's process group (and `epmd`) once this
-/// test process is gone, so that a broker held in a static (never dropped)
-/// does not outlive it.
-fn watchdog(group: u32, epmd: Option<u32>, dir: &Path) -> Option<Child> {
-    let epmd = epmd
-        .map(|p| format!("kill -9 {p} 2>/dev/null; "))
-        .unwrap_or_default();
-    let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 -{group} 2>/dev/null; {epmd}rm -rf '{dir}'",
-        parent = std::process::id(),
-        dir = dir.display()
-    );
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()
-}
-
 impl Drop for RabbitServer {
     fn drop(&mut self) {
         self.kill();
-        if let Some(mut e) = self.epmd.take() {
-            let _ = e.kill();
-            let _ = e.wait();
-        }
+        self.epmd = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -10,21 +10,24 @@
 #[allow(clippy::duplicate_mod)]
 #[path = "../common/port.rs"]
 mod port;
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/server.rs"]
+mod server;
 
 use port::free_port;
+use server::{Process, Ready};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Whether the Redis binaries are there; panics under CI if they are not.
 pub fn redis_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    let available = *AVAILABLE.get_or_init(|| {
+    *AVAILABLE.get_or_init(|| {
         let works = |bin: &str| {
             Command::new(bin)
                 .arg("--version")
@@ -33,42 +36,12 @@ pub fn redis_available() -> bool {
                 .status()
                 .is_ok_and(|s| s.success())
         };
-        works("redis-server") && works("redis-cli")
-    });
-    if !available {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "redis-server / redis-cli are not on PATH but CI is set: CI must run the Redis \
-                 tests (apt-get install -y redis-server redis-tools)"
-            );
-        }
-        // Written to the real stderr (not `eprintln!`, which the test
-        // harness captures), once per test binary.
-        static WARNED: OnceLock<()> = OnceLock::new();
-        WARNED.get_or_init(|| {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n\
-                 ************************************************************************\n\
-                 WARNING: redis-server / redis-cli not found on PATH: SKIPPING the Redis\n\
-                 tests (they pass without running). Install them to run them:\n\
-                 apt-get install -y redis-server redis-tools\n\
-                 ************************************************************************\n"
-            );
-        });
-    }
-    available
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-redis-{}-{}-{tag}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+        server::installed(
+            works("redis-server") && works("redis-cli"),
+            "redis-server / redis-cli (on PATH)",
+            "apt-get install -y redis-server redis-tools",
+        )
+    })
 }
 
 /// Sends one inline command and returns the raw reply (up to 64 KiB).
@@ -107,8 +80,7 @@ pub fn raw_command(port: u16, cmd: &str) -> std::io::Result<String> {
 /// One `redis-server` child process.
 #[derive(Debug)]
 pub struct RedisServer {
-    child: Option<Child>,
-    watchdog: Option<Child>,
+    process: Option<Process>,
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
@@ -123,10 +95,9 @@ impl RedisServer {
     fn start_with(extra: Vec<String>, tag: &str) -> Self {
         for _ in 0..10 {
             let port = free_port();
-            let dir = temp_dir(&format!("{tag}-{port}"));
+            let dir = server::temp_dir("redis", &format!("{tag}-{port}"));
             let mut server = Self {
-                child: None,
-                watchdog: None,
+                process: None,
                 port,
                 dir,
                 extra: extra.clone(),
@@ -156,27 +127,23 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn redis-server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                // Exited: the port was taken, most likely.
-                return false;
-            }
-            if raw_command(self.port, "PING").is_ok_and(|r| r.starts_with("+PONG")) {
-                self.watchdog = watchdog(child.id());
-                self.child = Some(child);
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let ready = server::wait_ready(
+            &mut child,
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || raw_command(self.port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
+        );
+        // Killed on drop unless it answers.
+        let process = Process::watched(child, "");
+        if ready == Ready::Up {
+            self.process = Some(process);
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        ready == Ready::Up
     }
 
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.as_ref().map(Process::id)
     }
 
     /// The port.
@@ -203,26 +170,20 @@ impl RedisServer {
         let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
     }
 
+    /// Sends `command`; kills the server if it has not exited 5 s later.
     fn shutdown(&mut self, command: &str) {
-        self.kill_watchdog();
+        let Some(mut process) = self.process.take() else {
+            return;
+        };
+        process.disarm();
         let _ = raw_command(self.port, command);
-        if let Some(mut child) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        process.wait_exit(Duration::from_secs(5));
     }
 
     /// Starts the server again on the same port and directory (it loads the
     /// data set saved by [`stop`](Self::stop)).
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart a stopped server only");
+        assert!(self.process.is_none(), "restart a stopped server only");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.spawn() {
             assert!(
@@ -235,40 +196,10 @@ impl RedisServer {
     }
 }
 
-impl RedisServer {
-    fn kill_watchdog(&mut self) {
-        if let Some(mut w) = self.watchdog.take() {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-    }
-}
-
-/// A shell that kills `server_pid` once this test process is gone, so that
-/// servers held in statics (never dropped) or left by a killed test binary
-/// do not outlive it.
-fn watchdog(server_pid: u32) -> Option<Child> {
-    let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 {server_pid} 2>/dev/null",
-        parent = std::process::id()
-    );
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()
-}
-
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        self.kill_watchdog();
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // Killed first: it may still write into its directory.
+        self.process = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

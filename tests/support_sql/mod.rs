@@ -13,29 +13,17 @@
 #[allow(clippy::duplicate_mod)]
 #[path = "../common/port.rs"]
 mod port;
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/server.rs"]
+mod server;
 
 use port::free_port;
-use std::io::Write;
+use server::{Process, Ready};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
-
-fn warn_missing(what: &str, install: &str) {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what} not found but CI is set: CI must run these tests ({install})");
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n\
-         ************************************************************************\n\
-         WARNING: {what} not found: SKIPPING its tests (they pass without\n\
-         running). Install it to run them: {install}\n\
-         ************************************************************************\n"
-    );
-}
+use std::time::Duration;
 
 fn on_path(bin: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
@@ -67,14 +55,11 @@ fn pg_bin() -> Option<PathBuf> {
 pub fn postgres_available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        let ok = pg_bin().is_some();
-        if !ok {
-            warn_missing(
-                "PostgreSQL (initdb, postgres)",
-                "apt-get install -y postgresql",
-            );
-        }
-        ok
+        server::installed(
+            pg_bin().is_some(),
+            "PostgreSQL (initdb, postgres)",
+            "apt-get install -y postgresql",
+        )
     })
 }
 
@@ -82,15 +67,12 @@ pub fn postgres_available() -> bool {
 pub fn mariadb_available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        let ok = on_path("mariadbd").is_some() && on_path("mariadb-install-db").is_some()
-            || Path::new("/usr/sbin/mariadbd").is_file();
-        if !ok {
-            warn_missing(
-                "MariaDB (mariadbd, mariadb-install-db)",
-                "apt-get install -y mariadb-server",
-            );
-        }
-        ok
+        server::installed(
+            on_path("mariadbd").is_some() && on_path("mariadb-install-db").is_some()
+                || Path::new("/usr/sbin/mariadbd").is_file(),
+            "MariaDB (mariadbd, mariadb-install-db)",
+            "apt-get install -y mariadb-server",
+        )
     })
 }
 
@@ -100,15 +82,7 @@ fn mariadbd() -> PathBuf {
 
 /// A fresh directory under the system temp dir.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tower-idempotency-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+    server::temp_dir("sql", tag)
 }
 
 fn is_root() -> bool {
@@ -131,50 +105,40 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
     })
 }
 
-/// A shell that kills `pid` and removes `dir` once this test process is
-/// gone (servers held in statics are never dropped); the removal is tried
-/// again while the server's children are still writing into it.
-fn watchdog(pid: u32, dir: &Path) -> Option<Child> {
-    let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 0.3; done; kill -9 {pid} 2>/dev/null; \
-         for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.3; rm -rf '{dir}' 2>/dev/null; \
+/// `child`, watched: once this test process is gone (servers held in
+/// statics are never dropped) it is killed and `dir` removed, the removal
+/// tried again while the server's children are still writing into it.
+fn watched(child: Child, dir: &Path) -> Process {
+    let cleanup = format!(
+        "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.3; rm -rf '{dir}' 2>/dev/null; \
          [ -e '{dir}' ] || break; done",
-        parent = std::process::id(),
         dir = dir.display()
     );
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()
+    Process::watched(child, &cleanup)
 }
 
-/// Waits until `log` contains `ready` (or the child exits).
+/// Waits until `log` contains `ready` (false if the child exits first).
 fn wait_ready(child: &mut Child, log: &Path, ready: &str, what: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return false;
-        }
-        if std::fs::read_to_string(log).is_ok_and(|l| l.contains(ready)) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let answers = || std::fs::read_to_string(log).is_ok_and(|l| l.contains(ready));
+    match server::wait_ready(
+        child,
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        answers,
+    ) {
+        Ready::Up => true,
+        Ready::Exited => false,
+        Ready::TimedOut => panic!(
+            "{what} did not start within 60 s: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        ),
     }
-    panic!(
-        "{what} did not start within 60 s: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
 }
 
 /// One database server process.
 #[derive(Debug)]
 pub struct DbServer {
-    child: Option<Child>,
-    watchdog: Option<Child>,
+    process: Option<Process>,
     port: u16,
     dir: PathBuf,
     url: String,
@@ -242,8 +206,7 @@ impl DbServer {
             let mut child = cmd.spawn().expect("spawn postgres");
             if wait_ready(&mut child, &log, "ready to accept connections", "postgres") {
                 return Self {
-                    watchdog: watchdog(child.id(), &dir),
-                    child: Some(child),
+                    process: Some(watched(child, &dir)),
                     port,
                     url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
                     dir,
@@ -298,8 +261,7 @@ impl DbServer {
             let mut child = cmd.spawn().expect("spawn mariadbd");
             if wait_ready(&mut child, &log, "ready for connections", "mariadbd") {
                 return Self {
-                    watchdog: watchdog(child.id(), &dir),
-                    child: Some(child),
+                    process: Some(watched(child, &dir)),
                     port,
                     url: format!("mysql://root@127.0.0.1:{port}/idem"),
                     dir,
@@ -312,14 +274,7 @@ impl DbServer {
 
 impl Drop for DbServer {
     fn drop(&mut self) {
-        if let Some(mut w) = self.watchdog.take() {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
