@@ -114,6 +114,49 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// [`wait_until`] on a blocking thread, off the runtime's workers.
+async fn wait_for(what: &str, limit: Duration, done: impl FnMut() -> bool + Send + 'static) {
+    let what = what.to_owned();
+    tokio::task::spawn_blocking(move || wait_until(&what, limit, done))
+        .await
+        .unwrap();
+}
+
+/// The upstream down: waits until the queue holds one entry per id (every
+/// copy acknowledged, each notification queued once) and checks that none
+/// was delivered; then, the upstream back, until the queue is empty, and
+/// that each was delivered once.
+async fn queued_once_then_delivered_once(up: &Upstream, metrics: SocketAddr, ids: &[String]) {
+    let depth = ids.len() as f64;
+    wait_for(
+        &format!("a depth of {}", ids.len()),
+        Duration::from_secs(30),
+        move || gauge(metrics, "idempotency_queue_depth") == Some(depth),
+    )
+    .await;
+    assert!(up.counts().is_empty());
+    up.down.store(false, Ordering::SeqCst);
+    wait_for("the queue to empty", Duration::from_secs(120), move || {
+        gauge(metrics, "idempotency_queue_depth") == Some(0.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_once(up, ids);
+}
+
+/// Waits (at most `within`) until each of `ids` was delivered, then
+/// `settle` more for a second delivery to show; checks each was delivered
+/// once.
+async fn delivered_once(up: &Upstream, ids: &[String], within: Duration, settle: Duration) {
+    let (probe, want) = (up.clone(), ids.len());
+    wait_for("every delivery", within, move || {
+        probe.counts().len() == want
+    })
+    .await;
+    tokio::time::sleep(settle).await;
+    assert_once(up, ids);
+}
+
 /// Sends every copy of every notification at once; asserts each answer is
 /// WeChat Pay's success reply.
 async fn send_all(http: &HttpClient, gw: SocketAddr, ids: &[String]) {
@@ -185,25 +228,7 @@ async fn upstream_down_200_notifications_7_copies_each_acked_queued_once_deliver
     let ids: Vec<String> = (0..200).map(|i| format!("EV-ACK-{i:04}")).collect();
     send_all(&client(), gw.addr, &ids).await;
     // Every copy was acknowledged while the upstream was down: 200 entries.
-    let m = metrics;
-    tokio::task::spawn_blocking(move || {
-        wait_until("a depth of 200", Duration::from_secs(30), || {
-            gauge(m, "idempotency_queue_depth") == Some(200.0)
-        })
-    })
-    .await
-    .unwrap();
-    assert!(up.counts().is_empty());
-    up.down.store(false, Ordering::SeqCst);
-    tokio::task::spawn_blocking(move || {
-        wait_until("the queue to empty", Duration::from_secs(120), || {
-            gauge(m, "idempotency_queue_depth") == Some(0.0)
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_once(&up, &ids);
+    queued_once_then_delivered_once(&up, metrics, &ids).await;
     let (_, text) = get(metrics, "/metrics");
     assert!(text.contains("idempotency_queue_attempts_total"), "{text}");
     assert!(text.contains("idempotency_queue_oldest_seconds"), "{text}");
@@ -224,16 +249,7 @@ async fn killed_after_ack_delivered_once_after_restart(queue: &[&str]) {
     assert!(up.counts().is_empty());
     up.down.store(false, Ordering::SeqCst);
     let gw = gateway(up_addr, queue, free_addr(), &[]);
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("both deliveries", Duration::from_secs(60), || {
-            probe.counts().len() == 2
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_once(&up, &ids);
+    delivered_once(&up, &ids, Duration::from_secs(60), Duration::from_secs(2)).await;
     drop(gw);
 }
 
@@ -246,13 +262,15 @@ async fn kill_9_after_ack_delivered_once_after_restart_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
-    if !support_redis::redis_available() {
-        eprintln!("skipped: no redis-server");
+    let Some(redis) = own_redis() else {
         return;
-    }
-    let redis = support_redis::RedisServer::start();
-    let url = redis.url();
-    killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
+    };
+    killed_after_ack_delivered_once_after_restart(&["--queue", &redis.url()]).await;
+}
+
+/// A Redis server of the test's own; `None` when Redis is not installed.
+fn own_redis() -> Option<support_redis::RedisServer> {
+    support_redis::redis_available().then(support_redis::RedisServer::start)
 }
 
 /// A virtual host of its own on the broker this binary shares (queues of
@@ -333,25 +351,13 @@ async fn rabbitmq_100_notifications_5_copies_acked_at_once_delivered_once_throug
     // The upstream fails what reaches it (the breaker holds the rest back);
     // nothing is delivered.
     let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("failed attempts", Duration::from_secs(60), || {
-            probe.recording.seen().len() >= 3
-        })
+    wait_for("failed attempts", Duration::from_secs(60), move || {
+        probe.recording.seen().len() >= 3
     })
-    .await
-    .unwrap();
+    .await;
     assert!(up.counts().is_empty());
     up.down.store(false, Ordering::SeqCst);
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("every delivery", Duration::from_secs(120), || {
-            probe.counts().len() == 100
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_once(&up, &ids);
+    delivered_once(&up, &ids, Duration::from_secs(120), Duration::from_secs(2)).await;
     eprintln!("rabbitmq: 500 copies acknowledged, the slowest after {longest:?}");
     drop(gw);
 }
@@ -389,21 +395,63 @@ async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_
     .await
     .unwrap();
     let (_, failures) = sent.await.unwrap();
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("every delivery", Duration::from_secs(120), || {
-            probe.counts().len() == 100
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_once(&up, &ids);
+    delivered_once(&up, &ids, Duration::from_secs(120), Duration::from_secs(3)).await;
     eprintln!(
         "rabbitmq restart: {delivered_before} delivered before the kill, {failures} failure replies while it was down"
     );
     drop(gw);
     drop(broker);
+}
+
+/// On a broker's queue (`--queue URL`), while the gateway runs: past
+/// `--max-attempts` the entry is a dead letter that `gateway dlq` lists;
+/// a copy arriving while it is dead is a duplicate; `replay` brings it back
+/// once (a second replay finds nothing) and it is delivered once; copies
+/// arriving afterwards, when `again_after`, are duplicates too; the list is
+/// empty in the end. The dead letter's line, for more checks.
+async fn dead_letter_replayed_once_while_running(
+    queue: &[&str],
+    ids: &[String],
+    again_after: bool,
+) -> String {
+    let (up, up_addr) = Upstream::start(true).await;
+    let metrics = free_addr();
+    let gw = gateway(up_addr, queue, metrics, &["--max-attempts", "2"]);
+    send_all(&client(), gw.addr, ids).await;
+    wait_for("a dead letter", Duration::from_secs(60), move || {
+        gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+    })
+    .await;
+    let (code, listed) = dlq_at(queue, &["list"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].contains("attempts=2"), "{listed}");
+    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
+    // A copy arriving while it is dead is a duplicate.
+    send_all(&client(), gw.addr, ids).await;
+    let id = lines[0].split('\t').next().unwrap().to_owned();
+    up.down.store(false, Ordering::SeqCst);
+    let (code, out) = dlq_at(queue, &["replay", &id]);
+    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
+    let (code, _) = dlq_at(queue, &["replay", &id]);
+    assert_eq!(code, 1, "replayed twice");
+    let (code, out) = dlq_at(queue, &["replay", "--all"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    let probe = up.clone();
+    wait_for("the delivery", Duration::from_secs(60), move || {
+        probe.counts().len() == 1
+    })
+    .await;
+    if again_after {
+        send_all(&client(), gw.addr, ids).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_once(&up, ids);
+    let (code, out) = dlq_at(queue, &["list"]);
+    assert_eq!((code, out.as_str()), (0, ""));
+    drop(gw);
+    lines[0].to_owned()
 }
 
 /// On RabbitMQ: past `--max-attempts` the entry is a dead letter, `gateway
@@ -415,51 +463,9 @@ async fn rabbitmq_dead_letter_replayed_once_with_dlq_subcommands() {
     let Some((_broker, url)) = rabbitmq_queue("dlq") else {
         return;
     };
-    let (up, up_addr) = Upstream::start(true).await;
-    let queue = ["--queue", url.as_str()];
-    let metrics = free_addr();
-    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
     let ids = vec!["EV-AMQP-DEAD-1".to_owned()];
-    send_all(&client(), gw.addr, &ids).await;
-    tokio::task::spawn_blocking(move || {
-        wait_until("a dead letter", Duration::from_secs(60), || {
-            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
-        })
-    })
-    .await
-    .unwrap();
-    let (code, listed) = dlq_at(&queue, &["list"]);
-    assert_eq!(code, 0);
-    let lines: Vec<&str> = listed.lines().collect();
-    assert_eq!(lines.len(), 1, "{listed}");
-    assert!(lines[0].contains("attempts=2"), "{listed}");
-    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
-    assert!(!lines[0].ends_with("error="), "the last error: {listed}");
-    // A copy arriving while it is dead is a duplicate.
-    send_all(&client(), gw.addr, &ids).await;
-    let id = lines[0].split('\t').next().unwrap().to_owned();
-    up.down.store(false, Ordering::SeqCst);
-    let (code, out) = dlq_at(&queue, &["replay", &id]);
-    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
-    let (code, _) = dlq_at(&queue, &["replay", &id]);
-    assert_eq!(code, 1, "replayed twice");
-    let (code, out) = dlq_at(&queue, &["replay", "--all"]);
-    assert_eq!((code, out.trim()), (0, "replayed 0"));
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("the delivery", Duration::from_secs(60), || {
-            probe.counts().len() == 1
-        })
-    })
-    .await
-    .unwrap();
-    // Copies after the delivery are duplicates too.
-    send_all(&client(), gw.addr, &ids).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_once(&up, &ids);
-    let (code, out) = dlq_at(&queue, &["list"]);
-    assert_eq!((code, out.as_str()), (0, ""));
-    drop(gw);
+    let line = dead_letter_replayed_once_while_running(&["--queue", &url], &ids, true).await;
+    assert!(!line.ends_with("error="), "the last error: {line}");
 }
 
 /// `gateway ARGS --admin http://METRICS` with the admin token file: exit
@@ -565,13 +571,10 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
-    if !support_redis::redis_available() {
-        eprintln!("skipped: no redis-server");
+    let Some(redis) = own_redis() else {
         return;
-    }
-    let redis = support_redis::RedisServer::start();
-    let url = redis.url();
-    forgotten_key_is_delivered_again(&["--queue", &url]).await;
+    };
+    forgotten_key_is_delivered_again(&["--queue", &redis.url()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -591,13 +594,10 @@ async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
     let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
     let ids = vec!["EV-ACK-DEAD-1".to_owned()];
     send_all(&client(), gw.addr, &ids).await;
-    tokio::task::spawn_blocking(move || {
-        wait_until("a dead letter", Duration::from_secs(60), || {
-            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
-        })
+    wait_for("a dead letter", Duration::from_secs(60), move || {
+        gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
     })
-    .await
-    .unwrap();
+    .await;
     // The embedded queue is one process's file: stop the gateway first.
     gw.signal(libc::SIGTERM);
     drop(gw);
@@ -622,16 +622,7 @@ async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
     let metrics = free_addr();
     let gw = gateway(up_addr, &queue, metrics, &[]);
     send_all(&client(), gw.addr, &ids).await;
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("the delivery", Duration::from_secs(60), || {
-            probe.counts().len() == 1
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_once(&up, &ids);
+    delivered_once(&up, &ids, Duration::from_secs(60), Duration::from_secs(2)).await;
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -720,13 +711,10 @@ async fn dead_letters_replayed_in_bulk_by_filter() {
     let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "1"]);
     let ids: Vec<String> = (0..3).map(|i| format!("EV-ACK-BULK-{i}")).collect();
     send_all(&client(), gw.addr, &ids).await;
-    tokio::task::spawn_blocking(move || {
-        wait_until("three dead letters", Duration::from_secs(60), || {
-            gauge(metrics, "idempotency_queue_dead_letters") == Some(3.0)
-        })
+    wait_for("three dead letters", Duration::from_secs(60), move || {
+        gauge(metrics, "idempotency_queue_dead_letters") == Some(3.0)
     })
-    .await
-    .unwrap();
+    .await;
     gw.signal(libc::SIGTERM);
     drop(gw);
     let (_, listed) = dlq(&dir, &["list"]);
@@ -779,16 +767,7 @@ async fn dead_letters_replayed_in_bulk_by_filter() {
     up.down.store(false, Ordering::SeqCst);
     let metrics = free_addr();
     let gw = gateway(up_addr, &queue, metrics, &[]);
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("the deliveries", Duration::from_secs(60), || {
-            probe.counts().len() == 3
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_once(&up, &ids);
+    delivered_once(&up, &ids, Duration::from_secs(60), Duration::from_secs(1)).await;
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -1170,25 +1149,7 @@ async fn upstream_down_100_notifications_5_copies_acked_within_1s_delivered_once
         slowest < Duration::from_secs(1),
         "slowest answer {slowest:?}"
     );
-    let m = metrics;
-    tokio::task::spawn_blocking(move || {
-        wait_until("a depth of 100", Duration::from_secs(30), || {
-            gauge(m, "idempotency_queue_depth") == Some(100.0)
-        })
-    })
-    .await
-    .unwrap();
-    assert!(up.counts().is_empty());
-    up.down.store(false, Ordering::SeqCst);
-    tokio::task::spawn_blocking(move || {
-        wait_until("the queue to empty", Duration::from_secs(120), || {
-            gauge(m, "idempotency_queue_depth") == Some(0.0)
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_once(&up, &ids);
+    queued_once_then_delivered_once(&up, metrics, &ids).await;
     eprintln!("jetstream: 500 copies, slowest answer {slowest:?}");
     drop(gw);
 }
@@ -1237,17 +1198,7 @@ async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothi
         refused > 0 || longest > Duration::from_millis(1000),
         "no copy waited for the server: {refused} refused, longest {longest:?}"
     );
-    let probe = up.clone();
-    let want = ids.len();
-    tokio::task::spawn_blocking(move || {
-        wait_until("every delivery", Duration::from_secs(90), || {
-            probe.counts().len() == want
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_once(&up, &ids);
+    delivered_once(&up, &ids, Duration::from_secs(90), Duration::from_secs(2)).await;
     eprintln!("jetstream server killed mid-storm: {refused} tries refused, the longest acknowledged after {longest:?}; all delivered once");
     drop(gw);
 }
@@ -1285,13 +1236,10 @@ async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
     let ids = vec!["EV-JS-AUTH-1".to_owned()];
     send_all(&client(), gw.addr, &ids).await;
     let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("the delivery", Duration::from_secs(30), || {
-            probe.counts().len() == 1
-        })
+    wait_for("the delivery", Duration::from_secs(30), move || {
+        probe.counts().len() == 1
     })
-    .await
-    .unwrap();
+    .await;
     assert_once(&up, &ids);
     drop(gw);
     let text = std::fs::read_to_string(&log).unwrap();
@@ -1331,47 +1279,7 @@ async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
     let Some(nats) = support_nats::own() else {
         return;
     };
-    let (up, up_addr) = Upstream::start(true).await;
     let url = nats.url();
-    let queue = ["--queue", url.as_str()];
-    let metrics = free_addr();
-    let gw = gateway(up_addr, &queue, metrics, &["--max-attempts", "2"]);
     let ids = vec!["EV-JS-DEAD-1".to_owned()];
-    send_all(&client(), gw.addr, &ids).await;
-    tokio::task::spawn_blocking(move || {
-        wait_until("a dead letter", Duration::from_secs(60), || {
-            gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
-        })
-    })
-    .await
-    .unwrap();
-    let (code, listed) = dlq_at(&queue, &["list"]);
-    assert_eq!(code, 0);
-    let lines: Vec<&str> = listed.lines().collect();
-    assert_eq!(lines.len(), 1, "{listed}");
-    assert!(lines[0].contains("attempts=2"), "{listed}");
-    assert!(lines[0].contains("path=/wx/notify"), "{listed}");
-    // A copy arriving while it is dead is a duplicate.
-    send_all(&client(), gw.addr, &ids).await;
-    up.down.store(false, Ordering::SeqCst);
-    let id = lines[0].split('\t').next().unwrap().to_owned();
-    let (code, out) = dlq_at(&queue, &["replay", &id]);
-    assert_eq!((code, out.trim()), (0, format!("replayed {id}").as_str()));
-    let (code, _) = dlq_at(&queue, &["replay", &id]);
-    assert_eq!(code, 1);
-    let (code, out) = dlq_at(&queue, &["replay", "--all"]);
-    assert_eq!((code, out.trim()), (0, "replayed 0"));
-    let probe = up.clone();
-    tokio::task::spawn_blocking(move || {
-        wait_until("the delivery", Duration::from_secs(60), || {
-            probe.counts().len() == 1
-        })
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_once(&up, &ids);
-    let (code, out) = dlq_at(&queue, &["list"]);
-    assert_eq!((code, out.as_str()), (0, ""));
-    drop(gw);
+    dead_letter_replayed_once_while_running(&["--queue", &url], &ids, false).await;
 }
