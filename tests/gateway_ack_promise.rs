@@ -23,8 +23,7 @@ mod support_redis;
 use common::upstream::{Replies, Upstream};
 use common::vectors::{fixture, ALIPAY_SUCCESS, WECHAT_SUCCESS};
 use common::{client, free_addr, post};
-use gateway_support::{gateway_bin, get, temp_path, Gateway};
-use ring::hmac;
+use gateway_support::{gateway_bin, get, stripe_signature, temp_path, Gateway};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -41,20 +40,6 @@ fn now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
-}
-
-/// `Stripe-Signature` for `body` signed now with `secret`.
-fn stripe_signature(secret: &str, body: &[u8]) -> String {
-    let t = now();
-    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
-    let mut msg = format!("{t}.").into_bytes();
-    msg.extend_from_slice(body);
-    let hex: String = hmac::sign(&key, &msg)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("t={t},v1={hex}")
 }
 
 /// A config file with one Stripe ack-then-deliver route verified with
@@ -122,7 +107,7 @@ fn dlq(queue: &[&str], args: &[&str]) -> (i32, String) {
 
 async fn send_stripe(gw: &Gateway, secret: &str) {
     let body = fixture(STRIPE_BODY);
-    let sig = stripe_signature(secret, &body);
+    let sig = stripe_signature(secret, now(), &body);
     let headers = [
         ("content-type", "application/json"),
         ("stripe-signature", &sig),

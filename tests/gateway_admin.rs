@@ -1053,7 +1053,7 @@ async fn a_hostile_trace_context_is_never_followed_nor_passed_up() {
         ));
     }
     for span in &spans {
-        if span.trace_id != id(10) && (span.parent_span_id != "" || leaked(&span.trace_id)) {
+        if span.trace_id != id(10) && (!span.parent_span_id.is_empty() || leaked(&span.trace_id)) {
             wrong.push(format!("a request span not a root of its own: {span:?}"));
         }
     }
