@@ -1051,3 +1051,57 @@ async fn jetstream_redelivered_entry_does_not_run_the_handler_twice() {
     })
     .await;
 }
+
+/// A delivery held past the consumer's ack wait without renewal, its
+/// message handed to another worker meanwhile: every settlement of the
+/// first holder reports the lease lost (`false`), as on redb and Redis
+/// Streams, and changes nothing (no ack, nak, term, dead letter or copy of
+/// an entry another worker holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_late_settlements_report_the_lost_lease() {
+    let Some(server) = support_nats::shared() else {
+        return;
+    };
+    let name = format!("late-{:x}", OwnerToken::new().as_u128());
+    let first = jetstream_open(&server.url(), &name).await;
+    let second = jetstream_open(&server.url(), &name).await;
+    for i in 0..5 {
+        first.ingest(notification(i)).await.unwrap();
+    }
+    let lease = Duration::from_secs(1);
+    let mut held = Vec::new();
+    while held.len() < 5 {
+        held.extend(first.fetch(5 - held.len(), lease).await.unwrap());
+    }
+    // Past the ack wait, unrenewed: JetStream hands every entry out again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut again = Vec::new();
+    for _ in 0..100 {
+        again.extend(second.fetch(5, lease).await.unwrap());
+        if again.len() >= 5 {
+            break;
+        }
+    }
+    assert_eq!(again.len(), 5, "redelivered to the second worker");
+    assert!(again.iter().all(|d| d.attempt == 2), "a second attempt");
+    let renewed = first.renew(&held[0], lease).await.unwrap();
+    assert!(!renewed, "renew (in progress) after the lease was lost");
+    let acked = first.ack(&held[1]).await.unwrap();
+    assert!(!acked, "ack after the lease was lost");
+    let retried = first.retry(&held[2], lease, "late").await.unwrap();
+    assert!(!retried, "retry (nak) after the lease was lost");
+    let buried = first.dead_letter(&held[3], "late").await.unwrap();
+    assert!(!buried, "dead letter (term) after the lease was lost");
+    let postponed = first.postpone(&held[4], lease, "late").await.unwrap();
+    assert!(!postponed, "postpone after the lease was lost");
+    // The second worker's settlements hold; nothing was added or buried.
+    for d in &again {
+        assert!(second.ack(d).await.unwrap(), "the holder's ack");
+    }
+    let stats = second.stats().await.unwrap();
+    assert_eq!((stats.depth, stats.dead), (0, 0), "{stats:?}");
+    // The second holder's ack stands: every key was delivered once.
+    for i in 0..5 {
+        assert!(second.forget(&notification(i).key).await.unwrap());
+    }
+}

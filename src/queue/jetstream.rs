@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The consumer every gateway of a queue shares.
 const CONSUMER: &str = "workers";
@@ -157,12 +157,19 @@ struct Inner {
     /// settlement goes to, and its stream sequence.
     held: Mutex<HashMap<u64, Held>>,
     next_lease: AtomicU64,
+    /// The consumer's ack wait: how long the server lets a delivery go
+    /// unrenewed before it hands the message to another worker.
+    ack_wait: Duration,
 }
 
 #[derive(Clone)]
 struct Held {
     reply: String,
     sequence: u64,
+    /// Until when the lease surely holds by this process's clock: from a
+    /// time before the server started (or renewed) its ack wait, less a
+    /// tenth of it for the settlement's way to the server.
+    until: Instant,
 }
 
 impl fmt::Debug for JetStreamQueue {
@@ -424,6 +431,7 @@ impl JetStreamQueueBuilder {
                 pace,
                 held: Mutex::new(HashMap::new()),
                 next_lease: AtomicU64::new(1),
+                ack_wait: self.lease,
             }),
         })
     }
@@ -531,19 +539,26 @@ impl JetStreamQueue {
         kind: AckKind,
         done: bool,
     ) -> Result<bool, QueueError> {
-        let held = {
-            let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-            if done {
-                map.remove(&delivery.lease)
-            } else {
-                map.get(&delivery.lease).cloned()
-            }
-        };
-        let Some(held) = held else {
+        let Some(held) = self.held(delivery) else {
             return Ok(false);
         };
+        let sent = Instant::now();
         self.settle_reply(&held.reply, kind).await?;
+        let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if done {
+            map.remove(&delivery.lease);
+        } else if let Some(h) = map.get_mut(&delivery.lease) {
+            // In progress: the server restarted the ack wait after `sent`.
+            h.until = h.until.max(self.lease_until(sent));
+        }
         Ok(true)
+    }
+
+    /// Until when a lease the server started (or renewed) after `since`
+    /// surely holds.
+    fn lease_until(&self, since: Instant) -> Instant {
+        let wait = self.inner.ack_wait;
+        since + wait - wait / 10
     }
 
     async fn settle_reply(&self, reply: &str, kind: AckKind) -> Result<(), QueueError> {
@@ -558,9 +573,18 @@ impl JetStreamQueue {
         Ok(())
     }
 
+    /// The delivery's lease, if this queue handed it out and it still
+    /// holds. One that ran out is forgotten: the server may have handed the
+    /// message to another worker (JetStream accepts a late settlement
+    /// without saying so), so nothing is sent for it any more.
     fn held(&self, delivery: &Delivery) -> Option<Held> {
-        let map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&delivery.lease).cloned()
+        let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = map.get(&delivery.lease)?;
+        if Instant::now() >= held.until {
+            map.remove(&delivery.lease);
+            return None;
+        }
+        Some(held.clone())
     }
 
     /// Publishes a dead letter for `sequence` (idempotently) and terminates
@@ -762,6 +786,8 @@ impl Queue for JetStreamQueue {
     }
 
     async fn fetch(&self, max: usize, _lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+        // The server starts each message's ack wait after this request.
+        let asked = Instant::now();
         let mut batch = self
             .inner
             .consumer
@@ -820,7 +846,14 @@ impl Queue for JetStreamQueue {
                 .held
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(lease, Held { reply, sequence });
+                .insert(
+                    lease,
+                    Held {
+                        reply,
+                        sequence,
+                        until: self.lease_until(asked),
+                    },
+                );
             out.push(Delivery {
                 id: EntryId::new(sequence.to_string()),
                 message,
