@@ -1105,3 +1105,69 @@ async fn jetstream_late_settlements_report_the_lost_lease() {
         assert!(second.forget(&notification(i).key).await.unwrap());
     }
 }
+
+/// A replay racing the delivery of the entry it put back: whichever
+/// settles first, the key's marker ends as delivered (the replay's
+/// "queued" is never written over the delivery), so `forget` is not
+/// refused for a key nothing holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_a_replay_racing_its_delivery_leaves_the_key_delivered() {
+    let Some(server) = support_nats::shared() else {
+        return;
+    };
+    let name = format!("replay-race-{:x}", OwnerToken::new().as_u128());
+    let queue = jetstream_open(&server.url(), &name).await;
+    let n = 24;
+    for i in 0..n {
+        queue.ingest(notification(i)).await.unwrap();
+    }
+    let mut buried = 0;
+    while buried < n {
+        for d in queue.fetch(n, Duration::from_secs(1)).await.unwrap() {
+            assert!(queue.dead_letter(&d, "down").await.unwrap());
+            buried += 1;
+        }
+    }
+    // A worker on another connection takes every entry the moment it is
+    // stored, and acknowledges it.
+    let worker = jetstream_open(&server.url(), &name).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let taker = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut acked = 0;
+            while !stop.load(Ordering::SeqCst) {
+                for d in worker.fetch(8, Duration::from_secs(1)).await.unwrap() {
+                    assert!(worker.ack(&d).await.unwrap());
+                    acked += 1;
+                }
+            }
+            acked
+        })
+    };
+    let letters = queue.dead_letters(n).await.unwrap();
+    assert_eq!(letters.len(), n);
+    for letter in &letters {
+        assert!(queue.replay(&letter.id).await.unwrap());
+    }
+    for _ in 0..500 {
+        if queue.stats().await.unwrap().depth == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    assert_eq!(
+        taker.await.unwrap(),
+        n,
+        "each replayed entry delivered once"
+    );
+    for i in 0..n {
+        let key = notification(i).key;
+        let forgot = queue.forget(&key).await;
+        assert!(
+            matches!(forgot, Ok(true)),
+            "key {i}: delivered, yet forget says {forgot:?}"
+        );
+    }
+}

@@ -531,6 +531,35 @@ impl JetStreamQueue {
         Ok(())
     }
 
+    /// Marks a replayed key queued again: only over its dead-lettered marker
+    /// (or none), in one compare-and-set write. A worker may already have
+    /// delivered the replayed entry and marked the key delivered; that is
+    /// never written over (the key would stay "queued" with nothing
+    /// queued).
+    async fn mark_replayed(&self, marker: &str, message: &Message) -> Result<(), QueueError> {
+        let value = Marker::encode(QUEUED, message.fingerprint.to_bytes(), "");
+        for _ in 0..CAS_TRIES {
+            let entry = self.inner.keys.entry(marker).await.map_err(err)?;
+            let written = match entry.filter(|e| e.operation == kv::Operation::Put) {
+                Some(e) => {
+                    if Marker::decode(&e.value).map(|m| m.state) != Some(DEAD) {
+                        return Ok(());
+                    }
+                    self.inner
+                        .keys
+                        .update(marker, value.clone(), e.revision)
+                        .await
+                        .is_ok()
+                }
+                None => self.inner.keys.create(marker, value.clone()).await.is_ok(),
+            };
+            if written {
+                return Ok(());
+            }
+        }
+        Err(err("the key's marker kept changing"))
+    }
+
     /// Sends `kind` to the delivery's reply subject and waits for the
     /// server's answer. `false` if this queue did not hand the delivery out.
     async fn settle(
@@ -1044,7 +1073,7 @@ impl Queue for JetStreamQueue {
         )
         .await?;
         if let Some(message) = Message::decode(&m.payload) {
-            self.mark(&marker, QUEUED, &message).await?;
+            self.mark_replayed(&marker, &message).await?;
         }
         match self.inner.dead.delete_message(seq).await {
             Ok(deleted) => Ok(deleted),
