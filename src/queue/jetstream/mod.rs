@@ -409,16 +409,13 @@ impl Queue for JetStreamQueue {
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         let queue = self.inner.queue.get_info().await.map_err(err)?;
         let dead = self.inner.dead.get_info().await.map_err(err)?;
-        let oldest = (queue.state.messages > 0).then(|| {
-            let first = (queue.state.first_timestamp.unix_timestamp_nanos() / 1_000_000).max(0);
-            Duration::from_millis(now_ms().saturating_sub(first as u64))
-        });
-        Ok(QueueStats {
-            depth: queue.state.messages,
+        let first = (queue.state.first_timestamp.unix_timestamp_nanos() / 1_000_000).max(0);
+        let oldest = (queue.state.messages > 0).then_some(first as u64);
+        Ok(super::stats::counted(
+            queue.state.messages,
+            dead.state.messages,
             oldest,
-            dead: dead.state.messages,
-            ..QueueStats::default()
-        })
+        ))
     }
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
