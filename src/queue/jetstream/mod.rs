@@ -97,6 +97,9 @@ const H_DEAD_AT: &str = "Idem-Dead-At";
 /// terminated or deleted, each under a message id derived from the
 /// original's sequence, so a repeated move is one message. A replay is
 /// counted once: only the call that deleted the dead letter returns `true`.
+/// A replay marks its key queued with a compare-and-set over the
+/// dead-lettered marker only: a worker that delivered the replayed entry
+/// first (and marked the key delivered) is never written over.
 ///
 /// What can be lost is what the server loses: run JetStream with file
 /// storage (the default here) and, in a cluster, streams of 3 replicas
@@ -113,9 +116,16 @@ const H_DEAD_AT: &str = "Idem-Dead-At";
 ///   the consumer's ack wait is one setting on the server, set by the queue's
 ///   [`lease`](JetStreamQueueBuilder::lease) (30 s by default) when it is created or
 ///   opened.
-/// - A worker whose lease ran out (its entry handed to another) cannot be
-///   told so: JetStream accepts its late acknowledgement. The consumer in
-///   front of the handler keeps the handler from running twice.
+/// - JetStream accepts a late settlement (`ack`, `nak`, `term`, `+WPI`) of
+///   a message it already handed to another worker, without saying so. The
+///   queue therefore keeps each lease's deadline by its own clock: the ack
+///   wait from before the fetch (or the last renewal), less a tenth for the
+///   way to the server. Past it, [`ack`](Queue::ack), [`retry`](Queue::retry),
+///   [`postpone`](Queue::postpone), [`dead_letter`](Queue::dead_letter) and
+///   [`renew`](Queue::renew) send nothing and return `false` (the lease was
+///   lost), even when the server had not handed the message out yet: it
+///   is then delivered again, and the consumer in front of the handler finds
+///   its key done.
 /// - A key's marker lives one [window](JetStreamQueueBuilder::window) after
 ///   its last change: an entry still queued or dead-lettered longer than
 ///   that no longer holds its later copies off (a copy is then queued
