@@ -1051,3 +1051,123 @@ async fn jetstream_redelivered_entry_does_not_run_the_handler_twice() {
     })
     .await;
 }
+
+/// A delivery held past the consumer's ack wait without renewal, its
+/// message handed to another worker meanwhile: every settlement of the
+/// first holder reports the lease lost (`false`), as on redb and Redis
+/// Streams, and changes nothing (no ack, nak, term, dead letter or copy of
+/// an entry another worker holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_late_settlements_report_the_lost_lease() {
+    let Some(server) = support_nats::shared() else {
+        return;
+    };
+    let name = format!("late-{:x}", OwnerToken::new().as_u128());
+    let first = jetstream_open(&server.url(), &name).await;
+    let second = jetstream_open(&server.url(), &name).await;
+    for i in 0..5 {
+        first.ingest(notification(i)).await.unwrap();
+    }
+    let lease = Duration::from_secs(1);
+    let mut held = Vec::new();
+    while held.len() < 5 {
+        held.extend(first.fetch(5 - held.len(), lease).await.unwrap());
+    }
+    // Past the ack wait, unrenewed: JetStream hands every entry out again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut again = Vec::new();
+    for _ in 0..100 {
+        again.extend(second.fetch(5, lease).await.unwrap());
+        if again.len() >= 5 {
+            break;
+        }
+    }
+    assert_eq!(again.len(), 5, "redelivered to the second worker");
+    assert!(again.iter().all(|d| d.attempt == 2), "a second attempt");
+    let renewed = first.renew(&held[0], lease).await.unwrap();
+    assert!(!renewed, "renew (in progress) after the lease was lost");
+    let acked = first.ack(&held[1]).await.unwrap();
+    assert!(!acked, "ack after the lease was lost");
+    let retried = first.retry(&held[2], lease, "late").await.unwrap();
+    assert!(!retried, "retry (nak) after the lease was lost");
+    let buried = first.dead_letter(&held[3], "late").await.unwrap();
+    assert!(!buried, "dead letter (term) after the lease was lost");
+    let postponed = first.postpone(&held[4], lease, "late").await.unwrap();
+    assert!(!postponed, "postpone after the lease was lost");
+    // The second worker's settlements hold; nothing was added or buried.
+    for d in &again {
+        assert!(second.ack(d).await.unwrap(), "the holder's ack");
+    }
+    let stats = second.stats().await.unwrap();
+    assert_eq!((stats.depth, stats.dead), (0, 0), "{stats:?}");
+    // The second holder's ack stands: every key was delivered once.
+    for i in 0..5 {
+        assert!(second.forget(&notification(i).key).await.unwrap());
+    }
+}
+
+/// A replay racing the delivery of the entry it put back: whichever
+/// settles first, the key's marker ends as delivered (the replay's
+/// "queued" is never written over the delivery), so `forget` is not
+/// refused for a key nothing holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jetstream_a_replay_racing_its_delivery_leaves_the_key_delivered() {
+    let Some(server) = support_nats::shared() else {
+        return;
+    };
+    let name = format!("replay-race-{:x}", OwnerToken::new().as_u128());
+    let queue = jetstream_open(&server.url(), &name).await;
+    let n = 24;
+    for i in 0..n {
+        queue.ingest(notification(i)).await.unwrap();
+    }
+    let mut buried = 0;
+    while buried < n {
+        for d in queue.fetch(n, Duration::from_secs(1)).await.unwrap() {
+            assert!(queue.dead_letter(&d, "down").await.unwrap());
+            buried += 1;
+        }
+    }
+    // A worker on another connection takes every entry the moment it is
+    // stored, and acknowledges it.
+    let worker = jetstream_open(&server.url(), &name).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let taker = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut acked = 0;
+            while !stop.load(Ordering::SeqCst) {
+                for d in worker.fetch(8, Duration::from_secs(1)).await.unwrap() {
+                    assert!(worker.ack(&d).await.unwrap());
+                    acked += 1;
+                }
+            }
+            acked
+        })
+    };
+    let letters = queue.dead_letters(n).await.unwrap();
+    assert_eq!(letters.len(), n);
+    for letter in &letters {
+        assert!(queue.replay(&letter.id).await.unwrap());
+    }
+    for _ in 0..500 {
+        if queue.stats().await.unwrap().depth == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    assert_eq!(
+        taker.await.unwrap(),
+        n,
+        "each replayed entry delivered once"
+    );
+    for i in 0..n {
+        let key = notification(i).key;
+        let forgot = queue.forget(&key).await;
+        assert!(
+            matches!(forgot, Ok(true)),
+            "key {i}: delivered, yet forget says {forgot:?}"
+        );
+    }
+}

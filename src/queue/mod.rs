@@ -72,6 +72,7 @@ mod redis_streams;
 mod reopen;
 mod room;
 mod settle;
+mod stats;
 mod worker;
 
 #[cfg(feature = "amqp")]

@@ -578,16 +578,8 @@ where
             .map_err(err)?;
         // The oldest entry in the stream; entries backing off are older
         // still, but only counted.
-        let oldest = first
-            .first()
-            .and_then(|(_, f)| f.get("t"))
-            .map(|t| Duration::from_millis(now_ms().saturating_sub(number(t))));
-        Ok(QueueStats {
-            depth: live + delayed,
-            oldest,
-            dead,
-            ..QueueStats::default()
-        })
+        let oldest = first.first().and_then(|(_, f)| f.get("t")).map(number);
+        Ok(super::stats::counted(live + delayed, dead, oldest))
     }
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {

@@ -1,0 +1,136 @@
+//! Dead letters: burying an entry in the `DEAD` stream, listing them, and
+//! replaying them into the queue once.
+
+use super::markers::DEAD;
+use super::{err, hashed, header_text, header_u64, ms_of, now_ms, one_line, time_of};
+use super::{DeadLetter, Delivery, EntryId, JetStreamQueue, Message, QueueError};
+use super::{H_BASE, H_DEAD_AT, H_ERROR, H_MARKER};
+use async_nats::jetstream::{stream, AckKind};
+use async_nats::HeaderValue;
+
+impl JetStreamQueue {
+    /// Publishes a dead letter for `sequence` (idempotently) and terminates
+    /// the message behind `reply`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn bury(
+        &self,
+        reply: &str,
+        sequence: u64,
+        marker: &str,
+        payload: Vec<u8>,
+        attempts: u32,
+        enqueued: u64,
+        error: &str,
+    ) -> Result<(), QueueError> {
+        let mut h = Self::entry_headers(marker, enqueued, attempts);
+        h.insert(H_BASE, HeaderValue::from(u64::from(attempts)));
+        h.insert(H_ERROR, one_line(error).as_str());
+        h.insert(H_DEAD_AT, HeaderValue::from(now_ms()));
+        let id = format!("d-{sequence}");
+        self.publish(&self.inner.dead_subject, &id, h, payload)
+            .await?;
+        self.settle_reply(reply, AckKind::Term).await
+    }
+
+    pub(super) async fn bury_delivery(
+        &self,
+        delivery: &Delivery,
+        error: &str,
+    ) -> Result<bool, QueueError> {
+        let Some(held) = self.held(delivery) else {
+            return Ok(false);
+        };
+        let marker = hashed(&delivery.message.key);
+        self.mark(&marker, DEAD, &delivery.message).await?;
+        self.bury(
+            &held.reply,
+            held.sequence,
+            &marker,
+            delivery.message.encode(),
+            delivery.attempt,
+            ms_of(delivery.enqueued_at),
+            error,
+        )
+        .await?;
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&delivery.lease);
+        Ok(true)
+    }
+
+    pub(super) async fn list_dead(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        let mut out = Vec::new();
+        let mut seq = 1;
+        while out.len() < limit.max(1) {
+            let got = self
+                .inner
+                .dead
+                .raw_message_builder()
+                .sequence(seq)
+                .next_by_subject(self.inner.dead_subject.clone())
+                .send()
+                .await;
+            let m = match got {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(err(e)),
+            };
+            seq = m.sequence + 1;
+            let headers = Some(&m.headers);
+            let id = m.sequence.to_string();
+            out.push(DeadLetter {
+                message: Message::decode(&m.payload)
+                    .unwrap_or_else(|| Message::undecodable(&id, &m.payload)),
+                id: EntryId::new(id),
+                attempts: header_u64(headers, H_BASE).unwrap_or(0) as u32,
+                error: header_text(headers, H_ERROR),
+                dead_at: time_of(header_u64(headers, H_DEAD_AT).unwrap_or(0)),
+            });
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn replay_letter(&self, id: &EntryId) -> Result<bool, QueueError> {
+        let Ok(seq) = id.as_str().parse::<u64>() else {
+            return Ok(false);
+        };
+        let m = match self.inner.dead.get_raw_message(seq).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => return Ok(false),
+            Err(e) => return Err(err(e)),
+        };
+        let marker = header_text(Some(&m.headers), H_MARKER);
+        let h = Self::entry_headers(&marker, now_ms(), 0);
+        self.publish(
+            &self.inner.subject,
+            &format!("r-{seq}"),
+            h,
+            m.payload.to_vec(),
+        )
+        .await?;
+        if let Some(message) = Message::decode(&m.payload) {
+            self.mark_replayed(&marker, &message).await?;
+        }
+        match self.inner.dead.delete_message(seq).await {
+            Ok(deleted) => Ok(deleted),
+            // Deleted meanwhile by another replay (whose publish carried
+            // the same id: one entry).
+            Err(_) => Ok(false),
+        }
+    }
+
+    pub(super) async fn replay_every(&self) -> Result<usize, QueueError> {
+        let mut n = 0;
+        loop {
+            let batch = self.list_dead(256).await?;
+            if batch.is_empty() {
+                return Ok(n);
+            }
+            for letter in batch {
+                n += usize::from(self.replay_letter(&letter.id).await?);
+            }
+        }
+    }
+}

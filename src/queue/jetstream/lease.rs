@@ -1,0 +1,97 @@
+//! Leases: what each delivery's settlement goes to, until when it holds,
+//! and the settlements (ack, nak, term, in progress) that wait for the
+//! server's answer.
+
+use super::{
+    err, hashed, ms_of, now_ms, Delivery, Held, JetStreamQueue, QueueError, H_BASE, H_DUE,
+};
+use async_nats::jetstream::AckKind;
+use async_nats::HeaderValue;
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+/// How long a settlement (ack, nak, term, progress) waits for the server's
+/// answer.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl JetStreamQueue {
+    /// Sends `kind` to the delivery's reply subject and waits for the
+    /// server's answer. `false` if this queue did not hand the delivery out.
+    pub(super) async fn settle(
+        &self,
+        delivery: &Delivery,
+        kind: AckKind,
+        done: bool,
+    ) -> Result<bool, QueueError> {
+        let Some(held) = self.held(delivery) else {
+            return Ok(false);
+        };
+        let sent = Instant::now();
+        self.settle_reply(&held.reply, kind).await?;
+        let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if done {
+            map.remove(&delivery.lease);
+        } else if let Some(h) = map.get_mut(&delivery.lease) {
+            // In progress: the server restarted the ack wait after `sent`.
+            h.until = h.until.max(self.lease_until(sent));
+        }
+        Ok(true)
+    }
+
+    /// Until when a lease the server started (or renewed) after `since`
+    /// surely holds.
+    pub(super) fn lease_until(&self, since: Instant) -> Instant {
+        let wait = self.inner.ack_wait;
+        since + wait - wait / 10
+    }
+
+    pub(super) async fn settle_reply(&self, reply: &str, kind: AckKind) -> Result<(), QueueError> {
+        let payload: Bytes = kind.into();
+        tokio::time::timeout(
+            SETTLE_TIMEOUT,
+            self.inner.client.request(reply.to_owned(), payload),
+        )
+        .await
+        .map_err(|_| err("the server did not answer the settlement"))?
+        .map_err(err)?;
+        Ok(())
+    }
+
+    /// The delivery's lease, if this queue handed it out and it still
+    /// holds. One that ran out is forgotten: the server may have handed the
+    /// message to another worker (JetStream accepts a late settlement
+    /// without saying so), so nothing is sent for it any more.
+    pub(super) fn held(&self, delivery: &Delivery) -> Option<Held> {
+        let mut map = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = map.get(&delivery.lease)?;
+        if Instant::now() >= held.until {
+            map.remove(&delivery.lease);
+            return None;
+        }
+        Some(held.clone())
+    }
+
+    /// Moves a held entry to the back of the queue, due after `after`, with
+    /// `base` attempts counted (its attempt is not counted again).
+    pub(super) async fn requeue(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        base: u32,
+    ) -> Result<bool, QueueError> {
+        let Some(held) = self.held(delivery) else {
+            return Ok(false);
+        };
+        let marker = hashed(&delivery.message.key);
+        let mut h = Self::entry_headers(&marker, ms_of(delivery.enqueued_at), base);
+        h.insert(H_BASE, HeaderValue::from(u64::from(base)));
+        h.insert(
+            H_DUE,
+            HeaderValue::from(now_ms() + after.as_millis() as u64),
+        );
+        let id = format!("p-{}-{}", held.sequence, delivery.attempt);
+        self.publish(&self.inner.subject, &id, h, delivery.message.encode())
+            .await?;
+        self.settle(delivery, AckKind::Ack, true).await
+    }
+}
