@@ -192,9 +192,8 @@ impl Forward {
         let started = tokio::time::Instant::now();
         let deadline = started + self.timeout;
         let (mut parts, body) = req.into_parts();
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let upstream = &self.shared.upstream;
-        let uri = match upstream.uri(path_and_query) {
+        let uri = match upstream.uri(parts.uri.path_and_query()) {
             Ok(uri) => uri,
             Err(e) => return plain(StatusCode::BAD_REQUEST, format!("bad path: {e}\n")),
         };
