@@ -112,7 +112,9 @@ for bin in "$@"; do
     n=$((n + 1))
     row="| $bin |"
     for mode in first repeat; do
-        a=$(total "$bin" "$mode" 100)
+        # Not in a subshell: `total` sets LAST_OUT.
+        total "$bin" "$mode" 100 >"$TMP/a"
+        a=$(cat "$TMP/a")
         small=$LAST_OUT
         total "$bin" "$mode" $((100 + N)) >"$TMP/b"
         b=$(cat "$TMP/b")
