@@ -61,6 +61,9 @@ if [ ! -x "$OLD_BIN" ]; then
     if [ ! -d "$OLD_TARGET/release" ] && [ -d "$NEW_RELEASE/deps" ]; then
         mkdir -p "$OLD_TARGET"
         cp -a "$NEW_RELEASE" "$OLD_TARGET/release"
+        # This crate's own artifacts are not reused: the copies are newer
+        # than REF's checkout, so cargo would take them as REF's build.
+        rm -rf "$OLD_TARGET"/release/.fingerprint/tower-idempotency-*
     fi
     echo "# building $REF ($SHA) in $OLD_TREE (release)" >&2
     (cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --all-features --example gateway)

@@ -19,7 +19,10 @@
 # the cost of one request (start-up and shutdown cancel out).
 #
 # KEEP=DIR keeps each binary's larger run per mode as DIR/N.MODE.callgrind
-# (N counts the binaries from 1), for `callgrind_annotate --inclusive=no`.
+# and its smaller one as DIR/N.MODE.small.callgrind (N counts the binaries
+# from 1), for `callgrind_annotate --inclusive=no`; `benches/cg_diff.py
+# DIR/N.MODE.small.callgrind DIR/N.MODE.callgrind REQUESTS` gives the
+# instructions per request of each function (start-up cancels out).
 set -euo pipefail
 
 N=${N:-1000}
@@ -109,12 +112,16 @@ for bin in "$@"; do
     n=$((n + 1))
     row="| $bin |"
     for mode in first repeat; do
-        a=$(total "$bin" "$mode" 100)
+        # Not in a subshell: `total` sets LAST_OUT.
+        total "$bin" "$mode" 100 >"$TMP/a"
+        a=$(cat "$TMP/a")
+        small=$LAST_OUT
         total "$bin" "$mode" $((100 + N)) >"$TMP/b"
         b=$(cat "$TMP/b")
         if [ -n "${KEEP:-}" ]; then
             mkdir -p "$KEEP"
             cp "$LAST_OUT" "$KEEP/$n.$mode.callgrind"
+            cp "$small" "$KEEP/$n.$mode.small.callgrind"
         fi
         row="$row $(( (b - a) / N )) |"
     done

@@ -218,6 +218,14 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// Whether each guarded response carries its
+    /// [`IdempotencyKey`](crate::IdempotencyKey) in its extensions (see
+    /// [`DedupLayer::key_in_response`]). Defaults to `true`.
+    pub fn key_in_response(mut self, on: bool) -> Self {
+        self.dedup = self.dedup.key_in_response(on);
+        self
+    }
+
     /// The tracker that background work is spawned on; share one across
     /// layers and wait for it at shutdown (`tracker.close();
     /// tracker.wait().await`). See [`DedupLayer::task_tracker`]. Defaults to

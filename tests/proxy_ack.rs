@@ -3,7 +3,9 @@
 //! reply for a queue error or a fingerprint mismatch, and delivery through
 //! the dedup layer (an entry handed out twice reaches the upstream once,
 //! even while its first delivery hangs past its lease); a delivery's span
-//! links to its ingest's, and the upstream gets the delivery's trace.
+//! links to its ingest's, and the upstream gets the delivery's trace; a
+//! gateway built without response extensions still tells its deliveries
+//! what the upstream answered.
 
 mod common;
 
@@ -18,13 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::proxy::{Forward, Gateway, RouteError, RouteOptions, Target};
+use tower_idempotency::proxy::{
+    Forward, Gateway, MatchedRoute, RouteError, RouteOptions, RoutedPreset, Target, UpstreamAnswer,
+};
 use tower_idempotency::queue::{
     DeadLetter, Delivery, EntryId, Ingested, MemoryQueue, Message, Queue, QueueError, QueueStats,
     RedbQueue, Worker,
 };
 use tower_idempotency::store::MemoryStore;
-use tower_idempotency::Preset;
+use tower_idempotency::{IdempotencyKey, Outcome, Preset};
 
 /// WeChat Pay's success reply.
 const SUCCESS: Expect = match WECHATPAY_V3.success {
@@ -80,6 +84,85 @@ impl Queue for Broken {
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         Err(QueueError::new("disk full"))
     }
+}
+
+#[tokio::test]
+async fn without_response_extensions_answers_keep_outcome_and_preset_and_deliveries_the_upstream_answer(
+) {
+    let (forward, up) = upstream().await;
+    let queue = MemoryQueue::new();
+    let build = |extensions: bool| {
+        Gateway::builder(forward.clone(), MemoryStore::new())
+            .queue(queue.clone())
+            .route("/sync", Target::Preset(Preset::wechatpay_v3()))
+            .route_with("/wx", Target::Preset(Preset::wechatpay_v3()), acked())
+            .response_extensions(extensions)
+            .build()
+            .unwrap()
+    };
+    let body = wechat("EV-X", "TRANSACTION.SUCCESS");
+    let sync = || {
+        request(
+            "/sync/notify",
+            &[("content-type", "application/json")],
+            body.clone(),
+        )
+    };
+    // By default a guarded answer, first or replayed, carries them all.
+    let full = build(true);
+    for copy in ["first", "replay"] {
+        let res = full.clone().oneshot(sync()).await.unwrap();
+        let ext = res.extensions();
+        assert!(ext.get::<Outcome>().is_some(), "{copy}");
+        assert!(ext.get::<RoutedPreset>().is_some(), "{copy}");
+        assert_eq!(
+            ext.get::<MatchedRoute>().map(|r| &*r.0),
+            Some("/sync"),
+            "{copy}"
+        );
+        assert!(ext.get::<IdempotencyKey>().is_some(), "{copy}");
+        assert_eq!(ext.get::<UpstreamAnswer>().is_some(), copy == "first");
+        check(&read(res).await, SUCCESS, copy);
+    }
+    // Without: the outcome and the preset only, and the same answers.
+    let lean = build(false);
+    for copy in ["first", "replay"] {
+        let res = lean.clone().oneshot(sync()).await.unwrap();
+        let ext = res.extensions();
+        let expected = if copy == "first" {
+            Outcome::Executed
+        } else {
+            Outcome::Replayed
+        };
+        assert_eq!(ext.get::<Outcome>(), Some(&expected), "{copy}");
+        assert_eq!(
+            ext.get::<RoutedPreset>().map(|p| p.0),
+            Some(Preset::wechatpay_v3().name()),
+            "{copy}"
+        );
+        assert!(ext.get::<MatchedRoute>().is_none(), "{copy}");
+        assert!(ext.get::<IdempotencyKey>().is_none(), "{copy}");
+        assert!(ext.get::<UpstreamAnswer>().is_none(), "{copy}");
+        check(&read(res).await, SUCCESS, copy);
+    }
+    assert_eq!(up.total(), 2, "one call per gateway (each its own store)");
+    // The acknowledge-then-deliver route's deliveries still hear the upstream.
+    let req = request(
+        "/wx/notify",
+        &[("content-type", "application/json")],
+        wechat("EV-Y", "TRANSACTION.SUCCESS"),
+    );
+    check(
+        &read(lean.clone().oneshot(req).await.unwrap()).await,
+        SUCCESS,
+        "queued",
+    );
+    let message = queue.fetch(1, Duration::ZERO).await.unwrap()[0]
+        .message
+        .clone();
+    let delivered = lean.deliver(message).await.unwrap();
+    assert_eq!(delivered.upstream().map(|a| a.status.as_u16()), Some(200));
+    assert_eq!(up.total(), 3);
 }
 
 #[tokio::test]

@@ -106,21 +106,28 @@ impl Ratios {
         }
     }
 
+    /// Whether [`record`](Self::record) reads the latency without an access
+    /// line (the histogram is fed): when not, it needs no start time.
+    pub fn timed(&self) -> bool {
+        self.series.is_some()
+    }
+
     /// Updates the gauge and the latency histogram for `res`, answered
-    /// for a request that started at `started`, and logs its access line,
+    /// for a request that started at `started` (`None` when neither the
+    /// histogram nor the access line reads it), and logs its access line,
     /// given the request's method and path when access lines are logged
     /// (inside the request's span: its request and trace ids go with it).
     /// `trace_id`: the request's, for the journal.
     pub fn record(
         &self,
         line: Option<(http::Method, String)>,
-        started: Instant,
+        started: Option<Instant>,
         res: &GatewayResponse,
         trace_id: Option<&str>,
     ) {
         let outcome = res.extensions().get::<Outcome>().copied();
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
-        let elapsed = started.elapsed();
+        let elapsed = started.map_or(Duration::ZERO, |started| started.elapsed());
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
             let at = Self::index(preset);
             let ratio = self.count(at, outcome.is_duplicate());

@@ -420,6 +420,11 @@ async fn run(
         }
         // The journal reads each notification's body for its business ids.
         builder = builder.capture_requests(settings.journal.is_some());
+        // The key, the route and the upstream's answer in each response:
+        // read by the journal, and by the spans (the request span's
+        // route, the library's key hash), which are off below INFO.
+        let spans = tracing::level_filters::LevelFilter::current() >= tracing::Level::INFO;
+        builder = builder.response_extensions(settings.journal.is_some() || spans);
         builder.build().map_err(|e| e.to_string())
     };
     // The queue's deliveries run here, through a gateway (and upstream

@@ -245,10 +245,12 @@ fn service(
             let (span, trace_id) = request_span(&req);
             let routed = span.clone();
             let answer = async move {
-                let started = Instant::now();
                 // What the access line needs, kept only when it is logged.
                 let line = tracing::enabled!(target: "gateway::access", tracing::Level::INFO)
                     .then(|| (req.method().clone(), req.uri().path().to_owned()));
+                // The clock is read only for what reads the latency: the
+                // histogram (a metrics recorder) or the access line.
+                let started = (line.is_some() || ratios.timed()).then(Instant::now);
                 let mut res = gateway.oneshot(req).await?;
                 if http1 && res.extensions().get::<BodyLimitError>().is_some() {
                     res.headers_mut()
@@ -275,15 +277,11 @@ const MAX_LOGGED_REQUEST_ID: usize = 128;
 /// library's spans are its children, and the upstream gets its trace id in
 /// `traceparent`.
 fn request_span<B>(req: &http::Request<B>) -> (tracing::Span, Option<String>) {
-    let id = req.headers().get("x-request-id").map_or("-", |v| {
-        let text = v.to_str().unwrap_or("-");
-        // A client's id is its own: a huge one is not copied into every line.
-        text.get(..MAX_LOGGED_REQUEST_ID.min(text.len()))
-            .unwrap_or("-")
-    });
+    // The id is read only when the span is enabled: a disabled span's
+    // fields are never evaluated.
     let span = tracing::info_span!(
         "request",
-        request_id = id,
+        request_id = logged_request_id(req),
         route = tracing::field::Empty,
         trace_id = tracing::field::Empty,
     );
@@ -297,6 +295,19 @@ fn request_span<B>(req: &http::Request<B>) -> (tracing::Span, Option<String>) {
         span.record("trace_id", trace_id.as_str());
     }
     (span, trace_id)
+}
+
+/// The request's `x-request-id` as the logs show it: at most
+/// [`MAX_LOGGED_REQUEST_ID`] bytes of it, `-` for none.
+#[allow(clippy::declare_interior_mutable_const)]
+fn logged_request_id<B>(req: &http::Request<B>) -> &str {
+    const REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+    req.headers().get(REQUEST_ID).map_or("-", |v| {
+        let text = v.to_str().unwrap_or("-");
+        // A client's id is its own: a huge one is not copied into every line.
+        text.get(..MAX_LOGGED_REQUEST_ID.min(text.len()))
+            .unwrap_or("-")
+    })
 }
 
 /// Random (v4) UUIDs for `x-request-id`, as tower-http's `MakeRequestUuid`

@@ -29,6 +29,7 @@ pub(crate) struct DedupConfig {
     pub(crate) token_ttl: Duration,
     pub(crate) max_run: Duration,
     pub(crate) reply_timeout: Option<Duration>,
+    pub(crate) key_in_response: bool,
 }
 
 impl DedupConfig {
@@ -45,6 +46,7 @@ impl DedupConfig {
             token_ttl: Duration::from_secs(300),
             max_run: Duration::from_secs(300),
             reply_timeout: None,
+            key_in_response: true,
         }
     }
 }

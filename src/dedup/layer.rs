@@ -92,6 +92,18 @@ impl<St: Store> DedupLayer<St> {
         self
     }
 
+    /// Whether each guarded response carries its
+    /// [`IdempotencyKey`](crate::IdempotencyKey) in its extensions, for outer
+    /// code that reads it (an access log, a journal; the crate's
+    /// `idempotency` span records its `preset` and `key_hash` from there).
+    /// Off, a response costs one extension less (an allocation and a
+    /// reference count) and that span records only its `outcome`. Defaults
+    /// to `true`.
+    pub const fn key_in_response(mut self, on: bool) -> Self {
+        self.config.key_in_response = on;
+        self
+    }
+
     /// The largest response body kept for replay. A success is streamed to
     /// the caller as it is produced and copied into the record up to this
     /// limit; a larger one still completes the record when its body ends (the

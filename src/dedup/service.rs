@@ -172,13 +172,16 @@ where
             tasks: self.tasks.clone(),
             key,
         };
+        // Outer code (an access log, a journal) reads the key in the
+        // response, unless told nobody does.
+        let key = self.config.key_in_response.then(|| run.key.clone());
         ResponseFuture {
             kind: Kind::Guarded {
                 fut: Box::pin(async move {
-                    let key = run.key.clone();
                     let mut res = run.run(req).await?;
-                    // Outer code (an access log, a journal) reads the key here.
-                    res.extensions_mut().insert(key);
+                    if let Some(key) = key {
+                        res.extensions_mut().insert(key);
+                    }
                     Ok(res)
                 }),
             },

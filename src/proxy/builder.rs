@@ -35,6 +35,7 @@ pub struct GatewayBuilder<S> {
     bodies: BodyLimits,
     stores: Option<PickStore<S>>,
     capture: bool,
+    extensions: bool,
     #[cfg(feature = "otel")]
     accept_traceparent: Option<bool>,
 }
@@ -65,6 +66,7 @@ impl<S: Store> Gateway<S> {
             bodies: BodyLimits::new(),
             stores: None,
             capture: false,
+            extensions: true,
             #[cfg(feature = "otel")]
             accept_traceparent: None,
         }
@@ -157,6 +159,22 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// Whether every guarded response carries, in its extensions, its
+    /// [`IdempotencyKey`](crate::IdempotencyKey), its
+    /// [`MatchedRoute`](super::MatchedRoute) and what the upstream answered
+    /// ([`UpstreamAnswer`](super::UpstreamAnswer)), for outer code that reads
+    /// them (a journal; a span that records the route; the crate's
+    /// `idempotency` span records the key's `preset` and `key_hash` from
+    /// there). [`Outcome`](crate::Outcome) and
+    /// [`RoutedPreset`](super::RoutedPreset) are always there. Off, each
+    /// response costs three extensions less (allocations, and the map's
+    /// growth past three entries); an acknowledge-then-deliver route keeps
+    /// them, since its deliveries read them. Defaults to `true`.
+    pub fn response_extensions(mut self, on: bool) -> Self {
+        self.extensions = on;
+        self
+    }
+
     /// Whether a client's own `traceparent` and `tracestate` are followed
     /// (see [`ForwardBuilder::accept_traceparent`](super::ForwardBuilder::accept_traceparent)):
     /// on, a request that carries a valid `traceparent` runs in the
@@ -205,6 +223,7 @@ impl<S: Store> GatewayBuilder<S> {
         let bodies = self.bodies;
         let pick = self.stores;
         let capture = self.capture;
+        let extensions = self.extensions;
         let routes = self.routes.map(|prefix, (target, options)| {
             let store_for = |preset: &Preset| match &pick {
                 Some(pick) => (pick.0)(prefix, preset),
@@ -221,7 +240,10 @@ impl<S: Store> GatewayBuilder<S> {
                 .unwrap_or_else(|| forward.call_limit().share(prefix));
             // `idempotency_upstream_limit{route}` from the start.
             slots.name(prefix);
+            // Deliveries read what the upstream answered.
+            let extensions = extensions || options.is_ack_then_deliver();
             let guarded = forward
+                .with_answer_extension(extensions)
                 .with_timeout(max_run.max(forward.timeout()))
                 .with_route_limit(RouteLimit {
                     slots,
@@ -237,6 +259,7 @@ impl<S: Store> GatewayBuilder<S> {
                 options
                     .layer(preset, store)
                     .capture_request(capture)
+                    .key_in_response(extensions)
                     .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
@@ -296,6 +319,7 @@ impl<S: Store> GatewayBuilder<S> {
             }
             Route {
                 prefix: Arc::from(prefix),
+                extensions,
                 stacks,
                 reply: route_reply,
                 channel,

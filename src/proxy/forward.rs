@@ -64,6 +64,8 @@ pub struct Forward {
     timeout: Duration,
     /// A route's own cap, in front of the upstream's (guarded routes).
     route: Option<Arc<RouteLimit>>,
+    /// Whether answers carry an [`UpstreamAnswer`].
+    answer_extension: bool,
     /// Whether a client's `traceparent` and `tracestate` go on upstream
     /// (when no span's context replaces them).
     #[cfg(feature = "otel")]
@@ -144,6 +146,15 @@ impl Forward {
         }
     }
 
+    /// This forwarder with or without the [`UpstreamAnswer`] of each answer
+    /// (on unless a gateway is told that nobody reads it).
+    pub(crate) fn with_answer_extension(&self, on: bool) -> Self {
+        Self {
+            answer_extension: on,
+            ..self.clone()
+        }
+    }
+
     /// This forwarder with a route's own cap in front of the upstream's.
     pub(crate) fn with_route_limit(&self, limit: RouteLimit) -> Self {
         Self {
@@ -192,9 +203,8 @@ impl Forward {
         let started = tokio::time::Instant::now();
         let deadline = started + self.timeout;
         let (mut parts, body) = req.into_parts();
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let upstream = &self.shared.upstream;
-        let uri = match upstream.uri(path_and_query) {
+        let uri = match upstream.uri(parts.uri.path_and_query()) {
             Ok(uri) => uri,
             Err(e) => return plain(StatusCode::BAD_REQUEST, format!("bad path: {e}\n")),
         };
@@ -254,10 +264,12 @@ impl Forward {
                 let (mut parts, body) = res.into_parts();
                 strip_response_hop_by_hop(&mut parts.headers);
                 parts.version = Version::default();
-                parts.extensions.insert(UpstreamAnswer {
-                    status: parts.status,
-                    took: started.elapsed(),
-                });
+                if self.answer_extension {
+                    parts.extensions.insert(UpstreamAnswer {
+                        status: parts.status,
+                        took: started.elapsed(),
+                    });
+                }
                 let body = Deadline {
                     body,
                     sleep,
@@ -319,7 +331,11 @@ fn shed(upstream: &Upstream, max: usize) -> Response<ProxyBody> {
 
 /// What the upstream answered, in the response's extensions: its status
 /// and how long its head took. Outer layers may rewrite the status (a
-/// channel's reply); this keeps the upstream's own.
+/// channel's reply); this keeps the upstream's own. A
+/// [`Gateway`](super::Gateway) built without response extensions (see
+/// [`GatewayBuilder::response_extensions`](super::GatewayBuilder::response_extensions))
+/// leaves it out, but on the acknowledge-then-deliver routes, whose
+/// deliveries read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpstreamAnswer {
     /// The upstream's status.
@@ -425,6 +441,7 @@ impl ForwardBuilder {
             }),
             timeout: self.timeout,
             route: None,
+            answer_extension: true,
             #[cfg(feature = "otel")]
             accept_traceparent: self.accept_traceparent,
         }

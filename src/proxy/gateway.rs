@@ -51,7 +51,9 @@ pub enum Target {
 pub struct RoutedPreset(pub &'static str);
 
 /// The prefix of the route that took a request, in the response's
-/// extensions (absent for an unrouted request).
+/// extensions (absent for an unrouted request, and for every request when
+/// the gateway is built without them, see
+/// [`GatewayBuilder::response_extensions`](super::GatewayBuilder::response_extensions)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MatchedRoute(pub Arc<str>);
 
@@ -71,6 +73,9 @@ pub(super) type AckStack = Normalize<Verify<Key<Ingest>>>;
 pub(super) struct Route<S> {
     /// The route's prefix, for [`MatchedRoute`].
     pub(super) prefix: Arc<str>,
+    /// Whether its responses carry a [`MatchedRoute`] (see
+    /// [`GatewayBuilder::response_extensions`](super::GatewayBuilder::response_extensions)).
+    pub(super) extensions: bool,
     pub(super) stacks: Vec<Option<Stack<S>>>,
     /// The reply format of a route's preset (`None` for `auto`).
     pub(super) reply: Option<Reply>,
@@ -417,8 +422,10 @@ where
     )
     .await;
     res.extensions_mut().insert(RoutedPreset(name));
-    res.extensions_mut()
-        .insert(MatchedRoute(route.prefix.clone()));
+    if route.extensions {
+        res.extensions_mut()
+            .insert(MatchedRoute(route.prefix.clone()));
+    }
     res
 }
 
@@ -437,8 +444,10 @@ where
     // instructions, callgrind).
     let mut res = catching(name, Box::pin(run_stack(stack, req))).await;
     res.extensions_mut().insert(RoutedPreset(name));
-    res.extensions_mut()
-        .insert(MatchedRoute(route.prefix.clone()));
+    if route.extensions {
+        res.extensions_mut()
+            .insert(MatchedRoute(route.prefix.clone()));
+    }
     res
 }
 

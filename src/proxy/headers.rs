@@ -74,16 +74,23 @@ fn accepts_trailers(headers: &HeaderMap) -> bool {
 /// comma-separated) and sets `x-forwarded-proto` and `x-forwarded-host`
 /// (the client's `Host`, or the HTTP/2 authority).
 pub(crate) fn set_forwarded(headers: &mut HeaderMap, conn: Option<ClientConn>, host: Option<&str>) {
+    // The names parsed once, at compile time (see `set_idempotency`).
+    #![allow(clippy::declare_interior_mutable_const)]
+    const FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    const PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    const HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
     if let Some(conn) = conn {
-        let mut list: Vec<String> = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .collect();
-        list.push(conn.addr.ip().to_string());
-        if let Ok(v) = HeaderValue::from_str(&list.join(", ")) {
-            headers.insert("x-forwarded-for", v);
+        use std::fmt::Write as _;
+        let mut list = String::new();
+        for v in headers.get_all(&FOR).iter().filter_map(|v| v.to_str().ok()) {
+            list.push_str(v);
+            list.push_str(", ");
+        }
+        // An address is at most 45 bytes (`IpAddr`'s longest form).
+        list.reserve(45);
+        let _ = write!(list, "{}", conn.addr.ip());
+        if let Ok(v) = HeaderValue::try_from(list) {
+            headers.insert(FOR, v);
         }
     }
     let proto = if conn.is_some_and(|c| c.tls) {
@@ -91,13 +98,13 @@ pub(crate) fn set_forwarded(headers: &mut HeaderMap, conn: Option<ClientConn>, h
     } else {
         "http"
     };
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    headers.insert(PROTO, HeaderValue::from_static(proto));
     let host = headers
         .get(header::HOST)
         .cloned()
         .or_else(|| host.and_then(|h| HeaderValue::from_str(h).ok()));
     if let Some(host) = host {
-        headers.insert("x-forwarded-host", host);
+        headers.insert(HOST, host);
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`Upstream`]: where a [`Forward`](super::Forward) sends requests.
 
 use crate::shed::{Shares, Slots, DEFAULT_QUEUE_WAIT};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Uri};
 use std::fmt;
 use std::str::FromStr;
@@ -28,6 +29,10 @@ pub struct Upstream {
     /// Base path without a trailing `/` (empty for none).
     base: String,
     host: HeaderValue,
+    /// The scheme and authority parsed once: each request's URI is built
+    /// from clones of them (a reference count) instead of a parse.
+    scheme: Scheme,
+    parsed_authority: Authority,
 }
 
 impl Upstream {
@@ -52,12 +57,21 @@ impl Upstream {
     }
 
     /// The upstream URI of a request's `path_and_query`.
-    pub(crate) fn uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        Uri::builder()
-            .scheme(if self.https { "https" } else { "http" })
-            .authority(self.authority.as_str())
-            .path_and_query(format!("{}{path_and_query}", self.base))
-            .build()
+    pub(crate) fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        let path_and_query = match (self.base.is_empty(), path_and_query) {
+            // No base path: the request's own, shared, not parsed again.
+            (true, Some(pq)) => pq.clone(),
+            (true, None) => PathAndQuery::from_static("/"),
+            (false, pq) => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                PathAndQuery::try_from(format!("{}{pq}", self.base))?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.parsed_authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        Ok(Uri::from_parts(parts)?)
     }
 }
 
@@ -105,6 +119,8 @@ impl FromStr for Upstream {
             authority: authority.to_string(),
             base: uri.path().trim_end_matches('/').to_owned(),
             host,
+            scheme: if https { Scheme::HTTPS } else { Scheme::HTTP },
+            parsed_authority: authority,
         })
     }
 }
