@@ -1106,6 +1106,15 @@ impl tower_idempotency::store::Store for Stalled {
         self.inner.release(key, token).await
     }
 
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<tower_idempotency::store::CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.inner.replace(key, record, window).await
+    }
+
     async fn forget(
         &self,
         key: &str,

@@ -135,10 +135,13 @@ struct Inner<S> {
 ///
 /// The record follows the entry: delivered (kept one window from delivery,
 /// so that late copies stay duplicates), dead-lettered (copies stay
-/// duplicates until it is replayed), queued again. A state change rewrites
-/// the record (forget, claim, complete); a copy arriving within that one
-/// store round trip may queue the key a second time, which again the
-/// consumer runs once.
+/// duplicates until it is replayed), queued again. Each change is one
+/// [`Store::replace`], atomic on the memory, Redis and SQL stores (and a
+/// [`TieredStore`](crate::store::TieredStore) of them): a copy arriving
+/// meanwhile finds the old state or the new one, a duplicate either way. A
+/// store of your own that keeps the trait's default `replace` (forget,
+/// claim, complete) leaves one store round trip in which a copy may queue
+/// the key a second time, which the consumer runs once.
 ///
 /// # Across gateways
 ///
@@ -276,8 +279,6 @@ impl<S: Store> AmqpQueue<S> {
         let live = self.link().await.ok()?;
         (live.generation == held.generation).then_some(held)
     }
-
-    /// Publishes `delivery`'s message to a delay queue with `attempts`
 }
 
 fn requeue() -> BasicNackOptions {

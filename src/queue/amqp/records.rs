@@ -37,17 +37,26 @@ impl<S: Store> AmqpQueue<S> {
         })
     }
 
-    /// Rewrites the key's record to `status`, kept for `window`. A failure
-    /// is logged and leaves the record as it was: an entry whose record
-    /// stays "queued" is still deduplicated, `forget` then refuses it.
+    /// Changes the key's record to `status`, kept for `window` from now,
+    /// in one store call ([`Store::replace`]): a copy arriving meanwhile
+    /// finds the old state or the new one, never the key free. A key without
+    /// a record (its window ran out while the entry waited) gets one, claimed
+    /// first: a copy queued meanwhile keeps its own. A failure is logged and
+    /// leaves the record as it was: an entry whose record stays "queued" is
+    /// still deduplicated, `forget` then refuses it.
     pub(super) async fn set_state(&self, key: &str, fingerprint: Fingerprint, status: StatusCode) {
         let rk = self.record_key(key);
         let store = &self.inner.store;
+        let record = Self::record(fingerprint, status);
         let result = async {
-            store.forget(&rk).await?;
+            if store
+                .replace(&rk, record.clone(), self.inner.window)
+                .await?
+            {
+                return Ok(());
+            }
             let token = OwnerToken::new();
             if let Claim::Acquired(_) = store.claim(&rk, fingerprint, token, INGEST_LEASE).await? {
-                let record = Self::record(fingerprint, status);
                 store
                     .complete(&rk, token, record, self.inner.window)
                     .await?;

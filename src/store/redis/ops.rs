@@ -1,7 +1,7 @@
 //! The [`Store`] operations of [`RedisStore`]: one script call each.
 
 use super::scripts::{
-    fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET,
+    fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET, REPLACE,
     INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN,
     TOKEN_VALUE,
 };
@@ -250,6 +250,33 @@ where
             _ if local => Forgotten::Deleted,
             _ => Forgotten::Absent,
         })
+    }
+
+    /// One script: replaces a completed record, never a claim; this
+    /// instance's local tier drops its copy (as for a forget), so that it
+    /// reads the new one. Other instances' local tiers keep the old record
+    /// until its window ends.
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let value = encode(&record);
+        let mut conn = self.conn.clone();
+        self.forgets.fetch_add(1, Ordering::AcqRel);
+        let done: Result<i64, _> = REPLACE
+            .key(&key)
+            .arg(value)
+            .arg(millis(window))
+            .invoke_async(&mut conn)
+            .await;
+        if let Some(local) = &self.local {
+            local.remove(&key);
+        }
+        self.forgets.fetch_add(1, Ordering::AcqRel);
+        Ok(done.map_err(|e| map_err("replace", e))? == 1)
     }
 }
 
