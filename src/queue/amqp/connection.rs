@@ -34,7 +34,7 @@ impl Link {
     }
 }
 
-fn string(v: impl Into<String>) -> ShortString {
+pub(super) fn string(v: impl Into<String>) -> ShortString {
     ShortString::from(v.into())
 }
 

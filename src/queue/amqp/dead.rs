@@ -2,9 +2,9 @@
 //! without taking them, and replay moving them back into the queue.
 
 use super::connection::{header_text, header_u64, string};
-use super::records::QUEUED;
-use super::{err, fresh_id, now_ms, requeue, settled, AmqpQueue, Envelope};
-use super::super::{DeadLetter, EntryId, Message, QueueError};
+use super::records::{DEAD, QUEUED};
+use super::{err, fresh_id, ms_of, now_ms, requeue, settled, AmqpQueue, Envelope};
+use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
 use crate::store::Store;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -19,6 +19,8 @@ impl<S: Store> AmqpQueue<S> {
     pub(super) fn dead_queue(&self) -> String {
         format!("{}.dead", self.inner.name)
     }
+
+    /// Takes up to `max` dead letters on a channel of their own, unacked
     /// (closing the channel gives back those not acknowledged).
     pub(super) async fn peek_dead(
         &self,

@@ -66,8 +66,6 @@ impl<S: Store> AmqpQueue<S> {
         settled(held.acker.ack(BasicAckOptions::default()).await)?;
         Ok(true)
     }
-
-    /// Takes up to `max` dead letters on a channel of their own, unacked
 }
 
 #[cfg(test)]
