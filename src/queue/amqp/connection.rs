@@ -1,12 +1,15 @@
 //! The link to the broker: one connection and its channels, the queues
 //! declared on every connect, and publishing with publisher confirms.
 
-use super::{delay::{MAX_DELAY, MIN_DELAY}, err, AmqpQueue};
 use super::super::{Message, QueueError};
+use super::{
+    delay::{MAX_DELAY, MIN_DELAY},
+    err, AmqpQueue,
+};
 use crate::store::Store;
 use lapin::options::{
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-    BasicPublishOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -19,7 +22,7 @@ pub(super) struct Link {
     pub(super) conn: Arc<Connection>,
     /// Publishes in confirm mode.
     pub(super) publish: Channel,
-    /// Takes entries (`basic.get`) and acknowledges them.
+    /// Consumes entries (`basic.consume`) and acknowledges them.
     pub(super) take: Channel,
     /// Which connection this is: a delivery taken on another one can no
     /// longer be acknowledged (the broker gave it back when that closed).
@@ -88,7 +91,6 @@ pub(super) struct Envelope<'a> {
 }
 
 impl<S: Store> AmqpQueue<S> {
-
     /// The live connection, connecting (and declaring the queues) when
     /// there is none or it broke.
     pub(super) async fn link(&self) -> Result<Link, QueueError> {
@@ -265,5 +267,4 @@ impl<S: Store> AmqpQueue<S> {
             }
         }
     }
-
 }

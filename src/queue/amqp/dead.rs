@@ -1,10 +1,10 @@
 //! Dead letters: the dead-letter exchange and its queue, reading them
 //! without taking them, and replay moving them back into the queue.
 
+use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
 use super::connection::{header_text, header_u64, string};
 use super::records::{DEAD, QUEUED};
 use super::{err, fresh_id, ms_of, now_ms, requeue, settled, AmqpQueue, Envelope};
-use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
 use crate::store::Store;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -59,7 +59,10 @@ impl<S: Store> AmqpQueue<S> {
     }
 
     /// Moves the dead letters `pick` chooses back into the queue; how many.
-    pub(super) async fn replay_where(&self, pick: impl Fn(&DeadLetter) -> bool) -> Result<usize, QueueError> {
+    pub(super) async fn replay_where(
+        &self,
+        pick: impl Fn(&DeadLetter) -> bool,
+    ) -> Result<usize, QueueError> {
         let (ch, taken) = self.peek_dead(usize::MAX).await?;
         let mut n = 0;
         let result = async {
@@ -112,7 +115,11 @@ impl<S: Store> AmqpQueue<S> {
         let _ = ch.close(200, "done".into()).await;
     }
 
-    pub(super) async fn dead_letter_now(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
+    pub(super) async fn dead_letter_now(
+        &self,
+        delivery: &Delivery,
+        error: &str,
+    ) -> Result<bool, QueueError> {
         let Some(held) = self.release_held(delivery).await else {
             return Ok(false);
         };
@@ -135,8 +142,10 @@ impl<S: Store> AmqpQueue<S> {
         Ok(true)
     }
 
-
-    pub(super) async fn dead_letters_now(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+    pub(super) async fn dead_letters_now(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
         let (ch, taken) = self.peek_dead(usize::MAX).await?;
         self.give_back(&ch, &taken).await;
         let mut letters: Vec<DeadLetter> = taken.iter().map(Self::dead_letter_of).collect();

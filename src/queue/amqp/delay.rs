@@ -1,8 +1,8 @@
 //! Retries waiting out their backoff: the delay queues, which hand an
 //! entry back into the queue once due.
 
-use super::{ms_of, requeue, settled, AmqpQueue, Envelope};
 use super::super::{Delivery, QueueError};
+use super::{ms_of, requeue, settled, AmqpQueue, Envelope};
 use crate::store::Store;
 use lapin::options::BasicAckOptions;
 use std::time::{Duration, Instant};

@@ -10,15 +10,16 @@
 mod connection;
 mod dead;
 mod delay;
+mod feed;
 mod pace;
 mod records;
 mod stats;
 
-use self::connection::{header_u64, string, Envelope, Link};
+use self::connection::{header_u64, Envelope, Link};
 use self::records::DELIVERED;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use crate::store::{OwnerToken, Store};
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
+use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,7 +54,6 @@ fn ms_of(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-
 /// A delivery this instance holds unacknowledged.
 struct Held {
     acker: lapin::Acker,
@@ -78,6 +78,8 @@ struct Inner<S> {
     /// neither while it moves: `stats` counts it meanwhile (until it is
     /// fetched again, or for `delay::IN_TRANSIT` past its due time).
     backing_off: Mutex<HashMap<String, Instant>>,
+    /// The consumer entries are pushed to.
+    feed: tokio::sync::Mutex<Option<feed::Feed>>,
 }
 
 /// A queue on RabbitMQ: quorum queues, persistent messages, publisher
@@ -163,12 +165,23 @@ struct Inner<S> {
 /// cannot look at a queue's head without taking it). Order groups
 /// ([`Message::order`]) are not enforced.
 ///
-/// A delivery holds its message unacknowledged on this instance's channel:
-/// a gateway that dies (or loses its connection) hands it back at once,
-/// without waiting for a lease. An entry whose lease runs out while this
-/// instance still holds it (a worker that stopped renewing it) is returned
-/// to the queue at the next fetch. Keep the broker's `consumer_timeout`
-/// (30 minutes by default) above the longest delivery.
+/// # Taking entries
+///
+/// The broker pushes entries to one consumer per instance (`basic.consume`,
+/// manual acknowledgements) whose prefetch (`basic.qos`) is the most the
+/// worker asked for in one fetch: no more entries are unacknowledged on
+/// this instance than its worker's lanes can hold together, and a fetch
+/// takes what was pushed without a round trip per entry. A delivered
+/// entry then costs its acknowledgement and one store call (its record
+/// becomes "delivered").
+///
+/// Whatever this instance holds unacknowledged, fetched or only pushed, a
+/// gateway that dies (or loses its connection, or drops the queue) hands
+/// back at once, without waiting for a lease. An entry whose lease runs out
+/// while this instance still holds it (a worker that stopped renewing it)
+/// is returned to the queue at the next fetch, and so is one pushed but not
+/// fetched within a lease. Keep the broker's `consumer_timeout` (30 minutes
+/// by default) above the longest delivery.
 ///
 /// # Why lapin
 ///
@@ -222,6 +235,7 @@ impl<S: Store> AmqpQueue<S> {
                 next_lease: AtomicU64::new(1),
                 slots: Mutex::new(HashMap::new()),
                 backing_off: Mutex::new(HashMap::new()),
+                feed: tokio::sync::Mutex::new(None),
             }),
         };
         queue.link().await?;
@@ -241,7 +255,6 @@ impl<S: Store> AmqpQueue<S> {
     pub fn name(&self) -> &str {
         &self.inner.name
     }
-
 
     /// Takes back the deliveries whose lease ran out while this instance
     /// held them: the broker hands them out again.
@@ -318,22 +331,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
         self.requeue_expired().await;
         let link = self.link().await?;
         let mut out = Vec::new();
-        while out.len() < max.max(1) {
-            let got = match link
-                .take
-                .basic_get(string(self.inner.name.clone()), BasicGetOptions::default())
-                .await
-            {
-                Ok(Some(got)) => got.delivery,
-                Ok(None) => break,
-                Err(e) => {
-                    self.broken(&link).await;
-                    if out.is_empty() {
-                        return Err(err(e));
-                    }
-                    break;
-                }
-            };
+        for got in self.take(&link, max, lease).await? {
             let p = &got.properties;
             let id = p
                 .message_id()

@@ -1,8 +1,8 @@
 //! Pacing across gateways: a lane's delivery slots and turns are claims in
 //! the store every gateway on the broker shares.
 
-use super::{err, AmqpQueue};
 use super::super::QueueError;
+use super::{err, AmqpQueue};
 use crate::store::{Claim, OwnerToken, Store};
 use crate::Fingerprint;
 use std::time::Duration;
@@ -33,7 +33,12 @@ impl<S: Store> AmqpQueue<S> {
         Ok(None)
     }
 
-    pub(super) async fn slot_renew(&self, _lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+    pub(super) async fn slot_renew(
+        &self,
+        _lane: &str,
+        slot: u64,
+        lease: Duration,
+    ) -> Result<(), QueueError> {
         let held = self
             .inner
             .slots

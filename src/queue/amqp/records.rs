@@ -1,8 +1,8 @@
 //! Who says "already queued": the key records kept in the idempotency
 //! [`Store`], which follow an entry from queued to delivered or dead.
 
-use super::{err, AmqpQueue};
 use super::super::{Ingested, Message, QueueError};
+use super::{err, AmqpQueue};
 use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, Store, StoredResponse};
 use crate::Fingerprint;
 use bytes::Bytes;
@@ -119,7 +119,9 @@ impl<S: Store> AmqpQueue<S> {
                 .await
                 .map_err(err)?
             {
-                Claim::Completed(rec) if rec.fingerprint == fp => return Ok(Some(Ingested::Duplicate)),
+                Claim::Completed(rec) if rec.fingerprint == fp => {
+                    return Ok(Some(Ingested::Duplicate))
+                }
                 Claim::Completed(_) => return Ok(Some(Ingested::Mismatch)),
                 Claim::InFlight { fingerprint, .. } if fingerprint != fp => {
                     return Ok(Some(Ingested::Mismatch))

@@ -2,10 +2,10 @@
 //! dead letters, and what only this instance knows (its deliveries, its
 //! retries on their way back).
 
+use super::super::{QueueError, QueueStats};
 use super::connection::string;
 use super::delay::{IN_TRANSIT, MAX_DELAY, MIN_DELAY};
 use super::{err, AmqpQueue};
-use super::super::{QueueError, QueueStats};
 use crate::store::Store;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -25,7 +25,20 @@ impl<S: Store> AmqpQueue<S> {
                 .map(|q| u64::from(q.message_count()))
         };
         let result = async {
-            let mut depth = count(self.inner.name.clone()).await?;
+            // The queue's ready entries counted on the consumer's channel,
+            // then what was pushed to the consumer before that answer: an
+            // entry is in one or the other (or both, for a moment: counted
+            // twice rather than not at all).
+            let mut depth = link
+                .take
+                .queue_declare(
+                    string(self.inner.name.clone()),
+                    passive,
+                    FieldTable::default(),
+                )
+                .await
+                .map(|q| u64::from(q.message_count()))?;
+            depth += self.pushed().await;
             for exp in MIN_DELAY..=MAX_DELAY {
                 depth += count(self.delay_queue(1 << exp)).await?;
             }
