@@ -1,8 +1,8 @@
 //! The [`Store`] operations of [`RedisStore`]: one script call each.
 
 use super::scripts::{
-    fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET, REPLACE,
-    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN,
+    fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET,
+    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, REPLACE, TAKE_TOKEN, TOKEN_TAKEN,
     TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
