@@ -19,7 +19,8 @@
 
 use lapin::{Connection, ConnectionProperties};
 use tower_idempotency::consumer::{gateway_entry, AmqpConsumer, AmqpMessage, Consumer};
-use tower_idempotency::store::{Either, MemoryStore, RedisStore};
+use tower_idempotency::queue::Message;
+use tower_idempotency::store::{Either, MemoryStore, RedisStore, Store};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,15 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(redis) => Either::Right(RedisStore::standalone(redis.as_str()).await?),
         None => Either::Left(MemoryStore::new()),
     };
-    let conn = Connection::connect(&url, ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
-    let consumer = AmqpConsumer::new(Consumer::new(store).scope("amqp-consumer"), gateway_entry);
-    let handler = |m: AmqpMessage| async move {
-        // `gateway_entry` keyed it, so it is one of the gateway's entries.
-        let Some(n) = m.queued() else {
-            return Err("not a gateway entry");
-        };
-        // The business effect goes here (credit the order, ship the goods).
+    let print = |n: &Message, m: &AmqpMessage| {
         println!(
             "handled {} {} ({} bytes, attempts before: {})",
             n.key,
@@ -48,11 +41,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             n.body.len(),
             m.header("x-attempts").unwrap_or_else(|| "0".into())
         );
-        Ok(())
     };
     tokio::select! {
-        done = consumer.run(&channel, &queue, handler) => done?,
+        done = consume(&url, &queue, store, print) => done?,
         _ = tokio::signal::ctrl_c() => {}
     }
+    Ok(())
+}
+
+/// Consumes `queue` on the broker at `url`, its records in `store`, until
+/// the connection fails: `handle` runs once per notification the gateway
+/// queued, however many times the broker delivers it.
+pub async fn consume<S: Store>(
+    url: &str,
+    queue: &str,
+    store: S,
+    handle: impl Fn(&Message, &AmqpMessage) + Send + Sync,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    let consumer = AmqpConsumer::new(Consumer::new(store).scope("amqp-consumer"), gateway_entry);
+    let handle = &handle;
+    let handler = |m: AmqpMessage| async move {
+        // `gateway_entry` keyed it, so it is one of the gateway's entries.
+        let Some(n) = m.queued() else {
+            return Err("not a gateway entry");
+        };
+        // The business effect goes here (credit the order, ship the goods).
+        handle(&n, &m);
+        Ok(())
+    };
+    consumer.run(&channel, queue, handler).await?;
     Ok(())
 }

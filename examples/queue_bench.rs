@@ -4,8 +4,14 @@
 //! queued notification takes.
 //!
 //! ```text
-//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--redis URL] [--amqp URL] [--nats URL]
+//! cargo run --release --example queue_bench -- [--n 2000] [--concurrency 64] [--rounds 1] [--redis URL] [--amqp URL] [--nats URL]
 //! ```
+//!
+//! Every backend given runs in one invocation, in `--rounds` interleaved
+//! rounds (round `r` starts with the `r`-th backend, so none always runs
+//! first or last on a busy machine); each round uses a fresh queue. At the
+//! end, a table of each backend's median over the rounds and its ratio to
+//! the embedded queue measured in the same rounds.
 //!
 //! Each notification is the WeChat Pay v3 payment notification of
 //! `tests/fixtures` (382 bytes) under its own id, with the five headers
@@ -58,6 +64,7 @@ fn notification(run: &str, i: usize) -> Message {
 struct Args {
     n: usize,
     concurrency: usize,
+    rounds: usize,
     redis: Option<String>,
     amqp: Option<String>,
     nats: Option<String>,
@@ -67,6 +74,7 @@ fn args() -> Args {
     let mut a = Args {
         n: 2000,
         concurrency: 64,
+        rounds: 1,
         redis: None,
         amqp: None,
         nats: None,
@@ -88,6 +96,11 @@ fn args() -> Args {
                     .parse()
                     .unwrap_or_else(|_| usage("--concurrency takes a number"))
             }
+            "--rounds" => {
+                a.rounds = value()
+                    .parse()
+                    .unwrap_or_else(|_| usage("--rounds takes a number"))
+            }
             "--redis" => a.redis = Some(value()),
             "--amqp" => a.amqp = Some(value()),
             "--nats" => a.nats = Some(value()),
@@ -98,7 +111,7 @@ fn args() -> Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--redis URL] [--amqp URL] [--nats URL]");
+    eprintln!("queue_bench: {msg}\nusage: queue_bench [--n N] [--concurrency C] [--rounds R] [--redis URL] [--amqp URL] [--nats URL]");
     std::process::exit(2)
 }
 
@@ -143,81 +156,165 @@ async fn deliver_all<Q: Queue>(queue: &Q) -> (usize, f64) {
     (delivered, delivered as f64 / start.elapsed().as_secs_f64())
 }
 
+/// One backend's numbers in one round.
+#[derive(Clone, Copy, Default)]
+struct Numbers {
+    seq: f64,
+    conc: f64,
+    bytes: Option<f64>,
+    delivered: usize,
+    rate: f64,
+}
+
 async fn bench<Q: Queue, F: std::future::Future<Output = Option<u64>>>(
     label: &str,
     queue: Q,
     a: &Args,
     size: impl Fn() -> F,
-) {
+) -> Numbers {
     let run = format!("{:x}", OwnerToken::new().as_u128());
     let before = size().await;
     let seq = ingest_all(&queue, &format!("{run}-s"), a.n, 1).await;
-    let per = match (before, size().await) {
-        (Some(b), Some(after)) => format!("{:.0}", after.saturating_sub(b) as f64 / a.n as f64),
-        _ => "n/a".to_owned(),
+    let bytes = match (before, size().await) {
+        (Some(b), Some(after)) => Some(after.saturating_sub(b) as f64 / a.n as f64),
+        _ => None,
     };
     let conc = ingest_all(&queue, &format!("{run}-c"), a.n, a.concurrency).await;
     let (delivered, rate) = deliver_all(&queue).await;
+    let per = bytes.map_or_else(|| "n/a".to_owned(), |b| format!("{b:.0}"));
     println!(
         "{label}: ingest {seq:.0}/s one at a time, {conc:.0}/s at concurrency {}; \
          {per} bytes per queued notification; delivered {delivered} at {rate:.0}/s",
         a.concurrency,
     );
+    Numbers {
+        seq,
+        conc,
+        bytes,
+        delivered,
+        rate,
+    }
+}
+
+const BACKENDS: [&str; 4] = ["redb", "redis-streams", "jetstream", "rabbitmq"];
+
+/// One round of backend `which` on a fresh queue; `None` when not asked for.
+async fn round(which: &str, a: &Args) -> Option<Numbers> {
+    let name = format!("bench-{:x}", OwnerToken::new().as_u128());
+    Some(match which {
+        "redb" => {
+            let dir =
+                std::env::temp_dir().join(format!("queue-bench-{}-{name}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("queue.redb");
+            let queue = RedbQueue::open(&path).unwrap();
+            let file = path.clone();
+            let got = bench("redb", queue, a, move || {
+                std::future::ready(std::fs::metadata(&file).map(|m| m.len()).ok())
+            })
+            .await;
+            let _ = std::fs::remove_dir_all(&dir);
+            got
+        }
+        "redis-streams" => {
+            let url = a.redis.as_ref()?;
+            let queue = RedisStreamsQueue::standalone(url.as_str(), &name)
+                .await
+                .unwrap();
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let used = move || {
+                let mut c = client.get_connection().unwrap();
+                let info: String = redis::cmd("INFO").arg("memory").query(&mut c).unwrap();
+                std::future::ready(
+                    info.lines()
+                        .find_map(|l| l.strip_prefix("used_memory:"))
+                        .and_then(|v| v.trim().parse().ok()),
+                )
+            };
+            bench("redis-streams", queue, a, used).await
+        }
+        "jetstream" => {
+            let url = a.nats.as_ref()?;
+            let queue = JetStreamQueue::connect(url, &name).await.unwrap();
+            let js = async_nats::jetstream::new(async_nats::connect(url.as_str()).await.unwrap());
+            let streams = [format!("IDEM_{name}"), format!("KV_IDEM_{name}_KEYS")];
+            let bytes = move || {
+                let (js, streams) = (js.clone(), streams.clone());
+                async move {
+                    let mut total = 0;
+                    for s in &streams {
+                        let mut stream = js.get_stream(s).await.unwrap();
+                        total += stream.info().await.unwrap().state.bytes;
+                    }
+                    Some(total)
+                }
+            };
+            bench("jetstream", queue, a, bytes).await
+        }
+        _ => {
+            let url = a.amqp.as_ref()?;
+            let queue = AmqpQueue::open(url, &name, MemoryStore::new())
+                .await
+                .unwrap();
+            bench("rabbitmq", queue, a, || std::future::ready(None)).await
+        }
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|x, y| x.total_cmp(y));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 #[tokio::main]
 async fn main() {
     let a = args();
-    let dir = std::env::temp_dir().join(format!("queue-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("queue.redb");
-    let queue = RedbQueue::open(&path).unwrap();
-    let file = path.clone();
-    bench("redb", queue, &a, move || {
-        std::future::ready(std::fs::metadata(&file).map(|m| m.len()).ok())
-    })
-    .await;
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Some(url) = &a.redis {
-        let name = format!("bench-{:x}", OwnerToken::new().as_u128());
-        let queue = RedisStreamsQueue::standalone(url.as_str(), &name)
-            .await
-            .unwrap();
-        let client = redis::Client::open(url.as_str()).unwrap();
-        let used = move || {
-            let mut c = client.get_connection().unwrap();
-            let info: String = redis::cmd("INFO").arg("memory").query(&mut c).unwrap();
-            std::future::ready(
-                info.lines()
-                    .find_map(|l| l.strip_prefix("used_memory:"))
-                    .and_then(|v| v.trim().parse().ok()),
-            )
-        };
-        bench("redis-streams", queue, &a, used).await;
-    }
-    if let Some(url) = &a.nats {
-        let name = format!("bench-{:x}", OwnerToken::new().as_u128());
-        let queue = JetStreamQueue::connect(url, &name).await.unwrap();
-        let js = async_nats::jetstream::new(async_nats::connect(url.as_str()).await.unwrap());
-        let streams = [format!("IDEM_{name}"), format!("KV_IDEM_{name}_KEYS")];
-        let bytes = move || {
-            let (js, streams) = (js.clone(), streams.clone());
-            async move {
-                let mut total = 0;
-                for s in &streams {
-                    let mut stream = js.get_stream(s).await.unwrap();
-                    total += stream.info().await.unwrap().state.bytes;
-                }
-                Some(total)
+    let mut got: Vec<(&str, Vec<Numbers>)> = BACKENDS.iter().map(|b| (*b, Vec::new())).collect();
+    for r in 0..a.rounds.max(1) {
+        println!("round {}:", r + 1);
+        for i in 0..BACKENDS.len() {
+            let which = BACKENDS[(i + r) % BACKENDS.len()];
+            if let Some(n) = round(which, &a).await {
+                got.iter_mut().find(|(b, _)| *b == which).unwrap().1.push(n);
             }
-        };
-        bench("jetstream", queue, &a, bytes).await;
+        }
     }
-    if let Some(url) = &a.amqp {
-        let name = format!("bench-{:x}", OwnerToken::new().as_u128());
-        let queue = AmqpQueue::open(url, &name, MemoryStore::new())
-            .await
-            .unwrap();
-        bench("rabbitmq", queue, &a, || std::future::ready(None)).await;
+    let med = |ns: &[Numbers], f: fn(&Numbers) -> f64| median(ns.iter().map(f).collect());
+    let base = got[0].1.clone();
+    let (bseq, bconc, brate) = (
+        med(&base, |n| n.seq),
+        med(&base, |n| n.conc),
+        med(&base, |n| n.rate),
+    );
+    println!(
+        "\nmedians of {} round(s), --n {} --concurrency {}; (×) = ratio to redb in the same rounds",
+        a.rounds.max(1),
+        a.n,
+        a.concurrency
+    );
+    println!("| queue | ingest, one at a time | ingest, {} concurrent | bytes per queued notification | delivery (no-op handler) |", a.concurrency);
+    println!("|---|---|---|---|---|");
+    for (label, ns) in &got {
+        if ns.is_empty() {
+            continue;
+        }
+        let (seq, conc, rate) = (med(ns, |n| n.seq), med(ns, |n| n.conc), med(ns, |n| n.rate));
+        let bytes: Vec<f64> = ns.iter().filter_map(|n| n.bytes).collect();
+        let bytes = if bytes.is_empty() {
+            "not measured".to_owned()
+        } else {
+            format!("{:.0}", median(bytes))
+        };
+        let delivered: usize = ns.iter().map(|n| n.delivered).sum();
+        println!(
+            "| {label} | {seq:.0} /s ({:.2}×) | {conc:.0} /s ({:.2}×) | {bytes} | {rate:.0} /s ({:.2}×; {delivered} delivered) |",
+            seq / bseq,
+            conc / bconc,
+            rate / brate,
+        );
     }
 }

@@ -1283,3 +1283,62 @@ async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
     let ids = vec!["EV-JS-DEAD-1".to_owned()];
     dead_letter_replayed_once_while_running(&["--queue", &url], &ids, false).await;
 }
+
+#[path = "../examples/amqp_consumer.rs"]
+#[allow(dead_code)]
+mod amqp_consumer_example;
+
+/// `examples/amqp_consumer` consumes what a gateway queued on RabbitMQ
+/// (the upstream down, so the gateway delivered none of it, then the
+/// gateway stopped): each notification is handled once, though every one
+/// was sent three times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_consumer_example_handles_each_notification_the_gateway_queued_once_rabbitmq() {
+    let Some((_broker, url)) = rabbitmq_queue("example") else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(true).await;
+    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let ids: Vec<String> = (0..20).map(|i| format!("EV-EXAMPLE-{i:04}")).collect();
+    let (_, failures) = send_until_acked(gw.addr, &ids, 3, Duration::ZERO).await;
+    assert_eq!(failures, 0, "copies answered with a failure");
+    // Stopped: what it held unacknowledged goes back to the queue, what it
+    // retried comes back from the delay queues.
+    drop(gw);
+    let handled = Arc::new(std::sync::Mutex::new(HashMap::<String, usize>::new()));
+    let record = handled.clone();
+    let consumer = tokio::spawn(async move {
+        amqp_consumer_example::consume(
+            &url,
+            "gateway",
+            tower_idempotency::store::MemoryStore::new(),
+            move |n, _| {
+                let v: serde_json::Value = serde_json::from_slice(&n.body).unwrap();
+                let id = v["id"].as_str().unwrap().to_owned();
+                *record.lock().unwrap().entry(id).or_default() += 1;
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+    });
+    let probe = handled.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until(
+            "every notification handled",
+            Duration::from_secs(60),
+            || probe.lock().unwrap().len() == ids.len(),
+        )
+    })
+    .await
+    .unwrap();
+    // Late redeliveries would show now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    consumer.abort();
+    let handled = handled.lock().unwrap().clone();
+    assert_eq!(handled.len(), 20);
+    assert!(
+        handled.values().all(|&n| n == 1),
+        "handled more than once: {handled:?}"
+    );
+    assert!(up.counts().is_empty(), "the gateway delivered some");
+}

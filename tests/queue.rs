@@ -1171,3 +1171,158 @@ async fn jetstream_a_replay_racing_its_delivery_leaves_the_key_delivered() {
         );
     }
 }
+
+/// A memory store that stops between a `forget` and the next call, once
+/// armed: a copy ingested meanwhile arrives in the middle of a record
+/// rewritten as several store calls.
+#[derive(Clone, Default)]
+struct Stalled {
+    inner: MemoryStore,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    armed: AtomicBool,
+    reached: tokio::sync::Notify,
+    open: tokio::sync::Notify,
+}
+
+impl tower_idempotency::store::Store for Stalled {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<tower_idempotency::store::Claim, tower_idempotency::store::StoreError> {
+        self.inner.claim(key, fingerprint, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        record: Arc<tower_idempotency::store::CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.inner.complete(key, token, record, window).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        token: OwnerToken,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.inner.release(key, token).await
+    }
+
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<tower_idempotency::store::CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.inner.replace(key, record, window).await
+    }
+
+    async fn forget(
+        &self,
+        key: &str,
+    ) -> Result<tower_idempotency::store::Forgotten, tower_idempotency::store::StoreError> {
+        let forgot = self.inner.forget(key).await;
+        if self.gate.armed.swap(false, Ordering::SeqCst) {
+            self.gate.reached.notify_one();
+            self.gate.open.notified().await;
+        }
+        forgot
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum StateChange {
+    Delivered,
+    DeadLettered,
+    Replayed,
+}
+
+/// A copy of a key arriving while its record changes state (delivered,
+/// dead-lettered, replayed) is a duplicate: the record never lets go of
+/// the key in between.
+async fn amqp_copy_racing_a_state_change_is_a_duplicate(change: StateChange) {
+    let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
+        return;
+    };
+    let store = Stalled::default();
+    let name = format!("race-{:x}", OwnerToken::new().as_u128());
+    let queue = AmqpQueue::open(&broker.url(), &name, store.clone())
+        .await
+        .unwrap();
+    assert!(matches!(
+        queue.ingest(notification(1)).await.unwrap(),
+        Ingested::Queued(_)
+    ));
+    let delivery = queue
+        .fetch(1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .pop()
+        .expect("the entry is due");
+    if let StateChange::Replayed = change {
+        assert!(queue.dead_letter(&delivery, "refused").await.unwrap());
+    }
+    store.gate.armed.store(true, Ordering::SeqCst);
+    let changing = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            match change {
+                StateChange::Delivered => queue.ack(&delivery).await.unwrap(),
+                StateChange::DeadLettered => queue.dead_letter(&delivery, "refused").await.unwrap(),
+                StateChange::Replayed => queue.replay_all().await.unwrap() == 1,
+            }
+        })
+    };
+    // The copy arrives in the middle of the state change's store calls
+    // (or right after it, when the change is one call).
+    let mut changing = std::pin::pin!(changing);
+    let done = tokio::select! {
+        _ = store.gate.reached.notified() => None,
+        done = &mut changing => Some(done.unwrap()),
+    };
+    let copy = queue.ingest(notification(1)).await.unwrap();
+    store.gate.open.notify_one();
+    let done = match done {
+        Some(done) => done,
+        None => changing.await.unwrap(),
+    };
+    assert!(done, "{change:?}: the state change happened");
+    assert_eq!(
+        copy,
+        Ingested::Duplicate,
+        "{change:?}: a copy arriving while the record changed was queued again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_copy_racing_the_delivered_record_is_a_duplicate() {
+    amqp_copy_racing_a_state_change_is_a_duplicate(StateChange::Delivered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_copy_racing_the_dead_letter_record_is_a_duplicate() {
+    amqp_copy_racing_a_state_change_is_a_duplicate(StateChange::DeadLettered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn amqp_a_copy_racing_the_replayed_record_is_a_duplicate() {
+    amqp_copy_racing_a_state_change_is_a_duplicate(StateChange::Replayed).await;
+}

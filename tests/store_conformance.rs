@@ -450,6 +450,59 @@ mod cases {
         }
     }
 
+    pub(super) async fn replace_changes_a_completed_record_in_one_step<S: Store>(store: S) {
+        let key = unique_key("replace");
+        // No record: nothing is written.
+        assert!(!store
+            .replace(&key, record(fp("a"), true, false), WINDOW)
+            .await
+            .unwrap());
+        let token = OwnerToken::new();
+        assert_acquired(&store.claim(&key, fp("a"), token, LEASE).await.unwrap());
+        // A claim is left to its owner.
+        assert!(!store
+            .replace(&key, record(fp("a"), true, false), WINDOW)
+            .await
+            .unwrap());
+        assert_in_flight(&claim(&store, &key, fp("a"), LEASE).await, fp("a"));
+        assert!(store
+            .complete(&key, token, record(fp("a"), false, false), WINDOW)
+            .await
+            .unwrap());
+        let new = record(fp("a"), true, true);
+        assert!(store.replace(&key, new.clone(), WINDOW).await.unwrap());
+        assert_same(&completed(claim(&store, &key, fp("a"), LEASE).await), &new);
+        // Claims racing replaces find the record, old or new, never the key
+        // absent.
+        let key: Arc<str> = key.into();
+        let barrier = Arc::new(tokio::sync::Barrier::new(40));
+        let calls: Vec<_> = (0..40)
+            .map(|i| {
+                let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    if i % 2 == 0 {
+                        let rec = record(fp("a"), i % 4 == 0, false);
+                        assert!(store.replace(&key, rec, WINDOW).await.unwrap());
+                    } else {
+                        completed(claim(&store, &key, fp("a"), LEASE).await);
+                    }
+                })
+            })
+            .collect();
+        for c in calls {
+            c.await.unwrap();
+        }
+        // The new window counts from the replace: the record goes when it
+        // ends.
+        assert!(store
+            .replace(&key, new.clone(), Duration::from_millis(300))
+            .await
+            .unwrap());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_acquired(&claim(&store, &key, fp("a"), LEASE).await);
+    }
+
     pub(super) async fn client_tokens_are_consumed_once<S: Store>(store: S) {
         let key = unique_key("token");
         store
@@ -521,6 +574,7 @@ macro_rules! store_tests {
                 concurrent_claims_have_one_winner,
                 waiters_wake_on_complete_and_release,
                 client_tokens_are_consumed_once,
+                replace_changes_a_completed_record_in_one_step,
                 resent_calls_answer_the_same,
                 inspect_and_forget_follow_the_life_cycle,
                 forget_racing_a_completion_never_answers_absent,

@@ -102,4 +102,16 @@ impl<A: Store, B: Store> Store for Either<A, B> {
             Either::Right(b) => b.forget(key).await,
         }
     }
+
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Either::Left(a) => a.replace(key, record, window).await,
+            Either::Right(b) => b.replace(key, record, window).await,
+        }
+    }
 }

@@ -425,6 +425,39 @@ pub trait Store: Clone + Send + Sync + 'static {
         )))
     }
 
+    /// Replaces the completed record of `key` with `record`, kept for
+    /// `window` from now, so that a record changing state (a queue's key
+    /// record going from "queued" to "delivered") never leaves the key
+    /// absent in between. `false`, and nothing changed, when the key holds
+    /// no completed record (absent, its window over, or in flight: a claim
+    /// is left to its owner).
+    ///
+    /// The memory, Redis and SQL stores do it in one atomic step. The
+    /// default is three calls ([`forget`](Self::forget), [`claim`](Self::claim),
+    /// [`complete`](Self::complete)): a claim by another caller can slip in
+    /// between the first two, and then this answers `false` and that
+    /// caller's outcome stands.
+    fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move {
+            if self.forget(key).await? != Forgotten::Deleted {
+                return Ok(false);
+            }
+            let token = OwnerToken::new();
+            match self
+                .claim(key, record.fingerprint, token, Duration::from_secs(10))
+                .await?
+            {
+                Claim::Acquired(_) => self.complete(key, token, record, window).await,
+                _ => Ok(false),
+            }
+        }
+    }
+
     /// Deletes the completed record of `key`, so that the next copy runs
     /// the inner service again (after a business rollback, say). Atomic: a
     /// key in flight is left to its owner and answers

@@ -174,4 +174,21 @@ impl<F: Store, B: Store> Store for TieredStore<F, B> {
             back
         })
     }
+
+    /// In the back first (it decides), then in the front; the back's
+    /// answer counts. Each tier replaces in one step, so a claim in either
+    /// finds the old record or the new one, never the key absent (a front
+    /// that does not hold it sends the claim to the back, which does).
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        if !self.back.replace(key, record.clone(), window).await? {
+            return Ok(false);
+        }
+        self.front.replace(key, record, window).await?;
+        Ok(true)
+    }
 }

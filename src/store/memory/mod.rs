@@ -311,6 +311,22 @@ impl MemoryStore {
         }
     }
 
+    fn replace_now(&self, key: &str, record: &CompletedRecord, window: Duration) -> bool {
+        let now = Instant::now();
+        // The in-flight shard's lock is held while the record changes, so a
+        // claim cannot find the key absent in between.
+        let shard = self.shard(key);
+        if shard.get(key).is_some_and(|c| c.deadline > now) {
+            return false;
+        }
+        if self.inner.completed.peek(key).is_none() {
+            return false;
+        }
+        self.inner.completed.insert(key, record, window);
+        drop(shard);
+        true
+    }
+
     fn release_now(&self, key: &str, token: OwnerToken) -> bool {
         let mut shard = self.shard(key);
         match shard.get(key) {
@@ -404,6 +420,15 @@ impl Store for MemoryStore {
         key: &str,
     ) -> impl std::future::Future<Output = Result<Forgotten, StoreError>> + Send {
         std::future::ready(Ok(self.forget_now(key)))
+    }
+
+    fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.replace_now(key, &record, window)))
     }
 
     fn take_token(

@@ -2,7 +2,7 @@
 
 use super::scripts::{
     fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET,
-    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, TAKE_TOKEN, TOKEN_TAKEN,
+    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, REPLACE, TAKE_TOKEN, TOKEN_TAKEN,
     TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
@@ -250,6 +250,33 @@ where
             _ if local => Forgotten::Deleted,
             _ => Forgotten::Absent,
         })
+    }
+
+    /// One script: replaces a completed record, never a claim; this
+    /// instance's local tier drops its copy (as for a forget), so that it
+    /// reads the new one. Other instances' local tiers keep the old record
+    /// until its window ends.
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let value = encode(&record);
+        let mut conn = self.conn.clone();
+        self.forgets.fetch_add(1, Ordering::AcqRel);
+        let done: Result<i64, _> = REPLACE
+            .key(&key)
+            .arg(value)
+            .arg(millis(window))
+            .invoke_async(&mut conn)
+            .await;
+        if let Some(local) = &self.local {
+            local.remove(&key);
+        }
+        self.forgets.fetch_add(1, Ordering::AcqRel);
+        Ok(done.map_err(|e| map_err("replace", e))? == 1)
     }
 }
 

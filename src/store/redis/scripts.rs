@@ -180,6 +180,21 @@ return 1
     )
 });
 
+/// A completed record → the new record (`ARGV[1]`, for `ARGV[2]` ms);
+/// never a claim, a client token or an absent key.
+pub(super) static REPLACE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.byte(v, 1) == 126 or string.byte(v, 1) == 241 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+",
+    )
+});
+
 /// A client token → taken by this request (same expiry); never touches
 /// anything else. Taken by this request already (a resent script) → 1 again.
 pub(super) static TAKE_TOKEN: LazyLock<Script> = LazyLock::new(|| {

@@ -130,6 +130,15 @@ pub(super) const RENEW: &str = concat!(
     WHERE idem_key = ? AND state = 1 AND owner_token = ?"
 );
 
+/// Binds: fingerprint, encoded record, window ms, key: a live completed
+/// row gets the new record (never a claim or a token).
+pub(super) const REPLACE: &str = concat!(
+    "UPDATE idempotency_records SET fingerprint = ?, response = ?, expires_at = ",
+    now_ms!(),
+    " + ? WHERE idem_key = ? AND state = 2 AND expires_at > ",
+    now_ms!()
+);
+
 /// Binds: key. Turns the completed record of the key, if its window has
 /// not ended (an operator's `forget`), into a [released](super::RELEASED)
 /// row that keeps the fence; never a claim or a client token.

@@ -167,6 +167,51 @@ impl Store for SqlStore {
         ))
     }
 
+    /// One conditional `UPDATE`: a live completed row gets the new record
+    /// and window; a claim, a token or no row is left alone (`false`).
+    async fn replace(
+        &self,
+        key: &str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Result<bool, StoreError> {
+        let k = key.as_bytes();
+        let bytes = encode(&record);
+        let fp = record.fingerprint.to_bytes();
+        let ms = millis(window);
+        let changed = retrying(|| async {
+            match &self.pool {
+                Pool::Postgres(p) => sqlx::query(postgres::REPLACE)
+                    .bind(k)
+                    .bind(&fp[..])
+                    .bind(&bytes[..])
+                    .bind(ms)
+                    .execute(p)
+                    .await
+                    .map(|r| r.rows_affected()),
+                Pool::MySql(p) => sqlx::query(mysql::REPLACE)
+                    .bind(&fp[..])
+                    .bind(&bytes[..])
+                    .bind(ms)
+                    .bind(k)
+                    .execute(p)
+                    .await
+                    .map(|r| r.rows_affected()),
+                Pool::Sqlite(p) => sqlx::query(sqlite::REPLACE)
+                    .bind(k)
+                    .bind(&fp[..])
+                    .bind(&bytes[..])
+                    .bind(ms)
+                    .execute(p)
+                    .await
+                    .map(|r| r.rows_affected()),
+            }
+        })
+        .await
+        .map_err(|e| map_err("replace", e))?;
+        Ok(changed > 0)
+    }
+
     /// The statements run in a task of their own. A caller that gives up
     /// (the layer's store timeout) does not stop a statement the server
     /// already runs: it may still commit the claim, after the layer's

@@ -149,6 +149,15 @@ pub(super) const RENEW: &str = concat!(
     WHERE idem_key = $1 AND state = 1 AND owner_token = $2"
 );
 
+/// `$1` key, `$2` fingerprint, `$3` encoded record, `$4` window ms: a
+/// live completed row gets the new record (never a claim or a token).
+pub(super) const REPLACE: &str = concat!(
+    "UPDATE idempotency_records SET fingerprint = $2, response = $3, expires_at = ",
+    now_ms!(),
+    " + $4 WHERE idem_key = $1 AND state = 2 AND expires_at > ",
+    now_ms!()
+);
+
 /// `$1` key: turns the completed record of the key, if its window has not
 /// ended (an operator's `forget`), into a [released](super::RELEASED) row
 /// that keeps the fence; never a claim or a client token.
