@@ -83,12 +83,7 @@ fn err(e: impl fmt::Display) -> QueueError {
     QueueError::new(format!("redis queue: {e}"))
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use super::records::now_ms;
 
 impl RedisStreamsQueue<ConnectionManager> {
     /// Connects to a standalone Redis and opens (or creates) the queue `name`.

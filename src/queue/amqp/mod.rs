@@ -41,12 +41,7 @@ fn settled(answer: lapin::Result<bool>) -> Result<(), QueueError> {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use super::records::now_ms;
 
 fn ms_of(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)

@@ -22,9 +22,9 @@ pub(super) fn hashed(text: &str) -> String {
 
 /// A marker: state, fingerprint, when (ms), message id.
 pub(super) struct Marker {
-    state: u8,
-    fingerprint: [u8; 16],
-    id: String,
+    pub(super) state: u8,
+    pub(super) fingerprint: [u8; 16],
+    pub(super) id: String,
 }
 
 impl Marker {

@@ -184,12 +184,7 @@ fn err(e: impl fmt::Display) -> QueueError {
     QueueError::new(format!("jetstream queue: {e}"))
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use super::records::now_ms;
 
 fn time_of(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
