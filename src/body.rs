@@ -8,8 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::sync::mpsc;
-use tokio_util::sync::DropGuard;
+use tokio::sync::{mpsc, oneshot};
 
 pin_project! {
     /// Body of the responses that pass through [`Dedup`](crate::dedup::Dedup).
@@ -36,7 +35,34 @@ pin_project! {
     enum Kind<B> {
         Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         Stream { #[pin] body: B },
-        Channel { rx: mpsc::Receiver<Piece>, hint: SizeHint, done: bool, _cancel: Option<DropGuard> },
+        Channel { rx: mpsc::Receiver<Piece>, hint: SizeHint, done: bool, _cancel: Option<CancelOnDrop> },
+    }
+}
+
+/// Cancels a guarded call when dropped, unless [disarmed](Self::disarm):
+/// the sending half of a `oneshot` whose receiver the call watches, for
+/// which a sender dropped unsent means "stop", and a value "never mind".
+/// (A `CancellationToken` costs a tree node and its mutex per call.)
+#[derive(Debug)]
+pub(crate) struct CancelOnDrop(oneshot::Sender<()>);
+
+impl CancelOnDrop {
+    /// A guard, and what the call awaits: it resolves only if the guard is
+    /// dropped armed.
+    pub(crate) fn new() -> (Self, impl std::future::Future<Output = ()> + Send) {
+        let (tx, rx) = oneshot::channel();
+        let cancelled = async move {
+            if rx.await.is_ok() {
+                // Disarmed: never cancelled.
+                std::future::pending::<()>().await;
+            }
+        };
+        (Self(tx), cancelled)
+    }
+
+    /// Lets the call go on whatever happens to the guard.
+    pub(crate) fn disarm(self) {
+        let _ = self.0.send(());
     }
 }
 
@@ -61,7 +87,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn channel(
         rx: mpsc::Receiver<Piece>,
         hint: SizeHint,
-        cancel: Option<DropGuard>,
+        cancel: Option<CancelOnDrop>,
     ) -> Self {
         Self {
             kind: Kind::Channel {

@@ -1,19 +1,24 @@
 //! The store picked on the command line: the library's `Either` of the
 //! memory store, Redis, Redis Cluster, a SQL database and Redis (or Redis
 //! Cluster) in front of a SQL database (`--backstop`); with the memory
-//! store, the budget of each route's records.
+//! store, the budget of each route's records. The network stores' calls
+//! are boxed (`BoxedCalls`): their futures are kilobytes, and inline they
+//! would make every request's future, the memory store's too, as large.
 
 use crate::parse::StoreSpec;
 use std::collections::HashMap;
 use tower_idempotency::proxy::{RouteOptions, Target};
 use tower_idempotency::store::{
-    Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, SqlStore, Store, TieredStore,
+    BoxedCalls, Either, MemoryStore, OwnerToken, RedisClusterStore, RedisStore, SqlStore, Store,
+    TieredStore,
 };
 use tower_idempotency::Preset;
 
 /// The gateway's store; clones share it.
-pub type GatewayStore =
-    Either<MemoryStore, Either<RedisStore, Either<RedisClusterStore, Either<SqlStore, Backed>>>>;
+pub type GatewayStore = Either<MemoryStore, BoxedCalls<Networked>>;
+
+/// The stores across a network.
+pub type Networked = Either<RedisStore, Either<RedisClusterStore, Either<SqlStore, Backed>>>;
 
 /// Redis (or Redis Cluster) in front of the `--backstop` database.
 pub type Backed =
@@ -42,16 +47,20 @@ pub async fn connect(
         let scheme = url.split(':').next().unwrap_or_default();
         format!("cannot open the {scheme} backstop: {}", scrub(url, e))
     })?;
-    let tiered = match front {
+    let tiered = match front.map_right(BoxedCalls::into_inner) {
         Either::Right(Either::Left(redis)) => Either::Left(TieredStore::new(redis, back)),
         Either::Right(Either::Right(Either::Left(cluster))) => {
             Either::Right(TieredStore::new(cluster, back))
         }
         _ => return Err("`--backstop` goes behind a Redis store (`--store redis://…`)".into()),
     };
-    Ok(Either::Right(Either::Right(Either::Right(Either::Right(
+    Ok(networked(Either::Right(Either::Right(Either::Right(
         tiered,
     )))))
+}
+
+fn networked(store: Networked) -> GatewayStore {
+    Either::Right(BoxedCalls::new(store))
 }
 
 async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore, String> {
@@ -59,13 +68,13 @@ async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
         StoreSpec::Memory => {
             Either::Left(MemoryStore::builder().max_bytes(budgets.max_memory).build())
         }
-        StoreSpec::Redis(url) => Either::Right(Either::Left(
+        StoreSpec::Redis(url) => networked(Either::Left(
             RedisStore::standalone(url.as_str())
                 .await
                 .map_err(|e| format!("cannot reach Redis at {}: {}", redact(url), scrub(url, e)))?
                 .local_max_bytes(budgets.local_max_memory),
         )),
-        StoreSpec::Cluster(nodes) => Either::Right(Either::Right(Either::Left(
+        StoreSpec::Cluster(nodes) => networked(Either::Right(Either::Left(
             RedisStore::cluster(nodes.iter().map(String::as_str))
                 .await
                 .map_err(|e| {
@@ -76,7 +85,7 @@ async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
                 .local_max_bytes(budgets.local_max_memory),
         ))),
         // The URL may carry a password: the message names the scheme only.
-        StoreSpec::Sql(url) => Either::Right(Either::Right(Either::Right(Either::Left(
+        StoreSpec::Sql(url) => networked(Either::Right(Either::Right(Either::Left(
             SqlStore::connect(url).await.map_err(|e| {
                 let scheme = url.split(':').next().unwrap_or_default();
                 format!("cannot open the {scheme} store: {e}")
@@ -87,15 +96,15 @@ async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
 
 /// The store's kind, for the start-up log line.
 pub fn describe(store: &GatewayStore) -> &'static str {
-    match store {
-        Either::Left(_) => "memory",
-        Either::Right(Either::Left(_)) => "redis",
-        Either::Right(Either::Right(Either::Left(_))) => "redis-cluster",
-        Either::Right(Either::Right(Either::Right(Either::Left(_)))) => "sql",
-        Either::Right(Either::Right(Either::Right(Either::Right(Either::Left(_))))) => {
-            "redis+sql-backstop"
-        }
-        Either::Right(Either::Right(Either::Right(Either::Right(Either::Right(_))))) => {
+    let Either::Right(networked) = store else {
+        return "memory";
+    };
+    match networked.get_ref() {
+        Either::Left(_) => "redis",
+        Either::Right(Either::Left(_)) => "redis-cluster",
+        Either::Right(Either::Right(Either::Left(_))) => "sql",
+        Either::Right(Either::Right(Either::Right(Either::Left(_)))) => "redis+sql-backstop",
+        Either::Right(Either::Right(Either::Right(Either::Right(_)))) => {
             "redis-cluster+sql-backstop"
         }
     }
@@ -134,15 +143,18 @@ pub async fn ready(store: &GatewayStore, within: std::time::Duration) -> Readine
             (false, true) => Readiness::FrontDown,
         }
     }
-    match store {
-        Either::Right(Either::Right(Either::Right(Either::Right(Either::Left(t))))) => {
-            tiered(t.front(), t.back(), within).await
-        }
-        Either::Right(Either::Right(Either::Right(Either::Right(Either::Right(t))))) => {
-            tiered(t.front(), t.back(), within).await
-        }
-        other if answers(other, within).await => Readiness::Ready,
-        _ => Readiness::Down,
+    let backed = match store {
+        Either::Right(networked) => match networked.get_ref() {
+            Either::Right(Either::Right(Either::Right(backed))) => Some(backed),
+            _ => None,
+        },
+        Either::Left(_) => None,
+    };
+    match backed {
+        Some(Either::Left(t)) => tiered(t.front(), t.back(), within).await,
+        Some(Either::Right(t)) => tiered(t.front(), t.back(), within).await,
+        None if answers(store, within).await => Readiness::Ready,
+        None => Readiness::Down,
     }
 }
 

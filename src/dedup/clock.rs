@@ -10,6 +10,7 @@ use super::config::DedupConfig;
 use super::guard::ClaimGuard;
 use crate::outcome::{self, log_warn, Outcome};
 use crate::store::Store;
+use either::Either;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -107,14 +108,14 @@ fn micros(d: Duration) -> u64 {
 /// after a failed renewal), until `work` finishes (`Some`) or the run limit
 /// of `clock` is over (`None`). A lost lease and a failed renewal are
 /// logged and counted.
-pub(super) async fn renewing<F: Future, St: Store>(
+pub(super) fn renewing<'a, F: Future + 'a, St: Store>(
     work: F,
-    guard: &ClaimGuard<St>,
-    config: &DedupConfig,
-    clock: &RunClock,
-) -> Option<F::Output> {
+    guard: &'a ClaimGuard<St>,
+    config: &'a DedupConfig,
+    clock: &'a RunClock,
+) -> impl Future<Output = Option<F::Output>> + 'a {
     let period = config.lease / 3;
-    let renew = async {
+    let renew = async move {
         let mut next = after(Instant::now(), period);
         loop {
             tokio::time::sleep_until(next.min(clock.end())).await;
@@ -158,9 +159,37 @@ pub(super) async fn renewing<F: Future, St: Store>(
     // The renewal timer is polled outside the task's budget: a body that is
     // always ready spends it, and a budgeted timer would then never fire.
     let renew = tokio::task::unconstrained(renew);
-    tokio::select! {
-        biased;
-        out = work => Some(out),
-        () = renew => None,
+    // Not an `async fn` with `select!`: that would hold `work` twice.
+    let both = Biased {
+        first: work,
+        second: renew,
+    };
+    futures_util::FutureExt::map(both, Either::left)
+}
+
+pin_project_lite::pin_project! {
+    /// Two futures polled together, `first` before `second` at every poll
+    /// (as `tokio::select!` with `biased`), ending with whichever ends
+    /// first. Unlike `select!` in an `async fn`, it holds each future once.
+    pub(super) struct Biased<A, B> {
+        #[pin]
+        pub(super) first: A,
+        #[pin]
+        pub(super) second: B,
+    }
+}
+
+impl<A: Future, B: Future> Future for Biased<A, B> {
+    type Output = Either<A::Output, B::Output>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if let std::task::Poll::Ready(a) = this.first.poll(cx) {
+            return std::task::Poll::Ready(Either::Left(a));
+        }
+        this.second.poll(cx).map(Either::Right)
     }
 }

@@ -8,7 +8,7 @@
 //! task goes on, so that a success is recorded and the next retry replays it.
 
 use super::capture::{grpc_failed, Capture};
-use super::clock::{renewing, RunClock};
+use super::clock::{renewing, Biased, RunClock};
 use super::config::DedupConfig;
 use super::guard::ClaimGuard;
 use super::reply::{refusal, retry_later};
@@ -16,6 +16,7 @@ use crate::body::{BodyBuffer, BoxError, Piece, ResponseBody};
 use crate::outcome::{self, log_warn, Outcome};
 use crate::store::Store;
 use bytes::Bytes;
+use either::Either;
 use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
@@ -24,7 +25,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
 /// How long past the run limit the end of a recorded body waits for its reader.
@@ -141,14 +141,15 @@ pub(super) struct Owner<S, St: Store> {
 }
 
 impl<S, St: Store> Owner<S, St> {
-    /// Runs the inner call to its end; `cancel` fires when the caller hung up
-    /// and the call is not to be finished.
-    pub(super) async fn run<ReqBody, B>(
+    /// Runs the inner call to its end; `cancelled` (if any) resolves when the
+    /// caller hung up and the call is not to be finished.
+    pub(super) async fn run<ReqBody, B, C>(
         self,
         req: Request<ReqBody>,
         head: oneshot::Sender<Head<B, S::Error>>,
-        cancel: CancellationToken,
+        cancelled: Option<C>,
     ) where
+        C: std::future::Future<Output = ()>,
         S: Service<Request<ReqBody>, Response = Response<B>>,
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
@@ -166,23 +167,33 @@ impl<S, St: Store> Owner<S, St> {
             until: end.checked_add(GRACE).unwrap_or(end),
             let_go: false,
         };
-        let verdict = {
-            let work = crate::span::instrument(
-                serve(&mut inner, req, &mut link, &config, &clock),
-                crate::span::upstream(),
-            );
-            let work = AssertUnwindSafe(work).catch_unwind();
+        // One expression, no named futures: a future named in an `async fn`
+        // keeps its own slot beside the one it is moved into.
+        let verdict = Biased {
+            first: async {
+                match cancelled {
+                    Some(cancelled) => cancelled.await,
+                    None => std::future::pending().await,
+                }
+            },
             // One timer serves the renewals and the run limit; a call that
             // is over at its first poll registers none.
-            let work = renewing(work, &guard, &config, &clock);
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => Verdict::Cancelled,
-                v = work => match v {
-                    Some(v) => v.unwrap_or(Verdict::Panicked),
-                    None => Verdict::RunLimit,
-                },
-            }
+            second: renewing(
+                AssertUnwindSafe(crate::span::instrument(
+                    serve(&mut inner, req, &mut link, &config, &clock),
+                    crate::span::upstream(),
+                ))
+                .catch_unwind(),
+                &guard,
+                &config,
+                &clock,
+            ),
+        }
+        .await;
+        let verdict = match verdict {
+            Either::Left(()) => Verdict::Cancelled,
+            Either::Right(Some(v)) => v.unwrap_or(Verdict::Panicked),
+            Either::Right(None) => Verdict::RunLimit,
         };
         let key = guard.key().clone();
         let preset = key.preset_arc();

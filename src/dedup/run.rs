@@ -6,7 +6,7 @@ use super::guard::ClaimGuard;
 use super::owner::{Head, Owner};
 use super::reply::{in_flight, refusal, replay, retry_later};
 use super::store_call::store_call;
-use crate::body::{BoxError, ResponseBody};
+use crate::body::{BoxError, CancelOnDrop, ResponseBody};
 use crate::outcome::{self, log_warn, Outcome};
 use crate::store::{Claim, OwnerToken, Store, StoreError};
 use crate::IdempotencyKey;
@@ -17,7 +17,6 @@ use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
@@ -86,11 +85,13 @@ impl<S, St: Store> Run<S, St> {
                     .claim(self.key.as_str(), fingerprint, token, self.config.lease),
             );
             let claim = crate::span::instrument(claim, crate::span::claim()).await;
+            // The rare paths below (a store failure, an unknown token) are
+            // boxed, so that their futures do not enlarge every request's.
             let claim = match claim {
                 Ok(claim) => claim,
                 Err(e) => {
                     drop(guard);
-                    return self.store_failed(e, req).await;
+                    return Box::pin(self.store_failed(e, req)).await;
                 }
             };
             if !matches!(claim, Claim::Acquired(_)) {
@@ -146,12 +147,12 @@ impl<S, St: Store> Run<S, St> {
                             // a guessed token.
                             Ok(true) => guard.restore_token(token_key, self.config.token_ttl),
                             Ok(false) => {
-                                guard.release().await;
+                                Box::pin(guard.release()).await;
                                 return Ok(self.unknown_token());
                             }
                             Err(e) => {
-                                guard.release().await;
-                                return self.store_failed(e, req).await;
+                                Box::pin(guard.release()).await;
+                                return Box::pin(self.store_failed(e, req)).await;
                             }
                         }
                     }
@@ -186,7 +187,14 @@ impl<S, St: Store> Run<S, St> {
         req.extensions_mut()
             .insert(guard.active_claim(config.window));
         let (head_tx, mut head_rx) = oneshot::channel();
-        let cancel = CancellationToken::new();
+        // Unless calls are finished on disconnect, dropping this future (or
+        // the body it answers) cancels the call and releases its claim.
+        let (mut cancel_on_drop, cancelled) = if config.finish_on_disconnect {
+            (None, None)
+        } else {
+            let (guard, cancelled) = CancelOnDrop::new();
+            (Some(guard), Some(cancelled))
+        };
         let owner = Owner {
             inner,
             guard,
@@ -198,12 +206,9 @@ impl<S, St: Store> Run<S, St> {
         // or the reply deadline passes. A small answer is thus served without
         // a task of its own.
         let mut work = Detachable {
-            work: Some(Box::pin(owner.run(req, head_tx, cancel.clone()))),
+            work: Some(Box::pin(owner.run(req, head_tx, cancelled))),
             tasks,
         };
-        // Unless calls are finished on disconnect, dropping this future (or
-        // the body it answers) cancels the call and releases its claim.
-        let mut cancel_on_drop = (!config.finish_on_disconnect).then(|| cancel.drop_guard());
         let head = std::future::poll_fn(|cx| {
             work.poll_inline(cx);
             std::pin::Pin::new(&mut head_rx).poll(cx)

@@ -468,29 +468,35 @@ where
     }
 }
 
-/// The gateway's request under its panic boundary.
-async fn catch_gateway<S, B>(
+/// The gateway's request under its panic boundary (a plain function: an
+/// `async fn` would hold the request's future twice, see `catching`).
+fn catch_gateway<S, B>(
     gateway: Gateway<S>,
     req: Request<B>,
-) -> Result<GatewayResponse, Infallible>
+) -> impl Future<Output = Result<GatewayResponse, Infallible>>
 where
     S: Store,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    Ok(catching("gateway", gateway.handle(req)).await)
+    use futures_util::FutureExt;
+    catching("gateway", gateway.handle(req)).map(Ok)
 }
 
-/// `fut` in the client's trace: under its context unless a span with a
-/// context is current when it starts (a server's request span, which then
-/// takes the client's context itself).
+/// The future `make` builds, in the client's trace: under its context
+/// unless a span with a context is current when it starts (a server's
+/// request span, which then takes the client's context itself). Given the
+/// maker, not the future, so that the future is held once.
 #[cfg(feature = "otel")]
-async fn in_client_trace<F: Future>(client: opentelemetry::Context, fut: F) -> F::Output {
+async fn in_client_trace<F: Future>(
+    client: opentelemetry::Context,
+    make: impl FnOnce() -> F,
+) -> F::Output {
     use opentelemetry::context::FutureExt;
     if crate::trace::in_span() {
-        fut.await
+        make().await
     } else {
-        fut.with_context(client).await
+        make().with_context(client).await
     }
 }
 
@@ -525,7 +531,7 @@ where
         #[cfg(feature = "otel")]
         if this.shared.accepts_traceparent() {
             if let Some(client) = crate::trace::client_context(req.headers()) {
-                return Box::pin(in_client_trace(client, catch_gateway(this, req)));
+                return Box::pin(in_client_trace(client, move || catch_gateway(this, req)));
             }
         }
         // A panic anywhere below answers 500 instead of resetting the

@@ -14,14 +14,19 @@ use std::sync::Arc;
 
 /// Runs `fut`; a panic becomes a 500 counted as `outcome="panicked"` under
 /// `preset`.
-pub(super) async fn catching<F>(preset: &'static str, fut: F) -> GatewayResponse
+///
+/// Not an `async fn`: one would hold `fut` twice (as its argument, and as
+/// the future it awaits), and this boundary wraps a request's whole future.
+pub(super) fn catching<F>(preset: &'static str, fut: F) -> impl Future<Output = GatewayResponse>
 where
     F: Future<Output = GatewayResponse>,
 {
-    match AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(res) => res,
-        Err(payload) => panicked(preset, payload.as_ref()),
-    }
+    AssertUnwindSafe(fut)
+        .catch_unwind()
+        .map(move |caught| match caught {
+            Ok(res) => res,
+            Err(payload) => panicked(preset, payload.as_ref()),
+        })
 }
 
 fn panicked(preset: &'static str, payload: &(dyn Any + Send)) -> GatewayResponse {

@@ -22,6 +22,12 @@
 //! boxed future and no allocation per store call, which a boxed object-safe
 //! store needs), the trait stays as it is, and choices nest
 //! (`Either<MemoryStore, Either<RedisStore, RedisClusterStore>>`).
+//!
+//! An `Either`'s call futures are as large as its largest side's. When one
+//! side is the memory store and the other a network store, wrap the network
+//! side in [`BoxedCalls`](super::BoxedCalls) (`Either<MemoryStore,
+//! BoxedCalls<RedisStore>>`): the memory store's calls then stay small, and
+//! each network call pays one allocation.
 
 use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;

@@ -34,6 +34,7 @@
 //! ```
 
 mod active;
+mod boxed;
 mod codec;
 mod completed;
 mod either;
@@ -52,6 +53,7 @@ pub use self::redis::{RedisClusterStore, RedisStore};
 /// [`either`](https://docs.rs/either) crate).
 pub use ::either::Either;
 pub use active::ActiveClaim;
+pub use boxed::BoxedCalls;
 pub(crate) use fence::fence_floor;
 pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
