@@ -8,8 +8,8 @@ use http::{header, HeaderValue, Response, StatusCode};
 use std::sync::Arc;
 
 /// A replay of a completed record. A record the store decoded for this
-/// claim alone (the memory store's) is moved into the response; a shared
-/// one is copied.
+/// claim alone is moved into the response; a shared one (the one a memory
+/// store's shard keeps decoded, for the copies that follow) is copied.
 pub(super) fn replay<B>(
     record: Arc<CompletedRecord>,
     outcome: Outcome,

@@ -94,7 +94,18 @@ type Expires = u64;
 struct Shard {
     map: LinkedHashMap<Slot, Expires, RandomState>,
     bytes: u64,
+    /// The shard's record replayed last, decoded, with the slice of the
+    /// buffer it was decoded from (which keeps that buffer alive, so its
+    /// address names that record and no other): a retry storm replays the
+    /// same few records over and over, and each is then decoded once, not
+    /// once per copy. Only a record of at most [`HOT_MAX`] bytes is kept
+    /// so, beyond the budget: one per shard.
+    hot: Option<(Bytes, Arc<CompletedRecord>)>,
 }
+
+/// The largest encoded record a shard keeps decoded (see `Shard::hot`):
+/// with the most shards, at most a megabyte beyond the budget.
+const HOT_MAX: usize = 16 << 10;
 
 /// Counters shared by every shard.
 #[derive(Default)]
@@ -139,6 +150,7 @@ impl Completed {
                     Mutex::new(Shard {
                         map: LinkedHashMap::with_hasher(RandomState::default()),
                         bytes: 0,
+                        hot: None,
                     })
                 })
                 .collect(),
@@ -181,15 +193,25 @@ impl Completed {
                 self.left(Reason::Expired, &slot, expires, now);
                 return None;
             }
-            shard
+            let buf = shard
                 .map
                 .back()
                 .expect("moved to the back above")
                 .0
-                .record()
+                .record();
+            if let Some((hot, record)) = &shard.hot {
+                if hot.as_ptr() == buf.as_ptr() && hot.len() == buf.len() {
+                    return Some(record.clone());
+                }
+            }
+            buf
         };
         // Our own encoding: it always decodes.
-        codec::decode(&buf).ok().map(Arc::new)
+        let record = Arc::new(codec::decode(&buf).ok()?);
+        if buf.len() <= HOT_MAX {
+            self.shard(key).hot = Some((buf, record.clone()));
+        }
+        Some(record)
     }
 
     /// The record under `key` and the time left in its window, without
@@ -440,5 +462,66 @@ fn without_body(record: &CompletedRecord) -> CompletedRecord {
             trailers: record.response.trailers.clone(),
             body_omitted: true,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Fingerprint;
+    use http::{HeaderMap, HeaderValue, StatusCode};
+
+    fn record(body: &'static [u8]) -> CompletedRecord {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/plain"));
+        CompletedRecord {
+            fingerprint: Fingerprint::of(body),
+            response: StoredResponse {
+                status: StatusCode::OK,
+                headers,
+                body: Bytes::from_static(body),
+                trailers: None,
+                body_omitted: false,
+            },
+        }
+    }
+
+    /// A record replayed again is the one decoded before; a record written
+    /// over it, or another key's, is decoded afresh.
+    #[test]
+    fn the_record_replayed_last_is_decoded_once() {
+        let store = Completed::new(1 << 20, false);
+        let window = Duration::from_secs(60);
+        store.insert("a", &record(b"first"), window);
+        let one = store.get("a").unwrap();
+        let two = store.get("a").unwrap();
+        assert!(Arc::ptr_eq(&one, &two));
+        assert_eq!(two.response.body, "first");
+
+        store.insert("a", &record(b"second"), window);
+        let three = store.get("a").unwrap();
+        assert!(!Arc::ptr_eq(&two, &three));
+        assert_eq!(three.response.body, "second");
+        assert_eq!(three.fingerprint, Fingerprint::of(b"second"));
+
+        store.insert("b", &record(b"other"), window);
+        assert_eq!(store.get("b").unwrap().response.body, "other");
+        assert_eq!(store.get("a").unwrap().response.body, "second");
+
+        // Gone means gone, whatever the shard keeps decoded.
+        assert!(store.remove("a"));
+        assert!(store.get("a").is_none());
+    }
+
+    /// A record larger than the decoded copy's bound is decoded per replay.
+    #[test]
+    fn a_large_record_is_not_kept_decoded() {
+        let store = Completed::new(4 << 20, false);
+        let body: &'static [u8] = Box::leak(vec![b'x'; HOT_MAX + 1].into_boxed_slice());
+        store.insert("big", &record(body), Duration::from_secs(60));
+        let one = store.get("big").unwrap();
+        let two = store.get("big").unwrap();
+        assert!(!Arc::ptr_eq(&one, &two));
+        assert_eq!(two.response.body.len(), HOT_MAX + 1);
     }
 }
