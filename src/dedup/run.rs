@@ -63,7 +63,9 @@ impl<S, St: Store> Run<S, St> {
         ResBody::Error: Into<BoxError>,
     {
         let fingerprint = self.key.fingerprint();
-        let deadline = Instant::now() + self.config.wait;
+        // How long a copy waits for the key's owner, from its first look:
+        // the clock is read only once a copy finds the key in flight.
+        let mut deadline = None;
         let mut waited = false;
         loop {
             let token = OwnerToken::new();
@@ -124,7 +126,9 @@ impl<S, St: Store> Run<S, St> {
                     if self.config.strict {
                         return Ok(self.duplicate_submission());
                     }
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    let deadline = *deadline.get_or_insert(now + self.config.wait);
+                    if now >= deadline {
                         outcome::record(self.key.preset_arc(), Outcome::InFlightRejected);
                         return Ok(in_flight(self.key.token_key().is_some()));
                     }

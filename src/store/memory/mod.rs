@@ -187,9 +187,12 @@ impl MemoryStore {
         token: OwnerToken,
         lease: Duration,
     ) -> Claim {
-        let now = Instant::now();
         let mut shard = self.shard(key);
+        // The clock is read only when it decides something: not for a
+        // replay (the completed records keep their own clock).
+        let mut now = None;
         if let Some(current) = shard.get_mut(key) {
+            let now = *now.get_or_insert_with(Instant::now);
             if current.token == token {
                 // A resent claim finds its own claim: it is still the owner.
                 current.deadline = now + lease;
@@ -212,6 +215,7 @@ impl MemoryStore {
             return Claim::Completed(record);
         }
         let fence = self.next_fence();
+        let now = now.unwrap_or_else(Instant::now);
         shard.insert(
             Arc::from(key),
             InFlight {
