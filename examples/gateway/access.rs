@@ -129,21 +129,25 @@ impl Ratios {
         let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
         let elapsed = started.map_or(Duration::ZERO, |started| started.elapsed());
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
-            let at = Self::index(preset);
-            let ratio = self.count(at, outcome.is_duplicate());
-            match self.series.as_ref().map(|s| s.get(at)) {
-                // Until the head is answered: a streamed body may take longer.
-                Some(Some(series)) => {
-                    series.latency.record(elapsed.as_secs_f64());
-                    series.ratio.set(ratio);
+            // Counted only for the gauge: the counts are shared by every
+            // serving thread, and without metrics nobody reads them.
+            if let Some(series) = &self.series {
+                let at = Self::index(preset);
+                let ratio = self.count(at, outcome.is_duplicate());
+                match series.get(at) {
+                    // Until the head is answered: a streamed body may take longer.
+                    Some(series) => {
+                        series.latency.record(elapsed.as_secs_f64());
+                        series.ratio.set(ratio);
+                    }
+                    // A preset of the library's own beyond the built-in ones.
+                    None => {
+                        metrics::histogram!("idempotency_request_seconds", "preset" => preset)
+                            .record(elapsed.as_secs_f64());
+                        metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset)
+                            .set(ratio);
+                    }
                 }
-                // A preset of the library's own beyond the built-in ones.
-                Some(None) => {
-                    metrics::histogram!("idempotency_request_seconds", "preset" => preset)
-                        .record(elapsed.as_secs_f64());
-                    metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset).set(ratio);
-                }
-                None => {}
             }
             if let Some(journal) = &self.journal {
                 journal_event(journal, res, outcome, trace_id);
@@ -216,7 +220,7 @@ impl Ratios {
     }
 
     /// Moves the window on at every step, for as long as the gateway runs.
-    pub async fn keep_moving(self: std::sync::Arc<Self>) {
+    pub async fn keep_moving(&'static self) {
         let step = (self.window / STEPS).max(Duration::from_millis(10));
         let mut every = tokio::time::interval(step);
         every.tick().await;

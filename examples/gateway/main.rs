@@ -452,12 +452,15 @@ async fn run(
     });
     let journal_at_exit = journal.clone();
     let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));
-    let ratios = Arc::new(access::Ratios::new(
+    // Lives as long as the process; every serving thread reads it per
+    // request, so no reference count is bumped (on a cache line the threads
+    // would pass back and forth) for each one.
+    let ratios: &'static access::Ratios = Box::leak(Box::new(access::Ratios::new(
         settings.ratio_window,
         journal,
         metrics.is_some(),
-    ));
-    tokio::spawn(ratios.clone().keep_moving());
+    )));
+    tokio::spawn(ratios.keep_moving());
     let limits = serve::Limits {
         permits: Arc::new(Semaphore::new(settings.max_connections)),
         header_timeout: settings.header_timeout,

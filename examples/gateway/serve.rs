@@ -35,7 +35,7 @@ pub struct Limits {
     pub header_timeout: Duration,
     pub tls: Option<Tls>,
     /// The duplicate-ratio gauge, fed by every serving thread.
-    pub ratios: Arc<Ratios>,
+    pub ratios: &'static Ratios,
     pub h2_max_streams: u32,
 }
 
@@ -117,7 +117,7 @@ pub async fn accept_until(
         let svc = service(
             gateway.clone(),
             conn,
-            limits.ratios.clone(),
+            limits.ratios,
             requests.clone(),
         );
         let (builder, tls) = (builder.clone(), limits.tls.clone());
@@ -225,7 +225,7 @@ where
 fn service(
     gateway: Gateway<GatewayStore>,
     conn: ClientConn,
-    ratios: Arc<Ratios>,
+    ratios: &'static Ratios,
     requests: Arc<AtomicUsize>,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
@@ -238,7 +238,7 @@ fn service(
         .layer(SetRequestIdLayer::x_request_id(Uuids))
         .layer(PropagateRequestIdLayer::x_request_id())
         .service_fn(move |mut req: http::Request<Incoming>| {
-            let (gateway, ratios) = (gateway.clone(), ratios.clone());
+            let gateway = gateway.clone();
             requests.fetch_add(1, Ordering::Relaxed);
             req.extensions_mut().insert(conn);
             let http1 = req.version() < http::Version::HTTP_2;
