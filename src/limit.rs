@@ -112,6 +112,13 @@ impl BodyBudget {
             .is_ok()
     }
 
+    /// Whether `n` more bytes would fit now (without taking them).
+    fn fits(&self, n: usize) -> bool {
+        self.used()
+            .checked_add(n)
+            .is_some_and(|total| total <= self.0.limit)
+    }
+
     fn give(&self, n: usize) {
         if n > 0 {
             self.0.used.fetch_sub(n, Ordering::AcqRel);
@@ -342,16 +349,28 @@ where
         }
         match this.body.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                let last = this.body.is_end_stream();
                 if let (Some(data), Some(budget)) = (frame.data_ref(), &this.held.budget) {
                     let n = data.remaining();
-                    if !budget.take(n) {
+                    // A body whole in one frame (a notification) is held by
+                    // no one once read: it is checked against the budget, but
+                    // not written into it (a write per request on a counter
+                    // every serving thread shares).
+                    let fits = if last && this.held.n == 0 {
+                        budget.fits(n)
+                    } else {
+                        budget.take(n)
+                    };
+                    if !fits {
                         *this.failed = true;
                         this.held.release();
                         return Poll::Ready(Some(Err(BodyLimitError::OverBudget.into())));
                     }
-                    this.held.n += n;
+                    if !(last && this.held.n == 0) {
+                        this.held.n += n;
+                    }
                 }
-                if this.body.is_end_stream() {
+                if last {
                     this.held.release();
                 }
                 Poll::Ready(Some(Ok(frame)))
