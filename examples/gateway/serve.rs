@@ -114,12 +114,7 @@ pub async fn accept_until(
         // Bumped by each request: a connection that got none for a while
         // is closed (HTTP/2 has no header timeout between streams).
         let requests = Arc::new(AtomicUsize::new(0));
-        let svc = service(
-            gateway.clone(),
-            conn,
-            limits.ratios,
-            requests.clone(),
-        );
+        let svc = service(gateway.clone(), conn, limits.ratios, requests.clone());
         let (builder, tls) = (builder.clone(), limits.tls.clone());
         let header_timeout = limits.header_timeout;
         let watch = Watch::new(open.close.clone(), requests, header_timeout);
