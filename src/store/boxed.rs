@@ -1,33 +1,5 @@
-//! [`BoxedCalls`]: a store whose calls' futures live on the heap.
-//!
-//! A future that awaits a store call holds that call's future inline, and
-//! an [`Either`](super::Either) store's future is as large as its largest
-//! side's: a choice between the memory store and Redis or SQL makes every
-//! request's future as large as a network call's (kilobytes), even when the
-//! memory store answers. That future is copied each time it is built,
-//! moved and boxed. `Either<MemoryStore, BoxedCalls<RedisStore>>` keeps
-//! the memory store's calls inline and small, and gives each network call
-//! one allocation, next to which its round trip is long. The wrapped store
-//! is kept behind an [`Arc`], so that the `Either` itself (cloned into
-//! every request) is two words wide, not as wide as a Redis or SQL store.
-//!
-//! ```
-//! use either::Either;
-//! use std::time::Duration;
-//! use tower_idempotency::store::{BoxedCalls, Claim, MemoryStore, OwnerToken, Store};
-//! use tower_idempotency::Fingerprint;
-//!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! // `Either::Right(BoxedCalls::new(RedisStore::standalone(url).await?))`
-//! // when a Redis URL is configured.
-//! let store: Either<MemoryStore, BoxedCalls<MemoryStore>> = Either::Left(MemoryStore::new());
-//! let claim = store
-//!     .claim("k", Fingerprint::of(b"x"), OwnerToken::new(), Duration::from_secs(5))
-//!     .await
-//!     .unwrap();
-//! assert!(matches!(claim, Claim::Acquired(_)));
-//! # }
-//! ```
+//! [`BoxedCalls`]: a store whose calls' futures live on the heap, so that
+//! the futures awaiting them stay small.
 
 use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;
@@ -38,7 +10,36 @@ use std::time::Duration;
 /// A [`Store`] that boxes the future of each call of the store it wraps,
 /// and otherwise is that store: every call, the defaulted ones included
 /// (an atomic [`replace`](Store::replace) stays atomic), goes to it. Clones
-/// share the wrapped store. See the [module docs](self).
+/// share the wrapped store: it is kept behind an `Arc`, so that an `Either`
+/// of it and the memory store (cloned into every request) is two words
+/// wide, not as wide as a Redis or SQL store.
+///
+/// A future that awaits a store call holds that call's future inline, and
+/// an [`Either`](super::Either) store's future is as large as its largest
+/// side's: a choice between the memory store and Redis or SQL would make
+/// every request's future as large as a network call's (kilobytes), even
+/// when the memory store answers. `Either<MemoryStore,
+/// BoxedCalls<RedisStore>>` keeps the memory store's calls inline and
+/// small, and gives each network call one allocation, next to which its
+/// round trip is long.
+///
+/// ```
+/// use either::Either;
+/// use std::time::Duration;
+/// use tower_idempotency::store::{BoxedCalls, Claim, MemoryStore, OwnerToken, Store};
+/// use tower_idempotency::Fingerprint;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // `Either::Right(BoxedCalls::new(RedisStore::standalone(url).await?))`
+/// // when a Redis URL is configured.
+/// let store: Either<MemoryStore, BoxedCalls<MemoryStore>> = Either::Left(MemoryStore::new());
+/// let claim = store
+///     .claim("k", Fingerprint::of(b"x"), OwnerToken::new(), Duration::from_secs(5))
+///     .await
+///     .unwrap();
+/// assert!(matches!(claim, Claim::Acquired(_)));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct BoxedCalls<S>(Arc<S>);
 
