@@ -350,13 +350,14 @@ where
         match this.body.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let last = this.body.is_end_stream();
+                // A body whole in one frame (a notification) is held by no
+                // one once read: it is checked against the budget, but not
+                // written into it (a write per request on a counter every
+                // serving thread shares).
+                let whole = last && this.held.n == 0;
                 if let (Some(data), Some(budget)) = (frame.data_ref(), &this.held.budget) {
                     let n = data.remaining();
-                    // A body whole in one frame (a notification) is held by
-                    // no one once read: it is checked against the budget, but
-                    // not written into it (a write per request on a counter
-                    // every serving thread shares).
-                    let fits = if last && this.held.n == 0 {
+                    let fits = if whole {
                         budget.fits(n)
                     } else {
                         budget.take(n)
@@ -366,7 +367,7 @@ where
                         this.held.release();
                         return Poll::Ready(Some(Err(BodyLimitError::OverBudget.into())));
                     }
-                    if !(last && this.held.n == 0) {
+                    if !whole {
                         this.held.n += n;
                     }
                 }
