@@ -508,3 +508,163 @@ async fn entries_given_back_for_a_full_lane_come_back_as_it_gets_room() {
         starts[119] - starts[0]
     );
 }
+
+/// A memory queue that counts its fetches (those that handed entries out)
+/// and its acknowledgements, and whose fetches after the first hang while
+/// `held` is set (as a remote broker's round trip, or a commit waiting for
+/// its disk).
+#[derive(Clone, Debug, Default)]
+struct Watched {
+    inner: MemoryQueue,
+    fetches: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+    acks: Arc<AtomicUsize>,
+    held: Arc<AtomicBool>,
+}
+
+mod watched {
+    use super::*;
+    use tower_idempotency::queue::{
+        DeadLetter, Delivery, EntryId, Ingested, QueueError, QueueStats,
+    };
+
+    impl Queue for Watched {
+        async fn ingest(&self, m: Message) -> Result<Ingested, QueueError> {
+            self.inner.ingest(m).await
+        }
+        async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+                while self.held.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            let batch = self.inner.fetch(max, lease).await?;
+            if !batch.is_empty() {
+                self.fetches.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(batch)
+        }
+        async fn ack(&self, d: &Delivery) -> Result<bool, QueueError> {
+            let acked = self.inner.ack(d).await;
+            self.acks.fetch_add(1, Ordering::SeqCst);
+            acked
+        }
+        async fn retry(&self, d: &Delivery, after: Duration, e: &str) -> Result<bool, QueueError> {
+            self.inner.retry(d, after, e).await
+        }
+        async fn postpone(
+            &self,
+            d: &Delivery,
+            after: Duration,
+            e: &str,
+        ) -> Result<bool, QueueError> {
+            self.inner.postpone(d, after, e).await
+        }
+        async fn dead_letter(&self, d: &Delivery, e: &str) -> Result<bool, QueueError> {
+            self.inner.dead_letter(d, e).await
+        }
+        async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+            self.inner.dead_letters(limit).await
+        }
+        async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+            self.inner.replay(id).await
+        }
+        async fn replay_all(&self) -> Result<usize, QueueError> {
+            self.inner.replay_all().await
+        }
+        async fn stats(&self) -> Result<QueueStats, QueueError> {
+            self.inner.stats().await
+        }
+    }
+}
+
+/// A backlog drained by a healthy upstream is fetched a batch at a time,
+/// not one entry per finished delivery: each fetch is a durable commit (an
+/// fsync on the embedded queue, a round trip to a broker), and refilling
+/// the batch one entry at a time made a 1,000-entry backlog take 15 s to
+/// reach an upstream that answers at once (0.2 s before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_fetched_a_batch_at_a_time() {
+    let queue = Watched::default();
+    queue_of(256, "/a", &queue.inner).await;
+    let up = Arc::new(Upstream::default());
+    let _worker = Running(tokio::spawn(
+        Worker::new(queue.clone(), service(up.clone()))
+            .batch(32)
+            .poll_interval(Duration::from_millis(20))
+            .run(std::future::pending()),
+    ));
+    let done = within(Duration::from_secs(60), || {
+        queue.acks.load(Ordering::SeqCst) >= 256
+    })
+    .await;
+    assert!(
+        done,
+        "{} of 256 acknowledged",
+        queue.acks.load(Ordering::SeqCst)
+    );
+    let fetches = queue.fetches.load(Ordering::SeqCst);
+    // 256 / 32 = 8 full batches; refilled when half the batch is free, 16.
+    assert!(
+        fetches <= 32,
+        "{fetches} fetches handed out 256 entries in batches of 32"
+    );
+}
+
+/// A fetch under way holds no delivery: one that ends meanwhile is settled
+/// at once (before, the worker awaited its fetch and polled nothing else,
+/// so every delivery's acknowledgement waited for the next fetch's commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_settle_while_a_fetch_is_under_way() {
+    let queue = Watched::default();
+    queue_of(3, "/a", &queue.inner).await;
+    queue.held.store(true, Ordering::SeqCst);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (calls, r) = (Arc::new(AtomicUsize::new(0)), release.clone());
+    let c = calls.clone();
+    let svc = tower::service_fn(move |_m: Message| {
+        let (c, r) = (c.clone(), r.clone());
+        async move {
+            // The first delivery ends at once, the second when released.
+            if c.fetch_add(1, Ordering::SeqCst) == 1 {
+                r.notified().await;
+            }
+            Ok::<_, io::Error>(())
+        }
+    });
+    let _worker = Running(tokio::spawn(
+        Worker::new(queue.clone(), svc)
+            .batch(2)
+            .poll_interval(Duration::from_millis(20))
+            .run(std::future::pending()),
+    ));
+    // The first ends, its slot is free: the second fetch starts, and hangs.
+    let refilling = within(Duration::from_secs(10), || {
+        queue.acks.load(Ordering::SeqCst) == 1 && queue.calls.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(
+        refilling,
+        "the first delivery was settled and a fetch started"
+    );
+    release.notify_one();
+    let settled = within(Duration::from_secs(10), || {
+        queue.acks.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert!(
+        settled,
+        "the second delivery ended but was not settled while the fetch hung"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the third waits for its fetch"
+    );
+    queue.held.store(false, Ordering::SeqCst);
+    let all = within(Duration::from_secs(10), || {
+        queue.acks.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    assert!(all, "the third was delivered once the fetch answered");
+}

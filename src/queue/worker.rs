@@ -440,16 +440,24 @@ where
     /// others), an entry fetched for a lane that holds all it may (its
     /// concurrency running and a quarter more waiting) is given back until
     /// that lane should have room (so a slow lane never holds the fetch
-    /// budget of the others), and a free slot is filled from the queue at once, or after
-    /// the poll interval when nothing was due or the queue failed (which is
-    /// logged). At shutdown no new entry is fetched or started (those
+    /// budget of the others), and the batch is refilled from the queue
+    /// (one fetch under way at a time, beside the deliveries, which settle
+    /// meanwhile) once as much of it is free as is held, or 10 ms after a
+    /// slot fell free, and after the poll interval when nothing was due or
+    /// the queue failed (which is logged). At shutdown no new entry is fetched or started (those
     /// waiting for their turn are given back to the queue, due at once) and
     /// the deliveries under way finish.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
         self.gauges();
         let mut shutdown = std::pin::pin!(shutdown);
         let mut running = FuturesUnordered::new();
+        // The fetch under way (at most one) and how many entries it asked
+        // for: it runs beside the deliveries, which settle meanwhile.
+        let mut fetches = FuturesUnordered::new();
+        let mut asked = 0;
         let mut next_fetch = Instant::now();
+        // Since when part of the batch has been free without a refill.
+        let mut short_since = None::<Instant>;
         let mut renew_at = Instant::now() + renew_every(self.config.lease);
         let mut stopping = false;
         loop {
@@ -467,39 +475,39 @@ where
             // Never more than the lanes can hold together: an entry fetched
             // for a full lane is written back to the queue (a commit each)
             // and comes back no sooner than a second later.
+            let held = self.calls() + self.waiting() + asked;
             let free = self
                 .config
                 .batch
-                .saturating_sub(self.calls() + self.waiting())
-                .min(self.room().unwrap_or(usize::MAX));
-            if !stopping && free > 0 && Instant::now() >= next_fetch {
-                match self.queue.fetch(free, self.config.lease).await {
-                    Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
-                    Ok(batch) => {
-                        for delivery in batch {
-                            if let Some((lane, delivery, act)) = self.enqueue(delivery, true) {
-                                let started = self.launch(lane, delivery, act).await;
-                                running.extend(started);
-                            }
-                        }
-                    }
-                    // The queue says so itself, once a minute.
-                    Err(e) if e.is_unwritable() => next_fetch = Instant::now() + self.config.poll,
-                    Err(_e) => {
-                        crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed");
-                        next_fetch = Instant::now() + self.config.poll;
-                    }
+                .saturating_sub(held)
+                .min(self.room().map_or(usize::MAX, |r| r.saturating_sub(asked)));
+            // Each fetch is a commit (or a round trip): the batch is
+            // refilled once as much of it is free as is held, or once a
+            // slot has been free for REFILL_WAIT (deliveries that hang
+            // must not keep the rest of the batch empty).
+            let fetch_at = match (free, fetches.is_empty()) {
+                (0, _) | (_, false) => None,
+                _ if free >= held => Some(next_fetch),
+                _ => {
+                    let since = *short_since.get_or_insert_with(Instant::now);
+                    Some(next_fetch.max(since + REFILL_WAIT))
                 }
-                #[cfg(feature = "metrics")]
-                if let Ok(stats) = self.queue.stats().await {
-                    super::metrics::stats(&self.config.name, &stats);
-                }
+            };
+            if free == 0 {
+                short_since = None;
+            }
+            let fetch_at = fetch_at.filter(|_| !stopping);
+            if fetch_at.is_some_and(|at| Instant::now() >= at) {
+                let (queue, lease) = (self.queue.clone(), self.config.lease);
+                let fetch: FetchFuture = Box::pin(async move { queue.fetch(free, lease).await });
+                fetches.push(fetch);
+                asked = free;
+                short_since = None;
                 continue;
             }
-            if stopping && running.is_empty() {
+            if stopping && running.is_empty() && fetches.is_empty() {
                 return;
             }
-            let can_fetch = !stopping && free > 0;
             let busy = !running.is_empty();
             let waiting = self.waiting() > 0;
             tokio::select! {
@@ -513,7 +521,33 @@ where
                     }
                     self.report_stranded();
                 }
-                () = tokio::time::sleep_until(next_fetch.into()), if can_fetch => {}
+                Some(fetched) = fetches.next(), if asked > 0 => {
+                    asked = 0;
+                    match fetched {
+                        Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
+                        Ok(batch) => {
+                            // At shutdown they wait in their lines, and are
+                            // given back with the others.
+                            for delivery in batch {
+                                if let Some((lane, delivery, act)) = self.enqueue(delivery, true) {
+                                    let started = self.launch(lane, delivery, act).await;
+                                    running.extend(started);
+                                }
+                            }
+                        }
+                        // The queue says so itself, once a minute.
+                        Err(e) if e.is_unwritable() => next_fetch = Instant::now() + self.config.poll,
+                        Err(_e) => {
+                            crate::outcome::log_warn!(queue = %self.config.name, error = %_e, "queue failed");
+                            next_fetch = Instant::now() + self.config.poll;
+                        }
+                    }
+                    #[cfg(feature = "metrics")]
+                    if let Ok(stats) = self.queue.stats().await {
+                        super::metrics::stats(&self.config.name, &stats);
+                    }
+                }
+                () = sleep_until(fetch_at), if fetch_at.is_some() => {}
                 () = sleep_until(wake), if wake.is_some() => {}
                 () = tokio::time::sleep_until(renew_at.into()), if waiting => {
                     self.renew_waiting().await;
@@ -523,6 +557,14 @@ where
         }
     }
 }
+
+/// A fetch under way in [`Worker::run`].
+type FetchFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Vec<Delivery>, QueueError>> + Send>>;
+
+/// How long part of a worker's batch may stay free before it is refilled,
+/// when less of it is free than is held.
+const REFILL_WAIT: Duration = Duration::from_millis(10);
 
 /// The lane's shared slot and turn, when its pace has a concurrency or
 /// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
