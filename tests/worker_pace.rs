@@ -509,8 +509,9 @@ async fn entries_given_back_for_a_full_lane_come_back_as_it_gets_room() {
     );
 }
 
-/// A memory queue that counts its fetches (those that handed entries out)
-/// and its acknowledgements, and whose fetches after the first hang while
+/// A memory queue that counts its fetches (those that handed entries out),
+/// its acknowledgements and the entries given back for later (postponed),
+/// and whose fetches after the first hang while
 /// `held` is set (as a remote broker's round trip, or a commit waiting for
 /// its disk).
 #[derive(Clone, Debug, Default)]
@@ -519,6 +520,7 @@ struct Watched {
     fetches: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
     acks: Arc<AtomicUsize>,
+    postponed: Arc<AtomicUsize>,
     held: Arc<AtomicBool>,
 }
 
@@ -558,6 +560,7 @@ mod watched {
             after: Duration,
             e: &str,
         ) -> Result<bool, QueueError> {
+            self.postponed.fetch_add(1, Ordering::SeqCst);
             self.inner.postpone(d, after, e).await
         }
         async fn dead_letter(&self, d: &Delivery, e: &str) -> Result<bool, QueueError> {
@@ -576,6 +579,46 @@ mod watched {
             self.inner.stats().await
         }
     }
+}
+
+/// The gateway's worker: a default lane and a lane per route, each at
+/// concurrency 16, a batch of 32. A backlog of one route drained by a
+/// quick upstream keeps what each fetch brought: the fetch is bounded by
+/// the room of both lanes together, and the 12 entries of each fetch past
+/// the route lane's room were given back for a second (a write each), so
+/// the drain came in bursts a second apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quick_lane_keeps_the_entries_fetched_past_its_room() {
+    let queue = Watched::default();
+    queue_of(256, "/a", &queue.inner).await;
+    let up = Arc::new(Upstream::default());
+    let lane = |m: &Message| Some(Arc::<str>::from(m.uri.path()));
+    let _worker = Running(tokio::spawn(
+        Worker::new(queue.clone(), service(up.clone()))
+            .concurrency(16)
+            .lane("/a", Pace::new().concurrency(16))
+            .lanes(lane)
+            .batch(32)
+            .poll_interval(Duration::from_millis(20))
+            .run(std::future::pending()),
+    ));
+    let done = within(Duration::from_secs(60), || {
+        queue.acks.load(Ordering::SeqCst) >= 256
+    })
+    .await;
+    let postponed = queue.postponed.load(Ordering::SeqCst);
+    assert!(
+        done,
+        "{} of 256 acknowledged ({postponed} given back)",
+        queue.acks.load(Ordering::SeqCst)
+    );
+    // Its calls take 5 ms: none is given back (at most one fetch's worth
+    // on a machine that stalls the worker for a tenth of a second).
+    assert!(
+        postponed <= 12,
+        "{postponed} entries given back for a lane that was never slow"
+    );
+    assert_eq!(up.calls.load(Ordering::SeqCst), 256, "each delivered once");
 }
 
 /// A backlog drained by a healthy upstream is fetched a batch at a time,

@@ -152,9 +152,10 @@ impl<Q: Queue, S> Worker<Q, S> {
         if wait > self.config.lease / 2 {
             return Some((i, delivery, Act::Postpone(wait, RATE)));
         }
-        // Its lane holds all it may: back to the queue for a moment, so
-        // that the fetch budget goes to the other lanes' entries.
-        if skip_full && lane.full() {
+        // Its lane holds all it may and its turn would not come soon: back
+        // to the queue for a moment, so that the fetch budget goes to the
+        // other lanes' entries.
+        if skip_full && lane.full() && !lane.quick(Instant::now()) {
             let after = lane.overflow_wait(Instant::now());
             return Some((i, delivery, Act::Postpone(after, FULL)));
         }
@@ -162,8 +163,10 @@ impl<Q: Queue, S> Worker<Q, S> {
         None
     }
 
-    /// Takes from the lanes' lines what may start now; and when to look
-    /// again for the rate.
+    /// Takes from the lanes' lines what may start now, and what a lane
+    /// that is no longer quick holds past its room (to be given back); and
+    /// when to look again (for the rate, or for a lane that may stop being
+    /// quick).
     pub(super) fn admit(&mut self) -> (Vec<(usize, Delivery, Act)>, Option<Instant>) {
         let now = Instant::now();
         let (mut ready, mut wake) = (Vec::new(), None::<Instant>);
@@ -176,10 +179,7 @@ impl<Q: Queue, S> Worker<Q, S> {
                     }
                     Admit::Postpone(after) => Act::Postpone(after, OPEN),
                     Admit::Wait(at) => {
-                        wake = match (wake, at) {
-                            (Some(w), Some(at)) => Some(w.min(at)),
-                            (w, at) => w.or(at),
-                        };
+                        wake = sooner(wake, at);
                         break;
                     }
                 };
@@ -187,6 +187,13 @@ impl<Q: Queue, S> Worker<Q, S> {
                 let delivery = lane.take(probe).expect("not empty");
                 ready.push((i, delivery, act));
             }
+            // Kept past its room while it was quick, given back once not.
+            let (excess, slow_at) = lane.excess(now);
+            for delivery in excess {
+                let after = lane.overflow_wait(now);
+                ready.push((i, delivery, Act::Postpone(after, FULL)));
+            }
+            wake = sooner(wake, slow_at);
         }
         (ready, wake)
     }
@@ -202,6 +209,14 @@ impl<Q: Queue, S> Worker<Q, S> {
             );
         }
         out
+    }
+}
+
+/// The sooner of two instants, either of which may be none.
+fn sooner(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -218,6 +218,8 @@ pub(super) struct Lane {
     latency: Option<Duration>,
     /// Since when calls have been running without a pause.
     busy_since: Option<Instant>,
+    /// When its last call ended.
+    last_end: Option<Instant>,
     /// Until when the entries given back for a full lane are spread (each
     /// due when the lane should have room for it).
     spread_until: Option<Instant>,
@@ -231,6 +233,11 @@ const MAX_OVERFLOW_WAIT: Duration = Duration::from_secs(30);
 /// The least (so that the entries given back do not come back before the
 /// ones behind them were fetched).
 const MIN_OVERFLOW_WAIT: Duration = Duration::from_secs(1);
+/// An entry fetched for a full lane waits in its line when its turn comes
+/// within this (given back, it would be away a second and cost a write);
+/// past it, it is given back, so that a slow lane never holds the fetch
+/// budget of the others.
+const KEEP_HORIZON: Duration = Duration::from_millis(100);
 
 /// What to do with a lane's next waiting delivery.
 #[derive(Debug, PartialEq, Eq)]
@@ -259,6 +266,7 @@ impl Lane {
             reported,
             latency: None,
             busy_since: None,
+            last_end: None,
             spread_until: None,
             held_until: None,
         }
@@ -338,11 +346,70 @@ impl Lane {
     /// How many more deliveries the lane may hold before it is
     /// [full](Self::full); `None` without a concurrency (no bound).
     pub(super) fn room(&self) -> Option<usize> {
-        self.pace.concurrency.map(|n| {
-            let reserve = n.div_ceil(4).max(4);
-            let held = self.running + self.waiting.len();
-            n.saturating_add(reserve).saturating_sub(held)
-        })
+        self.limit().map(|limit| limit.saturating_sub(self.held()))
+    }
+
+    /// How many deliveries the lane may hold: its concurrency, and a
+    /// quarter more (at least 4) waiting.
+    fn limit(&self) -> Option<usize> {
+        let n = self.pace.concurrency?;
+        Some(n.saturating_add(n.div_ceil(4).max(4)))
+    }
+
+    fn held(&self) -> usize {
+        self.running + self.waiting.len()
+    }
+
+    /// Whether an entry joining the full lane's line now starts within
+    /// [`KEEP_HORIZON`], so that it waits there rather than be given back:
+    /// the breaker closed, the rate's turn near, and the line ahead of it
+    /// moving one call's latency over the concurrency apart (the latency at
+    /// least as long as calls have run without one ending: a lane whose
+    /// calls hang looks slow at once).
+    pub(super) fn quick(&self, now: Instant) -> bool {
+        let closed = self
+            .breaker
+            .as_ref()
+            .is_none_or(|b| matches!(b.gate(now), Gate::Pass));
+        closed
+            && self.rate_wait(now) <= KEEP_HORIZON
+            && self.stalled(now).max(self.latency.unwrap_or_default()) <= self.keep_latency()
+    }
+
+    /// The longest a call may take for the lane to be [quick](Self::quick)
+    /// with its line as it is.
+    fn keep_latency(&self) -> Duration {
+        let n = u32::try_from(self.pace.concurrency.unwrap_or(1).max(1)).unwrap_or(u32::MAX);
+        let ahead = u32::try_from(self.waiting.len() + 1).unwrap_or(u32::MAX);
+        KEEP_HORIZON.saturating_mul(n) / ahead
+    }
+
+    /// How long calls have been running without one ending.
+    fn stalled(&self, now: Instant) -> Duration {
+        let Some(busy) = self.busy_since else {
+            return Duration::ZERO;
+        };
+        let since = self.last_end.map_or(busy, |end| end.max(busy));
+        now.saturating_duration_since(since)
+    }
+
+    /// What the lane holds past its [limit](Self::limit) (kept while it was
+    /// [quick](Self::quick)), taken from the back of its line once it is
+    /// not, to be given back; else when to look again (when it stops being
+    /// quick if no call ends before).
+    pub(super) fn excess(&mut self, now: Instant) -> (Vec<super::Delivery>, Option<Instant>) {
+        let Some(over) = self.limit().and_then(|l| self.held().checked_sub(l)) else {
+            return (Vec::new(), None);
+        };
+        if over == 0 {
+            return (Vec::new(), None);
+        }
+        if self.quick(now) {
+            let slow_at = now + self.keep_latency().saturating_sub(self.stalled(now));
+            return (Vec::new(), Some(slow_at));
+        }
+        let keep = self.waiting.len().saturating_sub(over);
+        (self.waiting.split_off(keep).into(), None)
     }
 
     /// How long an entry fetched for this full lane is given back for:
@@ -389,6 +456,7 @@ impl Lane {
         if self.running == 0 {
             self.busy_since = None;
         }
+        self.last_end = Some(now);
         self.latency = Some(match self.latency {
             None => took,
             Some(avg) => (avg * 7 + took) / 8,

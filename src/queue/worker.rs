@@ -438,9 +438,11 @@ where
     /// are held at once, each delivery starts as soon as its lane's pace
     /// allows and settles as soon as it ends (a slow one never holds the
     /// others), an entry fetched for a lane that holds all it may (its
-    /// concurrency running and a quarter more waiting) is given back until
-    /// that lane should have room (so a slow lane never holds the fetch
-    /// budget of the others), and the batch is refilled from the queue
+    /// concurrency running and a quarter more waiting) waits in its line
+    /// when its turn comes within 100 ms (the lane's calls end quickly) and
+    /// is given back until that lane should have room otherwise (so a slow
+    /// lane never holds the fetch budget of the others; a lane whose calls
+    /// stop ending gives back what it holds past its room), and the batch is refilled from the queue
     /// (one fetch under way at a time, beside the deliveries, which settle
     /// meanwhile) once as much of it is free as is held, or 10 ms after a
     /// slot fell free, and after the poll interval when nothing was due or
