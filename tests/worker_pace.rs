@@ -711,3 +711,47 @@ async fn deliveries_settle_while_a_fetch_is_under_way() {
     .await;
     assert!(all, "the third was delivered once the fetch answered");
 }
+
+/// A lane that was quick holds more than its room (the entries fetched past
+/// it wait in its line); once its calls stop ending it gives that back, so
+/// the other lanes' entries behind are fetched: here the first 40 calls of
+/// `/a` end at once and the rest hang, with one entry for `/b` behind 200
+/// of `/a`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_whose_calls_stop_ending_gives_back_what_it_kept() {
+    let queue = Watched::default();
+    queue_of(200, "/a", &queue.inner).await;
+    queue_of(1, "/b", &queue.inner).await;
+    let (calls, b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (c, bb) = (calls.clone(), b.clone());
+    let svc = tower::service_fn(move |m: Message| {
+        let (c, bb) = (c.clone(), bb.clone());
+        async move {
+            if m.uri.path() == "/b" {
+                bb.fetch_add(1, Ordering::SeqCst);
+            } else if c.fetch_add(1, Ordering::SeqCst) >= 40 {
+                std::future::pending::<()>().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Ok::<_, io::Error>(())
+        }
+    });
+    let lane = |m: &Message| Some(Arc::<str>::from(m.uri.path()));
+    let _worker = Running(tokio::spawn(
+        Worker::new(queue.clone(), svc)
+            .lane("/a", Pace::new().concurrency(16))
+            .lane("/b", Pace::new().concurrency(16))
+            .lanes(lane)
+            .batch(48)
+            .poll_interval(Duration::from_millis(20))
+            .run(std::future::pending()),
+    ));
+    let delivered = within(Duration::from_secs(20), || b.load(Ordering::SeqCst) == 1).await;
+    assert!(
+        delivered,
+        "/b's entry waited behind /a's hung lane ({} of /a's called, {} given back)",
+        calls.load(Ordering::SeqCst),
+        queue.postponed.load(Ordering::SeqCst)
+    );
+}

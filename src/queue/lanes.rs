@@ -163,11 +163,14 @@ impl<Q: Queue, S> Worker<Q, S> {
         None
     }
 
-    /// Takes from the lanes' lines what may start now, and what a lane
-    /// that is no longer quick holds past its room (to be given back); and
-    /// when to look again (for the rate, or for a lane that may stop being
-    /// quick).
-    pub(super) fn admit(&mut self) -> (Vec<(usize, Delivery, Act)>, Option<Instant>) {
+    /// Takes from the lanes' lines what may start now, and (`skip_full`, as
+    /// for [`enqueue`](Self::enqueue)) what a lane that is no longer quick
+    /// holds past its room, to be given back; and when to look again (for
+    /// the rate, or for a lane that may stop being quick).
+    pub(super) fn admit(
+        &mut self,
+        skip_full: bool,
+    ) -> (Vec<(usize, Delivery, Act)>, Option<Instant>) {
         let now = Instant::now();
         let (mut ready, mut wake) = (Vec::new(), None::<Instant>);
         for (i, lane) in self.lanes.iter_mut().enumerate() {
@@ -186,6 +189,9 @@ impl<Q: Queue, S> Worker<Q, S> {
                 let probe = matches!(act, Act::Call(true));
                 let delivery = lane.take(probe).expect("not empty");
                 ready.push((i, delivery, act));
+            }
+            if !skip_full {
+                continue;
             }
             // Kept past its room while it was quick, given back once not.
             let (excess, slow_at) = lane.excess(now);

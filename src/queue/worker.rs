@@ -225,7 +225,7 @@ where
         let mut failed = None;
         let mut renew_at = Instant::now() + renew_every(self.config.lease);
         loop {
-            let (ready, wake) = self.admit();
+            let (ready, wake) = self.admit(false);
             for (lane, delivery, act) in ready {
                 running.extend(self.launch(lane, delivery, act).await);
             }
@@ -464,7 +464,7 @@ where
         let mut stopping = false;
         loop {
             let (ready, wake) = match stopping {
-                false => self.admit(),
+                false => self.admit(true),
                 true => (self.release(), None),
             };
             for (lane, delivery, act) in ready {
