@@ -2,8 +2,7 @@
 
 use super::deadline::Deadline;
 use super::headers::{
-    set_forwarded, set_idempotency, strip_request_hop_by_hop, strip_response_hop_by_hop,
-    strip_underscore_spellings, ClientConn,
+    set_forwarded, set_idempotency, strip_request, strip_response_hop_by_hop, ClientConn,
 };
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
@@ -211,11 +210,7 @@ impl Forward {
         let conn = parts.extensions.get::<ClientConn>().copied();
         let request_id = parts.headers.get("x-request-id").cloned();
         let authority = parts.uri.authority().map(|a| a.to_string());
-        strip_request_hop_by_hop(&mut parts.headers);
-        strip_underscore_spellings(&mut parts.headers);
-        parts.headers.remove(header::EXPECT);
-        // The body's own length (or chunks) frames it upstream.
-        parts.headers.remove(header::CONTENT_LENGTH);
+        strip_request(&mut parts.headers);
         set_forwarded(&mut parts.headers, conn, authority.as_deref());
         let claim = parts.extensions.get::<crate::store::ActiveClaim>();
         set_idempotency(&mut parts.headers, claim);

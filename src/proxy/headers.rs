@@ -18,15 +18,84 @@ pub struct ClientConn {
     pub tls: bool,
 }
 
-/// Removes hop-by-hop headers from a request on its way upstream:
-/// `Connection` and the headers it names, `Keep-Alive`, `Proxy-*`, `TE`,
-/// `Trailer`, `Transfer-Encoding`, `Upgrade`. A client that accepts
-/// trailers (`TE: trailers`) still says so upstream, as `TE: trailers`
-/// alone: an upstream may send trailers only to a client that accepts them.
-pub(crate) fn strip_request_hop_by_hop(headers: &mut HeaderMap) {
-    let trailers = accepts_trailers(headers);
-    strip(headers);
-    headers.remove(header::TRAILER);
+// The names parsed once, at compile time: a `&str` name is parsed and
+// checked again at every `remove` and `insert`. (A `HeaderName` holds
+// `Bytes`, whose atomic pointer clippy takes for interior mutability; a
+// static name's is never written.)
+#[allow(clippy::declare_interior_mutable_const)]
+const FENCING_TOKEN_NAME: HeaderName = HeaderName::from_static(FENCING_TOKEN);
+#[allow(clippy::declare_interior_mutable_const)]
+const KEY_NAME: HeaderName = HeaderName::from_static(KEY);
+#[allow(clippy::declare_interior_mutable_const)]
+const CLIENT_KEY_NAME: HeaderName = HeaderName::from_static(CLIENT_KEY);
+
+/// The standard headers a request loses on its way upstream: the
+/// hop-by-hop ones, `Trailer`, `Expect` (the gateway answers it) and
+/// `Content-Length` (the body's own length, or chunks, frames it upstream).
+const STRIPPED: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::EXPECT,
+    header::CONTENT_LENGTH,
+];
+
+/// Prepares a request's headers for the upstream, in one pass over their
+/// names (each removal hashes its name: removing what is not there costs
+/// as much as what is):
+///
+/// - the hop-by-hop headers go: `Connection` and the headers it names,
+///   `Keep-Alive`, `Proxy-*`, `TE`, `Trailer`, `Transfer-Encoding`,
+///   `Upgrade`; a client that accepts trailers (`TE: trailers`) still says
+///   so, as `TE: trailers` alone (an upstream may send trailers only to a
+///   client that accepts them);
+/// - `Expect` and `Content-Length` go;
+/// - only the gateway says what `idempotency-fencing-token`,
+///   `idempotency-key` and `idempotency-client-key` are: a client's own go,
+///   except its `Idempotency-Key`, which goes upstream as
+///   `idempotency-client-key` (see [`set_idempotency`]);
+/// - the client's spellings with `_` for `-` of a header the gateway sets
+///   or strips go (see [`is_underscore_spelling`]).
+pub(crate) fn strip_request(headers: &mut HeaderMap) {
+    let mut standard = 0u16;
+    let mut other = Vec::new();
+    let mut client_key = false;
+    for name in headers.keys() {
+        if let Some(i) = STRIPPED.iter().position(|s| s == name) {
+            standard |= 1 << i;
+        } else if *name == KEY_NAME {
+            client_key = true;
+        } else if *name == FENCING_TOKEN_NAME
+            || *name == CLIENT_KEY_NAME
+            || name.as_str() == "keep-alive"
+            || name.as_str().starts_with("proxy-")
+            || is_underscore_spelling(name.as_str())
+        {
+            other.push(name.clone());
+        }
+    }
+    // STRIPPED[0] is `Connection`, STRIPPED[1] `TE`.
+    let trailers = standard & 0b10 != 0 && accepts_trailers(headers);
+    if standard & 0b1 != 0 {
+        other.extend(connection_named(headers));
+    }
+    for (i, name) in STRIPPED.iter().enumerate() {
+        if standard & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    for name in other {
+        headers.remove(name);
+    }
+    if client_key {
+        if let Some(client) = headers.remove(KEY_NAME) {
+            headers.insert(CLIENT_KEY_NAME, client);
+        }
+    }
     if trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
@@ -121,24 +190,10 @@ pub(crate) const CLIENT_KEY: &str = "idempotency-client-key";
 /// stale owner's write: `idempotency-fencing-token` with the claim's token
 /// and `idempotency-key` with the SHA-256 of the stored key in hex (the key
 /// scoped by route and principal: two tenants' `order-1001` are two
-/// hashes). Only the gateway says what these are: a client's own
-/// `idempotency-fencing-token` and `idempotency-client-key` are dropped, and
-/// its own `Idempotency-Key` goes upstream as `idempotency-client-key`,
-/// claim or not.
+/// hashes). The client's own were dropped by [`strip_request`] (its
+/// `Idempotency-Key` goes upstream as `idempotency-client-key`, claim or
+/// not).
 pub(crate) fn set_idempotency(headers: &mut HeaderMap, claim: Option<&crate::store::ActiveClaim>) {
-    // The names parsed once, at compile time: a `&str` name is parsed and
-    // checked again at every `remove` and `insert`. (A `HeaderName` holds
-    // `Bytes`, whose atomic pointer clippy takes for interior mutability;
-    // a static name's is never written.)
-    #![allow(clippy::declare_interior_mutable_const)]
-    const FENCING_TOKEN_NAME: HeaderName = HeaderName::from_static(FENCING_TOKEN);
-    const KEY_NAME: HeaderName = HeaderName::from_static(KEY);
-    const CLIENT_KEY_NAME: HeaderName = HeaderName::from_static(CLIENT_KEY);
-    headers.remove(FENCING_TOKEN_NAME);
-    headers.remove(CLIENT_KEY_NAME);
-    if let Some(client) = headers.remove(KEY_NAME) {
-        headers.insert(CLIENT_KEY_NAME, client);
-    }
     let Some(claim) = claim else {
         return;
     };
@@ -160,7 +215,7 @@ pub(crate) fn set_idempotency(headers: &mut HeaderMap, claim: Option<&crate::sto
 
 /// The headers the gateway sets or strips on the way upstream (and its own
 /// answer headers): a client's spelling of one of them with `_` for `-` is
-/// dropped by [`strip_underscore_spellings`].
+/// dropped by [`strip_request`] (see [`is_underscore_spelling`]).
 const GATEWAY_HEADERS: &[&str] = &[
     FENCING_TOKEN,
     KEY,
@@ -176,26 +231,19 @@ const GATEWAY_HEADERS: &[&str] = &[
     "content-length",
 ];
 
-/// Removes the client's headers that name one the gateway sets or strips
+/// Whether a client's header `name` names one the gateway sets or strips
 /// once `_` is read as `-` (`Idempotency_Fencing_Token`, `idempotency_key`,
 /// `X_Forwarded_For`, `Transfer_Encoding`, `Proxy_Authorization`, ...): CGI
 /// and WSGI servers map both spellings to one variable
 /// (`HTTP_IDEMPOTENCY_FENCING_TOKEN`), so the client's could stand beside,
 /// or for, the gateway's. nginx drops underscore headers by default for the
 /// same reason. Other names with `_` pass.
-pub(crate) fn strip_underscore_spellings(headers: &mut HeaderMap) {
-    let dropped: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().contains('_'))
-        .filter(|k| {
-            let dashed = k.as_str().replace('_', "-");
-            GATEWAY_HEADERS.contains(&dashed.as_str()) || dashed.starts_with("proxy-")
-        })
-        .cloned()
-        .collect();
-    for name in dropped {
-        headers.remove(name);
+fn is_underscore_spelling(name: &str) -> bool {
+    if !name.contains('_') {
+        return false;
     }
+    let dashed = name.replace('_', "-");
+    GATEWAY_HEADERS.contains(&dashed.as_str()) || dashed.starts_with("proxy-")
 }
 
 #[cfg(test)]
@@ -219,6 +267,7 @@ mod tests {
     fn the_claim_is_sent_upstream() {
         let mut h = HeaderMap::new();
         h.insert(FENCING_TOKEN, HeaderValue::from_static("999999999999"));
+        strip_request(&mut h);
         set_idempotency(&mut h, Some(&claim(42)));
         assert_eq!(h[FENCING_TOKEN], "42");
         let key = h[KEY].to_str().unwrap().to_owned();
@@ -231,6 +280,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(KEY, HeaderValue::from_static("client-1"));
         h.insert(CLIENT_KEY, HeaderValue::from_static("forged"));
+        strip_request(&mut h);
         set_idempotency(&mut h, Some(&claim(7)));
         assert_eq!(h[KEY], key.as_str());
         assert_eq!(h.get_all(KEY).iter().count(), 1);
@@ -241,6 +291,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(FENCING_TOKEN, HeaderValue::from_static("5"));
         h.insert(KEY, HeaderValue::from_static("client-2"));
+        strip_request(&mut h);
         set_idempotency(&mut h, None);
         assert!(!h.contains_key(FENCING_TOKEN));
         assert!(!h.contains_key(KEY));
@@ -266,10 +317,61 @@ mod tests {
             );
         }
         h.insert("x_tenant_id", HeaderValue::from_static("t"));
-        h.insert(FENCING_TOKEN, HeaderValue::from_static("3"));
-        strip_underscore_spellings(&mut h);
-        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        strip_request(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x_tenant_id"]);
+    }
+
+    #[test]
+    fn a_request_loses_its_hop_by_hop_headers_in_one_pass() {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, x-hop, trailer"),
+            ("keep-alive", "timeout=5"),
+            ("x-hop", "1"),
+            ("te", "gzip, trailers;q=1"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("proxy-authorization", "Basic eA=="),
+            ("proxy-foo", "1"),
+            ("expect", "100-continue"),
+            ("content-length", "12"),
+            ("content-type", "application/json"),
+            ("x-kept", "1"),
+        ] {
+            h.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        h.append("x-kept", HeaderValue::from_static("2"));
+        strip_request(&mut h);
+        let mut left: Vec<(&str, &str)> = h
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
         left.sort_unstable();
-        assert_eq!(left, [FENCING_TOKEN, "x_tenant_id"]);
+        assert_eq!(
+            left,
+            [
+                ("content-type", "application/json"),
+                ("te", "trailers"),
+                ("x-kept", "1"),
+                ("x-kept", "2"),
+            ]
+        );
+        // Nothing to strip: nothing changes.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/xml"));
+        h.insert(header::HOST, HeaderValue::from_static("a"));
+        let before = h.clone();
+        strip_request(&mut h);
+        assert_eq!(h, before);
+        // A `TE` without `trailers` goes whole.
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        strip_request(&mut h);
+        assert!(h.is_empty());
     }
 }
