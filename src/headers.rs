@@ -28,14 +28,28 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// The header names that the `Connection` header lists (lower case, as
-/// `HeaderName` spells them); unparsable names are skipped.
+/// `HeaderName` spells them) besides the fixed hop-by-hop ones, which
+/// [`is_hop_by_hop`] names already (`Connection: keep-alive`, on nearly
+/// every HTTP/1.1 answer, would otherwise cost a parse and an allocation);
+/// unparsable names are skipped.
 pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    const FIXED: [&str; 7] = [
+        "keep-alive",
+        "connection",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    ];
     headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| !FIXED.iter().any(|f| name.eq_ignore_ascii_case(f)))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect()
 }
 
@@ -52,7 +66,10 @@ mod tests {
             "application/grpc+proto".parse().unwrap(),
         );
         assert!(is_grpc(&h));
-        h.insert(header::CONNECTION, "close, X-Custom ,".parse().unwrap());
+        h.insert(
+            header::CONNECTION,
+            "close, X-Custom , Keep-Alive, upgrade".parse().unwrap(),
+        );
         assert_eq!(
             connection_named(&h),
             [

@@ -211,6 +211,9 @@ impl Forward {
         let request_id = parts.headers.get("x-request-id").cloned();
         let authority = parts.uri.authority().map(|a| a.to_string());
         strip_request(&mut parts.headers);
+        // Room for what is set below (`x-forwarded-*`, the claim's two,
+        // `Host`): one growth of the map at most, not one per insert.
+        parts.headers.reserve(6);
         set_forwarded(&mut parts.headers, conn, authority.as_deref());
         let claim = parts.extensions.get::<crate::store::ActiveClaim>();
         set_idempotency(&mut parts.headers, claim);

@@ -110,16 +110,25 @@ pub(crate) fn strip_response_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 fn strip(headers: &mut HeaderMap) {
-    for name in connection_named(headers) {
-        if name != header::TRAILER {
-            headers.remove(name);
+    // One pass over the names; only what is there is removed (each removal
+    // hashes its name).
+    let mut dropped = Vec::new();
+    let mut connection = false;
+    for name in headers.keys() {
+        if *name == header::CONNECTION {
+            connection = true;
+        } else if is_hop_by_hop(name) || name.as_str().starts_with("proxy-") {
+            dropped.push(name.clone());
         }
     }
-    let dropped: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| is_hop_by_hop(k) || k.as_str().starts_with("proxy-"))
-        .cloned()
-        .collect();
+    if connection {
+        dropped.extend(
+            connection_named(headers)
+                .into_iter()
+                .filter(|n| *n != header::TRAILER),
+        );
+        dropped.push(header::CONNECTION);
+    }
     for name in dropped {
         headers.remove(name);
     }

@@ -72,6 +72,7 @@ mod redis_streams;
 mod reopen;
 mod room;
 mod settle;
+mod shared;
 mod stats;
 mod worker;
 
