@@ -290,19 +290,31 @@ async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
     let peak = fragile.peak.load(Ordering::SeqCst);
     assert!(peak <= BEARS, "the upstream saw {peak} calls at once");
     assert_eq!(fragile.overloaded.load(Ordering::SeqCst), 0);
-    let (_, text) = get(metrics, "/metrics");
+    // The upstream has answered the last deliveries; their settlements
+    // (a commit each) may still be under way: the gauges fall to 0 once
+    // they are done.
     for name in [
         "idempotency_deliveries_in_flight",
         "idempotency_upstream_breaker",
     ] {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("route=\"/wx\""));
-        assert_eq!(
-            line.and_then(|l| l.rsplit(' ').next()),
-            Some("0"),
-            "{name}: {text}"
-        );
+        let value = || {
+            let (_, text) = get(metrics, "/metrics");
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("route=\"/wx\""))
+                .map(str::to_owned);
+            (
+                line.and_then(|l| l.rsplit(' ').next().map(str::to_owned)),
+                text,
+            )
+        };
+        let settled = std::time::Instant::now();
+        let (mut seen, mut text) = value();
+        while seen.as_deref() != Some("0") && settled.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            (seen, text) = value();
+        }
+        assert_eq!(seen.as_deref(), Some("0"), "{name}: {text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -362,7 +362,8 @@ impl Lane {
 
     /// Whether an entry joining the full lane's line now starts within
     /// [`KEEP_HORIZON`], so that it waits there rather than be given back:
-    /// the breaker closed, the rate's turn near, and the line ahead of it
+    /// the breaker closed, the rate's turn and the shared slots' near, and
+    /// the line ahead of it
     /// moving one call's latency over the concurrency apart (the latency at
     /// least as long as calls have run without one ending: a lane whose
     /// calls hang looks slow at once).
@@ -371,7 +372,9 @@ impl Lane {
             .breaker
             .as_ref()
             .is_none_or(|b| matches!(b.gate(now), Gate::Pass));
+        let held = self.held_until.is_some_and(|at| at > now + KEEP_HORIZON);
         closed
+            && !held
             && self.rate_wait(now) <= KEEP_HORIZON
             && self.stalled(now).max(self.latency.unwrap_or_default()) <= self.keep_latency()
     }
@@ -405,8 +408,11 @@ impl Lane {
             return (Vec::new(), None);
         }
         if self.quick(now) {
-            let slow_at = now + self.keep_latency().saturating_sub(self.stalled(now));
-            return (Vec::new(), Some(slow_at));
+            // With no call running, nothing changes until one starts.
+            let slow_at = self
+                .busy_since
+                .map(|_| now + self.keep_latency().saturating_sub(self.stalled(now)));
+            return (Vec::new(), slow_at);
         }
         let keep = self.waiting.len().saturating_sub(over);
         (self.waiting.split_off(keep).into(), None)
