@@ -581,6 +581,14 @@ mod watched {
     }
 }
 
+/// Whether `queue` acknowledged `n` deliveries within a minute.
+async fn all_acknowledged(queue: &Watched, n: usize) -> bool {
+    within(Duration::from_secs(60), || {
+        queue.acks.load(Ordering::SeqCst) >= n
+    })
+    .await
+}
+
 /// The gateway's worker: a default lane and a lane per route, each at
 /// concurrency 16, a batch of 32. A backlog of one route drained by a
 /// quick upstream keeps what each fetch brought: the fetch is bounded by
@@ -602,10 +610,7 @@ async fn a_quick_lane_keeps_the_entries_fetched_past_its_room() {
             .poll_interval(Duration::from_millis(20))
             .run(std::future::pending()),
     ));
-    let done = within(Duration::from_secs(60), || {
-        queue.acks.load(Ordering::SeqCst) >= 256
-    })
-    .await;
+    let done = all_acknowledged(&queue, 256).await;
     let postponed = queue.postponed.load(Ordering::SeqCst);
     assert!(
         done,
@@ -637,10 +642,7 @@ async fn a_backlog_is_fetched_a_batch_at_a_time() {
             .poll_interval(Duration::from_millis(20))
             .run(std::future::pending()),
     ));
-    let done = within(Duration::from_secs(60), || {
-        queue.acks.load(Ordering::SeqCst) >= 256
-    })
-    .await;
+    let done = all_acknowledged(&queue, 256).await;
     assert!(
         done,
         "{} of 256 acknowledged",

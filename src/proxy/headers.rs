@@ -106,10 +106,6 @@ pub(crate) fn strip_request(headers: &mut HeaderMap) {
 /// `Transfer-Encoding`, `Upgrade`. `Trailer` is kept: it announces the
 /// trailers that follow the body, and hyper sends only announced ones.
 pub(crate) fn strip_response_hop_by_hop(headers: &mut HeaderMap) {
-    strip(headers);
-}
-
-fn strip(headers: &mut HeaderMap) {
     // One pass over the names; only what is there is removed (each removal
     // hashes its name).
     let mut dropped = Vec::new();
