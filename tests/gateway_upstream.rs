@@ -5,7 +5,9 @@
 //! refused or too slow (the channel's failure reply, never cached); SIGTERM
 //! with a request in flight (one and two serving threads) and SIGINT when
 //! idle (exit 0); two instances
-//! sharing Redis and Redis Cluster (feature `redis`).
+//! sharing Redis and Redis Cluster (feature `redis`); the upstream's
+//! keep-alive connections (reused, never used once closed, closed when an
+//! answer is cut off or idle past the pool's timeout).
 //!
 //! A plain `cargo test --all-features` builds the examples before it runs
 //! integration tests; `cargo test --test gateway_upstream` does not, so build the
@@ -530,4 +532,228 @@ async fn request_ids_are_made_when_absent_and_kept_when_given() {
         .unwrap();
     assert_eq!(id_in(&reply), "given-7");
     assert_eq!(up.last("/fwd/three").headers["x-request-id"], "given-7");
+}
+
+/// A keep-alive HTTP/1.1 upstream on raw TCP that counts the connections it
+/// accepts and the ones the gateway closed, and answers every request with
+/// `body` (its `Content-Length` set); `close_after`, if set, closes each
+/// connection that long after an answer, as an upstream with a short idle
+/// timeout does (Node.js closes idle ones after 5 s), with no `Connection:
+/// close` to warn of it.
+struct KeepAliveUpstream {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    closed_by_peer: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    answered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KeepAliveUpstream {
+    async fn start(body: Vec<u8>, close_after: Option<Duration>) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        use std::sync::Arc;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed_by_peer = Arc::new(AtomicUsize::new(0));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let (a, c, n) = (accepted.clone(), closed_by_peer.clone(), answered.clone());
+        let body = Arc::new(body);
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                a.fetch_add(1, SeqCst);
+                let (c, n, body) = (c.clone(), n.clone(), body.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: its head, then its Content-Length body.
+                        let head_end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => {
+                                    c.fetch_add(1, SeqCst);
+                                    return;
+                                }
+                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        while buf.len() < head_end + len {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                            }
+                        }
+                        buf.drain(..head_end + len);
+                        let answer =
+                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        if s.write_all(answer.as_bytes()).await.is_err()
+                            || s.write_all(&body).await.is_err()
+                        {
+                            // Closed (or reset) by the gateway mid-answer.
+                            c.fetch_add(1, SeqCst);
+                            return;
+                        }
+                        n.fetch_add(1, SeqCst);
+                        if let Some(after) = close_after {
+                            tokio::time::sleep(after).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            closed_by_peer,
+            answered,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn closed_by_peer(&self) -> usize {
+        self.closed_by_peer
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn answered(&self) -> usize {
+        self.answered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for KeepAliveUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Through the binary: one client's calls, one after another, share one
+/// upstream connection; an upstream that closes its idle connections
+/// (without `Connection: close`) costs a new connection per call, never a
+/// failed call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_kept_alive_and_closed_ones_are_not_used() {
+    let c = client();
+    // `calls` POSTs one after another, `pause` apart; each answered "pong".
+    let calls = |close_after: Option<Duration>, calls: usize, pause: Duration| {
+        let c = c.clone();
+        async move {
+            let up = KeepAliveUpstream::start(b"pong".to_vec(), close_after).await;
+            let gw = Gateway::start(&up.url(), &["--workers", "1"]);
+            for i in 0..calls {
+                let req = Request::post(gw.url(&format!("/plain/{i}")))
+                    .body(Full::from("ping"))
+                    .unwrap();
+                let a = common::read(c.request(req).await.unwrap()).await;
+                assert_eq!((a.status, a.text().as_str()), (200, "pong"), "call {i}");
+                tokio::time::sleep(pause).await;
+            }
+            assert_eq!(up.answered(), calls);
+            up.accepted()
+        }
+    };
+    let accepted = calls(None, 20, Duration::ZERO).await;
+    assert_eq!(accepted, 1, "20 calls in a row on one connection");
+    // Each call comes past the upstream's idle timeout: its connection is gone.
+    let accepted = calls(
+        Some(Duration::from_millis(20)),
+        8,
+        Duration::from_millis(80),
+    )
+    .await;
+    assert_eq!(accepted, 8, "a closed connection is never used");
+}
+
+/// An answer its caller drops before its end leaves its connection
+/// unusable (the rest of the answer is still on it): it is closed, not
+/// given to the next call, which gets its whole answer on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_dropped_before_its_end_closes_its_connection() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    use tower_idempotency::proxy::Forward;
+    let big = vec![b'x'; 4 << 20];
+    let up = KeepAliveUpstream::start(big.clone(), None).await;
+    let forward = Forward::new(up.url().parse().unwrap());
+    let call = || Request::post("/big").body(Full::from("ping")).unwrap();
+    let res = forward.clone().oneshot(call()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::OK);
+    let mut body = res.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some_and(|d| d.len() < big.len()));
+    drop(body);
+    let res = forward.clone().oneshot(call()).await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::OK);
+    let whole = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(whole.len(), big.len());
+    assert_eq!(up.accepted(), 2);
+    let closed = Instant::now();
+    while up.closed_by_peer() < 1 {
+        assert!(
+            closed.elapsed() < Duration::from_secs(10),
+            "the cut-off connection stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The second connection, read to its end, is kept for the next call
+    // (once its connection has taken in the answer's end: a moment).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let res = forward.oneshot(call()).await.unwrap();
+    let whole = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(whole.len(), big.len());
+    assert_eq!(up.accepted(), 2);
+}
+
+/// `pool_idle_timeout`: a connection idle that long is closed by the
+/// gateway even when no other call comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    use tower_idempotency::proxy::Forward;
+    let up = KeepAliveUpstream::start(b"pong".to_vec(), None).await;
+    let forward = Forward::builder(up.url().parse().unwrap())
+        .pool_idle_timeout(Duration::from_millis(200))
+        .build();
+    for _ in 0..3 {
+        let req = Request::post("/").body(Full::from("ping")).unwrap();
+        let res = forward.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "pong");
+    }
+    assert_eq!((up.accepted(), up.closed_by_peer()), (1, 0));
+    let idle = Instant::now();
+    while up.closed_by_peer() < 1 {
+        assert!(
+            idle.elapsed() < Duration::from_secs(10),
+            "an idle connection was kept open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        idle.elapsed() >= Duration::from_millis(150),
+        "{:?}",
+        idle.elapsed()
+    );
+    // The next call connects again.
+    let req = Request::post("/").body(Full::from("ping")).unwrap();
+    let res = forward.oneshot(req).await.unwrap();
+    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "pong");
+    assert_eq!(up.accepted(), 2);
 }

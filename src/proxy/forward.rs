@@ -4,6 +4,7 @@ use super::deadline::Deadline;
 use super::headers::{
     set_forwarded, set_idempotency, strip_request, strip_response_hop_by_hop, ClientConn,
 };
+use super::pool::Pool;
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
 use super::{plain, BoxError, ProxyBody, Upstream};
 use crate::outcome::log_warn;
@@ -14,8 +15,6 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use std::convert::Infallible;
@@ -80,7 +79,7 @@ pub(crate) struct RouteLimit {
 
 /// What every clone of a [`Forward`] shares.
 struct Shared {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    pool: Arc<Pool>,
     upstream: Upstream,
     calls: CallLimit,
 }
@@ -231,7 +230,7 @@ impl Forward {
             slot.start();
         }
         let mut slow_at = route_slot.as_ref().and_then(Slot::slow_at);
-        let mut request = std::pin::pin!(self.shared.client.request(req));
+        let mut request = std::pin::pin!(self.shared.pool.send(req, started));
         let answer = loop {
             let slow = async {
                 match slow_at {
@@ -421,17 +420,15 @@ impl ForwardBuilder {
         http.set_nodelay(true);
         http.enforce_http(false);
         http.set_connect_timeout(Some(self.timeout.min(Duration::from_secs(5))));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        let connector: HttpsConnector<HttpConnector> = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(self.pool_idle_timeout)
-            .build(connector);
+        let pool = Pool::new(connector, self.upstream.target(), self.pool_idle_timeout);
         Forward {
             shared: Arc::new(Shared {
-                client,
+                pool,
                 upstream: self.upstream,
                 calls: self
                     .calls

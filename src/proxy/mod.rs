@@ -63,6 +63,7 @@ mod headers;
 mod ingest;
 mod options;
 mod panic;
+mod pool;
 mod route;
 mod upstream;
 

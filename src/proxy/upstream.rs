@@ -56,7 +56,8 @@ impl Upstream {
         &self.host
     }
 
-    /// The upstream URI of a request's `path_and_query`.
+    /// The URI a request with `path_and_query` is sent with, in origin
+    /// form (`/BASE/path?query`: the connection is the upstream's).
     pub(crate) fn uri(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
         let path_and_query = match (self.base.is_empty(), path_and_query) {
             // No base path: the request's own, shared, not parsed again.
@@ -67,11 +68,16 @@ impl Upstream {
                 PathAndQuery::try_from(format!("{}{pq}", self.base))?
             }
         };
+        Ok(Uri::from(path_and_query))
+    }
+
+    /// The upstream's scheme and authority, as a connector dials them.
+    pub(crate) fn target(&self) -> Uri {
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.scheme.clone());
         parts.authority = Some(self.parsed_authority.clone());
-        parts.path_and_query = Some(path_and_query);
-        Ok(Uri::from_parts(parts)?)
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        Uri::from_parts(parts).expect("a scheme and an authority make a URI")
     }
 }
 
