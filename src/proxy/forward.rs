@@ -29,6 +29,16 @@ use tower_service::Service;
 /// Forwards each request to one [`Upstream`] over a pooled HTTP/1.1 client
 /// (TLS for `https://` upstreams), streaming both bodies.
 ///
+/// The keep-alive connections are pooled by the forwarder itself: the one
+/// given back last is taken first, one closed by the upstream is never
+/// used (a request it closed before writing is sent again on another), one
+/// whose answer was dropped before its end is closed, and one idle past
+/// [`ForwardBuilder::pool_idle_timeout`] is closed. A forwarder has one
+/// upstream, so its pool needs no key: hyper-util's general client builds
+/// and hashes one to take each connection and again to give it back.
+/// Connecting (TCP, TLS) is hyper-util's `HttpConnector` with rustls, and
+/// HTTP/1.1 is hyper's client connection.
+///
 /// The upstream gets the request's path (under its base path) and query,
 /// its body as it arrives, `Host` set to the upstream, `x-forwarded-for`
 /// with the client's address appended (from [`ClientConn`]),
@@ -359,7 +369,8 @@ impl ForwardBuilder {
         self
     }
 
-    /// How long an idle pooled connection is kept. Defaults to 30 seconds.
+    /// How long an idle pooled connection is kept: past it the connection is
+    /// closed, whether or not another call comes. Defaults to 30 seconds.
     pub fn pool_idle_timeout(mut self, timeout: Duration) -> Self {
         self.pool_idle_timeout = timeout;
         self
