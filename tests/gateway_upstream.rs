@@ -7,7 +7,8 @@
 //! idle (exit 0); two instances
 //! sharing Redis and Redis Cluster (feature `redis`); the upstream's
 //! keep-alive connections (reused, never used once closed, closed when an
-//! answer is cut off or idle past the pool's timeout).
+//! answer is cut off or idle past the pool's timeout; a randomized storm of
+//! calls on connections closed and cut off at random, `POOL_SEED`).
 //!
 //! A plain `cargo test --all-features` builds the examples before it runs
 //! integration tests; `cargo test --test gateway_upstream` does not, so build the
@@ -582,10 +583,16 @@ impl KeepAliveUpstream {
                             }
                         };
                         let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .map_or(0, |v| v.trim().parse().unwrap());
+                        let header = |name: &str| {
+                            head.lines()
+                                .find_map(|l| l.strip_prefix(name))
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        };
+                        let len = header("content-length:").unwrap_or(0);
+                        // A request may ask for its own answer: that many
+                        // bytes, and `Connection: close` after it.
+                        let sized = header("x-answer-bytes:").map(pattern);
+                        let close = header("x-close:") == Some(1);
                         while buf.len() < head_end + len {
                             match s.read(&mut chunk).await {
                                 Ok(0) | Err(_) => return,
@@ -593,16 +600,23 @@ impl KeepAliveUpstream {
                             }
                         }
                         buf.drain(..head_end + len);
-                        let answer =
-                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        let body = sized.as_deref().unwrap_or(&body);
+                        let connection = if close { "connection: close\r\n" } else { "" };
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{connection}\r\n",
+                            body.len()
+                        );
                         if s.write_all(answer.as_bytes()).await.is_err()
-                            || s.write_all(&body).await.is_err()
+                            || s.write_all(body).await.is_err()
                         {
                             // Closed (or reset) by the gateway mid-answer.
                             c.fetch_add(1, SeqCst);
                             return;
                         }
                         n.fetch_add(1, SeqCst);
+                        if close {
+                            return;
+                        }
                         if let Some(after) = close_after {
                             tokio::time::sleep(after).await;
                             return;
@@ -636,6 +650,20 @@ impl KeepAliveUpstream {
     fn answered(&self) -> usize {
         self.answered.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// Waits (10 s at most) until the gateway has closed `n` connections.
+    async fn wait_closed(&self, n: usize, why: &str) {
+        let waiting = Instant::now();
+        while self.closed_by_peer() < n {
+            assert!(waiting.elapsed() < Duration::from_secs(10), "{why}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// `n` bytes that say where they are: byte `i` is `i % 251`.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
 }
 
 impl Drop for KeepAliveUpstream {
@@ -704,14 +732,7 @@ async fn an_answer_dropped_before_its_end_closes_its_connection() {
     let whole = res.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(whole.len(), big.len());
     assert_eq!(up.accepted(), 2);
-    let closed = Instant::now();
-    while up.closed_by_peer() < 1 {
-        assert!(
-            closed.elapsed() < Duration::from_secs(10),
-            "the cut-off connection stays open"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    up.wait_closed(1, "the cut-off connection stays open").await;
     // The second connection, read to its end, is kept for the next call
     // (once its connection has taken in the answer's end: a moment).
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -736,16 +757,13 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
         let req = Request::post("/").body(Full::from("ping")).unwrap();
         let res = forward.clone().oneshot(req).await.unwrap();
         assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "pong");
+        // A connection is kept once it has taken in the answer's end (a
+        // moment after the caller read it; a call at once may connect anew).
+        tokio::time::sleep(Duration::from_millis(30)).await;
     }
     assert_eq!((up.accepted(), up.closed_by_peer()), (1, 0));
     let idle = Instant::now();
-    while up.closed_by_peer() < 1 {
-        assert!(
-            idle.elapsed() < Duration::from_secs(10),
-            "an idle connection was kept open"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    up.wait_closed(1, "an idle connection was kept open").await;
     assert!(
         idle.elapsed() >= Duration::from_millis(150),
         "{:?}",
@@ -756,4 +774,80 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
     let res = forward.oneshot(req).await.unwrap();
     assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "pong");
     assert_eq!(up.accepted(), 2);
+}
+
+/// Many calls at once on one forwarder, each with a random request body and
+/// answer size, a random upstream `Connection: close` after its answer, and
+/// a random caller that drops the answer after its first frame: every call
+/// is answered 200, every answer read to its end is whole and right, none
+/// hangs, and the pool serves calls afterwards. `POOL_SEED=<n>` replays one
+/// schedule (the seed is printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_calls_on_connections_closed_and_cut_off_at_random() {
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    use tower::ServiceExt;
+    use tower_idempotency::proxy::Forward;
+    let seed = common::seed("POOL_SEED");
+    // xorshift64*: the same seed, the same schedule.
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move |below: u64| {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D) % below
+    };
+    let up = KeepAliveUpstream::start(Vec::new(), None).await;
+    let forward = Forward::new(up.url().parse().unwrap());
+    // (request bytes, answer bytes, close after, drop after the first frame)
+    let plans: Arc<Vec<(usize, usize, bool, bool)>> = Arc::new(
+        (0..200)
+            .map(|_| {
+                let sent = [0, 3, 700, 70_000][next(4) as usize];
+                let answer = [0, 1, 5_000, 300_000][next(4) as usize];
+                (sent, answer, next(4) == 0, next(5) == 0)
+            })
+            .collect(),
+    );
+    let call = |forward: Forward, (sent, answer, close, cut): (usize, usize, bool, bool)| async move {
+        let req = Request::post("/storm")
+            .header("x-answer-bytes", answer)
+            .header("x-close", usize::from(close))
+            .body(Full::from(vec![b'r'; sent]))
+            .unwrap();
+        let res = forward.oneshot(req).await.unwrap();
+        if res.status() != http::StatusCode::OK {
+            return Err(format!("status {}", res.status()));
+        }
+        let mut body = res.into_body();
+        if cut {
+            let _ = body.frame().await;
+            return Ok(());
+        }
+        let got = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        if got[..] != pattern(answer)[..] {
+            return Err(format!(
+                "{} bytes of {answer}, or not the right ones",
+                got.len()
+            ));
+        }
+        Ok(())
+    };
+    let storm = common::all_at_once(plans.len(), |i| call(forward.clone(), plans[i]));
+    let results = tokio::time::timeout(Duration::from_secs(60), storm)
+        .await
+        .unwrap_or_else(|_| panic!("a call hung (POOL_SEED={seed})"));
+    for (i, result) in results.into_iter().enumerate() {
+        if let Err(e) = result {
+            panic!("call {i} {:?}: {e} (POOL_SEED={seed})", plans[i]);
+        }
+    }
+    // The pool still serves, one call after another.
+    for _ in 0..20 {
+        let plan = (next(2) as usize * 700, 5_000, false, false);
+        call(forward.clone(), plan)
+            .await
+            .unwrap_or_else(|e| panic!("after the storm: {e} (POOL_SEED={seed})"));
+    }
+    assert_eq!(up.answered(), 220, "POOL_SEED={seed}");
 }

@@ -7,6 +7,8 @@
 //! Latencies are real: a fast call is far under its threshold and a slow
 //! one far over it, so that a busy machine does not change the answers.
 
+mod common;
+
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -301,18 +303,8 @@ impl Rng {
 /// and once every call is over exactly the limit's slots are free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_calls_never_pass_max_nor_lose_a_slot() {
-    let seed = std::env::var("SHED_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
     // Printed with the failure of any assertion below.
-    eprintln!("schedule seed {seed} (replay: SHED_SEED={seed})");
+    let seed = common::seed("SHED_SEED");
     let (min, max) = (2, 16);
     let aimd = AimdLimit::new()
         .min(min)

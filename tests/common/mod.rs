@@ -147,6 +147,24 @@ impl Counter {
     }
 }
 
+/// A randomized test's seed: the environment variable `var` when set (to
+/// replay a schedule), otherwise the clock's nanoseconds. Printed, so that a
+/// failure can be replayed.
+pub fn seed(var: &str) -> u64 {
+    let seed = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("schedule seed {seed} (replay: {var}={seed})");
+    seed
+}
+
 /// Runs `n` copies of `make()` at the same instant and collects their outputs.
 pub async fn all_at_once<F, Fut, T>(n: usize, make: F) -> Vec<T>
 where
