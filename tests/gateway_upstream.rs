@@ -2,7 +2,8 @@
 //! recording upstream (`tests/common/upstream.rs`): forwarding (the
 //! request's own bytes, path and query, `x-forwarded-for` appended,
 //! hop-by-hop headers removed, `Host` set); an HTTP/1.0 upstream; upstream
-//! refused or too slow (the channel's failure reply, never cached); SIGTERM
+//! refused or too slow (the channel's failure reply, never cached); an
+//! unrequested `101 Switching Protocols` (502, never relayed); SIGTERM
 //! with a request in flight (one and two serving threads) and SIGINT when
 //! idle (exit 0); two instances
 //! sharing Redis and Redis Cluster (feature `redis`); the upstream's
@@ -131,6 +132,98 @@ async fn an_http_1_0_upstream_does_not_downgrade_the_reply() {
     assert_eq!(res.version(), http::Version::HTTP_11);
     let a = common::read(res).await;
     assert_eq!((a.status, a.text().as_str()), (200, "ok"));
+    task.abort();
+}
+
+/// The gateway removes `Upgrade` from every request, so an upstream's
+/// `101 Switching Protocols` was never asked for: it is a broken upstream,
+/// answered as one (502, the channel's failure reply), never relayed or
+/// recorded, and the retry is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrequested_101_from_the_upstream_is_a_bad_gateway() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    // Each connection: one request read to its head, then either a 101
+    // with bytes of "another protocol" after it, or a plain 200.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let switch = Arc::new(AtomicBool::new(true));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (sw, n) = (switch.clone(), calls.clone());
+    let task = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 65536];
+            let mut len = 0;
+            while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf[len..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => len += k,
+                }
+            }
+            n.fetch_add(1, SeqCst);
+            let answer: &[u8] = if sw.load(SeqCst) {
+                b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\
+                  Upgrade: websocket\r\n\r\n\x81\x05hello"
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            };
+            let _ = stream.write_all(answer).await;
+            let _ = stream.flush().await;
+            // Held open a while, as a peer that switched would.
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                drop(stream);
+            });
+        }
+    });
+    let gw = Gateway::start(
+        &format!("http://{addr}"),
+        &[
+            "--route",
+            "/wx=wechatpay-v3",
+            "--route",
+            "/orders=idempotency-key",
+        ],
+    );
+    let client = client();
+    let wx = &WECHATPAY_V3_VECTORS[0];
+    let order = &IDEMPOTENCY_KEY_VECTORS[0];
+    for round in 0..2 {
+        let a = send_vector(&client, &gw.url("/wx/notify"), wx).await;
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (500, WECHAT_FAIL),
+            "round {round}"
+        );
+        let a = send_vector(&client, &gw.url("/orders"), order).await;
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (502, "bad gateway\n"),
+            "round {round}"
+        );
+        assert!(!a.replayed());
+        // A route with no key: relayed as is, but a 101 is not an answer.
+        let req = Request::post(gw.url("/plain/1"))
+            .body(Full::from("ping"))
+            .unwrap();
+        let a = common::read(client.request(req).await.unwrap()).await;
+        assert_eq!(a.status, 502, "round {round}: {}", a.text());
+        assert!(a.headers.get("upgrade").is_none());
+    }
+    // Nothing was recorded: once the upstream answers properly, the retries
+    // reach it, and the copies after them replay.
+    switch.store(false, SeqCst);
+    let before = calls.load(SeqCst);
+    for url in ["/wx/notify", "/orders"] {
+        let v = if url == "/orders" { order } else { wx };
+        let a = send_vector(&client, &gw.url(url), v).await;
+        assert_eq!(a.status, 200, "{url}: {}", a.text());
+        assert!(!a.replayed(), "{url}");
+        let a = send_vector(&client, &gw.url(url), v).await;
+        assert!(a.replayed(), "{url}");
+    }
+    assert_eq!(calls.load(SeqCst), before + 2);
     task.abort();
 }
 

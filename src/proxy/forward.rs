@@ -266,6 +266,28 @@ impl Forward {
             }
         };
         match answer {
+            Ok(Ok(res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // Every request goes upstream without `Upgrade` (a hop-by-hop
+                // header), and a server may switch protocols only when asked
+                // to (RFC 9110, section 15.2.2): this upstream is broken.
+                // What follows on its connection is not HTTP, so the answer
+                // is dropped (which closes the connection) and never relayed
+                // or recorded. hyper hands on no other 1xx answer.
+                sample(&mut route_slot, Some(true));
+                upstream_error("other");
+                let request_id = request_id
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                log_warn!(
+                    upstream = %upstream,
+                    request_id,
+                    "upstream answered 101 Switching Protocols to a request without Upgrade"
+                );
+                let _ = &request_id;
+                drop(res);
+                plain(StatusCode::BAD_GATEWAY, "bad gateway\n")
+            }
             Ok(Ok(res)) => {
                 sample(&mut route_slot, crate::shed::failed(res.status()));
                 let (mut parts, body) = res.into_parts();
