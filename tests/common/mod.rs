@@ -102,6 +102,12 @@ where
     }
 }
 
+/// The longest [`post`] waits for a whole answer. Every deadline a server
+/// under test keeps is far shorter, so an answer this late means a request
+/// hung: the test fails saying so (and its servers print their logs)
+/// instead of waiting for CI's time limit.
+pub const ANSWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// POSTs `body` with `headers` to `http://addr{path}` over real TCP.
 pub async fn post(
     client: &HttpClient,
@@ -114,11 +120,16 @@ pub async fn post(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let res = client
-        .request(req.body(Full::new(body.into())).unwrap())
+    let answer = async {
+        let res = client
+            .request(req.body(Full::new(body.into())).unwrap())
+            .await
+            .unwrap();
+        read(res).await
+    };
+    tokio::time::timeout(ANSWER_LIMIT, answer)
         .await
-        .unwrap();
-    read(res).await
+        .unwrap_or_else(|_| panic!("no answer from {addr}{path} within {ANSWER_LIMIT:?}"))
 }
 
 /// A request for `oneshot` tests.
