@@ -403,6 +403,62 @@ async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_
     drop(broker);
 }
 
+/// The broker frozen (SIGSTOP: the gateway's connection stays open and
+/// nothing on it is answered) while notifications arrive: each copy gets
+/// WeChat Pay's failure reply within the bound on one exchange with the
+/// broker, not when the broker comes back; once it is thawed, the channel's
+/// retries are acknowledged and each notification is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_frozen_mid_storm_answers_failures_in_bounded_time_and_recovers() {
+    if !support_rabbitmq::rabbitmq_available() {
+        return;
+    }
+    let broker = support_rabbitmq::RabbitServer::start();
+    let (up, up_addr) = Upstream::start(false).await;
+    let gw = gateway(up_addr, &["--queue", &broker.url()], free_addr(), &[]);
+    let http = client();
+    let json = [("content-type", "application/json")];
+    // One notification through first: the connection is up and used.
+    let first = vec!["EV-AMQP-FROZEN-FIRST".to_owned()];
+    send_until_acked(gw.addr, &first, 1, Duration::ZERO).await;
+    delivered_once(&up, &first, Duration::from_secs(60), Duration::ZERO).await;
+
+    broker.freeze();
+    let ids: Vec<String> = (0..10).map(|i| format!("EV-AMQP-FROZEN-{i:02}")).collect();
+    let started = Instant::now();
+    let answers = futures_util::future::join_all(ids.iter().map(|id| {
+        let http = http.clone();
+        let body = notification(id);
+        async move {
+            // Bounded here too: on a gateway that waits for the broker, the
+            // copy would be answered only after the thaw below.
+            let answer = post(&http, gw.addr, "/wx/notify", &json, body);
+            tokio::time::timeout(Duration::from_secs(30), answer).await
+        }
+    }))
+    .await;
+    let took = started.elapsed();
+    broker.thaw();
+    for (id, a) in ids.iter().zip(&answers) {
+        let a = a
+            .as_ref()
+            .unwrap_or_else(|_| panic!("{id}: no answer within 30 s of a frozen broker"));
+        assert_eq!(
+            (a.status, a.text().as_str()),
+            (500, common::vectors::WECHAT_FAIL),
+            "{id}"
+        );
+    }
+    eprintln!("rabbitmq frozen: 10 copies answered with a failure within {took:?}");
+    // Thawed: the retries are acknowledged, and each is delivered once.
+    send_until_acked(gw.addr, &ids, 2, Duration::ZERO).await;
+    let mut all = ids.clone();
+    all.extend(first);
+    delivered_once(&up, &all, Duration::from_secs(120), Duration::from_secs(2)).await;
+    drop(gw);
+    drop(broker);
+}
+
 /// On a broker's queue (`--queue URL`), while the gateway runs: past
 /// `--max-attempts` the entry is a dead letter that `gateway dlq` lists;
 /// a copy arriving while it is dead is a duplicate; `replay` brings it back

@@ -198,6 +198,27 @@ impl RabbitServer {
         self.process = None;
     }
 
+    /// Freezes the broker (SIGSTOP to its process group, `thaw` undoes
+    /// it): its connections stay open and nothing on them is answered, as
+    /// with a broker stuck on a full disk or a link that drops packets.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen broker run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let group = self.process.as_ref().expect("the broker runs").id();
+        let ok = Command::new("kill")
+            .args([sig, "--", &format!("-{group}")])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} the broker's process group {group}");
+    }
+
     /// Starts the broker again on the same ports and data.
     pub fn restart(&mut self) {
         assert!(self.process.is_none(), "restart a killed broker only");

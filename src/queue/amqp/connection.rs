@@ -13,8 +13,25 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::fmt;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest one exchange with the broker may take: a publish and its
+/// confirm, an acknowledgement, a declare. The broker answers in
+/// milliseconds. Past it the caller gets a retryable error and the
+/// connection is forgotten (the next call connects again), so a broker, or a
+/// connection, that stops answering holds no request, delivery or fetch for
+/// longer. Below the claim an ingest holds while it publishes (10 s): a
+/// publish that ran out gives its key back before another copy may take the
+/// key over.
+pub(super) const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);
+
+/// The longest connecting may take: TCP (or TLS), the AMQP handshake, the
+/// two channels and every declare, two dozen round trips.
+const CONNECT_LIMIT: Duration = Duration::from_secs(15);
 
 /// One connection and its channels.
 #[derive(Clone)]
@@ -99,18 +116,31 @@ impl<S: Store> AmqpQueue<S> {
             return Ok(link.clone());
         }
         if let Some(old) = slot.take() {
-            let _ = old.conn.close(200, "reconnecting".into()).await;
+            // Its answer is not waited for past the limit: a connection
+            // that stopped answering is dropped all the same.
+            let closing = old.conn.close(200, "reconnecting".into());
+            let _ = tokio::time::timeout(EXCHANGE_LIMIT, closing).await;
         }
-        let conn = Connection::connect(&self.inner.uri, ConnectionProperties::default())
+        let connecting = async {
+            let conn = Connection::connect(&self.inner.uri, ConnectionProperties::default())
+                .await
+                .map_err(err)?;
+            let publish = conn.create_channel().await.map_err(err)?;
+            publish
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(err)?;
+            let take = conn.create_channel().await.map_err(err)?;
+            self.declare(&publish).await?;
+            Ok::<_, QueueError>((conn, publish, take))
+        };
+        let (conn, publish, take) = tokio::time::timeout(CONNECT_LIMIT, connecting)
             .await
-            .map_err(err)?;
-        let publish = conn.create_channel().await.map_err(err)?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(err)?;
-        let take = conn.create_channel().await.map_err(err)?;
-        self.declare(&publish).await?;
+            .map_err(|_| {
+                err(format_args!(
+                    "connecting took longer than {CONNECT_LIMIT:?}"
+                ))
+            })??;
         let link = Link {
             conn: Arc::new(conn),
             publish,
@@ -127,14 +157,33 @@ impl<S: Store> AmqpQueue<S> {
         Ok(link)
     }
 
-    /// Forgets a broken connection, so that the next call connects again.
-    pub(super) async fn broken(&self, link: &Link) {
+    /// Forgets a broken connection (`generation`, [`Link::generation`]), so
+    /// that the next call connects again.
+    pub(super) async fn broken(&self, generation: u64) {
         let mut slot = self.inner.link.lock().await;
-        if slot
-            .as_ref()
-            .is_some_and(|l| l.generation == link.generation)
-        {
+        if slot.as_ref().is_some_and(|l| l.generation == generation) {
             *slot = None;
+        }
+    }
+
+    /// `exchange`, one round trip with the broker on the connection
+    /// `generation`, within [`EXCHANGE_LIMIT`]; `what` names it in the
+    /// error. No answer in time: that connection is forgotten, so the next
+    /// call connects again.
+    pub(super) async fn bounded<T, E: fmt::Display>(
+        &self,
+        generation: u64,
+        what: &str,
+        exchange: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, QueueError> {
+        match tokio::time::timeout(EXCHANGE_LIMIT, exchange).await {
+            Ok(answer) => answer.map_err(|e| err(format_args!("{what}: {e}"))),
+            Err(_) => {
+                self.broken(generation).await;
+                Err(err(format_args!(
+                    "the broker did not answer {what} within {EXCHANGE_LIMIT:?}"
+                )))
+            }
         }
     }
 
@@ -251,20 +300,19 @@ impl<S: Store> AmqpQueue<S> {
                 )
                 .await?
                 .await
+        };
+        let confirmed = self.bounded(link.generation, "a publish", sent).await;
+        if confirmed.is_err() {
+            self.broken(link.generation).await;
         }
-        .await;
-        match sent {
-            Ok(lapin::Confirmation::Ack(None)) => Ok(()),
-            Ok(lapin::Confirmation::Ack(Some(_))) => Err(err(format!(
+        match confirmed? {
+            lapin::Confirmation::Ack(None) => Ok(()),
+            lapin::Confirmation::Ack(Some(_)) => Err(err(format!(
                 "the broker could not route the entry to `{routing_key}`"
             ))),
-            Ok(other) => Err(err(format!(
+            other => Err(err(format!(
                 "the broker did not confirm the entry: {other:?}"
             ))),
-            Err(e) => {
-                self.broken(&link).await;
-                Err(err(e))
-            }
         }
     }
 }

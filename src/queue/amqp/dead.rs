@@ -4,12 +4,20 @@
 use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
 use super::connection::{header_text, header_u64, string};
 use super::records::{DEAD, QUEUED};
-use super::{err, fresh_id, ms_of, now_ms, requeue, settled, AmqpQueue, Envelope};
+use super::{fresh_id, ms_of, now_ms, AmqpQueue, Envelope};
 use crate::store::Store;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::Channel;
 use std::time::{Duration, UNIX_EPOCH};
+
+/// Dead letters taken (unacknowledged) on a channel of their own.
+pub(super) struct Peeked {
+    ch: Channel,
+    taken: Vec<lapin::message::Delivery>,
+    /// The connection the channel is on.
+    generation: u64,
+}
 
 impl<S: Store> AmqpQueue<S> {
     pub(super) fn dlx(&self) -> String {
@@ -22,24 +30,25 @@ impl<S: Store> AmqpQueue<S> {
 
     /// Takes up to `max` dead letters on a channel of their own, unacked
     /// (closing the channel gives back those not acknowledged).
-    pub(super) async fn peek_dead(
-        &self,
-        max: usize,
-    ) -> Result<(Channel, Vec<lapin::message::Delivery>), QueueError> {
+    pub(super) async fn peek_dead(&self, max: usize) -> Result<Peeked, QueueError> {
         let link = self.link().await?;
-        let ch = link.conn.create_channel().await.map_err(err)?;
-        let mut out = Vec::new();
-        while out.len() < max {
-            match ch
-                .basic_get(string(self.dead_queue()), BasicGetOptions::default())
-                .await
-                .map_err(err)?
-            {
-                Some(m) => out.push(m.delivery),
+        let generation = link.generation;
+        let ch = self
+            .bounded(generation, "a new channel", link.conn.create_channel())
+            .await?;
+        let mut taken = Vec::new();
+        while taken.len() < max {
+            let get = ch.basic_get(string(self.dead_queue()), BasicGetOptions::default());
+            match self.bounded(generation, "a get", get).await? {
+                Some(m) => taken.push(m.delivery),
                 None => break,
             }
         }
-        Ok((ch, out))
+        Ok(Peeked {
+            ch,
+            taken,
+            generation,
+        })
     }
 
     pub(super) fn dead_letter_of(d: &lapin::message::Delivery) -> DeadLetter {
@@ -63,10 +72,10 @@ impl<S: Store> AmqpQueue<S> {
         &self,
         pick: impl Fn(&DeadLetter) -> bool,
     ) -> Result<usize, QueueError> {
-        let (ch, taken) = self.peek_dead(usize::MAX).await?;
+        let peeked = self.peek_dead(usize::MAX).await?;
         let mut n = 0;
         let result = async {
-            for d in &taken {
+            for d in &peeked.taken {
                 let letter = Self::dead_letter_of(d);
                 if !pick(&letter) {
                     continue;
@@ -80,7 +89,8 @@ impl<S: Store> AmqpQueue<S> {
                 };
                 self.publish("", &self.inner.name, &letter.message, env)
                     .await?;
-                settled(d.acker.ack(BasicAckOptions::default()).await)?;
+                self.settled(peeked.generation, d.acker.ack(BasicAckOptions::default()))
+                    .await?;
                 self.set_state(&letter.message.key, letter.message.fingerprint, QUEUED)
                     .await;
                 n += 1;
@@ -89,7 +99,7 @@ impl<S: Store> AmqpQueue<S> {
         }
         .await;
         // The others go back to the dead letters.
-        self.give_back(&ch, &taken).await;
+        self.give_back(&peeked).await;
         result.map(|()| n)
     }
 
@@ -99,20 +109,27 @@ impl<S: Store> AmqpQueue<S> {
     /// count read on another channel right after could miss them. A nack
     /// and then a passive declare on the same channel reach the queue in
     /// that order, so once the declare is answered they are back.
-    pub(super) async fn give_back(&self, ch: &Channel, taken: &[lapin::message::Delivery]) {
+    pub(super) async fn give_back(&self, peeked: &Peeked) {
+        let Peeked {
+            ch,
+            taken,
+            generation,
+        } = peeked;
         for d in taken {
             if d.acker.usable() {
-                let _ = d.acker.nack(requeue()).await;
+                self.give_back_one(*generation, &d.acker).await;
             }
         }
         let passive = QueueDeclareOptions {
             passive: true,
             ..QueueDeclareOptions::default()
         };
-        let _ = ch
-            .queue_declare(string(self.dead_queue()), passive, FieldTable::default())
+        let declared = ch.queue_declare(string(self.dead_queue()), passive, FieldTable::default());
+        let _ = self.bounded(*generation, "a declare", declared).await;
+        let closing = ch.close(200, "done".into());
+        let _ = self
+            .bounded(*generation, "a channel's close", closing)
             .await;
-        let _ = ch.close(200, "done".into()).await;
     }
 
     pub(super) async fn dead_letter_now(
@@ -135,10 +152,11 @@ impl<S: Store> AmqpQueue<S> {
             dead_at: Some(now_ms()),
         };
         if let Err(e) = self.publish(&self.dlx(), &self.inner.name, m, env).await {
-            let _ = held.acker.nack(requeue()).await;
+            self.give_back_one(held.generation, &held.acker).await;
             return Err(e);
         }
-        settled(held.acker.ack(BasicAckOptions::default()).await)?;
+        self.settled(held.generation, held.acker.ack(BasicAckOptions::default()))
+            .await?;
         Ok(true)
     }
 
@@ -146,9 +164,9 @@ impl<S: Store> AmqpQueue<S> {
         &self,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, QueueError> {
-        let (ch, taken) = self.peek_dead(usize::MAX).await?;
-        self.give_back(&ch, &taken).await;
-        let mut letters: Vec<DeadLetter> = taken.iter().map(Self::dead_letter_of).collect();
+        let peeked = self.peek_dead(usize::MAX).await?;
+        self.give_back(&peeked).await;
+        let mut letters: Vec<DeadLetter> = peeked.taken.iter().map(Self::dead_letter_of).collect();
         letters.sort_by_key(|d| d.dead_at);
         letters.truncate(limit);
         Ok(letters)

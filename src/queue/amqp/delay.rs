@@ -2,7 +2,7 @@
 //! entry back into the queue once due.
 
 use super::super::{Delivery, QueueError};
-use super::{ms_of, requeue, settled, AmqpQueue, Envelope};
+use super::{ms_of, AmqpQueue, Envelope};
 use crate::store::Store;
 use lapin::options::BasicAckOptions;
 use std::time::{Duration, Instant};
@@ -52,7 +52,7 @@ impl<S: Store> AmqpQueue<S> {
         // The copy first: a crash between the two leaves the entry twice
         // (the consumer runs it once), never not at all.
         if let Err(e) = self.publish("", &queue, &delivery.message, env).await {
-            let _ = held.acker.nack(requeue()).await;
+            self.give_back_one(held.generation, &held.acker).await;
             return Err(e);
         }
         self.inner
@@ -63,7 +63,8 @@ impl<S: Store> AmqpQueue<S> {
                 delivery.id.to_string(),
                 Instant::now() + Duration::from_millis(bucket),
             );
-        settled(held.acker.ack(BasicAckOptions::default()).await)?;
+        self.settled(held.generation, held.acker.ack(BasicAckOptions::default()))
+            .await?;
         Ok(true)
     }
 }

@@ -6,7 +6,7 @@
 
 use super::super::QueueError;
 use super::connection::{string, Link};
-use super::{err, requeue, AmqpQueue};
+use super::{err, AmqpQueue};
 use crate::store::Store;
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{
@@ -71,7 +71,7 @@ impl<S: Store> AmqpQueue<S> {
                 .is_some_and(|(_, since)| now.duration_since(*since) > lease)
             {
                 let (d, _) = feed.pending.pop_front().expect("checked");
-                let _ = d.acker.nack(requeue()).await;
+                self.give_back_one(link.generation, &d.acker).await;
             }
             if feed.pending.is_empty() && self.credit(feed) > 0 {
                 // Nothing pushed yet: is anything ready? The answer comes on
@@ -81,15 +81,14 @@ impl<S: Store> AmqpQueue<S> {
                     passive: true,
                     ..QueueDeclareOptions::default()
                 };
-                let ready = link
-                    .take
-                    .queue_declare(
-                        string(self.inner.name.clone()),
-                        passive,
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(err)?
+                let declared = link.take.queue_declare(
+                    string(self.inner.name.clone()),
+                    passive,
+                    FieldTable::default(),
+                );
+                let ready = self
+                    .bounded(link.generation, "a declare", declared)
+                    .await?
                     .message_count();
                 feed.drain()?;
                 if feed.pending.is_empty() && ready > 0 {
@@ -111,7 +110,7 @@ impl<S: Store> AmqpQueue<S> {
             // The consumer goes with its connection: what it held, the
             // broker hands out again.
             *slot = None;
-            self.broken(link).await;
+            self.broken(link.generation).await;
         }
         result
     }
@@ -160,28 +159,24 @@ impl<S: Store> AmqpQueue<S> {
                 // Cancelled first, so that nothing is pushed to it after;
                 // what it received stays this instance's, unacknowledged,
                 // and is handed out from the new feed.
-                link.take
-                    .basic_cancel(old.consumer.tag(), BasicCancelOptions::default())
-                    .await
-                    .map_err(err)?;
+                let cancel = link
+                    .take
+                    .basic_cancel(old.consumer.tag(), BasicCancelOptions::default());
+                self.bounded(link.generation, "a consumer's cancel", cancel)
+                    .await?;
                 let _ = old.drain();
                 pending = std::mem::take(&mut old.pending);
             }
             // The prefetch applies to the consumers started after it.
-            link.take
-                .basic_qos(want, BasicQosOptions { global: false })
-                .await
-                .map_err(err)?;
-            let consumer = link
-                .take
-                .basic_consume(
-                    string(self.inner.name.clone()),
-                    string(""),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(err)?;
+            let qos = link.take.basic_qos(want, BasicQosOptions { global: false });
+            self.bounded(link.generation, "a prefetch", qos).await?;
+            let consume = link.take.basic_consume(
+                string(self.inner.name.clone()),
+                string(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            );
+            let consumer = self.bounded(link.generation, "a consume", consume).await?;
             *slot = Some(Feed {
                 generation: link.generation,
                 consumer,

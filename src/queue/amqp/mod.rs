@@ -30,14 +30,33 @@ fn err(e: impl fmt::Display) -> QueueError {
     QueueError::new(format!("amqp queue: {e}"))
 }
 
-/// An acknowledgement's answer as a result: lapin answers `Ok(false)`, not
-/// an error, when the channel closed under the delivery (the broker hands
-/// it out again), and that is no acknowledgement.
-fn settled(answer: lapin::Result<bool>) -> Result<(), QueueError> {
-    match answer {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(err("the channel closed before the broker was told")),
-        Err(e) => Err(err(e)),
+impl<S: Store> AmqpQueue<S> {
+    /// An acknowledgement (`ack`) on the connection `generation`, bounded
+    /// like every exchange, as a result: lapin answers `Ok(false)`, not an
+    /// error, when the channel closed under the delivery (the broker hands
+    /// it out again), and that is no acknowledgement.
+    async fn settled(
+        &self,
+        generation: u64,
+        ack: impl std::future::Future<Output = lapin::Result<bool>>,
+    ) -> Result<(), QueueError> {
+        match self.bounded(generation, "an acknowledgement", ack).await? {
+            true => Ok(()),
+            false => Err(err("the channel closed before the broker was told")),
+        }
+    }
+
+    /// Gives `acker`'s delivery back to the queue, bounded like every
+    /// exchange; a failure leaves it to the broker (it hands the delivery
+    /// out again once the connection closes).
+    async fn give_back_one(&self, generation: u64, acker: &lapin::Acker) {
+        let _ = self
+            .bounded(
+                generation,
+                "a negative acknowledgement",
+                acker.nack(requeue()),
+            )
+            .await;
     }
 }
 
@@ -178,6 +197,19 @@ struct Inner<S> {
 /// fetched within a lease. Keep the broker's `consumer_timeout` (30 minutes
 /// by default) above the longest delivery.
 ///
+/// # A broker that stops answering
+///
+/// Every exchange with the broker (a publish and its confirm, an
+/// acknowledgement, a declare, a prefetch) is answered within 5 seconds or
+/// fails, and connecting within 15. A broker that hangs with its connection
+/// open (stopped, stuck on a full disk, behind a link that drops packets)
+/// therefore costs an ingest a failure reply after 5 s, not a request held
+/// until it comes back, and a delivery or a fetch a retry. The connection
+/// that did not answer is dropped, and the next call connects again. A
+/// publish the broker took but did not confirm in time may leave a second
+/// entry of its key once the sender retries: a duplicate in the broker,
+/// never a lost notification, run once like any other.
+///
 /// # Why lapin
 ///
 /// [lapin](https://docs.rs/lapin) is the AMQP 0-9-1 client the Rust
@@ -265,13 +297,7 @@ impl<S: Store> AmqpQueue<S> {
             ids.iter().filter_map(|id| held.remove(id)).collect()
         };
         for h in expired {
-            let _ = h
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await;
+            self.give_back_one(h.generation, &h.acker).await;
         }
     }
 
@@ -354,7 +380,8 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 };
                 self.publish(&self.dlx(), &self.inner.name, &raw, env)
                     .await?;
-                settled(got.acker.ack(BasicAckOptions::default()).await)?;
+                self.settled(link.generation, got.acker.ack(BasicAckOptions::default()))
+                    .await?;
                 continue;
             };
             self.inner
@@ -428,7 +455,8 @@ impl<S: Store> Queue for AmqpQueue<S> {
         let Some(held) = self.release_held(delivery).await else {
             return Ok(false);
         };
-        if settled(held.acker.ack(BasicAckOptions::default()).await).is_err() {
+        let acked = held.acker.ack(BasicAckOptions::default());
+        if self.settled(held.generation, acked).await.is_err() {
             // The connection broke: the broker hands the entry out again.
             return Ok(false);
         }

@@ -5,7 +5,7 @@
 use super::super::{QueueError, QueueStats};
 use super::connection::string;
 use super::delay::{IN_TRANSIT, MAX_DELAY, MIN_DELAY};
-use super::{err, AmqpQueue};
+use super::AmqpQueue;
 use crate::store::Store;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -44,15 +44,12 @@ impl<S: Store> AmqpQueue<S> {
             }
             let dead = count(self.dead_queue()).await?;
             Ok::<_, lapin::Error>((depth, dead))
-        }
-        .await;
-        let (ready, dead) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                self.broken(&link).await;
-                return Err(err(e));
-            }
         };
+        let counted = self.bounded(link.generation, "the counts", result).await;
+        if counted.is_err() {
+            self.broken(link.generation).await;
+        }
+        let (ready, dead) = counted?;
         // This instance's retries not fetched again yet: in a delay queue,
         // in the queue, or moving between the two, where the broker counts
         // them in neither. The broker's count is at least theirs unless
