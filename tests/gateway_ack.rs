@@ -424,32 +424,44 @@ async fn rabbitmq_frozen_mid_storm_answers_failures_in_bounded_time_and_recovers
     delivered_once(&up, &first, Duration::from_secs(60), Duration::ZERO).await;
 
     broker.freeze();
-    let ids: Vec<String> = (0..10).map(|i| format!("EV-AMQP-FROZEN-{i:02}")).collect();
-    let started = Instant::now();
-    let answers = futures_util::future::join_all(ids.iter().map(|id| {
-        let http = http.clone();
-        let body = notification(id);
-        async move {
-            // Bounded here too: on a gateway that waits for the broker, the
-            // copy would be answered only after the thaw below.
-            let answer = post(&http, gw.addr, "/wx/notify", &json, body);
-            tokio::time::timeout(Duration::from_secs(30), answer).await
+    // Ten copies at once, then ten more once those were answered: the
+    // first wave finds the connection up and waits for confirms that never
+    // come, the second finds it dropped and has to connect again.
+    let mut ids = Vec::new();
+    for wave in 0..2 {
+        let wave_ids: Vec<String> = (0..10)
+            .map(|i| format!("EV-AMQP-FROZEN-{wave}-{i:02}"))
+            .collect();
+        let started = Instant::now();
+        let answers = futures_util::future::join_all(wave_ids.iter().map(|id| {
+            let http = http.clone();
+            let body = notification(id);
+            async move {
+                // Bounded here too: on a gateway that waits for the broker,
+                // the copy would be answered only after the thaw below.
+                let answer = post(&http, gw.addr, "/wx/notify", &json, body);
+                tokio::time::timeout(Duration::from_secs(30), answer).await
+            }
+        }))
+        .await;
+        let took = started.elapsed();
+        for (id, a) in wave_ids.iter().zip(&answers) {
+            let Ok(a) = a else {
+                broker.thaw();
+                panic!("{id}: no answer within 30 s of a frozen broker");
+            };
+            assert_eq!(
+                (a.status, a.text().as_str()),
+                (500, common::vectors::WECHAT_FAIL),
+                "{id}"
+            );
         }
-    }))
-    .await;
-    let took = started.elapsed();
-    broker.thaw();
-    for (id, a) in ids.iter().zip(&answers) {
-        let a = a
-            .as_ref()
-            .unwrap_or_else(|_| panic!("{id}: no answer within 30 s of a frozen broker"));
-        assert_eq!(
-            (a.status, a.text().as_str()),
-            (500, common::vectors::WECHAT_FAIL),
-            "{id}"
+        eprintln!(
+            "rabbitmq frozen: wave {wave}, 10 copies answered with a failure within {took:?}"
         );
+        ids.extend(wave_ids);
     }
-    eprintln!("rabbitmq frozen: 10 copies answered with a failure within {took:?}");
+    broker.thaw();
     // Thawed: the retries are acknowledged, and each is delivered once.
     send_until_acked(gw.addr, &ids, 2, Duration::ZERO).await;
     let mut all = ids.clone();

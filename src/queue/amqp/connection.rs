@@ -17,7 +17,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest one exchange with the broker may take: a publish and its
 /// confirm, an acknowledgement, a declare. The broker answers in
@@ -31,7 +31,18 @@ pub(super) const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);
 
 /// The longest connecting may take: TCP (or TLS), the AMQP handshake, the
 /// two channels and every declare, two dozen round trips.
-const CONNECT_LIMIT: Duration = Duration::from_secs(15);
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long after a failed connect callers get its error without trying
+/// again themselves.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// The connection, if any, and the last connect that failed (when, why).
+#[derive(Default)]
+pub(super) struct Slot {
+    link: Option<Link>,
+    failed: Option<(Instant, String)>,
+}
 
 /// One connection and its channels.
 #[derive(Clone)]
@@ -110,16 +121,36 @@ pub(super) struct Envelope<'a> {
 impl<S: Store> AmqpQueue<S> {
     /// The live connection, connecting (and declaring the queues) when
     /// there is none or it broke.
+    ///
+    /// Bounded: a caller waits for another's connect at most
+    /// [`EXCHANGE_LIMIT`], a connect takes at most [`CONNECT_LIMIT`], and
+    /// for [`RECONNECT_PAUSE`] after a failed connect callers get its error
+    /// at once, so callers piling up while the broker does not answer do not
+    /// each wait for a connect of their own, one after the other.
     pub(super) async fn link(&self) -> Result<Link, QueueError> {
-        let mut slot = self.inner.link.lock().await;
-        if let Some(link) = slot.as_ref().filter(|l| l.usable()) {
+        let mut slot = tokio::time::timeout(EXCHANGE_LIMIT, self.inner.link.lock())
+            .await
+            .map_err(|_| err("still connecting to the broker"))?;
+        let stalled = self.inner.stalled.load(Ordering::Relaxed);
+        if let Some(link) = slot
+            .link
+            .as_ref()
+            .filter(|l| l.usable() && l.generation > stalled)
+        {
             return Ok(link.clone());
         }
-        if let Some(old) = slot.take() {
-            // Its answer is not waited for past the limit: a connection
-            // that stopped answering is dropped all the same.
-            let closing = old.conn.close(200, "reconnecting".into());
-            let _ = tokio::time::timeout(EXCHANGE_LIMIT, closing).await;
+        if let Some((at, why)) = &slot.failed {
+            if at.elapsed() < RECONNECT_PAUSE {
+                return Err(err(format_args!("not connected: {why}")));
+            }
+        }
+        if let Some(old) = slot.link.take() {
+            // Closed aside: a connection that stopped answering is dropped
+            // all the same once the limit passes.
+            tokio::spawn(async move {
+                let closing = old.conn.close(200, "reconnecting".into());
+                let _ = tokio::time::timeout(EXCHANGE_LIMIT, closing).await;
+            });
         }
         let connecting = async {
             let conn = Connection::connect(&self.inner.uri, ConnectionProperties::default())
@@ -134,13 +165,20 @@ impl<S: Store> AmqpQueue<S> {
             self.declare(&publish).await?;
             Ok::<_, QueueError>((conn, publish, take))
         };
-        let (conn, publish, take) = tokio::time::timeout(CONNECT_LIMIT, connecting)
+        let connected = tokio::time::timeout(CONNECT_LIMIT, connecting)
             .await
-            .map_err(|_| {
-                err(format_args!(
+            .unwrap_or_else(|_| {
+                Err(err(format_args!(
                     "connecting took longer than {CONNECT_LIMIT:?}"
-                ))
-            })??;
+                )))
+            });
+        let (conn, publish, take) = match connected {
+            Ok(connected) => connected,
+            Err(e) => {
+                slot.failed = Some((Instant::now(), e.to_string()));
+                return Err(e);
+            }
+        };
         let link = Link {
             conn: Arc::new(conn),
             publish,
@@ -153,17 +191,17 @@ impl<S: Store> AmqpQueue<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|_, h| h.generation == link.generation);
-        *slot = Some(link.clone());
+        slot.failed = None;
+        slot.link = Some(link.clone());
         Ok(link)
     }
 
     /// Forgets a broken connection (`generation`, [`Link::generation`]), so
-    /// that the next call connects again.
-    pub(super) async fn broken(&self, generation: u64) {
-        let mut slot = self.inner.link.lock().await;
-        if slot.as_ref().is_some_and(|l| l.generation == generation) {
-            *slot = None;
-        }
+    /// that the next call connects again. It waits for nothing (not for a
+    /// connect under way): a caller that found the broker silent answers at
+    /// once.
+    pub(super) fn broken(&self, generation: u64) {
+        self.inner.stalled.fetch_max(generation, Ordering::Relaxed);
     }
 
     /// `exchange`, one round trip with the broker on the connection
@@ -179,7 +217,7 @@ impl<S: Store> AmqpQueue<S> {
         match tokio::time::timeout(EXCHANGE_LIMIT, exchange).await {
             Ok(answer) => answer.map_err(|e| err(format_args!("{what}: {e}"))),
             Err(_) => {
-                self.broken(generation).await;
+                self.broken(generation);
                 Err(err(format_args!(
                     "the broker did not answer {what} within {EXCHANGE_LIMIT:?}"
                 )))
@@ -303,7 +341,7 @@ impl<S: Store> AmqpQueue<S> {
         };
         let confirmed = self.bounded(link.generation, "a publish", sent).await;
         if confirmed.is_err() {
-            self.broken(link.generation).await;
+            self.broken(link.generation);
         }
         match confirmed? {
             lapin::Confirmation::Ack(None) => Ok(()),

@@ -110,7 +110,7 @@ impl<S: Store> AmqpQueue<S> {
             // The consumer goes with its connection: what it held, the
             // broker hands out again.
             *slot = None;
-            self.broken(link.generation).await;
+            self.broken(link.generation);
         }
         result
     }

@@ -15,7 +15,7 @@ mod pace;
 mod records;
 mod stats;
 
-use self::connection::{header_u64, Envelope, Link};
+use self::connection::{header_u64, Envelope};
 use self::records::DELIVERED;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use crate::store::{OwnerToken, Store};
@@ -81,7 +81,10 @@ struct Inner<S> {
     name: String,
     store: S,
     window: Duration,
-    link: tokio::sync::Mutex<Option<Link>>,
+    link: tokio::sync::Mutex<connection::Slot>,
+    /// The newest connection (its generation) found broken: it is not
+    /// handed out again.
+    stalled: AtomicU64,
     generations: AtomicU64,
     held: Mutex<HashMap<u64, Held>>,
     next_lease: AtomicU64,
@@ -201,11 +204,13 @@ struct Inner<S> {
 ///
 /// Every exchange with the broker (a publish and its confirm, an
 /// acknowledgement, a declare, a prefetch) is answered within 5 seconds or
-/// fails, and connecting within 15. A broker that hangs with its connection
+/// fails, and connecting within 10. A broker that hangs with its connection
 /// open (stopped, stuck on a full disk, behind a link that drops packets)
-/// therefore costs an ingest a failure reply after 5 s, not a request held
-/// until it comes back, and a delivery or a fetch a retry. The connection
-/// that did not answer is dropped, and the next call connects again. A
+/// therefore costs an ingest a failure reply after 5 to 10 s, not a request
+/// held until it comes back, and a delivery or a fetch a retry. The
+/// connection that did not answer is dropped, and the next call connects
+/// again; for a second after a connect failed, callers get its error at
+/// once instead of each waiting for a connect of its own. A
 /// publish the broker took but did not confirm in time may leave a second
 /// entry of its key once the sender retries: a duplicate in the broker,
 /// never a lost notification, run once like any other.
@@ -256,7 +261,8 @@ impl<S: Store> AmqpQueue<S> {
                 name: name.to_owned(),
                 store,
                 window: Duration::from_secs(25 * 3600),
-                link: tokio::sync::Mutex::new(None),
+                link: tokio::sync::Mutex::default(),
+                stalled: AtomicU64::new(0),
                 generations: AtomicU64::new(0),
                 held: Mutex::new(HashMap::new()),
                 next_lease: AtomicU64::new(1),

@@ -47,7 +47,7 @@ impl<S: Store> AmqpQueue<S> {
         };
         let counted = self.bounded(link.generation, "the counts", result).await;
         if counted.is_err() {
-            self.broken(link.generation).await;
+            self.broken(link.generation);
         }
         let (ready, dead) = counted?;
         // This instance's retries not fetched again yet: in a delay queue,
