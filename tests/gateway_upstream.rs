@@ -103,22 +103,43 @@ async fn forwarding_keeps_bytes_path_query_and_drops_hop_by_hop_headers() {
     assert_eq!(h["te"], "trailers");
 }
 
+/// Reads one request's head (up to its blank line, or until the peer
+/// stops) from a raw upstream's connection.
+async fn read_head(stream: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 65536];
+    let mut len = 0;
+    while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf[len..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => len += n,
+        }
+    }
+}
+
+/// The gateway in front of `upstream` with a WeChat Pay v3 route `/wx` and
+/// a client-key route `/orders`.
+fn wx_and_orders(upstream: &str) -> Gateway {
+    Gateway::start(
+        upstream,
+        &[
+            "--route",
+            "/wx=wechatpay-v3",
+            "--route",
+            "/orders=idempotency-key",
+        ],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_1_0_upstream_does_not_downgrade_the_reply() {
     // An upstream that answers every request in HTTP/1.0 and closes.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         while let Ok((mut stream, _)) = listener.accept().await {
-            let mut buf = vec![0u8; 65536];
-            let mut len = 0;
-            while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf[len..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => len += n,
-                }
-            }
+            read_head(&mut stream).await;
             let _ = stream
                 .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 .await;
@@ -151,16 +172,9 @@ async fn an_unrequested_101_from_the_upstream_is_a_bad_gateway() {
     let calls = Arc::new(AtomicUsize::new(0));
     let (sw, n) = (switch.clone(), calls.clone());
     let task = tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         while let Ok((mut stream, _)) = listener.accept().await {
-            let mut buf = vec![0u8; 65536];
-            let mut len = 0;
-            while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                match stream.read(&mut buf[len..]).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => len += k,
-                }
-            }
+            read_head(&mut stream).await;
             n.fetch_add(1, SeqCst);
             let answer: &[u8] = if sw.load(SeqCst) {
                 b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\
@@ -177,15 +191,7 @@ async fn an_unrequested_101_from_the_upstream_is_a_bad_gateway() {
             });
         }
     });
-    let gw = Gateway::start(
-        &format!("http://{addr}"),
-        &[
-            "--route",
-            "/wx=wechatpay-v3",
-            "--route",
-            "/orders=idempotency-key",
-        ],
-    );
+    let gw = wx_and_orders(&format!("http://{addr}"));
     let client = client();
     let wx = &WECHATPAY_V3_VECTORS[0];
     let order = &IDEMPOTENCY_KEY_VECTORS[0];
@@ -230,15 +236,7 @@ async fn an_unrequested_101_from_the_upstream_is_a_bad_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_down_gets_the_failure_reply_and_the_retry_is_forwarded() {
     let port = common::free_port();
-    let gw = Gateway::start(
-        &format!("http://127.0.0.1:{port}"),
-        &[
-            "--route",
-            "/wx=wechatpay-v3",
-            "--route",
-            "/orders=idempotency-key",
-        ],
-    );
+    let gw = wx_and_orders(&format!("http://127.0.0.1:{port}"));
     let client = client();
     let wx = &WECHATPAY_V3_VECTORS[0];
     let order = &IDEMPOTENCY_KEY_VECTORS[0];

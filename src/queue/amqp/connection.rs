@@ -287,6 +287,34 @@ impl<S: Store> AmqpQueue<S> {
         Ok(())
     }
 
+    /// An acknowledgement (`ack`) on the connection `generation`, bounded
+    /// like every exchange, as a result: lapin answers `Ok(false)`, not an
+    /// error, when the channel closed under the delivery (the broker hands
+    /// it out again), and that is no acknowledgement.
+    pub(super) async fn settled(
+        &self,
+        generation: u64,
+        ack: impl std::future::Future<Output = lapin::Result<bool>>,
+    ) -> Result<(), QueueError> {
+        match self.bounded(generation, "an acknowledgement", ack).await? {
+            true => Ok(()),
+            false => Err(err("the channel closed before the broker was told")),
+        }
+    }
+
+    /// Gives `acker`'s delivery back to the queue, bounded like every
+    /// exchange; a failure leaves it to the broker (it hands the delivery
+    /// out again once the connection closes).
+    pub(super) async fn give_back_one(&self, generation: u64, acker: &lapin::Acker) {
+        let _ = self
+            .bounded(
+                generation,
+                "a negative acknowledgement",
+                acker.nack(super::requeue()),
+            )
+            .await;
+    }
+
     /// Publishes `message` to `exchange`/`routing_key` and waits for the
     /// broker's confirm.
     pub(super) async fn publish(

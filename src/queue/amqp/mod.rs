@@ -30,36 +30,6 @@ fn err(e: impl fmt::Display) -> QueueError {
     QueueError::new(format!("amqp queue: {e}"))
 }
 
-impl<S: Store> AmqpQueue<S> {
-    /// An acknowledgement (`ack`) on the connection `generation`, bounded
-    /// like every exchange, as a result: lapin answers `Ok(false)`, not an
-    /// error, when the channel closed under the delivery (the broker hands
-    /// it out again), and that is no acknowledgement.
-    async fn settled(
-        &self,
-        generation: u64,
-        ack: impl std::future::Future<Output = lapin::Result<bool>>,
-    ) -> Result<(), QueueError> {
-        match self.bounded(generation, "an acknowledgement", ack).await? {
-            true => Ok(()),
-            false => Err(err("the channel closed before the broker was told")),
-        }
-    }
-
-    /// Gives `acker`'s delivery back to the queue, bounded like every
-    /// exchange; a failure leaves it to the broker (it hands the delivery
-    /// out again once the connection closes).
-    async fn give_back_one(&self, generation: u64, acker: &lapin::Acker) {
-        let _ = self
-            .bounded(
-                generation,
-                "a negative acknowledgement",
-                acker.nack(requeue()),
-            )
-            .await;
-    }
-}
-
 use super::records::now_ms;
 
 fn ms_of(t: SystemTime) -> u64 {
