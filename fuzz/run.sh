@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 secs="${1:-10}"
-fixtures=../tests/fixtures
+fixtures=../crates/tower-idempotency/tests/fixtures
 
 if rustup run nightly rustc --version >/dev/null 2>&1; then
     fuzz=(cargo +nightly fuzz)

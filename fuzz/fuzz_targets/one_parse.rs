@@ -29,7 +29,7 @@ fn cases() -> &'static [Case] {
         vec![
             Case {
                 body: include_bytes!(
-                    "../../tests/fixtures/wechatpay_v2_notify_SYNTHESIZED_md5_doc_key.xml"
+                    "../../crates/tower-idempotency/tests/fixtures/wechatpay_v2_notify_SYNTHESIZED_md5_doc_key.xml"
                 ),
                 preset: Preset::wechatpay_v2(),
                 verifier: Box::new(
@@ -40,20 +40,20 @@ fn cases() -> &'static [Case] {
             },
             Case {
                 body: include_bytes!(
-                    "../../tests/fixtures/alipay_notify_trade_status_sync_alipay-sdk-nodejs-all.form"
+                    "../../crates/tower-idempotency/tests/fixtures/alipay_notify_trade_status_sync_alipay-sdk-nodejs-all.form"
                 ),
                 preset: Preset::alipay(),
                 verifier: Box::new(
                     AlipayKeys::new()
                         .public_key(include_bytes!(
-                            "../../tests/fixtures/alipay_public_key_trade_status_sync.pem"
+                            "../../crates/tower-idempotency/tests/fixtures/alipay_public_key_trade_status_sync.pem"
                         ))
                         .unwrap(),
                 ),
             },
             Case {
                 body: include_bytes!(
-                    "../../tests/fixtures/adyen_notify_adyen-python_colon_ENVELOPED.json"
+                    "../../crates/tower-idempotency/tests/fixtures/adyen_notify_adyen-python_colon_ENVELOPED.json"
                 ),
                 preset: Preset::adyen(),
                 verifier: Box::new(

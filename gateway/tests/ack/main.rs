@@ -1,0 +1,8 @@
+//! The gateway binary's ack-then-deliver routes: every queue backend, pacing, outages of the queue and the upstream.
+
+mod gateway_ack;
+mod gateway_ack_promise;
+mod gateway_outage;
+mod gateway_pace;
+#[path = "../gateway_support/mod.rs"]
+mod gateway_support;
