@@ -84,7 +84,7 @@ pub fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging, Strin
             // The gateway's and the library's spans, whatever the log's
             // level; their events are log lines, not span events.
             let spans = Targets::new()
-                .with_target("gateway", LevelFilter::INFO)
+                .with_target("idempotency_gateway", LevelFilter::INFO)
                 .with_target("tower_idempotency", LevelFilter::INFO);
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(tracer)

@@ -447,12 +447,7 @@ async fn child_run<Q: Queue>(queue: Q, args: &[String]) {
 fn run_child_and_kill(mode: String, ready: &str) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_process",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([&child_test(), "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, mode)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -1324,4 +1319,11 @@ async fn amqp_a_copy_racing_the_dead_letter_record_is_a_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn amqp_a_copy_racing_the_replayed_record_is_a_duplicate() {
     amqp_copy_racing_a_state_change_is_a_duplicate(StateChange::Replayed).await;
+}
+
+/// The full name of this file's `child_process` test, as the test binary
+/// takes it (`--exact`): its module path without the binary's name.
+fn child_test() -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::child_process")
 }

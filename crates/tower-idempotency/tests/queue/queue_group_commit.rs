@@ -158,12 +158,7 @@ async fn concurrent_acks_are_durable_after_kill_9() {
     let path = dir.file();
     let acked = tokio::task::spawn_blocking(move || {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "child_process",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args([&child_test(), "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD, &path)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
@@ -310,4 +305,11 @@ async fn memory_batch_claim_hands_out_one_event_per_group_in_order() {
 async fn redb_concurrent_workers_keep_each_group_in_order() {
     let dir = TempDir::new("group-workers");
     concurrent_workers_keep_each_group_in_order(RedbQueue::open(dir.file()).unwrap()).await;
+}
+
+/// The full name of this file's `child_process` test, as the test binary
+/// takes it (`--exact`): its module path without the binary's name.
+fn child_test() -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::child_process")
 }

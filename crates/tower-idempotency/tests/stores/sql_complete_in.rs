@@ -231,12 +231,7 @@ async fn child_process() {
 /// mark; returns the mark it reached.
 fn crash_child(url: &str, notify_id: &str, mode: Mode, abort: Abort) -> String {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", &child_test(), "--nocapture", "--test-threads=1"])
         .env("SQL_CRASH_URL", url)
         .env("SQL_CRASH_AT", abort.name())
         .env("SQL_CRASH_KEY", notify_id)
@@ -616,4 +611,11 @@ async fn a_token_consumed_in_a_rolled_back_transaction_is_given_back() {
         "the token consumed in the rolled-back transaction was not given back"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// The full name of this file's `child_process` test, as the test binary
+/// takes it (`--exact`): its module path without the binary's name.
+fn child_test() -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::child_process")
 }
