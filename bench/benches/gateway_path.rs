@@ -15,11 +15,11 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use idempotency_gateway::proxy::{Forward, Gateway, RouteTable, Target};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tower::{Service, ServiceExt};
-use tower_idempotency::proxy::{Forward, Gateway, RouteTable, Target};
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::Preset;
 

@@ -20,14 +20,14 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use idempotency_gateway::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
+use idempotency_gateway::shed::{AimdLimit, Slots};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tower_idempotency::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
 use tower_idempotency::queue::{RedbQueue, RedisStreamsQueue, Worker};
-use tower_idempotency::shed::{AimdLimit, Slots};
 use tower_idempotency::store::{MemoryStore, RedisStore};
 use tower_idempotency::Preset;
 

@@ -207,15 +207,21 @@ where
 #[derive(Debug, Clone)]
 pub(crate) struct Rejection(pub(crate) Bytes);
 
-/// Builds a small text response with the given status; used for our own answers.
-pub(crate) fn text_response<B: From<Bytes>>(
+/// A small `text/plain` answer of the layers' own (a refusal, a shed call)
+/// with the given status. The [normalize layer](crate::normalize) knows it
+/// for one of theirs: it answers it in the request's own form (a
+/// trailers-only gRPC status for a gRPC request) and, on a channel route,
+/// as the channel's failure reply. For a program in front of the layers
+/// (a gateway's own answers) that must read the same.
+pub fn text_response<B: From<Bytes>>(
     status: http::StatusCode,
     message: &'static str,
 ) -> http::Response<B> {
     text_response_owned(status, Bytes::from_static(message.as_bytes()))
 }
 
-pub(crate) fn text_response_owned<B: From<Bytes>>(
+/// [`text_response`] with a message built at run time.
+pub fn text_response_owned<B: From<Bytes>>(
     status: http::StatusCode,
     message: Bytes,
 ) -> http::Response<B> {
@@ -237,10 +243,7 @@ pub(crate) fn too_large<B: From<Bytes>>() -> http::Response<B> {
     )
 }
 
-/// The answer to a body past its deadline (408) or its budget (503 with
-/// `Retry-After`, counted as shed): both retryable, both carrying the
-/// [`BodyLimitError`] (so that a server closes the connection, whose body
-/// was not read to the end) and the [`Outcome`].
+/// See [`BodyLimitError::response`].
 pub(crate) fn body_limit_response<B: From<Bytes>>(error: BodyLimitError) -> http::Response<B> {
     let (mut res, outcome) = match error {
         BodyLimitError::Timeout(_) => (

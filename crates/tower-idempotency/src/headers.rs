@@ -1,5 +1,6 @@
-//! Header rules written once for the whole crate: what a gRPC message is,
-//! and which headers are hop-by-hop (RFC 9110 section 7.6.1).
+//! Which headers are hop-by-hop (RFC 9110 section 7.6.1): never stored
+//! with a record nor replayed, and never passed on by a proxy. Written once
+//! for the layers and for a proxy in front of them, so both drop the same.
 
 use http::header::{self, HeaderMap, HeaderName};
 
@@ -15,7 +16,7 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// `Keep-Alive`, `Proxy-Authenticate`, `Proxy-Authorization`, `TE`,
 /// `Transfer-Encoding`, `Upgrade`. Headers that `Connection` names are
 /// hop-by-hop too: see [`connection_named`].
-pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         *name,
         header::CONNECTION
@@ -32,7 +33,7 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// [`is_hop_by_hop`] names already (`Connection: keep-alive`, on nearly
 /// every HTTP/1.1 answer, would otherwise cost a parse and an allocation);
 /// unparsable names are skipped.
-pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+pub fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     const FIXED: [&str; 7] = [
         "keep-alive",
         "connection",

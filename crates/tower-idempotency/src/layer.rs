@@ -307,18 +307,20 @@ impl<St: Store> IdempotencyLayer<St> {
         &self.key
     }
 
-    /// Each response carries its request as a
-    /// [`CapturedRequest`](crate::key::CapturedRequest) (see
-    /// [`KeyLayer::capture_request`]).
-    #[cfg(feature = "proxy")]
-    pub(crate) fn capture_request(mut self, capture: bool) -> Self {
+    /// Whether each response of a request that had a key carries the
+    /// request's buffered body (and the decrypted WeChat Pay v3 resource) as
+    /// a [`CapturedRequest`](crate::key::CapturedRequest) in its extensions,
+    /// for a journal of what the channel sent (see
+    /// [`KeyLayer::capture_request`]). Defaults to `false`.
+    pub fn capture_request(mut self, capture: bool) -> Self {
         self.key = self.key.capture_request(capture);
         self
     }
 
-    /// No "unverified" warning from this layer (its user gives its own).
-    #[cfg(feature = "proxy")]
-    pub(crate) fn quiet(mut self) -> Self {
+    /// No warning from this layer that its channel route runs without
+    /// verification: for a program that warns in its own words (a gateway
+    /// names the route from its config). Defaults to warning once.
+    pub fn quiet(mut self) -> Self {
         self.unverified_warned = None;
         self
     }
@@ -341,10 +343,13 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The layers in front of the dedup layer (normalize, verify, key) over
-    /// `inner`: a route that queues instead of running its handler. A
-    /// notification that fails verification is refused before it is queued.
-    #[cfg(feature = "proxy")]
-    pub(crate) fn front<S>(&self, inner: S) -> Normalize<Verify<Key<S>>> {
+    /// `inner`, without the dedup layer: for a route that queues each
+    /// notification (acknowledge, then deliver later through the whole
+    /// stack) instead of running its handler now. A notification that fails
+    /// verification is refused before it is queued; `inner` sees its
+    /// [`IdempotencyKey`](crate::IdempotencyKey) in the request's
+    /// extensions.
+    pub fn front<S>(&self, inner: S) -> Normalize<Verify<Key<S>>> {
         self.normalize
             .layer(self.verify.layer(self.key.layer(inner)))
     }

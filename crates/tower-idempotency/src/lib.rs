@@ -117,9 +117,7 @@
 //! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics, and a span per request (`idempotency`, with `verify`, `claim`, `upstream` and `replay` under it) and per queued delivery (`deliver`), carrying the preset, the key's hash and the outcome |
 //! | `otel` | with `tracing`, [`trace`]: W3C `traceparent` / `tracestate` sent to the upstream on every call (queued deliveries included), stored with each queued notification so that its delivery links to the ingest's span, and the crate's spans as OpenTelemetry spans through `tracing-opentelemetry` |
-//! | `proxy` | [`proxy`]: a forwarding service to an HTTP(S) upstream and the gateway's routing, to embed the whole gateway |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
-//! | `journal` | `journal::Journal`: one record per notification key (copies, outcomes, the upstream's answer) in a redb file, written off the request path |
 //! | `sql` | `store::SqlStore` for PostgreSQL, MySQL / MariaDB and SQLite; a handler can complete its record in its own transaction (`store::ActiveClaim`) |
 //!
 //! With `tracing`, a channel route without verification (no `.verify(..)`)
@@ -128,10 +126,6 @@
 #![cfg_attr(
     not(feature = "redis"),
     doc = "\n\n[`store::RedisStore`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.RedisStore.html"
-)]
-#![cfg_attr(
-    not(feature = "proxy"),
-    doc = "\n\n[`proxy`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/proxy/index.html"
 )]
 #![cfg_attr(
     not(feature = "otel"),
@@ -151,23 +145,16 @@ pub mod channel;
 pub mod consumer;
 pub mod dedup;
 mod fingerprint;
-mod headers;
-#[cfg(feature = "journal")]
-#[cfg_attr(docsrs, doc(cfg(feature = "journal")))]
-pub mod journal;
+pub mod headers;
 pub mod key;
 mod layer;
 pub mod limit;
 pub mod normalize;
 mod outcome;
-mod path;
-#[cfg(feature = "proxy")]
-#[cfg_attr(docsrs, doc(cfg(feature = "proxy")))]
-pub mod proxy;
+pub mod path;
 #[cfg(feature = "queue")]
 #[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
 pub mod queue;
-pub mod shed;
 mod span;
 pub mod store;
 pub mod token;

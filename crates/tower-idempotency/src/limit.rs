@@ -157,6 +157,17 @@ impl BodyLimitError {
         }
         None
     }
+
+    /// The answer to a request whose body hit this limit: 408 for the
+    /// deadline, 503 with `Retry-After: 1` for the budget (counted as
+    /// [`Outcome::Shed`](crate::Outcome::Shed)); both retryable, both
+    /// carrying this error in their extensions (so that a server closes the
+    /// connection, whose body was not read to the end) and the
+    /// [`Outcome`](crate::Outcome). The layers answer so; a program that
+    /// reads bodies before them answers the same.
+    pub fn response<B: From<bytes::Bytes>>(self) -> http::Response<B> {
+        crate::body::body_limit_response(self)
+    }
 }
 
 impl fmt::Display for BodyLimitError {

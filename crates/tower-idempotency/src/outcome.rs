@@ -109,6 +109,17 @@ impl fmt::Display for Outcome {
     }
 }
 
+impl Outcome {
+    /// Counts this outcome of a request of `preset` in
+    /// `idempotency_requests_total{preset,outcome}` (feature `metrics`;
+    /// nothing without it), as the layers count theirs: for a program that
+    /// answers some requests before they reach the layers (a gateway's own
+    /// refusals) and wants them in the same series.
+    pub fn count(self, preset: &std::sync::Arc<str>) {
+        record(preset, self);
+    }
+}
+
 /// Counts one outcome.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn record(preset: &std::sync::Arc<str>, outcome: Outcome) {

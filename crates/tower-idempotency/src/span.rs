@@ -103,10 +103,7 @@ pub(crate) fn replay() -> Span {
 /// queued beside the key has the key's).
 #[cfg(all(feature = "queue", feature = "tracing"))]
 pub(crate) fn deliver(message: &crate::queue::Message, attempt: u32) -> Span {
-    #[cfg(feature = "proxy")]
-    let key = crate::proxy::original_key(&message.key);
-    #[cfg(not(feature = "proxy"))]
-    let key = message.key.as_str();
+    let key = crate::queue::original_key(&message.key);
     let span = tracing::info_span!(
         target: "tower_idempotency",
         parent: None,

@@ -8,19 +8,18 @@
 //! [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry) layer
 //! is installed, and:
 //!
-//! - [`Forward`](crate::proxy::Forward) sends the context of the span it
-//!   runs in to the upstream on every call, queued deliveries included, so
-//!   the upstream's own trace joins the gateway's;
+//! - a proxy in front of the layers (the `idempotency-gateway` crate's
+//!   `Forward`) sends the context of the span it runs in to the upstream on
+//!   every call ([`pass_on`]), queued deliveries included, so the
+//!   upstream's own trace joins the gateway's;
 //! - an acknowledge-then-deliver route stores its ingest's `traceparent`
 //!   with the queued notification, and the delivery's `deliver` span links
 //!   to it: one notification is one trace across instances, whichever
 //!   instance delivers it;
 //! - a client's own `traceparent` and `tracestate` are dropped (payment
 //!   channels send none, and a sender should not choose the gateway's trace
-//!   ids) unless the gateway is told to follow them
-//!   ([`GatewayBuilder::accept_traceparent`](crate::proxy::GatewayBuilder::accept_traceparent),
-//!   [`ForwardBuilder::accept_traceparent`](crate::proxy::ForwardBuilder::accept_traceparent)),
-//!   and even then one that is not a single well-formed W3C `traceparent`
+//!   ids) unless the proxy is told to follow them (`accept` of
+//!   [`pass_on`]), and even then one that is not a single well-formed W3C `traceparent`
 //!   (see [`extract`]) is dropped with its `tracestate`: the request starts
 //!   a trace of its own.
 //!
@@ -102,12 +101,12 @@ pub fn extract(headers: &HeaderMap) -> Context {
     })
 }
 
-/// Readies a request's headers for the upstream: a client's `traceparent`
-/// and `tracestate` are removed unless they are `accept`ed and the
-/// `traceparent` is well-formed ([`extract`]'s rules), then the current
-/// span's context is written in their place.
-#[cfg(feature = "proxy")]
-pub(crate) fn pass_on(headers: &mut HeaderMap, accept: bool) {
+/// Readies a request's headers for an upstream, as a proxy passes a
+/// request on: a client's `traceparent` and `tracestate` are removed unless
+/// they are `accept`ed (the client is trusted to continue its own trace)
+/// and the `traceparent` is well-formed ([`extract`]'s rules), then the
+/// current span's context is written in their place ([`inject`]).
+pub fn pass_on(headers: &mut HeaderMap, accept: bool) {
     if !accept || !one_well_formed(headers) {
         headers.remove(TRACEPARENT);
         headers.remove(TRACESTATE);
@@ -160,24 +159,6 @@ pub(crate) fn link_to_ingest(span: &tracing::Span, headers: &HeaderMap) {
     if ingest.is_valid() {
         span.add_link(ingest);
     }
-}
-
-/// The context of a client's `traceparent`, to run its request in when no
-/// span with a context is current (a server's own request span takes the
-/// client's context itself); `None` without a valid one.
-#[cfg(feature = "proxy")]
-pub(crate) fn client_context(headers: &HeaderMap) -> Option<Context> {
-    if !headers.contains_key(TRACEPARENT) {
-        return None;
-    }
-    let cx = extract(headers);
-    cx.span().span_context().is_valid().then_some(cx)
-}
-
-/// Whether a span with an OpenTelemetry context is current.
-#[cfg(feature = "proxy")]
-pub(crate) fn in_span() -> bool {
-    Context::current().has_active_span() || tracing::Span::current().context().has_active_span()
 }
 
 /// Writes a propagator's fields into a [`HeaderMap`].

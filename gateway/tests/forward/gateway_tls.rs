@@ -10,6 +10,7 @@ use gateway_support::{temp_path, Proc};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idempotency_gateway::proxy::Forward;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::convert::Infallible;
@@ -19,7 +20,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
-use tower_idempotency::proxy::Forward;
 
 /// A self-signed certificate for `localhost`: (cert PEM, key PEM).
 fn certificate() -> (String, String) {

@@ -530,9 +530,9 @@ mod redis {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_timeout_covers_the_head_and_then_the_body() {
     use http_body_util::BodyExt;
+    use idempotency_gateway::proxy::Forward;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
-    use tower_idempotency::proxy::Forward;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -799,8 +799,8 @@ async fn upstream_connections_are_kept_alive_and_closed_ones_are_not_used() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_dropped_before_its_end_closes_its_connection() {
     use http_body_util::BodyExt;
+    use idempotency_gateway::proxy::Forward;
     use tower::ServiceExt;
-    use tower_idempotency::proxy::Forward;
     let big = vec![b'x'; 4 << 20];
     let up = KeepAliveUpstream::start(big.clone(), None).await;
     let forward = Forward::new(up.url().parse().unwrap());
@@ -831,8 +831,8 @@ async fn an_answer_dropped_before_its_end_closes_its_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
     use http_body_util::BodyExt;
+    use idempotency_gateway::proxy::Forward;
     use tower::ServiceExt;
-    use tower_idempotency::proxy::Forward;
     let up = KeepAliveUpstream::start(b"pong".to_vec(), None).await;
     let forward = Forward::builder(up.url().parse().unwrap())
         .pool_idle_timeout(Duration::from_millis(200))
@@ -869,9 +869,9 @@ async fn idle_upstream_connections_are_closed_after_the_pool_idle_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_calls_on_connections_closed_and_cut_off_at_random() {
     use http_body_util::BodyExt;
+    use idempotency_gateway::proxy::Forward;
     use std::sync::Arc;
     use tower::ServiceExt;
-    use tower_idempotency::proxy::Forward;
     let seed = common::seed("POOL_SEED");
     // xorshift64*: the same seed, the same schedule.
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -68,7 +68,7 @@
 
 #[cfg(feature = "amqp")]
 mod amqp;
-pub(crate) mod failure;
+mod disposition;
 #[cfg(feature = "nats")]
 mod jetstream;
 mod lease;
@@ -78,6 +78,7 @@ mod service;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use amqp::{gateway_entry, AmqpConsumer, AmqpMessage, Handled};
+pub use disposition::{Disposition, Failure};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use jetstream::JetStreamConsumer;
@@ -200,12 +201,20 @@ impl<E> ConsumeError<E> {
     }
 }
 
+/// A queue's worker dead-letters what can never succeed at once, and
+/// settles a handler's failure as the handler's error says.
+impl<E: Failure> Failure for ConsumeError<E> {
+    fn disposition(&self) -> Disposition {
+        match self {
+            Self::Handler(e) => e.disposition(),
+            _ if !self.is_retryable() => Disposition::Permanent,
+            _ => Disposition::Retry,
+        }
+    }
+}
+
 impl<E: fmt::Display> fmt::Display for ConsumeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // A queue's worker dead-letters what can never succeed at once.
-        if !self.is_retryable() {
-            failure::mark(f, failure::PERMANENT)?;
-        }
         match self {
             Self::Handler(e) => write!(f, "message handler failed: {e}"),
             Self::Panicked => f.write_str("message handler panicked"),

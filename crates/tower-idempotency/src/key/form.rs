@@ -6,10 +6,13 @@
 use encoding_rs::{Encoding, GB18030, GBK, UTF_8};
 use std::borrow::Cow;
 
-/// Reads the `wanted` fields of a form body in one pass; only their values
-/// are decoded, in the body's [`charset`](form_charset). The first
-/// occurrence of a name wins (the verifier refuses a repeated name).
-pub(crate) fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
+/// Reads the `wanted` fields of an `application/x-www-form-urlencoded` body
+/// in one pass, as the key layer reads them; only their values are decoded,
+/// in the charset the body declares (its `charset` field: GBK, GB2312 or
+/// GB18030, else UTF-8). The first occurrence of a name wins (the verifier
+/// refuses a repeated name). Code that reads a notification's fields after
+/// the layers should read them with this, so that both read the same.
+pub fn parse_form<'a>(body: &'a [u8], wanted: &[&'a str]) -> Vec<(&'a str, Cow<'a, str>)> {
     let charset = form_charset(body).unwrap_or(UTF_8);
     let mut out: Vec<(&'a str, Cow<'a, str>)> = Vec::with_capacity(wanted.len());
     for pair in body.split(|&b| b == b'&') {

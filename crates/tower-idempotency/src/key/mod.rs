@@ -51,8 +51,7 @@ mod xml;
 
 pub use crate::fingerprint::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
-#[cfg(any(feature = "proxy", feature = "journal"))]
-pub(crate) use form::parse_form;
+pub use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
 pub use layer::KeyLayer;
@@ -62,12 +61,11 @@ pub use principal::{
 };
 pub(crate) use scope::route_of;
 pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};
-pub(crate) use service::is_guarded_method;
+pub use service::is_guarded_method;
 pub use service::{Key, ResponseFuture};
 #[cfg(feature = "verify")]
 pub(crate) use unique::unique_members;
-#[cfg(any(feature = "verify", feature = "journal"))]
-pub(crate) use xml::flat_fields;
+pub use xml::flat_fields;
 
 use bytes::Bytes;
 use std::fmt;
@@ -188,7 +186,8 @@ impl IdempotencyKey {
         &self.preset
     }
 
-    pub(crate) fn preset_arc(&self) -> &Arc<str> {
+    /// [`preset`](Self::preset), shared: a metric's label without a copy.
+    pub fn preset_arc(&self) -> &Arc<str> {
         &self.preset
     }
 

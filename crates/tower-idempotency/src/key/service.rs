@@ -64,7 +64,9 @@ impl<S: fmt::Debug> fmt::Debug for Key<S> {
     }
 }
 
-pub(crate) fn is_guarded_method(method: &Method) -> bool {
+/// Whether the layers guard a request of this method: `POST`, `PUT`,
+/// `PATCH` and `DELETE`. Every other method passes through unkeyed.
+pub fn is_guarded_method(method: &Method) -> bool {
     matches!(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE

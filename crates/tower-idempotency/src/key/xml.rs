@@ -32,7 +32,7 @@ pub(super) fn parse_flat_xml<'w>(
 /// and, to bound the work, more than [`MAX_FIELDS`](super::MAX_FIELDS)
 /// fields. Linear in the body: each name is looked up in a hash set of the
 /// earlier ones.
-pub(crate) fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'static, str>> {
+pub fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'static, str>> {
     use quick_xml::events::Event;
     let bad = |e: quick_xml::Error| Cow::Owned(format!("XML body: {e}"));
     let mut reader = quick_xml::Reader::from_reader(body);

@@ -36,6 +36,7 @@
 mod problem;
 
 use crate::body::Rejection;
+pub use crate::body::{text_response, text_response_owned};
 use crate::headers::is_grpc;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};

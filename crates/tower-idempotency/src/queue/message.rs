@@ -4,6 +4,41 @@ use crate::Fingerprint;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
+/// What separates a key from the number of its copy: a notification with
+/// another payload than the first of its key (from a sender nobody
+/// verified) is queued beside it as `KEY~copyN`, so that a forged copy
+/// cannot take the key's place.
+const COPY: &str = "~copy";
+
+/// The queue key of copy `n` of `key` (copy 0 is the key itself).
+///
+/// ```
+/// use tower_idempotency::queue::copy_key;
+/// assert_eq!(copy_key("idem:stripe:/n::evt_1", 0), "idem:stripe:/n::evt_1");
+/// assert_eq!(copy_key("idem:stripe:/n::evt_1", 2), "idem:stripe:/n::evt_1~copy2");
+/// ```
+pub fn copy_key(key: &str, n: usize) -> String {
+    match n {
+        0 => key.to_owned(),
+        n => format!("{key}{COPY}{n}"),
+    }
+}
+
+/// The stored key a queue entry's key stands for: the key of a copy queued
+/// beside it ([`copy_key`]), or the key itself.
+///
+/// ```
+/// use tower_idempotency::queue::original_key;
+/// assert_eq!(original_key("idem:stripe:/n::evt_1~copy2"), "idem:stripe:/n::evt_1");
+/// assert_eq!(original_key("idem:stripe:/n::evt_1"), "idem:stripe:/n::evt_1");
+/// ```
+pub fn original_key(queued: &str) -> &str {
+    match queued.rsplit_once(COPY) {
+        Some((key, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => key,
+        _ => queued,
+    }
+}
+
 /// One queued notification: its key, the request it came in as, and an
 /// optional order group.
 #[derive(Debug, Clone)]

@@ -85,7 +85,7 @@ pub use breaker::{BreakerRule, BreakerState};
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
 pub use memory::MemoryQueue;
-pub use message::Message;
+pub use message::{copy_key, original_key, Message};
 pub use pace::{Pace, Rate};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

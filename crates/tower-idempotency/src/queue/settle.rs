@@ -2,8 +2,7 @@
 //! and what one round did.
 
 use super::{Delivery, Queue, QueueError};
-use crate::consumer::failure::Failure;
-use std::fmt;
+use crate::consumer::{Disposition, Failure};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,13 +75,13 @@ const KEPT_FOR: Duration = Duration::from_secs(10);
 /// (delivered, or an answer that cannot succeed), `Some(false)` it failed,
 /// `None` nothing (no route delivers the entry now, or the deliverer held it
 /// back itself).
-pub(super) fn verdict<E: fmt::Display>(result: &Result<(), E>) -> Option<bool> {
+pub(super) fn verdict<E: Failure>(result: &Result<(), E>) -> Option<bool> {
     match result {
         Ok(()) => Some(true),
-        Err(e) => match Failure::of(e) {
-            Failure::Retry => Some(false),
-            Failure::Permanent => Some(true),
-            Failure::Kept | Failure::Held => None,
+        Err(e) => match e.disposition() {
+            Disposition::Retry => Some(false),
+            Disposition::Permanent => Some(true),
+            Disposition::Keep | Disposition::Hold => None,
         },
     }
 }
@@ -109,7 +108,7 @@ pub(super) async fn unsettled<Q: Queue>(
 /// kept, postponed after `after` without counting the attempt (held back by
 /// the deliverer itself), or dead-lettered (`last`: this was the last
 /// attempt).
-pub(super) async fn settle<Q: Queue, E: fmt::Display>(
+pub(super) async fn settle<Q: Queue, E: Failure>(
     queue: &Q,
     name: &Arc<str>,
     (last, after): (bool, Duration),
@@ -123,26 +122,26 @@ pub(super) async fn settle<Q: Queue, E: fmt::Display>(
         }
         Err(e) => e,
     };
-    Ok(match Failure::of(&e) {
-        Failure::Kept => {
+    Ok(match e.disposition() {
+        Disposition::Keep => {
             super::metrics::attempt(name, "kept");
             Settled::Kept(queue.postpone(delivery, KEPT_FOR, &e.to_string()).await?)
         }
-        Failure::Held => {
+        Disposition::Hold => {
             super::metrics::attempt(name, "postponed");
             Settled::Paused(queue.postpone(delivery, after, &e.to_string()).await?)
         }
-        Failure::Permanent => {
+        Disposition::Permanent => {
             super::metrics::attempt(name, "dead_lettered");
             crate::outcome::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
             Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
         }
-        Failure::Retry if last => {
+        Disposition::Retry if last => {
             super::metrics::attempt(name, "dead_lettered");
             crate::outcome::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
             Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
         }
-        Failure::Retry => {
+        Disposition::Retry => {
             super::metrics::attempt(name, "retried");
             Settled::Retried(queue.retry(delivery, after, &e.to_string()).await?)
         }

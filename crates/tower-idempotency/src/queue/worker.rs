@@ -194,7 +194,7 @@ impl<Q, S> Worker<Q, S>
 where
     Q: Queue,
     S: Service<Message>,
-    S::Error: fmt::Display,
+    S::Error: crate::consumer::Failure,
 {
     /// Fetches the entries that are due (up to the batch size), delivers
     /// them concurrently, as their lanes' pace allows, and records each

@@ -37,6 +37,9 @@ impl std::fmt::Display for Down {
     }
 }
 
+/// Retried, as a handler's failure is unless it says otherwise.
+impl tower_idempotency::consumer::Failure for Down {}
+
 mod cases {
     use super::*;
 

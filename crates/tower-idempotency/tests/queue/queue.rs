@@ -29,6 +29,9 @@ impl std::fmt::Display for Down {
     }
 }
 
+/// Retried, as a handler's failure is unless it says otherwise.
+impl tower_idempotency::consumer::Failure for Down {}
+
 use temp::TempDir;
 /// A fresh directory under the system temp dir, removed on drop.
 use test_support::common::temp;
@@ -92,7 +95,7 @@ fn message_key(m: &Message) -> Option<(String, Fingerprint)> {
 async fn drain<Q: Queue, S>(worker: &mut Worker<Q, S>)
 where
     S: tower::Service<Message>,
-    S::Error: std::fmt::Display,
+    S::Error: tower_idempotency::consumer::Failure,
 {
     for _ in 0..2000 {
         if worker.queue().stats().await.unwrap().depth == 0 {

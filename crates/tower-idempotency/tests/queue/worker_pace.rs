@@ -205,7 +205,7 @@ fn spawn<S>(worker: Worker<MemoryQueue, S>) -> Running
 where
     S: tower::Service<Message> + Send + 'static,
     S::Future: Send,
-    S::Error: std::fmt::Display + Send,
+    S::Error: tower_idempotency::consumer::Failure + Send,
     S::Response: Send,
 {
     Running(tokio::spawn(worker.run(std::future::pending())))

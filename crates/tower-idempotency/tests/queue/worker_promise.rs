@@ -25,6 +25,9 @@ impl std::fmt::Display for Down {
     }
 }
 
+/// Retried, as a handler's failure is unless it says otherwise.
+impl tower_idempotency::consumer::Failure for Down {}
+
 fn fp(s: &str) -> Fingerprint {
     Fingerprint::of(s.as_bytes())
 }

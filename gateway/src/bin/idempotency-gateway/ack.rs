@@ -1,0 +1,367 @@
+//! Acknowledge-then-deliver: the queue picked by `--queue` (or the embedded
+//! one in `--data-dir`), and the worker that delivers its entries through
+//! the routes' dedup layers.
+
+use crate::store::GatewayStore;
+use either::Either;
+use idempotency_gateway::journal::{Journal, JournalEvent};
+use idempotency_gateway::proxy::{Gateway, RouteOptions, RouteTable, Target};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tower::Service;
+use tower_idempotency::queue::original_key;
+use tower_idempotency::queue::{
+    AmqpQueue, JetStreamQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
+use tracing::{info, warn};
+
+/// The queue: the embedded file, Redis Streams, RabbitMQ (its key records in
+/// the gateway's store), or NATS JetStream.
+pub type GatewayQueue =
+    Either<RedbQueue, Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>>;
+
+/// The queue's name in metrics, in Redis, on RabbitMQ and in JetStream.
+const NAME: &str = "gateway";
+
+/// `--data-dir` when neither it nor `--queue` is given.
+pub const DEFAULT_DATA_DIR: &str = "./gateway-data";
+
+/// Creates the data directory (and its missing parents) readable by its
+/// owner only (0700): the queue and the journal hold what senders sent. An
+/// existing directory is left as it is.
+pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+}
+
+/// `--data-dir-reserve` when it is not given.
+pub const DEFAULT_DATA_DIR_RESERVE: u64 = 64 << 20;
+
+/// Where the queue lives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueSpec {
+    /// The embedded queue, `DIR/queue.redb`.
+    Dir(PathBuf),
+    /// Redis Streams at this URL.
+    Redis(String),
+    /// RabbitMQ at this URL (`amqp://USER:PASS@HOST:PORT/VHOST`).
+    Amqp(String),
+    /// NATS JetStream at this URL.
+    Nats(String),
+}
+
+/// `--queue DIR|redis://HOST:PORT|amqp://USER:PASS@HOST:PORT/VHOST|nats://HOST:PORT`.
+pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
+    const EXPECTED: &str =
+        "a directory, redis://HOST:PORT, amqp://USER:PASS@HOST:PORT/VHOST or nats://HOST:PORT";
+    if s.starts_with("redis://") || s.starts_with("rediss://") {
+        return Ok(QueueSpec::Redis(s.to_owned()));
+    }
+    if s.starts_with("amqp://") || s.starts_with("amqps://") {
+        return Ok(QueueSpec::Amqp(s.to_owned()));
+    }
+    if s.starts_with("nats://") || s.starts_with("tls://") {
+        return Ok(QueueSpec::Nats(s.to_owned()));
+    }
+    if s.contains("://") {
+        return Err(format!(
+            "`{}`: expected {EXPECTED}",
+            crate::store::redact(s)
+        ));
+    }
+    if s.is_empty() {
+        return Err(format!("expected {EXPECTED}"));
+    }
+    Ok(QueueSpec::Dir(PathBuf::from(s)))
+}
+
+/// `--max-attempts N`: at least 1.
+pub fn attempts(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of attempts, at least 1".into()),
+    }
+}
+
+/// How the queue is opened and delivered.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    pub spec: QueueSpec,
+    /// Failed attempts before an entry is dead-lettered.
+    pub max_attempts: u32,
+    /// The backoff after the first failure (doubled after each, up to 15 minutes).
+    pub backoff: Duration,
+    /// Replicas that must hold an entry before it is acknowledged (Redis
+    /// Streams only).
+    pub replicas: u32,
+    /// Bytes kept free on the embedded queue's disk (`--data-dir-reserve`).
+    pub reserve: u64,
+}
+
+impl QueueSettings {
+    /// From the flags or file values; `None` keeps the defaults.
+    pub fn new(
+        queue: Option<QueueSpec>,
+        data_dir: Option<PathBuf>,
+        max_attempts: Option<u32>,
+        backoff: Option<Duration>,
+    ) -> Self {
+        let dir = data_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        Self {
+            spec: queue.unwrap_or(QueueSpec::Dir(dir)),
+            max_attempts: max_attempts.unwrap_or(25),
+            backoff: backoff.unwrap_or(Duration::from_secs(1)),
+            replicas: 0,
+            reserve: DEFAULT_DATA_DIR_RESERVE,
+        }
+    }
+
+    /// `--data-dir-reserve SIZE`; `None` keeps the default.
+    pub fn reserve(mut self, reserve: Option<usize>) -> Self {
+        if let Some(reserve) = reserve {
+            self.reserve = reserve as u64;
+        }
+        self
+    }
+
+    /// `--queue-replicas N`: only for a Redis Streams queue.
+    pub fn replicas(mut self, replicas: u32) -> Result<Self, String> {
+        if replicas > 0 && !matches!(self.spec, QueueSpec::Redis(_)) {
+            return Err(
+                "`--queue-replicas` needs a Redis Streams queue (`--queue redis://HOST:PORT`); the embedded queue is one file on one node".into(),
+            );
+        }
+        self.replicas = replicas;
+        Ok(self)
+    }
+
+    /// Whether several gateways can share this queue (Redis Streams,
+    /// RabbitMQ, JetStream).
+    pub fn is_shared(&self) -> bool {
+        matches!(
+            self.spec,
+            QueueSpec::Redis(_) | QueueSpec::Amqp(_) | QueueSpec::Nats(_)
+        )
+    }
+
+    /// Opens (or creates) the queue; a RabbitMQ queue keeps its key records
+    /// in `store`.
+    pub async fn open(&self, store: &GatewayStore) -> Result<GatewayQueue, String> {
+        match &self.spec {
+            QueueSpec::Dir(dir) => {
+                create_private_dir(dir)?;
+                RedbQueue::open(dir.join("queue.redb"))
+                    .map(|q| Either::Left(q.reserve(self.reserve)))
+                    .map_err(|e| format!("cannot open the queue: {e}"))
+            }
+            QueueSpec::Redis(url) => RedisStreamsQueue::standalone(url.as_str(), NAME)
+                .await
+                .map(|q| Either::Right(Either::Left(q.replicas(self.replicas))))
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
+            QueueSpec::Amqp(url) => AmqpQueue::open(url, NAME, store.clone())
+                .await
+                .map(|q| Either::Right(Either::Right(Either::Left(q))))
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
+            QueueSpec::Nats(url) => JetStreamQueue::connect(url, NAME)
+                .await
+                .map(|q| Either::Right(Either::Right(Either::Right(q))))
+                .map_err(|e| {
+                    let (shown, e) = (crate::store::redact(url), crate::store::scrub(url, e));
+                    format!("cannot open the queue at {shown}: {e}")
+                }),
+        }
+    }
+
+    /// The queue to deliver from: always when a route acknowledges first
+    /// (`acked`); otherwise the queue of an earlier run if it still holds
+    /// entries (an acknowledgement is owed to the entry, not to the
+    /// configuration), or a Redis queue named by `--queue` (other instances
+    /// may fill it).
+    pub async fn open_for(
+        &self,
+        acked: bool,
+        store: &GatewayStore,
+    ) -> Result<Option<GatewayQueue>, String> {
+        if acked {
+            return self.open(store).await.map(Some);
+        }
+        if let QueueSpec::Dir(dir) = &self.spec {
+            if !dir.join("queue.redb").exists() {
+                return Ok(None);
+            }
+        }
+        let queue = match self.open(store).await {
+            Ok(queue) => queue,
+            Err(e) => {
+                warn!(error = %e, "no route acknowledges first, and the queue of earlier runs cannot be opened: its entries wait for the next start");
+                return Ok(None);
+            }
+        };
+        if let Either::Left(embedded) = &queue {
+            match embedded.stats().await {
+                Ok(stats) if stats.depth == 0 => return Ok(None),
+                Ok(stats) => info!(
+                    entries = stats.depth,
+                    "no route acknowledges first; delivering the entries queued by earlier runs"
+                ),
+                Err(e) => warn!(error = %e, "cannot read the queue of earlier runs"),
+            }
+        }
+        Ok(Some(queue))
+    }
+
+    /// Where the queue is, for the start line.
+    pub fn describe(&self) -> String {
+        match &self.spec {
+            QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
+            QueueSpec::Redis(url) | QueueSpec::Amqp(url) | QueueSpec::Nats(url) => {
+                crate::store::redact(url)
+            }
+        }
+    }
+
+    /// Delivers the queue's entries through `gateway` until `stop` fires,
+    /// each ack-then-deliver route at its own pace (`lanes`, by prefix; see
+    /// `pace::lanes`).
+    pub fn spawn_worker(
+        &self,
+        queue: GatewayQueue,
+        gateway: &Gateway<GatewayStore>,
+        journal: Option<Journal>,
+        lanes: &[(String, Option<Pace>)],
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<()> {
+        info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
+        let deliver = gateway.deliverer();
+        // Each attempt is journaled under the key it was queued for.
+        let deliver = tower::service_fn(move |message: Message| {
+            let (mut deliver, journal) = (deliver.clone(), journal.clone());
+            async move {
+                let key = original_key(&message.key).to_owned();
+                let route = message.uri.path().to_owned();
+                let trace_id = crate::otel::delivery_trace_id(&message.headers);
+                let done = deliver.call(message).await;
+                if let Some(journal) = journal {
+                    let (outcome, upstream) = match &done {
+                        Ok(d) => ("delivered", d.upstream()),
+                        Err(e) => ("delivery_failed", e.upstream()),
+                    };
+                    let preset = key.split(':').nth(1).unwrap_or_default().to_owned();
+                    let mut event = JournalEvent::new(key, preset, route, outcome).attempt();
+                    // What the upstream answered this attempt, when it was called.
+                    if let Some(answer) = upstream {
+                        event = event.upstream(answer.status.as_u16(), answer.took);
+                    }
+                    if let Some(trace_id) = &trace_id {
+                        event = event.trace_id(trace_id);
+                    }
+                    journal.record(event);
+                }
+                done
+            }
+        });
+        let mut worker = Worker::new(queue, deliver)
+            .name(NAME)
+            .max_attempts(self.max_attempts)
+            .backoff(self.backoff, Duration::from_secs(15 * 60))
+            .concurrency(crate::pace::DEFAULT_DELIVER_CONCURRENCY);
+        // Entries of a path no ack-then-deliver route serves now (queued by
+        // an earlier run) go to the default lane.
+        let mut table = RouteTable::new();
+        let mut held = crate::pace::DEFAULT_DELIVER_CONCURRENCY;
+        for (prefix, pace) in lanes {
+            let lane = pace.as_ref().map(|_| Arc::<str>::from(prefix.as_str()));
+            // The prefixes were checked with the routes.
+            let _ = table.insert(prefix, lane);
+            if let Some(pace) = pace {
+                info!(route = %prefix, pace = %crate::pace::describe(pace), "ack-then-deliver route's pace");
+                held = held.saturating_add(pace.get_concurrency().unwrap_or(0));
+                worker = worker.lane(prefix.as_str(), pace.clone());
+            }
+        }
+        let worker = worker
+            .batch(held.max(32))
+            .lanes(move |m: &Message| table.find(m.uri.path())?.0.clone());
+        tokio::spawn(worker.run(async move {
+            let _ = stop.await;
+        }))
+    }
+}
+
+/// Warns about every ack-then-deliver route that does not verify its
+/// sender: anyone can queue a notification there, and a copy with another
+/// payload is queued beside the first (the upstream must check them).
+pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
+    for (prefix, _, options) in routes {
+        if options.is_ack_then_deliver() && !options.verifies() {
+            warn!(route = %prefix, "ack-then-deliver route without `verify`: its notifications are acknowledged before anyone checked their sender; copies with another payload are queued beside the first (up to 4) and the upstream decides; configure the channel's keys in the route's `verify` table");
+        }
+    }
+}
+
+/// Warns when a shared queue (Redis Streams, JetStream) is delivered through a memory store:
+/// every instance on that queue keeps its own records, so an entry another
+/// instance reclaims (its worker died or its lease ran out) or a redelivery
+/// finds no record there and reaches the upstream again.
+pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
+    if matches!(queue.spec, QueueSpec::Amqp(_)) && memory_store {
+        warn!(queue = %queue.describe(), "THE RABBITMQ QUEUE KEEPS ITS KEY RECORDS IN `--store memory`: if several gateways share this queue, each deduplicates and paces (`deliver_concurrency`, `deliver_rate`) on its own, and an entry one of them redelivers finds no record in another's memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
+        return;
+    }
+    if queue.is_shared() && memory_store {
+        warn!(queue = %queue.describe(), "THE SHARED QUEUE IS DELIVERED THROUGH `--store memory`: if several gateways share this queue, an entry one of them reclaims from another finds no record in its own memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
+    }
+}
+
+/// A route's `mode`: `true` for `ack-then-deliver`.
+pub fn mode(mode: &str, target: &Target) -> Result<bool, String> {
+    match mode {
+        "synchronous" => Ok(false),
+        "ack-then-deliver" => ackable(target).map(|()| true),
+        _ => Err(format!(
+            "`mode`: `{mode}` is not `synchronous` or `ack-then-deliver`"
+        )),
+    }
+}
+
+fn ackable(target: &Target) -> Result<(), String> {
+    match target {
+        Target::Preset(p) if !p.is_client_api() => Ok(()),
+        Target::Preset(p) => Err(format!(
+            "ack-then-deliver needs a channel preset; `{}` answers with its handler's response",
+            p.name()
+        )),
+        Target::Auto => Err("ack-then-deliver needs the route's preset, not `auto`".into()),
+    }
+}
+
+/// Applies `--ack-then-deliver PREFIX` flags to the routes with that prefix.
+pub fn flag_routes(
+    prefixes: &[String],
+    routes: &mut [(String, Target, RouteOptions)],
+) -> Result<(), String> {
+    for prefix in prefixes {
+        let norm = |p: &str| p.trim_end_matches('/').to_owned();
+        let route = routes
+            .iter_mut()
+            .find(|(p, _, _)| norm(p) == norm(prefix))
+            .ok_or_else(|| {
+                format!("`--ack-then-deliver {prefix}`: no route has this prefix (add `--route {prefix}=PRESET`)")
+            })?;
+        ackable(&route.1).map_err(|e| format!("`--ack-then-deliver {prefix}`: {e}"))?;
+        route.2 = route.2.clone().ack_then_deliver(true);
+    }
+    Ok(())
+}

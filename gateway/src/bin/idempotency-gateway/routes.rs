@@ -1,0 +1,216 @@
+//! The config file's `[[route]]` tables: each one's own values over the
+//! global ones, its mode, limits, pace and `verify` table.
+
+use crate::ack;
+use crate::parse;
+use crate::spanned::{At, Field, SizeValue};
+use http::HeaderName;
+use idempotency_gateway::proxy::{RouteOptions, Target};
+use serde::Deserialize;
+use std::path::Path;
+use std::time::Duration;
+use toml::Spanned;
+use tower_idempotency::key::CookiePrincipal;
+use tower_idempotency::queue::Pace;
+use tower_idempotency::verify::VerifyConfig;
+use tower_idempotency::OnStoreError;
+
+/// One `[[route]]` table. New per-route settings are new fields here.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRoute {
+    prefix: Spanned<String>,
+    preset: Spanned<String>,
+    pub window: Field,
+    pub lease: Field,
+    pub wait: Field,
+    pub max_run: Field,
+    pub max_body: Option<Spanned<SizeValue>>,
+    pub principal_header: Field,
+    pub principal_cookie: Field,
+    mode: Field,
+    verify: Option<Spanned<VerifyConfig>>,
+    /// The memory store's budget of this route's records.
+    max_memory: Option<Spanned<SizeValue>>,
+    max_in_flight: Option<Spanned<SizeValue>>,
+    /// Tunes `max_in_flight = "auto"`.
+    auto_limit: Option<Spanned<crate::limit::AutoLimit>>,
+    queue_wait: Field,
+    /// How an ack-then-deliver route paces its deliveries (`pace.rs`).
+    deliver_concurrency: Option<Spanned<toml::Value>>,
+    deliver_rate: Option<Spanned<toml::Value>>,
+    retry_schedule: Option<Spanned<toml::Value>>,
+    breaker_failures: Option<Spanned<toml::Value>>,
+    breaker_cooldown: Option<Spanned<toml::Value>>,
+}
+
+/// What the file's routes give the settings.
+pub struct FileRoutes {
+    /// Prefix, target and options of each route, in the file's order.
+    pub routes: Vec<(String, Target, RouteOptions)>,
+    /// The routes with a memory budget of their own.
+    pub own_memory: Vec<(String, usize)>,
+    /// How each route paces its queued deliveries.
+    pub paces: Vec<(String, Pace)>,
+}
+
+/// Reads the file's `routes` over the `global` values (`base`: the
+/// directory `verify` files are relative to).
+pub fn from_file(
+    file_routes: &[Spanned<FileRoute>],
+    global: &Global,
+    at: &At<'_>,
+    base: &Path,
+) -> Result<FileRoutes, String> {
+    let (mut routes, mut own_memory, mut paces) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seen = idempotency_gateway::proxy::RouteTable::new();
+    for r in file_routes {
+        let r = r.get_ref();
+        let prefix = parse::prefix(r.prefix.get_ref()).map_err(|e| at.err(r.prefix.span(), e))?;
+        let target = parse::target(r.preset.get_ref()).map_err(|e| at.err(r.preset.span(), e))?;
+        let own = Global {
+            window: at.value(&r.window, "window", parse::positive_duration)?,
+            lease: at.value(&r.lease, "lease", parse::lease)?,
+            wait: at.value(&r.wait, "wait", parse::duration)?,
+            max_run: at.value(&r.max_run, "max_run", parse::positive_duration)?,
+            max_body: at.size(&r.max_body, "max_body")?,
+            principal_header: at.value(
+                &r.principal_header,
+                "principal_header",
+                parse::header_name,
+            )?,
+            principal_cookie: at.value(
+                &r.principal_cookie,
+                "principal_cookie",
+                parse::cookie_name,
+            )?,
+            on_store_error: global.on_store_error,
+        };
+        seen.insert(&prefix, ())
+            .map_err(|e| at.err(r.prefix.span(), e))?;
+        if let Some(n) = at.size(&r.max_memory, "max_memory")? {
+            own_memory.push((prefix.clone(), n));
+        }
+        let acked = match &r.mode {
+            None => false,
+            Some(m) => ack::mode(m.get_ref(), &target).map_err(|e| at.err(m.span(), e))?,
+        };
+        let mut options = global.options(&own).ack_then_deliver(acked);
+        let in_flight = at.checked(
+            &r.max_in_flight,
+            "max_in_flight",
+            crate::limit::max_in_flight,
+        )?;
+        let auto = r.auto_limit.as_ref();
+        options = crate::limit::apply(options, in_flight, auto.map(|a| a.get_ref()))
+            .map_err(|e| at.err(auto.map_or(r.prefix.span(), |a| a.span()), e))?;
+        if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
+            options = options.queue_wait(wait);
+        }
+        let keys = crate::pace::Keys {
+            deliver_concurrency: &r.deliver_concurrency,
+            deliver_rate: &r.deliver_rate,
+            retry_schedule: &r.retry_schedule,
+            breaker_failures: &r.breaker_failures,
+            breaker_cooldown: &r.breaker_cooldown,
+        };
+        paces.push((prefix.clone(), crate::pace::route(at, &keys)?));
+        if let Some(v) = &r.verify {
+            let layer = crate::verify::layer(v.get_ref(), &target, base)
+                .map_err(|e| at.err(v.span(), e))?;
+            options = options.verify(layer);
+        }
+        routes.push((prefix, target, options));
+    }
+    Ok(FileRoutes {
+        routes,
+        own_memory,
+        paces,
+    })
+}
+
+/// `--route` flags replace the file's routes: refused when one of those
+/// verifies its sender (it would be served unverified), else a warning
+/// naming them.
+pub fn dropped(file_routes: &[Spanned<FileRoute>], at: &At<'_>) -> Result<Option<String>, String> {
+    if let Some(r) = file_routes.iter().find(|r| r.get_ref().verify.is_some()) {
+        let prefix = r.get_ref().prefix.get_ref();
+        return Err(at.err(
+            r.span(),
+            format!(
+                "`--route` replaces the config file's routes, and route `{prefix}` has a \
+                 `verify` table: it would run unverified; put the routes in one place"
+            ),
+        ));
+    }
+    let dropped: Vec<&str> = file_routes
+        .iter()
+        .map(|r| r.get_ref().prefix.get_ref().as_str())
+        .collect();
+    Ok((!dropped.is_empty()).then(|| {
+        format!(
+            "`--route` replaces the config file's routes; dropped: {}",
+            dropped.join(" ")
+        )
+    }))
+}
+
+/// Route settings at one level (global, or one route's own).
+pub struct Global {
+    pub window: Option<Duration>,
+    pub lease: Option<Duration>,
+    pub wait: Option<Duration>,
+    pub max_run: Option<Duration>,
+    pub max_body: Option<usize>,
+    pub principal_header: Option<HeaderName>,
+    pub principal_cookie: Option<CookiePrincipal>,
+    pub on_store_error: OnStoreError,
+}
+
+impl Global {
+    pub const NONE: Global = Global {
+        window: None,
+        lease: None,
+        wait: None,
+        max_run: None,
+        max_body: None,
+        principal_header: None,
+        principal_cookie: None,
+        on_store_error: OnStoreError::FailClosed,
+    };
+
+    /// The options of a route with its `own` values over these.
+    pub fn options(&self, own: &Global) -> RouteOptions {
+        let mut o = RouteOptions::new().on_store_error(self.on_store_error);
+        if let Some(d) = own.window.or(self.window) {
+            o = o.window(d);
+        }
+        if let Some(d) = own.lease.or(self.lease) {
+            o = o.lease(d);
+        }
+        if let Some(d) = own.wait.or(self.wait) {
+            o = o.wait(d);
+        }
+        if let Some(d) = own.max_run.or(self.max_run) {
+            o = o.max_run(d);
+        }
+        if let Some(n) = own.max_body.or(self.max_body) {
+            o = o.max_body(n);
+        }
+        if let Some(h) = own
+            .principal_header
+            .as_ref()
+            .or(self.principal_header.as_ref())
+        {
+            o = o.principal_header(h.clone());
+        }
+        if let Some(c) = own
+            .principal_cookie
+            .as_ref()
+            .or(self.principal_cookie.as_ref())
+        {
+            o = o.principal_cookie(c.clone());
+        }
+        o
+    }
+}

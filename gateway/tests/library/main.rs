@@ -1,0 +1,9 @@
+//! The gateway's pieces as a library: acknowledge-then-deliver, hostile senders, adaptive shedding, the journal and reconciliation.
+
+mod journal_dropped;
+mod journal_sql;
+mod proxy_ack;
+mod reconcile_bills;
+mod shed_adaptive;
+mod traces;
+mod verify_hostile;
