@@ -31,11 +31,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 use tower::service_fn;
-use tower_idempotency::queue::{
-    AmqpQueue, JetStreamQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
-};
 use tower_idempotency::store::{MemoryStore, OwnerToken};
 use tower_idempotency::Fingerprint;
+use tower_idempotency_queue::{
+    AmqpQueue, JetStreamQueue, Message, Queue, RedbQueue, RedisStreamsQueue, Worker,
+};
 
 const BODY: &str =
     include_str!("../../crates/tower-idempotency/tests/fixtures/wechatpay_v3_notify_official_doc_transaction_success.json");

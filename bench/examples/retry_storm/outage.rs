@@ -27,9 +27,9 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tower_idempotency::queue::{RedbQueue, RedisStreamsQueue, Worker};
 use tower_idempotency::store::{MemoryStore, RedisStore};
 use tower_idempotency::Preset;
+use tower_idempotency_queue::{RedbQueue, RedisStreamsQueue, Worker};
 
 use crate::args::{Args, StoreArg};
 use crate::server::serve;
@@ -212,7 +212,7 @@ struct Stop {
 
 /// Starts a worker for `queue` as the gateway's ack-then-deliver route
 /// runs it (the gateway's defaults beside the limit: breaker 10 / 30 s).
-fn spawn_worker<Q: tower_idempotency::queue::Queue, S>(
+fn spawn_worker<Q: tower_idempotency_queue::Queue, S>(
     queue: Q,
     gateway: &Gateway<S>,
     limit: usize,

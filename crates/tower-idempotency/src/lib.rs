@@ -53,8 +53,11 @@
 //! - [`IdempotencyLayer`]: all three for one [`Preset`].
 //! - [`consumer`]: the same once-per-key guarantee for any message handler
 //!   (`Consumer::once`, `ConsumerLayer`).
-//! - `queue` (feature `queue`): acknowledge after a durable write, deliver
-//!   later, with retries and dead letters.
+//!
+//! Beside this crate: `tower-idempotency-queue` acknowledges after a
+//! durable write and delivers later (embedded, Redis Streams, RabbitMQ, NATS
+//! JetStream), with retries and dead letters; `idempotency-gateway` is a
+//! reverse proxy with these layers for a service written in any language.
 //!
 //! # Promises
 //!
@@ -111,12 +114,11 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances); with `queue`, `queue::RedisStreamsQueue` |
-//! | `queue` | durable queues: `queue::RedbQueue` (one node), `queue::MemoryQueue` (tests), `queue::Worker` |
+//! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances) |
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor, and with `verify` the decrypted WeChat Pay v3 resource (`verify::DecryptedResource`); the layers themselves work with axum without it |
-//! | `metrics` | `idempotency_requests_total{preset,outcome}`, `idempotency_store_seconds` and the queue's `idempotency_queue_*` through the `metrics` facade |
-//! | `tracing` | warnings on mismatches, store failures, lost leases and panics, and a span per request (`idempotency`, with `verify`, `claim`, `upstream` and `replay` under it) and per queued delivery (`deliver`), carrying the preset, the key's hash and the outcome |
-//! | `otel` | with `tracing`, [`trace`]: W3C `traceparent` / `tracestate` sent to the upstream on every call (queued deliveries included), stored with each queued notification so that its delivery links to the ingest's span, and the crate's spans as OpenTelemetry spans through `tracing-opentelemetry` |
+//! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
+//! | `tracing` | warnings on mismatches, store failures, lost leases and panics, and a span per request (`idempotency`, with `verify`, `claim`, `upstream` and `replay` under it), carrying the preset, the key's hash and the outcome |
+//! | `otel` | with `tracing`, [`trace`]: W3C `traceparent` / `tracestate` in and out of headers, for a proxy that passes the trace on to its upstream, and the crate's spans as OpenTelemetry spans through `tracing-opentelemetry` |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
 //! | `sql` | `store::SqlStore` for PostgreSQL, MySQL / MariaDB and SQLite; a handler can complete its record in its own transaction (`store::ActiveClaim`) |
 //!
@@ -152,9 +154,6 @@ pub mod limit;
 pub mod normalize;
 mod outcome;
 pub mod path;
-#[cfg(feature = "queue")]
-#[cfg_attr(docsrs, doc(cfg(feature = "queue")))]
-pub mod queue;
 mod span;
 pub mod store;
 pub mod token;

@@ -273,14 +273,3 @@ macro_rules! log_warn {
     };
 }
 pub(crate) use log_warn;
-
-/// Logs at info level when the `tracing` feature is on.
-#[cfg(feature = "queue")]
-macro_rules! log_info {
-    ($($t:tt)*) => {
-        #[cfg(feature = "tracing")]
-        tracing::info!($($t)*);
-    };
-}
-#[cfg(feature = "queue")]
-pub(crate) use log_info;

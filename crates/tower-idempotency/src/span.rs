@@ -1,6 +1,6 @@
 //! The spans the layers open (feature `tracing`): one `idempotency` span per
 //! request through a stack, with `verify`, `claim`, `upstream` and `replay`
-//! under it, and one `deliver` span per queued delivery.
+//! under it.
 //!
 //! Every span is made by `tracing`'s macros, so that a span nobody listens
 //! to costs one check of its callsite's cached interest and nothing else:
@@ -96,35 +96,6 @@ pub(crate) fn replay() -> Span {
     span!("replay")
 }
 
-/// The span of one delivery of a queued message: a root of its own (the
-/// worker's), linked with `otel` to the span that queued the message (its
-/// `traceparent` header, written at ingest). Its `route` is the path the
-/// message was queued under; its `key_hash` that of the stored key (a copy
-/// queued beside the key has the key's).
-#[cfg(all(feature = "queue", feature = "tracing"))]
-pub(crate) fn deliver(message: &crate::queue::Message, attempt: u32) -> Span {
-    let key = crate::queue::original_key(&message.key);
-    let span = tracing::info_span!(
-        target: "tower_idempotency",
-        parent: None,
-        "deliver",
-        route = message.uri.path(),
-        key_hash = %KeyHash(key),
-        attempt,
-    );
-    #[cfg(feature = "otel")]
-    if !span.is_disabled() {
-        crate::trace::link_to_ingest(&span, &message.headers);
-    }
-    Span::new(span)
-}
-
-/// Without `tracing`: no span.
-#[cfg(all(feature = "queue", not(feature = "tracing")))]
-pub(crate) fn deliver(_message: &crate::queue::Message, _attempt: u32) -> Span {
-    Span
-}
-
 /// Records what a request's answer says (its key's preset and hash, its
 /// outcome) on its `idempotency` span; nothing when nobody listens.
 #[cfg(feature = "tracing")]
@@ -134,7 +105,10 @@ pub(crate) fn record_answer<B>(span: &Span, res: &http::Response<B>) {
     };
     if let Some(key) = res.extensions().get::<crate::IdempotencyKey>() {
         span.record("preset", key.preset());
-        span.record("key_hash", tracing::field::display(KeyHash(key.as_str())));
+        span.record(
+            "key_hash",
+            tracing::field::display(crate::key::KeyHash(key.as_str())),
+        );
     }
     if let Some(outcome) = res.extensions().get::<crate::Outcome>() {
         span.record("outcome", outcome.as_str());
@@ -180,35 +154,5 @@ impl<F: std::future::Future> std::future::Future for InSpan<F> {
         let this = self.project();
         let _entered = this.span.enter();
         this.fut.poll(cx)
-    }
-}
-
-/// The `key_hash` of a stored key: the first 16 hex digits of its SHA-256,
-/// so that the spans of one key can be found together while the key itself
-/// (an order number, a client's key) is never exported. Computed only when
-/// a span records it.
-#[cfg(feature = "tracing")]
-pub(crate) struct KeyHash<'a>(pub(crate) &'a str);
-
-#[cfg(feature = "tracing")]
-impl std::fmt::Display for KeyHash<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(self.0.as_bytes());
-        for b in &digest[..8] {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-#[cfg(all(test, feature = "tracing"))]
-mod tests {
-    use super::KeyHash;
-
-    #[test]
-    fn the_key_hash_is_16_hex_digits_of_sha256() {
-        // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223...
-        assert_eq!(KeyHash("abc").to_string(), "ba7816bf8f01cfea");
     }
 }

@@ -147,20 +147,6 @@ fn one_well_formed(headers: &HeaderMap) -> bool {
         && not_zero(parent_id)
 }
 
-/// Links `span` (a delivery's) to the span context stored in a queued
-/// message's headers, if there is one.
-#[cfg(feature = "queue")]
-pub(crate) fn link_to_ingest(span: &tracing::Span, headers: &HeaderMap) {
-    if !headers.contains_key(TRACEPARENT) {
-        return;
-    }
-    let cx = extract(headers);
-    let ingest = cx.span().span_context().clone();
-    if ingest.is_valid() {
-        span.add_link(ingest);
-    }
-}
-
 /// Writes a propagator's fields into a [`HeaderMap`].
 struct HeaderInjector<'a>(&'a mut HeaderMap);
 

@@ -18,16 +18,16 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::consumer::{Disposition, Failure};
-use tower_idempotency::queue::original_key;
-use tower_idempotency::queue::Message;
 use tower_idempotency::store::Store;
 use tower_idempotency::Outcome;
+use tower_idempotency_queue::original_key;
+use tower_idempotency_queue::Message;
 use tower_service::Service;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Why [`Deliver`] did not deliver a message. A
-/// [`Worker`](tower_idempotency::queue::Worker) retries it, dead-letters it at once when
+/// [`Worker`](tower_idempotency_queue::Worker) retries it, dead-letters it at once when
 /// no later delivery can succeed ([`is_permanent`](Self::is_permanent): the
 /// key was done with another payload, or the message has no key), and keeps
 /// it, never dead-lettered for it, when no route delivers its path now
@@ -106,7 +106,7 @@ impl DeliveryError {
     /// Whether the gateway answered itself, not the upstream: shed by the
     /// route's own limit (`max_in_flight`, or the upstream's cap), the key
     /// in flight elsewhere, the reply deadline, or its store failed. A
-    /// [`Worker`](tower_idempotency::queue::Worker) postpones such a delivery without
+    /// [`Worker`](tower_idempotency_queue::Worker) postpones such a delivery without
     /// counting the attempt, and its breaker does not count it against the
     /// upstream.
     pub fn is_held(&self) -> bool {
@@ -127,7 +127,7 @@ impl fmt::Display for DeliveryError {
     }
 }
 
-/// How a [`Worker`](tower_idempotency::queue::Worker) settles the entry.
+/// How a [`Worker`](tower_idempotency_queue::Worker) settles the entry.
 impl Failure for DeliveryError {
     fn disposition(&self) -> Disposition {
         match self.kind {
@@ -183,7 +183,7 @@ fn sender(headers: &mut HeaderMap) -> Option<ClientConn> {
 /// route that does not verify its sender, see
 /// [`RouteOptions::ack_then_deliver`](super::RouteOptions::ack_then_deliver))
 /// are delivered one at a time. Give it to a
-/// [`Worker`](tower_idempotency::queue::Worker); from [`Gateway::deliverer`].
+/// [`Worker`](tower_idempotency_queue::Worker); from [`Gateway::deliverer`].
 pub struct Deliver<S> {
     pub(crate) gateway: Gateway<S>,
     turns: Arc<Turns>,
@@ -274,7 +274,7 @@ impl<S: Store> Gateway<S> {
     }
 
     /// A service that delivers the queued notifications; give it to a
-    /// [`Worker`](tower_idempotency::queue::Worker) over the queue given to
+    /// [`Worker`](tower_idempotency_queue::Worker) over the queue given to
     /// [`GatewayBuilder::queue`](super::GatewayBuilder::queue), and run that
     /// worker whenever the queue holds entries, even when no route
     /// acknowledges first any more.

@@ -13,10 +13,10 @@ use std::fmt;
 use std::sync::Arc;
 use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::limit::BodyLimits;
-use tower_idempotency::queue::Queue;
 use tower_idempotency::store::Store;
 use tower_idempotency::token::IssueToken;
 use tower_idempotency::{Preset, TaskTracker};
+use tower_idempotency_queue::Queue;
 use tower_layer::Layer;
 
 /// The name of the unguarded requests' share of the upstream's calls (no
@@ -111,7 +111,7 @@ impl<S: Store> GatewayBuilder<S> {
 
     /// The durable queue of the acknowledge-then-deliver routes (see
     /// [`RouteOptions::ack_then_deliver`]); deliver its entries with a
-    /// [`Worker`](tower_idempotency::queue::Worker) over [`Gateway::deliverer`].
+    /// [`Worker`](tower_idempotency_queue::Worker) over [`Gateway::deliverer`].
     /// Defaults to none: such a route is refused by [`build`](Self::build).
     pub fn queue<Q: Queue>(mut self, queue: Q) -> Self {
         self.queue = Some(IngestFn::new(queue));

@@ -13,9 +13,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_idempotency::key::KeyBody;
-use tower_idempotency::queue::{copy_key, Ingested, Message, Queue, QueueError};
 use tower_idempotency::Outcome;
 use tower_idempotency::{IdempotencyKey, ResponseBody};
+use tower_idempotency_queue::{copy_key, Ingested, Message, Queue, QueueError};
 use tower_service::Service;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -30,7 +30,7 @@ pub(crate) const MAX_UNVERIFIED_COPIES: usize = 4;
 /// under: the key itself, then the copies with another payload that a route
 /// which does not verify its sender queues beside it (`KEY~copyN`). What a
 /// forget of `key` clears in the queue
-/// ([`Queue::forget`](tower_idempotency::queue::Queue::forget) on each).
+/// ([`Queue::forget`](tower_idempotency_queue::Queue::forget) on each).
 ///
 /// ```
 /// use idempotency_gateway::proxy::queued_keys;
@@ -208,7 +208,7 @@ fn reply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower_idempotency::queue::original_key;
+    use tower_idempotency_queue::original_key;
 
     #[test]
     fn copies_name_their_key() {

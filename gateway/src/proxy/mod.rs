@@ -9,10 +9,10 @@
 //!   [`Target`], a preset or `auto` detection ([`detect`]), each with its
 //!   own [`RouteOptions`], and forwards the rest untouched.
 //! - Acknowledge-then-deliver routes ([`RouteOptions::ack_then_deliver`]):
-//!   the same pipeline in front of a durable [queue](tower_idempotency::queue) given to
+//!   the same pipeline in front of a durable [queue](tower_idempotency_queue) given to
 //!   [`GatewayBuilder::queue`] instead of the upstream; the channel's success
 //!   reply only once the notification is stored; a
-//!   [`Worker`](tower_idempotency::queue::Worker) over [`Gateway::deliverer`] delivers it
+//!   [`Worker`](tower_idempotency_queue::Worker) over [`Gateway::deliverer`] delivers it
 //!   later through the route's dedup layer.
 //!
 //! The `gateway` example of this crate is a command-line program on these

@@ -1349,7 +1349,7 @@ async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
     dead_letter_replayed_once_while_running(&["--queue", &url], &ids, false).await;
 }
 
-#[path = "../../../crates/tower-idempotency/examples/amqp_consumer.rs"]
+#[path = "../../../crates/tower-idempotency-queue/examples/amqp_consumer.rs"]
 #[allow(dead_code)]
 mod amqp_consumer_example;
 

@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::queue::{
+use tower_idempotency::store::MemoryStore;
+use tower_idempotency::{IdempotencyKey, Outcome, Preset};
+use tower_idempotency_queue::{
     DeadLetter, Delivery, EntryId, Ingested, MemoryQueue, Message, Queue, QueueError, QueueStats,
     RedbQueue, Worker,
 };
-use tower_idempotency::store::MemoryStore;
-use tower_idempotency::{IdempotencyKey, Outcome, Preset};
 
 /// WeChat Pay's success reply.
 const SUCCESS: Expect = match WECHATPAY_V3.success {

@@ -182,12 +182,12 @@ async fn paypal_ack_route(
     clock: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> (
     Gateway<MemoryStore>,
-    tower_idempotency::queue::MemoryQueue,
+    tower_idempotency_queue::MemoryQueue,
     common::upstream::Upstream,
 ) {
     use tower_idempotency::verify::VerifyLayer;
     let up = common::upstream::Upstream::start().await;
-    let queue = tower_idempotency::queue::MemoryQueue::new();
+    let queue = tower_idempotency_queue::MemoryQueue::new();
     let verify = VerifyLayer::new(paypal_keys())
         .clock(move || verify_support::at(clock.load(std::sync::atomic::Ordering::SeqCst)));
     let gateway = Gateway::builder(Forward::new(up.url().parse().unwrap()), MemoryStore::new())
@@ -205,7 +205,7 @@ async fn paypal_ack_route(
 #[tokio::test]
 async fn a_queued_paypal_notification_is_delivered_though_its_transmission_was_used_and_is_stale() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tower_idempotency::queue::Queue;
+    use tower_idempotency_queue::Queue;
     let clock = std::sync::Arc::new(AtomicU64::new(PAYPAL_SENT));
     let (gateway, queue, up) = paypal_ack_route(clock.clone()).await;
     let m = verify_support::meta("paypal_webhook_PayPal-Java-SDK_ValidateCertTest.meta.json");

@@ -10,9 +10,10 @@
 use std::convert::Infallible;
 use std::fmt;
 
-/// What a failed delivery means for its queued entry.
+/// What a failed delivery means for its queued entry. (Not
+/// `non_exhaustive`: a worker must settle every disposition, so a new one
+/// is a breaking change.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
 pub enum Disposition {
     /// Tried again after its backoff; dead-lettered after the last attempt.
     /// A sign that the upstream is failing (the breaker counts it).

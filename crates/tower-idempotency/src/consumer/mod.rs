@@ -7,8 +7,9 @@
 //! a lease renewed every `lease/3` while the handler runs, an owner-checked
 //! completion, failures and panics never recorded (the claim is released, so
 //! the next delivery runs again). [`ConsumerLayer`] does the same as a tower
-//! layer over any message type, and `JetStreamConsumer` (feature `nats`)
-//! on a NATS JetStream subscription, settling each message.
+//! layer over any message type. The `tower-idempotency-queue` crate has the
+//! same for a RabbitMQ or NATS JetStream subscription (`AmqpConsumer`,
+//! `JetStreamConsumer`), settling each message.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,29 +60,16 @@
 //! # }
 //! ```
 //!
-//! On RabbitMQ, [`AmqpConsumer`] (feature `amqp`) does the same for every
-//! message of a subscription, and acknowledges, hands back or rejects it.
-//!
 //! An instance that dies while its handler talks to a remote system cannot
 //! know whether that system acted: after the lease, the next delivery runs
 //! again. Keep a unique index in the business database as the backstop.
 
-#[cfg(feature = "amqp")]
-mod amqp;
 mod disposition;
-#[cfg(feature = "nats")]
-mod jetstream;
 mod lease;
 mod once;
 mod service;
 
-#[cfg(feature = "amqp")]
-#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
-pub use amqp::{gateway_entry, AmqpConsumer, AmqpMessage, Handled};
 pub use disposition::{Disposition, Failure};
-#[cfg(feature = "nats")]
-#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-pub use jetstream::JetStreamConsumer;
 pub use once::Consumer;
 pub use service::{ConsumeFuture, ConsumeOnce, ConsumerLayer, MessageKey};
 

@@ -262,3 +262,28 @@ mod axum_extract {
         }
     }
 }
+
+/// The `key_hash` of a stored key that the crate's spans record (and the
+/// queue's `deliver` span): the first 16 hex digits of its SHA-256, so that
+/// the spans of one key can be found together while the key itself (an
+/// order number, a client's key) is never exported. Computed only when
+/// formatted.
+///
+/// ```
+/// use tower_idempotency::key::KeyHash;
+/// // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223...
+/// assert_eq!(KeyHash("abc").to_string(), "ba7816bf8f01cfea");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct KeyHash<'a>(pub &'a str);
+
+impl fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.0.as_bytes());
+        for b in &digest[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::Service;
-use tower_idempotency::queue::original_key;
-use tower_idempotency::queue::{
+use tower_idempotency_queue::original_key;
+use tower_idempotency_queue::{
     AmqpQueue, JetStreamQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
 };
 use tracing::{info, warn};

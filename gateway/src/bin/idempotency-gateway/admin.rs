@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tower_idempotency::queue::RedbQueue;
+use tower_idempotency_queue::RedbQueue;
 use tracing::{debug, info};
 use tracing_appender::non_blocking::ErrorCounter;
 

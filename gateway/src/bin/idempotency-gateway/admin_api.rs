@@ -18,9 +18,9 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
-use tower_idempotency::queue::Queue;
 use tower_idempotency::store::{Forgotten, RecordState, Store};
 use tower_idempotency::Preset;
+use tower_idempotency_queue::Queue;
 use tracing::{info, warn};
 
 /// The longest an admin call waits for the store.

@@ -37,7 +37,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use toml::Spanned;
-use tower_idempotency::queue::Pace;
+use tower_idempotency_queue::Pace;
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -5,7 +5,7 @@
 use crate::ack::QueueSettings;
 use clap::Subcommand;
 use std::io::Write;
-use tower_idempotency::queue::{EntryId, Queue};
+use tower_idempotency_queue::{EntryId, Queue};
 
 /// Subcommands.
 #[derive(Subcommand, Debug, Clone)]
@@ -75,7 +75,7 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, d: &tower_idempotency::queue::DeadLetter) -> bool {
+    fn matches(&self, d: &tower_idempotency_queue::DeadLetter) -> bool {
         let at = d
             .dead_at
             .duration_since(std::time::UNIX_EPOCH)

@@ -6,7 +6,7 @@ use crate::parse;
 use crate::spanned::At;
 use std::time::Duration;
 use toml::Spanned;
-use tower_idempotency::queue::{Pace, Rate};
+use tower_idempotency_queue::{Pace, Rate};
 
 /// `deliver_concurrency` when a route does not set it.
 pub const DEFAULT_DELIVER_CONCURRENCY: usize = 16;

@@ -11,9 +11,9 @@ use std::path::Path;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::key::CookiePrincipal;
-use tower_idempotency::queue::Pace;
 use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
+use tower_idempotency_queue::Pace;
 
 /// One `[[route]]` table. New per-route settings are new fields here.
 #[derive(Debug, Deserialize)]

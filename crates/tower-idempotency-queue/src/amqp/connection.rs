@@ -1,0 +1,384 @@
+//! The link to the broker: one connection and its channels, the queues
+//! declared on every connect, and publishing with publisher confirms.
+
+use super::super::{Message, QueueError};
+use super::{
+    delay::{MAX_DELAY, MIN_DELAY},
+    err, AmqpQueue,
+};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower_idempotency::store::Store;
+
+/// The longest one exchange with the broker may take: a publish and its
+/// confirm, an acknowledgement, a declare. The broker answers in
+/// milliseconds. Past it the caller gets a retryable error and the
+/// connection is forgotten (the next call connects again), so a broker, or a
+/// connection, that stops answering holds no request, delivery or fetch for
+/// longer. Below the claim an ingest holds while it publishes (10 s): a
+/// publish that ran out gives its key back before another copy may take the
+/// key over.
+pub(super) const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);
+
+/// The longest connecting may take: TCP (or TLS), the AMQP handshake, the
+/// two channels and every declare, two dozen round trips.
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long after a failed connect callers get its error without trying
+/// again themselves.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// The connection, if any, and the last connect that failed (when, why).
+#[derive(Default)]
+pub(super) struct Slot {
+    link: Option<Link>,
+    failed: Option<(Instant, String)>,
+}
+
+/// One connection and its channels.
+#[derive(Clone)]
+pub(super) struct Link {
+    pub(super) conn: Arc<Connection>,
+    /// Publishes in confirm mode.
+    pub(super) publish: Channel,
+    /// Consumes entries (`basic.consume`) and acknowledges them.
+    pub(super) take: Channel,
+    /// Which connection this is: a delivery taken on another one can no
+    /// longer be acknowledged (the broker gave it back when that closed).
+    pub(super) generation: u64,
+}
+
+impl Link {
+    pub(super) fn usable(&self) -> bool {
+        self.conn.status().connected()
+            && self.publish.status().connected()
+            && self.take.status().connected()
+    }
+}
+
+pub(super) fn string(v: impl Into<String>) -> ShortString {
+    ShortString::from(v.into())
+}
+
+pub(super) fn quorum() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    args
+}
+
+pub(super) fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+pub(super) fn header<'a>(p: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+    p.headers().as_ref()?.inner().get(name)
+}
+
+pub(super) fn header_u64(p: &BasicProperties, name: &str) -> Option<u64> {
+    match header(p, name)? {
+        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        AMQPValue::ShortInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
+        AMQPValue::Timestamp(n) => Some(*n),
+        _ => None,
+    }
+}
+
+pub(super) fn header_text(p: &BasicProperties, name: &str) -> String {
+    match header(p, name) {
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        Some(AMQPValue::ShortString(s)) => s.as_str().to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// What a publish carries besides the message.
+pub(super) struct Envelope<'a> {
+    pub(super) id: String,
+    pub(super) attempts: u32,
+    pub(super) error: Option<&'a str>,
+    pub(super) enqueued_ms: u64,
+    pub(super) dead_at: Option<u64>,
+}
+
+impl<S: Store> AmqpQueue<S> {
+    /// The live connection, connecting (and declaring the queues) when
+    /// there is none or it broke.
+    ///
+    /// Bounded: a caller waits for another's connect at most
+    /// [`EXCHANGE_LIMIT`], a connect takes at most [`CONNECT_LIMIT`], and
+    /// for [`RECONNECT_PAUSE`] after a failed connect callers get its error
+    /// at once, so callers piling up while the broker does not answer do not
+    /// each wait for a connect of their own, one after the other.
+    pub(super) async fn link(&self) -> Result<Link, QueueError> {
+        let mut slot = tokio::time::timeout(EXCHANGE_LIMIT, self.inner.link.lock())
+            .await
+            .map_err(|_| err("still connecting to the broker"))?;
+        let stalled = self.inner.stalled.load(Ordering::Relaxed);
+        if let Some(link) = slot
+            .link
+            .as_ref()
+            .filter(|l| l.usable() && l.generation > stalled)
+        {
+            return Ok(link.clone());
+        }
+        if let Some((at, why)) = &slot.failed {
+            if at.elapsed() < RECONNECT_PAUSE {
+                return Err(err(format_args!("not connected: {why}")));
+            }
+        }
+        if let Some(old) = slot.link.take() {
+            // Closed aside: a connection that stopped answering is dropped
+            // all the same once the limit passes.
+            tokio::spawn(async move {
+                let closing = old.conn.close(200, "reconnecting".into());
+                let _ = tokio::time::timeout(EXCHANGE_LIMIT, closing).await;
+            });
+        }
+        let connecting = async {
+            let conn = Connection::connect(&self.inner.uri, ConnectionProperties::default())
+                .await
+                .map_err(err)?;
+            let publish = conn.create_channel().await.map_err(err)?;
+            publish
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(err)?;
+            let take = conn.create_channel().await.map_err(err)?;
+            self.declare(&publish).await?;
+            Ok::<_, QueueError>((conn, publish, take))
+        };
+        let connected = tokio::time::timeout(CONNECT_LIMIT, connecting)
+            .await
+            .unwrap_or_else(|_| {
+                Err(err(format_args!(
+                    "connecting took longer than {CONNECT_LIMIT:?}"
+                )))
+            });
+        let (conn, publish, take) = match connected {
+            Ok(connected) => connected,
+            Err(e) => {
+                slot.failed = Some((Instant::now(), e.to_string()));
+                return Err(e);
+            }
+        };
+        let link = Link {
+            conn: Arc::new(conn),
+            publish,
+            take,
+            generation: self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1,
+        };
+        // What the old connection held, the broker handed out again.
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, h| h.generation == link.generation);
+        slot.failed = None;
+        slot.link = Some(link.clone());
+        Ok(link)
+    }
+
+    /// Forgets a broken connection (`generation`, [`Link::generation`]), so
+    /// that the next call connects again. It waits for nothing (not for a
+    /// connect under way): a caller that found the broker silent answers at
+    /// once.
+    pub(super) fn broken(&self, generation: u64) {
+        self.inner.stalled.fetch_max(generation, Ordering::Relaxed);
+    }
+
+    /// `exchange`, one round trip with the broker on the connection
+    /// `generation`, within [`EXCHANGE_LIMIT`]; `what` names it in the
+    /// error. No answer in time: that connection is forgotten, so the next
+    /// call connects again.
+    pub(super) async fn bounded<T, E: fmt::Display>(
+        &self,
+        generation: u64,
+        what: &str,
+        exchange: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, QueueError> {
+        match tokio::time::timeout(EXCHANGE_LIMIT, exchange).await {
+            Ok(answer) => answer.map_err(|e| err(format_args!("{what}: {e}"))),
+            Err(_) => {
+                self.broken(generation);
+                Err(err(format_args!(
+                    "the broker did not answer {what} within {EXCHANGE_LIMIT:?}"
+                )))
+            }
+        }
+    }
+
+    pub(super) async fn declare(&self, ch: &Channel) -> Result<(), QueueError> {
+        let name = &self.inner.name;
+        ch.exchange_declare(
+            string(self.dlx()),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+        ch.queue_declare(string(self.dead_queue()), durable(), quorum())
+            .await
+            .map_err(err)?;
+        ch.queue_bind(
+            string(self.dead_queue()),
+            string(self.dlx()),
+            string(name.clone()),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+        let mut main = quorum();
+        main.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(LongString::from(self.dlx())),
+        );
+        ch.queue_declare(string(name.clone()), durable(), main)
+            .await
+            .map_err(err)?;
+        for exp in MIN_DELAY..=MAX_DELAY {
+            let ms = 1u64 << exp;
+            let mut args = quorum();
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ms as i64));
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString(LongString::from("")),
+            );
+            args.insert(
+                "x-dead-letter-routing-key".into(),
+                AMQPValue::LongString(LongString::from(name.as_str())),
+            );
+            // Moved back into the queue at-least-once (a duplicate at
+            // worst, which the consumer runs once), never dropped.
+            args.insert(
+                "x-dead-letter-strategy".into(),
+                AMQPValue::LongString(LongString::from("at-least-once")),
+            );
+            args.insert(
+                "x-overflow".into(),
+                AMQPValue::LongString(LongString::from("reject-publish")),
+            );
+            ch.queue_declare(string(self.delay_queue(ms)), durable(), args)
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// An acknowledgement (`ack`) on the connection `generation`, bounded
+    /// like every exchange, as a result: lapin answers `Ok(false)`, not an
+    /// error, when the channel closed under the delivery (the broker hands
+    /// it out again), and that is no acknowledgement.
+    pub(super) async fn settled(
+        &self,
+        generation: u64,
+        ack: impl std::future::Future<Output = lapin::Result<bool>>,
+    ) -> Result<(), QueueError> {
+        match self.bounded(generation, "an acknowledgement", ack).await? {
+            true => Ok(()),
+            false => Err(err("the channel closed before the broker was told")),
+        }
+    }
+
+    /// Gives `acker`'s delivery back to the queue, bounded like every
+    /// exchange; a failure leaves it to the broker (it hands the delivery
+    /// out again once the connection closes).
+    pub(super) async fn give_back_one(&self, generation: u64, acker: &lapin::Acker) {
+        let _ = self
+            .bounded(
+                generation,
+                "a negative acknowledgement",
+                acker.nack(super::requeue()),
+            )
+            .await;
+    }
+
+    /// Publishes `message` to `exchange`/`routing_key` and waits for the
+    /// broker's confirm.
+    pub(super) async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: &Message,
+        env: Envelope<'_>,
+    ) -> Result<(), QueueError> {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "x-attempts".into(),
+            AMQPValue::LongLongInt(i64::from(env.attempts)),
+        );
+        headers.insert(
+            "x-enqueued-ms".into(),
+            AMQPValue::LongLongInt(env.enqueued_ms as i64),
+        );
+        headers.insert(
+            "x-idempotency-key".into(),
+            AMQPValue::LongString(LongString::from(message.key.as_str())),
+        );
+        if let Some(e) = env.error {
+            headers.insert(
+                "x-last-error".into(),
+                AMQPValue::LongString(LongString::from(e)),
+            );
+        }
+        if let Some(at) = env.dead_at {
+            headers.insert("x-dead-at-ms".into(), AMQPValue::LongLongInt(at as i64));
+        }
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(string(env.id))
+            .with_timestamp(env.enqueued_ms / 1000)
+            .with_headers(headers);
+        let link = self.link().await?;
+        let sent = async {
+            link.publish
+                .basic_publish(
+                    string(exchange),
+                    string(routing_key),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &message.encode(),
+                    props,
+                )
+                .await?
+                .await
+        };
+        let confirmed = self.bounded(link.generation, "a publish", sent).await;
+        if confirmed.is_err() {
+            self.broken(link.generation);
+        }
+        match confirmed? {
+            lapin::Confirmation::Ack(None) => Ok(()),
+            lapin::Confirmation::Ack(Some(_)) => Err(err(format!(
+                "the broker could not route the entry to `{routing_key}`"
+            ))),
+            other => Err(err(format!(
+                "the broker did not confirm the entry: {other:?}"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Dead letters: the dead-letter exchange and its queue, reading them
+//! without taking them, and replay moving them back into the queue.
+
+use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
+use super::connection::{header_text, header_u64, string};
+use super::records::{DEAD, QUEUED};
+use super::{fresh_id, ms_of, now_ms, AmqpQueue, Envelope};
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::Channel;
+use std::time::{Duration, UNIX_EPOCH};
+use tower_idempotency::store::Store;
+
+/// Dead letters taken (unacknowledged) on a channel of their own.
+pub(super) struct Peeked {
+    ch: Channel,
+    taken: Vec<lapin::message::Delivery>,
+    /// The connection the channel is on.
+    generation: u64,
+}
+
+impl<S: Store> AmqpQueue<S> {
+    pub(super) fn dlx(&self) -> String {
+        format!("{}.dlx", self.inner.name)
+    }
+
+    pub(super) fn dead_queue(&self) -> String {
+        format!("{}.dead", self.inner.name)
+    }
+
+    /// Takes up to `max` dead letters on a channel of their own, unacked
+    /// (closing the channel gives back those not acknowledged).
+    pub(super) async fn peek_dead(&self, max: usize) -> Result<Peeked, QueueError> {
+        let link = self.link().await?;
+        let generation = link.generation;
+        let ch = self
+            .bounded(generation, "a new channel", link.conn.create_channel())
+            .await?;
+        let mut taken = Vec::new();
+        while taken.len() < max {
+            let get = ch.basic_get(string(self.dead_queue()), BasicGetOptions::default());
+            match self.bounded(generation, "a get", get).await? {
+                Some(m) => taken.push(m.delivery),
+                None => break,
+            }
+        }
+        Ok(Peeked {
+            ch,
+            taken,
+            generation,
+        })
+    }
+
+    pub(super) fn dead_letter_of(d: &lapin::message::Delivery) -> DeadLetter {
+        let p = &d.properties;
+        let id = p
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default();
+        DeadLetter {
+            message: Message::decode(&d.data).unwrap_or_else(|| Message::undecodable(&id, &d.data)),
+            id: EntryId::new(id),
+            attempts: header_u64(p, "x-attempts").unwrap_or(0) as u32,
+            error: header_text(p, "x-last-error"),
+            dead_at: UNIX_EPOCH + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
+        }
+    }
+
+    /// Moves the dead letters `pick` chooses back into the queue; how many.
+    pub(super) async fn replay_where(
+        &self,
+        pick: impl Fn(&DeadLetter) -> bool,
+    ) -> Result<usize, QueueError> {
+        let peeked = self.peek_dead(usize::MAX).await?;
+        let mut n = 0;
+        let result = async {
+            for d in &peeked.taken {
+                let letter = Self::dead_letter_of(d);
+                if !pick(&letter) {
+                    continue;
+                }
+                let env = Envelope {
+                    id: fresh_id(),
+                    attempts: 0,
+                    error: None,
+                    enqueued_ms: now_ms(),
+                    dead_at: None,
+                };
+                self.publish("", &self.inner.name, &letter.message, env)
+                    .await?;
+                self.settled(peeked.generation, d.acker.ack(BasicAckOptions::default()))
+                    .await?;
+                self.set_state(&letter.message.key, letter.message.fingerprint, QUEUED)
+                    .await;
+                n += 1;
+            }
+            Ok::<_, QueueError>(())
+        }
+        .await;
+        // The others go back to the dead letters.
+        self.give_back(&peeked).await;
+        result.map(|()| n)
+    }
+
+    /// Hands the dead letters a peek took back to the dead queue, and
+    /// returns once they are counted there again. Closing the channel
+    /// alone requeues them too, but the broker does it on its own time: a
+    /// count read on another channel right after could miss them. A nack
+    /// and then a passive declare on the same channel reach the queue in
+    /// that order, so once the declare is answered they are back.
+    pub(super) async fn give_back(&self, peeked: &Peeked) {
+        let Peeked {
+            ch,
+            taken,
+            generation,
+        } = peeked;
+        for d in taken {
+            if d.acker.usable() {
+                self.give_back_one(*generation, &d.acker).await;
+            }
+        }
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = ch.queue_declare(string(self.dead_queue()), passive, FieldTable::default());
+        let _ = self.bounded(*generation, "a declare", declared).await;
+        let closing = ch.close(200, "done".into());
+        let _ = self
+            .bounded(*generation, "a channel's close", closing)
+            .await;
+    }
+
+    pub(super) async fn dead_letter_now(
+        &self,
+        delivery: &Delivery,
+        error: &str,
+    ) -> Result<bool, QueueError> {
+        let Some(held) = self.release_held(delivery).await else {
+            return Ok(false);
+        };
+        let m = &delivery.message;
+        // The record first: a copy arriving once the entry is dead must
+        // find it dead (a duplicate), not queued.
+        self.set_state(&m.key, m.fingerprint, DEAD).await;
+        let env = Envelope {
+            id: delivery.id.to_string(),
+            attempts: delivery.attempt,
+            error: Some(error),
+            enqueued_ms: ms_of(held.enqueued),
+            dead_at: Some(now_ms()),
+        };
+        if let Err(e) = self.publish(&self.dlx(), &self.inner.name, m, env).await {
+            self.give_back_one(held.generation, &held.acker).await;
+            return Err(e);
+        }
+        self.settled(held.generation, held.acker.ack(BasicAckOptions::default()))
+            .await?;
+        Ok(true)
+    }
+
+    pub(super) async fn dead_letters_now(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let peeked = self.peek_dead(usize::MAX).await?;
+        self.give_back(&peeked).await;
+        let mut letters: Vec<DeadLetter> = peeked.taken.iter().map(Self::dead_letter_of).collect();
+        letters.sort_by_key(|d| d.dead_at);
+        letters.truncate(limit);
+        Ok(letters)
+    }
+}

@@ -1,0 +1,117 @@
+//! The [`Queue`](super::Queue) impl shared by the queues over
+//! [`Embedded`](super::embedded::Embedded): every change goes through its
+//! group commit.
+
+/// Implements [`Queue`](super::Queue) for a newtype over [`Embedded`].
+macro_rules! embedded_queue {
+    ($ty:ty) => {
+        impl $crate::Queue for $ty {
+            async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
+                self.inner
+                    .grouped_ingest(move |txn| Embedded::ingest(txn, &message))
+                    .await
+            }
+
+            async fn fetch(
+                &self,
+                max: usize,
+                lease: Duration,
+            ) -> Result<Vec<Delivery>, QueueError> {
+                self.inner
+                    .grouped_fetch(move |txn| Embedded::fetch(txn, max, lease))
+                    .await
+            }
+
+            async fn renew(
+                &self,
+                delivery: &Delivery,
+                lease: Duration,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .grouped(move |txn| Embedded::renew(txn, &d, lease))
+                    .await
+            }
+
+            async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
+                let (d, window) = (delivery.clone(), self.inner.window());
+                self.inner
+                    .grouped(move |txn| Embedded::ack(txn, &d, window))
+                    .await
+            }
+
+            async fn retry(
+                &self,
+                delivery: &Delivery,
+                after: Duration,
+                _error: &str,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, false))
+                    .await
+            }
+
+            async fn postpone(
+                &self,
+                delivery: &Delivery,
+                after: Duration,
+                _error: &str,
+            ) -> Result<bool, QueueError> {
+                let d = delivery.clone();
+                self.inner
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, true))
+                    .await
+            }
+
+            async fn dead_letter(
+                &self,
+                delivery: &Delivery,
+                error: &str,
+            ) -> Result<bool, QueueError> {
+                let (d, error) = (delivery.clone(), error.to_owned());
+                self.inner
+                    .grouped(move |txn| Embedded::dead_letter(txn, &d, &error))
+                    .await
+            }
+
+            async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.dead_letters(limit))
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+
+            async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+                let Ok(id) = id.as_str().parse::<u64>() else {
+                    return Ok(false);
+                };
+                self.inner
+                    .grouped(move |txn| Embedded::replay(txn, id))
+                    .await
+            }
+
+            async fn replay_all(&self) -> Result<usize, QueueError> {
+                self.inner.grouped(Embedded::replay_all).await
+            }
+
+            async fn stats(&self) -> Result<QueueStats, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.stats())
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+
+            async fn forget(&self, key: &str) -> Result<bool, QueueError> {
+                let key = key.to_owned();
+                // A refusal is the change's answer, not its failure: the
+                // changes committed with it are kept.
+                self.inner
+                    .grouped(move |txn| Embedded::forget(txn, &key))
+                    .await?
+                    .map_err(QueueError::new)
+            }
+        }
+    };
+}
+pub(super) use embedded_queue;

@@ -1,0 +1,434 @@
+//! The queue logic over one redb database (a file, or memory for tests).
+//!
+//! Tables: `state` (id → attempts, due time, lease, enqueued time, order
+//! group hash: fixed 36 bytes, scanned by `fetch`), `messages` (id → encoded
+//! message, read only for the entries handed out), `keys` (key →
+//! fingerprint, live entry id, expiry), `expiry` ((expiry, key) → ()),
+//! `dead` (id → attempts, time, error, message), `meta` (next id). Every
+//! change runs in a write transaction of the group commit: atomic, and
+//! durable before its caller hears back.
+
+use super::group::{Committer, Kind};
+use super::health::Health;
+use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
+use super::reopen::Db;
+use super::room::Room;
+use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(super) const STATE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("state");
+pub(super) const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("messages");
+pub(super) const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
+pub(super) const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
+pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
+pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+
+/// Expired keys removed per acknowledgement, so that cleanup keeps pace
+/// without one long transaction.
+const PURGE_BATCH: usize = 16;
+
+fn order_hash(order: Option<&str>) -> u64 {
+    let Some(order) = order else { return 0 };
+    foldhash::quality::FixedState::with_seed(0x9e37)
+        .hash_one(order)
+        .max(1)
+}
+
+fn fresh_lease() -> u64 {
+    let t = tower_idempotency::store::OwnerToken::new().as_u128();
+    ((t >> 64) as u64 ^ t as u64).max(1)
+}
+
+/// The queue over one database.
+#[derive(Debug, Clone)]
+pub(super) struct Embedded {
+    pub(super) db: Arc<Db>,
+    window: Duration,
+    committer: Arc<Committer>,
+}
+
+impl Embedded {
+    /// The queue over `db`; `path`, its file, to reopen it after a failed
+    /// write (none: in memory).
+    pub(super) fn new(
+        db: Database,
+        path: Option<PathBuf>,
+        window: Duration,
+    ) -> Result<Self, QueueError> {
+        let room = path.clone().map(Room::on).unwrap_or_default();
+        let db = Arc::new(Db::new(db, path, Health::new(room))?);
+        Ok(Self {
+            committer: Arc::new(Committer::start(db.clone())?),
+            db,
+            window,
+        })
+    }
+
+    /// Keeps `bytes` free on the file's disk: ingests are refused past it.
+    pub(super) fn set_reserve(&self, bytes: u64) {
+        self.db.health.room.set_reserve(bytes);
+    }
+
+    /// Whether new entries can be stored now.
+    pub(super) fn writable(&self) -> bool {
+        self.db.health.writable()
+    }
+
+    pub(super) fn set_window(&mut self, window: Duration) {
+        self.window = window;
+    }
+
+    /// Runs `change` in the next group commit (see [`Committer::run`]);
+    /// returns once that commit is durable. After a failed write it waits
+    /// for the file to be reopened (see [`Kind::Settle`]).
+    pub(super) async fn grouped<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(Kind::Settle, change).await
+    }
+
+    /// [`grouped`](Self::grouped) for a change that stores a new entry:
+    /// refused while the disk is short of room.
+    pub(super) async fn grouped_ingest<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(Kind::Ingest, change).await
+    }
+
+    /// [`grouped`](Self::grouped) for a fetch: fails at once while the file
+    /// is being reopened (a settlement waits for it).
+    pub(super) async fn grouped_fetch<T, F>(&self, change: F) -> Result<T, QueueError>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
+    {
+        self.committer.run(Kind::Fetch, change).await
+    }
+
+    /// How long a delivered key is remembered.
+    pub(super) fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Bytes of the file in use (allocated pages), for measurements.
+    pub(super) fn allocated_bytes(&self) -> Result<u64, QueueError> {
+        let txn = self.db.get()?.begin_write().map_err(err)?;
+        let stats = txn.stats().map_err(err)?;
+        txn.abort().map_err(err)?;
+        Ok(stats.allocated_pages() * stats.page_size() as u64)
+    }
+
+    pub(super) fn ingest(
+        txn: &WriteTransaction,
+        message: &Message,
+    ) -> Result<Ingested, QueueError> {
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let found = keys
+            .get(message.key.as_str())
+            .map_err(err)?
+            .and_then(|v| Marker::decode(v.value()));
+        let now = queue_now(txn)?;
+        if let Some(marker) = found {
+            if marker.expires == 0 || marker.expires > now {
+                return Ok(if marker.fingerprint == message.fingerprint.to_bytes() {
+                    Ingested::Duplicate
+                } else {
+                    Ingested::Mismatch
+                });
+            }
+        }
+        let id = Self::next_id(txn)?;
+        let marker = Marker {
+            fingerprint: message.fingerprint.to_bytes(),
+            entry: id,
+            expires: 0,
+        };
+        keys.insert(message.key.as_str(), marker.encode().as_slice())
+            .map_err(err)?;
+        Self::enqueue(txn, id, message, now)?;
+        Ok(Ingested::Queued(EntryId::new(id.to_string())))
+    }
+
+    pub(super) fn next_id(txn: &WriteTransaction) -> Result<u64, QueueError> {
+        let mut meta = txn.open_table(META).map_err(err)?;
+        let id = meta
+            .get("next_id")
+            .map_err(err)?
+            .map(|v| v.value())
+            .unwrap_or(1);
+        meta.insert("next_id", id + 1).map_err(err)?;
+        Ok(id)
+    }
+
+    pub(super) fn enqueue(
+        txn: &WriteTransaction,
+        id: u64,
+        message: &Message,
+        now: u64,
+    ) -> Result<(), QueueError> {
+        let state = State {
+            attempts: 0,
+            due: now,
+            lease: 0,
+            enqueued: now,
+            order: order_hash(message.order.as_deref()),
+        };
+        txn.open_table(STATE)
+            .map_err(err)?
+            .insert(id, state.encode().as_slice())
+            .map_err(err)?;
+        txn.open_table(MESSAGES)
+            .map_err(err)?
+            .insert(id, message.encode().as_slice())
+            .map_err(err)?;
+        Ok(())
+    }
+
+    pub(super) fn fetch(
+        txn: &WriteTransaction,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let now = queue_now(txn)?;
+        let mut state = txn.open_table(STATE).map_err(err)?;
+        let mut blocked = HashSet::new();
+        let mut taken = Vec::new();
+        for row in state.iter().map_err(err)? {
+            if taken.len() >= max {
+                break;
+            }
+            let (id, value) = row.map_err(err)?;
+            let s = State::decode(value.value())?;
+            if s.order != 0 && !blocked.insert(s.order) {
+                // An earlier entry of its order group is not delivered yet.
+                continue;
+            }
+            if s.due <= now {
+                taken.push((id.value(), s));
+            }
+        }
+        let mut out = Vec::with_capacity(taken.len());
+        let mut unreadable = Vec::new();
+        for (id, mut s) in taken {
+            s.attempts += 1;
+            s.lease = fresh_lease();
+            s.due = now + lease.as_millis() as u64;
+            let raw = txn
+                .open_table(MESSAGES)
+                .map_err(err)?
+                .get(id)
+                .map_err(err)?
+                .map(|v| v.value().to_vec());
+            let Some(message) = raw.as_deref().and_then(Message::decode) else {
+                // Written by another version, or damaged: set aside with its
+                // reason, and the others delivered.
+                unreadable.push((id, s.attempts, raw.unwrap_or_default()));
+                continue;
+            };
+            state.insert(id, s.encode().as_slice()).map_err(err)?;
+            out.push(Delivery {
+                id: EntryId::new(id.to_string()),
+                message,
+                attempt: s.attempts,
+                enqueued_at: time_of(s.enqueued),
+                lease: s.lease,
+            });
+        }
+        drop(state);
+        for (id, attempts, raw) in unreadable {
+            Self::remove(txn, id)?;
+            let why = "undecodable entry: not a message this version can read";
+            crate::log_warn!(entry = id, "{why}; dead-lettered");
+            Self::bury(txn, id, attempts, why, &raw)?;
+        }
+        Ok(out)
+    }
+
+    /// The entry's state if `delivery` still holds its lease.
+    pub(super) fn leased(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+    ) -> Result<Option<(u64, State)>, QueueError> {
+        let Ok(id) = delivery.id.as_str().parse::<u64>() else {
+            return Ok(None);
+        };
+        let state = txn.open_table(STATE).map_err(err)?;
+        let found = state
+            .get(id)
+            .map_err(err)?
+            .map(|v| State::decode(v.value()))
+            .transpose()?;
+        Ok(found.filter(|s| s.lease == delivery.lease).map(|s| (id, s)))
+    }
+
+    /// The lease of `delivery` runs `lease` from now, if it still holds it.
+    pub(super) fn renew(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        lease: Duration,
+    ) -> Result<bool, QueueError> {
+        let Some((id, mut s)) = Self::leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        s.due = queue_now(txn)? + lease.as_millis() as u64;
+        txn.open_table(STATE)
+            .map_err(err)?
+            .insert(id, s.encode().as_slice())
+            .map_err(err)?;
+        Ok(true)
+    }
+
+    /// Removes a live entry: its message bytes if it had any.
+    pub(super) fn remove(txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
+        txn.open_table(STATE)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?;
+        let mut messages = txn.open_table(MESSAGES).map_err(err)?;
+        let bytes = messages
+            .remove(id)
+            .map_err(err)?
+            .map(|v| v.value().to_vec());
+        Ok(bytes)
+    }
+
+    /// Removes the delivered entry and remembers its key for `window`.
+    pub(super) fn ack(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        window: Duration,
+    ) -> Result<bool, QueueError> {
+        let Some((id, _)) = Self::leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        Self::remove(txn, id)?;
+        let now = queue_now(txn)?;
+        let expires = now + window.as_millis() as u64;
+        let key = delivery.message.key.as_str();
+        let marker = Marker {
+            fingerprint: delivery.message.fingerprint.to_bytes(),
+            entry: 0,
+            expires,
+        };
+        txn.open_table(KEYS)
+            .map_err(err)?
+            .insert(key, marker.encode().as_slice())
+            .map_err(err)?;
+        txn.open_table(EXPIRY)
+            .map_err(err)?
+            .insert((expires, key), ())
+            .map_err(err)?;
+        Self::purge(txn, now)?;
+        Ok(true)
+    }
+
+    /// Forgets a few keys whose window ended.
+    fn purge(txn: &WriteTransaction, now: u64) -> Result<(), QueueError> {
+        let mut expiry = txn.open_table(EXPIRY).map_err(err)?;
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let due: Vec<(u64, String)> = expiry
+            .range((0u64, "")..(now, ""))
+            .map_err(err)?
+            .take(PURGE_BATCH)
+            .filter_map(|r| r.ok().map(|(k, _)| (k.value().0, k.value().1.to_owned())))
+            .collect();
+        for (at, key) in due {
+            expiry.remove((at, key.as_str())).map_err(err)?;
+            let current = keys
+                .get(key.as_str())
+                .map_err(err)?
+                .and_then(|v| Marker::decode(v.value()));
+            // A key queued again since has a newer marker: keep it.
+            if current.is_some_and(|m| m.entry == 0 && m.expires == at) {
+                keys.remove(key.as_str()).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the marker of a delivered `key` (see
+    /// [`Queue::forget`](super::Queue::forget)): `Ok(true)` if it was
+    /// forgotten, `Ok(false)` if there was none, `Err` (the refusal, nothing
+    /// changed) while an entry of `key` is live or dead-lettered.
+    pub(super) fn forget(
+        txn: &WriteTransaction,
+        key: &str,
+    ) -> Result<Result<bool, &'static str>, QueueError> {
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let Some(marker) = keys
+            .get(key)
+            .map_err(err)?
+            .and_then(|v| Marker::decode(v.value()))
+        else {
+            return Ok(Ok(false));
+        };
+        if marker.entry != 0 {
+            let dead = txn.open_table(DEAD).map_err(err)?;
+            return Ok(Err(if dead.get(marker.entry).map_err(err)?.is_some() {
+                "dead-lettered: replay it from the dead letters instead"
+            } else {
+                "still queued: delivered when due"
+            }));
+        }
+        keys.remove(key).map_err(err)?;
+        txn.open_table(EXPIRY)
+            .map_err(err)?
+            .remove((marker.expires, key))
+            .map_err(err)?;
+        Ok(Ok(marker.expires > queue_now(txn)?))
+    }
+
+    /// Due again after `after`; `uncounted`: this attempt does not count.
+    pub(super) fn retry(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        after: Duration,
+        uncounted: bool,
+    ) -> Result<bool, QueueError> {
+        let Some((id, mut s)) = Self::leased(txn, delivery)? else {
+            return Ok(false);
+        };
+        if uncounted {
+            s.attempts = s.attempts.saturating_sub(1);
+        }
+        s.lease = 0;
+        s.due = queue_now(txn)? + after.as_millis() as u64;
+        txn.open_table(STATE)
+            .map_err(err)?
+            .insert(id, s.encode().as_slice())
+            .map_err(err)?;
+        Ok(true)
+    }
+
+    pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
+        self.db.health.stats(self.read_stats())
+    }
+
+    fn read_stats(&self) -> Result<QueueStats, QueueError> {
+        let txn = self.db.get()?.begin_read().map_err(err)?;
+        let now = queue_now_read(&txn)?;
+        let state = txn.open_table(STATE).map_err(err)?;
+        let oldest = match state.first().map_err(err)? {
+            Some((_, v)) => {
+                let s = State::decode(v.value())?;
+                Some(Duration::from_millis(now.saturating_sub(s.enqueued)))
+            }
+            None => None,
+        };
+        Ok(QueueStats {
+            depth: state.len().map_err(err)?,
+            oldest,
+            dead: txn.open_table(DEAD).map_err(err)?.len().map_err(err)?,
+            ..QueueStats::default()
+        })
+    }
+}

@@ -1,0 +1,508 @@
+//! Acknowledge once it is durable, deliver later: durable queues of
+//! notifications, deduplicated at ingest, delivered with retries, and a
+//! dead-letter queue from which nothing is lost.
+//!
+//! A gateway that answers the channel's success reply only after
+//! [`Queue::ingest`] returned promises only what is true: the notification
+//! is stored and will be delivered. (An early answer without a durable write,
+//! such as "reply within 5 s, whatever happens", is a false acknowledgement:
+//! a crash loses the notification and the channel never sends it again.) A
+//! [`Worker`] then delivers each entry to a tower service, retries failures
+//! with exponential backoff, and moves an entry that failed `max_attempts`
+//! times to the dead letters, from which [`Queue::replay`] puts it back once.
+//! Put a [`ConsumerLayer`](tower_idempotency::consumer::ConsumerLayer) (or the HTTP
+//! [dedup layer](tower_idempotency::dedup)) in front of the handler: a queue redelivers
+//! an entry whose worker died before acknowledging it, and the consumer
+//! makes sure the handler does not run twice.
+//!
+//! Backends: [`RedbQueue`], a file on one node that survives `kill -9`
+//! (the default for one instance); `RedisStreamsQueue` (feature `redis`)
+//! for many instances; `AmqpQueue` (feature `amqp`) on the RabbitMQ you
+//! already run; `JetStreamQueue` (feature `nats`) on the NATS JetStream
+//! server you already run; [`MemoryQueue`] for tests only.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use tower::service_fn;
+//! use tower_idempotency_queue::{Ingested, Message, MemoryQueue, Queue, Worker};
+//! use tower_idempotency::Fingerprint;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let queue = MemoryQueue::new();
+//! let fp = Fingerprint::of(b"paid 100");
+//! for copy in 0..7 {
+//!     let got = queue.ingest(Message::new("wx:4200001", fp, "{...}")).await.unwrap();
+//!     assert_eq!(matches!(got, Ingested::Queued(_)), copy == 0);
+//! }
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! let counter = runs.clone();
+//! let mut worker = Worker::new(queue.clone(), service_fn(move |_m: Message| {
+//!     counter.fetch_add(1, Ordering::SeqCst);
+//!     async { Ok::<_, std::io::Error>(()) }
+//! }));
+//! assert_eq!(worker.run_once().await.unwrap().delivered, 1);
+//! assert_eq!(runs.load(Ordering::SeqCst), 1);
+//! assert_eq!(queue.stats().await.unwrap().depth, 0);
+//! # }
+//! ```
+//!
+//! The [`consumer`] module has the same once-per-key guarantee for a
+//! subscription of the brokers users already run: `AmqpConsumer` (feature
+//! `amqp`) and `JetStreamConsumer` (feature `nats`).
+//!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `redis` | `RedisStreamsQueue`: one Redis stream shared by every instance |
+//! | `amqp` | `AmqpQueue` on a RabbitMQ quorum queue, and `consumer::AmqpConsumer` |
+//! | `nats` | `JetStreamQueue` on NATS JetStream, and `consumer::JetStreamConsumer` |
+//! | `metrics` | the queue's `idempotency_queue_*` series through the `metrics` facade |
+//! | `tracing` | warnings and a `deliver` span per queued delivery (target `tower_idempotency`), carrying the route, the key's hash and the attempt |
+//! | `otel` | with `tracing`, each delivery's span linked to the span that queued it (its stored `traceparent`) |
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "amqp")]
+mod amqp;
+mod breaker;
+pub mod consumer;
+mod dead;
+mod delegate;
+mod either;
+mod embedded;
+mod group;
+mod health;
+#[cfg(feature = "nats")]
+mod jetstream;
+mod lanes;
+mod memory;
+mod message;
+mod metrics;
+mod pace;
+mod records;
+mod redb;
+#[cfg(feature = "redis")]
+mod redis_scripts;
+#[cfg(feature = "redis")]
+mod redis_streams;
+mod reopen;
+mod room;
+mod settle;
+mod shared;
+mod span;
+mod stats;
+mod worker;
+
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use self::amqp::AmqpQueue;
+pub use self::redb::RedbQueue;
+pub use breaker::{BreakerRule, BreakerState};
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
+pub use memory::MemoryQueue;
+pub use message::{copy_key, original_key, Message};
+pub use pace::{Pace, Rate};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis_streams::RedisStreamsQueue;
+pub use settle::WorkerRound;
+pub use worker::Worker;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// The id of a queue entry (a number for the embedded queue, a stream id
+/// for Redis).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryId(String);
+
+impl EntryId {
+    /// An id as printed by [`Display`](fmt::Display) (for example read from
+    /// a command line).
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What [`Queue::ingest`] did. Every variant but `Mismatch` means the
+/// notification is durably stored: answer the sender's success reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingested {
+    /// Stored as a new entry.
+    Queued(EntryId),
+    /// A message with this key was already queued, delivered within the
+    /// window, or dead-lettered: nothing new was stored.
+    Duplicate,
+    /// A message with this key but another fingerprint was seen: nothing was
+    /// stored. Answer a failure (possible tampering).
+    Mismatch,
+}
+
+/// An entry handed to a worker, leased to it until it acknowledges,
+/// retries or dead-letters it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The entry.
+    pub id: EntryId,
+    /// What was queued.
+    pub message: Message,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+    /// When the entry was queued.
+    pub enqueued_at: SystemTime,
+    /// Identifies this lease: a worker whose lease ran out (and whose entry
+    /// was handed to another) can no longer acknowledge it.
+    pub(crate) lease: u64,
+}
+
+/// An entry that failed too often, kept until it is replayed.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// Its id in the dead letters (what [`Queue::replay`] takes).
+    pub id: EntryId,
+    /// What was queued.
+    pub message: Message,
+    /// How many attempts were made.
+    pub attempts: u32,
+    /// The last failure.
+    pub error: String,
+    /// When it was dead-lettered.
+    pub dead_at: SystemTime,
+}
+
+/// A snapshot of a queue, for metrics and operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Entries not yet delivered (waiting, backing off, or being delivered).
+    pub depth: u64,
+    /// How long the oldest undelivered entry has waited.
+    pub oldest: Option<Duration>,
+    /// Entries in the dead letters.
+    pub dead: u64,
+    /// Whether the queue can store new entries now: `Some(false)` while its
+    /// disk is full or failing, or while it keeps its reserve of free space
+    /// (see [`RedbQueue::reserve`]); `None` from a queue that does not say.
+    pub writable: Option<bool>,
+    /// Writes that failed on the queue's storage (I/O errors) since it was
+    /// opened.
+    pub write_errors: u64,
+}
+
+/// Why a queue call failed.
+#[derive(Debug, Clone)]
+pub struct QueueError {
+    message: Arc<str>,
+    unwritable: bool,
+}
+
+impl QueueError {
+    /// A new error.
+    pub fn new(message: impl Into<Arc<str>>) -> Self {
+        Self {
+            message: message.into(),
+            unwritable: false,
+        }
+    }
+
+    /// The queue cannot store anything now (its disk is full or failing,
+    /// or it keeps its reserve of free space), and says so itself while
+    /// it lasts: a warning a minute, `idempotency_queue_writable` at 0.
+    pub fn unwritable(message: impl Into<Arc<str>>) -> Self {
+        Self {
+            unwritable: true,
+            ..Self::new(message)
+        }
+    }
+
+    /// Whether this is an [`unwritable`](Self::unwritable) error: the queue
+    /// reports the condition, so a caller need not log each failure.
+    pub fn is_unwritable(&self) -> bool {
+        self.unwritable
+    }
+}
+
+impl fmt::Display for QueueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for QueueError {}
+
+/// A durable queue of notifications.
+///
+/// Cheap to clone. Implementations make [`ingest`](Self::ingest) atomic (one
+/// entry per key, however many copies arrive at once) and durable before it
+/// returns, never hand an entry of an order group out while an earlier entry
+/// of that group is undelivered, and move entries between the queue and the
+/// dead letters atomically (a replayed dead letter is queued exactly once).
+pub trait Queue: Clone + Send + Sync + 'static {
+    /// Stores `message` unless its key was seen (queued, delivered within
+    /// the window, or dead-lettered). Returns once the entry is durable.
+    fn ingest(&self, message: Message)
+        -> impl Future<Output = Result<Ingested, QueueError>> + Send;
+
+    /// Leases up to `max` entries that are due (new, past their backoff, or
+    /// whose previous lease ran out) for `lease`.
+    fn fetch(
+        &self,
+        max: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Delivery>, QueueError>> + Send;
+
+    /// The delivery is still running (or waiting for its turn): its lease
+    /// runs `lease` from now, so that the entry is not handed out again
+    /// meanwhile (nor does that count as an attempt). `false` if the lease
+    /// was lost. A [`Worker`] calls it every third of its lease. Defaults to
+    /// doing nothing (`true`): a queue whose leases cannot be renewed hands
+    /// out again an entry whose delivery outlives its lease.
+    fn renew(
+        &self,
+        delivery: &Delivery,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        let _ = (delivery, lease);
+        async { Ok(true) }
+    }
+
+    /// Takes one of `limit` delivery slots of the lane `lane` that every
+    /// worker on this queue shares (so that a route's concurrency holds
+    /// across instances), for `lease` (renewed with
+    /// [`renew_slot`](Self::renew_slot), given back with
+    /// [`give_slot`](Self::give_slot), or freed when the lease runs out):
+    /// `Some(slot)`, or `None` when all are taken. Defaults to `Some(0)`: a
+    /// queue of one instance shares nothing, the worker's own limit holds.
+    fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<u64>, QueueError>> + Send {
+        let _ = (lane, limit, lease);
+        async { Ok(Some(0)) }
+    }
+
+    /// Renews a slot from [`take_slot`](Self::take_slot) for `lease` from
+    /// now. Defaults to doing nothing.
+    fn renew_slot(
+        &self,
+        lane: &str,
+        slot: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send {
+        let _ = (lane, slot, lease);
+        async { Ok(()) }
+    }
+
+    /// Gives back a slot from [`take_slot`](Self::take_slot). Defaults to
+    /// doing nothing.
+    fn give_slot(
+        &self,
+        lane: &str,
+        slot: u64,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send {
+        let _ = (lane, slot);
+        async { Ok(()) }
+    }
+
+    /// Takes the next turn of the lane `lane` at one start per `interval`,
+    /// shared by every worker on this queue (so that a route's rate holds
+    /// across instances): `Ok(None)` when this start may go now, or how long
+    /// until the next turn. Defaults to `Ok(None)`: the worker's own rate
+    /// holds alone.
+    fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> impl Future<Output = Result<Option<Duration>, QueueError>> + Send {
+        let _ = (lane, interval);
+        async { Ok(None) }
+    }
+
+    /// The shared breaker of the lane `lane` (one every worker on this queue
+    /// follows, so that one instance's judgement of the upstream holds for
+    /// all of them): where it stands now. Defaults to `Ok(None)`: the
+    /// queue shares no breaker, each worker judges alone (as it does while
+    /// a shared one cannot answer).
+    fn breaker_state(
+        &self,
+        lane: &str,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = lane;
+        async { Ok(None) }
+    }
+
+    /// Casts `entry`'s vote (`ok`: its delivery succeeded) in the lane's
+    /// shared breaker, which judges by `rule` over the votes of every
+    /// worker on the queue (one per entry, its latest, within a minute;
+    /// while it is open or half-open, only the probes' results count) and
+    /// answers where it stands. Defaults to `Ok(None)` (nothing shared).
+    fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = (lane, entry, ok, rule);
+        async { Ok(None) }
+    }
+
+    /// Asks the lane's shared breaker for a probe, leased for `lease`
+    /// (renewed with [`renew_probe`](Self::renew_probe); a probe whose
+    /// lease runs out, its worker dead, makes room for another):
+    /// [`BreakerState::Probe`] with its id if one was taken, or where the
+    /// breaker stands (closed: deliver as usual; open; every probe out).
+    /// Defaults to `Ok(None)` (nothing shared).
+    fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = (lane, rule, lease);
+        async { Ok(None) }
+    }
+
+    /// Renews a probe from [`take_probe`](Self::take_probe) for `lease`
+    /// from now. Defaults to doing nothing.
+    fn renew_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send {
+        let _ = (lane, probe, lease);
+        async { Ok(()) }
+    }
+
+    /// Settles a probe from [`take_probe`](Self::take_probe) with its
+    /// result: `Some(true)` delivered (the breaker closes), `Some(false)`
+    /// failed (it opens again if the probe's entry had not failed before,
+    /// `fresh`, or when every probe failed), `None` said nothing of the
+    /// upstream (its place goes to another). Answers where the breaker
+    /// stands. Defaults to `Ok(None)` (nothing shared).
+    fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
+        let _ = (lane, probe, up, fresh, rule);
+        async { Ok(None) }
+    }
+
+    /// The entry was delivered: removes it. `false` if the lease was lost
+    /// (the entry was handed to another worker).
+    fn ack(&self, delivery: &Delivery) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// The delivery failed: the entry is due again after `after`. `false`
+    /// if the lease was lost.
+    fn retry(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// The delivery was not made for a reason that is not the entry's (no
+    /// route delivers its path now): the entry is due again after `after`,
+    /// and this attempt does not count towards the dead letters. `false` if
+    /// the lease was lost. Defaults to [`retry`](Self::retry) (the attempt
+    /// counts).
+    fn postpone(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.retry(delivery, after, error)
+    }
+
+    /// Moves the entry to the dead letters. `false` if the lease was lost.
+    fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// Up to `limit` dead letters, oldest first.
+    fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send;
+
+    /// Moves one dead letter back into the queue, due at once, with its
+    /// attempts reset. `false` if there is no such dead letter (already
+    /// replayed, for example): a dead letter is queued again at most once.
+    fn replay(&self, id: &EntryId) -> impl Future<Output = Result<bool, QueueError>> + Send;
+
+    /// Replays every dead letter; returns how many.
+    fn replay_all(&self) -> impl Future<Output = Result<usize, QueueError>> + Send;
+
+    /// Depth, age of the oldest entry, dead letters.
+    fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send;
+
+    /// Forgets that `key` was delivered, so that its next copy is queued
+    /// and delivered again (an operator's "run this one again"). `true` if a
+    /// delivered key was forgotten, `false` if the queue holds nothing for
+    /// `key` (never seen, or its window ended). An entry of `key` still
+    /// queued, being delivered or dead-lettered is an error, and nothing is
+    /// forgotten: it is delivered when due (or replayed from the dead
+    /// letters), and a copy arriving meanwhile must stay a duplicate.
+    ///
+    /// Defaults to an error: a queue that cannot forget says so rather than
+    /// keep the key while its caller is told it was forgotten.
+    fn forget(&self, key: &str) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        let _ = key;
+        std::future::ready(Err(QueueError::new("this queue cannot forget keys")))
+    }
+}
+
+/// Logs at warn level when the `tracing` feature is on.
+macro_rules! log_warn {
+    ($($t:tt)*) => {
+        #[cfg(feature = "tracing")]
+        tracing::warn!($($t)*);
+    };
+}
+pub(crate) use log_warn;
+
+/// Logs at info level when the `tracing` feature is on.
+macro_rules! log_info {
+    ($($t:tt)*) => {
+        #[cfg(feature = "tracing")]
+        tracing::info!($($t)*);
+    };
+}
+pub(crate) use log_info;
+
+// Every Rust block of the README is a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}

@@ -1,0 +1,232 @@
+//! [`Message`]: what a queue entry carries, and its byte encoding.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use tower_idempotency::Fingerprint;
+
+/// What separates a key from the number of its copy: a notification with
+/// another payload than the first of its key (from a sender nobody
+/// verified) is queued beside it as `KEY~copyN`, so that a forged copy
+/// cannot take the key's place.
+const COPY: &str = "~copy";
+
+/// The queue key of copy `n` of `key` (copy 0 is the key itself).
+///
+/// ```
+/// use tower_idempotency_queue::copy_key;
+/// assert_eq!(copy_key("idem:stripe:/n::evt_1", 0), "idem:stripe:/n::evt_1");
+/// assert_eq!(copy_key("idem:stripe:/n::evt_1", 2), "idem:stripe:/n::evt_1~copy2");
+/// ```
+pub fn copy_key(key: &str, n: usize) -> String {
+    match n {
+        0 => key.to_owned(),
+        n => format!("{key}{COPY}{n}"),
+    }
+}
+
+/// The stored key a queue entry's key stands for: the key of a copy queued
+/// beside it ([`copy_key`]), or the key itself.
+///
+/// ```
+/// use tower_idempotency_queue::original_key;
+/// assert_eq!(original_key("idem:stripe:/n::evt_1~copy2"), "idem:stripe:/n::evt_1");
+/// assert_eq!(original_key("idem:stripe:/n::evt_1"), "idem:stripe:/n::evt_1");
+/// ```
+pub fn original_key(queued: &str) -> &str {
+    match queued.rsplit_once(COPY) {
+        Some((key, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => key,
+        _ => queued,
+    }
+}
+
+/// One queued notification: its key, the request it came in as, and an
+/// optional order group.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The scoped idempotency key: a second message with the same key is not
+    /// queued again.
+    pub key: String,
+    /// The fingerprint of the message's meaning: a copy with another one is
+    /// refused ([`Ingested::Mismatch`](super::Ingested::Mismatch)).
+    pub fingerprint: Fingerprint,
+    /// Messages with the same order group are delivered one at a time, in
+    /// the order they were queued (several events of one transaction).
+    /// `None`: no order with other messages.
+    pub order: Option<String>,
+    /// The request method. Defaults to `POST`.
+    pub method: Method,
+    /// The request target (path and query). Defaults to `/`.
+    pub uri: Uri,
+    /// The request headers.
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Message {
+    /// A `POST /` message with no headers.
+    pub fn new(key: impl Into<String>, fingerprint: Fingerprint, body: impl Into<Bytes>) -> Self {
+        Self {
+            key: key.into(),
+            fingerprint,
+            order: None,
+            method: Method::POST,
+            uri: Uri::from_static("/"),
+            headers: HeaderMap::new(),
+            body: body.into(),
+        }
+    }
+
+    /// The message of a buffered request.
+    pub fn from_request(
+        key: impl Into<String>,
+        fingerprint: Fingerprint,
+        req: Request<Bytes>,
+    ) -> Self {
+        let (parts, body) = req.into_parts();
+        Self {
+            key: key.into(),
+            fingerprint,
+            order: None,
+            method: parts.method,
+            uri: parts.uri,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// Sets the order group.
+    pub fn order(mut self, group: impl Into<String>) -> Self {
+        self.order = Some(group.into());
+        self
+    }
+
+    /// The request again, to deliver it.
+    pub fn to_request(&self) -> Request<Bytes> {
+        let mut req = Request::new(self.body.clone());
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+
+    /// What a dead letter shows of an entry whose bytes could not be read
+    /// (written by another version, or by hand): its raw bytes as the body,
+    /// under a key naming the entry.
+    pub(crate) fn undecodable(entry: &str, raw: &[u8]) -> Self {
+        Self::new(
+            format!("undecodable-entry:{entry}"),
+            Fingerprint::of(raw),
+            Bytes::copy_from_slice(raw),
+        )
+    }
+
+    /// The encoded form: version, key, fingerprint, order, method, uri,
+    /// headers, body; lengths as little-endian u32.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let uri = self.uri.to_string();
+        let mut out = BytesMut::with_capacity(64 + self.key.len() + uri.len() + self.body.len());
+        out.put_u8(1);
+        put(&mut out, self.key.as_bytes());
+        out.put_slice(&self.fingerprint.to_bytes());
+        match &self.order {
+            Some(o) => {
+                out.put_u8(1);
+                put(&mut out, o.as_bytes());
+            }
+            None => out.put_u8(0),
+        }
+        put(&mut out, self.method.as_str().as_bytes());
+        put(&mut out, uri.as_bytes());
+        out.put_u32_le(self.headers.len() as u32);
+        for (name, value) in &self.headers {
+            put(&mut out, name.as_str().as_bytes());
+            put(&mut out, value.as_bytes());
+        }
+        put(&mut out, &self.body);
+        out.to_vec()
+    }
+
+    /// Reads [`encode`](Self::encode)'s bytes; `None` if they are not that.
+    pub(crate) fn decode(mut b: &[u8]) -> Option<Self> {
+        if take_u8(&mut b)? != 1 {
+            return None;
+        }
+        let key = String::from_utf8(take(&mut b)?.to_vec()).ok()?;
+        let fp: [u8; 16] = b.get(..16)?.try_into().ok()?;
+        b.advance(16);
+        let order = match take_u8(&mut b)? {
+            0 => None,
+            _ => Some(String::from_utf8(take(&mut b)?.to_vec()).ok()?),
+        };
+        let method = Method::from_bytes(take(&mut b)?).ok()?;
+        let uri = Uri::try_from(take(&mut b)?).ok()?;
+        let count = take_u32(&mut b)?;
+        let mut headers = HeaderMap::with_capacity(count.min(256) as usize);
+        for _ in 0..count {
+            let name = HeaderName::from_bytes(take(&mut b)?).ok()?;
+            let value = HeaderValue::from_bytes(take(&mut b)?).ok()?;
+            headers.append(name, value);
+        }
+        let body = Bytes::copy_from_slice(take(&mut b)?);
+        Some(Self {
+            key,
+            fingerprint: Fingerprint::from_bytes(fp),
+            order,
+            method,
+            uri,
+            headers,
+            body,
+        })
+    }
+}
+
+fn put(out: &mut BytesMut, bytes: &[u8]) {
+    out.put_u32_le(bytes.len() as u32);
+    out.put_slice(bytes);
+}
+
+fn take_u8(b: &mut &[u8]) -> Option<u8> {
+    let v = *b.first()?;
+    b.advance(1);
+    Some(v)
+}
+
+fn take_u32(b: &mut &[u8]) -> Option<u32> {
+    let v = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+    b.advance(4);
+    Some(v)
+}
+
+fn take<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = take_u32(b)? as usize;
+    let v = b.get(..len)?;
+    *b = &b[len..];
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let mut m = Message::new("k", Fingerprint::of(b"x"), "body").order("tx-1");
+        m.uri = Uri::from_static("/notify/wechat?a=1");
+        m.headers
+            .append("wechatpay-serial", HeaderValue::from_static("5157"));
+        m.headers.append("x-twice", HeaderValue::from_static("1"));
+        m.headers.append("x-twice", HeaderValue::from_static("2"));
+        let back = Message::decode(&m.encode()).unwrap();
+        assert_eq!(back.key, "k");
+        assert_eq!(back.fingerprint, m.fingerprint);
+        assert_eq!(back.order.as_deref(), Some("tx-1"));
+        assert_eq!(back.uri, m.uri);
+        assert_eq!(back.headers, m.headers);
+        assert_eq!(back.body, m.body);
+        let bytes = m.encode();
+        for cut in 0..bytes.len() {
+            assert!(Message::decode(&bytes[..cut]).is_none(), "cut at {cut}");
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! How a [`Worker`](super::Worker)'s deliveries are settled in the queue,
+//! and what one round did.
+
+use super::{Delivery, Queue, QueueError};
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::consumer::{Disposition, Failure};
+
+/// What one [`Worker::run_once`](super::Worker::run_once) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerRound {
+    /// Entries handed to the service.
+    pub fetched: usize,
+    /// Delivered and acknowledged.
+    pub delivered: usize,
+    /// Failed; due again after their backoff.
+    pub retried: usize,
+    /// Failed for the last time; moved to the dead letters.
+    pub dead_lettered: usize,
+    /// Finished after their lease ran out and the entry went to another
+    /// worker (its consumer keeps the handler from running twice).
+    pub lease_lost: usize,
+    /// Not delivered for want of a route, and kept: tried again later,
+    /// never dead-lettered for it (see `idempotency_queue_stranded`).
+    pub kept: usize,
+    /// Not delivered because the circuit breaker was open, the rate left
+    /// no turn within the lease, the lane was full, or the deliverer held it
+    /// back itself (a gateway's own limit shed it): due again later, the
+    /// attempt not counted.
+    pub paused: usize,
+}
+
+/// How one delivery was settled, and whether the lease was still held.
+pub(super) enum Settled {
+    Delivered(bool),
+    Retried(bool),
+    DeadLettered(bool),
+    Kept(bool),
+    Paused(bool),
+}
+
+impl WorkerRound {
+    pub(super) fn record(&mut self, settled: Settled) {
+        let kept = match settled {
+            Settled::Delivered(kept) => {
+                self.delivered += 1;
+                kept
+            }
+            Settled::Retried(kept) => {
+                self.retried += 1;
+                kept
+            }
+            Settled::DeadLettered(kept) => {
+                self.dead_lettered += 1;
+                kept
+            }
+            Settled::Kept(kept) => {
+                self.kept += 1;
+                kept
+            }
+            Settled::Paused(kept) => {
+                self.paused += 1;
+                kept
+            }
+        };
+        self.lease_lost += usize::from(!kept);
+    }
+}
+
+/// How long an entry that no route delivers now waits before it is tried
+/// again (its due time outlives a restart with the route configured).
+const KEPT_FOR: Duration = Duration::from_secs(10);
+
+/// What a delivery's result says of the upstream: `Some(true)` it answered
+/// (delivered, or an answer that cannot succeed), `Some(false)` it failed,
+/// `None` nothing (no route delivers the entry now, or the deliverer held it
+/// back itself).
+pub(super) fn verdict<E: Failure>(result: &Result<(), E>) -> Option<bool> {
+    match result {
+        Ok(()) => Some(true),
+        Err(e) => match e.disposition() {
+            Disposition::Retry => Some(false),
+            Disposition::Permanent => Some(true),
+            Disposition::Keep | Disposition::Hold => None,
+        },
+    }
+}
+
+/// Dead-letters an entry handed out past `max_attempts` times without a
+/// result.
+pub(super) async fn unsettled<Q: Queue>(
+    queue: &Q,
+    name: &Arc<str>,
+    delivery: &Delivery,
+) -> Result<Settled, QueueError> {
+    let why = format!(
+        "handed out {} times without settling (each delivery died with its process or outlived its lease)",
+        delivery.attempt
+    );
+    super::metrics::attempt(name, "dead_lettered");
+    crate::log_warn!(queue = %name, entry = %delivery.id, "{why}; dead-lettered");
+    Ok(Settled::DeadLettered(
+        queue.dead_letter(delivery, &why).await?,
+    ))
+}
+
+/// Settles a delivery by its result: acknowledged, retried after `after`,
+/// kept, postponed after `after` without counting the attempt (held back by
+/// the deliverer itself), or dead-lettered (`last`: this was the last
+/// attempt).
+pub(super) async fn settle<Q: Queue, E: Failure>(
+    queue: &Q,
+    name: &Arc<str>,
+    (last, after): (bool, Duration),
+    delivery: &Delivery,
+    result: Result<(), E>,
+) -> Result<Settled, QueueError> {
+    let e = match result {
+        Ok(()) => {
+            super::metrics::attempt(name, "delivered");
+            return Ok(Settled::Delivered(queue.ack(delivery).await?));
+        }
+        Err(e) => e,
+    };
+    Ok(match e.disposition() {
+        Disposition::Keep => {
+            super::metrics::attempt(name, "kept");
+            Settled::Kept(queue.postpone(delivery, KEPT_FOR, &e.to_string()).await?)
+        }
+        Disposition::Hold => {
+            super::metrics::attempt(name, "postponed");
+            Settled::Paused(queue.postpone(delivery, after, &e.to_string()).await?)
+        }
+        Disposition::Permanent => {
+            super::metrics::attempt(name, "dead_lettered");
+            crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
+            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
+        }
+        Disposition::Retry if last => {
+            super::metrics::attempt(name, "dead_lettered");
+            crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
+            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
+        }
+        Disposition::Retry => {
+            super::metrics::attempt(name, "retried");
+            Settled::Retried(queue.retry(delivery, after, &e.to_string()).await?)
+        }
+    })
+}

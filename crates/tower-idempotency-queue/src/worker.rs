@@ -1,0 +1,629 @@
+//! [`Worker`]: delivers queue entries to a tower service.
+
+use super::breaker::{entry_of, BreakerState};
+use super::pace::{Lane, Pace};
+use super::settle::{settle, unsettled, verdict, Settled, WorkerRound};
+use super::shared::{judged, probe_wait, shared_gate, shared_turn, SharedGate};
+use super::{Delivery, Message, Queue, QueueError};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower_service::Service;
+
+#[derive(Debug, Clone)]
+pub(super) struct Config {
+    pub(super) name: Arc<str>,
+    pub(super) batch: usize,
+    pub(super) lease: Duration,
+    pub(super) poll: Duration,
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Duration,
+    pub(super) max_backoff: Duration,
+}
+
+impl Config {
+    fn backoff_after(&self, attempt: u32) -> Duration {
+        let shift = attempt.saturating_sub(1).min(30);
+        self.backoff
+            .saturating_mul(1u32 << shift)
+            .min(self.max_backoff)
+    }
+}
+
+/// Which lane a message goes to (by name).
+pub(super) type LaneOf = Arc<dyn Fn(&Message) -> Option<Arc<str>> + Send + Sync>;
+
+/// What to do with a delivery taken from its lane.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Act {
+    /// Call the service (`true`: as the breaker's probe).
+    Call(bool),
+    /// Postpone the entry, its attempt not counted.
+    Postpone(Duration, &'static str),
+    /// Dead-letter it: handed out too often without settling.
+    Unsettled,
+}
+
+/// How a delivery ended.
+struct Done {
+    lane: usize,
+    key: String,
+    /// For a call: how long it took, whether it was the probe, and what it
+    /// says of the upstream.
+    call: Option<(Duration, bool, Option<bool>)>,
+    /// What the lane's breaker shared on the queue answered after the call
+    /// (`None`: nothing shared, or it could not answer).
+    shared: Option<BreakerState>,
+    settled: Result<Settled, QueueError>,
+}
+
+/// Delivers the entries of a [`Queue`] to a service: `Ok` acknowledges the
+/// entry, `Err` retries it after an exponential backoff (or the
+/// [retry schedule](Self::retry_schedule)), and the last of `max_attempts`
+/// failures moves it to the dead letters.
+///
+/// The service gets each entry's [`Message`]. Wrap the handler in a
+/// [`ConsumerLayer`](tower_idempotency::consumer::ConsumerLayer) (or send the message's
+/// request through the [dedup layer](tower_idempotency::dedup)) so that an entry
+/// redelivered after a crash does not run it twice; an HTTP client should
+/// turn a non-2xx answer into an `Err`.
+///
+/// Deliveries can be paced so that a backlog does not knock the upstream
+/// over: [`concurrency`](Self::concurrency), [`rate`](Self::rate) and a
+/// [circuit breaker](Self::breaker), for all of them or per
+/// [lane](Self::lanes) (for example one per upstream). The gauges
+/// `idempotency_deliveries_in_flight{route}` and
+/// `idempotency_upstream_breaker{route}` (0 closed, 1 open, 2 half-open: the
+/// probe under way) are labelled with the lane's name (the worker's
+/// [`name`](Self::name) for the default lane), for the lanes that pace
+/// something (a worker that paces nothing adds no series).
+pub struct Worker<Q, S> {
+    pub(super) queue: Q,
+    pub(super) service: S,
+    pub(super) config: Arc<Config>,
+    /// The default lane first, then the named ones.
+    pub(super) lanes: Vec<Lane>,
+    pub(super) lane_of: Option<LaneOf>,
+    /// Keys whose last delivery found no route.
+    stranded: HashSet<String>,
+    /// When the stranded entries were last warned about.
+    warned: Option<Instant>,
+}
+
+impl<Q: fmt::Debug, S: fmt::Debug> fmt::Debug for Worker<Q, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("queue", &self.queue)
+            .field("service", &self.service)
+            .field("config", &self.config)
+            .field("lanes", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Q: Queue, S> Worker<Q, S> {
+    /// A worker with the defaults below.
+    pub fn new(queue: Q, service: S) -> Self {
+        let name: Arc<str> = Arc::from("default");
+        Self {
+            queue,
+            service,
+            config: Arc::new(Config {
+                name: name.clone(),
+                batch: 32,
+                lease: Duration::from_secs(30),
+                poll: Duration::from_millis(200),
+                max_attempts: 25,
+                backoff: Duration::from_secs(1),
+                max_backoff: Duration::from_secs(15 * 60),
+            }),
+            lanes: vec![Lane::new(name, Pace::new())],
+            lane_of: None,
+            stranded: HashSet::new(),
+            warned: None,
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// The queue's name in metrics (`queue` label, and `route` for the
+    /// default lane). Defaults to `"default"`.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        self.config().name = name.clone();
+        self.lanes[0].name = name;
+        self
+    }
+
+    /// How many entries are fetched and held at once (delivered, or waiting
+    /// for their lane's turn). Defaults to 32.
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.config().batch = batch.max(1);
+        self
+    }
+
+    /// How long a fetched entry is leased: if the worker dies, the entry is
+    /// delivered again after it. The lease is renewed every third of it
+    /// while the entry's delivery runs or waits for its lane's turn, so a
+    /// delivery may run longer than the lease. Defaults to 30 seconds.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config().lease = lease;
+        self
+    }
+
+    /// How long [`run`](Self::run) sleeps when nothing is due. Defaults to
+    /// 200 milliseconds.
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.config().poll = poll;
+        self
+    }
+
+    /// How many failed attempts move an entry to the dead letters. Defaults
+    /// to 25 (with the default backoff, about 4 hours of failures).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.config().max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The backoff after the first failure, doubled after each next one up
+    /// to `max`. Defaults to 1 second, up to 15 minutes.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        let config = self.config();
+        config.backoff = first;
+        config.max_backoff = max.max(first);
+        self
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+
+    /// The service.
+    pub fn get_ref(&self) -> &S {
+        &self.service
+    }
+}
+
+impl<Q, S> Worker<Q, S>
+where
+    Q: Queue,
+    S: Service<Message>,
+    S::Error: tower_idempotency::consumer::Failure,
+{
+    /// Fetches the entries that are due (up to the batch size), delivers
+    /// them concurrently, as their lanes' pace allows, and records each
+    /// result as soon as its delivery ends (acknowledged, retried,
+    /// dead-lettered, kept or paused). A queue error is returned once every
+    /// entry of the round was settled or failed to be; an entry left
+    /// unsettled is delivered again after its lease.
+    ///
+    /// One round waits for its slowest delivery; [`run`](Self::run) does
+    /// not: each delivery settles on its own.
+    pub async fn run_once(&mut self) -> Result<WorkerRound, QueueError> {
+        self.gauges();
+        let batch = self
+            .queue
+            .fetch(self.config.batch, self.config.lease)
+            .await?;
+        let mut round = WorkerRound {
+            fetched: batch.len(),
+            ..WorkerRound::default()
+        };
+        // Settled concurrently: the embedded queue carries the
+        // acknowledgements that arrive together in one commit.
+        let mut running = FuturesUnordered::new();
+        for delivery in batch {
+            if let Some((lane, delivery, act)) = self.enqueue(delivery, false) {
+                running.extend(self.launch(lane, delivery, act).await);
+            }
+        }
+        let mut failed = None;
+        let mut renew_at = Instant::now() + renew_every(self.config.lease);
+        loop {
+            let (ready, wake) = self.admit(false);
+            for (lane, delivery, act) in ready {
+                running.extend(self.launch(lane, delivery, act).await);
+            }
+            if running.is_empty() && (self.waiting() == 0 || wake.is_none()) {
+                break;
+            }
+            let waiting = self.waiting() > 0;
+            tokio::select! {
+                Some(done) = running.next() => match self.finish(done) {
+                    Ok(settled) => round.record(settled),
+                    Err(e) => failed = Some(e),
+                },
+                () = sleep_until(wake), if wake.is_some() => {}
+                () = tokio::time::sleep_until(renew_at.into()), if waiting => {
+                    self.renew_waiting().await;
+                    renew_at = Instant::now() + renew_every(self.config.lease);
+                }
+            }
+        }
+        self.report_stranded();
+        #[cfg(feature = "metrics")]
+        if let Ok(stats) = self.queue.stats().await {
+            super::metrics::stats(&self.config.name, &stats);
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(round),
+        }
+    }
+
+    /// Starts `act` for `delivery`; the returned future settles it. `None`
+    /// when the lane's shared slots or turns (held across every worker on
+    /// the queue) are all taken: the delivery went back to its line.
+    async fn launch(
+        &mut self,
+        lane: usize,
+        delivery: Delivery,
+        act: Act,
+    ) -> Option<impl Future<Output = Done> + use<Q, S>> {
+        let mut slot = None;
+        let mut probe_id = None;
+        let rule = self.lanes[lane].breaker.as_ref().map(|b| b.rule());
+        let entry = entry_of(&delivery.message.key);
+        let call = match act {
+            Act::Call(mut probe) => {
+                let fresh = probe && {
+                    let b = self.lanes[lane].breaker.as_ref();
+                    b.is_some_and(|b| !b.failed_before(entry)) && delivery.attempt <= 1
+                };
+                if let Some(rule) = rule {
+                    let name = self.lanes[lane].name.clone();
+                    let lease = self.config.lease;
+                    match shared_gate(&self.queue, &self.config, &name, rule, probe, lease).await {
+                        SharedGate::Local => {}
+                        SharedGate::Go(follow, id) => {
+                            if let (Some(state), Some(b)) =
+                                (follow, self.lanes[lane].breaker.as_mut())
+                            {
+                                b.follow(state, Instant::now(), &name);
+                                probe = false;
+                            }
+                            probe_id = id;
+                        }
+                        SharedGate::Hold(state) => {
+                            let now = Instant::now();
+                            let until = match state {
+                                BreakerState::ProbesOut => now + probe_wait(rule.cooldown),
+                                _ => now,
+                            };
+                            let l = &mut self.lanes[lane];
+                            l.put_back(delivery, probe, until);
+                            if let Some(b) = l.breaker.as_mut() {
+                                b.follow(state, now, &name);
+                            }
+                            l.gauges();
+                            return None;
+                        }
+                    }
+                }
+                let turn = {
+                    let l = &self.lanes[lane];
+                    let pace = (l.pace.get_concurrency(), l.pace.get_rate());
+                    let (queue, config) = (self.queue.clone(), self.config.clone());
+                    shared_turn(queue, config, l.name.clone(), pace)
+                };
+                match turn.await {
+                    Ok(taken) => slot = taken,
+                    Err(wait) => {
+                        if let (Some(rule), Some(id)) = (rule, probe_id) {
+                            let name = &self.lanes[lane].name;
+                            let given = self.queue.settle_probe(name, id, None, fresh, rule).await;
+                            if let Err(_e) = given {
+                                crate::log_warn!(queue = %self.config.name, route = %name, error = %_e, "cannot give back a shared breaker probe (its place is freed when its lease runs out)");
+                            }
+                        }
+                        self.lanes[lane].put_back(delivery, probe, Instant::now() + wait);
+                        return None;
+                    }
+                }
+                let ready = std::future::poll_fn(|cx| self.service.poll_ready(cx)).await;
+                let span = crate::span::deliver(&delivery.message, delivery.attempt);
+                let call = ready.map(|()| {
+                    let _entered = span.enter();
+                    self.service.call(delivery.message.clone())
+                });
+                Some((
+                    (probe, fresh),
+                    call.map(|fut| crate::span::instrument(fut, span)),
+                ))
+            }
+            _ => None,
+        };
+        let name = self.lanes[lane].name.clone();
+        let slot = slot.map(|slot| (name.clone(), slot));
+        let probe_id = probe_id.map(|id| (name.clone(), id));
+        let (queue, config) = (self.queue.clone(), self.config.clone());
+        let last = delivery.attempt >= config.max_attempts;
+        let after = self.lanes[lane]
+            .pace
+            .scheduled_wait(delivery.attempt)
+            .unwrap_or_else(|| config.backoff_after(delivery.attempt));
+        Some(async move {
+            let key = delivery.message.key.clone();
+            let mut shared = None;
+            let (call, settled) = match (act, call) {
+                (_, Some(((probe, fresh), call))) => {
+                    let started = Instant::now();
+                    let result = match call {
+                        Ok(fut) => {
+                            let held = (slot.as_ref(), probe_id.as_ref());
+                            renewing(&queue, &config, (&delivery, held), fut)
+                                .await
+                                .map(drop)
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let (took, up) = (started.elapsed(), verdict(&result));
+                    if let Some(rule) = rule {
+                        let id = probe_id.as_ref().map(|(_, id)| *id);
+                        shared = judged(&queue, &config, &name, (entry, id, fresh), up, rule).await;
+                    }
+                    if let Some((lane, slot)) = &slot {
+                        if let Err(_e) = queue.give_slot(lane, *slot).await {
+                            crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
+                        }
+                    }
+                    let how = (last, after);
+                    let settled = settle(&queue, &config.name, how, &delivery, result).await;
+                    (Some((took, probe, up)), settled)
+                }
+                (Act::Postpone(after, why), None) => {
+                    let kept = queue.postpone(&delivery, after, why).await;
+                    (None, kept.map(Settled::Paused))
+                }
+                (_, None) => (None, unsettled(&queue, &config.name, &delivery).await),
+            };
+            Done {
+                lane,
+                key,
+                call,
+                shared,
+                settled,
+            }
+        })
+    }
+
+    /// Records a delivery that ended in its lane and the stranded set.
+    fn finish(&mut self, done: Done) -> Result<Settled, QueueError> {
+        if let Some((took, probe, up)) = done.call {
+            let result = (probe, up, done.shared);
+            self.lanes[done.lane].finished(&done.key, took, result, Instant::now());
+        }
+        if let Ok(settled) = &done.settled {
+            self.note(&done.key, settled);
+        }
+        done.settled
+    }
+
+    /// Keeps the set of stranded keys (kept for want of a route) current.
+    fn note(&mut self, key: &str, settled: &Settled) {
+        let changed = match settled {
+            Settled::Kept(_) => self.stranded.insert(key.to_owned()),
+            Settled::Paused(_) => false,
+            _ => self.stranded.remove(key),
+        };
+        if changed {
+            super::metrics::stranded(&self.config.name, self.stranded.len());
+        }
+    }
+
+    /// Warns about the stranded entries, at most once a minute.
+    fn report_stranded(&mut self) {
+        if self.stranded.is_empty() {
+            return;
+        }
+        let due = self
+            .warned
+            .is_none_or(|at| at.elapsed() >= STRANDED_WARNING_EVERY);
+        if due {
+            self.warned = Some(Instant::now());
+            crate::log_warn!(
+                queue = %self.config.name,
+                stranded = self.stranded.len(),
+                "queued notifications stranded: no route delivers their path now; kept, not dead-lettered (route their path again to deliver them)"
+            );
+        }
+    }
+
+    /// Delivers until `shutdown` resolves: up to the batch size of entries
+    /// are held at once, each delivery starts as soon as its lane's pace
+    /// allows and settles as soon as it ends (a slow one never holds the
+    /// others), an entry fetched for a lane that holds all it may (its
+    /// concurrency running and a quarter more waiting) waits in its line
+    /// when its turn comes within 100 ms (the lane's calls end quickly) and
+    /// is given back until that lane should have room otherwise (so a slow
+    /// lane never holds the fetch budget of the others; a lane whose calls
+    /// stop ending gives back what it holds past its room), and the batch is refilled from the queue
+    /// (one fetch under way at a time, beside the deliveries, which settle
+    /// meanwhile) once as much of it is free as is held, or 10 ms after a
+    /// slot fell free, and after the poll interval when nothing was due or
+    /// the queue failed (which is logged). At shutdown no new entry is fetched or started (those
+    /// waiting for their turn are given back to the queue, due at once) and
+    /// the deliveries under way finish.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        self.gauges();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut running = FuturesUnordered::new();
+        // The fetch under way (at most one) and how many entries it asked
+        // for: it runs beside the deliveries, which settle meanwhile.
+        let mut fetches = FuturesUnordered::new();
+        let mut asked = 0;
+        let mut next_fetch = Instant::now();
+        // Since when part of the batch has been free without a refill.
+        let mut short_since = None::<Instant>;
+        let mut renew_at = Instant::now() + renew_every(self.config.lease);
+        let mut stopping = false;
+        loop {
+            let (ready, wake) = match stopping {
+                false => self.admit(true),
+                true => (self.release(), None),
+            };
+            for (lane, delivery, act) in ready {
+                // Not inside `push` (it borrows the set across the
+                // service's readiness).
+                let started = self.launch(lane, delivery, act).await;
+                running.extend(started);
+            }
+            // Entries being postponed take no room: they are given back.
+            // Never more than the lanes can hold together: an entry fetched
+            // for a full lane is written back to the queue (a commit each)
+            // and comes back no sooner than a second later.
+            let held = self.calls() + self.waiting() + asked;
+            let free = self
+                .config
+                .batch
+                .saturating_sub(held)
+                .min(self.room().map_or(usize::MAX, |r| r.saturating_sub(asked)));
+            // Each fetch is a commit (or a round trip): the batch is
+            // refilled once as much of it is free as is held, or once a
+            // slot has been free for REFILL_WAIT (deliveries that hang
+            // must not keep the rest of the batch empty).
+            let fetch_at = match (free, fetches.is_empty()) {
+                (0, _) | (_, false) => None,
+                _ if free >= held => Some(next_fetch),
+                _ => {
+                    let since = *short_since.get_or_insert_with(Instant::now);
+                    Some(next_fetch.max(since + REFILL_WAIT))
+                }
+            };
+            if free == 0 {
+                short_since = None;
+            }
+            let fetch_at = fetch_at.filter(|_| !stopping);
+            if fetch_at.is_some_and(|at| Instant::now() >= at) {
+                let (queue, lease) = (self.queue.clone(), self.config.lease);
+                let fetch: FetchFuture = Box::pin(async move { queue.fetch(free, lease).await });
+                fetches.push(fetch);
+                asked = free;
+                short_since = None;
+                continue;
+            }
+            if stopping && running.is_empty() && fetches.is_empty() {
+                return;
+            }
+            let busy = !running.is_empty();
+            let waiting = self.waiting() > 0;
+            tokio::select! {
+                () = &mut shutdown, if !stopping => stopping = true,
+                Some(done) = running.next(), if busy => {
+                    match self.finish(done) {
+                        Err(_e) if !_e.is_unwritable() => {
+                            crate::log_warn!(queue = %self.config.name, error = %_e, "queue failed while settling a delivery; it is delivered again after its lease");
+                        }
+                        _ => {}
+                    }
+                    self.report_stranded();
+                }
+                Some(fetched) = fetches.next(), if asked > 0 => {
+                    asked = 0;
+                    match fetched {
+                        Ok(batch) if batch.is_empty() => next_fetch = Instant::now() + self.config.poll,
+                        Ok(batch) => {
+                            // At shutdown they wait in their lines, and are
+                            // given back with the others.
+                            for delivery in batch {
+                                if let Some((lane, delivery, act)) = self.enqueue(delivery, true) {
+                                    let started = self.launch(lane, delivery, act).await;
+                                    running.extend(started);
+                                }
+                            }
+                        }
+                        // The queue says so itself, once a minute.
+                        Err(e) if e.is_unwritable() => next_fetch = Instant::now() + self.config.poll,
+                        Err(_e) => {
+                            crate::log_warn!(queue = %self.config.name, error = %_e, "queue failed");
+                            next_fetch = Instant::now() + self.config.poll;
+                        }
+                    }
+                    #[cfg(feature = "metrics")]
+                    if let Ok(stats) = self.queue.stats().await {
+                        super::metrics::stats(&self.config.name, &stats);
+                    }
+                }
+                () = sleep_until(fetch_at), if fetch_at.is_some() => {}
+                () = sleep_until(wake), if wake.is_some() => {}
+                () = tokio::time::sleep_until(renew_at.into()), if waiting => {
+                    self.renew_waiting().await;
+                    renew_at = Instant::now() + renew_every(self.config.lease);
+                }
+            }
+        }
+    }
+}
+
+/// A fetch under way in [`Worker::run`].
+type FetchFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Vec<Delivery>, QueueError>> + Send>>;
+
+/// How long part of a worker's batch may stay free before it is refilled,
+/// when less of it is free than is held.
+const REFILL_WAIT: Duration = Duration::from_millis(10);
+
+/// Runs a delivery's call, renewing the entry's lease every third of it
+/// meanwhile (a delivery may run longer than the lease; it must not be
+/// handed out again while it runs), and the shared slot and probe it
+/// holds.
+async fn renewing<Q: Queue, F: Future>(
+    queue: &Q,
+    config: &Config,
+    (delivery, (slot, probe)): (&Delivery, Held<'_>),
+    call: F,
+) -> F::Output {
+    let every = renew_every(config.lease);
+    let mut call = std::pin::pin!(call);
+    loop {
+        tokio::select! {
+            out = &mut call => return out,
+            () = tokio::time::sleep(every) => {
+                if let Some((lane, slot)) = slot {
+                    if let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
+                        crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared delivery slot");
+                    }
+                }
+                if let Some((lane, probe)) = probe {
+                    if let Err(_e) = queue.renew_probe(lane, *probe, config.lease).await {
+                        crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared breaker probe");
+                    }
+                }
+                match queue.renew(delivery, config.lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        crate::log_warn!(queue = %config.name, entry = %delivery.id, "the lease of a running delivery was lost (it outlived its lease before it could be renewed)");
+                    }
+                    Err(_e) => {
+                        crate::log_warn!(queue = %config.name, entry = %delivery.id, error = %_e, "cannot renew the lease of a running delivery");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The shared slot and probe a delivery holds (lane and id).
+type Held<'a> = (Option<&'a (Arc<str>, u64)>, Option<&'a (Arc<str>, u64)>);
+
+/// How often a lease is renewed: a third of it (at least 10 ms).
+pub(super) fn renew_every(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(10))
+}
+
+/// Sleeps until `at` (forever for `None`: the branch is off then).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How often stranded entries are warned about.
+const STRANDED_WARNING_EVERY: Duration = Duration::from_secs(60);
