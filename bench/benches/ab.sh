@@ -2,10 +2,10 @@
 # A/B of the gateway: the working tree against another commit, with nginx
 # in the same rounds, under wrk (apt-get install nginx wrk).
 #
-#   benches/ab.sh REF                     # e.g. benches/ab.sh 2068e03
-#   ROUNDS=7 SECONDS_PER_RUN=4 benches/ab.sh main
+#   bench/benches/ab.sh REF                     # e.g. bench/benches/ab.sh 2068e03
+#   ROUNDS=7 SECONDS_PER_RUN=4 bench/benches/ab.sh main
 #
-# REF is built (release, `--all-features --example gateway`) in a git
+# REF is built (release, `-p idempotency-gateway`) in a git
 # worktree of its own under AB_DIR (default target/ab) with a target
 # directory of its own (seeded from the working tree's release build, so
 # that the dependencies are not built again), both kept for the next run;
@@ -22,7 +22,7 @@
 # round so that no target always runs first or last:
 #
 #   first    WeChat Pay v3 notifications with ids never sent before
-#            (benches/wrk_notify.lua, MODE=first, a prefix per run): every
+#            (bench/benches/wrk_notify.lua, MODE=first, a prefix per run): every
 #            one a first delivery, forwarded;
 #   repeat   the same 8 ids over and over (MODE=repeat): after the first 8,
 #            every request a replay from the store (nginx forwards each).
@@ -33,14 +33,14 @@
 # process the script starts is killed on exit.
 set -euo pipefail
 
-REF=${1:?usage: benches/ab.sh REF}
+REF=${1:?usage: bench/benches/ab.sh REF}
 ROUNDS=${ROUNDS:-5}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-4}
 THREADS=${THREADS:-2}
 CONNECTIONS=${CONNECTIONS:-64}
 NGINX_WORKERS=${NGINX_WORKERS:-auto}
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 for tool in nginx wrk git cargo; do
     command -v "$tool" >/dev/null || { echo "$tool not found (apt-get install -y nginx wrk)" >&2; exit 1; }
@@ -52,7 +52,13 @@ SHA=$(git rev-parse --short=12 "$REF^{commit}")
 OLD_TREE=$AB_DIR/tree-$SHA
 OLD_TARGET=$AB_DIR/target-$SHA
 # OLD_BIN=path: a gateway binary already built for REF (REF then only names it).
-OLD_BIN=${OLD_BIN:-$OLD_TARGET/release/examples/gateway}
+# A REF from before the workspace builds the gateway as an example.
+if git cat-file -e "$SHA:gateway/Cargo.toml" 2>/dev/null; then
+    OLD_BUILD=(-p idempotency-gateway); OLD_PATH=release/idempotency-gateway
+else
+    OLD_BUILD=(--all-features --example gateway); OLD_PATH=release/examples/gateway
+fi
+OLD_BIN=${OLD_BIN:-$OLD_TARGET/$OLD_PATH}
 if [ ! -x "$OLD_BIN" ]; then
     mkdir -p "$AB_DIR"
     [ -d "$OLD_TREE" ] || git worktree add --detach "$OLD_TREE" "$SHA" >&2
@@ -63,20 +69,21 @@ if [ ! -x "$OLD_BIN" ]; then
         cp -a "$NEW_RELEASE" "$OLD_TARGET/release"
         # This crate's own artifacts are not reused: the copies are newer
         # than REF's checkout, so cargo would take them as REF's build.
-        rm -rf "$OLD_TARGET"/release/.fingerprint/tower-idempotency-*
+        rm -rf "$OLD_TARGET"/release/.fingerprint/tower-idempotency-* \
+            "$OLD_TARGET"/release/.fingerprint/idempotency-gateway-*
     fi
     echo "# building $REF ($SHA) in $OLD_TREE (release)" >&2
-    (cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet --all-features --example gateway)
+    (cd "$OLD_TREE" && CARGO_TARGET_DIR=$OLD_TARGET cargo build --release --quiet "${OLD_BUILD[@]}")
 fi
 # NEW_BIN=path: the working tree's gateway, already built.
 if [ -z "${NEW_BIN:-}" ]; then
     echo "# building the working tree (release)" >&2
-    cargo build --release --quiet --all-features --example gateway
-    NEW_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/gateway
+    cargo build --release --quiet -p idempotency-gateway
+    NEW_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/idempotency-gateway
 fi
 
-# shellcheck source=benches/lib.sh
-. benches/lib.sh
+# shellcheck source=bench/benches/lib.sh
+. bench/benches/lib.sh
 bench_start ab
 
 # --- nginx: the upstream (`return 200`) and the proxy in front of it
@@ -158,7 +165,7 @@ echo "# rounds $ROUNDS, wrk -t$THREADS -c$CONNECTIONS -d${SECONDS_PER_RUN}s per 
 # run TARGET MODE SECONDS PREFIX: wrk's rps, and its errors checked.
 run() {
     local out
-    out=$(MODE=$2 PREFIX=$4 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3s" -s benches/wrk_notify.lua "${TARGET[$1]}" 2>&1 | grep '^wrk: ')
+    out=$(MODE=$2 PREFIX=$4 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3s" -s bench/benches/wrk_notify.lua "${TARGET[$1]}" 2>&1 | grep '^wrk: ')
     echo "$1 $2 $out" >>"$TMP/raw"
     local errors non2xx
     errors=$(sed -n 's/.* errors=\([0-9]*\).*/\1/p' <<<"$out")

@@ -2,11 +2,11 @@
 # Acknowledgement latency and ingest throughput of an ack-then-deliver route
 # against the synchronous mode, and delivery throughput of the queue (what
 # is still queued when the load ends, drained with no ingest beside it).
-# Closed loop: examples/proxy_bench.rs load (C connections, one request in
+# Closed loop: bench/examples/proxy_bench load (C connections, one request in
 # flight each), WeChat Pay v3 first deliveries.
-#   benches/ack_vs_sync.sh [N] [C] [debug|release]
-#   OPEN_LOOP=1 benches/ack_vs_sync.sh 3000 64 release   # also open loop
-#   RATE="500 1000" benches/ack_vs_sync.sh                # open loop at these rates
+#   bench/benches/ack_vs_sync.sh [N] [C] [debug|release]
+#   OPEN_LOOP=1 bench/benches/ack_vs_sync.sh 3000 64 release   # also open loop
+#   RATE="500 1000" bench/benches/ack_vs_sync.sh                # open loop at these rates
 #
 # With OPEN_LOOP=1 (or RATE set), after the closed-loop rounds both modes
 # are driven in an open loop (`proxy_bench load --rate`, latency from each
@@ -19,13 +19,14 @@
 # shows the acknowledgement latency p50/p99/p99.9/max per mode and rate.
 set -euo pipefail
 N=${1:-3000}; C=${2:-64}; PROFILE=${3:-debug}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=target/$PROFILE/examples
+GATEWAY_BIN=target/$PROFILE/idempotency-gateway
 flag=""; [ "$PROFILE" = release ] && flag="--release"
-cargo build -q $flag --all-features --example gateway --example proxy_bench
+cargo build -q $flag -p idempotency-gateway -p idempotency-bench --bin idempotency-gateway --example proxy_bench
 work=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 start() { # name, args... -> prints the gateway's address
-  "$BIN/gateway" "${@:2}" >"$work/$1.out" 2>"$work/$1.err" & echo $! >"$work/$1.pid"
+  "$GATEWAY_BIN" "${@:2}" >"$work/$1.out" 2>"$work/$1.err" & echo $! >"$work/$1.pid"
   for _ in $(seq 100); do grep -q listening "$work/$1.out" 2>/dev/null && break; sleep 0.1; done
   sed -n 's/^listening on //p' "$work/$1.out"
 }

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Instructions per request of each function, from two callgrind runs of
 one gateway that differ only in how many requests they served (kept by
-`KEEP=DIR benches/gateway_instructions.sh`): the difference of the two
+`KEEP=DIR bench/benches/gateway_instructions.sh`): the difference of the two
 runs' counts per function, over the difference of the requests, so that
 start-up and shutdown cancel out.
 
-    benches/cg_diff.py SMALL LARGE REQUESTS [--inclusive] [--top N]
-    benches/cg_diff.py --compare OLD_SMALL OLD_LARGE NEW_SMALL NEW_LARGE REQUESTS
+    bench/benches/cg_diff.py SMALL LARGE REQUESTS [--inclusive] [--top N]
+    bench/benches/cg_diff.py --compare OLD_SMALL OLD_LARGE NEW_SMALL NEW_LARGE REQUESTS
 
 With --compare: per function, the old and new costs per request and
 their difference, largest differences first.

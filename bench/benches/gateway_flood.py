@@ -9,11 +9,11 @@ still be answered. Prints the resident-memory growth over the warmed-up
 baseline, the bodies shed and the genuine answer.
 
 Usage (from the crate root, after
-`cargo build --release --example gateway --example proxy_bench`):
+`cargo build --release -p idempotency-gateway -p idempotency-bench --bin idempotency-gateway --example proxy_bench`):
 
-    benches/gateway_flood.py [N] [GATEWAY FLAGS...]
-    benches/gateway_flood.py 1000
-    benches/gateway_flood.py 1000 --max-buffered 32MiB
+    bench/benches/gateway_flood.py [N] [GATEWAY FLAGS...]
+    bench/benches/gateway_flood.py 1000
+    bench/benches/gateway_flood.py 1000 --max-buffered 32MiB
 
 Binaries are taken from $CARGO_TARGET_DIR (or ./target)/release/examples.
 Goal: growth <= --max-buffered + 15 %, the genuine notification answered.
@@ -21,6 +21,7 @@ Goal: growth <= --max-buffered + 15 %, the genuine notification answered.
 import os, socket, subprocess, sys, threading, time
 
 BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "examples")
+GATEWAY_BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "idempotency-gateway")
 
 def line_after(proc, prefix):
     for raw in proc.stdout:
@@ -58,7 +59,7 @@ def main():
     up = subprocess.Popen([f"{BIN}/proxy_bench", "upstream", "--listen", "127.0.0.1:0"],
                           stdout=subprocess.PIPE)
     upstream = line_after(up, "upstream on ")
-    gw = subprocess.Popen([f"{BIN}/gateway", "--listen", "127.0.0.1:0", "--upstream",
+    gw = subprocess.Popen([GATEWAY_BIN, "--listen", "127.0.0.1:0", "--upstream",
                            f"http://{upstream}", "--body-timeout", "60s"] + flags,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           env=dict(os.environ, RUST_LOG="warn"))

@@ -3,9 +3,9 @@
 # deliveries and replays: the figure to decide by on a busy machine, where
 # wall-clock throughput is noise. Needs valgrind, nginx and python3.
 #
-#   benches/gateway_instructions.sh BIN [BIN...]
-#   N=2000 benches/gateway_instructions.sh target/release/examples/gateway target/ab/target-*/release/examples/gateway
-#   OTLP=1 RATIO=0.01 benches/gateway_instructions.sh target/release/examples/gateway
+#   bench/benches/gateway_instructions.sh BIN [BIN...]
+#   N=2000 bench/benches/gateway_instructions.sh target/release/idempotency-gateway target/ab/target-*/release/idempotency-gateway
+#   OTLP=1 RATIO=0.01 bench/benches/gateway_instructions.sh target/release/idempotency-gateway
 #
 # With OTLP=1 the gateway exports its traces (--otlp-endpoint) to the same
 # nginx (`/v1/traces` answers 200, empty: an OTLP success), sampled at
@@ -20,20 +20,20 @@
 #
 # KEEP=DIR keeps each binary's larger run per mode as DIR/N.MODE.callgrind
 # and its smaller one as DIR/N.MODE.small.callgrind (N counts the binaries
-# from 1), for `callgrind_annotate --inclusive=no`; `benches/cg_diff.py
+# from 1), for `callgrind_annotate --inclusive=no`; `bench/benches/cg_diff.py
 # DIR/N.MODE.small.callgrind DIR/N.MODE.callgrind REQUESTS` gives the
 # instructions per request of each function (start-up cancels out).
 set -euo pipefail
 
 N=${N:-1000}
-cd "$(dirname "$0")/.."
-[ "$#" -gt 0 ] || { echo "usage: benches/gateway_instructions.sh BIN [BIN...]" >&2; exit 2; }
+cd "$(dirname "$0")/../.."
+[ "$#" -gt 0 ] || { echo "usage: bench/benches/gateway_instructions.sh BIN [BIN...]" >&2; exit 2; }
 for tool in valgrind nginx python3; do
     command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
 done
 
-# shellcheck source=benches/lib.sh
-. benches/lib.sh
+# shellcheck source=bench/benches/lib.sh
+. bench/benches/lib.sh
 bench_start gateway_instructions
 
 UP_PORT=$(free_port)

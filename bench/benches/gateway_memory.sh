@@ -17,10 +17,10 @@
 #
 # Usage (from the crate root):
 #
-#   benches/gateway_memory.sh                      # 37-byte bodies, 3,000,000 requests
-#   BODY_BYTES=65536 benches/gateway_memory.sh     # 64 KiB bodies, 30,000 requests
-#   BODY_BYTES=65536 TOTAL=40000 CHUNK=2000 CONNECTIONS=64 benches/gateway_memory.sh
-#   GATEWAY_ENV="MALLOC_ARENA_MAX=2" benches/gateway_memory.sh   # allocator settings
+#   bench/benches/gateway_memory.sh                      # 37-byte bodies, 3,000,000 requests
+#   BODY_BYTES=65536 bench/benches/gateway_memory.sh     # 64 KiB bodies, 30,000 requests
+#   BODY_BYTES=65536 TOTAL=40000 CHUNK=2000 CONNECTIONS=64 bench/benches/gateway_memory.sh
+#   GATEWAY_ENV="MALLOC_ARENA_MAX=2" bench/benches/gateway_memory.sh   # allocator settings
 #
 # Exits 1 if the ratio is above 1.15 or a load run reported errors.
 # Everything it starts is killed on exit.
@@ -42,13 +42,14 @@ BUDGET_MIB=${BUDGET_MIB:-256}
 # Extra environment for the gateway process, e.g. MALLOC_ARENA_MAX=2.
 GATEWAY_ENV=${GATEWAY_ENV:-}
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 echo "# building (release)" >&2
-cargo build --release --quiet --example gateway --example proxy_bench
+cargo build --release --quiet -p idempotency-gateway -p idempotency-bench --bin idempotency-gateway --example proxy_bench
 BIN=${CARGO_TARGET_DIR:-target}/release/examples
+GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/release/idempotency-gateway
 
-# shellcheck source=benches/lib.sh
-. benches/lib.sh
+# shellcheck source=bench/benches/lib.sh
+. bench/benches/lib.sh
 bench_start gateway_memory
 
 "$BIN/proxy_bench" upstream --listen 127.0.0.1:0 ${BODY_BYTES:+--body-bytes "$BODY_BYTES"} \
@@ -58,7 +59,7 @@ UPSTREAM=$(wait_line "$TMP/upstream.out" "upstream on ")
 
 METRICS="127.0.0.1:$(free_port)"
 # shellcheck disable=SC2086 # GATEWAY_ENV is a list of VAR=value words
-env RUST_LOG=warn $GATEWAY_ENV "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
+env RUST_LOG=warn $GATEWAY_ENV "$GATEWAY_BIN" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
     --route /=wechatpay-v3 --metrics-listen "$METRICS" >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
 GATEWAY_PID=$!
 PIDS+=($GATEWAY_PID)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The idempotency gateway (examples/gateway/) against nginx `proxy_pass`,
-# both in front of the same trivial upstream (examples/proxy_bench/), for
+# The idempotency gateway (the idempotency-gateway binary) against nginx `proxy_pass`,
+# both in front of the same trivial upstream (bench/examples/proxy_bench/), for
 # WeChat Pay v3 notifications:
 #
 #   first   every request carries a new notification id: both forward all;
@@ -9,10 +9,10 @@
 #
 # Usage (from the crate root; needs nginx on PATH, e.g. `apt-get install nginx`):
 #
-#   benches/gateway_vs_nginx.sh
-#   REQUESTS=100000 CONNECTIONS=64 RUNS=3 NGINX_WORKERS=auto benches/gateway_vs_nginx.sh
-#   NGINX_WORKERS=1 GATEWAY_WORKERS=1 benches/gateway_vs_nginx.sh   # one core each
-#   OPEN_LOOP=1 benches/gateway_vs_nginx.sh   # also honest latency, below
+#   bench/benches/gateway_vs_nginx.sh
+#   REQUESTS=100000 CONNECTIONS=64 RUNS=3 NGINX_WORKERS=auto bench/benches/gateway_vs_nginx.sh
+#   NGINX_WORKERS=1 GATEWAY_WORKERS=1 bench/benches/gateway_vs_nginx.sh   # one core each
+#   OPEN_LOOP=1 bench/benches/gateway_vs_nginx.sh   # also honest latency, below
 #
 # With OPEN_LOOP=1, after the throughput table, each of nginx and the
 # gateway is driven per mode in an open loop (`proxy_bench load --rate`,
@@ -44,15 +44,16 @@ NGINX_WORKERS=${NGINX_WORKERS:-auto}
 # Gateway serving threads (`--workers`); empty means its default, one per core.
 GATEWAY_WORKERS=${GATEWAY_WORKERS:-}
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 command -v nginx >/dev/null || { echo "nginx not found (apt-get install -y nginx)" >&2; exit 1; }
 
 echo "# building (release)" >&2
-cargo build --release --quiet --example gateway --example proxy_bench
+cargo build --release --quiet -p idempotency-gateway -p idempotency-bench --bin idempotency-gateway --example proxy_bench
 BIN=${CARGO_TARGET_DIR:-target}/release/examples
+GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/release/idempotency-gateway
 
-# shellcheck source=benches/lib.sh
-. benches/lib.sh
+# shellcheck source=bench/benches/lib.sh
+. bench/benches/lib.sh
 bench_start gateway_vs_nginx
 
 # --- upstream
@@ -99,7 +100,7 @@ nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
 PIDS+=($!)
 
 # --- gateway
-RUST_LOG=warn "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
+RUST_LOG=warn "$GATEWAY_BIN" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
     --route /=wechatpay-v3 ${GATEWAY_WORKERS:+--workers "$GATEWAY_WORKERS"} >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
 PIDS+=($!)
 GATEWAY=$(wait_line "$TMP/gateway.out" "listening on ")

@@ -1,6 +1,6 @@
 # Shared by the benchmark scripts (sourced from the crate root):
 #
-#   . benches/lib.sh
+#   . bench/benches/lib.sh
 #   bench_start NAME   # $TMP, a fresh directory; PIDS, killed on exit
 #
 # Every process a script starts and appends to PIDS is killed (and waited

@@ -4,26 +4,26 @@
 # `perf report`, then syscalls per request (`strace -c -f` for one run).
 # Needs nginx, wrk, perf (linux-perf) and strace.
 #
-#   benches/profile.sh                  # the working tree's gateway
-#   GATEWAY=path/to/gateway TOP=40 benches/profile.sh
+#   bench/benches/profile.sh                  # the working tree's gateway
+#   GATEWAY=path/to/gateway TOP=40 bench/benches/profile.sh
 #
 # Upstream: nginx answering `return 200` itself; the gateway on
-# `--route /=wechatpay-v3` in front of it; wrk -t1 -c64 (benches/wrk_notify.lua).
+# `--route /=wechatpay-v3` in front of it; wrk -t1 -c64 (bench/benches/wrk_notify.lua).
 set -euo pipefail
 
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-6}
 TOP=${TOP:-30}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 for tool in nginx wrk perf strace; do
     command -v "$tool" >/dev/null || { echo "$tool not found (apt-get install -y nginx wrk linux-perf strace)" >&2; exit 1; }
 done
 if [ -z "${GATEWAY:-}" ]; then
-    cargo build --release --quiet --all-features --example gateway
-    GATEWAY=${CARGO_TARGET_DIR:-target}/release/examples/gateway
+    cargo build --release --quiet -p idempotency-gateway
+    GATEWAY=${CARGO_TARGET_DIR:-target}/release/idempotency-gateway
 fi
 
-# shellcheck source=benches/lib.sh
-. benches/lib.sh
+# shellcheck source=bench/benches/lib.sh
+. bench/benches/lib.sh
 bench_start profile
 
 UP_PORT=$(free_port)
@@ -56,7 +56,7 @@ start() { # the gateway, its pid in GW_PID, address in GW
 }
 
 wrk_run() { # MODE SECONDS PREFIX
-    MODE=$1 PREFIX=$3 wrk -t1 -c64 -d"$2s" -s benches/wrk_notify.lua "http://$GW/notify" | grep '^wrk: '
+    MODE=$1 PREFIX=$3 wrk -t1 -c64 -d"$2s" -s bench/benches/wrk_notify.lua "http://$GW/notify" | grep '^wrk: '
 }
 
 start

@@ -7,16 +7,16 @@
 # record). The stores take turns, RUNS rounds (default 3); the table shows
 # medians and the ratio of each to the memory store.
 #
-#   benches/store_costs.sh       # needs redis-server and PostgreSQL (initdb, postgres)
-#   RUNS=5 TRANSACTIONS=10000 benches/store_costs.sh
-#   PG_SYNC=off benches/store_costs.sh   # PostgreSQL's commits not waiting for the disk
+#   bench/benches/store_costs.sh       # needs redis-server and PostgreSQL (initdb, postgres)
+#   RUNS=5 TRANSACTIONS=10000 bench/benches/store_costs.sh
+#   PG_SYNC=off bench/benches/store_costs.sh   # PostgreSQL's commits not waiting for the disk
 #
 # It starts its own Redis (no persistence) and PostgreSQL (its defaults:
 # fsync and synchronous_commit on, unless PG_SYNC=off; as the `postgres`
 # user when run as root) on free ports in a temp dir, and stops them on exit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. benches/lib.sh
+cd "$(dirname "$0")/../.."
+. bench/benches/lib.sh
 RUNS=${RUNS:-3}
 N=${TRANSACTIONS:-5000}
 cargo build -q --release --example retry_storm

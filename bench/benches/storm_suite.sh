@@ -5,14 +5,14 @@
 # instances). Each row runs RUNS times (default 3); the table shows medians
 # (worst for duplicates and lost).
 #
-#   benches/storm_suite.sh            # needs redis-server and redis-cli on PATH
-#   RUNS=1 benches/storm_suite.sh
+#   bench/benches/storm_suite.sh            # needs redis-server and redis-cli on PATH
+#   RUNS=1 bench/benches/storm_suite.sh
 #
 # It starts its own Redis servers in a temp dir on free ports (each Cluster
 # node with an explicit bus port: port + 10000 may not exist) and stops them
 # on exit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-3}
 cargo build -q --release --example retry_storm
 B=${CARGO_TARGET_DIR:-target}/release/examples/retry_storm

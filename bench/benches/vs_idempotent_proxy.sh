@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The gateway (examples/gateway/, Redis store, `--route /=idempotency-key`)
+# The gateway (the idempotency-gateway binary, Redis store, `--route /=idempotency-key`)
 # against idempotent-proxy-server (github.com/ldclabs/idempotent-proxy, a
 # published Rust reverse proxy with idempotency keys over Redis), side by
 # side on the same Redis, in front of the same trivial upstream
@@ -28,8 +28,8 @@
 # idempotent-proxy-server is a benchmark-only tool, not a dependency:
 #
 #   cargo install idempotent-proxy-server --root /some/dir
-#   IDEMPOTENT_PROXY=/some/dir/bin/idempotent-proxy-server benches/vs_idempotent_proxy.sh
-#   REQUESTS=20000 RUNS=3 STORMS="7:500 63:90" TIMEOUT=10 benches/vs_idempotent_proxy.sh
+#   IDEMPOTENT_PROXY=/some/dir/bin/idempotent-proxy-server bench/benches/vs_idempotent_proxy.sh
+#   REQUESTS=20000 RUNS=3 STORMS="7:500 63:90" TIMEOUT=10 bench/benches/vs_idempotent_proxy.sh
 #
 # Its configuration is a `.env` file in its working directory (read with
 # dotenvy at start): SERVER_ADDR, REDIS_URL, URL_UPSTREAM (a request to
@@ -57,7 +57,7 @@ TIMEOUT=${TIMEOUT:-10}
 POLL_INTERVAL=${POLL_INTERVAL:-100}
 IDEMPOTENT_PROXY=${IDEMPOTENT_PROXY:-$(command -v idempotent-proxy-server || true)}
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ -x "$IDEMPOTENT_PROXY" ] || {
     echo "idempotent-proxy-server not found: cargo install idempotent-proxy-server --root DIR," \
         "then IDEMPOTENT_PROXY=DIR/bin/idempotent-proxy-server" >&2
@@ -66,11 +66,12 @@ cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "redis-server not found" >&2; exit 1; }
 
 echo "# building (release)" >&2
-cargo build --release --quiet --example gateway --example proxy_bench
+cargo build --release --quiet -p idempotency-gateway -p idempotency-bench --bin idempotency-gateway --example proxy_bench
 BIN=${CARGO_TARGET_DIR:-target}/release/examples
+GATEWAY_BIN=${CARGO_TARGET_DIR:-target}/release/idempotency-gateway
 
-# shellcheck source=benches/lib.sh
-. benches/lib.sh
+# shellcheck source=bench/benches/lib.sh
+. bench/benches/lib.sh
 bench_start vs_idempotent_proxy
 
 # wait_http ADDR: until something answers HTTP at ADDR (any status).
@@ -118,7 +119,7 @@ PIDS+=($!)
 wait_http "$IPX_ADDR" || { cat "$TMP/ipx/out" "$TMP/ipx/err" >&2; exit 1; }
 
 # --- gateway on the same Redis
-env RUST_LOG=warn "$BIN/gateway" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
+env RUST_LOG=warn "$GATEWAY_BIN" --listen 127.0.0.1:0 --upstream "http://$UPSTREAM" \
     --store "redis://127.0.0.1:$REDIS_PORT" --route /=idempotency-key \
     >"$TMP/gateway.out" 2>"$TMP/gateway.err" &
 PIDS+=($!)

@@ -3,8 +3,8 @@
 -- generator: MODE=first gives every request a new id, MODE=repeat cycles
 -- through 8 ids. PREFIX makes a run's ids its own.
 --
---   MODE=first PREFIX=run1 wrk -t1 -c64 -d4s -s benches/wrk_notify.lua http://GATEWAY/notify
---   MODE=repeat wrk -t1 -c64 -d4s -s benches/wrk_notify.lua http://NGINX/notify
+--   MODE=first PREFIX=run1 wrk -t1 -c64 -d4s -s bench/benches/wrk_notify.lua http://GATEWAY/notify
+--   MODE=repeat wrk -t1 -c64 -d4s -s bench/benches/wrk_notify.lua http://NGINX/notify
 local mode = os.getenv("MODE") or "first"
 local prefix = os.getenv("PREFIX") or "w"
 local counter = 0

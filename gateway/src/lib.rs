@@ -32,3 +32,8 @@
 pub mod journal;
 pub mod proxy;
 pub mod shed;
+
+// Every Rust block of the README is a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}

@@ -213,6 +213,7 @@ fn dlq_at(queue: &[&str], args: &[&str]) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_down_200_notifications_7_copies_each_acked_queued_once_delivered_once() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let (up, up_addr) = Upstream::start(true).await;
     let dir = temp_path("ack-storm");
     let metrics = free_addr();
@@ -333,6 +334,7 @@ async fn send_until_acked(
 /// and each notification is delivered once when the upstream is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_100_notifications_5_copies_acked_at_once_delivered_once_through_failures() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let Some((_broker, url)) = rabbitmq_queue("storm") else {
         return;
     };
@@ -365,6 +367,7 @@ async fn rabbitmq_100_notifications_5_copies_acked_at_once_delivered_once_throug
 /// end, and each is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_twice() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     if !support_rabbitmq::rabbitmq_available() {
         return;
     }
@@ -407,6 +410,7 @@ async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_
 /// retries are acknowledged and each notification is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_frozen_mid_storm_answers_failures_in_bounded_time_and_recovers() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     if !support_rabbitmq::rabbitmq_available() {
         return;
     }
@@ -975,6 +979,7 @@ fn queue_warnings(log: &Path) -> Vec<String> {
 /// acknowledged notification once and acknowledges new copies again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn full_disk_freed_then_every_acked_notification_delivered_once_without_restart() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let Some(disk) = Tmpfs::mount("3m") else {
         return;
     };
@@ -1183,6 +1188,7 @@ async fn copy_until_acknowledged(
 /// the upstream is back each delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_down_100_notifications_5_copies_acked_within_1s_delivered_once_jetstream() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let Some(nats) = support_nats::own() else {
         return;
     };
@@ -1224,6 +1230,7 @@ async fn upstream_down_100_notifications_5_copies_acked_within_1s_delivered_once
 /// back; every notification acknowledged is delivered, none twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothing_twice() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let Some(mut nats) = support_nats::own() else {
         return;
     };

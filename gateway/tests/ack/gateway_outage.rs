@@ -223,6 +223,7 @@ async fn assert_upstream_stands(args: &[&str], tag: &str) {
 /// reply and comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_cap_keeps_a_fragile_upstream_standing() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let args = ["--route", "/wx=wechatpay-v3", "--max-upstream-calls", "20"];
     assert_upstream_stands(&args, "cap").await;
 }
@@ -231,6 +232,7 @@ async fn the_upstream_cap_keeps_a_fragile_upstream_standing() {
 /// `queue_wait`) does the same for that route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_max_in_flight_keeps_a_fragile_upstream_standing() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let config = gateway_support::temp_path("outage.toml");
     std::fs::write(
         &config,
@@ -249,6 +251,7 @@ async fn a_route_max_in_flight_keeps_a_fragile_upstream_standing() {
 /// 20 at once, so the upstream never falls over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let (fragile, upstream) = Fragile::start().await;
     let dir = gateway_support::temp_path("outage-ack");
     let config = gateway_support::temp_path("outage-ack.toml");
@@ -323,6 +326,7 @@ async fn ack_then_deliver_paces_the_backlog_to_what_the_upstream_bears() {
 /// gateways, as a load balancer spreads them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     if !support_redis::redis_available() {
         eprintln!("skipped: no redis-server");
         return;
@@ -336,6 +340,7 @@ async fn three_gateways_on_one_redis_queue_share_deliver_concurrency() {
 /// shared Redis store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_on_one_rabbitmq_queue_share_deliver_concurrency() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     if !support_redis::redis_available() {
         eprintln!("skipped: no redis-server");
         return;
@@ -416,6 +421,7 @@ async fn three_gateways_share_deliver_concurrency(queue: &str, store: &str, tag:
 /// seconds: it would take minutes to drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_limit_the_backlog_knocks_the_upstream_over() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let (fragile, upstream) = Fragile::start().await;
     let gw = Gateway::start(&upstream, &["--route", "/wx=wechatpay-v3"]);
     release_backlog(&gw, "none", Duration::from_secs(6)).await;
@@ -594,6 +600,7 @@ fn bad_limits_exit_2_with_the_reason() {
 /// gauge is there from the start, at its initial value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_auto_limit_keeps_a_fragile_upstream_standing() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     const MAX: usize = 30;
     let (fragile, upstream) = Fragile::start().await;
     let config = gateway_support::temp_path("outage-auto.toml");
@@ -693,6 +700,7 @@ impl Fallen {
 /// upstream is back, every notification is delivered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_on_one_redis_queue_share_the_breaker() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     /// The breaker's most probes at once (the library's MAX_PROBES).
     const PROBES: usize = 3;
     const COOLDOWN: Duration = Duration::from_secs(1);
@@ -776,6 +784,7 @@ async fn three_gateways_on_one_redis_queue_share_the_breaker() {
 /// store): the slots are shared through the server's `PACE` bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_on_one_jetstream_queue_share_deliver_concurrency() {
+    let _storm = crate::gateway_support::one_storm_at_a_time().await;
     let Some(nats) = support_nats::own() else {
         return;
     };

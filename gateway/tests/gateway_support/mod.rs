@@ -247,3 +247,13 @@ pub fn exits_2(mut cmd: Command, hint: &str) {
     assert!(stderr.contains(hint), "{cmd:?}: {stderr:?} lacks {hint:?}");
     assert!(out.stdout.is_empty(), "{cmd:?}");
 }
+
+/// Holds the tests of one binary that push a storm through the gateway (or
+/// take brokers down under one) to one at a time: on a small machine, two
+/// storms and the brokers they start compete for the cores, and a timing a
+/// test asserts (every copy acknowledged at its first try) is then the
+/// other test's, not the gateway's. A test that panicked releases it too.
+pub async fn one_storm_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static STORM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    STORM.lock().await
+}

@@ -23,12 +23,12 @@ pub enum Parsed {
 /// payment notification or client submission once.
 #[derive(Parser, Debug, Default)]
 #[command(
-    name = "gateway",
+    name = "idempotency-gateway",
     version,
     color = clap::ColorChoice::Never,
-    override_usage = "gateway --listen ADDR --upstream URL [--route PREFIX=PRESET]... [options]\n       \
-                      gateway --config FILE [options]\n       \
-                      gateway dlq list|replay ID|replay --all [--queue QUEUE|--data-dir DIR]",
+    override_usage = "idempotency-gateway --listen ADDR --upstream URL [--route PREFIX=PRESET]... [options]\n       \
+                      idempotency-gateway --config FILE [options]\n       \
+                      idempotency-gateway dlq list|replay ID|replay --all [--queue QUEUE|--data-dir DIR]",
     after_help = "DUR: 500ms, 30s, 5m, 25h, 2d (at most a year)    SIZE: 65536, 64KiB, 1MiB\n\
                   Every flag can also be set with IDEMPOTENCY_GATEWAY_<FLAG> (e.g. \
                   IDEMPOTENCY_GATEWAY_UPSTREAM, IDEMPOTENCY_GATEWAY_ROUTE=/a=stripe,/b=alipay)."

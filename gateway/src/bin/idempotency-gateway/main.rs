@@ -11,9 +11,9 @@
 //! route's signature keys).
 //!
 //! ```text
-//! cargo run --release --example gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
-//! cargo run --release --example gateway -- --config /etc/idempotency-gateway.toml
-//! cargo install --path . --example gateway
+//! cargo run --release -p idempotency-gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
+//! cargo run --release -p idempotency-gateway -- --config /etc/idempotency-gateway.toml
+//! cargo install idempotency-gateway            # or, from a checkout: cargo install --path gateway
 //! ```
 //!
 //! When it accepts connections it prints exactly one line, `listening on
@@ -21,7 +21,7 @@
 //! config file exits with status 2; a failure at start (the port is taken,
 //! Redis cannot be reached) with status 1; SIGTERM or SIGINT drains the
 //! requests in flight and exits 0 (a second signal exits 1 at once).
-//! `gateway --help` lists the flags; the README has the whole story.
+//! `idempotency-gateway --help` lists the flags; the README has the whole story.
 
 mod access;
 mod ack;
@@ -182,7 +182,7 @@ fn main() -> ExitCode {
 fn usage_error(msg: &str) -> ExitCode {
     // A store or queue URL in the message keeps its password out.
     let msg = store::redact_text(msg);
-    eprintln!("gateway: {msg}\n(gateway --help lists the flags)");
+    eprintln!("gateway: {msg}\n(idempotency-gateway --help lists the flags)");
     ExitCode::from(2)
 }
 
