@@ -93,7 +93,8 @@ pub enum Handled {
 ///   (declare one: without it, RabbitMQ drops it).
 /// ```no_run
 /// use lapin::{Connection, ConnectionProperties};
-/// use tower_idempotency::consumer::{gateway_entry, AmqpConsumer, AmqpMessage, Consumer};
+/// use tower_idempotency::consumer::Consumer;
+/// use tower_idempotency_queue::consumer::{gateway_entry, AmqpConsumer, AmqpMessage};
 /// use tower_idempotency::store::RedisStore;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

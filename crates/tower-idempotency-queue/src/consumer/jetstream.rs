@@ -31,7 +31,8 @@ use tower_idempotency::Fingerprint;
 ///
 /// ```no_run
 /// use futures_util::StreamExt;
-/// use tower_idempotency::consumer::{Consumer, JetStreamConsumer};
+/// use tower_idempotency::consumer::Consumer;
+/// use tower_idempotency_queue::consumer::JetStreamConsumer;
 /// use tower_idempotency::store::MemoryStore;
 /// # async fn f(pull: async_nats::jetstream::consumer::PullConsumer) -> Result<(), async_nats::Error> {
 /// // Keyed by the publisher's `Idempotency-Key` header, the payload as
