@@ -27,9 +27,10 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tower_idempotency::store::{MemoryStore, RedisStore};
+use tower_idempotency::store::MemoryStore;
 use tower_idempotency::Preset;
 use tower_idempotency_queue::{RedbQueue, RedisStreamsQueue, Worker};
+use tower_idempotency_redis::RedisStore;
 
 use crate::args::{Args, StoreArg};
 use crate::server::serve;

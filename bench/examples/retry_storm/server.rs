@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
-use tower_idempotency::store::{MemoryStore, RedisStore, SqlStore, Store, TieredStore};
+use tower_idempotency::store::{MemoryStore, SqlStore, Store, TieredStore};
 use tower_idempotency::{IdempotencyLayer, Preset};
+use tower_idempotency_redis::RedisStore;
 
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use ruts::store::moka::MokaStore;

@@ -19,9 +19,10 @@
 
 use lapin::{Connection, ConnectionProperties};
 use tower_idempotency::consumer::Consumer;
-use tower_idempotency::store::{Either, MemoryStore, RedisStore, Store};
+use tower_idempotency::store::{Either, MemoryStore, Store};
 use tower_idempotency_queue::consumer::{gateway_entry, AmqpConsumer, AmqpMessage};
 use tower_idempotency_queue::Message;
+use tower_idempotency_redis::RedisStore;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

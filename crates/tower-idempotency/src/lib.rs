@@ -91,7 +91,7 @@
 //!
 //! # Many instances
 //!
-//! Instances that share a [`store::RedisStore`] share their records: a copy
+//! Instances that share a Redis store (`tower-idempotency-redis`) share their records: a copy
 //! that reaches instance B while instance A runs the first waits and replays
 //! A's response, or takes over if A fails or dies (its lease runs out). Give
 //! every instance the same scope: the route part of keys defaults to the
@@ -114,7 +114,6 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `redis` | [`store::RedisStore`] for Redis and Redis Cluster (many instances) |
 //! | `axum` | [`IdempotencyKey`] (and `Option<IdempotencyKey>`) as an axum extractor, and with `verify` the decrypted WeChat Pay v3 resource (`verify::DecryptedResource`); the layers themselves work with axum without it |
 //! | `metrics` | `idempotency_requests_total{preset,outcome}` and `idempotency_store_seconds` through the `metrics` facade |
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics, and a span per request (`idempotency`, with `verify`, `claim`, `upstream` and `replay` under it), carrying the preset, the key's hash and the outcome |
@@ -125,10 +124,6 @@
 //! With `tracing`, a channel route without verification (no `.verify(..)`)
 //! says so once, with a warning, when its layer is applied.
 // Links to items of features that are off go to docs.rs, not nowhere.
-#![cfg_attr(
-    not(feature = "redis"),
-    doc = "\n\n[`store::RedisStore`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.RedisStore.html"
-)]
 #![cfg_attr(
     not(feature = "otel"),
     doc = "\n\n[`trace`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/trace/index.html"

@@ -453,7 +453,7 @@ impl Journal {
 
     /// The journal in Redis (feature `redis`), shared by every instance
     /// that uses it: `redis://HOST:PORT[/DB]`, the URL a
-    /// [`RedisStore`](tower_idempotency::store::RedisStore) takes. One string per
+    /// [`RedisStore`](tower_idempotency_redis::RedisStore) takes. One string per
     /// stored key (`{idempotency-journal}:r:KEY`, the record as JSON,
     /// expiring after the retention) and a sorted set
     /// `{idempotency-journal}:by_time` of the records by last copy; each

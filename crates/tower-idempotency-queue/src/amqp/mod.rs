@@ -192,7 +192,7 @@ struct Inner<S> {
 /// implements publisher confirms, `amqps://` over rustls, and runs on tokio.
 /// ```no_run
 /// use tower_idempotency_queue::{AmqpQueue, Queue};
-/// use tower_idempotency::store::RedisStore;
+/// use tower_idempotency_redis::RedisStore;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::standalone("redis://127.0.0.1/").await?;

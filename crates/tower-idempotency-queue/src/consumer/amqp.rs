@@ -95,7 +95,7 @@ pub enum Handled {
 /// use lapin::{Connection, ConnectionProperties};
 /// use tower_idempotency::consumer::Consumer;
 /// use tower_idempotency_queue::consumer::{gateway_entry, AmqpConsumer, AmqpMessage};
-/// use tower_idempotency::store::RedisStore;
+/// use tower_idempotency_redis::RedisStore;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let conn = Connection::connect("amqp://app:secret@127.0.0.1:5672/%2f", ConnectionProperties::default()).await?;

@@ -279,7 +279,7 @@ consumer_tests!(memory_store, memory);
 mod redis_setup {
     use super::support_redis::{shared_cluster, shared_standalone};
     use super::*;
-    use tower_idempotency::store::{RedisClusterStore, RedisStore};
+    use tower_idempotency_redis::{RedisClusterStore, RedisStore};
 
     pub(super) async fn standalone() -> Option<(RedisStore, Guard)> {
         let server = shared_standalone()?;

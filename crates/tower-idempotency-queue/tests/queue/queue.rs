@@ -13,12 +13,13 @@ use std::time::Duration;
 use tower::service_fn;
 use tower::ServiceBuilder;
 use tower_idempotency::consumer::{Consumer, ConsumerLayer};
-use tower_idempotency::store::{MemoryStore, OwnerToken, RedisStore};
+use tower_idempotency::store::{MemoryStore, OwnerToken};
 use tower_idempotency::Fingerprint;
 use tower_idempotency_queue::{
     AmqpQueue, Ingested, JetStreamQueue, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue,
     Worker,
 };
+use tower_idempotency_redis::RedisStore;
 
 #[derive(Debug)]
 struct Down;

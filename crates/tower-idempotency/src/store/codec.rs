@@ -1,5 +1,7 @@
 //! One record codec for every store: a completed record as one buffer
-//! (status, headers, trailers and body), decoded on replay.
+//! (status, headers, trailers and body), decoded on replay. A store that
+//! keeps records as bytes (Redis, SQL, a store of your own) writes
+//! [`encode`]'s bytes and reads them back with [`decode`].
 //!
 //! ```text
 //! version u8 | fingerprint [16] | status u16 | flags u8 (1 = body omitted,
@@ -24,8 +26,7 @@ const FLAG_TRAILERS: u8 = 2;
 
 /// Encodes a completed record into one binary string (the Redis store's
 /// value; the memory store encodes in place).
-#[cfg_attr(not(any(feature = "redis", feature = "sql")), allow(dead_code))]
-pub(crate) fn encode(record: &CompletedRecord) -> Vec<u8> {
+pub fn encode(record: &CompletedRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(encoded_len(record));
     encode_into(&mut out, record);
     out
@@ -87,7 +88,7 @@ fn encode_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
 
 /// Reads a record written by [`encode`]; the body and header values share
 /// `buf`.
-pub(crate) fn decode(buf: &Bytes) -> Result<CompletedRecord, StoreError> {
+pub fn decode(buf: &Bytes) -> Result<CompletedRecord, StoreError> {
     let bytes: &[u8] = buf;
     let mut r = Reader { buf, bytes, pos: 0 };
     let version = r.u8()?;

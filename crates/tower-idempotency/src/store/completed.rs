@@ -118,7 +118,13 @@ pub(crate) struct Stats {
     last_warning: AtomicU64,
 }
 
-pub(crate) struct Completed {
+/// Completed records in this process, bounded by the bytes they occupy:
+/// the memory store's records, and the local tier of a network store (a
+/// repeat that this instance answered before is replayed without a round
+/// trip). One buffer per record, in shards kept in least-recently-used
+/// order; a record leaves when its window ends or, if the budget is
+/// spent, when it is the least recently used.
+pub struct Completed {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     max_bytes: u64,
@@ -128,6 +134,16 @@ pub(crate) struct Completed {
     /// front of another store, whose evictions lose nothing).
     report: bool,
     pub(crate) stats: Stats,
+}
+
+impl std::fmt::Debug for Completed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletedCache")
+            .field("max_bytes", &self.max_bytes)
+            .field("records", &self.stats.records.load(Ordering::Relaxed))
+            .field("bytes", &self.stats.bytes.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a record left the store.
@@ -140,7 +156,12 @@ enum Reason {
 }
 
 impl Completed {
-    pub(crate) fn new(max_bytes: u64, report: bool) -> Self {
+    /// A cache of at most `max_bytes` (what each record really occupies,
+    /// its buffer and its entry). `report`: warn when a record leaves
+    /// before its window ended and export the memory store's metrics; a
+    /// cache in front of another store, whose evictions lose nothing, does
+    /// not.
+    pub fn new(max_bytes: u64, report: bool) -> Self {
         let shards = (max_bytes / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS);
         // A power of two below, so that shards are picked by a mask.
         let shards = 1u64 << (63 - shards.leading_zeros());
@@ -163,7 +184,8 @@ impl Completed {
         }
     }
 
-    pub(crate) fn max_bytes(&self) -> u64 {
+    /// Its budget in bytes.
+    pub fn max_bytes(&self) -> u64 {
         self.max_bytes
     }
 
@@ -180,7 +202,7 @@ impl Completed {
 
     /// The record under `key` if its window has not ended; a hit becomes the
     /// newest record of its shard.
-    pub(crate) fn get(&self, key: &str) -> Option<Arc<CompletedRecord>> {
+    pub fn get(&self, key: &str) -> Option<Arc<CompletedRecord>> {
         let key = key.as_bytes();
         let now = self.now_ms();
         let buf = {
@@ -216,7 +238,7 @@ impl Completed {
 
     /// The record under `key` and the time left in its window, without
     /// counting it as a use (for operators).
-    pub(crate) fn peek(&self, key: &str) -> Option<(Arc<CompletedRecord>, Duration)> {
+    pub fn peek(&self, key: &str) -> Option<(Arc<CompletedRecord>, Duration)> {
         let now = self.now_ms();
         let (buf, expires) = {
             let shard = self.shard(key.as_bytes());
@@ -232,7 +254,7 @@ impl Completed {
 
     /// Deletes the record under `key`; `true` if there was one whose
     /// window had not ended.
-    pub(crate) fn remove(&self, key: &str) -> bool {
+    pub fn remove(&self, key: &str) -> bool {
         let now = self.now_ms();
         let mut shard = self.shard(key.as_bytes());
         let Some((slot, expires)) = shard.map.remove_entry(key.as_bytes()) else {
@@ -249,7 +271,7 @@ impl Completed {
 
     /// Keeps `record` under `key` for `window`, replacing what was there,
     /// and evicts the oldest records of its shard past the budget.
-    pub(crate) fn insert(&self, key: &str, record: &CompletedRecord, window: Duration) {
+    pub fn insert(&self, key: &str, record: &CompletedRecord, window: Duration) {
         let now = self.now_ms();
         let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
         let expires = now.saturating_add(window_ms);

@@ -35,25 +35,21 @@
 
 mod active;
 mod boxed;
-mod codec;
+pub mod codec;
 mod completed;
 mod either;
 mod fence;
 mod memory;
-#[cfg(feature = "redis")]
-mod redis;
 #[cfg(feature = "sql")]
 mod sql;
 mod tiered;
 
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::{RedisClusterStore, RedisStore};
 /// Two stores, one picked at run time, are a [`Store`] (re-exported from the
 /// [`either`](https://docs.rs/either) crate).
 pub use ::either::Either;
 pub use active::ActiveClaim;
 pub use boxed::BoxedCalls;
+pub use completed::Completed as CompletedCache;
 pub(crate) use fence::fence_floor;
 pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};

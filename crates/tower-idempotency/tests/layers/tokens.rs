@@ -2,7 +2,6 @@
 //! "anti-resubmit token"), on every store.
 
 use test_support::common;
-#[cfg(feature = "redis")]
 use test_support::support_redis;
 
 use bytes::Bytes;
@@ -359,10 +358,9 @@ macro_rules! token_tests {
 
 token_tests!(memory: Some((MemoryStore::new(), ())));
 
-#[cfg(feature = "redis")]
 token_tests!(redis: match support_redis::shared_standalone() {
     Some(server) => {
-        let store = tower_idempotency::store::RedisStore::standalone(server.url())
+        let store = tower_idempotency_redis::RedisStore::standalone(server.url())
             .await
             .unwrap();
         Some((store, server))
@@ -370,10 +368,9 @@ token_tests!(redis: match support_redis::shared_standalone() {
     None => None,
 });
 
-#[cfg(feature = "redis")]
 token_tests!(redis_cluster: match support_redis::shared_cluster() {
     Some(cluster) => {
-        let store = tower_idempotency::store::RedisStore::cluster(cluster.urls())
+        let store = tower_idempotency_redis::RedisStore::cluster(cluster.urls())
             .await
             .unwrap();
         Some((store, cluster))

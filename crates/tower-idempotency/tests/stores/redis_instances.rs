@@ -2,7 +2,6 @@
 //! acknowledgement, a store outage answered as decided): three
 //! independent WeChat Pay v3 stacks, each behind its own loopback hyper
 //! server, take a retry storm together.
-#![cfg(feature = "redis")]
 
 use test_support::common;
 use test_support::support_redis;
@@ -18,8 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support_redis::{redis_available, shared_cluster, RedisServer};
 use tower::{service_fn, ServiceBuilder};
-use tower_idempotency::store::{Claim, CompletedRecord, OwnerToken, RedisStore, Store, StoreError};
+use tower_idempotency::store::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
 use tower_idempotency::IdempotencyLayer;
+use tower_idempotency_redis::RedisStore;
 
 const SUCCESS: &str = r#"{"code":"SUCCESS","message":"成功"}"#;
 const FAILURE: &str = r#"{"code":"FAIL","message":"失败"}"#;

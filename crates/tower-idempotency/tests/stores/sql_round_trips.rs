@@ -14,7 +14,6 @@
 //! The numbers are the ones the README and BENCHMARKS.md document.
 #![cfg(feature = "sql")]
 
-#[cfg(feature = "redis")]
 use test_support::support_redis;
 use test_support::support_sql;
 
@@ -327,10 +326,10 @@ async fn postgres_round_trips_per_request_are_as_documented() {
 /// and completion; a repeat on the instance that completed it costs
 /// nothing (Redis's local tier); on another instance, one Redis claim and
 /// no statement.
-#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiered_costs_per_request_are_as_documented() {
-    use tower_idempotency::store::{RedisStore, TieredStore};
+    use tower_idempotency::store::TieredStore;
+    use tower_idempotency_redis::RedisStore;
     if !support_redis::redis_available() {
         return;
     }

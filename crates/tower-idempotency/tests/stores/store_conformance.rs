@@ -2,7 +2,6 @@
 //! cases run against the memory store, a standalone Redis and a 3-master Redis Cluster
 //! (feature `redis`; the servers are started here, see `support_redis`).
 
-#[cfg(feature = "redis")]
 use test_support::support_redis;
 #[cfg(feature = "sql")]
 use test_support::support_sql;
@@ -748,11 +747,10 @@ mod memory_only {
     }
 }
 
-#[cfg(feature = "redis")]
 mod redis_setup {
     use super::support_redis::{shared_cluster, shared_standalone};
     use super::*;
-    use tower_idempotency::store::{RedisClusterStore, RedisStore};
+    use tower_idempotency_redis::{RedisClusterStore, RedisStore};
 
     pub(super) async fn standalone() -> Option<(RedisStore, Guard)> {
         let server = shared_standalone()?;
@@ -782,18 +780,12 @@ mod redis_setup {
     }
 }
 
-#[cfg(feature = "redis")]
 use redis_setup::standalone as redis_standalone_setup;
-#[cfg(feature = "redis")]
 use redis_setup::{cluster as redis_cluster_setup, prefixed as redis_prefixed_setup};
 
-#[cfg(feature = "redis")]
 store_tests!(redis_standalone, redis_standalone_setup);
-#[cfg(feature = "redis")]
 store_tests!(redis_prefixed, redis_prefixed_setup);
-#[cfg(feature = "redis")]
 store_tests!(redis_cluster, redis_cluster_setup);
-#[cfg(feature = "redis")]
 store_tests!(either_redis, redis_setup::either);
 
 #[cfg(feature = "sql")]
@@ -823,10 +815,10 @@ mod sql_setup {
 }
 
 /// Redis in front of PostgreSQL.
-#[cfg(all(feature = "sql", feature = "redis"))]
+#[cfg(feature = "sql")]
 async fn tiered_redis_postgres() -> Option<(
     tower_idempotency::store::TieredStore<
-        tower_idempotency::store::RedisStore,
+        tower_idempotency_redis::RedisStore,
         tower_idempotency::store::SqlStore,
     >,
     Guard,
@@ -840,13 +832,13 @@ async fn tiered_redis_postgres() -> Option<(
     ))
 }
 
-#[cfg(all(feature = "sql", feature = "redis"))]
+#[cfg(feature = "sql")]
 store_tests!(tiered_redis_sql, tiered_redis_postgres);
 
 /// The tiered store's fencing tokens are the database's: a Redis whose
 /// fence counter ran ahead and was then lost (a restart without
 /// persistence) changes nothing.
-#[cfg(all(feature = "sql", feature = "redis"))]
+#[cfg(feature = "sql")]
 #[tokio::test]
 async fn tiered_fences_grow_when_redis_lost_its_data() {
     let Some((store, _guard)) = tiered_redis_postgres().await else {
@@ -1069,13 +1061,13 @@ mod sql_only {
 }
 
 /// What only the Redis store does.
-#[cfg(feature = "redis")]
 mod redis_only {
     use super::support_redis::{
         self, redis_available, shared_cluster, shared_standalone, RedisServer,
     };
     use super::*;
-    use tower_idempotency::store::{RedisStore, StoreErrorKind};
+    use tower_idempotency::store::StoreErrorKind;
+    use tower_idempotency_redis::RedisStore;
 
     #[tokio::test]
     async fn complete_after_lease_ran_out_unclaimed_still_records() {

@@ -1,12 +1,12 @@
 //! The Lua scripts and the layout of the values they compare: each script
 //! touches one key, so all of them run unchanged on a Redis Cluster.
 
-use crate::store::OwnerToken;
-use crate::Fingerprint;
-use ::redis::aio::ConnectionLike;
-use ::redis::{RedisError, Script};
+use redis::aio::ConnectionLike;
+use redis::{RedisError, Script};
 use std::sync::LazyLock;
 use std::time::Duration;
+use tower_idempotency::store::OwnerToken;
+use tower_idempotency::Fingerprint;
 
 /// First byte of an in-flight value.
 pub(super) const IN_FLIGHT: u8 = 0xF1;

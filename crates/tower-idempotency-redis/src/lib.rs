@@ -1,4 +1,18 @@
-//! The Redis store: many instances, one record per key, standalone or Cluster.
+//! The Redis store of [`tower_idempotency`]: many instances share one record
+//! per key, on a standalone Redis or a Redis Cluster. Add it to a service
+//! that runs more than one instance, or that must not run a handler twice
+//! after a restart.
+//!
+//! ```no_run
+//! use tower_idempotency::IdempotencyLayer;
+//! use tower_idempotency_redis::RedisStore;
+//!
+//! # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+//! let store = RedisStore::standalone("redis://127.0.0.1:6379/").await?;
+//! let layer = IdempotencyLayer::wechatpay_v3().with_store(store);
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
 //!
 //! Everything public is on [`RedisStore`]; its docs list the value layout,
 //! what a request costs in Redis commands and how failures map to
@@ -10,6 +24,15 @@
 //! | repeat of a completed record | 0 commands when this instance holds it in its local tier, else 1 `EVALSHA` |
 //! | duplicate of a running request | 1 `EVALSHA` to claim, 1 more each time the record changes; plus, per instance and key (not per waiter), 1 `GETRANGE` per poll interval while anyone waits |
 
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod epoch;
 mod ops;
 mod poller;
@@ -18,19 +41,19 @@ mod scripts;
 use self::epoch::{Epoch, EPOCH_INTERVAL};
 
 use self::poller::Poller;
-use super::completed::Completed;
-use super::{StoreError, StoreErrorKind};
-use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use ::redis::cluster::ClusterClient;
-use ::redis::cluster_async::ClusterConnection;
-use ::redis::{IntoConnectionInfo, RedisError};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{IntoConnectionInfo, RedisError};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_idempotency::store::CompletedCache as Completed;
+use tower_idempotency::store::{StoreError, StoreErrorKind};
 
-/// A [`Store`](crate::store::Store) in Redis, standalone or Cluster.
+/// A [`Store`](tower_idempotency::store::Store) in Redis, standalone or Cluster.
 ///
 /// Each record is **one Redis string** under one key; the claim script also
 /// keeps the key's fencing counter under a second key in the same Cluster
@@ -82,11 +105,11 @@ use std::time::Duration;
 /// value under the key, a record from a newer version) are
 /// [`StoreErrorKind::Corrupt`], everything else is
 /// [`StoreErrorKind::Backend`]. The dedup layer then applies its
-/// [`OnStoreError`](crate::OnStoreError) policy. The connections reconnect by
+/// [`OnStoreError`](tower_idempotency::OnStoreError) policy. The connections reconnect by
 /// themselves: a command that meets a dropped connection fails, the next ones
 /// succeed once the server is back.
 ///
-/// [`complete`](crate::store::Store::complete) also succeeds when the key is **absent**
+/// [`complete`](tower_idempotency::store::Store::complete) also succeeds when the key is **absent**
 /// (the owner's lease ran out and nobody claimed it since): the inner service
 /// did succeed, and recording that prevents a second execution. It never
 /// overwrites another owner's claim or a completed record.
@@ -119,7 +142,7 @@ use std::time::Duration;
 /// node's loss only.
 ///
 /// ```no_run
-/// use tower_idempotency::store::RedisStore;
+/// use tower_idempotency_redis::RedisStore;
 /// use tower_idempotency::IdempotencyLayer;
 ///
 /// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
@@ -137,7 +160,7 @@ use std::time::Duration;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_idempotency::store::RedisStore;
+/// use tower_idempotency_redis::RedisStore;
 ///
 /// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = RedisStore::standalone("redis://127.0.0.1:6379/")
@@ -207,7 +230,7 @@ impl RedisStore<ConnectionManager> {
     /// as long as the outage lasts). Connecting and each command time out
     /// after one second. Fails if the server cannot be reached now.
     pub async fn standalone(url: impl IntoConnectionInfo) -> Result<Self, StoreError> {
-        let client = ::redis::Client::open(url).map_err(|e| map_err("connect", e))?;
+        let client = redis::Client::open(url).map_err(|e| map_err("connect", e))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -255,7 +278,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// A store over a connection you built (for other settings, TLS, auth,
-    /// or a [`MultiplexedConnection`](::redis::aio::MultiplexedConnection)).
+    /// or a [`MultiplexedConnection`](redis::aio::MultiplexedConnection)).
     /// It should reconnect by itself and have a response timeout.
     pub fn from_connection(conn: C) -> Self {
         Self {

@@ -6,16 +6,16 @@ use super::scripts::{
     TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
-use crate::store::codec::{decode, encode};
-use crate::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
-};
-use crate::Fingerprint;
-use ::redis::aio::ConnectionLike;
 use bytes::Bytes;
+use redis::aio::ConnectionLike;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use tower_idempotency::store::codec::{decode, encode};
+use tower_idempotency::store::{
+    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
+};
+use tower_idempotency::Fingerprint;
 
 impl<C> Store for RedisStore<C>
 where
@@ -39,7 +39,7 @@ where
         // made: release it, so it does not block the key for a whole lease.
         let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
         let forgets = self.forgets.load(Ordering::Acquire);
-        let found: ::redis::Value = CLAIM
+        let found: redis::Value = CLAIM
             .key(&key)
             .key(fence_key(&key))
             .arg(&in_flight_value(token, fingerprint)[..])
@@ -50,13 +50,13 @@ where
             .map_err(|e| map_err("claim", e))?;
         undo.0 = None;
         let found = match found {
-            ::redis::Value::Int(fence) => {
+            redis::Value::Int(fence) => {
                 let fence = u64::try_from(fence).unwrap_or(0);
                 return Ok(Claim::Acquired(Ownership::new(token, fence)));
             }
-            ::redis::Value::BulkString(found) => found,
-            ::redis::Value::Array(mut parts) if parts.len() == 2 => {
-                let (::redis::Value::BulkString(found), ::redis::Value::Int(ttl)) =
+            redis::Value::BulkString(found) => found,
+            redis::Value::Array(mut parts) if parts.len() == 2 => {
+                let (redis::Value::BulkString(found), redis::Value::Int(ttl)) =
                     (parts.swap_remove(0), parts.swap_remove(0))
                 else {
                     return Err(corrupt("claim answer of an unexpected shape"));
@@ -155,7 +155,7 @@ where
     async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
         let key = self.full_key(key);
         let mut conn = self.conn.clone();
-        ::redis::cmd("SET")
+        redis::cmd("SET")
             .arg(&key)
             .arg(TOKEN_VALUE)
             .arg("PX")
@@ -188,16 +188,16 @@ where
     async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
         let key = self.full_key(key);
         let mut conn = self.conn.clone();
-        let found: ::redis::Value = INSPECT
+        let found: redis::Value = INSPECT
             .key(&key)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| map_err("inspect", e))?;
         let (value, ttl) = match found {
-            ::redis::Value::Nil => return Ok(RecordState::Absent),
-            ::redis::Value::Array(mut parts) if parts.len() == 2 => {
+            redis::Value::Nil => return Ok(RecordState::Absent),
+            redis::Value::Array(mut parts) if parts.len() == 2 => {
                 match (parts.swap_remove(0), parts.swap_remove(0)) {
-                    (::redis::Value::BulkString(v), ::redis::Value::Int(ttl)) => (v, ttl),
+                    (redis::Value::BulkString(v), redis::Value::Int(ttl)) => (v, ttl),
                     _ => return Err(corrupt("inspect answer of an unexpected shape")),
                 }
             }
@@ -287,7 +287,7 @@ impl<C> RedisStore<C> {
     /// record may be the one it deleted.
     fn keep_locally(
         &self,
-        local: &crate::store::completed::Completed,
+        local: &tower_idempotency::store::CompletedCache,
         key: &str,
         record: &Arc<CompletedRecord>,
         ttl: Duration,

@@ -3,12 +3,12 @@
 
 use super::scripts::OWNER_LEN;
 use super::{lock, RedisStore};
-use crate::store::{Watch, WatchSender};
-use ::redis::aio::ConnectionLike;
-use ::redis::RedisError;
+use redis::aio::ConnectionLike;
+use redis::RedisError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tower_idempotency::store::{Watch, WatchSender};
 
 impl<C> RedisStore<C>
 where
@@ -81,7 +81,7 @@ async fn poll<C: ConnectionLike + Send>(
         if lock(&poller.last_subscribed).elapsed() > POLLER_IDLE {
             break;
         }
-        let head: Result<Vec<u8>, RedisError> = ::redis::cmd("GETRANGE")
+        let head: Result<Vec<u8>, RedisError> = redis::cmd("GETRANGE")
             .arg(&key)
             .arg(0)
             .arg(OWNER_LEN - 1)

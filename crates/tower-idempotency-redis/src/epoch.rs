@@ -3,8 +3,8 @@
 //! persistence) and with it every record.
 
 use super::{lock, RedisStore};
-use ::redis::aio::ConnectionLike;
-use ::redis::RedisError;
+use redis::aio::ConnectionLike;
+use redis::RedisError;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,15 +77,15 @@ where
     pub(super) async fn check_epoch(&self) -> Result<bool, RedisError> {
         let key = format!("{}{EPOCH_KEY}", self.prefix);
         let mut conn = self.conn.clone();
-        let found: Option<Vec<u8>> = ::redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+        let found: Option<Vec<u8>> = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
         let current = match found {
             Some(v) => v,
             None => {
-                let mine = crate::store::OwnerToken::new()
+                let mine = tower_idempotency::store::OwnerToken::new()
                     .as_u128()
                     .to_be_bytes()
                     .to_vec();
-                let set: Option<String> = ::redis::cmd("SET")
+                let set: Option<String> = redis::cmd("SET")
                     .arg(&key)
                     .arg(&mine[..])
                     .arg("NX")
@@ -96,7 +96,7 @@ where
                 } else {
                     // Another instance wrote it first.
                     let again: Option<Vec<u8>> =
-                        ::redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+                        redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
                     again.unwrap_or(mine)
                 }
             }
