@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tower::ServiceBuilder;
-use tower_idempotency::store::{MemoryStore, SqlStore, Store, TieredStore};
+use tower_idempotency::store::{MemoryStore, Store, TieredStore};
 use tower_idempotency::{IdempotencyLayer, Preset};
 use tower_idempotency_redis::RedisStore;
+use tower_idempotency_sqlx::SqlStore;
 
 use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use ruts::store::moka::MokaStore;

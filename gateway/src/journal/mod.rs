@@ -432,7 +432,7 @@ impl Journal {
 
     /// The journal in a SQL database (feature `sql`): `postgres://…`,
     /// `mysql://…` (`mariadb://…`) or `sqlite:PATH`, the URL a
-    /// [`SqlStore`](tower_idempotency::store::SqlStore) takes, so that the records live
+    /// [`SqlStore`](tower_idempotency_sqlx::SqlStore) takes, so that the records live
     /// beside the store's. One row per stored key in the table
     /// `idempotency_journal` (created if missing: `journal_key` the stored
     /// key's bytes, `last_seen_ms`, `record` the record as JSON), indexed by

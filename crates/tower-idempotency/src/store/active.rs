@@ -9,9 +9,9 @@ use std::time::Duration;
 /// The claim the dedup layer holds for a request, put into the request's
 /// extensions while the inner service runs.
 ///
-/// With a [`SqlStore`](super::SqlStore) (feature `sql`) a handler can complete the record
-/// inside its own business transaction (`claim.complete_in(&mut tx,
-/// &response)`), so that the business write and "this key is done" commit
+/// With the SQL store of `tower-idempotency-sqlx` a handler can complete the
+/// record inside its own business transaction (`claim.complete_in(&mut tx,
+/// &response)`, its `CompleteIn` trait), so that the business write and "this key is done" commit
 /// together or not at all. The layer then writes no record of its own for
 /// that call. Other stores ignore it.
 ///
@@ -101,8 +101,11 @@ impl ActiveClaim {
         self.completed.load(Ordering::Acquire)
     }
 
-    #[cfg_attr(not(feature = "sql"), allow(dead_code))]
-    pub(crate) fn mark_completed(&self) {
+    /// Says that the inner service completed the record itself, in its own
+    /// transaction (a store's `complete_in` calls it once its write
+    /// succeeded): the layer then writes no record of its own and only
+    /// releases the claim.
+    pub fn mark_completed(&self) {
         self.completed.store(true, Ordering::Release);
     }
 }

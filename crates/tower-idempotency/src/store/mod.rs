@@ -40,8 +40,6 @@ mod completed;
 mod either;
 mod fence;
 mod memory;
-#[cfg(feature = "sql")]
-mod sql;
 mod tiered;
 
 /// Two stores, one picked at run time, are a [`Store`] (re-exported from the
@@ -53,9 +51,6 @@ pub use completed::Completed as CompletedCache;
 pub(crate) use fence::fence_floor;
 pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-#[cfg(feature = "sql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sql")))]
-pub use sql::{SqlConnection, SqlStore};
 pub use tiered::TieredStore;
 
 use crate::Fingerprint;

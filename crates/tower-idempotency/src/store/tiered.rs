@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A [`Store`] in two tiers: `front` (Redis) in front, `back` (a
-/// [`SqlStore`](crate::store::SqlStore)) behind.
+/// `SqlStore` (crate `tower-idempotency-sqlx`)) behind.
 ///
 /// - **claim**: in front first. A completed record there is replayed and a
 ///   claim in flight there is waited on (the front's watch), without touching
@@ -34,7 +34,7 @@ use std::time::Duration;
 ///   replayed, a claim in flight there is waited on (the back's watch). So a Redis restarted without persistence runs nothing twice: its
 ///   misses are answered from the database.
 /// - **fencing tokens** are the back's: the claim that wins is the back's,
-///   and so is its token ([`SqlStore`](crate::store::SqlStore): the row's
+///   and so is its token (`SqlStore` (crate `tower-idempotency-sqlx`): the row's
 ///   fence, kept in the database), so the tokens of a key keep growing when
 ///   Redis restarts without its data or is down.
 /// - **complete**: in the back first (durable), then in the front; the

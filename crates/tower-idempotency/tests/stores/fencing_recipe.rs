@@ -7,7 +7,6 @@
 //! that stays; a stale write after the newer one affects no row, and one
 //! before it is overwritten (and, made in one transaction with
 //! `complete_in`, rolled back).
-#![cfg(feature = "sql")]
 
 use test_support::support_sql;
 
@@ -15,10 +14,9 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::time::Duration;
 use support_sql::{shared_postgres, SqliteFile};
-use tower_idempotency::store::{
-    ActiveClaim, Claim, OwnerToken, Ownership, SqlStore, Store, StoredResponse,
-};
+use tower_idempotency::store::{ActiveClaim, Claim, OwnerToken, Ownership, Store, StoredResponse};
 use tower_idempotency::Fingerprint;
+use tower_idempotency_sqlx::{CompleteIn, SqlStore};
 
 /// Which owner writes first.
 #[derive(Debug, Clone, Copy)]

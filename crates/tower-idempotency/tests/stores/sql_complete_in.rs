@@ -5,7 +5,6 @@
 //! record in one transaction, and is killed with SIGKILL right before or
 //! right after its commit. The retries then run in this process, over the same
 //! database: the business row must exist exactly once.
-#![cfg(feature = "sql")]
 
 use test_support::support_sql;
 
@@ -21,7 +20,8 @@ use support_sql::{shared_postgres, SqliteFile};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::dedup::DedupLayer;
 use tower_idempotency::key::{Field, FingerprintSpec, KeyLayer, KeySpec};
-use tower_idempotency::store::{ActiveClaim, SqlStore, StoredResponse};
+use tower_idempotency::store::{ActiveClaim, StoredResponse};
+use tower_idempotency_sqlx::{CompleteIn, SqlStore};
 
 /// Short, so that the retry after a crash before the commit takes over soon.
 const LEASE: Duration = Duration::from_millis(1500);

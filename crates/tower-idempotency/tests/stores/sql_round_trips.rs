@@ -12,7 +12,6 @@
 //!   statements' own round trips do not.
 //!
 //! The numbers are the ones the README and BENCHMARKS.md document.
-#![cfg(feature = "sql")]
 
 use test_support::support_redis;
 use test_support::support_sql;
@@ -27,7 +26,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::dedup::DedupLayer;
 use tower_idempotency::key::{Field, FingerprintSpec, KeyLayer, KeySpec};
-use tower_idempotency::store::{SqlStore, Store};
+use tower_idempotency::store::Store;
+use tower_idempotency_sqlx::SqlStore;
 use tracing_subscriber::layer::SubscriberExt;
 
 /// Statements sqlx ran, process-wide.

@@ -3,7 +3,6 @@
 //! (feature `redis`; the servers are started here, see `support_redis`).
 
 use test_support::support_redis;
-#[cfg(feature = "sql")]
 use test_support::support_sql;
 
 use bytes::Bytes;
@@ -788,11 +787,10 @@ store_tests!(redis_prefixed, redis_prefixed_setup);
 store_tests!(redis_cluster, redis_cluster_setup);
 store_tests!(either_redis, redis_setup::either);
 
-#[cfg(feature = "sql")]
 mod sql_setup {
     use super::support_sql::{shared_mariadb, shared_postgres, SqliteFile};
     use super::*;
-    use tower_idempotency::store::SqlStore;
+    use tower_idempotency_sqlx::SqlStore;
 
     pub(super) async fn postgres() -> Option<(SqlStore, Guard)> {
         let server = shared_postgres()?;
@@ -815,11 +813,10 @@ mod sql_setup {
 }
 
 /// Redis in front of PostgreSQL.
-#[cfg(feature = "sql")]
 async fn tiered_redis_postgres() -> Option<(
     tower_idempotency::store::TieredStore<
         tower_idempotency_redis::RedisStore,
-        tower_idempotency::store::SqlStore,
+        tower_idempotency_sqlx::SqlStore,
     >,
     Guard,
 )> {
@@ -832,13 +829,11 @@ async fn tiered_redis_postgres() -> Option<(
     ))
 }
 
-#[cfg(feature = "sql")]
 store_tests!(tiered_redis_sql, tiered_redis_postgres);
 
 /// The tiered store's fencing tokens are the database's: a Redis whose
 /// fence counter ran ahead and was then lost (a restart without
 /// persistence) changes nothing.
-#[cfg(feature = "sql")]
 #[tokio::test]
 async fn tiered_fences_grow_when_redis_lost_its_data() {
     let Some((store, _guard)) = tiered_redis_postgres().await else {
@@ -867,22 +862,17 @@ async fn tiered_fences_grow_when_redis_lost_its_data() {
         last = f;
     }
 }
-#[cfg(feature = "sql")]
 #[path = "store_conformance/sql_races.rs"]
 mod sql_races;
-#[cfg(feature = "sql")]
 store_tests!(sql_postgres, sql_setup::postgres);
-#[cfg(feature = "sql")]
 store_tests!(sql_mariadb, sql_setup::mariadb);
-#[cfg(feature = "sql")]
 store_tests!(sql_sqlite, sql_setup::sqlite);
 
 /// What only the SQL store does.
-#[cfg(feature = "sql")]
 mod sql_only {
     use super::support_sql::SqliteFile;
     use super::*;
-    use tower_idempotency::store::SqlStore;
+    use tower_idempotency_sqlx::SqlStore;
 
     async fn rows(store: &SqlStore) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM idempotency_records")

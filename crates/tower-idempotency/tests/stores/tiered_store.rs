@@ -1,7 +1,6 @@
 //! Redis in front of PostgreSQL (`TieredStore`): a Redis restarted without
 //! persistence after a storm replays every notification from the database
 //! and runs none again; Redis alone runs them all again.
-#![cfg(feature = "sql")]
 
 use test_support::support_redis;
 use test_support::support_sql;
@@ -16,8 +15,9 @@ use support_sql::shared_postgres;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_idempotency::dedup::DedupLayer;
 use tower_idempotency::key::{Field, FingerprintSpec, KeyLayer, KeySpec};
-use tower_idempotency::store::{OwnerToken, SqlStore, Store, TieredStore};
+use tower_idempotency::store::{OwnerToken, Store, TieredStore};
 use tower_idempotency_redis::RedisStore;
+use tower_idempotency_sqlx::SqlStore;
 
 const KEYS: usize = 20;
 const COPIES: usize = 3;

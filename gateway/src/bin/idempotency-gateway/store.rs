@@ -8,11 +8,10 @@
 use crate::parse::StoreSpec;
 use idempotency_gateway::proxy::{RouteOptions, Target};
 use std::collections::HashMap;
-use tower_idempotency::store::{
-    BoxedCalls, Either, MemoryStore, OwnerToken, SqlStore, Store, TieredStore,
-};
+use tower_idempotency::store::{BoxedCalls, Either, MemoryStore, OwnerToken, Store, TieredStore};
 use tower_idempotency::Preset;
 use tower_idempotency_redis::{RedisClusterStore, RedisStore};
+use tower_idempotency_sqlx::SqlStore;
 
 /// The gateway's store; clones share it.
 pub type GatewayStore = Either<MemoryStore, BoxedCalls<Networked>>;

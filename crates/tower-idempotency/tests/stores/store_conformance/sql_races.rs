@@ -5,7 +5,8 @@
 
 use super::sql_setup;
 use super::*;
-use tower_idempotency::store::{ActiveClaim, SqlStore};
+use tower_idempotency::store::ActiveClaim;
+use tower_idempotency_sqlx::{CompleteIn, SqlStore};
 
 /// Waits until `probe` says the sweep waits on a lock, or the sweep ended
 /// (a sweep that skips locked rows never waits); 10 s at most.

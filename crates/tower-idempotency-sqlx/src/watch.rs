@@ -4,13 +4,13 @@
 //! batches.
 
 use super::{lock, mysql, postgres, sqlite, Pool, SqlStore, IN_FLIGHT};
-use crate::store::{Watch, WatchSender};
 use sqlx::Row as _;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tower_idempotency::store::{Watch, WatchSender};
 
 /// One instance's look-out on one in-flight key.
 pub(super) struct Poller {

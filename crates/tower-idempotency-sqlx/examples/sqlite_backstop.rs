@@ -40,8 +40,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::normalize::NormalizeLayer;
-use tower_idempotency::store::{ActiveClaim, SqlStore, StoreError, StoredResponse};
+use tower_idempotency::store::{ActiveClaim, StoreError, StoredResponse};
 use tower_idempotency::{IdempotencyLayer, Preset};
+use tower_idempotency_sqlx::{CompleteIn, SqlStore};
 
 /// The schema: users with points, orders and the points ledger. The
 /// idempotency records live in the store's own table

@@ -4,17 +4,17 @@ use super::{
     corrupt, map_err, millis, mysql, postgres, sqlite, CompleteArgs, Pool, Row, SqlStore,
     COMPLETED, IN_FLIGHT, RELEASED,
 };
-use crate::store::codec::{decode, encode};
-use crate::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
-    StoreErrorKind,
-};
-use crate::Fingerprint;
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_idempotency::store::codec::{decode, encode};
+use tower_idempotency::store::{
+    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
+    StoreErrorKind,
+};
+use tower_idempotency::Fingerprint;
 
 /// How often a claim tries again when the row changed between its two
 /// statements (deleted, or expired, in between).

@@ -1,8 +1,20 @@
-//! The SQL store: PostgreSQL, MySQL / MariaDB and SQLite, one table whose
-//! primary key is the stored key.
+//! The SQL store of [`tower_idempotency`]: PostgreSQL, MySQL / MariaDB and
+//! SQLite (on sqlx), one table whose primary key is the stored key, so the
+//! database's unique index is what lets one claim win; and a record that a
+//! handler completes in its own transaction ([`CompleteIn`]), so that the
+//! business write and the record commit together or not at all.
 //!
 //! Everything public is on [`SqlStore`]; the statements live in one file per
 //! database (`postgres.rs`, `mysql.rs`, `sqlite.rs`), as constants.
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The assignments that turn a row into a [`RELEASED`] one, up to
 /// `expires_at = ` (the dialect's clock follows).
@@ -29,12 +41,11 @@ mod postgres;
 mod sqlite;
 mod watch;
 
-pub use complete_in::SqlConnection;
+pub use complete_in::{CompleteIn, SqlConnection};
 
 use self::complete_in::CompleteInError;
 
 use self::watch::Poller;
-use super::{StoreError, StoreErrorKind};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -44,8 +55,9 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tower_idempotency::store::{StoreError, StoreErrorKind};
 
-/// A [`Store`](crate::store::Store) in a SQL database: PostgreSQL,
+/// A [`Store`](tower_idempotency::store::Store) in a SQL database: PostgreSQL,
 /// MySQL / MariaDB or SQLite (feature `sql`, on sqlx).
 ///
 /// Every record is **one row** of the table `idempotency_records`, whose
@@ -112,15 +124,15 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// # Completing inside the business transaction
 ///
 /// Behind the dedup layer, the handler finds an
-/// [`ActiveClaim`](crate::store::ActiveClaim) in the request's extensions.
-/// [`ActiveClaim::complete_in`](crate::store::ActiveClaim::complete_in)
+/// [`ActiveClaim`](tower_idempotency::store::ActiveClaim) in the request's extensions.
+/// [`ActiveClaim::complete_in`](tower_idempotency::store::ActiveClaim::complete_in)
 /// writes the completed record in the handler's own transaction on the same
 /// database, so that the business write and the record commit together: an
 /// instance that dies before the commit leaves neither (the next copy runs),
 /// one that dies after it leaves both (the next copy replays).
 ///
 /// ```no_run
-/// use tower_idempotency::store::SqlStore;
+/// use tower_idempotency_sqlx::SqlStore;
 /// use tower_idempotency::IdempotencyLayer;
 ///
 /// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
@@ -145,7 +157,7 @@ pub struct SqlStore {
 
 /// One connection pool of one of the three databases.
 #[derive(Clone, Debug)]
-pub(super) enum Pool {
+pub(crate) enum Pool {
     Postgres(PgPool),
     MySql(MySqlPool),
     Sqlite(SqlitePool),
@@ -356,37 +368,39 @@ impl SqlStore {
     }
 }
 
-/// What [`postgres::complete`] and its siblings write.
+/// What `postgres::complete` and its siblings write (the argument of the
+/// sealed [`SqlConnection`]'s hidden method).
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct CompleteArgs<'a> {
-    pub(super) key: &'a [u8],
-    pub(super) owner: [u8; 16],
-    pub(super) fingerprint: [u8; 16],
-    pub(super) bytes: &'a [u8],
-    pub(super) window_ms: i64,
+    pub(crate) key: &'a [u8],
+    pub(crate) owner: [u8; 16],
+    pub(crate) fingerprint: [u8; 16],
+    pub(crate) bytes: &'a [u8],
+    pub(crate) window_ms: i64,
 }
 
 /// A row as [`postgres::READ`] and its siblings read it.
 #[derive(Debug)]
-pub(super) struct Row {
-    pub(super) state: i32,
-    pub(super) owner: Option<Vec<u8>>,
-    pub(super) fingerprint: Option<Vec<u8>>,
-    pub(super) response: Option<Vec<u8>>,
+pub(crate) struct Row {
+    pub(crate) state: i32,
+    pub(crate) owner: Option<Vec<u8>>,
+    pub(crate) fingerprint: Option<Vec<u8>>,
+    pub(crate) response: Option<Vec<u8>>,
     /// Milliseconds until the row expires (0 or less: expired).
-    pub(super) remaining: i64,
+    pub(crate) remaining: i64,
     /// The fencing token of the row's last claim.
-    pub(super) fence: i64,
+    pub(crate) fence: i64,
 }
 
 /// A released claim or a forgotten record: absent to every call, but kept
 /// (with its fence) a minute past its expiry before the sweep deletes it.
-pub(super) const RELEASED: i32 = 0;
-pub(super) const IN_FLIGHT: i32 = 1;
-pub(super) const COMPLETED: i32 = 2;
+pub(crate) const RELEASED: i32 = 0;
+pub(crate) const IN_FLIGHT: i32 = 1;
+pub(crate) const COMPLETED: i32 = 2;
 
 /// Milliseconds for a lease, window or ttl: at least 1, at most ten years.
-pub(super) fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     ms.clamp(1, 10 * 365 * 24 * 3600 * 1000)
 }
@@ -395,7 +409,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-pub(super) fn map_err(op: &str, e: sqlx::Error) -> StoreError {
+pub(crate) fn map_err(op: &str, e: sqlx::Error) -> StoreError {
     let kind = match &e {
         sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
@@ -404,7 +418,7 @@ pub(super) fn map_err(op: &str, e: sqlx::Error) -> StoreError {
     StoreError::new(kind, format!("sql {op} failed: {e}")).with_source(e)
 }
 
-pub(super) fn corrupt(what: impl fmt::Display) -> StoreError {
+pub(crate) fn corrupt(what: impl fmt::Display) -> StoreError {
     StoreError::new(
         StoreErrorKind::Corrupt,
         format!("unreadable idempotency record in sql: {what}"),

@@ -2,8 +2,6 @@
 
 use super::ops::owner_bytes;
 use super::{map_err, millis, mysql, postgres, sqlite, CompleteArgs};
-use crate::store::codec::encode;
-use crate::store::{ActiveClaim, CompletedRecord, StoreError, StoreErrorKind, StoredResponse};
 use sqlx::mysql::MySqlConnection;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgConnection;
@@ -11,6 +9,10 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{Database, Transaction};
 use std::future::Future;
 use std::pin::Pin;
+use tower_idempotency::store::codec::encode;
+use tower_idempotency::store::{
+    ActiveClaim, CompletedRecord, StoreError, StoreErrorKind, StoredResponse,
+};
 
 mod sealed {
     pub trait Sealed {}
@@ -39,7 +41,7 @@ impl From<sqlx::Error> for CompleteInError {
 type Completed<'a> = BoxFuture<'a, Result<Option<bool>, CompleteInError>>;
 
 /// A connection (or transaction) to a database that a
-/// [`SqlStore`](super::SqlStore) can live in: PostgreSQL, MySQL / MariaDB
+/// [`SqlStore`](crate::SqlStore) can live in: PostgreSQL, MySQL / MariaDB
 /// or SQLite, bare, pooled, or inside a [`Transaction`].
 ///
 /// Implemented for `PgConnection`, `MySqlConnection`, `SqliteConnection`,
@@ -90,10 +92,14 @@ where
     }
 }
 
-impl ActiveClaim {
+/// Completing a claim's record inside the handler's own transaction, on
+/// the database of a [`SqlStore`](crate::SqlStore): a method of
+/// [`ActiveClaim`] (the claim the dedup layer puts in the request's
+/// extensions) once this trait is in scope.
+pub trait CompleteIn {
     /// Writes this claim's completed record, replaying `response`, on
     /// `conn`: typically the handler's own transaction on the database of
-    /// the [`SqlStore`](super::SqlStore), so that the business write and the
+    /// the [`SqlStore`](crate::SqlStore), so that the business write and the
     /// record commit together or not at all.
     ///
     /// `Ok(true)`: written (visible once the transaction commits). When the
@@ -111,7 +117,7 @@ impl ActiveClaim {
     ///
     /// `Err`: the database failed, or the call cannot be kept:
     /// - the key has **no row** on this database: the layer's store is not
-    ///   this database's [`SqlStore`](super::SqlStore) (a memory or Redis
+    ///   this database's [`SqlStore`](crate::SqlStore) (a memory or Redis
     ///   store, another database), or the claim's expired row was swept.
     ///   A row written here would not be the layer's record, and the next
     ///   copy would run again, so nothing is written;
@@ -127,13 +133,14 @@ impl ActiveClaim {
     /// headers (no `Connection`, `Transfer-Encoding`).
     ///
     /// Only behind a layer whose store is this database's
-    /// [`SqlStore`](super::SqlStore), alone or as the back of a
-    /// [`TieredStore`](crate::store::TieredStore).
+    /// [`SqlStore`](crate::SqlStore), alone or as the back of a
+    /// [`TieredStore`](tower_idempotency::store::TieredStore).
     ///
     /// ```no_run
     /// use bytes::Bytes;
     /// use http::{HeaderMap, StatusCode};
     /// use tower_idempotency::store::{ActiveClaim, StoredResponse};
+    /// use tower_idempotency_sqlx::CompleteIn;
     ///
     /// # async fn handler(pool: sqlx::PgPool, claim: ActiveClaim) -> Result<(), Box<dyn std::error::Error>> {
     /// let response = StoredResponse {
@@ -155,7 +162,15 @@ impl ActiveClaim {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn complete_in<C: SqlConnection + ?Sized>(
+    fn complete_in<C: SqlConnection + ?Sized>(
+        &self,
+        conn: &mut C,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+impl CompleteIn for ActiveClaim {
+    async fn complete_in<C: SqlConnection + ?Sized>(
         &self,
         conn: &mut C,
         response: &StoredResponse,
