@@ -58,7 +58,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tower_idempotency::store::{StoreError, StoreErrorKind};
 
 /// A [`Store`](tower_idempotency::store::Store) in a SQL database: PostgreSQL,
-/// MySQL / MariaDB or SQLite (feature `sql`, on sqlx).
+/// MySQL / MariaDB or SQLite (on sqlx).
 ///
 /// Every record is **one row** of the table `idempotency_records`, whose
 /// primary key is the stored key, so the database's unique index is what

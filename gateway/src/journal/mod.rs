@@ -430,7 +430,7 @@ impl Journal {
         Ok((journal, writer))
     }
 
-    /// The journal in a SQL database (feature `sql`): `postgres://…`,
+    /// The journal in a SQL database: `postgres://…`,
     /// `mysql://…` (`mariadb://…`) or `sqlite:PATH`, the URL a
     /// [`SqlStore`](tower_idempotency_sqlx::SqlStore) takes, so that the records live
     /// beside the store's. One row per stored key in the table
@@ -451,7 +451,7 @@ impl Journal {
         Ok((journal, writer))
     }
 
-    /// The journal in Redis (feature `redis`), shared by every instance
+    /// The journal in Redis, shared by every instance
     /// that uses it: `redis://HOST:PORT[/DB]`, the URL a
     /// [`RedisStore`](tower_idempotency_redis::RedisStore) takes. One string per
     /// stored key (`{idempotency-journal}:r:KEY`, the record as JSON,

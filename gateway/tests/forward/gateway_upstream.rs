@@ -6,7 +6,7 @@
 //! unrequested `101 Switching Protocols` (502, never relayed); SIGTERM
 //! with a request in flight (one and two serving threads) and SIGINT when
 //! idle (exit 0); two instances
-//! sharing Redis and Redis Cluster (feature `redis`); the upstream's
+//! sharing Redis and Redis Cluster; the upstream's
 //! keep-alive connections (reused, never used once closed, closed when an
 //! answer is cut off or idle past the pool's timeout; a randomized storm of
 //! calls on connections closed and cut off at random, `POOL_SEED`).
