@@ -1,155 +1,240 @@
-//! [`BoxedCalls`]: a store whose calls' futures live on the heap, so that
-//! the futures awaiting them stay small.
+//! [`BoxStore`]: any store behind one type, picked at run time, with its
+//! calls' futures on the heap.
 
 use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;
+use std::any::Any;
+use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A [`Store`] that boxes the future of each call of the store it wraps,
-/// and otherwise is that store: every call, the defaulted ones included
-/// (an atomic [`replace`](Store::replace) stays atomic), goes to it. Clones
-/// share the wrapped store: it is kept behind an `Arc`, so that an `Either`
-/// of it and the memory store (cloned into every request) is two words
-/// wide, not as wide as a Redis or SQL store.
+/// A boxed future of a store call.
+type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A [`Store`] of a type chosen at run time (by a command line or a
+/// configuration file), as tower's `BoxCloneService` is a service: one
+/// type whatever the store behind it, so that a program does not spell a
+/// nested `Either` of every store it can open.
 ///
-/// A future that awaits a store call holds that call's future inline, and
-/// an [`Either`](super::Either) store's future is as large as its largest
-/// side's: a choice between the memory store and Redis or SQL would make
-/// every request's future as large as a network call's (kilobytes), even
-/// when the memory store answers. `Either<MemoryStore,
-/// BoxedCalls<RedisStore>>` keeps the memory store's calls inline and
-/// small, and gives each network call one allocation, next to which its
-/// round trip is long.
+/// Every call, the defaulted ones included (an atomic
+/// [`replace`](Store::replace) stays atomic), goes to the wrapped store.
+/// Clones share it (it is kept behind an `Arc`), and each call's future is
+/// boxed: one allocation per call, next to which a network store's round
+/// trip is long.
+///
+/// The boxing also keeps the futures that await a store call small. A
+/// future holds the future of the call it awaits inline, and an
+/// [`Either`](super::Either) store's future is as large as its larger
+/// side's: `Either<MemoryStore, RedisStore>` would make every request's
+/// future as large as a network call's (kilobytes), even when the memory
+/// store answers. `Either<MemoryStore, BoxStore>` keeps the memory store's
+/// calls inline and small, and is two words wide.
 ///
 /// ```
-/// use either::Either;
 /// use std::time::Duration;
-/// use tower_idempotency::store::{BoxedCalls, Claim, MemoryStore, OwnerToken, Store};
+/// use tower_idempotency::store::{BoxStore, Claim, MemoryStore, OwnerToken, Store, TieredStore};
 /// use tower_idempotency::Fingerprint;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// // `Either::Right(BoxedCalls::new(RedisStore::standalone(url).await?))`
-/// // when a Redis URL is configured.
-/// let store: Either<MemoryStore, BoxedCalls<MemoryStore>> = Either::Left(MemoryStore::new());
+/// // Which store is configured is known only at run time.
+/// let tiered = std::env::var_os("TIERED").is_some();
+/// let store = if tiered {
+///     BoxStore::new(TieredStore::new(MemoryStore::new(), MemoryStore::new()))
+/// } else {
+///     BoxStore::new(MemoryStore::new())
+/// };
 /// let claim = store
 ///     .claim("k", Fingerprint::of(b"x"), OwnerToken::new(), Duration::from_secs(5))
 ///     .await
 ///     .unwrap();
 /// assert!(matches!(claim, Claim::Acquired(_)));
+/// // The store behind it, by its type.
+/// assert_eq!(store.downcast_ref::<MemoryStore>().is_some(), !tiered);
 /// # }
 /// ```
-#[derive(Debug)]
-pub struct BoxedCalls<S>(Arc<S>);
+#[derive(Clone)]
+pub struct BoxStore(Arc<dyn DynStore>);
 
-impl<S> Clone for BoxedCalls<S> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<S> BoxedCalls<S> {
+impl BoxStore {
     /// Wraps `store`.
-    pub fn new(store: S) -> Self {
+    pub fn new<S: Store>(store: S) -> Self {
         Self(Arc::new(store))
     }
 
-    /// The wrapped store.
-    pub fn get_ref(&self) -> &S {
-        &self.0
-    }
-
-    /// Unwraps the store (a clone of it while other clones of `self` live).
-    pub fn into_inner(self) -> S
-    where
-        S: Clone,
-    {
-        Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+    /// The wrapped store, if it is an `S`.
+    pub fn downcast_ref<S: Store>(&self) -> Option<&S> {
+        self.0.as_any().downcast_ref()
     }
 }
 
-impl<S: Store> Store for BoxedCalls<S> {
-    fn claim(
+impl fmt::Debug for BoxStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BoxStore")
+            .field(&self.0.type_name())
+            .finish()
+    }
+}
+
+/// [`Store`] with boxed futures, which a trait object can have.
+trait DynStore: Send + Sync + 'static {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Call<'a, Claim>;
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Call<'a, bool>;
+    fn renew<'a>(&'a self, key: &'a str, token: OwnerToken, lease: Duration) -> Call<'a, bool>;
+    fn release<'a>(&'a self, key: &'a str, token: OwnerToken) -> Call<'a, bool>;
+    fn put_token<'a>(&'a self, key: &'a str, ttl: Duration) -> Call<'a, ()>;
+    fn take_token<'a>(&'a self, key: &'a str, owner: OwnerToken) -> Call<'a, bool>;
+    fn inspect<'a>(&'a self, key: &'a str) -> Call<'a, RecordState>;
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Call<'a, bool>;
+    fn forget<'a>(&'a self, key: &'a str) -> Call<'a, Forgotten>;
+    fn as_any(&self) -> &dyn Any;
+    fn type_name(&self) -> &'static str;
+}
+
+impl<S: Store> DynStore for S {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Call<'a, Claim> {
+        Box::pin(Store::claim(self, key, fingerprint, token, lease))
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: OwnerToken,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Call<'a, bool> {
+        Box::pin(Store::complete(self, key, token, record, window))
+    }
+    fn renew<'a>(&'a self, key: &'a str, token: OwnerToken, lease: Duration) -> Call<'a, bool> {
+        Box::pin(Store::renew(self, key, token, lease))
+    }
+    fn release<'a>(&'a self, key: &'a str, token: OwnerToken) -> Call<'a, bool> {
+        Box::pin(Store::release(self, key, token))
+    }
+    fn put_token<'a>(&'a self, key: &'a str, ttl: Duration) -> Call<'a, ()> {
+        Box::pin(Store::put_token(self, key, ttl))
+    }
+    fn take_token<'a>(&'a self, key: &'a str, owner: OwnerToken) -> Call<'a, bool> {
+        Box::pin(Store::take_token(self, key, owner))
+    }
+    fn inspect<'a>(&'a self, key: &'a str) -> Call<'a, RecordState> {
+        Box::pin(Store::inspect(self, key))
+    }
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        record: Arc<CompletedRecord>,
+        window: Duration,
+    ) -> Call<'a, bool> {
+        Box::pin(Store::replace(self, key, record, window))
+    }
+    fn forget<'a>(&'a self, key: &'a str) -> Call<'a, Forgotten> {
+        Box::pin(Store::forget(self, key))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+}
+
+impl Store for BoxStore {
+    async fn claim(
         &self,
         key: &str,
         fingerprint: Fingerprint,
         token: OwnerToken,
         lease: Duration,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        Box::pin(self.0.claim(key, fingerprint, token, lease))
+    ) -> Result<Claim, StoreError> {
+        self.0.claim(key, fingerprint, token, lease).await
     }
 
-    fn complete(
+    async fn complete(
         &self,
         key: &str,
         token: OwnerToken,
         record: Arc<CompletedRecord>,
         window: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Box::pin(self.0.complete(key, token, record, window))
+    ) -> Result<bool, StoreError> {
+        self.0.complete(key, token, record, window).await
     }
 
-    fn renew(
+    async fn renew(
         &self,
         key: &str,
         token: OwnerToken,
         lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Box::pin(self.0.renew(key, token, lease))
+    ) -> Result<bool, StoreError> {
+        self.0.renew(key, token, lease).await
     }
 
-    fn release(
-        &self,
-        key: &str,
-        token: OwnerToken,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Box::pin(self.0.release(key, token))
+    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
+        self.0.release(key, token).await
     }
 
-    fn put_token(
-        &self,
-        key: &str,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        Box::pin(self.0.put_token(key, ttl))
+    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.0.put_token(key, ttl).await
     }
 
-    fn take_token(
-        &self,
-        key: &str,
-        owner: OwnerToken,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Box::pin(self.0.take_token(key, owner))
+    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
+        self.0.take_token(key, owner).await
     }
 
-    fn inspect(&self, key: &str) -> impl Future<Output = Result<RecordState, StoreError>> + Send {
-        Box::pin(self.0.inspect(key))
+    async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
+        self.0.inspect(key).await
     }
 
-    fn replace(
+    async fn replace(
         &self,
         key: &str,
         record: Arc<CompletedRecord>,
         window: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        Box::pin(self.0.replace(key, record, window))
+    ) -> Result<bool, StoreError> {
+        self.0.replace(key, record, window).await
     }
 
-    fn forget(&self, key: &str) -> impl Future<Output = Result<Forgotten, StoreError>> + Send {
-        Box::pin(self.0.forget(key))
+    async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
+        self.0.forget(key).await
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::BoxStore;
     use crate::store::MemoryStore;
+    use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store};
+    use crate::Fingerprint;
+    use std::sync::Arc;
+    use std::time::Duration;
 
     /// Every call reaches the wrapped store, the defaulted ones too.
     #[tokio::test]
     async fn every_call_goes_to_the_wrapped_store() {
-        let store = BoxedCalls::new(MemoryStore::new());
+        let store = BoxStore::new(MemoryStore::new());
         let fp = Fingerprint::of(b"x");
         let token = OwnerToken::new();
         let lease = Duration::from_secs(5);
@@ -174,7 +259,12 @@ mod tests {
             .await
             .unwrap());
         assert!(matches!(
-            store.get_ref().inspect("k").await.unwrap(),
+            store
+                .downcast_ref::<MemoryStore>()
+                .unwrap()
+                .inspect("k")
+                .await
+                .unwrap(),
             RecordState::Completed { .. }
         ));
         assert!(store.replace("k", record, window).await.unwrap());
@@ -182,5 +272,14 @@ mod tests {
         assert!(!store.release("k", token).await.unwrap());
         store.put_token("t", window).await.unwrap();
         assert!(store.take_token("t", OwnerToken::new()).await.unwrap());
+    }
+
+    /// The store behind is found by its type, and only by it.
+    #[test]
+    fn downcast_finds_the_wrapped_type() {
+        let store = BoxStore::new(MemoryStore::new());
+        assert!(store.downcast_ref::<MemoryStore>().is_some());
+        assert!(store.downcast_ref::<BoxStore>().is_none());
+        assert!(format!("{store:?}").contains("MemoryStore"), "{store:?}");
     }
 }

@@ -18,16 +18,15 @@
 //! # }
 //! ```
 //!
-//! `Either` rather than a boxed `dyn` store: the calls stay static (no
-//! boxed future and no allocation per store call, which a boxed object-safe
-//! store needs), the trait stays as it is, and choices nest
-//! (`Either<MemoryStore, Either<RedisStore, RedisClusterStore>>`).
+//! `Either` keeps the calls static (no boxed future, no allocation per
+//! call) for a choice between two stores. For a choice among more (Redis,
+//! Redis Cluster, SQL, tiered), [`BoxStore`](super::BoxStore) is one type
+//! for all of them.
 //!
-//! An `Either`'s call futures are as large as its largest side's. When one
-//! side is the memory store and the other a network store, wrap the network
-//! side in [`BoxedCalls`](super::BoxedCalls) (`Either<MemoryStore,
-//! BoxedCalls<RedisStore>>`): the memory store's calls then stay small, and
-//! each network call pays one allocation.
+//! An `Either`'s call futures are as large as its larger side's. When one
+//! side is the memory store and the other a network store, box the network
+//! side (`Either<MemoryStore, BoxStore>`): the memory store's calls then
+//! stay small, and each network call pays one allocation.
 
 use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
 use crate::Fingerprint;

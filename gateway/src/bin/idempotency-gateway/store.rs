@@ -1,27 +1,25 @@
-//! The store picked on the command line: the library's `Either` of the
-//! memory store, Redis, Redis Cluster, a SQL database and Redis (or Redis
-//! Cluster) in front of a SQL database (`--backstop`); with the memory
-//! store, the budget of each route's records. The network stores' calls
-//! are boxed (`BoxedCalls`): their futures are kilobytes, and inline they
-//! would make every request's future, the memory store's too, as large.
+//! The store picked on the command line: the memory store, or one of Redis,
+//! Redis Cluster, a SQL database and Redis (or Redis Cluster) in front of a
+//! SQL database (`--backstop`) as a `BoxStore`; with the memory store, the
+//! budget of each route's records. The network stores' calls are boxed:
+//! their futures are kilobytes, and inline they would make every request's
+//! future, the memory store's too, as large.
 
 use crate::parse::StoreSpec;
 use idempotency_gateway::proxy::{RouteOptions, Target};
 use std::collections::HashMap;
-use tower_idempotency::store::{BoxedCalls, Either, MemoryStore, OwnerToken, Store, TieredStore};
+use tower_idempotency::store::{BoxStore, Either, MemoryStore, OwnerToken, Store, TieredStore};
 use tower_idempotency::Preset;
 use tower_idempotency_redis::{RedisClusterStore, RedisStore};
 use tower_idempotency_sqlx::SqlStore;
 
 /// The gateway's store; clones share it.
-pub type GatewayStore = Either<MemoryStore, BoxedCalls<Networked>>;
+pub type GatewayStore = Either<MemoryStore, BoxStore>;
 
-/// The stores across a network.
-pub type Networked = Either<RedisStore, Either<RedisClusterStore, Either<SqlStore, Backed>>>;
-
-/// Redis (or Redis Cluster) in front of the `--backstop` database.
-pub type Backed =
-    Either<TieredStore<RedisStore, SqlStore>, TieredStore<RedisClusterStore, SqlStore>>;
+/// Redis in front of the `--backstop` database.
+type RedisBacked = TieredStore<RedisStore, SqlStore>;
+/// Redis Cluster in front of the `--backstop` database.
+type ClusterBacked = TieredStore<RedisClusterStore, SqlStore>;
 
 /// Budgets of the stores' memory.
 pub struct Budgets {
@@ -46,20 +44,19 @@ pub async fn connect(
         let scheme = url.split(':').next().unwrap_or_default();
         format!("cannot open the {scheme} backstop: {}", scrub(url, e))
     })?;
-    let tiered = match front.map_right(BoxedCalls::into_inner) {
-        Either::Right(Either::Left(redis)) => Either::Left(TieredStore::new(redis, back)),
-        Either::Right(Either::Right(Either::Left(cluster))) => {
-            Either::Right(TieredStore::new(cluster, back))
-        }
-        _ => return Err("`--backstop` goes behind a Redis store (`--store redis://…`)".into()),
-    };
-    Ok(networked(Either::Right(Either::Right(Either::Right(
-        tiered,
-    )))))
+    let front = front.right();
+    let front = front.as_ref();
+    if let Some(redis) = front.and_then(BoxStore::downcast_ref::<RedisStore>) {
+        Ok(networked(TieredStore::new(redis.clone(), back)))
+    } else if let Some(cluster) = front.and_then(BoxStore::downcast_ref::<RedisClusterStore>) {
+        Ok(networked(TieredStore::new(cluster.clone(), back)))
+    } else {
+        Err("`--backstop` goes behind a Redis store (`--store redis://…`)".into())
+    }
 }
 
-fn networked(store: Networked) -> GatewayStore {
-    Either::Right(BoxedCalls::new(store))
+fn networked(store: impl Store) -> GatewayStore {
+    Either::Right(BoxStore::new(store))
 }
 
 async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore, String> {
@@ -67,13 +64,13 @@ async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
         StoreSpec::Memory => {
             Either::Left(MemoryStore::builder().max_bytes(budgets.max_memory).build())
         }
-        StoreSpec::Redis(url) => networked(Either::Left(
+        StoreSpec::Redis(url) => networked(
             RedisStore::standalone(url.as_str())
                 .await
                 .map_err(|e| format!("cannot reach Redis at {}: {}", redact(url), scrub(url, e)))?
                 .local_max_bytes(budgets.local_max_memory),
-        )),
-        StoreSpec::Cluster(nodes) => networked(Either::Right(Either::Left(
+        ),
+        StoreSpec::Cluster(nodes) => networked(
             RedisStore::cluster(nodes.iter().map(String::as_str))
                 .await
                 .map_err(|e| {
@@ -82,30 +79,32 @@ async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
                     format!("cannot reach the Redis Cluster at {shown:?}: {e}")
                 })?
                 .local_max_bytes(budgets.local_max_memory),
-        ))),
+        ),
         // The URL may carry a password: the message names the scheme only.
-        StoreSpec::Sql(url) => networked(Either::Right(Either::Right(Either::Left(
-            SqlStore::connect(url).await.map_err(|e| {
-                let scheme = url.split(':').next().unwrap_or_default();
-                format!("cannot open the {scheme} store: {e}")
-            })?,
-        )))),
+        StoreSpec::Sql(url) => networked(SqlStore::connect(url).await.map_err(|e| {
+            let scheme = url.split(':').next().unwrap_or_default();
+            format!("cannot open the {scheme} store: {e}")
+        })?),
     })
 }
 
 /// The store's kind, for the start-up log line.
 pub fn describe(store: &GatewayStore) -> &'static str {
-    let Either::Right(networked) = store else {
+    let Either::Right(store) = store else {
         return "memory";
     };
-    match networked.get_ref() {
-        Either::Left(_) => "redis",
-        Either::Right(Either::Left(_)) => "redis-cluster",
-        Either::Right(Either::Right(Either::Left(_))) => "sql",
-        Either::Right(Either::Right(Either::Right(Either::Left(_)))) => "redis+sql-backstop",
-        Either::Right(Either::Right(Either::Right(Either::Right(_)))) => {
-            "redis-cluster+sql-backstop"
-        }
+    if store.downcast_ref::<RedisStore>().is_some() {
+        "redis"
+    } else if store.downcast_ref::<RedisClusterStore>().is_some() {
+        "redis-cluster"
+    } else if store.downcast_ref::<SqlStore>().is_some() {
+        "sql"
+    } else if store.downcast_ref::<RedisBacked>().is_some() {
+        "redis+sql-backstop"
+    } else if store.downcast_ref::<ClusterBacked>().is_some() {
+        "redis-cluster+sql-backstop"
+    } else {
+        "other"
     }
 }
 
@@ -142,18 +141,15 @@ pub async fn ready(store: &GatewayStore, within: std::time::Duration) -> Readine
             (false, true) => Readiness::FrontDown,
         }
     }
-    let backed = match store {
-        Either::Right(networked) => match networked.get_ref() {
-            Either::Right(Either::Right(Either::Right(backed))) => Some(backed),
-            _ => None,
-        },
-        Either::Left(_) => None,
-    };
-    match backed {
-        Some(Either::Left(t)) => tiered(t.front(), t.back(), within).await,
-        Some(Either::Right(t)) => tiered(t.front(), t.back(), within).await,
-        None if answers(store, within).await => Readiness::Ready,
-        None => Readiness::Down,
+    let boxed = store.as_ref().right();
+    if let Some(t) = boxed.and_then(BoxStore::downcast_ref::<RedisBacked>) {
+        tiered(t.front(), t.back(), within).await
+    } else if let Some(t) = boxed.and_then(BoxStore::downcast_ref::<ClusterBacked>) {
+        tiered(t.front(), t.back(), within).await
+    } else if answers(store, within).await {
+        Readiness::Ready
+    } else {
+        Readiness::Down
     }
 }
 
