@@ -119,7 +119,7 @@
 //! | `tracing` | warnings on mismatches, store failures, lost leases and panics, and a span per request (`idempotency`, with `verify`, `claim`, `upstream` and `replay` under it), carrying the preset, the key's hash and the outcome |
 //! | `otel` | with `tracing`, [`trace`]: W3C `traceparent` / `tracestate` in and out of headers, for a proxy that passes the trace on to its upstream, and the crate's spans as OpenTelemetry spans through `tracing-opentelemetry` |
 //! | `verify` | [`verify`]: the sender's signature checked before the claim, for every channel |
-//! | `sql` | `store::SqlStore` for PostgreSQL, MySQL / MariaDB and SQLite; a handler can complete its record in its own transaction (`store::ActiveClaim`) |
+//! | `testing` | `store::testing`: the conformance suite every store passes, for the tests of a store of your own |
 //!
 //! With `tracing`, a channel route without verification (no `.verify(..)`)
 //! says so once, with a warning, when its layer is applied.

@@ -3,7 +3,7 @@
 //! dedup layers.
 
 use test_support::common;
-#[path = "../../../tower-idempotency-sqlx/examples/sqlite_backstop.rs"]
+#[path = "../../examples/sqlite_backstop.rs"]
 mod example;
 
 use common::{all_at_once, client, post, Answer};

@@ -12,7 +12,10 @@ use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock (the system's, unless a test pauses it): leases, windows
+// and token lifetimes follow `tokio::time::pause` and `advance`.
+use tokio::time::Instant;
 
 /// What each record costs beyond its buffer, measured with
 /// `benches/memory_budget.rs` (glibc, 64-bit): the map's node (key handle,

@@ -40,13 +40,16 @@ mod completed;
 mod either;
 mod fence;
 mod memory;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod tiered;
 
 /// Two stores, one picked at run time, are a [`Store`] (re-exported from the
 /// [`either`](https://docs.rs/either) crate).
 pub use ::either::Either;
 pub use active::ActiveClaim;
-pub use boxed::BoxedCalls;
+pub use boxed::BoxStore;
 pub use completed::Completed as CompletedCache;
 pub(crate) use fence::fence_floor;
 pub use fence::Ownership;
@@ -335,7 +338,9 @@ impl std::error::Error for StoreError {
 /// [`claim`](Self::claim) atomic and check the owner token in
 /// [`complete`](Self::complete), [`renew`](Self::renew) and
 /// [`release`](Self::release) (compare-and-set / compare-and-delete).
-/// The conformance suite in `tests/store_conformance.rs` runs against every store.
+/// The conformance suite of `store::testing` (feature `testing`) checks
+/// these rules; the stores of this family all run it, and a store of your
+/// own can.
 pub trait Store: Clone + Send + Sync + 'static {
     /// Atomically: if `key` is absent (or its lease ran out), claim it for
     /// `token` with a lease of `lease`; otherwise return what is there.

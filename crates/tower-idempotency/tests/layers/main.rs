@@ -1,4 +1,4 @@
-//! The layers in axum, hyper and tonic stacks: channels, keys, verification, promises, pressure, tokens, metrics, the README's example.
+//! The layers in axum, hyper and tonic stacks: channels, keys, verification, promises, pressure, tokens, metrics, the README's example; the memory store against the store conformance suite.
 
 mod axum_example;
 mod channels;
@@ -11,6 +11,7 @@ mod metrics;
 mod pressure;
 mod promises;
 mod readme;
+mod store_conformance;
 mod tokens;
 mod tonic_example;
 mod verify;

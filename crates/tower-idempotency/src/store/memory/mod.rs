@@ -16,7 +16,10 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock (the system's, unless a test pauses it): leases, windows
+// and token lifetimes follow `tokio::time::pause` and `advance`.
+use tokio::time::Instant;
 
 const SHARDS: usize = 64;
 
