@@ -1,5 +1,5 @@
-//! Client tokens: issue one, consume it once (issue: the seed's V3
-//! "anti-resubmit token"), on every store.
+//! Client tokens (an "anti-resubmit token" a form carries): issue one,
+//! consume it once, on every store.
 
 use test_support::common;
 use test_support::support_redis;
