@@ -89,23 +89,7 @@ bench_start ab
 # --- nginx: the upstream (`return 200`) and the proxy in front of it
 UP_PORT=$(free_port)
 NGINX_PORT=$(free_port)
-mkdir -p "$TMP/nginx"
-cat >"$TMP/nginx/nginx.conf" <<EOF
-$( [ "$(id -u)" = 0 ] && echo "user root;" )
-worker_processes $NGINX_WORKERS;
-pid $TMP/nginx/nginx.pid;
-error_log $TMP/nginx/error.log warn;
-events {
-    worker_connections 4096;
-}
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/client_body;
-    proxy_temp_path $TMP/nginx/proxy;
-    fastcgi_temp_path $TMP/nginx/fastcgi;
-    uwsgi_temp_path $TMP/nginx/uwsgi;
-    scgi_temp_path $TMP/nginx/scgi;
-    keepalive_requests 1000000;
+start_nginx $NGINX_WORKERS <<EOF
     upstream app {
         server 127.0.0.1:$UP_PORT;
         keepalive 128;
@@ -125,10 +109,7 @@ http {
             proxy_set_header Connection "";
         }
     }
-}
 EOF
-nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
-PIDS+=($!)
 
 # --- the two gateways
 start_gateway() { # NAME BIN

@@ -37,26 +37,13 @@ done
 bench_start gateway_instructions
 
 UP_PORT=$(free_port)
-mkdir -p "$TMP/nginx"
-cat >"$TMP/nginx/nginx.conf" <<EOF
-$( [ "$(id -u)" = 0 ] && echo "user root;" )
-worker_processes 1;
-pid $TMP/nginx/nginx.pid;
-error_log $TMP/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/client_body;
-    keepalive_requests 1000000;
+start_nginx 1 <<EOF
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { return 200 "ok\n"; }
         location = /v1/traces { default_type application/x-protobuf; return 200 ""; }
     }
-}
 EOF
-nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
-PIDS+=($!)
 
 cat >"$TMP/client.py" <<'EOF'
 import http.client, sys

@@ -42,3 +42,32 @@ wait_line() {
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
+
+# start_nginx WORKERS: starts nginx with WORKERS worker processes, its pid,
+# logs and temp files in $TMP/nginx, no access log and no limit on requests
+# per client connection (the gateway has none); the http block's upstreams
+# and servers are read from stdin.
+start_nginx() {
+    mkdir -p "$TMP/nginx"
+    {
+        if [ "$(id -u)" = 0 ]; then echo "user root;"; fi
+        cat <<EOF
+worker_processes $1;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/client_body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    keepalive_requests 1000000;
+EOF
+        cat
+        echo "}"
+    } >"$TMP/nginx/nginx.conf"
+    nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
+    PIDS+=($!)
+}

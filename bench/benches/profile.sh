@@ -27,25 +27,12 @@ fi
 bench_start profile
 
 UP_PORT=$(free_port)
-mkdir -p "$TMP/nginx"
-cat >"$TMP/nginx/nginx.conf" <<EOF
-$( [ "$(id -u)" = 0 ] && echo "user root;" )
-worker_processes 1;
-pid $TMP/nginx/nginx.pid;
-error_log $TMP/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/client_body;
-    keepalive_requests 1000000;
+start_nginx 1 <<EOF
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { return 200 "ok\n"; }
     }
-}
 EOF
-nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
-PIDS+=($!)
 
 start() { # the gateway, its pid in GW_PID, address in GW
     RUST_LOG=warn "$GATEWAY" --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$UP_PORT" \

@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use test_support::common::faults::{FaultStore, Faults, Op};
 use tower::service_fn;
 use tower_idempotency::consumer::{ConsumeError, Consumer, ConsumerLayer, Once};
 use tower_idempotency::store::{
@@ -157,57 +158,33 @@ fn consumer_run_limit_defaults_to_five_minutes() {
 /// A memory store whose completions take a while (the store acts only
 /// at the end of it), so that a test can cancel one under way; with
 /// `hang_renewals`, its first renewal hangs (the store acts only after it).
+type SlowComplete = FaultStore<SlowPlan>;
+
 #[derive(Clone, Default)]
-struct SlowComplete {
-    inner: MemoryStore,
+struct SlowPlan {
     completing: Arc<AtomicBool>,
     hang_renewals: Arc<AtomicUsize>,
 }
 
-impl Store for SlowComplete {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.inner.claim(key, fp, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        self.completing.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        self.inner.complete(key, token, record, window).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let hang = self
-            .hang_renewals
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if hang {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+impl Faults for SlowPlan {
+    async fn before(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        match op {
+            Op::Complete => {
+                self.completing.store(true, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Op::Renew => {
+                let hang = self
+                    .hang_renewals
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if hang {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+            _ => {}
         }
-        self.inner.renew(key, token, lease).await
-    }
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
-        self.inner.put_token(key, ttl).await
-    }
-    async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
-        self.inner.take_token(key, owner).await
+        Ok(())
     }
 }
 
