@@ -38,6 +38,31 @@
 //! # }
 //! ```
 
+/// The `Visitor` methods of a JSON walk that passes over scalars (booleans,
+/// numbers, strings, null): only maps and arrays matter to it.
+macro_rules! skip_scalars {
+    () => {
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    };
+}
+
 mod extract;
 mod form;
 mod json;
