@@ -126,8 +126,9 @@ impl Handler {
     pub fn stack(
         &self,
         channel: &Channel,
-    ) -> Idempotency<ServiceFn<impl FnMut(Request<Full<Bytes>>) -> HandlerFuture + Clone + Send>>
-    {
+    ) -> Idempotency<
+        ServiceFn<impl FnMut(Request<Full<Bytes>>) -> HandlerFuture + Clone + Send + use<>>,
+    > {
         self.stack_with((channel.layer)())
     }
 
@@ -135,8 +136,9 @@ impl Handler {
     pub fn stack_with(
         &self,
         layer: IdempotencyLayer,
-    ) -> Idempotency<ServiceFn<impl FnMut(Request<Full<Bytes>>) -> HandlerFuture + Clone + Send>>
-    {
+    ) -> Idempotency<
+        ServiceFn<impl FnMut(Request<Full<Bytes>>) -> HandlerFuture + Clone + Send + use<>>,
+    > {
         let handler = self.clone();
         layer.layer(service_fn(move |req| {
             Box::pin(handler.clone().handle(req)) as HandlerFuture

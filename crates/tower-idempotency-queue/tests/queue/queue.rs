@@ -67,8 +67,9 @@ impl Upstream {
         Message,
         Response = (),
         Error = Down,
-        Future = impl std::future::Future<Output = Result<(), Down>> + Send,
-    > + Clone {
+        Future = impl std::future::Future<Output = Result<(), Down>> + Send + use<>,
+    > + Clone
+           + use<> {
         let this = self.clone();
         service_fn(move |m: Message| {
             let this = this.clone();

@@ -10,9 +10,7 @@ use std::time::Duration;
 use test_support::common::faults::{FaultStore, Faults, Op};
 use tower::service_fn;
 use tower_idempotency::consumer::{ConsumeError, Consumer, ConsumerLayer, Once};
-use tower_idempotency::store::{
-    Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError,
-};
+use tower_idempotency::store::{MemoryStore, StoreError};
 use tower_idempotency::Fingerprint;
 use tower_idempotency_queue::{MemoryQueue, Message, Queue, Worker};
 use tower_layer::Layer;

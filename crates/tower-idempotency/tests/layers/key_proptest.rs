@@ -46,15 +46,18 @@ fn note(delta: isize) {
 unsafe impl GlobalAlloc for Tracking {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note(layout.size() as isize);
-        System.alloc(layout)
+        // SAFETY: the caller upholds `alloc`'s contract, which is `System`'s.
+        unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         note(-(layout.size() as isize));
-        System.dealloc(ptr, layout)
+        // SAFETY: as for `alloc`.
+        unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
         note(new as isize - layout.size() as isize);
-        System.realloc(ptr, layout, new)
+        // SAFETY: as for `alloc`.
+        unsafe { System.realloc(ptr, layout, new) }
     }
 }
 

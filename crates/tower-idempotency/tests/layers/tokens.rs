@@ -74,8 +74,9 @@ fn guarded<St: Store>(
     Request<Full<Bytes>>,
     Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
     Error = Infallible,
-    Future = impl Send,
-> + Clone {
+    Future = impl Send + use<St>,
+> + Clone
+       + use<St> {
     ServiceBuilder::new()
         .layer(IdempotencyLayer::new_in(Preset::client_token(), store.clone()).strict(strict))
         .service(orders(runs.clone(), fail_first))
