@@ -3,7 +3,13 @@
 //! many keys and waiters there are; expired rows are swept in bounded
 //! batches.
 
-use super::{lock, mysql, postgres, sqlite, Pool, SqlStore, IN_FLIGHT};
+#[cfg(feature = "mysql")]
+use super::mysql;
+#[cfg(feature = "postgres")]
+use super::postgres;
+#[cfg(feature = "sqlite")]
+use super::sqlite;
+use super::{lock, Pool, SqlStore, IN_FLIGHT};
 use sqlx::Row as _;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,16 +57,21 @@ impl SqlStore {
                 return poller.sender.subscribe();
             }
         }
-        if let Pool::Postgres(pool) = &self.pool {
-            self.listener.get_or_init(|| {
-                let stop = CancellationToken::new();
-                runtime.spawn(listen(
-                    pool.clone(),
-                    Arc::downgrade(&self.pollers),
-                    stop.clone(),
-                ));
-                stop.drop_guard()
-            });
+        #[cfg(feature = "postgres")]
+        match self.pool {
+            Pool::Postgres(ref pool) => {
+                self.listener.get_or_init(|| {
+                    let stop = CancellationToken::new();
+                    runtime.spawn(listen(
+                        pool.clone(),
+                        Arc::downgrade(&self.pollers),
+                        stop.clone(),
+                    ));
+                    stop.drop_guard()
+                });
+            }
+            #[cfg(any(feature = "mysql", feature = "sqlite"))]
+            _ => {}
         }
         let poller = Arc::new(Poller {
             owner,
@@ -150,15 +161,17 @@ async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>,
             }
         };
     }
-    match pool {
-        Pool::Postgres(p) => {
+    match *pool {
+        #[cfg(feature = "postgres")]
+        Pool::Postgres(ref p) => {
             let rows = sqlx::query(postgres::PEEK_MANY)
                 .bind(keys)
                 .fetch_all(p)
                 .await?;
             collect!(rows);
         }
-        Pool::MySql(p) => {
+        #[cfg(feature = "mysql")]
+        Pool::MySql(ref p) => {
             let sql = in_list(mysql::PEEK_MANY, keys.len(), |_| "?".to_owned());
             let mut q = sqlx::query(&sql);
             for k in keys {
@@ -166,7 +179,8 @@ async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>,
             }
             collect!(q.fetch_all(p).await?);
         }
-        Pool::Sqlite(p) => {
+        #[cfg(feature = "sqlite")]
+        Pool::Sqlite(ref p) => {
             let sql = in_list(sqlite::PEEK_MANY, keys.len(), |i| format!("?{}", i + 1));
             let mut q = sqlx::query(&sql);
             for k in keys {
@@ -178,12 +192,14 @@ async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>,
     Ok(found)
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// `head` followed by `(p1, p2, …)`, `n` placeholders.
 fn in_list(head: &str, n: usize, placeholder: impl Fn(usize) -> String) -> String {
     let list: Vec<String> = (0..n).map(placeholder).collect();
     format!("{head} ({})", list.join(", "))
 }
 
+#[cfg(feature = "postgres")]
 /// PostgreSQL: wakes this instance's waiters on a key as soon as a
 /// `NOTIFY` says its record completed or its claim was released (by any
 /// instance). The pollers stay, for leases that run out and for missed
@@ -228,6 +244,7 @@ async fn listen(
     }
 }
 
+#[cfg(feature = "postgres")]
 fn unhex(s: &str) -> Option<Vec<u8>> {
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let s = s.as_bytes();
@@ -243,18 +260,21 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 pub(super) async fn sweep_all(pool: &Pool, batch: u32) -> sqlx::Result<u64> {
     let mut total = 0;
     loop {
-        let n = match pool {
-            Pool::Postgres(p) => sqlx::query(postgres::SWEEP)
+        let n = match *pool {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(ref p) => sqlx::query(postgres::SWEEP)
                 .bind(i64::from(batch))
                 .execute(p)
                 .await?
                 .rows_affected(),
-            Pool::MySql(p) => sqlx::query(mysql::SWEEP)
+            #[cfg(feature = "mysql")]
+            Pool::MySql(ref p) => sqlx::query(mysql::SWEEP)
                 .bind(i64::from(batch))
                 .execute(p)
                 .await?
                 .rows_affected(),
-            Pool::Sqlite(p) => sqlx::query(sqlite::SWEEP)
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(ref p) => sqlx::query(sqlite::SWEEP)
                 .bind(i64::from(batch))
                 .execute(p)
                 .await?
