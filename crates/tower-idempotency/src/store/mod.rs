@@ -40,6 +40,7 @@ mod completed;
 mod either;
 mod fence;
 mod memory;
+mod pollers;
 mod tiered;
 
 /// Two stores, one picked at run time, are a [`Store`] (re-exported from the
@@ -51,6 +52,7 @@ pub use completed::Completed as CompletedCache;
 pub(crate) use fence::fence_floor;
 pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use pollers::{Poller, Pollers};
 pub use tiered::TieredStore;
 
 use crate::Fingerprint;
