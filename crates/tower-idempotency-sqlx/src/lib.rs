@@ -69,14 +69,13 @@ mod watch;
 pub use complete_in::{CompleteIn, SqlConnection};
 
 use self::complete_in::CompleteInError;
-use self::watch::Poller;
+use self::watch::KeyPollers;
 #[cfg(feature = "mysql")]
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 #[cfg(feature = "postgres")]
 use sqlx::postgres::{PgPool, PgPoolOptions};
 #[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use std::collections::HashMap;
 use std::fmt;
 #[cfg(feature = "sqlite")]
 use std::str::FromStr;
@@ -173,7 +172,7 @@ use tower_idempotency::store::{OwnerToken, StoreError, StoreErrorKind};
 pub struct SqlStore {
     pool: Pool,
     poll_interval: Duration,
-    pollers: Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
+    pollers: KeyPollers,
     /// Whether the loop that looks at every watched key runs.
     polling: Arc<std::sync::atomic::AtomicBool>,
     /// Stops the background sweep when the last clone is dropped.
@@ -290,7 +289,7 @@ impl SqlStore {
         let store = Self {
             pool,
             poll_interval: Duration::from_millis(25),
-            pollers: Arc::default(),
+            pollers: KeyPollers::new(),
             polling: Arc::default(),
             sweeper: Arc::default(),
             #[cfg(feature = "postgres")]
@@ -348,7 +347,7 @@ impl SqlStore {
     /// long lock. Defaults to every minute, 1000 rows a batch. Needs a
     /// Tokio runtime; stops when the last clone of the store is dropped.
     pub fn sweep(self, every: Option<Duration>, batch: u32) -> Self {
-        let mut sweeper = self.sweeper.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sweeper = lock(&self.sweeper);
         // The old sweep (if any) stops.
         *sweeper = None;
         if let (Some(every), Ok(runtime)) = (every, tokio::runtime::Handle::try_current()) {

@@ -9,39 +9,26 @@ use super::mysql;
 use super::postgres;
 #[cfg(feature = "sqlite")]
 use super::sqlite;
-use super::{lock, Pool, SqlStore, IN_FLIGHT};
+use super::{Pool, SqlStore, IN_FLIGHT};
 use sqlx::Row as _;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tower_idempotency::store::{Watch, WatchSender};
+use tower_idempotency::store::{Pollers, Watch};
 
-/// One instance's look-out on one in-flight key.
-pub(super) struct Poller {
-    owner: [u8; 16],
-    sender: WatchSender,
-    last_subscribed: Mutex<Instant>,
-}
-
-/// A poller stops after this long without a new waiter; it wakes the
-/// waiters left, which claim again and start a new one if they still wait.
-const POLLER_IDLE: Duration = Duration::from_secs(5);
+/// This instance's pollers: per key, the owner its waiters wait on.
+pub(super) type KeyPollers = Pollers<Vec<u8>, [u8; 16]>;
 
 /// Keys per polling statement.
 const POLL_CHUNK: usize = 500;
-
-type Pollers = Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>;
 
 impl SqlStore {
     /// The owner on this instance completed or released `key`: wake this
     /// instance's waiters now.
     pub(super) fn wake_local_waiters(&self, key: &[u8]) {
-        let poller = lock(&self.pollers).remove(key);
-        if let Some(poller) = poller {
-            poller.sender.notify();
-        }
+        self.pollers.wake(key);
     }
 
     /// A watch shared by every waiter of this instance on `key` while it is
@@ -50,50 +37,33 @@ impl SqlStore {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Watch::poll(self.poll_interval);
         };
-        let mut pollers = lock(&self.pollers);
-        if let Some(poller) = pollers.get(&key) {
-            if poller.owner == owner {
-                *lock(&poller.last_subscribed) = Instant::now();
-                return poller.sender.subscribe();
+        // A replaced poller watched an older owner: dropped here (unless the
+        // loop's round holds it, which then finds its owner gone), its
+        // sender wakes its waiters.
+        self.pollers.watch(key, owner, |_| {
+            #[cfg(feature = "postgres")]
+            match self.pool {
+                Pool::Postgres(ref pool) => {
+                    self.listener.get_or_init(|| {
+                        let stop = CancellationToken::new();
+                        runtime.spawn(listen(pool.clone(), self.pollers.clone(), stop.clone()));
+                        stop.drop_guard()
+                    });
+                }
+                #[cfg(any(feature = "mysql", feature = "sqlite"))]
+                _ => {}
             }
-        }
-        #[cfg(feature = "postgres")]
-        match self.pool {
-            Pool::Postgres(ref pool) => {
-                self.listener.get_or_init(|| {
-                    let stop = CancellationToken::new();
-                    runtime.spawn(listen(
-                        pool.clone(),
-                        Arc::downgrade(&self.pollers),
-                        stop.clone(),
-                    ));
-                    stop.drop_guard()
-                });
+            // Started and stopped under the pollers' lock: a poller is never
+            // left without the loop.
+            if !self.polling.swap(true, Ordering::AcqRel) {
+                runtime.spawn(poll(
+                    self.pool.clone(),
+                    self.pollers.clone(),
+                    self.polling.clone(),
+                    self.poll_interval,
+                ));
             }
-            #[cfg(any(feature = "mysql", feature = "sqlite"))]
-            _ => {}
-        }
-        let poller = Arc::new(Poller {
-            owner,
-            sender: WatchSender::new(),
-            last_subscribed: Mutex::new(Instant::now()),
-        });
-        let watch = poller.sender.subscribe();
-        // A replaced poller watched an older owner: dropped here, its sender
-        // wakes its waiters.
-        pollers.insert(key, poller);
-        // Started and stopped under the map's lock: a poller is never left
-        // without the loop.
-        if !self.polling.swap(true, Ordering::AcqRel) {
-            runtime.spawn(poll(
-                self.pool.clone(),
-                self.pollers.clone(),
-                self.polling.clone(),
-                self.poll_interval,
-            ));
-        }
-        drop(pollers);
-        watch
+        })
     }
 }
 
@@ -101,42 +71,28 @@ impl SqlStore {
 /// key this instance's waiters watch; wakes the waiters of a key that is no
 /// longer in flight under the owner they wait for. Ends when no key is
 /// watched.
-async fn poll(pool: Pool, pollers: Pollers, polling: Arc<AtomicBool>, every: Duration) {
+async fn poll(pool: Pool, pollers: KeyPollers, polling: Arc<AtomicBool>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let watched: Vec<(Vec<u8>, Arc<Poller>)> = {
-            let mut map = lock(&pollers);
-            map.retain(|_, p| {
-                let idle = lock(&p.last_subscribed).elapsed() > POLLER_IDLE;
-                if idle {
-                    p.sender.notify();
-                }
-                !idle
-            });
-            if map.is_empty() {
-                polling.store(false, Ordering::Release);
-                return;
-            }
-            map.iter().map(|(k, p)| (k.clone(), p.clone())).collect()
-        };
+        // Idle pollers stop here, and wake their waiters.
+        let watched = pollers.active(|| polling.store(false, Ordering::Release));
+        if watched.is_empty() {
+            return;
+        }
         let mut live: HashMap<Vec<u8>, [u8; 16]> = HashMap::new();
         let mut failed = false;
         for chunk in watched.chunks(POLL_CHUNK) {
-            let keys: Vec<&[u8]> = chunk.iter().map(|(k, _)| &k[..]).collect();
+            let keys: Vec<&[u8]> = chunk.iter().map(|p| &p.key()[..]).collect();
             match peek_many(&pool, &keys).await {
                 Ok(found) => live.extend(found),
                 // The waiters claim again and see for themselves.
                 Err(_) => failed = true,
             }
         }
-        let mut map = lock(&pollers);
-        for (key, poller) in watched {
-            let still = !failed && live.get(&key) == Some(&poller.owner);
+        for poller in watched {
+            let still = !failed && live.get(poller.key()) == Some(poller.owner());
             if !still {
-                if map.get(&key).is_some_and(|p| Arc::ptr_eq(p, &poller)) {
-                    map.remove(&key);
-                }
-                poller.sender.notify();
+                pollers.stop(&poller);
             }
         }
     }
@@ -204,11 +160,7 @@ fn in_list(head: &str, n: usize, placeholder: impl Fn(usize) -> String) -> Strin
 /// `NOTIFY` says its record completed or its claim was released (by any
 /// instance). The pollers stay, for leases that run out and for missed
 /// notifications (a notification sent while the connection was down is lost).
-async fn listen(
-    pool: sqlx::PgPool,
-    pollers: std::sync::Weak<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
-    stop: CancellationToken,
-) {
+async fn listen(pool: sqlx::PgPool, pollers: KeyPollers, stop: CancellationToken) {
     let work = async {
         loop {
             let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
@@ -224,16 +176,10 @@ async fn listen(
             }
             // `recv` reconnects by itself; an error ends this connection.
             while let Ok(n) = listener.recv().await {
-                let Some(pollers) = pollers.upgrade() else {
-                    return;
-                };
                 let Some(key) = unhex(n.payload()) else {
                     continue;
                 };
-                let poller = lock(&pollers).remove(&key);
-                if let Some(poller) = poller {
-                    poller.sender.notify();
-                }
+                pollers.wake(&key);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
