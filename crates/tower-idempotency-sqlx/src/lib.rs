@@ -23,8 +23,8 @@
 //! ```
 //!
 //! [`SqlStore::connect`] refuses the URL of a database whose feature is off
-//! ([`StoreErrorKind::Unsupported`](tower_idempotency::store::StoreErrorKind::Unsupported),
-//! naming the feature). Without any of the three the crate is empty.
+//! ([`StoreErrorKind::Unsupported`], naming the feature). Without any of
+//! the three the crate is empty.
 
 // Without a database there is nothing to build a store on: the crate is
 // empty.

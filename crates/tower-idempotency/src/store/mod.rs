@@ -199,7 +199,9 @@ pub enum Claim {
 /// Tells a waiting duplicate when to look at the record again.
 ///
 /// Stores that see changes (the memory store) hand out a subscription to one
-/// shared channel per key; others hand out a poll interval.
+/// shared channel per key; stores that poll their backend share one poller
+/// per key among an instance's waiters with [`Pollers`]; others hand out a
+/// poll interval.
 #[derive(Debug)]
 pub struct Watch {
     kind: WatchKind,
