@@ -40,13 +40,12 @@ mod scripts;
 
 use self::epoch::{Epoch, EPOCH_INTERVAL};
 
-use self::poller::Poller;
+use self::poller::KeyPollers;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{IntoConnectionInfo, RedisError};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -173,7 +172,7 @@ pub struct RedisStore<C = ConnectionManager> {
     conn: C,
     prefix: Cow<'static, str>,
     poll_interval: Duration,
-    pollers: Arc<Mutex<HashMap<String, Arc<Poller>>>>,
+    pollers: KeyPollers,
     /// Completed records this instance has seen, until their window ends.
     local: Option<Arc<Completed>>,
     /// Counts this instance's `forget`s: a record read or completed while
@@ -285,7 +284,7 @@ where
             conn,
             prefix: Cow::Borrowed(""),
             poll_interval: Duration::from_millis(25),
-            pollers: Arc::default(),
+            pollers: KeyPollers::new(),
             local: Some(Arc::new(Completed::new(LOCAL_TIER_BYTES, false))),
             forgets: Arc::default(),
             epoch: Epoch::new(),

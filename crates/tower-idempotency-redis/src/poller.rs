@@ -2,13 +2,15 @@
 //! read per interval, however many wait.
 
 use super::scripts::OWNER_LEN;
-use super::{lock, RedisStore};
+use super::RedisStore;
 use redis::aio::ConnectionLike;
 use redis::RedisError;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tower_idempotency::store::{Watch, WatchSender};
+use std::time::Duration;
+use tower_idempotency::store::{Poller, Pollers, Watch};
+
+/// This instance's pollers: per key, the first bytes of the in-flight value
+/// (the owner) its waiters wait on.
+pub(super) type KeyPollers = Pollers<String, [u8; OWNER_LEN]>;
 
 impl<C> RedisStore<C>
 where
@@ -18,10 +20,7 @@ where
     /// instance's waiters now instead of at the poller's next look. (The
     /// poller itself stops at its next look, when it sees the change.)
     pub(super) fn wake_local_waiters(&self, key: &str) {
-        let poller = lock(&self.pollers).remove(key);
-        if let Some(poller) = poller {
-            poller.sender.notify();
-        }
+        self.pollers.wake(key);
     }
 
     /// A watch shared by every waiter of this instance on `key` while it is
@@ -30,75 +29,45 @@ where
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Watch::poll(self.poll_interval);
         };
-        let mut pollers = lock(&self.pollers);
-        if let Some(poller) = pollers.get(&key) {
-            if poller.owner == owner {
-                *lock(&poller.last_subscribed) = Instant::now();
-                return poller.sender.subscribe();
-            }
-        }
-        let poller = Arc::new(Poller {
-            owner,
-            sender: WatchSender::new(),
-            last_subscribed: Mutex::new(Instant::now()),
-        });
-        let watch = poller.sender.subscribe();
         // A replaced poller watched an older owner: it notices the change at
         // its next look and wakes its waiters.
-        pollers.insert(key.clone(), poller.clone());
-        drop(pollers);
-        runtime.spawn(poll(
-            self.conn.clone(),
-            self.pollers.clone(),
-            key,
-            poller,
-            self.poll_interval,
-        ));
-        watch
+        self.pollers.watch(key, owner, |poller| {
+            runtime.spawn(poll(
+                self.conn.clone(),
+                self.pollers.clone(),
+                poller.clone(),
+                self.poll_interval,
+            ));
+        })
     }
 }
 
-/// One instance's look-out on one in-flight key.
-pub(super) struct Poller {
-    owner: [u8; OWNER_LEN],
-    sender: WatchSender,
-    last_subscribed: Mutex<Instant>,
-}
-
-/// A poller stops after this long without a new waiter; it wakes the
-/// waiters left, which claim again and start a new one if they still wait.
-const POLLER_IDLE: Duration = Duration::from_secs(5);
-
+/// Every `interval`, one `GETRANGE` of the key's first bytes; stops (and
+/// wakes the poller's waiters) when they are no longer the owner, on an
+/// error, or when the poller is idle.
 async fn poll<C: ConnectionLike + Send>(
     mut conn: C,
-    pollers: Arc<Mutex<HashMap<String, Arc<Poller>>>>,
-    key: String,
-    poller: Arc<Poller>,
+    pollers: KeyPollers,
+    poller: Poller<String, [u8; OWNER_LEN]>,
     interval: Duration,
 ) {
     loop {
         tokio::time::sleep(interval).await;
-        if lock(&poller.last_subscribed).elapsed() > POLLER_IDLE {
+        if poller.is_idle() {
             break;
         }
         let head: Result<Vec<u8>, RedisError> = redis::cmd("GETRANGE")
-            .arg(&key)
+            .arg(poller.key())
             .arg(0)
             .arg(OWNER_LEN - 1)
             .query_async(&mut conn)
             .await;
         match head {
-            Ok(head) if head == poller.owner => {}
+            Ok(head) if head == poller.owner()[..] => {}
             Ok(_) => break,
             // The waiters claim again and meet the error themselves.
             Err(_) => break,
         }
     }
-    {
-        let mut pollers = lock(&pollers);
-        if pollers.get(&key).is_some_and(|p| Arc::ptr_eq(p, &poller)) {
-            pollers.remove(&key);
-        }
-    }
-    poller.sender.notify();
+    pollers.stop(&poller);
 }

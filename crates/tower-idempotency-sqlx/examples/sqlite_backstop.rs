@@ -2,7 +2,7 @@
 //! the business backstop behind them, in an embedded SQLite database (sqlx).
 //!
 //! ```sh
-//! cargo run --example sqlite_backstop                 # 127.0.0.1:3001 (or $ADDR), database in ./shop.db (or $DB)
+//! cargo run -p tower-idempotency-sqlx --features sqlite --example sqlite_backstop   # 127.0.0.1:3001 (or $ADDR), database in ./shop.db (or $DB)
 //! curl -s -XPOST localhost:3001/notify/wechatpay -H 'content-type: application/json' -d '{"id":"EV-1","create_time":"2026-01-01T00:00:00+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"{\"out_trade_no\":\"O-1\",\"transaction_id\":\"4200000001\",\"trade_state\":\"SUCCESS\",\"amount\":{\"total\":1999}}","associated_data":"transaction","nonce":"n"}}'
 //! sqlite3 shop.db 'select * from orders; select * from points_ledger'   # run the curl again: still one award
 //! ```

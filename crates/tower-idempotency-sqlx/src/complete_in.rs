@@ -1,10 +1,18 @@
 //! Completing a record inside the handler's own transaction.
 
-use super::ops::owner_bytes;
-use super::{map_err, millis, mysql, postgres, sqlite, CompleteArgs};
+#[cfg(feature = "mysql")]
+use super::mysql;
+#[cfg(feature = "postgres")]
+use super::postgres;
+#[cfg(feature = "sqlite")]
+use super::sqlite;
+use super::{map_err, millis, owner_bytes, CompleteArgs};
+#[cfg(feature = "mysql")]
 use sqlx::mysql::MySqlConnection;
 use sqlx::pool::PoolConnection;
+#[cfg(feature = "postgres")]
 use sqlx::postgres::PgConnection;
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Database, Transaction};
 use std::future::Future;
@@ -44,28 +52,38 @@ type Completed<'a> = BoxFuture<'a, Result<Option<bool>, CompleteInError>>;
 /// [`SqlStore`](crate::SqlStore) can live in: PostgreSQL, MySQL / MariaDB
 /// or SQLite, bare, pooled, or inside a [`Transaction`].
 ///
-/// Implemented for `PgConnection`, `MySqlConnection`, `SqliteConnection`,
-/// and for a [`Transaction`] or [`PoolConnection`] of one of them. Sealed.
+/// Implemented for `PgConnection` (feature `postgres`), `MySqlConnection`
+/// (feature `mysql`), `SqliteConnection` (feature `sqlite`), and for a
+/// [`Transaction`] or [`PoolConnection`] of one of them. Sealed.
 pub trait SqlConnection: sealed::Sealed + Send {
     #[doc(hidden)]
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a>;
 }
 
+#[cfg(feature = "postgres")]
 impl sealed::Sealed for PgConnection {}
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl SqlConnection for PgConnection {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         Box::pin(postgres::complete_in(self, args))
     }
 }
 
+#[cfg(feature = "mysql")]
 impl sealed::Sealed for MySqlConnection {}
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl SqlConnection for MySqlConnection {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         Box::pin(mysql::complete_in(self, args))
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl sealed::Sealed for SqliteConnection {}
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl SqlConnection for SqliteConnection {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         Box::pin(sqlite::complete_in(self, args))
@@ -142,6 +160,7 @@ pub trait CompleteIn {
     /// use tower_idempotency::store::{ActiveClaim, StoredResponse};
     /// use tower_idempotency_sqlx::CompleteIn;
     ///
+    /// # #[cfg(feature = "postgres")]
     /// # async fn handler(pool: sqlx::PgPool, claim: ActiveClaim) -> Result<(), Box<dyn std::error::Error>> {
     /// let response = StoredResponse {
     ///     status: StatusCode::OK,

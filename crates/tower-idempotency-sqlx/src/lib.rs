@@ -6,7 +6,29 @@
 //!
 //! Everything public is on [`SqlStore`]; the statements live in one file per
 //! database (`postgres.rs`, `mysql.rs`, `sqlite.rs`), as constants.
+//!
+//! # Feature flags
+//!
+//! One feature per database, none on by default: a build compiles only the
+//! sqlx drivers it asks for.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `postgres` | PostgreSQL: `postgres://` and `postgresql://` URLs in [`SqlStore::connect`], `SqlStore::postgres` and `SqlStore::as_postgres`, [`SqlConnection`] for `PgConnection`; waiters woken by `LISTEN` / `NOTIFY` |
+//! | `mysql` | MySQL and MariaDB: `mysql://` and `mariadb://` URLs, `SqlStore::mysql` and `SqlStore::as_mysql`, [`SqlConnection`] for `MySqlConnection` |
+//! | `sqlite` | SQLite: `sqlite:` URLs (a file), `SqlStore::sqlite` and `SqlStore::as_sqlite`, [`SqlConnection`] for `SqliteConnection` |
+//!
+//! ```toml
+//! tower-idempotency-sqlx = { version = "0.1", features = ["postgres"] }
+//! ```
+//!
+//! [`SqlStore::connect`] refuses the URL of a database whose feature is off
+//! ([`StoreErrorKind::Unsupported`], naming the feature). Without any of
+//! the three the crate is empty.
 
+// Without a database there is nothing to build a store on: the crate is
+// empty.
+#![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -35,27 +57,32 @@ macro_rules! fence_keep_ms {
 }
 
 mod complete_in;
+#[cfg(feature = "mysql")]
 mod mysql;
 mod ops;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod watch;
 
 pub use complete_in::{CompleteIn, SqlConnection};
 
 use self::complete_in::CompleteInError;
-
-use self::watch::Poller;
+use self::watch::KeyPollers;
+#[cfg(feature = "mysql")]
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgPool, PgPoolOptions};
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use std::collections::HashMap;
 use std::fmt;
+#[cfg(feature = "sqlite")]
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tower_idempotency::store::{StoreError, StoreErrorKind};
+use tower_idempotency::store::{OwnerToken, StoreError, StoreErrorKind};
 
 /// A [`Store`](tower_idempotency::store::Store) in a SQL database: PostgreSQL,
 /// MySQL / MariaDB or SQLite (on sqlx).
@@ -145,29 +172,37 @@ use tower_idempotency::store::{StoreError, StoreErrorKind};
 pub struct SqlStore {
     pool: Pool,
     poll_interval: Duration,
-    pollers: Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
+    pollers: KeyPollers,
     /// Whether the loop that looks at every watched key runs.
     polling: Arc<std::sync::atomic::AtomicBool>,
     /// Stops the background sweep when the last clone is dropped.
     sweeper: Arc<Mutex<Option<DropGuard>>>,
     /// PostgreSQL: the `LISTEN` task, started by the first waiter; stops
     /// when the last clone is dropped.
+    #[cfg(feature = "postgres")]
     listener: Arc<std::sync::OnceLock<DropGuard>>,
 }
 
-/// One connection pool of one of the three databases.
+/// One connection pool of one of the three databases (of those whose
+/// feature is on: without any, no store can be built).
 #[derive(Clone, Debug)]
 pub(crate) enum Pool {
+    #[cfg(feature = "postgres")]
     Postgres(PgPool),
+    #[cfg(feature = "mysql")]
     MySql(MySqlPool),
+    #[cfg(feature = "sqlite")]
     Sqlite(SqlitePool),
 }
 
 impl fmt::Debug for SqlStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let db = match self.pool {
+            #[cfg(feature = "postgres")]
             Pool::Postgres(_) => "postgres",
+            #[cfg(feature = "mysql")]
             Pool::MySql(_) => "mysql",
+            #[cfg(feature = "sqlite")]
             Pool::Sqlite(_) => "sqlite",
         };
         f.debug_struct("SqlStore")
@@ -187,13 +222,17 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl SqlStore {
     /// Connects to `url` and applies the migrations:
-    /// `postgres://user:password@host/db` (or `postgresql://`),
-    /// `mysql://user:password@host/db` (MariaDB too; `mariadb://` is taken
-    /// as `mysql://`), or `sqlite:PATH` (created if missing, in WAL mode,
+    /// `postgres://user:password@host/db` (or `postgresql://`; feature
+    /// `postgres`), `mysql://user:password@host/db` (MariaDB too;
+    /// `mariadb://` is taken as `mysql://`; feature `mysql`), or
+    /// `sqlite:PATH` (feature `sqlite`: created if missing, in WAL mode,
     /// with a 10 s busy timeout; `sqlite::memory:` is refused, each
     /// connection would see its own database). No TLS. The pool has sqlx's
     /// defaults (10 connections), and gives up on a connection after 5 s:
     /// a database that cannot be reached now fails `connect` within that.
+    ///
+    /// A URL of a database whose feature is off fails with
+    /// [`StoreErrorKind::Unsupported`], which names the feature.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let mysql_url;
         let url = match url.strip_prefix("mariadb://") {
@@ -204,19 +243,9 @@ impl SqlStore {
             None => url,
         };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = PgPoolOptions::new()
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .connect(url)
-                .await
-                .map_err(|e| map_err("connect", e))?;
-            Self::postgres(pool).await
+            connect_postgres(url).await
         } else if url.starts_with("mysql://") {
-            let pool = MySqlPoolOptions::new()
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .connect(url)
-                .await
-                .map_err(|e| map_err("connect", e))?;
-            Self::mysql(pool).await
+            connect_mysql(url).await
         } else if url.starts_with("sqlite:") {
             if url.contains(":memory:") || url.contains("mode=memory") {
                 return Err(StoreError::new(
@@ -224,17 +253,7 @@ impl SqlStore {
                     "an in-memory SQLite database is not shared between connections: use a file",
                 ));
             }
-            let options = SqliteConnectOptions::from_str(url)
-                .map_err(|e| map_err("connect", e))?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(10));
-            let pool = SqlitePoolOptions::new()
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .connect_with(options)
-                .await
-                .map_err(|e| map_err("connect", e))?;
-            Self::sqlite(pool).await
+            connect_sqlite(url).await
         } else {
             Err(StoreError::new(
                 StoreErrorKind::Unsupported,
@@ -244,11 +263,15 @@ impl SqlStore {
     }
 
     /// A store over a PostgreSQL pool you built; applies the migrations.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(pool: PgPool) -> Result<Self, StoreError> {
         Self::new(Pool::Postgres(pool)).await
     }
 
     /// A store over a MySQL / MariaDB pool you built; applies the migrations.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(pool: MySqlPool) -> Result<Self, StoreError> {
         Self::new(Pool::MySql(pool)).await
     }
@@ -256,6 +279,8 @@ impl SqlStore {
     /// A store over a SQLite pool you built; applies the migrations. Give
     /// it a busy timeout (sqlx's default is 5 s) and, for concurrent
     /// readers, WAL.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(pool: SqlitePool) -> Result<Self, StoreError> {
         Self::new(Pool::Sqlite(pool)).await
     }
@@ -264,9 +289,10 @@ impl SqlStore {
         let store = Self {
             pool,
             poll_interval: Duration::from_millis(25),
-            pollers: Arc::default(),
+            pollers: KeyPollers::new(),
             polling: Arc::default(),
             sweeper: Arc::default(),
+            #[cfg(feature = "postgres")]
             listener: Arc::default(),
         };
         store.migrate().await?;
@@ -277,8 +303,9 @@ impl SqlStore {
     /// from many instances at once.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let err = |e| map_err("migrate", e);
-        match &self.pool {
-            Pool::Postgres(pool) => {
+        match self.pool {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(ref pool) => {
                 let mut tx = pool.begin().await.map_err(err)?;
                 sqlx::query(postgres::MIGRATE_LOCK)
                     .execute(&mut *tx)
@@ -289,12 +316,14 @@ impl SqlStore {
                 }
                 tx.commit().await.map_err(err)?;
             }
-            Pool::MySql(pool) => {
+            #[cfg(feature = "mysql")]
+            Pool::MySql(ref pool) => {
                 for m in mysql::MIGRATIONS {
                     sqlx::query(m).execute(pool).await.map_err(err)?;
                 }
             }
-            Pool::Sqlite(pool) => {
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(ref pool) => {
                 for m in sqlite::MIGRATIONS {
                     sqlx::query(m).execute(pool).await.map_err(err)?;
                 }
@@ -318,7 +347,7 @@ impl SqlStore {
     /// long lock. Defaults to every minute, 1000 rows a batch. Needs a
     /// Tokio runtime; stops when the last clone of the store is dropped.
     pub fn sweep(self, every: Option<Duration>, batch: u32) -> Self {
-        let mut sweeper = self.sweeper.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sweeper = lock(&self.sweeper);
         // The old sweep (if any) stops.
         *sweeper = None;
         if let (Some(every), Ok(runtime)) = (every, tokio::runtime::Handle::try_current()) {
@@ -344,28 +373,99 @@ impl SqlStore {
 
     /// The PostgreSQL pool, if this store is on PostgreSQL (for the
     /// handler's own transactions).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn as_postgres(&self) -> Option<&PgPool> {
-        match &self.pool {
-            Pool::Postgres(p) => Some(p),
+        match self.pool {
+            Pool::Postgres(ref p) => Some(p),
+            #[cfg(any(feature = "mysql", feature = "sqlite"))]
             _ => None,
         }
     }
 
     /// The MySQL / MariaDB pool, if this store is on MySQL.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub fn as_mysql(&self) -> Option<&MySqlPool> {
-        match &self.pool {
-            Pool::MySql(p) => Some(p),
+        match self.pool {
+            Pool::MySql(ref p) => Some(p),
+            #[cfg(any(feature = "postgres", feature = "sqlite"))]
             _ => None,
         }
     }
 
     /// The SQLite pool, if this store is on SQLite.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub fn as_sqlite(&self) -> Option<&SqlitePool> {
-        match &self.pool {
-            Pool::Sqlite(p) => Some(p),
+        match self.pool {
+            Pool::Sqlite(ref p) => Some(p),
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             _ => None,
         }
     }
+}
+
+#[cfg(feature = "postgres")]
+async fn connect_postgres(url: &str) -> Result<SqlStore, StoreError> {
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect(url)
+        .await
+        .map_err(|e| map_err("connect", e))?;
+    SqlStore::postgres(pool).await
+}
+
+#[cfg(feature = "mysql")]
+async fn connect_mysql(url: &str) -> Result<SqlStore, StoreError> {
+    let pool = MySqlPoolOptions::new()
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect(url)
+        .await
+        .map_err(|e| map_err("connect", e))?;
+    SqlStore::mysql(pool).await
+}
+
+#[cfg(feature = "sqlite")]
+async fn connect_sqlite(url: &str) -> Result<SqlStore, StoreError> {
+    let options = SqliteConnectOptions::from_str(url)
+        .map_err(|e| map_err("connect", e))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(|e| map_err("connect", e))?;
+    SqlStore::sqlite(pool).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(_url: &str) -> Result<SqlStore, StoreError> {
+    Err(without("postgres", "postgres://"))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn connect_mysql(_url: &str) -> Result<SqlStore, StoreError> {
+    Err(without("mysql", "mysql:// and mariadb://"))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn connect_sqlite(_url: &str) -> Result<SqlStore, StoreError> {
+    Err(without("sqlite", "sqlite:"))
+}
+
+/// A URL of a database whose feature is off.
+#[cfg(not(all(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn without(feature: &str, urls: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unsupported,
+        format!(
+            "{urls} URLs need the feature `{feature}` of tower-idempotency-sqlx, \
+             which this build does not have"
+        ),
+    )
 }
 
 /// What `postgres::complete` and its siblings write (the argument of the
@@ -398,6 +498,11 @@ pub(crate) struct Row {
 pub(crate) const RELEASED: i32 = 0;
 pub(crate) const IN_FLIGHT: i32 = 1;
 pub(crate) const COMPLETED: i32 = 2;
+
+/// An owner token as the table keeps it.
+pub(crate) fn owner_bytes(token: OwnerToken) -> [u8; 16] {
+    token.as_u128().to_be_bytes()
+}
 
 /// Milliseconds for a lease, window or ttl: at least 1, at most ten years.
 pub(crate) fn millis(d: Duration) -> i64 {

@@ -1,8 +1,14 @@
 //! The [`Store`] operations of [`SqlStore`].
 
+#[cfg(feature = "mysql")]
+use super::mysql;
+#[cfg(feature = "postgres")]
+use super::postgres;
+#[cfg(feature = "sqlite")]
+use super::sqlite;
 use super::{
-    corrupt, map_err, millis, mysql, postgres, sqlite, CompleteArgs, Pool, Row, SqlStore,
-    COMPLETED, IN_FLIGHT, RELEASED,
+    corrupt, map_err, millis, owner_bytes, CompleteArgs, Pool, Row, SqlStore, COMPLETED, IN_FLIGHT,
+    RELEASED,
 };
 use bytes::Bytes;
 use std::future::Future;
@@ -19,10 +25,6 @@ use tower_idempotency::Fingerprint;
 /// How often a claim tries again when the row changed between its two
 /// statements (deleted, or expired, in between).
 const CLAIM_ATTEMPTS: usize = 4;
-
-pub(super) fn owner_bytes(token: OwnerToken) -> [u8; 16] {
-    token.as_u128().to_be_bytes()
-}
 
 /// Runs `f` again after a deadlock or serialization failure (concurrent
 /// upserts of one key in InnoDB can deadlock; the database rolls one back).
@@ -53,18 +55,21 @@ impl SqlStore {
 }
 
 pub(super) async fn read(pool: &Pool, key: &[u8], peek: bool) -> sqlx::Result<Option<Row>> {
-    match pool {
-        Pool::Postgres(p) => {
+    match *pool {
+        #[cfg(feature = "postgres")]
+        Pool::Postgres(ref p) => {
             let stmt = if peek { postgres::PEEK } else { postgres::READ };
             let r = sqlx::query(stmt).bind(key).fetch_optional(p).await?;
             r.as_ref().map(postgres::row).transpose()
         }
-        Pool::MySql(p) => {
+        #[cfg(feature = "mysql")]
+        Pool::MySql(ref p) => {
             let stmt = if peek { mysql::PEEK } else { mysql::READ };
             let r = sqlx::query(stmt).bind(key).fetch_optional(p).await?;
             r.as_ref().map(mysql::row).transpose()
         }
-        Pool::Sqlite(p) => {
+        #[cfg(feature = "sqlite")]
+        Pool::Sqlite(ref p) => {
             let stmt = if peek { sqlite::PEEK } else { sqlite::READ };
             let r = sqlx::query(stmt).bind(key).fetch_optional(p).await?;
             r.as_ref().map(sqlite::row).transpose()
@@ -131,18 +136,21 @@ impl Store for SqlStore {
         let k = key.as_bytes();
         let err = |e| map_err("forget", e);
         for _ in 0..CLAIM_ATTEMPTS {
-            let deleted = match &self.pool {
-                Pool::Postgres(p) => sqlx::query(postgres::FORGET)
+            let deleted = match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => sqlx::query(postgres::FORGET)
                     .bind(k)
                     .execute(p)
                     .await
                     .map(|r| r.rows_affected()),
-                Pool::MySql(p) => sqlx::query(mysql::FORGET)
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => sqlx::query(mysql::FORGET)
                     .bind(k)
                     .execute(p)
                     .await
                     .map(|r| r.rows_affected()),
-                Pool::Sqlite(p) => sqlx::query(sqlite::FORGET)
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => sqlx::query(sqlite::FORGET)
                     .bind(k)
                     .execute(p)
                     .await
@@ -180,8 +188,9 @@ impl Store for SqlStore {
         let fp = record.fingerprint.to_bytes();
         let ms = millis(window);
         let changed = retrying(|| async {
-            match &self.pool {
-                Pool::Postgres(p) => sqlx::query(postgres::REPLACE)
+            match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => sqlx::query(postgres::REPLACE)
                     .bind(k)
                     .bind(&fp[..])
                     .bind(&bytes[..])
@@ -189,7 +198,8 @@ impl Store for SqlStore {
                     .execute(p)
                     .await
                     .map(|r| r.rows_affected()),
-                Pool::MySql(p) => sqlx::query(mysql::REPLACE)
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => sqlx::query(mysql::REPLACE)
                     .bind(&fp[..])
                     .bind(&bytes[..])
                     .bind(ms)
@@ -197,7 +207,8 @@ impl Store for SqlStore {
                     .execute(p)
                     .await
                     .map(|r| r.rows_affected()),
-                Pool::Sqlite(p) => sqlx::query(sqlite::REPLACE)
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => sqlx::query(sqlite::REPLACE)
                     .bind(k)
                     .bind(&fp[..])
                     .bind(&bytes[..])
@@ -277,10 +288,13 @@ impl Store for SqlStore {
         };
         let err = |e| map_err("complete", e);
         let done = retrying(|| async {
-            match &self.pool {
-                Pool::Postgres(p) => postgres::complete(&mut *p.acquire().await?, &args).await,
-                Pool::MySql(p) => mysql::complete(&mut *p.acquire().await?, &args).await,
-                Pool::Sqlite(p) => sqlite::complete(&mut *p.acquire().await?, &args).await,
+            match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => postgres::complete(&mut *p.acquire().await?, &args).await,
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => mysql::complete(&mut *p.acquire().await?, &args).await,
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => sqlite::complete(&mut *p.acquire().await?, &args).await,
             }
         })
         .await
@@ -299,16 +313,19 @@ impl Store for SqlStore {
     ) -> Result<bool, StoreError> {
         let (k, owner, ms) = (key.as_bytes(), owner_bytes(token), millis(lease));
         let n = retrying(|| async {
-            Ok(match &self.pool {
-                Pool::Postgres(p) => {
+            Ok(match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => {
                     let q = sqlx::query(postgres::RENEW).bind(k).bind(&owner[..]);
                     q.bind(ms).execute(p).await?.rows_affected()
                 }
-                Pool::Sqlite(p) => {
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => {
                     let q = sqlx::query(sqlite::RENEW).bind(k).bind(&owner[..]);
                     q.bind(ms).execute(p).await?.rows_affected()
                 }
-                Pool::MySql(p) => {
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => {
                     let q = sqlx::query(mysql::RENEW).bind(ms).bind(ms).bind(k);
                     q.bind(&owner[..]).execute(p).await?.rows_affected()
                 }
@@ -322,20 +339,23 @@ impl Store for SqlStore {
     async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
         let (k, owner) = (key.as_bytes(), owner_bytes(token));
         let n = retrying(|| async {
-            Ok(match &self.pool {
-                Pool::Postgres(p) => sqlx::query(postgres::RELEASE)
+            Ok(match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => sqlx::query(postgres::RELEASE)
                     .bind(k)
                     .bind(&owner[..])
                     .fetch_all(p)
                     .await?
                     .len() as u64,
-                Pool::Sqlite(p) => sqlx::query(sqlite::RELEASE)
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => sqlx::query(sqlite::RELEASE)
                     .bind(k)
                     .bind(&owner[..])
                     .execute(p)
                     .await?
                     .rows_affected(),
-                Pool::MySql(p) => sqlx::query(mysql::RELEASE)
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => sqlx::query(mysql::RELEASE)
                     .bind(k)
                     .bind(&owner[..])
                     .execute(p)
@@ -354,20 +374,23 @@ impl Store for SqlStore {
     async fn put_token(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
         let (k, ms) = (key.as_bytes(), millis(ttl));
         retrying(|| async {
-            match &self.pool {
-                Pool::Postgres(p) => sqlx::query(postgres::PUT_TOKEN)
+            match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => sqlx::query(postgres::PUT_TOKEN)
                     .bind(k)
                     .bind(ms)
                     .execute(p)
                     .await?
                     .rows_affected(),
-                Pool::Sqlite(p) => sqlx::query(sqlite::PUT_TOKEN)
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => sqlx::query(sqlite::PUT_TOKEN)
                     .bind(k)
                     .bind(ms)
                     .execute(p)
                     .await?
                     .rows_affected(),
-                Pool::MySql(p) => sqlx::query(mysql::PUT_TOKEN)
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => sqlx::query(mysql::PUT_TOKEN)
                     .bind(k)
                     .bind(ms)
                     .execute(p)
@@ -383,20 +406,23 @@ impl Store for SqlStore {
     async fn take_token(&self, key: &str, owner: OwnerToken) -> Result<bool, StoreError> {
         let (k, o) = (key.as_bytes(), owner_bytes(owner));
         let n = retrying(|| async {
-            Ok(match &self.pool {
-                Pool::Postgres(p) => sqlx::query(postgres::TAKE_TOKEN)
+            Ok(match self.pool {
+                #[cfg(feature = "postgres")]
+                Pool::Postgres(ref p) => sqlx::query(postgres::TAKE_TOKEN)
                     .bind(k)
                     .bind(&o[..])
                     .execute(p)
                     .await?
                     .rows_affected(),
-                Pool::Sqlite(p) => sqlx::query(sqlite::TAKE_TOKEN)
+                #[cfg(feature = "sqlite")]
+                Pool::Sqlite(ref p) => sqlx::query(sqlite::TAKE_TOKEN)
                     .bind(k)
                     .bind(&o[..])
                     .execute(p)
                     .await?
                     .rows_affected(),
-                Pool::MySql(p) => sqlx::query(mysql::TAKE_TOKEN)
+                #[cfg(feature = "mysql")]
+                Pool::MySql(ref p) => sqlx::query(mysql::TAKE_TOKEN)
                     .bind(&o[..])
                     .bind(k)
                     .bind(&o[..])
@@ -430,8 +456,9 @@ impl SqlStore {
             // `RETURNING`); MySQL says only how many rows changed, so its
             // winner reads the row below like everybody else.
             let acquired: Option<i64> = retrying(|| async {
-                Ok(match &self.pool {
-                    Pool::Postgres(p) => {
+                Ok(match self.pool {
+                    #[cfg(feature = "postgres")]
+                    Pool::Postgres(ref p) => {
                         sqlx::query_scalar(postgres::CLAIM)
                             .bind(k)
                             .bind(&owner[..])
@@ -440,7 +467,8 @@ impl SqlStore {
                             .fetch_optional(p)
                             .await?
                     }
-                    Pool::Sqlite(p) => {
+                    #[cfg(feature = "sqlite")]
+                    Pool::Sqlite(ref p) => {
                         sqlx::query_scalar(sqlite::CLAIM)
                             .bind(k)
                             .bind(&owner[..])
@@ -451,7 +479,8 @@ impl SqlStore {
                     }
                     // 2: taken over; 1: inserted, or left alone. Either way
                     // the read tells (its owner is the caller's when it won).
-                    Pool::MySql(p) => {
+                    #[cfg(feature = "mysql")]
+                    Pool::MySql(ref p) => {
                         sqlx::query(mysql::CLAIM)
                             .bind(k)
                             .bind(&owner[..])

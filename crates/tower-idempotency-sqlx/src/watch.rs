@@ -3,39 +3,32 @@
 //! many keys and waiters there are; expired rows are swept in bounded
 //! batches.
 
-use super::{lock, mysql, postgres, sqlite, Pool, SqlStore, IN_FLIGHT};
+#[cfg(feature = "mysql")]
+use super::mysql;
+#[cfg(feature = "postgres")]
+use super::postgres;
+#[cfg(feature = "sqlite")]
+use super::sqlite;
+use super::{Pool, SqlStore, IN_FLIGHT};
 use sqlx::Row as _;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tower_idempotency::store::{Watch, WatchSender};
+use tower_idempotency::store::{Pollers, Watch};
 
-/// One instance's look-out on one in-flight key.
-pub(super) struct Poller {
-    owner: [u8; 16],
-    sender: WatchSender,
-    last_subscribed: Mutex<Instant>,
-}
-
-/// A poller stops after this long without a new waiter; it wakes the
-/// waiters left, which claim again and start a new one if they still wait.
-const POLLER_IDLE: Duration = Duration::from_secs(5);
+/// This instance's pollers: per key, the owner its waiters wait on.
+pub(super) type KeyPollers = Pollers<Vec<u8>, [u8; 16]>;
 
 /// Keys per polling statement.
 const POLL_CHUNK: usize = 500;
-
-type Pollers = Arc<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>;
 
 impl SqlStore {
     /// The owner on this instance completed or released `key`: wake this
     /// instance's waiters now.
     pub(super) fn wake_local_waiters(&self, key: &[u8]) {
-        let poller = lock(&self.pollers).remove(key);
-        if let Some(poller) = poller {
-            poller.sender.notify();
-        }
+        self.pollers.wake(key);
     }
 
     /// A watch shared by every waiter of this instance on `key` while it is
@@ -44,45 +37,33 @@ impl SqlStore {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Watch::poll(self.poll_interval);
         };
-        let mut pollers = lock(&self.pollers);
-        if let Some(poller) = pollers.get(&key) {
-            if poller.owner == owner {
-                *lock(&poller.last_subscribed) = Instant::now();
-                return poller.sender.subscribe();
+        // A replaced poller watched an older owner: dropped here (unless the
+        // loop's round holds it, which then finds its owner gone), its
+        // sender wakes its waiters.
+        self.pollers.watch(key, owner, |_| {
+            #[cfg(feature = "postgres")]
+            match self.pool {
+                Pool::Postgres(ref pool) => {
+                    self.listener.get_or_init(|| {
+                        let stop = CancellationToken::new();
+                        runtime.spawn(listen(pool.clone(), self.pollers.clone(), stop.clone()));
+                        stop.drop_guard()
+                    });
+                }
+                #[cfg(any(feature = "mysql", feature = "sqlite"))]
+                _ => {}
             }
-        }
-        if let Pool::Postgres(pool) = &self.pool {
-            self.listener.get_or_init(|| {
-                let stop = CancellationToken::new();
-                runtime.spawn(listen(
-                    pool.clone(),
-                    Arc::downgrade(&self.pollers),
-                    stop.clone(),
+            // Started and stopped under the pollers' lock: a poller is never
+            // left without the loop.
+            if !self.polling.swap(true, Ordering::AcqRel) {
+                runtime.spawn(poll(
+                    self.pool.clone(),
+                    self.pollers.clone(),
+                    self.polling.clone(),
+                    self.poll_interval,
                 ));
-                stop.drop_guard()
-            });
-        }
-        let poller = Arc::new(Poller {
-            owner,
-            sender: WatchSender::new(),
-            last_subscribed: Mutex::new(Instant::now()),
-        });
-        let watch = poller.sender.subscribe();
-        // A replaced poller watched an older owner: dropped here, its sender
-        // wakes its waiters.
-        pollers.insert(key, poller);
-        // Started and stopped under the map's lock: a poller is never left
-        // without the loop.
-        if !self.polling.swap(true, Ordering::AcqRel) {
-            runtime.spawn(poll(
-                self.pool.clone(),
-                self.pollers.clone(),
-                self.polling.clone(),
-                self.poll_interval,
-            ));
-        }
-        drop(pollers);
-        watch
+            }
+        })
     }
 }
 
@@ -90,42 +71,28 @@ impl SqlStore {
 /// key this instance's waiters watch; wakes the waiters of a key that is no
 /// longer in flight under the owner they wait for. Ends when no key is
 /// watched.
-async fn poll(pool: Pool, pollers: Pollers, polling: Arc<AtomicBool>, every: Duration) {
+async fn poll(pool: Pool, pollers: KeyPollers, polling: Arc<AtomicBool>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let watched: Vec<(Vec<u8>, Arc<Poller>)> = {
-            let mut map = lock(&pollers);
-            map.retain(|_, p| {
-                let idle = lock(&p.last_subscribed).elapsed() > POLLER_IDLE;
-                if idle {
-                    p.sender.notify();
-                }
-                !idle
-            });
-            if map.is_empty() {
-                polling.store(false, Ordering::Release);
-                return;
-            }
-            map.iter().map(|(k, p)| (k.clone(), p.clone())).collect()
-        };
+        // Idle pollers stop here, and wake their waiters.
+        let watched = pollers.active(|| polling.store(false, Ordering::Release));
+        if watched.is_empty() {
+            return;
+        }
         let mut live: HashMap<Vec<u8>, [u8; 16]> = HashMap::new();
         let mut failed = false;
         for chunk in watched.chunks(POLL_CHUNK) {
-            let keys: Vec<&[u8]> = chunk.iter().map(|(k, _)| &k[..]).collect();
+            let keys: Vec<&[u8]> = chunk.iter().map(|p| &p.key()[..]).collect();
             match peek_many(&pool, &keys).await {
                 Ok(found) => live.extend(found),
                 // The waiters claim again and see for themselves.
                 Err(_) => failed = true,
             }
         }
-        let mut map = lock(&pollers);
-        for (key, poller) in watched {
-            let still = !failed && live.get(&key) == Some(&poller.owner);
+        for poller in watched {
+            let still = !failed && live.get(poller.key()) == Some(poller.owner());
             if !still {
-                if map.get(&key).is_some_and(|p| Arc::ptr_eq(p, &poller)) {
-                    map.remove(&key);
-                }
-                poller.sender.notify();
+                pollers.stop(&poller);
             }
         }
     }
@@ -150,15 +117,17 @@ async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>,
             }
         };
     }
-    match pool {
-        Pool::Postgres(p) => {
+    match *pool {
+        #[cfg(feature = "postgres")]
+        Pool::Postgres(ref p) => {
             let rows = sqlx::query(postgres::PEEK_MANY)
                 .bind(keys)
                 .fetch_all(p)
                 .await?;
             collect!(rows);
         }
-        Pool::MySql(p) => {
+        #[cfg(feature = "mysql")]
+        Pool::MySql(ref p) => {
             let sql = in_list(mysql::PEEK_MANY, keys.len(), |_| "?".to_owned());
             let mut q = sqlx::query(&sql);
             for k in keys {
@@ -166,7 +135,8 @@ async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>,
             }
             collect!(q.fetch_all(p).await?);
         }
-        Pool::Sqlite(p) => {
+        #[cfg(feature = "sqlite")]
+        Pool::Sqlite(ref p) => {
             let sql = in_list(sqlite::PEEK_MANY, keys.len(), |i| format!("?{}", i + 1));
             let mut q = sqlx::query(&sql);
             for k in keys {
@@ -178,21 +148,19 @@ async fn peek_many(pool: &Pool, keys: &[&[u8]]) -> sqlx::Result<HashMap<Vec<u8>,
     Ok(found)
 }
 
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 /// `head` followed by `(p1, p2, …)`, `n` placeholders.
 fn in_list(head: &str, n: usize, placeholder: impl Fn(usize) -> String) -> String {
     let list: Vec<String> = (0..n).map(placeholder).collect();
     format!("{head} ({})", list.join(", "))
 }
 
+#[cfg(feature = "postgres")]
 /// PostgreSQL: wakes this instance's waiters on a key as soon as a
 /// `NOTIFY` says its record completed or its claim was released (by any
 /// instance). The pollers stay, for leases that run out and for missed
 /// notifications (a notification sent while the connection was down is lost).
-async fn listen(
-    pool: sqlx::PgPool,
-    pollers: std::sync::Weak<Mutex<HashMap<Vec<u8>, Arc<Poller>>>>,
-    stop: CancellationToken,
-) {
+async fn listen(pool: sqlx::PgPool, pollers: KeyPollers, stop: CancellationToken) {
     let work = async {
         loop {
             let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
@@ -208,16 +176,10 @@ async fn listen(
             }
             // `recv` reconnects by itself; an error ends this connection.
             while let Ok(n) = listener.recv().await {
-                let Some(pollers) = pollers.upgrade() else {
-                    return;
-                };
                 let Some(key) = unhex(n.payload()) else {
                     continue;
                 };
-                let poller = lock(&pollers).remove(&key);
-                if let Some(poller) = poller {
-                    poller.sender.notify();
-                }
+                pollers.wake(&key);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -228,6 +190,7 @@ async fn listen(
     }
 }
 
+#[cfg(feature = "postgres")]
 fn unhex(s: &str) -> Option<Vec<u8>> {
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let s = s.as_bytes();
@@ -243,18 +206,21 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 pub(super) async fn sweep_all(pool: &Pool, batch: u32) -> sqlx::Result<u64> {
     let mut total = 0;
     loop {
-        let n = match pool {
-            Pool::Postgres(p) => sqlx::query(postgres::SWEEP)
+        let n = match *pool {
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(ref p) => sqlx::query(postgres::SWEEP)
                 .bind(i64::from(batch))
                 .execute(p)
                 .await?
                 .rows_affected(),
-            Pool::MySql(p) => sqlx::query(mysql::SWEEP)
+            #[cfg(feature = "mysql")]
+            Pool::MySql(ref p) => sqlx::query(mysql::SWEEP)
                 .bind(i64::from(batch))
                 .execute(p)
                 .await?
                 .rows_affected(),
-            Pool::Sqlite(p) => sqlx::query(sqlite::SWEEP)
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(ref p) => sqlx::query(sqlite::SWEEP)
                 .bind(i64::from(batch))
                 .execute(p)
                 .await?

@@ -40,6 +40,7 @@ mod completed;
 mod either;
 mod fence;
 mod memory;
+mod pollers;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -54,6 +55,7 @@ pub use completed::Completed as CompletedCache;
 pub(crate) use fence::fence_floor;
 pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use pollers::{Poller, Pollers};
 pub use tiered::TieredStore;
 
 use crate::Fingerprint;
@@ -200,7 +202,9 @@ pub enum Claim {
 /// Tells a waiting duplicate when to look at the record again.
 ///
 /// Stores that see changes (the memory store) hand out a subscription to one
-/// shared channel per key; others hand out a poll interval.
+/// shared channel per key; stores that poll their backend share one poller
+/// per key among an instance's waiters with [`Pollers`]; others hand out a
+/// poll interval.
 #[derive(Debug)]
 pub struct Watch {
     kind: WatchKind,
