@@ -133,12 +133,6 @@ impl MemoryStore {
         self.stats().expired.load(Ordering::Relaxed)
     }
 
-    /// How many completed records were evicted because the store was full.
-    #[deprecated(since = "0.1.1", note = "use `evicted_early` (or `expired`)")]
-    pub fn evictions(&self) -> u64 {
-        self.evicted_early()
-    }
-
     /// How many completed records the store holds now.
     pub fn len(&self) -> u64 {
         self.stats().records.load(Ordering::Relaxed)
@@ -147,12 +141,6 @@ impl MemoryStore {
     /// Whether the store holds no completed record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// How many completed records the store holds now.
-    #[deprecated(since = "0.1.1", note = "use `len`")]
-    pub fn completed_len(&self) -> u64 {
-        self.len()
     }
 
     /// The memory the completed records occupy now, in bytes, by the same
