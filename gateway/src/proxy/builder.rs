@@ -12,7 +12,7 @@ use crate::shed::Gauge;
 use std::fmt;
 use std::sync::Arc;
 use tower_idempotency::channel::PRESET_NAMES;
-use tower_idempotency::limit::BodyLimits;
+use tower_idempotency::limit::BodyLimitsLayer;
 use tower_idempotency::store::Store;
 use tower_idempotency::token::IssueToken;
 use tower_idempotency::{Preset, TaskTracker};
@@ -32,7 +32,7 @@ pub struct GatewayBuilder<S> {
     error: Option<RouteError>,
     tasks: TaskTracker,
     queue: Option<IngestFn>,
-    bodies: BodyLimits,
+    bodies: BodyLimitsLayer,
     stores: Option<PickStore<S>>,
     capture: bool,
     extensions: bool,
@@ -62,7 +62,7 @@ impl<S: Store> Gateway<S> {
             error: None,
             tasks: TaskTracker::new(),
             queue: None,
-            bodies: BodyLimits::new(),
+            bodies: BodyLimitsLayer::new(),
             stores: None,
             capture: false,
             extensions: true,
@@ -99,12 +99,12 @@ impl<S: Store> GatewayBuilder<S> {
     }
 
     /// The deadline and the budget of the request bodies that guarded and
-    /// `auto` routes buffer (see [`BodyLimits`]): past the deadline 408,
+    /// `auto` routes buffer (see [`BodyLimitsLayer`]): past the deadline 408,
     /// past the budget the retryable failure at once (counted as shed).
     /// Streamed bodies (unrouted requests, safe methods on `auto` routes)
     /// are bounded by the [`Forward`]'s timeout instead. Defaults to
-    /// [`BodyLimits::new`]: a deadline of 10 seconds and no budget.
-    pub fn body_limits(mut self, limits: BodyLimits) -> Self {
+    /// [`BodyLimitsLayer::new`]: a deadline of 10 seconds and no budget.
+    pub fn body_limits(mut self, limits: BodyLimitsLayer) -> Self {
         self.bodies = limits;
         self
     }

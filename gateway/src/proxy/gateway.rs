@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::key::{is_guarded_method, Key};
-use tower_idempotency::limit::BodyLimits;
+use tower_idempotency::limit::BodyLimitsLayer;
 use tower_idempotency::normalize::{Normalize, Reply};
 use tower_idempotency::store::Store;
 use tower_idempotency::token::IssueToken;
@@ -163,7 +163,7 @@ pub(super) struct Shared<S> {
     pub(super) routes: RouteTable<Route<S>>,
     pub(super) forward: Forward,
     pub(super) tasks: TaskTracker,
-    pub(super) bodies: BodyLimits,
+    pub(super) bodies: BodyLimitsLayer,
     pub(super) verified: Arc<[Verified]>,
 }
 

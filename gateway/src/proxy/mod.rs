@@ -33,7 +33,7 @@
 //! let forward = Forward::new("http://127.0.0.1:1".parse().unwrap());
 //! let gateway = Gateway::builder(forward, MemoryStore::new())
 //!     .route("/notify/wechat", Target::Preset(Preset::wechatpay_v3()))
-//!     .route_with("/", Target::Auto, RouteOptions::new().max_body(1 << 20))
+//!     .route_with("/", Target::Auto, RouteOptions::new().max_body_bytes(1 << 20))
 //!     .build()
 //!     .unwrap();
 //!

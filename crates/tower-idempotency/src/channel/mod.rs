@@ -278,8 +278,9 @@ impl Preset {
         self.wait
     }
 
-    /// The default body limit.
-    pub fn max_body(&self) -> usize {
+    /// The largest request body of this preset's routes, in bytes, unless
+    /// a route sets its own.
+    pub fn max_body_bytes(&self) -> usize {
         self.max_body
     }
 

@@ -265,7 +265,7 @@ proptest! {
             pulled: pulled.clone(),
         };
         let svc = ServiceBuilder::new()
-            .layer(KeyLayer::new(preset.extractor().clone()).max_body(limit))
+            .layer(KeyLayer::new(preset.extractor().clone()).max_body_bytes(limit))
             .service(service_fn({
                 let seen = seen.clone();
                 move |req: Request<Full<Bytes>>| {

@@ -195,7 +195,7 @@ impl Global {
             o = o.max_run(d);
         }
         if let Some(n) = own.max_body.or(self.max_body) {
-            o = o.max_body(n);
+            o = o.max_body_bytes(n);
         }
         if let Some(h) = own
             .principal_header

@@ -34,7 +34,7 @@ const SHARDS: usize = 64;
 /// (a replay counts as a use); a fresh record is never refused. A record
 /// larger than its shard can hold (the budget is split into up to 64
 /// shards of at least 4 MiB; a smaller store is one shard) is kept without
-/// its body, as a body past the dedup layer's `max_cached_body` is: the call
+/// its body, as a body past the dedup layer's `max_cached_body_bytes` is: the call
 /// does not run again, and its replay has the status and headers, an empty
 /// body and `idempotent-body-omitted: true`. A record
 /// pushed out before its window ended is counted in
