@@ -11,7 +11,6 @@ use super::{Forward, RouteOptions};
 use crate::shed::Gauge;
 use std::fmt;
 use std::sync::Arc;
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::limit::BodyLimitsLayer;
 use tower_idempotency::store::Store;
 use tower_idempotency::token::IssueToken;
@@ -258,7 +257,8 @@ impl<S: Store> GatewayBuilder<S> {
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
             };
-            let mut stacks: Vec<Option<Stack<S>>> = PRESET_NAMES.iter().map(|_| None).collect();
+            let mut stacks: Vec<Option<Stack<S>>> =
+                Preset::builtin_names().iter().map(|_| None).collect();
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
@@ -292,7 +292,9 @@ impl<S: Store> GatewayBuilder<S> {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
                     }
                     // A preset outside the built-in names gets the last slot.
-                    let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
+                    let at = Preset::builtin_names()
+                        .iter()
+                        .position(|n| *n == preset.name());
                     match at {
                         Some(at) => stacks[at] = Some(stack(preset, &options)),
                         None => stacks.push(Some(stack(preset, &options))),
@@ -300,7 +302,7 @@ impl<S: Store> GatewayBuilder<S> {
                 }
                 Target::Auto => {
                     let mut limit = 0;
-                    for (at, name) in PRESET_NAMES.iter().enumerate() {
+                    for (at, name) in Preset::builtin_names().iter().enumerate() {
                         if let Some(preset) = Preset::from_name(name) {
                             limit = limit.max(options.body_limit(&preset));
                             stacks[at] = Some(stack(preset, &options));

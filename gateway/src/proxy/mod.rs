@@ -86,8 +86,8 @@ use http::{Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
-/// An error of a body or a connection.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+// An error of a body or a connection.
+pub(crate) use tower::BoxError;
 
 /// The body type [`Forward`] sends and answers: a streamed body.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;

@@ -252,9 +252,10 @@ impl RouteOptions {
     /// [`IdempotencyLayer::verify`]): a forged or stale notification gets the
     /// channel's failure reply and never reaches the store or the upstream.
     /// Build it from the channel's keys (`StripeKeys`, `WechatPayV3Keys`…, the
-    /// `verify` feature) or from a `VerifyConfig`. Only for a route with one
-    /// preset: [`GatewayBuilder::build`](super::GatewayBuilder::build) refuses
-    /// it on an `auto` route. Defaults to no verification.
+    /// `verify` feature) or from a
+    /// [`VerifyConfig`](crate::config::VerifyConfig). Only for a route with
+    /// one preset: [`GatewayBuilder::build`](super::GatewayBuilder::build)
+    /// refuses it on an `auto` route. Defaults to no verification.
     ///
     /// ```
     /// # #[cfg(feature = "verify")] {

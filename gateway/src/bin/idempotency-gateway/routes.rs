@@ -5,13 +5,13 @@ use crate::ack;
 use crate::parse;
 use crate::spanned::{At, Field, SizeValue};
 use http::HeaderName;
+use idempotency_gateway::config::VerifyConfig;
 use idempotency_gateway::proxy::{RouteOptions, Target};
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::key::CookiePrincipal;
-use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
 use tower_idempotency_queue::Pace;
 
