@@ -18,6 +18,8 @@
 //!   calls in flight, fixed or adaptive);
 //! - [`journal`]: one record per notification key (its copies, what each
 //!   got, what the upstream answered), written off the request path.
+//! - [`config`]: the parts of the configuration file a program embedding
+//!   the gateway can read the same way (a route's `verify` table).
 //!
 //! The layers themselves (keys, dedup, verification, the stores) are the
 //! [`tower_idempotency`] crate's.
@@ -29,6 +31,7 @@
     unreachable_pub
 )]
 
+pub mod config;
 pub mod journal;
 pub mod proxy;
 pub mod shed;

@@ -88,22 +88,24 @@ impl Pace {
         self
     }
 
-    /// The concurrency limit, if any.
+    /// The concurrency limit set with [`concurrency`](Self::concurrency), if
+    /// any.
     pub fn get_concurrency(&self) -> Option<usize> {
         self.concurrency
     }
 
-    /// The rate limit, if any.
+    /// The rate set with [`rate`](Self::rate), if any.
     pub fn get_rate(&self) -> Option<Rate> {
         self.rate
     }
 
-    /// The retry schedule, if any.
+    /// The schedule set with [`retry_schedule`](Self::retry_schedule), if any.
     pub fn get_retry_schedule(&self) -> Option<&[Duration]> {
         self.schedule.as_deref()
     }
 
-    /// The breaker's failures and cooldown, if any.
+    /// The breaker's failures and cooldown set with
+    /// [`breaker`](Self::breaker), if any.
     pub fn get_breaker(&self) -> Option<(u32, Duration)> {
         self.breaker
     }

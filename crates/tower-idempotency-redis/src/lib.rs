@@ -317,16 +317,6 @@ where
         self
     }
 
-    /// The local tier, sized in records: `records` × 1 KiB of
-    /// [`local_max_bytes`](Self::local_max_bytes). `0` turns it off.
-    #[deprecated(
-        since = "0.1.1",
-        note = "use `local_max_bytes`: the tier is bounded by bytes"
-    )]
-    pub fn local_tier(self, records: u64) -> Self {
-        self.local_max_bytes(records.saturating_mul(1024))
-    }
-
     /// Prepended to every key, as it is. The keys the dedup layer passes are
     /// already scoped (`idem:preset:route:…`), so this is only needed to
     /// share a Redis with other users. Defaults to none.

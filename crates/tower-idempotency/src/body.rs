@@ -117,8 +117,9 @@ impl<B> From<Bytes> for ResponseBody<B> {
     }
 }
 
-/// The error of a [`ResponseBody`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The error of a [`ResponseBody`] and of the bodies the layers wrap: the
+/// same type as `tower::BoxError`.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the task that runs a guarded call sends to the caller's body.
 #[derive(Debug)]

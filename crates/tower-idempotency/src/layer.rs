@@ -114,7 +114,7 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn new_in(preset: Preset, store: St) -> Self {
         let mut key = KeyLayer::from_arc(preset.extractor().clone(), preset.describe().clone())
             .preset(Arc::<str>::from(preset.name()))
-            .max_body(preset.max_body());
+            .max_body_bytes(preset.max_body_bytes());
         if preset.is_client_api() {
             key = key.principal(AuthorizationHash);
         }
@@ -130,7 +130,7 @@ impl<St: Store> IdempotencyLayer<St> {
             normalize: NormalizeLayer::new(preset.reply().clone()),
             verify: VerifyLayer::off()
                 .preset(Arc::<str>::from(preset.name()))
-                .max_body(preset.max_body()),
+                .max_body_bytes(preset.max_body_bytes()),
             unverified_warned: (!preset.is_client_api()).then(Arc::default),
         }
     }
@@ -240,17 +240,17 @@ impl<St: Store> IdempotencyLayer<St> {
         self.dedup.tasks()
     }
 
-    /// The largest response body kept for replay. Defaults to 1 MiB.
-    pub fn max_cached_body(mut self, bytes: usize) -> Self {
-        self.dedup = self.dedup.max_cached_body(bytes);
+    /// The largest response body kept for replay, in bytes. Defaults to 1 MiB.
+    pub fn max_cached_body_bytes(mut self, bytes: usize) -> Self {
+        self.dedup = self.dedup.max_cached_body_bytes(bytes);
         self
     }
 
-    /// The request body limit (413 past it). Defaults to the preset's
-    /// (64 KiB for channels, 1 MiB for client keys).
-    pub fn max_body(mut self, bytes: usize) -> Self {
-        self.key = self.key.max_body(bytes);
-        self.verify = self.verify.max_body(bytes);
+    /// The largest request body, in bytes (413 past it). Defaults to the
+    /// preset's (64 KiB for channels, 1 MiB for client keys).
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.key = self.key.max_body_bytes(bytes);
+        self.verify = self.verify.max_body_bytes(bytes);
         self
     }
 
@@ -293,7 +293,7 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn verify(mut self, verify: impl Into<VerifyLayer>) -> Self {
         let preset = self.verify.preset.clone();
         let max_body = self.verify.max_body;
-        self.verify = verify.into().preset(preset).max_body(max_body);
+        self.verify = verify.into().preset(preset).max_body_bytes(max_body);
         self
     }
 

@@ -157,7 +157,7 @@ pub mod token;
 pub mod trace;
 pub mod verify;
 
-pub use body::{BoxError, ResponseBody};
+pub use body::ResponseBody;
 pub use channel::Preset;
 pub use dedup::OnStoreError;
 pub use fingerprint::Fingerprint;

@@ -5,7 +5,8 @@
 //! happens (up to their size limit). A sender that sends the head and part
 //! of a body, then stalls, would hold that buffer (and its connection) for
 //! as long as it likes; a thousand of them would hold a thousand buffers.
-//! [`BodyLimits`] wraps each request body in a [`LimitedBody`] that fails
+//! [`BodyLimitsLayer`] (the layer of the [`BodyLimits`] service) wraps each
+//! request body in a [`LimitedBody`] that fails
 //! with a [`BodyLimitError`] when the body is not whole within the
 //! deadline, or when reading its next frame would take the bytes held by
 //! every body still being read past the shared [`BodyBudget`]. The
@@ -24,11 +25,11 @@
 //! use bytes::Bytes;
 //! use http_body_util::{BodyExt, Full};
 //! use std::time::Duration;
-//! use tower_idempotency::limit::{BodyBudget, BodyLimitError, BodyLimits};
+//! use tower_idempotency::limit::{BodyBudget, BodyLimitError, BodyLimitsLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let budget = BodyBudget::new(16);
-//! let limits = BodyLimits::new().timeout(Duration::from_secs(10)).budget(budget.clone());
+//! let limits = BodyLimitsLayer::new().timeout(Duration::from_secs(10)).budget(budget.clone());
 //!
 //! let fits = limits.wrap(Full::new(Bytes::from_static(b"{\"id\":\"evt_1\"}")));
 //! assert_eq!(fits.collect().await.unwrap().to_bytes().len(), 14);
@@ -56,7 +57,7 @@ use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The deadline of [`BodyLimits::new`].
+/// The deadline of [`BodyLimitsLayer::new`].
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One budget of request-body bytes shared by every body that counts
@@ -71,14 +72,14 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// use tower_idempotency::limit::BodyBudget;
 ///
 /// let budget = BodyBudget::new(64 << 20);
-/// assert_eq!(budget.limit(), 64 << 20);
+/// assert_eq!(budget.max_bytes(), 64 << 20);
 /// assert_eq!(budget.used(), 0);
 /// ```
 #[derive(Clone)]
 pub struct BodyBudget(Arc<Shared>);
 
 struct Shared {
-    limit: usize,
+    max_bytes: usize,
     used: AtomicUsize,
 }
 
@@ -86,14 +87,15 @@ impl BodyBudget {
     /// A budget of `bytes`.
     pub fn new(bytes: usize) -> Self {
         Self(Arc::new(Shared {
-            limit: bytes,
+            max_bytes: bytes,
             used: AtomicUsize::new(0),
         }))
     }
 
-    /// The budget in bytes.
-    pub fn limit(&self) -> usize {
-        self.0.limit
+    /// The budget in bytes: the most that the bodies still being read may
+    /// hold together.
+    pub fn max_bytes(&self) -> usize {
+        self.0.max_bytes
     }
 
     /// The bytes held now.
@@ -103,11 +105,11 @@ impl BodyBudget {
 
     /// Takes `n` bytes if they fit.
     fn take(&self, n: usize) -> bool {
-        let limit = self.0.limit;
+        let max = self.0.max_bytes;
         self.0
             .used
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| {
-                used.checked_add(n).filter(|total| *total <= limit)
+                used.checked_add(n).filter(|total| *total <= max)
             })
             .is_ok()
     }
@@ -116,7 +118,7 @@ impl BodyBudget {
     fn fits(&self, n: usize) -> bool {
         self.used()
             .checked_add(n)
-            .is_some_and(|total| total <= self.0.limit)
+            .is_some_and(|total| total <= self.0.max_bytes)
     }
 
     fn give(&self, n: usize) {
@@ -129,7 +131,7 @@ impl BodyBudget {
 impl fmt::Debug for BodyBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BodyBudget")
-            .field("limit", &self.limit())
+            .field("max_bytes", &self.max_bytes())
             .field("used", &self.used())
             .finish()
     }
@@ -181,21 +183,26 @@ impl fmt::Display for BodyLimitError {
 
 impl std::error::Error for BodyLimitError {}
 
-/// A deadline and an optional budget for request bodies; as a layer it
-/// wraps every request's body in a [`LimitedBody`].
+/// A deadline and an optional budget for request bodies: the layer of
+/// [`BodyLimits`], which wraps every request's body in a [`LimitedBody`];
+/// [`wrap`](Self::wrap) wraps one body.
+///
+/// These bound how long a body may take and how many bytes all bodies being
+/// read may hold together; the largest single body is each buffering
+/// layer's own setting (`max_body_bytes`).
 #[derive(Debug, Clone)]
-pub struct BodyLimits {
+pub struct BodyLimitsLayer {
     timeout: Option<Duration>,
     budget: Option<BodyBudget>,
 }
 
-impl Default for BodyLimits {
+impl Default for BodyLimitsLayer {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl BodyLimits {
+impl BodyLimitsLayer {
     /// A deadline of [`DEFAULT_BODY_TIMEOUT`] and no budget.
     pub const fn new() -> Self {
         Self {
@@ -240,28 +247,33 @@ impl BodyLimits {
     }
 }
 
-impl<S> Layer<S> for BodyLimits {
-    type Service = LimitBody<S>;
+impl<S> Layer<S> for BodyLimitsLayer {
+    type Service = BodyLimits<S>;
 
-    fn layer(&self, inner: S) -> LimitBody<S> {
-        LimitBody {
+    fn layer(&self, inner: S) -> BodyLimits<S> {
+        BodyLimits {
             inner,
             limits: self.clone(),
         }
     }
 }
 
-/// Wraps each request's body in a [`LimitedBody`]; from [`BodyLimits`].
+/// Wraps each request's body in a [`LimitedBody`]; see [`BodyLimitsLayer`].
 #[derive(Debug, Clone)]
-pub struct LimitBody<S> {
+pub struct BodyLimits<S> {
     inner: S,
-    limits: BodyLimits,
+    limits: BodyLimitsLayer,
 }
 
-impl<S> LimitBody<S> {
+impl<S> BodyLimits<S> {
     /// `inner` with `limits` on its request bodies.
-    pub fn new(inner: S, limits: BodyLimits) -> Self {
+    pub fn new(inner: S, limits: BodyLimitsLayer) -> Self {
         Self { inner, limits }
+    }
+
+    /// A layer with `limits`; the same as `limits` itself.
+    pub fn layer(limits: BodyLimitsLayer) -> BodyLimitsLayer {
+        limits
     }
 
     /// The inner service.
@@ -280,7 +292,7 @@ impl<S> LimitBody<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for LimitBody<S>
+impl<S, B> Service<Request<B>> for BodyLimits<S>
 where
     S: Service<Request<LimitedBody<B>>>,
 {
@@ -319,7 +331,7 @@ impl Drop for Held {
 }
 
 pin_project! {
-    /// A request body with a deadline and a budget; from [`BodyLimits::wrap`].
+    /// A request body with a deadline and a budget; from [`BodyLimitsLayer::wrap`].
     /// Its errors are boxed; a limit's is a [`BodyLimitError`].
     pub struct LimitedBody<B> {
         #[pin]

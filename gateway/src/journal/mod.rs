@@ -515,7 +515,7 @@ impl Journal {
     }
 
     /// One page of the records `filter` selects (at most its
-    /// [`limit`](JournalFilter::limit), after its [`after`](JournalFilter::after)
+    /// [`max_records`](JournalFilter::max_records), after its [`after`](JournalFilter::after)
     /// cursor), oldest last copy first, and where the next page starts. A
     /// record that gets a new copy while an operator pages moves to the
     /// end: it may be seen twice, never missed.

@@ -13,7 +13,7 @@ pub struct JournalFilter {
     route: Option<String>,
     outcome: Option<String>,
     key_suffix: Option<String>,
-    limit: usize,
+    max_records: usize,
     pub(super) after: Option<JournalCursor>,
     scan: usize,
 }
@@ -26,7 +26,7 @@ impl Default for JournalFilter {
             route: None,
             outcome: None,
             key_suffix: None,
-            limit: 1000,
+            max_records: 1000,
             after: None,
             scan: usize::MAX,
         }
@@ -117,9 +117,10 @@ impl JournalFilter {
         self
     }
 
-    /// At most this many records. Defaults to 1,000.
-    pub fn limit(mut self, limit: usize) -> Self {
-        self.limit = limit;
+    /// At most this many records (a page's size: an admin API's `limit`).
+    /// Defaults to 1,000.
+    pub fn max_records(mut self, max: usize) -> Self {
+        self.max_records = max;
         self
     }
 
@@ -185,19 +186,19 @@ impl<'a> PageBuilder<'a> {
     }
 
     /// Takes `record` if the filter matches it; the page, ending at
-    /// `record`, once it holds the limit or the scan has read its bound.
+    /// `record`, once it holds the most records asked for or the scan has read its bound.
     pub(super) fn push(&mut self, record: JournalRecord) -> Option<JournalPage> {
         self.scanned += 1;
         let next = JournalCursor::of(&record);
         if self.filter.matches(&record) {
             self.records.push(record);
         }
-        (self.records.len() >= self.filter.limit || self.scanned >= self.filter.scan).then(|| {
-            JournalPage {
+        (self.records.len() >= self.filter.max_records || self.scanned >= self.filter.scan).then(
+            || JournalPage {
                 records: std::mem::take(&mut self.records),
                 next: Some(next),
-            }
-        })
+            },
+        )
     }
 
     /// The last page: the scan found no more records.

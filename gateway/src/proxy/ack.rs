@@ -16,10 +16,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::consumer::{Disposition, Failure};
 use tower_idempotency::store::Store;
 use tower_idempotency::Outcome;
+use tower_idempotency::Preset;
 use tower_idempotency_queue::original_key;
 use tower_idempotency_queue::Message;
 use tower_service::Service;
@@ -302,7 +302,7 @@ impl<S: Store> Gateway<S> {
                 .as_ref()
                 .or_else(|| route.stacks.iter().flatten().next()),
             Some(_) => detect(&message.headers, &message.body)
-                .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
+                .and_then(|name| Preset::builtin_names().iter().position(|n| *n == name))
                 .and_then(|at| route.stacks[at].as_ref()),
         };
         let Some(stack) = stack else {

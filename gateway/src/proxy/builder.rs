@@ -11,8 +11,7 @@ use super::{Forward, RouteOptions};
 use crate::shed::Gauge;
 use std::fmt;
 use std::sync::Arc;
-use tower_idempotency::channel::PRESET_NAMES;
-use tower_idempotency::limit::BodyLimits;
+use tower_idempotency::limit::BodyLimitsLayer;
 use tower_idempotency::store::Store;
 use tower_idempotency::token::IssueToken;
 use tower_idempotency::{Preset, TaskTracker};
@@ -32,7 +31,7 @@ pub struct GatewayBuilder<S> {
     error: Option<RouteError>,
     tasks: TaskTracker,
     queue: Option<IngestFn>,
-    bodies: BodyLimits,
+    bodies: BodyLimitsLayer,
     stores: Option<PickStore<S>>,
     capture: bool,
     extensions: bool,
@@ -62,7 +61,7 @@ impl<S: Store> Gateway<S> {
             error: None,
             tasks: TaskTracker::new(),
             queue: None,
-            bodies: BodyLimits::new(),
+            bodies: BodyLimitsLayer::new(),
             stores: None,
             capture: false,
             extensions: true,
@@ -99,12 +98,12 @@ impl<S: Store> GatewayBuilder<S> {
     }
 
     /// The deadline and the budget of the request bodies that guarded and
-    /// `auto` routes buffer (see [`BodyLimits`]): past the deadline 408,
+    /// `auto` routes buffer (see [`BodyLimitsLayer`]): past the deadline 408,
     /// past the budget the retryable failure at once (counted as shed).
     /// Streamed bodies (unrouted requests, safe methods on `auto` routes)
     /// are bounded by the [`Forward`]'s timeout instead. Defaults to
-    /// [`BodyLimits::new`]: a deadline of 10 seconds and no budget.
-    pub fn body_limits(mut self, limits: BodyLimits) -> Self {
+    /// [`BodyLimitsLayer::new`]: a deadline of 10 seconds and no budget.
+    pub fn body_limits(mut self, limits: BodyLimitsLayer) -> Self {
         self.bodies = limits;
         self
     }
@@ -258,7 +257,8 @@ impl<S: Store> GatewayBuilder<S> {
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
             };
-            let mut stacks: Vec<Option<Stack<S>>> = PRESET_NAMES.iter().map(|_| None).collect();
+            let mut stacks: Vec<Option<Stack<S>>> =
+                Preset::builtin_names().iter().map(|_| None).collect();
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
@@ -292,7 +292,9 @@ impl<S: Store> GatewayBuilder<S> {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
                     }
                     // A preset outside the built-in names gets the last slot.
-                    let at = PRESET_NAMES.iter().position(|n| *n == preset.name());
+                    let at = Preset::builtin_names()
+                        .iter()
+                        .position(|n| *n == preset.name());
                     match at {
                         Some(at) => stacks[at] = Some(stack(preset, &options)),
                         None => stacks.push(Some(stack(preset, &options))),
@@ -300,7 +302,7 @@ impl<S: Store> GatewayBuilder<S> {
                 }
                 Target::Auto => {
                     let mut limit = 0;
-                    for (at, name) in PRESET_NAMES.iter().enumerate() {
+                    for (at, name) in Preset::builtin_names().iter().enumerate() {
                         if let Some(preset) = Preset::from_name(name) {
                             limit = limit.max(options.body_limit(&preset));
                             stacks[at] = Some(stack(preset, &options));

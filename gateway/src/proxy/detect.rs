@@ -1,10 +1,10 @@
 //! `auto` detection: which channel sent a request.
 
 use http::HeaderMap;
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::key::parse_form;
+use tower_idempotency::Preset;
 
-/// The preset (its name in [`PRESET_NAMES`]) that `headers` and `body`
+/// The preset (its name in [`Preset::builtin_names`]) that `headers` and `body`
 /// look like, checked in this order; `None` for anything else.
 ///
 /// | the request has | preset |
@@ -28,7 +28,7 @@ use tower_idempotency::key::parse_form;
 /// assert_eq!(detect(&none, b"hello"), None);
 /// ```
 pub fn detect(headers: &HeaderMap, body: &[u8]) -> Option<&'static str> {
-    PRESET_NAMES
+    Preset::builtin_names()
         .iter()
         .copied()
         .find(|name| looks_like(name, headers, body))

@@ -8,14 +8,14 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderValue, StatusCode, Uri};
 use std::sync::Arc;
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::normalize::Reply;
 use tower_idempotency::normalize::{text_response, text_response_owned};
 use tower_idempotency::Outcome;
+use tower_idempotency::Preset;
 
 /// A built-in preset that some route verifies.
 pub(super) struct Verified {
-    /// Its name in [`PRESET_NAMES`].
+    /// Its name in [`Preset::builtin_names`].
     pub(super) name: &'static str,
     /// The prefixes of the routes that verify it.
     routes: String,
@@ -31,7 +31,10 @@ pub(super) fn verified_presets<'a>(
         let Target::Preset(preset) = target else {
             continue;
         };
-        let Some(name) = PRESET_NAMES.iter().find(|n| **n == preset.name()) else {
+        let Some(name) = Preset::builtin_names()
+            .iter()
+            .find(|n| **n == preset.name())
+        else {
             continue;
         };
         if !options.verifies() {

@@ -21,9 +21,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::key::{is_guarded_method, Key};
-use tower_idempotency::limit::BodyLimits;
+use tower_idempotency::limit::BodyLimitsLayer;
 use tower_idempotency::normalize::{Normalize, Reply};
 use tower_idempotency::store::Store;
 use tower_idempotency::token::IssueToken;
@@ -68,7 +67,7 @@ pub(super) type Stack<S> = Idempotency<Forward, S>;
 /// of the queue as a synchronous route has in front of its dedup layer.
 pub(super) type AckStack = Normalize<Verify<Key<Ingest>>>;
 
-/// One route: its stacks, indexed like [`PRESET_NAMES`].
+/// One route: its stacks, indexed like [`Preset::builtin_names`].
 pub(super) struct Route<S> {
     /// The route's prefix, for [`MatchedRoute`].
     pub(super) prefix: Arc<str>,
@@ -163,7 +162,7 @@ pub(super) struct Shared<S> {
     pub(super) routes: RouteTable<Route<S>>,
     pub(super) forward: Forward,
     pub(super) tasks: TaskTracker,
-    pub(super) bodies: BodyLimits,
+    pub(super) bodies: BodyLimitsLayer,
     pub(super) verified: Arc<[Verified]>,
 }
 
@@ -273,7 +272,7 @@ impl<S: Store> Gateway<S> {
             return refuse_verified_elsewhere(v, prefix, parts.uri.path());
         }
         let at = detect(&parts.headers, &body)
-            .and_then(|name| PRESET_NAMES.iter().position(|n| *n == name))
+            .and_then(|name| Preset::builtin_names().iter().position(|n| *n == name))
             .filter(|at| route.stacks[*at].is_some());
         let req = Request::from_parts(parts, Full::new(body));
         match at {
@@ -391,7 +390,7 @@ impl<S> Route<S> {
                 .stacks
                 .iter()
                 .position(Option::is_some)
-                .and_then(|i| PRESET_NAMES.get(i).copied())
+                .and_then(|i| Preset::builtin_names().get(i).copied())
                 .unwrap_or("custom"),
         }
     }
@@ -408,7 +407,7 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
+    let name = Preset::builtin_names().get(at).copied().unwrap_or("custom");
     let mut res = catching(
         name,
         Box::pin(async move {
@@ -435,7 +434,7 @@ where
     B::Error: Into<BoxError>,
 {
     let stack = route.stacks[at].clone().expect("checked by the caller");
-    let name = PRESET_NAMES.get(at).copied().unwrap_or("custom");
+    let name = Preset::builtin_names().get(at).copied().unwrap_or("custom");
     // Boxed: the stack's future is large, and every future around it
     // (the panic boundaries, the gateway's own) would copy it as it is
     // built and moved (memcpy was a quarter of a first delivery's

@@ -33,7 +33,7 @@
 //! let forward = Forward::new("http://127.0.0.1:1".parse().unwrap());
 //! let gateway = Gateway::builder(forward, MemoryStore::new())
 //!     .route("/notify/wechat", Target::Preset(Preset::wechatpay_v3()))
-//!     .route_with("/", Target::Auto, RouteOptions::new().max_body(1 << 20))
+//!     .route_with("/", Target::Auto, RouteOptions::new().max_body_bytes(1 << 20))
 //!     .build()
 //!     .unwrap();
 //!
@@ -86,8 +86,8 @@ use http::{Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
-/// An error of a body or a connection.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+// An error of a body or a connection.
+pub(crate) use tower::BoxError;
 
 /// The body type [`Forward`] sends and answers: a streamed body.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;

@@ -17,8 +17,8 @@ use tower_idempotency::{IdempotencyLayer, Preset};
 /// use std::time::Duration;
 /// use idempotency_gateway::proxy::RouteOptions;
 ///
-/// let opts = RouteOptions::new().window(Duration::from_secs(25 * 3600)).max_body(64 << 10);
-/// assert_eq!(opts.get_max_body(), Some(64 << 10));
+/// let opts = RouteOptions::new().window(Duration::from_secs(25 * 3600)).max_body_bytes(64 << 10);
+/// assert_eq!(opts.get_max_body_bytes(), Some(64 << 10));
 /// ```
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -79,8 +79,9 @@ impl RouteOptions {
         self
     }
 
-    /// The request body limit (413 past it). Defaults to the preset's.
-    pub fn max_body(mut self, bytes: usize) -> Self {
+    /// The largest request body, in bytes (413 past it). Defaults to the
+    /// preset's.
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body = Some(bytes);
         self
     }
@@ -251,9 +252,10 @@ impl RouteOptions {
     /// [`IdempotencyLayer::verify`]): a forged or stale notification gets the
     /// channel's failure reply and never reaches the store or the upstream.
     /// Build it from the channel's keys (`StripeKeys`, `WechatPayV3Keys`…, the
-    /// `verify` feature) or from a `VerifyConfig`. Only for a route with one
-    /// preset: [`GatewayBuilder::build`](super::GatewayBuilder::build) refuses
-    /// it on an `auto` route. Defaults to no verification.
+    /// `verify` feature) or from a
+    /// [`VerifyConfig`](crate::config::VerifyConfig). Only for a route with
+    /// one preset: [`GatewayBuilder::build`](super::GatewayBuilder::build)
+    /// refuses it on an `auto` route. Defaults to no verification.
     ///
     /// ```
     /// # #[cfg(feature = "verify")] {
@@ -293,14 +295,14 @@ impl RouteOptions {
         }
     }
 
-    /// The body limit set with [`max_body`](Self::max_body), if any.
-    pub fn get_max_body(&self) -> Option<usize> {
+    /// The largest request body set with [`max_body_bytes`](Self::max_body_bytes), if any.
+    pub fn get_max_body_bytes(&self) -> Option<usize> {
         self.max_body
     }
 
     /// The body limit for `preset`.
     pub(crate) fn body_limit(&self, preset: &Preset) -> usize {
-        self.max_body.unwrap_or_else(|| preset.max_body())
+        self.max_body.unwrap_or_else(|| preset.max_body_bytes())
     }
 
     /// The layer for `preset` with these settings.
@@ -309,7 +311,7 @@ impl RouteOptions {
         let principal = self.principal_for(&preset);
         // The gateway warns about an unverified route once, at start.
         let mut layer = IdempotencyLayer::new_in(preset, store)
-            .max_body(limit)
+            .max_body_bytes(limit)
             .quiet();
         if let Some(policy) = self.on_store_error {
             layer = layer.on_store_error(policy);

@@ -152,7 +152,8 @@ impl AimdLimit {
         self.initial.clamp(self.get_min(), self.get_max())
     }
 
-    /// The fixed latency threshold, if any (at most a day).
+    /// The fixed latency threshold (see
+    /// [`latency_threshold`](Self::latency_threshold)), if any (at most a day).
     pub fn get_latency_threshold(&self) -> Option<Duration> {
         self.threshold.map(|t| t.min(MAX_THRESHOLD))
     }

@@ -352,7 +352,7 @@ async fn idle_http2_connections_are_closed_and_streams_capped() {
     }
 }
 
-/// The library's `BodyLimits` in front of an idempotency stack: a body that
+/// The library's `BodyLimitsLayer` in front of an idempotency stack: a body that
 /// stalls past the deadline gets 408 (a channel: its failure reply), one
 /// past the budget 503 with `Retry-After`, counted as shed; neither reaches
 /// the handler.
@@ -362,7 +362,7 @@ async fn body_limits_in_front_of_the_stack() {
     use futures_util::StreamExt;
     use http_body_util::{Full, StreamBody};
     use tower::{ServiceBuilder, ServiceExt};
-    use tower_idempotency::limit::{BodyBudget, BodyLimitError, BodyLimits};
+    use tower_idempotency::limit::{BodyBudget, BodyLimitError, BodyLimitsLayer};
     use tower_idempotency::{IdempotencyLayer, Outcome};
 
     type Frames = std::pin::Pin<
@@ -381,7 +381,7 @@ async fn body_limits_in_front_of_the_stack() {
         StreamBody::new(futures_util::stream::iter([frame]).boxed())
     };
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let stack = |layer: IdempotencyLayer, limits: BodyLimits| {
+    let stack = |layer: IdempotencyLayer, limits: BodyLimitsLayer| {
         let calls = calls.clone();
         ServiceBuilder::new()
             .layer(limits)
@@ -401,7 +401,7 @@ async fn body_limits_in_front_of_the_stack() {
         req.body(body).unwrap()
     };
 
-    let limits = BodyLimits::new().timeout(Duration::from_millis(200));
+    let limits = BodyLimitsLayer::new().timeout(Duration::from_millis(200));
     let res = stack(IdempotencyLayer::idempotency_key(), limits.clone())
         .oneshot(post(stalled(), Some("k1")))
         .await
@@ -419,7 +419,7 @@ async fn body_limits_in_front_of_the_stack() {
     assert!(res.extensions().get::<BodyLimitError>().is_some());
 
     let budget = BodyBudget::new(16);
-    let limits = BodyLimits::new().budget(budget.clone());
+    let limits = BodyLimitsLayer::new().budget(budget.clone());
     let res = stack(IdempotencyLayer::idempotency_key(), limits.clone())
         .oneshot(post(
             whole(r#"{"order":"more than sixteen bytes"}"#),

@@ -149,7 +149,7 @@ async fn retention_is_pruned_in_batches() {
     }
     journal.record(JournalEvent::new("recent", "stripe", "/r", "executed"));
     journal.flush().await;
-    let all = JournalFilter::default().limit(usize::MAX);
+    let all = JournalFilter::default().max_records(usize::MAX);
     let mut left = journal.query(&all).await.unwrap().len();
     for _ in 0..200 {
         if left == 1 {
@@ -204,7 +204,7 @@ async fn pages_hold_every_record_once() {
     }
     journal.flush().await;
     let mut seen = Vec::new();
-    let mut filter = JournalFilter::default().limit(4);
+    let mut filter = JournalFilter::default().max_records(4);
     loop {
         let page = journal.page(&filter).await.unwrap();
         assert!(page.records.len() <= 4);
@@ -213,7 +213,7 @@ async fn pages_hold_every_record_once() {
             Some(next) => {
                 let text = next.to_string();
                 filter = JournalFilter::default()
-                    .limit(4)
+                    .max_records(4)
                     .after(text.parse().unwrap());
             }
             None => break,

@@ -1,4 +1,4 @@
-//! The gateway's pieces as a library: acknowledge-then-deliver, hostile senders, adaptive shedding, the journal and reconciliation.
+//! The gateway's pieces as a library: acknowledge-then-deliver, hostile senders, verify tables, adaptive shedding, the journal and reconciliation.
 
 mod journal_dropped;
 mod journal_sql;
@@ -6,4 +6,5 @@ mod proxy_ack;
 mod reconcile_bills;
 mod shed_adaptive;
 mod traces;
+mod verify_config;
 mod verify_hostile;

@@ -164,7 +164,7 @@ async fn a_paypal_transmission_id_is_single_use_within_the_window() {
 
 #[test]
 fn a_paypal_verify_table_reads_tolerance() {
-    let config: tower_idempotency::verify::VerifyConfig = serde_json::from_str(
+    let config: idempotency_gateway::config::VerifyConfig = serde_json::from_str(
         r#"{ "webhook_id": "0FV983392A0531201", "certificates": ["tests/fixtures/paypal_cert_ValidateCertTest.pem"], "tolerance": "10m" }"#,
     )
     .unwrap();

@@ -421,7 +421,11 @@ pub async fn resent_and_tampered(v: &'static Vector) {
 pub async fn limits(v: &'static Vector) {
     let what = v.label();
     let limit = v.channel.max_body;
-    assert_eq!((v.channel.preset)().max_body(), limit, "{what}: body limit");
+    assert_eq!(
+        (v.channel.preset)().max_body_bytes(),
+        limit,
+        "{what}: body limit"
+    );
     let base = v.base();
     let handler = Handler::answering(200);
     let svc = handler.stack(v.channel);

@@ -87,8 +87,9 @@ impl fmt::Debug for Preset {
     }
 }
 
-/// The names of the built-in presets.
-pub const PRESET_NAMES: &[&str] = &[
+/// The names of the built-in presets, in a fixed order
+/// ([`Preset::builtin_names`]).
+pub(crate) const PRESET_NAMES: &[&str] = &[
     "wechatpay-v3",
     "wechatpay-v2",
     "alipay",
@@ -152,7 +153,28 @@ impl Preset {
         }
     }
 
-    /// A built-in preset by its name (see [`PRESET_NAMES`]).
+    /// The names of the built-in presets, each of which
+    /// [`from_name`](Self::from_name) knows: `wechatpay-v3`, `wechatpay-v2`,
+    /// `alipay`, `stripe`, `paypal`, `adyen`, `standard-webhooks`,
+    /// `idempotency-key` and `client-token`, always in this order (so a
+    /// program can keep something per built-in preset at its index, or list
+    /// them in an error message).
+    ///
+    /// ```
+    /// use tower_idempotency::Preset;
+    ///
+    /// for name in Preset::builtin_names() {
+    ///     assert_eq!(Preset::from_name(name).unwrap().name(), *name);
+    /// }
+    /// assert_eq!(Preset::builtin_names()[0], "wechatpay-v3");
+    /// assert!(Preset::from_name("custom").is_none());
+    /// ```
+    pub const fn builtin_names() -> &'static [&'static str] {
+        PRESET_NAMES
+    }
+
+    /// A built-in preset by its name (one of
+    /// [`builtin_names`](Self::builtin_names)).
     pub fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "wechatpay-v3" => Self::wechatpay_v3(),
@@ -278,8 +300,9 @@ impl Preset {
         self.wait
     }
 
-    /// The default body limit.
-    pub fn max_body(&self) -> usize {
+    /// The largest request body of this preset's routes, in bytes, unless
+    /// a route sets its own.
+    pub fn max_body_bytes(&self) -> usize {
         self.max_body
     }
 

@@ -12,6 +12,18 @@ pub const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// The longest window, lease, wait, run limit or reply deadline the
 /// builders take (a year); a longer one is taken as this.
+///
+/// A program that reads these settings from its users (flags, a
+/// configuration file) can compare against it to refuse a longer one
+/// instead of having it shortened without a word.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::dedup::MAX_SETTING;
+///
+/// let asked = Duration::from_secs(2 * 365 * 24 * 3600);
+/// assert!(asked > MAX_SETTING, "two years: refused");
+/// ```
 pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// `d` within `min..=max`.
@@ -110,7 +122,7 @@ impl<St: Store> DedupLayer<St> {
     /// inner service is never run again), but its replay carries the status
     /// and headers, an empty body and `idempotent-body-omitted: true`.
     /// Defaults to 1 MiB.
-    pub const fn max_cached_body(mut self, bytes: usize) -> Self {
+    pub const fn max_cached_body_bytes(mut self, bytes: usize) -> Self {
         self.config.max_cached_body = bytes;
         self
     }
@@ -152,7 +164,7 @@ impl<St: Store> DedupLayer<St> {
     /// call waits for a caller that stopped reading, that caller is let go
     /// (its body ends in error) and the call gets the limit once more, from
     /// then, to read the rest of its body and record the success (its body
-    /// up to [`max_cached_body`](Self::max_cached_body)); the retry replays
+    /// up to [`max_cached_body_bytes`](Self::max_cached_body_bytes)); the retry replays
     /// it. A key is thus blocked at most twice the limit. Defaults to 5
     /// minutes. At most a year.
     pub const fn max_run(mut self, limit: Duration) -> Self {

@@ -10,7 +10,7 @@
 //!   [`TaskTracker`](crate::TaskTracker), renewing the lease every `lease/3`
 //!   alongside it. A 2xx (and, for gRPC, `grpc-status: 0`) is streamed to the
 //!   caller and teed into the record (up to
-//!   [`max_cached_body`](DedupLayer::max_cached_body)); when its body ends the
+//!   [`max_cached_body_bytes`](DedupLayer::max_cached_body_bytes)); when its body ends the
 //!   record is completed for the window. On any failure (non-2xx, `Err`,
 //!   panic, body error) it releases the claim so that the next retry runs
 //!   again. Failures are never cached.

@@ -84,7 +84,7 @@ impl KeyLayer {
     }
 
     /// The most body bytes to buffer; larger bodies get 413. Defaults to 1 MiB.
-    pub fn max_body(mut self, bytes: usize) -> Self {
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.config.max_body = bytes;
         self
     }

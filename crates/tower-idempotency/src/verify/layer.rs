@@ -62,7 +62,7 @@ impl VerifyLayer {
     }
 
     /// The most body bytes to buffer; larger bodies get 413. Defaults to 64 KiB.
-    pub fn max_body(mut self, bytes: usize) -> Self {
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
         self
     }

@@ -135,7 +135,6 @@ macro_rules! with_crypto {
 with_crypto! {
     mod adyen;
     mod alipay;
-    mod config;
     mod keys;
     mod pairs;
     mod paypal;
@@ -146,7 +145,6 @@ with_crypto! {
 
     pub use adyen::AdyenKeys;
     pub use alipay::AlipayKeys;
-    pub use config::{ConfigError, Secret, VerifyConfig};
     pub use keys::{KeyError, RsaPublicKey};
     pub use paypal::PayPalKeys;
     pub use standard_webhooks::StandardWebhooksKeys;

@@ -122,7 +122,7 @@ impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Verify<S>
 where
     S: Service<Request<VerifyBody<ReqBody>>, Response = Response<ResBody>> + Clone,
     ReqBody: Body,
-    ReqBody::Error: Into<crate::BoxError>,
+    ReqBody::Error: Into<crate::body::BoxError>,
     ResBody: From<Bytes>,
 {
     type Response = Response<ResBody>;
@@ -232,7 +232,7 @@ impl<ReqBody, S, ResBody> Future for ResponseFuture<ReqBody, S, ResBody>
 where
     S: Service<Request<VerifyBody<ReqBody>>, Response = Response<ResBody>>,
     ReqBody: Body,
-    ReqBody::Error: Into<crate::BoxError>,
+    ReqBody::Error: Into<crate::body::BoxError>,
     ResBody: From<Bytes>,
 {
     type Output = Result<Response<ResBody>, S::Error>;

@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::key::{ExtractKey, KeyLayer};
 use tower_idempotency::Preset;
 
@@ -71,7 +70,7 @@ fn allowed(len: usize) -> isize {
 }
 
 fn presets() -> Vec<Preset> {
-    PRESET_NAMES
+    Preset::builtin_names()
         .iter()
         .map(|n| Preset::from_name(n).unwrap())
         .collect()
@@ -249,12 +248,12 @@ proptest! {
 
     #[test]
     fn the_key_layer_never_buffers_past_its_limit(
-        preset in 0..PRESET_NAMES.len(),
+        preset in 0..Preset::builtin_names().len(),
         limit in 1..8192usize,
         chunks in prop::collection::vec(1..2048usize, 0..24),
         fill in any::<u8>(),
     ) {
-        let preset = Preset::from_name(PRESET_NAMES[preset]).unwrap();
+        let preset = Preset::from_name(Preset::builtin_names()[preset]).unwrap();
         let biggest = chunks.iter().copied().max().unwrap_or(0);
         let total: usize = chunks.iter().sum();
         let pulled = Arc::new(AtomicUsize::new(0));
@@ -268,7 +267,7 @@ proptest! {
             pulled: pulled.clone(),
         };
         let svc = ServiceBuilder::new()
-            .layer(KeyLayer::new(preset.extractor().clone()).max_body(limit))
+            .layer(KeyLayer::new(preset.extractor().clone()).max_body_bytes(limit))
             .service(service_fn({
                 let seen = seen.clone();
                 move |req: Request<Full<Bytes>>| {

@@ -189,7 +189,7 @@ async fn an_endless_success_stream_arrives_at_once_and_is_not_buffered() {
         }
     });
     let layer = IdempotencyLayer::idempotency_key()
-        .max_cached_body(64 * 1024)
+        .max_cached_body_bytes(64 * 1024)
         .max_run(Duration::from_secs(4));
     let tasks = layer.tasks().clone();
     let svc = ServiceBuilder::new().layer(layer).service(handler);
@@ -260,7 +260,7 @@ async fn a_success_over_the_cache_limit_is_streamed_and_its_replay_says_so() {
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().max_cached_body(10_000))
+        .layer(IdempotencyLayer::idempotency_key().max_cached_body_bytes(10_000))
         .service(handler);
     let first = read(svc.clone().oneshot(key_req("big")).await.unwrap()).await;
     assert_eq!((first.status, first.body.len()), (201, 64 * 4096));
@@ -343,7 +343,7 @@ async fn a_caller_that_stops_reading_past_the_run_limit_does_not_make_the_call_r
     let svc = ServiceBuilder::new()
         .layer(
             IdempotencyLayer::idempotency_key()
-                .max_cached_body(10_000)
+                .max_cached_body_bytes(10_000)
                 .max_run(Duration::from_millis(300)),
         )
         .service(handler);

@@ -496,7 +496,7 @@ async fn p4_body_over_the_cache_limit_completes_without_a_body() {
         async move { ok(vec![b'x'; 4096]) }
     });
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().max_cached_body(1024))
+        .layer(IdempotencyLayer::idempotency_key().max_cached_body_bytes(1024))
         .service(handler);
     let first = read(svc.clone().oneshot(key_req("big", "{}")).await.unwrap()).await;
     assert_eq!(first.body.len(), 4096);
@@ -597,7 +597,7 @@ async fn p5_channel_mismatch_gets_the_failure_reply() {
 async fn p6_bounds_answer_413_and_400() {
     let runs = Counter::default();
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyLayer::idempotency_key().max_body(1024))
+        .layer(IdempotencyLayer::idempotency_key().max_body_bytes(1024))
         .service(counting(runs.clone(), 0));
     // Body over the limit (declared and streamed).
     let big = Bytes::from(vec![b'a'; 2048]);

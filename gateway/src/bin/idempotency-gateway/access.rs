@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::key::CapturedRequest;
+use tower_idempotency::Preset;
 use tower_idempotency::{IdempotencyKey, Outcome};
 use tracing::info;
 
@@ -95,8 +95,13 @@ impl Ratios {
     /// before this is called) the latency histogram and the ratio gauge
     /// are fed; without, only the journal and the access log.
     pub fn new(window: Duration, journal: Option<Journaling>, metrics: bool) -> Self {
-        let by_preset = (0..=PRESET_NAMES.len()).map(|_| Counts::default());
-        let series = metrics.then(|| PRESET_NAMES.iter().map(|name| Series::of(name)).collect());
+        let by_preset = (0..=Preset::builtin_names().len()).map(|_| Counts::default());
+        let series = metrics.then(|| {
+            Preset::builtin_names()
+                .iter()
+                .map(|name| Series::of(name))
+                .collect()
+        });
         Self {
             by_preset: by_preset.collect(),
             series,
@@ -181,8 +186,8 @@ impl Ratios {
     }
 
     fn index(preset: &str) -> usize {
-        let at = PRESET_NAMES.iter().position(|n| *n == preset);
-        at.unwrap_or(PRESET_NAMES.len())
+        let at = Preset::builtin_names().iter().position(|n| *n == preset);
+        at.unwrap_or(Preset::builtin_names().len())
     }
 
     /// Moves the window on: the base becomes the totals of one window ago

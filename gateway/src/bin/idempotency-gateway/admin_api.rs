@@ -346,7 +346,7 @@ impl Admin {
         };
         let mut filter = JournalFilter::default()
             .key_suffix(format!(":{id}"))
-            .limit(limit)
+            .max_records(limit)
             .scan(KEYS_SCAN);
         if let Some(route) = param(q, "route") {
             filter = filter.route(route);
@@ -432,7 +432,7 @@ impl Admin {
             Ok(p) => p,
             Err(e) => return error(StatusCode::BAD_REQUEST, &e),
         };
-        let mut filter = JournalFilter::default().limit(limit);
+        let mut filter = JournalFilter::default().max_records(limit);
         if let Some(cursor) = cursor {
             filter = filter.after(cursor);
         }

@@ -72,8 +72,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::GatewayStore;
 use tokio::sync::Semaphore;
-use tower_idempotency::channel::PRESET_NAMES;
-use tower_idempotency::limit::{BodyBudget, BodyLimits};
+use tower_idempotency::limit::{BodyBudget, BodyLimitsLayer};
+use tower_idempotency::Preset;
 use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
 
@@ -222,7 +222,7 @@ fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
     for (_, target, _) in routes {
         match target {
             Target::Preset(p) => presets.push(p.name()),
-            Target::Auto => presets.extend_from_slice(PRESET_NAMES),
+            Target::Auto => presets.extend_from_slice(Preset::builtin_names()),
         }
     }
     presets.sort_unstable();
@@ -394,7 +394,7 @@ async fn run(
     // deliveries (built once the metrics recorder is in, for its gauge).
     let calls = CallLimit::new(settings.max_upstream_calls).queue_wait(settings.queue_wait);
     // One budget of bodies being read, across the serving threads.
-    let bodies = BodyLimits::new()
+    let bodies = BodyLimitsLayer::new()
         .timeout(settings.body_timeout)
         .budget(BodyBudget::new(settings.max_buffered));
     // Each route's records in a memory store of its own (shared by every

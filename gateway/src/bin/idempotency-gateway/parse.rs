@@ -4,7 +4,6 @@ use http::HeaderName;
 use idempotency_gateway::proxy::{Target, Upstream};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tower_idempotency::channel::PRESET_NAMES;
 use tower_idempotency::{OnStoreError, Preset};
 
 /// Where records live.
@@ -105,7 +104,10 @@ pub fn target(preset: &str) -> Result<Target, String> {
     Preset::from_name(preset)
         .map(Target::Preset)
         .ok_or_else(|| {
-            format!("unknown preset `{preset}`; expected auto or one of {PRESET_NAMES:?}")
+            format!(
+                "unknown preset `{preset}`; expected auto or one of {:?}",
+                Preset::builtin_names()
+            )
         })
 }
 

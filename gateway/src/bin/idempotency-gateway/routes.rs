@@ -5,13 +5,13 @@ use crate::ack;
 use crate::parse;
 use crate::spanned::{At, Field, SizeValue};
 use http::HeaderName;
+use idempotency_gateway::config::VerifyConfig;
 use idempotency_gateway::proxy::{RouteOptions, Target};
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::key::CookiePrincipal;
-use tower_idempotency::verify::VerifyConfig;
 use tower_idempotency::OnStoreError;
 use tower_idempotency_queue::Pace;
 
@@ -195,7 +195,7 @@ impl Global {
             o = o.max_run(d);
         }
         if let Some(n) = own.max_body.or(self.max_body) {
-            o = o.max_body(n);
+            o = o.max_body_bytes(n);
         }
         if let Some(h) = own
             .principal_header

@@ -147,7 +147,7 @@ impl Watch {
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::BoxError;
 
 /// Serves one accepted connection, over TLS when `tls` is set (the
 /// handshake bounded by the watch's idle time, the header timeout).

@@ -1,9 +1,10 @@
 //! A route's `verify` table: the channel's keys, read relative to the
 //! config file, checked before the gateway starts.
 
+use idempotency_gateway::config::VerifyConfig;
 use idempotency_gateway::proxy::Target;
 use std::path::Path;
-use tower_idempotency::verify::{VerifyConfig, VerifyLayer};
+use tower_idempotency::verify::VerifyLayer;
 
 /// The verify layer of a route to `target` from its `verify` table; files are
 /// read relative to `base` (the config file's folder). `Err` is the reason.

@@ -13,7 +13,6 @@ use std::time::Duration;
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
     max_tokens: u64,
-    max_window: Duration,
 }
 
 impl MemoryStoreBuilder {
@@ -29,17 +28,6 @@ impl MemoryStoreBuilder {
     /// Defaults to 1,000,000.
     pub const fn max_tokens(mut self, tokens: u64) -> Self {
         self.max_tokens = tokens;
-        self
-    }
-
-    /// Has no effect: each record ends at its own layer's window (checked
-    /// on every read), and [`max_bytes`](Self::max_bytes) bounds the memory
-    /// (the least recently used records go first when room is needed).
-    #[deprecated(
-        note = "has no effect: records end at their layer's window; `max_bytes` bounds the memory"
-    )]
-    pub const fn max_window(mut self, window: Duration) -> Self {
-        self.max_window = window;
         self
     }
 
@@ -72,7 +60,6 @@ impl Default for MemoryStoreBuilder {
         Self {
             max_bytes: 256 * 1024 * 1024,
             max_tokens: 1_000_000,
-            max_window: Duration::from_secs(25 * 3600),
         }
     }
 }

@@ -37,7 +37,7 @@ const SHARDS: usize = 64;
 /// (a replay counts as a use); a fresh record is never refused. A record
 /// larger than its shard can hold (the budget is split into up to 64
 /// shards of at least 4 MiB; a smaller store is one shard) is kept without
-/// its body, as a body past the dedup layer's `max_cached_body` is: the call
+/// its body, as a body past the dedup layer's `max_cached_body_bytes` is: the call
 /// does not run again, and its replay has the status and headers, an empty
 /// body and `idempotent-body-omitted: true`. A record
 /// pushed out before its window ended is counted in
@@ -136,12 +136,6 @@ impl MemoryStore {
         self.stats().expired.load(Ordering::Relaxed)
     }
 
-    /// How many completed records were evicted because the store was full.
-    #[deprecated(since = "0.1.1", note = "use `evicted_early` (or `expired`)")]
-    pub fn evictions(&self) -> u64 {
-        self.evicted_early()
-    }
-
     /// How many completed records the store holds now.
     pub fn len(&self) -> u64 {
         self.stats().records.load(Ordering::Relaxed)
@@ -150,12 +144,6 @@ impl MemoryStore {
     /// Whether the store holds no completed record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// How many completed records the store holds now.
-    #[deprecated(since = "0.1.1", note = "use `len`")]
-    pub fn completed_len(&self) -> u64 {
-        self.len()
     }
 
     /// The memory the completed records occupy now, in bytes, by the same

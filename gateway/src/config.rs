@@ -1,14 +1,25 @@
-//! [`VerifyConfig`]: a serde-friendly description of a route's keys, as a
-//! gateway reads it from its configuration file.
+//! The parts of the gateway's configuration file that a program embedding
+//! the gateway can read the same way: [`VerifyConfig`], a route's `verify`
+//! table (the channel's keys, and where each comes from: [`Secret`]).
+//!
+//! ```
+//! use idempotency_gateway::config::VerifyConfig;
+//!
+//! let table: VerifyConfig = toml::from_str(r#"
+//!     secrets = [{ env = "STRIPE_WEBHOOK_SECRET" }]
+//!     tolerance = "5m"
+//! "#).unwrap();
+//! assert_eq!(table.secrets.len(), 1);
+//! ```
 
-use super::{
-    AdyenKeys, AlipayKeys, KeyError, PayPalKeys, StandardWebhooksKeys, StripeKeys,
-    VerifyLayer, WechatPayV2Keys, WechatPayV3Keys,
-};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use tower_idempotency::verify::{
+    AdyenKeys, AlipayKeys, KeyError, PayPalKeys, StandardWebhooksKeys, StripeKeys, VerifyLayer,
+    WechatPayV2Keys, WechatPayV3Keys,
+};
 
 /// Where a key or secret comes from.
 ///
@@ -56,11 +67,11 @@ enum Plain {
 }
 
 impl Secret {
-    fn load(&self, plain: Plain, base: &Path) -> Result<Vec<u8>, ConfigError> {
+    fn load(&self, plain: Plain, base: &Path) -> Result<Vec<u8>, VerifyConfigError> {
         let read = |path: &Path| {
             let path = base.join(path);
             std::fs::read(&path)
-                .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))
+                .map_err(|e| VerifyConfigError(format!("cannot read {}: {e}", path.display())))
         };
         match self {
             Self::Plain(s) => match plain {
@@ -73,15 +84,15 @@ impl Secret {
             Self::File { file } => read(file),
             Self::Env { env } => std::env::var(env)
                 .map(String::into_bytes)
-                .map_err(|_| ConfigError(format!("environment variable {env} is not set"))),
+                .map_err(|_| VerifyConfigError(format!("environment variable {env} is not set"))),
         }
     }
 
-    fn load_text(&self, plain: Plain, base: &Path) -> Result<String, ConfigError> {
+    fn load_text(&self, plain: Plain, base: &Path) -> Result<String, VerifyConfigError> {
         let bytes = self.load(plain, base)?;
         String::from_utf8(bytes)
             .map(|s| s.trim().to_owned())
-            .map_err(|_| ConfigError("a secret is not UTF-8 text".into()))
+            .map_err(|_| VerifyConfigError("a secret is not UTF-8 text".into()))
     }
 }
 
@@ -107,7 +118,7 @@ impl Secret {
 /// an error, so a typo cannot switch verification off silently.
 ///
 /// ```
-/// use tower_idempotency::verify::VerifyConfig;
+/// use idempotency_gateway::config::VerifyConfig;
 /// let config: VerifyConfig = serde_json::from_str(
 ///     r#"{ "secrets": ["whsec_test_secret"], "tolerance": "300s" }"#,
 /// ).unwrap();
@@ -152,17 +163,17 @@ pub struct VerifyConfig {
 
 /// A `verify` table that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(String);
+pub struct VerifyConfigError(String);
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for VerifyConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for VerifyConfigError {}
 
-impl From<KeyError> for ConfigError {
+impl From<KeyError> for VerifyConfigError {
     fn from(e: KeyError) -> Self {
         Self(e.to_string())
     }
@@ -190,31 +201,36 @@ impl VerifyConfig {
         out
     }
 
-    fn tolerance(&self) -> Result<Option<std::time::Duration>, ConfigError> {
+    fn tolerance(&self) -> Result<Option<std::time::Duration>, VerifyConfigError> {
         self.tolerance
             .as_deref()
             .map(|t| {
                 humantime::parse_duration(t)
-                    .map_err(|e| ConfigError(format!("tolerance {t:?}: {e}")))
+                    .map_err(|e| VerifyConfigError(format!("tolerance {t:?}: {e}")))
             })
             .transpose()
     }
 
     /// Builds the verify layer of a route whose preset is `preset`; files are
     /// read relative to `base` (the configuration file's folder).
-    pub fn layer(&self, preset: &str, base: &Path) -> Result<VerifyLayer, ConfigError> {
+    pub fn layer(&self, preset: &str, base: &Path) -> Result<VerifyLayer, VerifyConfigError> {
         let allowed: &[&str] = match preset {
-            "wechatpay-v3" => &["platform_keys", "api_v3_key", "api_v3_key_file", "tolerance"],
+            "wechatpay-v3" => &[
+                "platform_keys",
+                "api_v3_key",
+                "api_v3_key_file",
+                "tolerance",
+            ],
             "wechatpay-v2" => &["api_keys"],
             "alipay" => &["public_keys"],
             "stripe" => &["secrets", "tolerance"],
             "standard-webhooks" => &["secrets", "public_keys", "tolerance"],
             "adyen" => &["hmac_keys"],
             "paypal" => &["webhook_id", "certificates", "tolerance"],
-            other => return Err(ConfigError(format!("preset {other} has no verifier"))),
+            other => return Err(VerifyConfigError(format!("preset {other} has no verifier"))),
         };
         if let Some(field) = self.set_fields().into_iter().find(|f| !allowed.contains(f)) {
-            return Err(ConfigError(format!(
+            return Err(VerifyConfigError(format!(
                 "verify.{field} is not read by preset {preset} (it reads {})",
                 allowed.join(", ")
             )));
@@ -228,7 +244,7 @@ impl VerifyConfig {
                 for (serial, key) in &self.platform_keys {
                     keys = key_file(key)
                         .and_then(|pem| Ok(keys.platform_key(serial.clone(), pem)?))
-                        .map_err(|e| ConfigError(format!("platform_keys.{serial}: {e}")))?;
+                        .map_err(|e| VerifyConfigError(format!("platform_keys.{serial}: {e}")))?;
                 }
                 let api_v3_key = match (&self.api_v3_key, &self.api_v3_key_file) {
                     (Some(s), _) => Some(secret(s)?),
@@ -246,9 +262,12 @@ impl VerifyConfig {
             }
             "wechatpay-v2" => {
                 need(self.api_keys.len(), "api_keys")?;
-                let keys = self.api_keys.iter().try_fold(WechatPayV2Keys::new(), |k, s| {
-                    Ok::<_, ConfigError>(k.api_key(secret(s)?)?)
-                })?;
+                let keys = self
+                    .api_keys
+                    .iter()
+                    .try_fold(WechatPayV2Keys::new(), |k, s| {
+                        Ok::<_, VerifyConfigError>(k.api_key(secret(s)?)?)
+                    })?;
                 VerifyLayer::new(keys)
             }
             "alipay" => {
@@ -271,7 +290,10 @@ impl VerifyConfig {
                 VerifyLayer::new(keys)
             }
             "standard-webhooks" => {
-                need(self.secrets.len() + self.public_keys.len(), "secrets or public_keys")?;
+                need(
+                    self.secrets.len() + self.public_keys.len(),
+                    "secrets or public_keys",
+                )?;
                 let mut keys = StandardWebhooksKeys::new();
                 for s in &self.secrets {
                     keys = keys.secret(&secret(s)?)?;
@@ -297,10 +319,9 @@ impl VerifyConfig {
                 VerifyLayer::new(keys)
             }
             _ => {
-                let id = self
-                    .webhook_id
-                    .clone()
-                    .ok_or_else(|| ConfigError("verify.webhook_id is required for paypal".into()))?;
+                let id = self.webhook_id.clone().ok_or_else(|| {
+                    VerifyConfigError("verify.webhook_id is required for paypal".into())
+                })?;
                 need(self.certificates.len(), "certificates")?;
                 let mut keys = PayPalKeys::new(id);
                 for c in &self.certificates {
@@ -316,9 +337,11 @@ impl VerifyConfig {
     }
 }
 
-fn need(count: usize, what: &str) -> Result<(), ConfigError> {
+fn need(count: usize, what: &str) -> Result<(), VerifyConfigError> {
     if count == 0 {
-        return Err(ConfigError(format!("verify.{what}: at least one key is required")));
+        return Err(VerifyConfigError(format!(
+            "verify.{what}: at least one key is required"
+        )));
     }
     Ok(())
 }
