@@ -181,10 +181,10 @@ impl Conn {
         if self.send.as_ref().is_none_or(|s: &Sender| s.is_closed()) {
             self.send = connect(s.target).await;
         }
-        if let Some(sender) = self.send.as_mut() {
-            if sender.ready().await.is_err() {
-                self.send = connect(s.target).await;
-            }
+        if let Some(sender) = self.send.as_mut()
+            && sender.ready().await.is_err()
+        {
+            self.send = connect(s.target).await;
         }
         let Some(sender) = self.send.as_mut() else {
             self.fail("io");

@@ -288,16 +288,16 @@ impl Breaker {
         state: BreakerState,
         lane: &Arc<str>,
     ) {
-        if let Some(ok) = up {
-            if probe || self.state == State::Closed {
-                self.votes.cast(entry, ok, now);
-            }
+        if let Some(ok) = up
+            && (probe || self.state == State::Closed)
+        {
+            self.votes.cast(entry, ok, now);
         }
-        if let (State::HalfOpen { started, running }, true) = (&mut self.state, probe) {
-            if let Some(at) = running.iter().position(|(e, _)| *e == entry) {
-                running.swap_remove(at);
-                *started = started.saturating_sub(u32::from(up.is_none()));
-            }
+        if let (State::HalfOpen { started, running }, true) = (&mut self.state, probe)
+            && let Some(at) = running.iter().position(|(e, _)| *e == entry)
+        {
+            running.swap_remove(at);
+            *started = started.saturating_sub(u32::from(up.is_none()));
         }
         self.follow(state, now, lane);
     }

@@ -137,14 +137,14 @@ impl Embedded {
             .map_err(err)?
             .and_then(|v| Marker::decode(v.value()));
         let now = queue_now(txn)?;
-        if let Some(marker) = found {
-            if marker.expires == 0 || marker.expires > now {
-                return Ok(if marker.fingerprint == message.fingerprint.to_bytes() {
-                    Ingested::Duplicate
-                } else {
-                    Ingested::Mismatch
-                });
-            }
+        if let Some(marker) = found
+            && (marker.expires == 0 || marker.expires > now)
+        {
+            return Ok(if marker.fingerprint == message.fingerprint.to_bytes() {
+                Ingested::Duplicate
+            } else {
+                Ingested::Mismatch
+            });
         }
         let id = Self::next_id(txn)?;
         let marker = Marker {

@@ -313,14 +313,12 @@ fn commit_group(db: &Db, mut jobs: Vec<Job>) -> Result<(), (Failure, Vec<Job>)> 
         }
     };
     let mut ingests = jobs.iter().any(|j| j.kind() == Kind::Ingest);
-    if ingests {
-        if let Err(e) = db.health.room.check() {
-            db.health.refused(&e);
-            let (refused, others): (Vec<Job>, Vec<Job>) =
-                jobs.into_iter().partition(|j| j.kind() == Kind::Ingest);
-            fail(refused, &e);
-            (jobs, ingests) = (others, false);
-        }
+    if ingests && let Err(e) = db.health.room.check() {
+        db.health.refused(&e);
+        let (refused, others): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|j| j.kind() == Kind::Ingest);
+        fail(refused, &e);
+        (jobs, ingests) = (others, false);
     }
     let failed = match commit(&database, &mut jobs) {
         Ok(()) => {

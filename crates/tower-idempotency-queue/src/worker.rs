@@ -368,10 +368,10 @@ where
                         let id = probe_id.as_ref().map(|(_, id)| *id);
                         shared = judged(&queue, &config, &name, (entry, id, fresh), up, rule).await;
                     }
-                    if let Some((lane, slot)) = &slot {
-                        if let Err(_e) = queue.give_slot(lane, *slot).await {
-                            crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
-                        }
+                    if let Some((lane, slot)) = &slot
+                        && let Err(_e) = queue.give_slot(lane, *slot).await
+                    {
+                        crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
                     }
                     let how = (last, after);
                     let settled = settle(&queue, &config.name, how, &delivery, result).await;
@@ -585,16 +585,14 @@ async fn renewing<Q: Queue, F: Future>(
         tokio::select! {
             out = &mut call => return out,
             () = tokio::time::sleep(every) => {
-                if let Some((lane, slot)) = slot {
-                    if let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
+                if let Some((lane, slot)) = slot
+                    && let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
                         crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared delivery slot");
                     }
-                }
-                if let Some((lane, probe)) = probe {
-                    if let Err(_e) = queue.renew_probe(lane, *probe, config.lease).await {
+                if let Some((lane, probe)) = probe
+                    && let Err(_e) = queue.renew_probe(lane, *probe, config.lease).await {
                         crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared breaker probe");
                     }
-                }
                 match queue.renew(delivery, config.lease).await {
                     Ok(true) => {}
                     Ok(false) => {

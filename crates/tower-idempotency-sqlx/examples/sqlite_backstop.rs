@@ -314,11 +314,11 @@ pub async fn record_payment(
         None => Recorded::NotApplied,
     };
     // "This notification is done", committed with the payment or not at all.
-    if let Some(claim) = claim {
-        if !claim.complete_in(&mut db, &success()).await? {
-            db.rollback().await?;
-            return Ok(Recorded::LostClaim);
-        }
+    if let Some(claim) = claim
+        && !claim.complete_in(&mut db, &success()).await?
+    {
+        db.rollback().await?;
+        return Ok(Recorded::LostClaim);
     }
     db.commit().await?;
     Ok(recorded)

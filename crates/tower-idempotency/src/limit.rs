@@ -414,13 +414,13 @@ where
                 if this.deadline.is_none() {
                     this.deadline.set(Some(tokio::time::sleep(timeout)));
                 }
-                if let Some(deadline) = this.deadline.as_pin_mut() {
-                    if deadline.poll(cx).is_ready() {
-                        *this.failed = true;
-                        this.held.release();
-                        let e = BodyLimitError::Timeout(timeout);
-                        return Poll::Ready(Some(Err(e.into())));
-                    }
+                if let Some(deadline) = this.deadline.as_pin_mut()
+                    && deadline.poll(cx).is_ready()
+                {
+                    *this.failed = true;
+                    this.held.release();
+                    let e = BodyLimitError::Timeout(timeout);
+                    return Poll::Ready(Some(Err(e.into())));
                 }
                 Poll::Pending
             }

@@ -55,19 +55,20 @@ fn decode_unreserved(segment: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         let hex = |c: u8| (c as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                let b = (h * 16 + l) as u8;
-                if is_unreserved(b) {
-                    out.push(b as char);
-                } else {
-                    out.push('%');
-                    out.push(bytes[i + 1].to_ascii_uppercase() as char);
-                    out.push(bytes[i + 2].to_ascii_uppercase() as char);
-                }
-                i += 3;
-                continue;
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            let b = (h * 16 + l) as u8;
+            if is_unreserved(b) {
+                out.push(b as char);
+            } else {
+                out.push('%');
+                out.push(bytes[i + 1].to_ascii_uppercase() as char);
+                out.push(bytes[i + 2].to_ascii_uppercase() as char);
             }
+            i += 3;
+            continue;
         }
         // Copy one whole character (paths from `http::Uri` are ASCII, but
         // a matched route or a user's path may not be).

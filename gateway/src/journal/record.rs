@@ -133,10 +133,10 @@ impl JournalRecord {
             self.upstream_ms = Some(ms);
         }
         self.attempts += u64::from(event.attempt);
-        if let Some(trace) = &event.trace_id {
-            if event.upstream.is_some() || self.trace_id.is_none() {
-                self.trace_id = Some(trace.to_string());
-            }
+        if let Some(trace) = &event.trace_id
+            && (event.upstream.is_some() || self.trace_id.is_none())
+        {
+            self.trace_id = Some(trace.to_string());
         }
         let stored = event.status.is_some_and(|s| (200..300).contains(&s));
         self.completed += u64::from(!event.attempt && event.outcome == "executed" && stored);

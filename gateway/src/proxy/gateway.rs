@@ -319,10 +319,10 @@ impl<S: Store> Gateway<S> {
         on: Option<(&str, &Route<S>)>,
     ) -> Option<GatewayResponse> {
         let path = req.uri().path();
-        if let Some((prefix, route)) = on.filter(|(_, route)| route.verified) {
-            if !path::decoded(path).is_ascii() {
-                return Some(refuse_path(prefix, route, path, Unsafe::NotAscii));
-            }
+        if let Some((prefix, route)) = on.filter(|(_, route)| route.verified)
+            && !path::decoded(path).is_ascii()
+        {
+            return Some(refuse_path(prefix, route, path, Unsafe::NotAscii));
         }
         for reading in path::variants(path::lenient(path)) {
             let Some((prefix, route, _)) = self.shared.routes.find_entry(&reading) else {
@@ -524,10 +524,10 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
-        if this.shared.accepts_traceparent() {
-            if let Some(client) = super::trace::client_context(req.headers()) {
-                return Box::pin(in_client_trace(client, move || catch_gateway(this, req)));
-            }
+        if this.shared.accepts_traceparent()
+            && let Some(client) = super::trace::client_context(req.headers())
+        {
+            return Box::pin(in_client_trace(client, move || catch_gateway(this, req)));
         }
         // A panic anywhere below answers 500 instead of resetting the
         // connection (the preset's own stack counts it under its name).

@@ -91,10 +91,8 @@ pub(crate) fn strip_request(headers: &mut HeaderMap) {
     for name in other {
         headers.remove(name);
     }
-    if client_key {
-        if let Some(client) = headers.remove(KEY_NAME) {
-            headers.insert(CLIENT_KEY_NAME, client);
-        }
+    if client_key && let Some(client) = headers.remove(KEY_NAME) {
+        headers.insert(CLIENT_KEY_NAME, client);
     }
     if trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));

@@ -140,10 +140,10 @@ pub(crate) fn variants(reading: String) -> Vec<String> {
     let mut all = vec![reading];
     all.extend(folded);
     for at in 0..all.len() {
-        if let Some(cut) = without_suffix(&all[at]).map(str::to_owned) {
-            if !all.contains(&cut) {
-                all.push(cut);
-            }
+        if let Some(cut) = without_suffix(&all[at]).map(str::to_owned)
+            && !all.contains(&cut)
+        {
+            all.push(cut);
         }
     }
     all
@@ -194,12 +194,12 @@ fn decode_all(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
-                out.push(h * 16 + l);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2)))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;

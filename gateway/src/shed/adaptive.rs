@@ -189,12 +189,12 @@ impl AimdLimit {
                 "tolerance {t}: expected a number from 1 to {MAX_TOLERANCE}"
             ));
         }
-        if let Some(t) = self.threshold {
-            if t.is_zero() || t > MAX_THRESHOLD {
-                return bad(format!(
-                    "latency threshold {t:?}: expected more than zero and at most a day"
-                ));
-            }
+        if let Some(t) = self.threshold
+            && (t.is_zero() || t > MAX_THRESHOLD)
+        {
+            return bad(format!(
+                "latency threshold {t:?}: expected more than zero and at most a day"
+            ));
         }
         if !(0.5..1.0).contains(&self.backoff) {
             return bad(format!(

@@ -282,12 +282,12 @@ where
                     let res = match fut.poll(cx) {
                         Poll::Ready(res) => res,
                         Poll::Pending => {
-                            if let Some(timer) = slow {
-                                if timer.as_mut().poll(cx).is_ready() {
-                                    *slow = None;
-                                    if let Some(slot) = slot {
-                                        slot.slow();
-                                    }
+                            if let Some(timer) = slow
+                                && timer.as_mut().poll(cx).is_ready()
+                            {
+                                *slow = None;
+                                if let Some(slot) = slot {
+                                    slot.slow();
                                 }
                             }
                             return Poll::Pending;

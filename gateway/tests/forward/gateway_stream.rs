@@ -60,14 +60,13 @@ async fn a_200_mib_upload_to_an_unrouted_path_streams() {
         let (peak, done, pid) = (peak.clone(), done.clone(), gw.child.id());
         std::thread::spawn(move || {
             while !done.load(Ordering::SeqCst) {
-                if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                    if let Some(kib) = status
+                if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    && let Some(kib) = status
                         .lines()
                         .find_map(|l| l.strip_prefix("VmRSS:"))
                         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                    {
-                        peak.fetch_max(kib, Ordering::SeqCst);
-                    }
+                {
+                    peak.fetch_max(kib, Ordering::SeqCst);
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -70,14 +70,14 @@ fn a_panic_below_the_gateway_answers_500_and_is_counted_as_panicked() {
             .labels()
             .map(|l| (l.key().to_owned(), l.value().to_owned()))
             .collect();
-        if let ("idempotency_requests_total", DebugValue::Counter(n)) = (key.name(), value) {
-            if labels.contains(&("outcome".into(), "panicked".into())) {
-                assert!(
-                    labels.contains(&("preset".into(), "stripe".into())),
-                    "{labels:?}"
-                );
-                panicked += n;
-            }
+        if let ("idempotency_requests_total", DebugValue::Counter(n)) = (key.name(), value)
+            && labels.contains(&("outcome".into(), "panicked".into()))
+        {
+            assert!(
+                labels.contains(&("preset".into(), "stripe".into())),
+                "{labels:?}"
+            );
+            panicked += n;
         }
     }
     assert_eq!(panicked, 1, "counted once as outcome=\"panicked\"");

@@ -139,10 +139,10 @@ impl<S: Store> AmqpQueue<S> {
         {
             return Ok(link.clone());
         }
-        if let Some((at, why)) = &slot.failed {
-            if at.elapsed() < RECONNECT_PAUSE {
-                return Err(err(format_args!("not connected: {why}")));
-            }
+        if let Some((at, why)) = &slot.failed
+            && at.elapsed() < RECONNECT_PAUSE
+        {
+            return Err(err(format_args!("not connected: {why}")));
         }
         if let Some(old) = slot.link.take() {
             // Closed aside: a connection that stopped answering is dropped

@@ -91,15 +91,16 @@ impl<S: Store> AmqpQueue<S> {
                     .await?
                     .message_count();
                 feed.drain()?;
-                if feed.pending.is_empty() && ready > 0 {
-                    if let Ok(got) = tokio::time::timeout(PUSH_WAIT, feed.consumer.next()).await {
-                        match got {
-                            Some(Ok(d)) => feed.pending.push_back((d, Instant::now())),
-                            Some(Err(e)) => return Err(err(e)),
-                            None => return Err(err("the broker cancelled the consumer")),
-                        }
-                        feed.drain()?;
+                if feed.pending.is_empty()
+                    && ready > 0
+                    && let Ok(got) = tokio::time::timeout(PUSH_WAIT, feed.consumer.next()).await
+                {
+                    match got {
+                        Some(Ok(d)) => feed.pending.push_back((d, Instant::now())),
+                        Some(Err(e)) => return Err(err(e)),
+                        None => return Err(err("the broker cancelled the consumer")),
                     }
+                    feed.drain()?;
                 }
             }
             let n = max.max(1).min(feed.pending.len());

@@ -379,10 +379,10 @@ where
     }
     // A couple of frames in transit: the caller's pace is the handler's.
     let (tx, rx) = mpsc::channel(2);
-    if let Some(head) = link.head.take() {
-        if head.send(Head::Streamed(parts, rx, hint)).is_ok() {
-            link.body = Some(tx);
-        }
+    if let Some(head) = link.head.take()
+        && head.send(Head::Streamed(parts, rx, hint)).is_ok()
+    {
+        link.body = Some(tx);
     }
     if !early.is_empty() {
         link.send(Piece::Frame(Frame::data(early.into_bytes())), clock)

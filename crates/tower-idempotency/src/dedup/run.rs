@@ -326,10 +326,10 @@ struct Detachable {
 impl Detachable {
     /// Polls the work, if it is still here and not finished.
     fn poll_inline(&mut self, cx: &mut std::task::Context<'_>) {
-        if let Some(work) = &mut self.work {
-            if work.as_mut().poll(cx).is_ready() {
-                self.work = None;
-            }
+        if let Some(work) = &mut self.work
+            && work.as_mut().poll(cx).is_ready()
+        {
+            self.work = None;
         }
     }
 

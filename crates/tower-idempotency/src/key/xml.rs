@@ -110,10 +110,10 @@ pub fn flat_fields(body: &[u8]) -> Result<Vec<(String, String)>, Cow<'static, st
                 _ => return Err(Cow::Borrowed("XML CDATA outside the fields")),
             },
             Event::End(_) => {
-                if depth == 2 {
-                    if let Some((name, value)) = current.take() {
-                        push(&mut out, name, value)?;
-                    }
+                if depth == 2
+                    && let Some((name, value)) = current.take()
+                {
+                    push(&mut out, name, value)?;
                 }
                 depth = depth.saturating_sub(1);
             }

@@ -152,10 +152,10 @@ impl Reply {
 
     /// Rewrites one response into the channel's form.
     pub fn apply<B: From<Bytes>>(&self, res: Response<B>) -> Response<B> {
-        if let Some(header) = self.problems {
-            if res.extensions().get::<Rejection>().is_some() {
-                return problem::rewrite(res, header);
-            }
+        if let Some(header) = self.problems
+            && res.extensions().get::<Rejection>().is_some()
+        {
+            return problem::rewrite(res, header);
         }
         let success = res.status().is_success();
         let fixed = if success {

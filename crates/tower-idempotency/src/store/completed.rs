@@ -224,10 +224,11 @@ impl Completed {
                 .expect("moved to the back above")
                 .0
                 .record();
-            if let Some((hot, record)) = &shard.hot {
-                if hot.as_ptr() == buf.as_ptr() && hot.len() == buf.len() {
-                    return Some(record.clone());
-                }
+            if let Some((hot, record)) = &shard.hot
+                && hot.as_ptr() == buf.as_ptr()
+                && hot.len() == buf.len()
+            {
+                return Some(record.clone());
             }
             buf
         };

@@ -143,11 +143,11 @@ where
     /// and must not block.
     pub fn watch(&self, key: K, owner: O, start: impl FnOnce(&Poller<K, O>)) -> Watch {
         let mut map = lock(&self.map);
-        if let Some(poller) = map.get(&key) {
-            if poller.0.owner == owner {
-                *lock(&poller.0.last_subscribed) = Instant::now();
-                return poller.0.sender.subscribe();
-            }
+        if let Some(poller) = map.get(&key)
+            && poller.0.owner == owner
+        {
+            *lock(&poller.0.last_subscribed) = Instant::now();
+            return poller.0.sender.subscribe();
         }
         let poller = Poller(Arc::new(Inner {
             key: key.clone(),

@@ -100,13 +100,12 @@ impl Verifier for PayPalKeys {
         let id = header(parts, "paypal-transmission-id")?;
         let time = header(parts, "paypal-transmission-time")?;
         let sig = header(parts, "paypal-transmission-sig")?;
-        if let Ok(algo) = header(parts, "paypal-auth-algo") {
-            if !algo.eq_ignore_ascii_case("SHA256withRSA") {
+        if let Ok(algo) = header(parts, "paypal-auth-algo")
+            && !algo.eq_ignore_ascii_case("SHA256withRSA") {
                 return Err(VerifyError::Malformed(Cow::Borrowed(
                     "PAYPAL-AUTH-ALGO (only SHA256withRSA is accepted)",
                 )));
             }
-        }
         let at = humantime::parse_rfc3339_weak(time.trim())
             .map_err(|_| VerifyError::Malformed(Cow::Borrowed("PAYPAL-TRANSMISSION-TIME")))?;
         check_time(at, now, self.tolerance)?;

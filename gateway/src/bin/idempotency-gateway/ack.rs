@@ -197,10 +197,10 @@ impl QueueSettings {
         if acked {
             return self.open(store).await.map(Some);
         }
-        if let QueueSpec::Dir(dir) = &self.spec {
-            if !dir.join("queue.redb").exists() {
-                return Ok(None);
-            }
+        if let QueueSpec::Dir(dir) = &self.spec
+            && !dir.join("queue.redb").exists()
+        {
+            return Ok(None);
         }
         let queue = match self.open(store).await {
             Ok(queue) => queue,

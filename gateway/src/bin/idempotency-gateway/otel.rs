@@ -362,10 +362,10 @@ pub fn trace_id(span: &tracing::Span) -> Option<String> {
 /// when spans are exported, else the one its ingest stored in the entry's
 /// `traceparent` (`00-TRACE_ID-PARENT_ID-FLAGS`).
 pub fn delivery_trace_id(headers: &http::HeaderMap) -> Option<String> {
-    if exporting() {
-        if let Some(id) = trace_id(&tracing::Span::current()) {
-            return Some(id);
-        }
+    if exporting()
+        && let Some(id) = trace_id(&tracing::Span::current())
+    {
+        return Some(id);
     }
     let value = headers.get("traceparent")?.to_str().ok()?;
     let mut parts = value.split('-');

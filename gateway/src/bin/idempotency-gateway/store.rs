@@ -403,10 +403,10 @@ fn secrets(url: &str) -> Vec<&str> {
     if let Some((_, query)) = rest.split_once('?') {
         let query = query.split('#').next().unwrap_or_default();
         for pair in query.split('&') {
-            if let Some((name, value)) = pair.split_once('=') {
-                if is_secret(name) {
-                    found.push(value);
-                }
+            if let Some((name, value)) = pair.split_once('=')
+                && is_secret(name)
+            {
+                found.push(value);
             }
         }
     }
