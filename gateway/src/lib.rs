@@ -24,12 +24,7 @@
 //! The layers themselves (keys, dedup, verification, the stores) are the
 //! [`tower_idempotency`] crate's.
 #![forbid(unsafe_code)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod config;
 pub mod journal;

@@ -4,6 +4,9 @@
 //! signed vectors, the channel scenarios, and a store that injects faults.
 //! Not published.
 
+// Test helpers: a `Debug` for each would be code nobody reads.
+#![allow(missing_debug_implementations)]
+
 pub mod common;
 pub mod support_nats;
 pub mod support_rabbitmq;

@@ -61,14 +61,9 @@
 //! | `metrics` | the queue's `idempotency_queue_*` series through the `metrics` facade |
 //! | `tracing` | warnings and a `deliver` span per queued delivery (target `tower_idempotency`), carrying the route, the key's hash and the attempt |
 //! | `otel` | with `tracing`, each delivery's span linked to the span that queued it (its stored `traceparent`) |
-#![forbid(unsafe_code)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
 #[cfg(feature = "amqp")]
 mod amqp;

@@ -24,14 +24,9 @@
 //! | repeat of a completed record | 0 commands when this instance holds it in its local tier, else 1 `EVALSHA` |
 //! | duplicate of a running request | 1 `EVALSHA` to claim, 1 more each time the record changes; plus, per instance and key (not per waiter), 1 `GETRANGE` per poll interval while anyone waits |
 
-#![forbid(unsafe_code)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod epoch;
 mod ops;

@@ -29,14 +29,9 @@
 // Without a database there is nothing to build a store on: the crate is
 // empty.
 #![cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-#![forbid(unsafe_code)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
 /// The assignments that turn a row into a [`RELEASED`] one, up to
 /// `expires_at = ` (the dialect's clock follows).

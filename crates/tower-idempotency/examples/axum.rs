@@ -34,7 +34,7 @@ use tower_idempotency::verify::{DecryptedResource, VerifyLayer, WechatPayV3Keys}
 use tower_idempotency::{IdempotencyLayer, Preset};
 
 /// The business side: orders and how often the "after pay" side effects ran.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Shop {
     paid: Arc<Mutex<HashMap<String, u32>>>,
     orders: Arc<Mutex<Vec<serde_json::Value>>>,

@@ -128,14 +128,9 @@
     not(feature = "otel"),
     doc = "\n\n[`trace`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/trace/index.html"
 )]
-#![forbid(unsafe_code)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod body;
 pub mod channel;

@@ -298,7 +298,7 @@ fn wechatpay_v3_verify_table_is_checked_at_check_config() {
     // Each bad table exits 2 naming the config file's line 6 (the route's
     // `verify`) and the reason.
     let bad_pem: &[u8] = b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n";
-    let cases: [BadCase; 6] = [
+    let cases: [BadCase<'_>; 6] = [
         (
             "a platform key file that is no certificate",
             wechat_routes(""),

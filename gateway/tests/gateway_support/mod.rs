@@ -122,6 +122,7 @@ impl Proc {
     pub fn signal(&self, sig: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child.id()).unwrap();
         // SAFETY: kill(2) with a pid this test spawned and still owns.
+        #[allow(unsafe_code)]
         let rc = unsafe { libc::kill(pid, sig) };
         assert_eq!(rc, 0, "kill({pid}, {sig})");
     }

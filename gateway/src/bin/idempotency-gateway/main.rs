@@ -58,6 +58,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE takes no pointers; it only sets a flag.
+    #[allow(unsafe_code)]
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
