@@ -67,7 +67,6 @@ pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
         return Err(Unsafe::Separator);
     }
     if path.contains('%') {
-        let hex = |c: u8| (c as char).to_digit(16);
         let bytes = path.as_bytes();
         let mut decoded = Vec::with_capacity(bytes.len());
         let mut i = 0;
@@ -77,13 +76,10 @@ pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
                 i += 1;
                 continue;
             }
-            let (Some(h), Some(l)) = (
-                bytes.get(i + 1).and_then(|c| hex(*c)),
-                bytes.get(i + 2).and_then(|c| hex(*c)),
-            ) else {
+            let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) else {
                 return Err(Unsafe::BadEscape);
             };
-            let b = (h * 16 + l) as u8;
+            let b = h * 16 + l;
             match b {
                 b'/' | b'\\' => return Err(Unsafe::Separator),
                 0..=0x1f | 0x7f => return Err(Unsafe::Control),
@@ -191,23 +187,14 @@ pub(crate) fn has_other_readings(path: &str) -> bool {
 /// Every `%XX` escape in `bytes` decoded; anything else (a `%` that is not
 /// an escape included) kept as it is.
 fn decode_all(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
-                out.push(h * 16 + l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
+    percent_encoding::percent_decode(bytes).collect()
 }
 
-/// The value of a hex digit.
+/// The value of a hex digit: for the readers of escapes that the
+/// `percent-encoding` crate cannot be (it decodes, it does not tell a `%`
+/// that starts no escape from one that does, nor where in the raw path a
+/// decoded prefix ends): [`strict`]'s check and the route table's prefix
+/// match.
 pub(crate) fn hex(c: Option<&u8>) -> Option<u8> {
     match c? {
         c @ b'0'..=b'9' => Some(c - b'0'),
@@ -223,10 +210,7 @@ pub(crate) fn hex(c: Option<&u8>) -> Option<u8> {
 /// gateway has refused such paths before). Borrowed when `path` has no
 /// escape.
 pub(crate) fn decoded(path: &str) -> Cow<'_, str> {
-    if !path.contains('%') {
-        return Cow::Borrowed(path);
-    }
-    Cow::Owned(String::from_utf8_lossy(&decode_all(path.as_bytes())).into_owned())
+    percent_encoding::percent_decode_str(path).decode_utf8_lossy()
 }
 
 #[cfg(test)]

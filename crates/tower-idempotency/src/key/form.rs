@@ -120,31 +120,19 @@ pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'stat
 }
 
 /// `application/x-www-form-urlencoded` byte decoding: `+` is a space, `%XX`
-/// a byte; a `%` not followed by two hex digits stays as it is.
+/// a byte; a `%` not followed by two hex digits stays as it is (the
+/// `percent-encoding` crate's decoding, as `form_urlencoded` does it: `+`
+/// replaced first, so that an escaped `%2B` stays a `+`). Borrowed when
+/// nothing is decoded.
 fn percent_decode(raw: &[u8]) -> Cow<'_, [u8]> {
-    if !raw.iter().any(|&b| b == b'+' || b == b'%') {
-        return Cow::Borrowed(raw);
+    if !raw.contains(&b'+') {
+        return percent_encoding::percent_decode(raw).into();
     }
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        match raw[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < raw.len() => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (hex(raw[i + 1]), hex(raw[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    Cow::Owned(out)
+    let spaced: Vec<u8> = raw
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
+    Cow::Owned(percent_encoding::percent_decode(&spaced).collect())
 }
 
 /// `application/x-www-form-urlencoded` decoding to UTF-8 text (lossy).
