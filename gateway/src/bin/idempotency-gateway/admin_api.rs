@@ -19,7 +19,7 @@ use axum::Router;
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use idempotency_gateway::journal::{
-    Journal, JournalCursor, JournalEvent, JournalFilter, JournalRecord,
+    Journal, JournalCursor, JournalEvent, JournalFilter, JournalOutcome, JournalRecord,
 };
 use idempotency_gateway::proxy::queued_keys;
 use serde_json::{json, Value};
@@ -411,7 +411,7 @@ impl Admin {
             info!(key = %redact(key), by = who, "admin: record forgotten; the next copy runs again");
             if let Some(journal) = self.journal.get() {
                 let note = format!("forgotten by {who} at {at}");
-                let event = JournalEvent::new(key, "", "", "forgotten").note(note);
+                let event = JournalEvent::new(key, "", "", JournalOutcome::Forgotten).note(note);
                 journal.record(event);
                 journal.flush().await;
             }
