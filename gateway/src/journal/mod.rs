@@ -46,7 +46,7 @@ mod reopen;
 mod sql;
 
 pub use self::bill::{parse_alipay_bill, parse_wechatpay_bill, Bill, BillError, BillLine};
-pub use self::business::{format_yuan, parse_yuan, Business};
+pub use self::business::{format_yuan, Business};
 pub use self::page::{JournalCursor, JournalFilter, JournalPage};
 pub use self::reconcile::{
     channel_presets, reconcile, BillChannel, Finding, FindingKind, UnknownChannel,
@@ -63,7 +63,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 
 /// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

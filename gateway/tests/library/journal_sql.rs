@@ -145,7 +145,7 @@ async fn retention_is_pruned_in_batches() {
         .retention(Duration::from_secs(3600))
         .prune_every(Duration::from_millis(100));
     let journal = open(&file.url(), options).await;
-    let old = idempotency_gateway::journal::now_ms() - 2 * 3600 * 1000;
+    let old = now_ms() - 2 * 3600 * 1000;
     for n in 0..2500 {
         let key = format!("old-{n}");
         journal.record(JournalEvent::new(key, "stripe", "/r", Outcome::Executed).at_ms(old));
@@ -212,7 +212,7 @@ async fn a_batch_that_cannot_be_written_is_counted() {
 async fn pages_hold_every_record_once() {
     let file = support_sql::SqliteFile::new();
     let journal = open(&file.url(), JournalOptions::new()).await;
-    let t0 = idempotency_gateway::journal::now_ms() - 10_000;
+    let t0 = now_ms() - 10_000;
     for n in 0..25_u64 {
         // Three records share each millisecond: the cursor breaks ties by key.
         let event = JournalEvent::new(format!("k{n:02}"), "stripe", "/r", Outcome::Executed);
@@ -243,4 +243,10 @@ async fn pages_hold_every_record_once() {
         .await
         .unwrap();
     assert!(page.records.is_empty() && page.next.is_some());
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    let since = std::time::UNIX_EPOCH.elapsed().unwrap();
+    u64::try_from(since.as_millis()).unwrap()
 }
