@@ -49,6 +49,9 @@ fn is_unreserved(b: u8) -> bool {
 
 /// Decodes `%XX` escapes of unreserved characters; keeps (upper-cased) the
 /// others, so that `a%2Fb` stays one segment distinct from `a/b`.
+///
+/// Hand-written: the `percent-encoding` crate decodes every escape, and has
+/// no way to decode some and re-spell the others.
 fn decode_unreserved(segment: &str) -> String {
     let bytes = segment.as_bytes();
     let mut out = String::with_capacity(segment.len());

@@ -73,9 +73,10 @@ struct Columns {
 }
 
 impl Columns {
-    fn new(header: &str) -> Self {
-        let names = split_plain(header)
-            .into_iter()
+    fn new(csv: &mut Csv, header: &str) -> Self {
+        let names = csv
+            .fields(header)
+            .iter()
             .map(|n| n.trim().trim_start_matches('`').to_owned())
             .collect();
         Self { names }
@@ -94,29 +95,50 @@ impl Columns {
     }
 }
 
-/// A CSV line split at commas, double-quoted fields unquoted.
-fn split_plain(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut field = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            '"' if field.trim().is_empty() && !quoted => {
-                field.clear();
-                quoted = true;
-            }
-            '"' if quoted => quoted = false,
-            ',' if !quoted => out.push(std::mem::take(&mut field)),
-            c => field.push(c),
+/// Reads the fields of one line of a bill with the `csv` crate (RFC 4180:
+/// a field in double quotes may hold commas, `""` in it is a quote).
+///
+/// A line at a time, not the file as one CSV: the bills' comment, header
+/// and summary lines are no CSV rows (a quote in a comment would run on
+/// into the rows), a row is reported by its line in the file (a record's
+/// position from the csv crate is where its read began, before the blank
+/// lines it skipped), and a row ends at its line's end.
+struct Csv {
+    builder: csv::ReaderBuilder,
+    record: csv::StringRecord,
+}
+
+impl Csv {
+    fn new() -> Self {
+        let mut builder = csv::ReaderBuilder::new();
+        builder
+            .has_headers(false)
+            .flexible(true)
+            // Only `\n` ends a record, and a line has none: a stray `\r` is
+            // a field's (white space, trimmed), as it always was.
+            .terminator(csv::Terminator::Any(b'\n'));
+        Self {
+            builder,
+            record: csv::StringRecord::new(),
         }
     }
-    out.push(field);
-    out
+
+    /// The fields of `line` (one empty field for an empty line).
+    fn fields(&mut self, line: &str) -> &csv::StringRecord {
+        let mut reader = self
+            .builder
+            .buffer_capacity(line.len().max(1))
+            .from_reader(line.as_bytes());
+        // From a `&str` nothing fails (no I/O, and fields cut at ASCII
+        // commas and quotes are UTF-8): a failure reads as no fields.
+        if !matches!(reader.read_record(&mut self.record), Ok(true)) {
+            self.record.clear();
+        }
+        if self.record.is_empty() {
+            self.record.push_field("");
+        }
+        &self.record
+    }
 }
 
 fn amount(line: usize, column: &str, raw: &str) -> Result<i64, BillError> {
@@ -140,7 +162,7 @@ pub fn parse_wechatpay_bill(bytes: &[u8]) -> Result<Bill, BillError> {
     let Some((at, header)) = lines.by_ref().find(|(_, l)| !l.trim().is_empty()) else {
         return Err(fail(0, "the bill is empty"));
     };
-    let columns = Columns::new(header);
+    let columns = Columns::new(&mut Csv::new(), header);
     let id = columns.need(at, &["微信订单号"])?;
     let order = columns.need(at, &["商户订单号"])?;
     let state = columns.need(at, &["交易状态"])?;
@@ -159,6 +181,10 @@ pub fn parse_wechatpay_bill(bytes: &[u8]) -> Result<Bill, BillError> {
         let Some(row) = line.strip_prefix('`') else {
             return Err(fail(n, "a trade row's fields start with a backtick (`)"));
         };
+        // Split by hand, not by the csv crate: WeChat Pay quotes nothing,
+        // and the separator is the two bytes ",`" (every field starts with
+        // a backtick), so that a comma in a product's name (商品名称) stays
+        // in its field; a delimiter of one byte would split it.
         let fields: Vec<&str> = row.split(",`").map(str::trim).collect();
         if fields.len() != columns.names.len() {
             return Err(fail(
@@ -211,7 +237,8 @@ pub fn parse_alipay_bill(bytes: &[u8]) -> Result<Bill, BillError> {
             "no header line: the bill is empty or not an Alipay bill",
         ));
     };
-    let columns = Columns::new(header);
+    let mut csv = Csv::new();
+    let columns = Columns::new(&mut csv, header);
     if columns.find(&["支付宝交易号"]).is_none() && columns.find(&["账务流水号"]).is_some()
     {
         return Err(fail(
@@ -235,7 +262,7 @@ pub fn parse_alipay_bill(bytes: &[u8]) -> Result<Bill, BillError> {
         if line.trim().is_empty() {
             continue;
         }
-        let fields = split_plain(line);
+        let fields = csv.fields(line);
         if fields.len() < columns.names.len() {
             return Err(fail(
                 n,
@@ -246,7 +273,7 @@ pub fn parse_alipay_bill(bytes: &[u8]) -> Result<Bill, BillError> {
                 ),
             ));
         }
-        let field = |i: usize| fields[i].trim();
+        let field = |i: usize| fields.get(i).unwrap_or_default().trim();
         if field(kind) != "交易" {
             bill.skipped += 1;
             continue;

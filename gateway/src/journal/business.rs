@@ -128,16 +128,7 @@ fn wechatpay_v3(plain: &[u8]) -> Option<Business> {
 
 /// An amount in yuan (`12`, `0.10`, `-35.8`) in fen, exactly: at most two
 /// decimals, no exponent, no float on the way; `None` for anything else.
-///
-/// ```
-/// use idempotency_gateway::journal::parse_yuan;
-/// assert_eq!(parse_yuan("0.10"), Some(10));
-/// assert_eq!(parse_yuan("1299.02"), Some(129_902));
-/// assert_eq!(parse_yuan("-35.8"), Some(-3580));
-/// assert_eq!(parse_yuan("0.001"), None);
-/// assert_eq!(parse_yuan("1e3"), None);
-/// ```
-pub fn parse_yuan(s: &str) -> Option<i64> {
+pub(crate) fn parse_yuan(s: &str) -> Option<i64> {
     let s = s.trim();
     let (negative, s) = match s.strip_prefix('-') {
         Some(rest) => (true, rest),
@@ -221,6 +212,15 @@ mod tests {
         assert_eq!(Business::read("wechatpay-v3", &captured("{}")), None);
         assert_eq!(Business::read("stripe", &captured("{}")), None);
         assert_eq!(Business::read("wechatpay-v2", &captured("<xml>")), None);
+    }
+
+    #[test]
+    fn yuan_reads_exactly() {
+        assert_eq!(parse_yuan("0.10"), Some(10));
+        assert_eq!(parse_yuan("1299.02"), Some(129_902));
+        assert_eq!(parse_yuan("-35.8"), Some(-3580));
+        assert_eq!(parse_yuan("0.001"), None);
+        assert_eq!(parse_yuan("1e3"), None);
     }
 
     #[test]

@@ -389,7 +389,12 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     fn event(key: &str) -> JournalEvent {
-        JournalEvent::new(key.to_owned(), "stripe", "/r", "executed")
+        JournalEvent::new(
+            key.to_owned(),
+            "stripe",
+            "/r",
+            tower_idempotency::Outcome::Executed,
+        )
     }
 
     /// A full disk: redb refuses the write, then every later one ("Previous

@@ -15,13 +15,14 @@
 //! ```
 //! use std::time::Duration;
 //! use idempotency_gateway::journal::{Journal, JournalEvent, JournalFilter, JournalOptions};
+//! use tower_idempotency::Outcome;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let dir = std::env::temp_dir().join(format!("journal-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).unwrap();
 //! let (journal, writer) = Journal::open(dir.join("journal.redb"), JournalOptions::new()).unwrap();
 //! let writer = tokio::spawn(writer);
-//! for outcome in ["executed", "replayed", "replayed"] {
+//! for outcome in [Outcome::Executed, Outcome::Replayed, Outcome::Replayed] {
 //!     journal.record(JournalEvent::new("idem:stripe:/notify:evt_1", "stripe", "/notify", outcome));
 //! }
 //! journal.flush().await;
@@ -45,9 +46,11 @@ mod reopen;
 mod sql;
 
 pub use self::bill::{parse_alipay_bill, parse_wechatpay_bill, Bill, BillError, BillLine};
-pub use self::business::{format_yuan, parse_yuan, Business};
+pub use self::business::{format_yuan, Business};
 pub use self::page::{JournalCursor, JournalFilter, JournalPage};
-pub use self::reconcile::{channel_presets, reconcile, Finding, FindingKind};
+pub use self::reconcile::{
+    channel_presets, reconcile, BillChannel, Finding, FindingKind, UnknownChannel,
+};
 pub use self::record::JournalRecord;
 
 use self::db::Db;
@@ -60,10 +63,63 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 
 /// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What one event of a key got, as the journal counts it: a copy at the
+/// idempotency layers, a delivery attempt from the queue, or an operator's
+/// action.
+///
+/// ```
+/// use idempotency_gateway::journal::JournalOutcome;
+/// use tower_idempotency::Outcome;
+///
+/// assert_eq!(JournalOutcome::from(Outcome::Replayed).as_str(), "replayed");
+/// assert_eq!(JournalOutcome::DeliveryFailed.to_string(), "delivery_failed");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum JournalOutcome {
+    /// A copy the channel sent, and what the idempotency layers did with it.
+    Layer(tower_idempotency::Outcome),
+    /// A delivery attempt from the queue reached the upstream, which
+    /// accepted it (acknowledge-then-deliver routes).
+    Delivered,
+    /// A delivery attempt from the queue failed.
+    DeliveryFailed,
+    /// An operator forgot the key (it runs again on its next copy).
+    Forgotten,
+}
+
+impl JournalOutcome {
+    /// The outcome as records count it (their `outcomes`) and filters
+    /// select it ([`JournalFilter::outcome`]): a layer's outcome as
+    /// [`Outcome::as_str`](tower_idempotency::Outcome::as_str) writes it
+    /// (`executed`, `replayed`, ...), else `delivered`, `delivery_failed`
+    /// or `forgotten`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Layer(outcome) => outcome.as_str(),
+            Self::Delivered => "delivered",
+            Self::DeliveryFailed => "delivery_failed",
+            Self::Forgotten => "forgotten",
+        }
+    }
+}
+
+impl From<tower_idempotency::Outcome> for JournalOutcome {
+    fn from(outcome: tower_idempotency::Outcome) -> Self {
+        Self::Layer(outcome)
+    }
+}
+
+impl fmt::Display for JournalOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One copy of a notification, as the journal takes it.
@@ -72,7 +128,7 @@ pub struct JournalEvent {
     key: Arc<str>,
     preset: Arc<str>,
     route: Arc<str>,
-    outcome: &'static str,
+    outcome: JournalOutcome,
     at_ms: u64,
     status: Option<u16>,
     upstream: Option<(u16, u64)>,
@@ -88,18 +144,19 @@ pub struct JournalEvent {
 
 impl JournalEvent {
     /// A copy of the notification stored as `key`, guarded by `preset` on
-    /// `route`, that got `outcome` (an [`Outcome`](tower_idempotency::Outcome)'s label), now.
+    /// `route`, that got `outcome` (an [`Outcome`](tower_idempotency::Outcome)
+    /// at the layers, or another [`JournalOutcome`]), now.
     pub fn new(
         key: impl Into<Arc<str>>,
         preset: impl Into<Arc<str>>,
         route: impl Into<Arc<str>>,
-        outcome: &'static str,
+        outcome: impl Into<JournalOutcome>,
     ) -> Self {
         Self {
             key: key.into(),
             preset: preset.into(),
             route: route.into(),
-            outcome,
+            outcome: outcome.into(),
             at_ms: now_ms(),
             status: None,
             upstream: None,
@@ -524,6 +581,31 @@ impl Journal {
             Backend::Redb(db) => db.query(filter),
             Backend::Sql(db) => db.query(filter).await,
             Backend::Redis(db) => db.query(filter).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JournalOutcome;
+    use tower_idempotency::Outcome;
+
+    /// The words records count outcomes by: written to journals, read back
+    /// by the admin API and by reconciliation, so they never change.
+    #[test]
+    fn outcomes_keep_their_words() {
+        for (outcome, word) in [
+            (JournalOutcome::Layer(Outcome::Executed), "executed"),
+            (
+                JournalOutcome::Layer(Outcome::ReplyDeadline),
+                "reply_deadline",
+            ),
+            (JournalOutcome::Delivered, "delivered"),
+            (JournalOutcome::DeliveryFailed, "delivery_failed"),
+            (JournalOutcome::Forgotten, "forgotten"),
+        ] {
+            assert_eq!(outcome.as_str(), word);
+            assert_eq!(outcome.to_string(), word);
         }
     }
 }

@@ -1,9 +1,12 @@
 //! Reconciliation: a channel's bill against the journal.
 
 use super::bill::{Bill, BillLine};
-use super::JournalRecord;
+use super::{JournalOutcome, JournalRecord};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::str::FromStr;
+use tower_idempotency::Outcome;
 
 /// What is wrong with one transaction of the bill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -57,13 +60,83 @@ pub struct Finding {
     pub routes: Vec<String>,
 }
 
-/// The presets whose notifications a bill of `channel` (`wechatpay` or
-/// `alipay`) accounts for.
-pub fn channel_presets(channel: &str) -> &'static [&'static str] {
+/// A channel whose trade bill is reconciled with the journal.
+///
+/// Parsed from its name (`wechatpay`, `alipay`) once, where a program reads
+/// it:
+///
+/// ```
+/// use idempotency_gateway::journal::{channel_presets, BillChannel};
+///
+/// let channel: BillChannel = "wechatpay".parse().unwrap();
+/// assert_eq!(channel, BillChannel::Wechatpay);
+/// assert_eq!(channel_presets(channel), ["wechatpay-v2", "wechatpay-v3"]);
+/// let unknown = "paypal".parse::<BillChannel>().unwrap_err();
+/// assert_eq!(
+///     unknown.to_string(),
+///     "unknown channel `paypal`: bills are read for wechatpay and alipay"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BillChannel {
+    /// WeChat Pay: its trade bill (交易账单, [`parse_wechatpay_bill`](super::parse_wechatpay_bill)),
+    /// for the `wechatpay-v2` and `wechatpay-v3` presets.
+    Wechatpay,
+    /// Alipay: its business detail (业务明细, [`parse_alipay_bill`](super::parse_alipay_bill)),
+    /// for the `alipay` preset.
+    Alipay,
+}
+
+impl BillChannel {
+    /// Its name: `wechatpay` or `alipay`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Wechatpay => "wechatpay",
+            Self::Alipay => "alipay",
+        }
+    }
+}
+
+impl fmt::Display for BillChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for BillChannel {
+    type Err = UnknownChannel;
+
+    fn from_str(name: &str) -> Result<Self, UnknownChannel> {
+        match name {
+            "wechatpay" => Ok(Self::Wechatpay),
+            "alipay" => Ok(Self::Alipay),
+            _ => Err(UnknownChannel(name.into())),
+        }
+    }
+}
+
+/// A name that is no [`BillChannel`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownChannel(Box<str>);
+
+impl fmt::Display for UnknownChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown channel `{}`: bills are read for wechatpay and alipay",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownChannel {}
+
+/// The presets whose notifications a bill of `channel` accounts for.
+pub fn channel_presets(channel: BillChannel) -> &'static [&'static str] {
     match channel {
-        "wechatpay" => &["wechatpay-v2", "wechatpay-v3"],
-        "alipay" => &["alipay"],
-        _ => &[],
+        BillChannel::Wechatpay => &["wechatpay-v2", "wechatpay-v3"],
+        BillChannel::Alipay => &["alipay"],
     }
 }
 
@@ -118,20 +191,22 @@ pub fn reconcile(bill: &Bill, records: &[JournalRecord], presets: &[&str]) -> Ve
 
 /// How many times the notification of `r` ran.
 fn runs(r: &JournalRecord) -> usize {
-    let count = |outcome: &str| r.outcomes.get(outcome).copied().unwrap_or(0);
+    let count = |outcome: JournalOutcome| r.outcomes.get(outcome.as_str()).copied().unwrap_or(0);
+    let layer = |outcome: Outcome| count(JournalOutcome::Layer(outcome));
     let n = if r.attempts > 0 {
         // On an acknowledge-then-deliver route `executed` is the copy
         // queued: it ran when a delivery attempt reached the upstream.
-        count("delivered")
+        count(JournalOutcome::Delivered)
     } else {
         // Copies answered 2xx ran to the end; an `executed` copy answered
         // otherwise (the upstream failed, the channel retries) is one run
         // only when none completed (records written before `completed`).
-        r.completed.max(count("executed").min(1))
+        r.completed.max(layer(Outcome::Executed).min(1))
     };
     // The first copy's call outlived the reply deadline, finished in the
     // background, and a retry was answered from its record.
-    let late = count("reply_deadline") > 0 && count("replayed") + count("waited") > 0;
+    let late =
+        layer(Outcome::ReplyDeadline) > 0 && layer(Outcome::Replayed) + layer(Outcome::Waited) > 0;
     let n = if n == 0 && late { 1 } else { n };
     usize::try_from(n).unwrap_or(usize::MAX)
 }

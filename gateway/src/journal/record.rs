@@ -1,8 +1,9 @@
 //! A journal record: everything the journal knows of one stored key.
 
-use super::JournalEvent;
+use super::{JournalEvent, JournalOutcome};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tower_idempotency::Outcome;
 
 /// Everything the journal knows of one stored key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,7 +125,10 @@ impl JournalRecord {
         // A delivery attempt from the queue is not a copy the channel sent.
         self.copies += u64::from(!event.attempt);
         self.verified |= event.verified && !event.attempt;
-        *self.outcomes.entry(event.outcome.to_owned()).or_default() += 1;
+        *self
+            .outcomes
+            .entry(event.outcome.as_str().to_owned())
+            .or_default() += 1;
         if event.status.is_some() {
             self.last_status = event.status;
         }
@@ -139,11 +143,12 @@ impl JournalRecord {
             self.trace_id = Some(trace.to_string());
         }
         let stored = event.status.is_some_and(|s| (200..300).contains(&s));
-        self.completed += u64::from(!event.attempt && event.outcome == "executed" && stored);
+        let executed = event.outcome == JournalOutcome::Layer(Outcome::Executed);
+        self.completed += u64::from(!event.attempt && executed && stored);
         // The copy that ran says what the notification is about; another
         // only fills in what is not known yet.
         if let Some(b) = &event.business {
-            let ran = event.outcome == "executed";
+            let ran = executed;
             let set = |field: &mut Option<String>, value: &Option<String>| {
                 if ran || field.is_none() {
                     *field = value.clone().or(field.take());
@@ -199,24 +204,24 @@ mod tests {
     const FIRST: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const RAN: &str = "0af7651916cd43dd8448eb211c80319c";
 
-    fn event(outcome: &'static str) -> JournalEvent {
+    fn event(outcome: Outcome) -> JournalEvent {
         JournalEvent::new("idem:stripe:/n:evt_1", "stripe", "/n", outcome)
     }
 
     #[test]
     fn the_record_points_to_the_trace_of_the_copy_that_reached_the_upstream() {
-        let first = event("in_flight_rejected").trace_id(FIRST);
+        let first = event(Outcome::InFlightRejected).trace_id(FIRST);
         let mut record = JournalRecord::first(&first);
         record.add(&first);
         assert_eq!(record.trace_id.as_deref(), Some(FIRST), "the first copy's");
-        let ran = event("executed")
+        let ran = event(Outcome::Executed)
             .upstream(200, Duration::from_millis(3))
             .trace_id(RAN);
         record.add(&ran);
         assert_eq!(record.trace_id.as_deref(), Some(RAN), "the copy that ran");
         // A replay did not reach the upstream: the record keeps the trace
         // of the copy that did.
-        record.add(&event("replayed").trace_id(FIRST));
+        record.add(&event(Outcome::Replayed).trace_id(FIRST));
         assert_eq!(record.trace_id.as_deref(), Some(RAN));
         let json = serde_json::to_value(&record).unwrap();
         assert_eq!(json["trace_id"], RAN);
@@ -232,13 +237,13 @@ mod tests {
             "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
             "zz f92f3577b34da6a3ce929d0e0e4736",
         ] {
-            let e = event("executed").trace_id(bad);
+            let e = event(Outcome::Executed).trace_id(bad);
             let mut record = JournalRecord::first(&e);
             record.add(&e);
             assert_eq!(record.trace_id, None, "{bad:?}");
         }
         // A record written before trace ids were kept reads back without one.
-        let old = serde_json::to_value(JournalRecord::first(&event("executed"))).unwrap();
+        let old = serde_json::to_value(JournalRecord::first(&event(Outcome::Executed))).unwrap();
         assert!(old.get("trace_id").is_none());
         let back: JournalRecord = serde_json::from_value(old).unwrap();
         assert_eq!(back.trace_id, None);

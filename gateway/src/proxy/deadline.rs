@@ -1,11 +1,11 @@
 //! A body that fails once a deadline has passed.
 
-use super::BoxError;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use tower::BoxError;
 
 /// The upstream's body, failing once the request's deadline has passed.
 pub(crate) struct Deadline<B> {

@@ -6,7 +6,7 @@ use super::headers::{
 };
 use super::pool::Pool;
 use super::upstream::{CallLimit, DEFAULT_MAX_UPSTREAM_CALLS};
-use super::{plain, BoxError, ProxyBody, Upstream};
+use super::{plain, ProxyBody, Upstream};
 use crate::shed::{Gauge, Slot, Slots};
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode, Version};
@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tower::BoxError;
 use tower_service::Service;
 
 /// Forwards each request to one [`Upstream`] over a pooled HTTP/1.1 client

@@ -8,7 +8,7 @@ use super::entrance::{
 use super::ingest::Ingest;
 use super::panic::catching;
 use super::route::RouteTable;
-use super::{plain, BoxError, Forward, ProxyBody};
+use super::{plain, Forward, ProxyBody};
 use crate::proxy::path::{self, Unsafe};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -21,6 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tower::BoxError;
 use tower_idempotency::key::{is_guarded_method, Key};
 use tower_idempotency::limit::BodyLimitsLayer;
 use tower_idempotency::normalize::{Normalize, Reply};

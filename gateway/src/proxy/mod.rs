@@ -85,9 +85,7 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-
-// An error of a body or a connection.
-pub(crate) use tower::BoxError;
+use tower::BoxError;
 
 /// The body type [`Forward`] sends and answers: a streamed body.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;

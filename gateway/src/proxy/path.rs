@@ -67,7 +67,6 @@ pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
         return Err(Unsafe::Separator);
     }
     if path.contains('%') {
-        let hex = |c: u8| (c as char).to_digit(16);
         let bytes = path.as_bytes();
         let mut decoded = Vec::with_capacity(bytes.len());
         let mut i = 0;
@@ -77,13 +76,10 @@ pub(crate) fn strict(path: &str) -> Result<Cow<'_, str>, Unsafe> {
                 i += 1;
                 continue;
             }
-            let (Some(h), Some(l)) = (
-                bytes.get(i + 1).and_then(|c| hex(*c)),
-                bytes.get(i + 2).and_then(|c| hex(*c)),
-            ) else {
+            let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) else {
                 return Err(Unsafe::BadEscape);
             };
-            let b = (h * 16 + l) as u8;
+            let b = h * 16 + l;
             match b {
                 b'/' | b'\\' => return Err(Unsafe::Separator),
                 0..=0x1f | 0x7f => return Err(Unsafe::Control),
@@ -191,23 +187,14 @@ pub(crate) fn has_other_readings(path: &str) -> bool {
 /// Every `%XX` escape in `bytes` decoded; anything else (a `%` that is not
 /// an escape included) kept as it is.
 fn decode_all(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2)))
-        {
-            out.push(h * 16 + l);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
+    percent_encoding::percent_decode(bytes).collect()
 }
 
-/// The value of a hex digit.
+/// The value of a hex digit: for the readers of escapes that the
+/// `percent-encoding` crate cannot be (it decodes, it does not tell a `%`
+/// that starts no escape from one that does, nor where in the raw path a
+/// decoded prefix ends): [`strict`]'s check and the route table's prefix
+/// match.
 pub(crate) fn hex(c: Option<&u8>) -> Option<u8> {
     match c? {
         c @ b'0'..=b'9' => Some(c - b'0'),
@@ -223,16 +210,93 @@ pub(crate) fn hex(c: Option<&u8>) -> Option<u8> {
 /// gateway has refused such paths before). Borrowed when `path` has no
 /// escape.
 pub(crate) fn decoded(path: &str) -> Cow<'_, str> {
-    if !path.contains('%') {
-        return Cow::Borrowed(path);
-    }
-    Cow::Owned(String::from_utf8_lossy(&decode_all(path.as_bytes())).into_owned())
+    percent_encoding::percent_decode_str(path).decode_utf8_lossy()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{decoded, fold, has_other_readings, lenient, strict, variants, Unsafe};
+    use super::{
+        decode_all, decoded, fold, has_other_readings, hex, lenient, strict, variants, Unsafe,
+    };
     use std::borrow::Cow;
+
+    /// The hand-written decoder `decode_all` was before it used the
+    /// `percent-encoding` crate: the reference the crate's decoding is held
+    /// to, byte for byte.
+    fn reference(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%'
+                && let (Some(h), Some(l)) = (hex(bytes.get(i + 1)), hex(bytes.get(i + 2)))
+            {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+            out.push(bytes[i]);
+            i += 1;
+        }
+        out
+    }
+
+    /// Paths are matched and refused on their decoded form: the decoded
+    /// bytes of tricky escapes, as a table, and every string of up to five
+    /// bytes from an alphabet of escape parts, against the reference; the
+    /// text form replaces what is not UTF-8, once per bad sequence.
+    #[test]
+    fn path_decoding_is_byte_for_byte_the_reference() {
+        let table: &[(&[u8], &[u8])] = &[
+            (b"", b""),
+            (b"%", b"%"),
+            (b"/a%4", b"/a%4"),
+            (b"/a%zz", b"/a%zz"),
+            (b"%%41", b"%A"),
+            (b"%41%", b"A%"),
+            (b"%4%41", b"%4A"),
+            (b"%2525", b"%25"),
+            (b"%252F", b"%2F"),
+            (b"+%2B", b"++"),
+            (b"%2f%5C", b"/\\"),
+            (b"%00%0A", b"\x00\n"),
+            (b"%FF%fe", b"\xFF\xFE"),
+            (b"%C3%A9", "\u{e9}".as_bytes()),
+            (b"%C3", b"\xC3"),
+            (b"%C3%28", b"\xC3("),
+            (b"%\xC3\xA9", "%\u{e9}".as_bytes()),
+            (b"/a%C\xC3\xA9%2F", "/a%C\u{e9}/".as_bytes()),
+        ];
+        for (raw, want) in table {
+            let got = decode_all(raw);
+            assert_eq!(got, *want, "{:?}", String::from_utf8_lossy(raw));
+            assert_eq!(got, reference(raw), "{:?}", String::from_utf8_lossy(raw));
+            if let Ok(path) = std::str::from_utf8(raw) {
+                assert_eq!(decoded(path), String::from_utf8_lossy(want), "{path:?}");
+            }
+        }
+        let alphabet = [b'%', b'2', b'f', b'F', b'z', b'0', b'/', b'+', 0xFF, 0xC3];
+        let mut raw = Vec::new();
+        let mut cases = 0;
+        for len in 0..=5_u32 {
+            for mut n in 0..alphabet.len().pow(len) {
+                raw.clear();
+                for _ in 0..len {
+                    raw.push(alphabet[n % alphabet.len()]);
+                    n /= alphabet.len();
+                }
+                let want = reference(&raw);
+                assert_eq!(decode_all(&raw), want, "{raw:?}");
+                let text = String::from_utf8_lossy(&raw);
+                assert_eq!(
+                    decoded(&text),
+                    String::from_utf8_lossy(&reference(text.as_bytes())),
+                    "{text:?}"
+                );
+                cases += 1;
+            }
+        }
+        assert_eq!(cases, 111_111);
+    }
 
     #[test]
     fn strict_refuses_what_servers_read_two_ways() {

@@ -11,7 +11,7 @@
 //! connect timeout, TLS), and HTTP/1.1 with hyper's own client connection;
 //! only the choice of connection is ours.
 
-use super::{BoxError, ProxyBody};
+use super::ProxyBody;
 use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
+use tower::BoxError;
 use tower_service::Service;
 
 /// The idle connections of one upstream, the last given back first.

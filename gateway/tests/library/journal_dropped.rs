@@ -3,6 +3,7 @@
 
 use idempotency_gateway::journal::{Journal, JournalEvent, JournalOptions};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tower_idempotency::Outcome;
 
 #[test]
 fn dropped_events_are_counted_in_the_metrics() {
@@ -25,7 +26,7 @@ fn dropped_events_are_counted_in_the_metrics() {
                     format!("k{n}"),
                     "stripe",
                     "/r",
-                    "executed",
+                    Outcome::Executed,
                 ));
             }
             let dropped = journal.dropped();
@@ -72,7 +73,12 @@ fn the_channel_is_bounded_in_bytes() {
         let body = vec![0xFF_u8; 60_000];
         // The writer is not running yet: 3 bodies fit in 200,000 bytes.
         for n in 0..10 {
-            let event = JournalEvent::new(format!("k{n}"), "idempotency-key", "/api", "executed");
+            let event = JournalEvent::new(
+                format!("k{n}"),
+                "idempotency-key",
+                "/api",
+                Outcome::Executed,
+            );
             journal.record(event.body(&body, 64 << 10));
         }
         assert_eq!(journal.dropped(), 7);
@@ -82,8 +88,9 @@ fn the_channel_is_bounded_in_bytes() {
         assert_eq!(kept.body.as_deref(), Some(&body[..]), "bytes as given");
         assert!(journal.get("k3").await.unwrap().is_none());
         // Written, the budget is free again.
-        journal
-            .record(JournalEvent::new("later", "stripe", "/r", "executed").body(&body, 64 << 10));
+        journal.record(
+            JournalEvent::new("later", "stripe", "/r", Outcome::Executed).body(&body, 64 << 10),
+        );
         journal.flush().await;
         assert!(journal.get("later").await.unwrap().is_some());
         drop(journal);

@@ -9,6 +9,7 @@ use idempotency_gateway::journal::{
     Business, Journal, JournalEvent, JournalFilter, JournalOptions,
 };
 use std::time::Duration;
+use tower_idempotency::Outcome;
 
 async fn open(url: &str, options: JournalOptions) -> Journal {
     let (journal, writer) = Journal::connect(url, options).await.unwrap();
@@ -30,11 +31,16 @@ async fn same_records_and_no_lost_copy(url: &str) {
         trade_state: Some("SUCCESS".into()),
     };
     a.record(
-        JournalEvent::new(key.as_str(), "wechatpay-v2", "/notify/wx", "executed")
-            .status(200)
-            .upstream(200, Duration::from_millis(7))
-            .business(business.clone())
-            .body("<xml>支付0123456789</xml>".as_bytes(), 16),
+        JournalEvent::new(
+            key.as_str(),
+            "wechatpay-v2",
+            "/notify/wx",
+            Outcome::Executed,
+        )
+        .status(200)
+        .upstream(200, Duration::from_millis(7))
+        .business(business.clone())
+        .body("<xml>支付0123456789</xml>".as_bytes(), 16),
     );
     a.flush().await;
     let copies = 40;
@@ -46,7 +52,7 @@ async fn same_records_and_no_lost_copy(url: &str) {
                 k.as_str(),
                 "wechatpay-v2",
                 "/notify/wx",
-                "replayed",
+                Outcome::Replayed,
             ));
             if n % 5 == 0 {
                 journal.flush().await;
@@ -72,7 +78,7 @@ async fn same_records_and_no_lost_copy(url: &str) {
         other.as_str(),
         "stripe",
         "/notify/stripe",
-        "mismatch",
+        Outcome::Mismatch,
     ));
     a.flush().await;
     let mine = |f: JournalFilter| {
@@ -139,15 +145,20 @@ async fn retention_is_pruned_in_batches() {
         .retention(Duration::from_secs(3600))
         .prune_every(Duration::from_millis(100));
     let journal = open(&file.url(), options).await;
-    let old = idempotency_gateway::journal::now_ms() - 2 * 3600 * 1000;
+    let old = now_ms() - 2 * 3600 * 1000;
     for n in 0..2500 {
         let key = format!("old-{n}");
-        journal.record(JournalEvent::new(key, "stripe", "/r", "executed").at_ms(old));
+        journal.record(JournalEvent::new(key, "stripe", "/r", Outcome::Executed).at_ms(old));
         if n % 500 == 0 {
             journal.flush().await;
         }
     }
-    journal.record(JournalEvent::new("recent", "stripe", "/r", "executed"));
+    journal.record(JournalEvent::new(
+        "recent",
+        "stripe",
+        "/r",
+        Outcome::Executed,
+    ));
     journal.flush().await;
     let all = JournalFilter::default().max_records(usize::MAX);
     let mut left = journal.query(&all).await.unwrap().len();
@@ -169,7 +180,12 @@ async fn retention_is_pruned_in_batches() {
 async fn a_batch_that_cannot_be_written_is_counted() {
     let file = support_sql::SqliteFile::new();
     let journal = open(&file.url(), JournalOptions::new()).await;
-    journal.record(JournalEvent::new("first", "stripe", "/r", "executed"));
+    journal.record(JournalEvent::new(
+        "first",
+        "stripe",
+        "/r",
+        Outcome::Executed,
+    ));
     journal.flush().await;
     assert_eq!(journal.dropped(), 0);
     let pool = sqlx::SqlitePool::connect(&file.url()).await.unwrap();
@@ -182,7 +198,7 @@ async fn a_batch_that_cannot_be_written_is_counted() {
             format!("k{n}"),
             "stripe",
             "/r",
-            "executed",
+            Outcome::Executed,
         ));
     }
     journal.flush().await;
@@ -196,10 +212,10 @@ async fn a_batch_that_cannot_be_written_is_counted() {
 async fn pages_hold_every_record_once() {
     let file = support_sql::SqliteFile::new();
     let journal = open(&file.url(), JournalOptions::new()).await;
-    let t0 = idempotency_gateway::journal::now_ms() - 10_000;
+    let t0 = now_ms() - 10_000;
     for n in 0..25_u64 {
         // Three records share each millisecond: the cursor breaks ties by key.
-        let event = JournalEvent::new(format!("k{n:02}"), "stripe", "/r", "executed");
+        let event = JournalEvent::new(format!("k{n:02}"), "stripe", "/r", Outcome::Executed);
         journal.record(event.at_ms(t0 + n / 3));
     }
     journal.flush().await;
@@ -227,4 +243,10 @@ async fn pages_hold_every_record_once() {
         .await
         .unwrap();
     assert!(page.records.is_empty() && page.next.is_some());
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    let since = std::time::UNIX_EPOCH.elapsed().unwrap();
+    u64::try_from(since.as_millis()).unwrap()
 }

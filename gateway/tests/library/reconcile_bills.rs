@@ -152,6 +152,54 @@ fn malformed_alipay_bills_are_refused_with_their_line() {
     }
 }
 
+/// Fields as CSV quotes them: a product name (商品名称) in double quotes
+/// with a comma and a doubled quote in it is one field, and a stray `\r`
+/// white space of its field, so no column moves; blank lines between rows
+/// are skipped, and a row keeps its line in the file.
+#[test]
+fn alipay_quoted_fields_and_blank_lines_keep_columns_and_lines() {
+    let raw = fixture(ALIPAY);
+    let text = encoding_rs::GBK.decode(&raw).0.into_owned();
+    let bill = parse_alipay_bill(&raw).unwrap();
+    for name in [
+        r#""下单,""测试""""#,
+        "\"下单,测试\"",
+        "下单\r测试",
+        "下\"单",
+    ] {
+        let changed = text.replacen("下单测试", name, 1);
+        assert_ne!(changed, text);
+        assert_eq!(
+            parse_alipay_bill(changed.as_bytes()).unwrap(),
+            bill,
+            "{name}"
+        );
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let spaced = [&lines[..7].concat(), " \t\r\n\n", &lines[7..].concat()].concat();
+    let got = parse_alipay_bill(spaced.as_bytes()).unwrap();
+    assert_eq!(
+        (got.lines[0].line, got.lines[1].line, got.skipped),
+        (6, 10, 1)
+    );
+    // A short row after blank lines is refused with its own line.
+    let short = spaced.replacen(",12.50,12.50,", ",", 1);
+    assert_ne!(short, spaced);
+    let e = parse_alipay_bill(short.as_bytes()).unwrap_err().to_string();
+    assert!(e.starts_with("line 10: "), "{e}");
+}
+
+/// WeChat Pay quotes nothing: a comma in a product's name stays in its
+/// field, since every field starts with a backtick.
+#[test]
+fn wechatpay_commas_inside_a_field_keep_columns() {
+    let text = String::from_utf8(fixture(WECHAT)).unwrap();
+    let bill = parse_wechatpay_bill(text.as_bytes()).unwrap();
+    let commas = text.replace("`for testing,", "`for, \"testing\",");
+    assert_ne!(commas, text);
+    assert_eq!(parse_wechatpay_bill(commas.as_bytes()).unwrap(), bill);
+}
+
 /// A record of the journal: `executed` copies, the business ids.
 fn record(
     key: &str,

@@ -439,6 +439,137 @@ async fn the_admin_api_answers_as_its_openapi_file_says() {
     assert_eq!(slow.await.unwrap(), 200);
 }
 
+/// Every method on every path under `/admin/` gets the same answer, its
+/// JSON body byte for byte: a path that is no call is 404 for GET and
+/// DELETE, any other method is 405 (HEAD too: no call answers it), with
+/// no `Allow` header; a key that is not UTF-8 once decoded is 400 whatever
+/// the method; a key is everything after `/admin/keys/`, percent-decoded
+/// once (an escape that is not one kept as written; empty and `/` allowed);
+/// a call without the token is 401 before anything else is looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_path_and_method_answers_as_before() {
+    use gateway_support::raw::raw;
+    let up = Upstream::start().await;
+    let ops = start(&up.url(), "memory");
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("Authorization", bearer.as_str())];
+    let absent = |key: &str| {
+        let key = serde_json::Value::String(key.to_owned());
+        format!(r#"{{"journal":null,"key":{key},"record":{{"state":"absent"}}}}"#)
+    };
+    let no_call = r#"{"error":"no such admin call"}"#.to_owned();
+    let not_allowed = r#"{"error":"use GET, or DELETE on a key"}"#.to_owned();
+    let not_utf8 = r#"{"error":"the key is not valid UTF-8"}"#.to_owned();
+    let cases: Vec<(&str, &str, u16, String)> = vec![
+        ("GET", "/admin/nothing", 404, no_call.clone()),
+        ("DELETE", "/admin/nothing", 404, no_call.clone()),
+        ("GET", "/admin/journal/", 404, no_call.clone()),
+        ("GET", "/admin/", 404, no_call.clone()),
+        ("GET", "/admin/keys%2Fx", 404, no_call.clone()),
+        ("DELETE", "/admin/journal", 404, no_call.clone()),
+        ("DELETE", "/admin/keys", 404, no_call.clone()),
+        ("DELETE", "/admin/keys?id=x", 404, no_call.clone()),
+        ("POST", "/admin/journal", 405, not_allowed.clone()),
+        ("PUT", "/admin/keys", 405, not_allowed.clone()),
+        ("PATCH", "/admin/nothing", 405, not_allowed.clone()),
+        ("OPTIONS", "/admin/keys/k", 405, not_allowed.clone()),
+        ("POST", "/admin/keys/k", 405, not_allowed.clone()),
+        ("POST", "/admin/keys/", 405, not_allowed.clone()),
+        ("GET", "/admin/keys/%FF", 400, not_utf8.clone()),
+        ("DELETE", "/admin/keys/a%C3%28", 400, not_utf8.clone()),
+        ("POST", "/admin/keys/%FF", 400, not_utf8.clone()),
+        ("GET", "/admin/keys/", 200, absent("")),
+        ("GET", "/admin/keys/a%2Fb/c", 200, absent("a/b/c")),
+        ("GET", "/admin/keys//x/", 200, absent("/x/")),
+        ("GET", "/admin/keys/%zz%4%", 200, absent("%zz%4%")),
+        ("GET", "/admin/keys/%2541", 200, absent("%41")),
+        (
+            "GET",
+            "/admin/keys/caf%C3%A9+x?by=y",
+            200,
+            absent("caf\u{e9}+x"),
+        ),
+        ("GET", "/admin/keys/%7Bk%7D", 200, absent("{k}")),
+        ("GET", "/admin/keys/{*k}", 200, absent("{*k}")),
+        ("GET", "/admin/keys/a;b", 200, absent("a;b")),
+        (
+            "DELETE",
+            "/admin/keys/k",
+            404,
+            r#"{"forgotten":"absent","key":"k"}"#.to_owned(),
+        ),
+        (
+            "GET",
+            "/admin/keys?limit=5",
+            400,
+            r#"{"error":"`id` is needed"}"#.to_owned(),
+        ),
+        (
+            "GET",
+            "/admin/keys?id=x&cursor=zz",
+            400,
+            r#"{"error":"`cursor` is not one this API gave"}"#.to_owned(),
+        ),
+        (
+            "GET",
+            "/admin/journal?limit=abc",
+            400,
+            r#"{"error":"`limit` is a number from 1 to 1000"}"#.to_owned(),
+        ),
+        (
+            "GET",
+            "/admin/journal?bogus=1",
+            400,
+            r#"{"error":"unknown parameter `bogus`"}"#.to_owned(),
+        ),
+        (
+            "GET",
+            "/admin/journal?lim%69t=0",
+            400,
+            r#"{"error":"`limit` is a number from 1 to 1000"}"#.to_owned(),
+        ),
+        (
+            "GET",
+            "/admin/journal?outcome=nothing&limit=1&limit=x",
+            200,
+            r#"{"dropped":0,"next_cursor":null,"records":[]}"#.to_owned(),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (method, target, status, body) in cases {
+        let want: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let a = raw(ops.metrics, method, target.as_bytes(), &auth, b"");
+        let got: Option<serde_json::Value> = serde_json::from_str(a.body.trim()).ok();
+        let kind = a.header("content-type");
+        if a.status != status
+            || got.as_ref() != Some(&want)
+            || !a.body.ends_with("}\n")
+            || kind.as_deref() != Some("application/json")
+            || a.header("allow").is_some()
+        {
+            wrong.push(format!("{method} {target}: {}\n{}", a.head, a.body));
+        }
+        // Without the token: 401 whatever the call.
+        let a = raw(ops.metrics, method, target.as_bytes(), &[], b"");
+        if a.status != 401 || a.header("www-authenticate").is_none() {
+            wrong.push(format!("{method} {target} without the token: {}", a.head));
+        }
+    }
+    // HEAD is no call: 405, without a body.
+    for target in ["/admin/journal", "/admin/keys/k", "/admin/keys?id=x"] {
+        let a = raw(ops.metrics, "HEAD", target.as_bytes(), &auth, b"");
+        if a.status != 405 || !a.body.is_empty() || a.header("allow").is_some() {
+            wrong.push(format!("HEAD {target}: {}\n{}", a.head, a.body));
+        }
+    }
+    // `/admin` itself is the metrics listener's, not the admin API's.
+    let a = raw(ops.metrics, "GET", b"/admin", &auth, b"");
+    if (a.status, a.body.as_str()) != (404, "not found\n") {
+        wrong.push(format!("GET /admin: {}\n{}", a.head, a.body));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+}
+
 /// On an acknowledge-then-deliver route the journal has the copies the
 /// channel sent (acknowledged once, then "already queued") and each
 /// delivery attempt from the queue.

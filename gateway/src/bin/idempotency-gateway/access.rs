@@ -250,8 +250,8 @@ fn journal_event(
         return;
     };
     let route = res.extensions().get::<MatchedRoute>().map_or("", |r| &r.0);
-    let mut event = JournalEvent::new(key.as_str(), key.preset(), route, outcome.as_str())
-        .status(res.status().as_u16());
+    let mut event =
+        JournalEvent::new(key.as_str(), key.preset(), route, outcome).status(res.status().as_u16());
     if let Some(up) = res.extensions().get::<UpstreamAnswer>() {
         event = event.upstream(up.status.as_u16(), up.took);
     }

@@ -4,7 +4,7 @@
 
 use crate::store::GatewayStore;
 use either::Either;
-use idempotency_gateway::journal::{Journal, JournalEvent};
+use idempotency_gateway::journal::{Journal, JournalEvent, JournalOutcome};
 use idempotency_gateway::proxy::{Gateway, RouteOptions, RouteTable, Target};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -255,8 +255,8 @@ impl QueueSettings {
                 let done = deliver.call(message).await;
                 if let Some(journal) = journal {
                     let (outcome, upstream) = match &done {
-                        Ok(d) => ("delivered", d.upstream()),
-                        Err(e) => ("delivery_failed", e.upstream()),
+                        Ok(d) => (JournalOutcome::Delivered, d.upstream()),
+                        Err(e) => (JournalOutcome::DeliveryFailed, e.upstream()),
                     };
                     let preset = key.split(':').nth(1).unwrap_or_default().to_owned();
                     let mut event = JournalEvent::new(key, preset, route, outcome).attempt();

@@ -11,6 +11,7 @@ pub use crate::admin_api::{read_token, Admin};
 use crate::serve::{serve_stream, Watch};
 use crate::store::GatewayStore;
 use crate::tls::Tls;
+use axum::body::Body;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 use tower_idempotency_queue::RedbQueue;
 use tracing::{debug, info};
 use tracing_appender::non_blocking::ErrorCounter;
@@ -83,6 +85,7 @@ pub async fn start(
         .timer(TokioTimer::new())
         .max_concurrent_streams(16);
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let admin_api = admin.map(|admin| admin.router(store.clone()));
     Ok(tokio::spawn(async move {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -98,7 +101,7 @@ pub async fn start(
                 continue;
             };
             let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
-            let (admin, queue) = (admin.clone(), queue.clone());
+            let (admin, queue) = (admin_api.clone(), queue.clone());
             // Bumped by each request: a connection idle for the header
             // timeout is closed.
             let requests = Arc::new(AtomicUsize::new(0));
@@ -109,16 +112,17 @@ pub async fn start(
                 let (admin, queue) = (admin.clone(), queue.clone());
                 async move {
                     if req.uri().path().starts_with("/admin/") {
-                        return Ok::<_, Infallible>(match &admin {
-                            Some(admin) => admin.answer(req, &store).await,
-                            None => crate::admin_api::not_found(),
-                        });
+                        return match admin {
+                            Some(admin) => admin.oneshot(req).await,
+                            None => Ok(crate::admin_api::not_found()),
+                        };
                     }
                     let ready = Ready {
                         store: &store,
                         queue: queue.as_ref(),
                     };
-                    Ok::<_, Infallible>(answer(req, &handle, ready, &dropped).await)
+                    let res = answer(req, &handle, ready, &dropped).await;
+                    Ok::<_, Infallible>(res.map(Body::new))
                 }
             });
             let watch = Watch::new(CancellationToken::new(), requests, header_timeout);

@@ -1,22 +1,31 @@
 //! The admin API on `--metrics-listen`, on only with `--admin-token-file`:
 //! inspect and forget a key, read the journal. Every call needs
 //! `Authorization: Bearer TOKEN`, checked in constant time. Described in
-//! `deploy/openapi/admin.yaml`.
+//! `deploy/openapi/admin.json`.
+//!
+//! An axum [`Router`]: `GET /admin/journal`, `GET /admin/keys`, and `GET` or
+//! `DELETE` on `/admin/keys/{key}` (the key is the rest of the path,
+//! percent-decoded once). Every other call answers as the API always has,
+//! with a JSON body: a path that is no call is 404 for `GET` and `DELETE`,
+//! any other method 405 (with no `Allow` header: `HEAD` included, which
+//! axum would otherwise route to the `GET` handler).
 
 use crate::ack::GatewayQueue;
 use crate::store::GatewayStore;
-use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::middleware::{self, Next};
+use axum::routing::any;
+use axum::Router;
+use http::request::Parts;
+use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use idempotency_gateway::journal::{
-    now_ms, Journal, JournalCursor, JournalEvent, JournalFilter, JournalRecord,
+    Journal, JournalCursor, JournalEvent, JournalFilter, JournalOutcome, JournalRecord,
 };
 use idempotency_gateway::proxy::queued_keys;
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::Path as FilePath;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
 use tower_idempotency::store::{Forgotten, RecordState, Store};
 use tower_idempotency::Preset;
@@ -55,7 +64,7 @@ fn paging(q: &[(String, String)]) -> Result<(usize, Option<JournalCursor>), Stri
 /// Reads the bearer token from `path`: its first line, which must not be
 /// empty; a file that its group or others can read is refused (as ssh
 /// refuses such a key).
-pub fn read_token(path: &Path) -> Result<String, String> {
+pub fn read_token(path: &FilePath) -> Result<String, String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -96,10 +105,10 @@ pub struct Admin {
     queue: Arc<OnceLock<GatewayQueue>>,
 }
 
-type Answer = Response<Full<Bytes>>;
+type Answer = Response<axum::body::Body>;
 
 fn json_answer(status: StatusCode, body: &Value) -> Answer {
-    let mut res = Response::new(Full::new(Bytes::from(body.to_string() + "\n")));
+    let mut res = Response::new(axum::body::Body::from(body.to_string() + "\n"));
     *res.status_mut() = status;
     res.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -169,12 +178,6 @@ fn state_json(state: &RecordState) -> Value {
     }
 }
 
-/// The query string's `name=value` pairs, decoded.
-fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
-    let q = req.uri().query().unwrap_or_default();
-    form_urlencoded::parse(q.as_bytes()).into_owned().collect()
-}
-
 fn param<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
@@ -228,7 +231,8 @@ impl Admin {
         let (_, Some(preset), Some(route)) = (parts.next(), parts.next(), parts.next()) else {
             return store.clone();
         };
-        let (Ok(preset), Ok(route)) = (percent_decode(preset), percent_decode(route)) else {
+        let decode = |s| percent_encoding::percent_decode_str(s).decode_utf8();
+        let (Ok(preset), Ok(route)) = (decode(preset), decode(route)) else {
             return store.clone();
         };
         match Preset::from_name(&preset) {
@@ -242,9 +246,8 @@ impl Admin {
         let _ = self.journal.set(journal);
     }
 
-    fn authorized(&self, req: &Request<Incoming>) -> bool {
-        let given = req
-            .headers()
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
@@ -253,40 +256,34 @@ impl Admin {
         bool::from(given.as_bytes().ct_eq(self.token.as_bytes()))
     }
 
-    /// Answers one `/admin/...` call.
-    pub async fn answer(&self, req: Request<Incoming>, store: &GatewayStore) -> Answer {
-        if !self.authorized(&req) {
-            let mut res = error(StatusCode::UNAUTHORIZED, "a valid bearer token is needed");
-            res.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"gateway admin\""),
-            );
-            return res;
-        }
-        // Read what the journal was given before this call.
-        if let Some(journal) = self.journal.get() {
-            journal.flush().await;
-        }
-        let path = req.uri().path().to_owned();
-        let q = query(&req);
-        let key = path.strip_prefix("/admin/keys/").map(percent_decode);
-        match (req.method().clone(), path.as_str(), key) {
-            (Method::GET, "/admin/journal", _) => self.journal(&q).await,
-            (Method::GET, "/admin/keys", _) => self.find(&q, store).await,
-            (Method::GET, _, Some(Ok(key))) => self.inspect(&key, store).await,
-            (Method::DELETE, _, Some(Ok(key))) => {
-                let who = param(&q, "by").unwrap_or("admin API").to_owned();
-                self.forget(&key, &who, store).await
-            }
-            (_, _, Some(Err(()))) => error(StatusCode::BAD_REQUEST, "the key is not valid UTF-8"),
-            (Method::GET | Method::DELETE, _, _) => {
-                error(StatusCode::NOT_FOUND, "no such admin call")
-            }
-            _ => error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "use GET, or DELETE on a key",
-            ),
-        }
+    /// The API's routes, for every path under `/admin/`; `store` is the
+    /// one store, or the store of keys no route's own store holds.
+    pub fn router(&self, store: GatewayStore) -> Router {
+        // Each route starts from `any(..)`, its fallback for the methods no
+        // call takes: a method router built from `get(..)` would add an
+        // `Allow` header to those answers, which the API never sent. `HEAD`
+        // is no call: without a handler of its own, axum would run the
+        // `GET` one.
+        let key = any(other_key_call)
+            .get(inspect)
+            .delete(forget)
+            .head(other_key_call);
+        Router::new()
+            .route(
+                "/admin/journal",
+                any(other_call).get(journal).head(other_call),
+            )
+            .route("/admin/keys", any(other_call).get(find).head(other_call))
+            // `{*key}` needs one character at least: the empty key is its own.
+            .route("/admin/keys/", key.clone())
+            .route("/admin/keys/{*key}", key)
+            .fallback(other_call)
+            // Around the fallback too: no call is answered without the token.
+            .layer(middleware::from_fn_with_state(self.clone(), authorize))
+            .with_state(Calls {
+                admin: self.clone(),
+                store,
+            })
     }
 
     async fn journal_of(&self, key: &str) -> Value {
@@ -410,11 +407,11 @@ impl Admin {
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "unknown"),
         };
         if done == Forgotten::Deleted {
-            let at = rfc3339(now_ms());
+            let at = humantime::format_rfc3339_millis(SystemTime::now());
             info!(key = %redact(key), by = who, "admin: record forgotten; the next copy runs again");
             if let Some(journal) = self.journal.get() {
                 let note = format!("forgotten by {who} at {at}");
-                let event = JournalEvent::new(key, "", "", "forgotten").note(note);
+                let event = JournalEvent::new(key, "", "", JournalOutcome::Forgotten).note(note);
                 journal.record(event);
                 journal.flush().await;
             }
@@ -474,9 +471,96 @@ fn redact(key: &str) -> String {
     format!("{hash:?}")
 }
 
-fn percent_decode(s: &str) -> Result<String, ()> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .map(|k| k.into_owned())
-        .map_err(|_| ())
+/// What the handlers share: the API, and the store of keys no route's own
+/// store holds.
+#[derive(Clone)]
+struct Calls {
+    admin: Admin,
+    store: GatewayStore,
+}
+
+/// Every call: 401 without the token; then what the journal was given
+/// before the call is written, so that the call reads it.
+async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Answer {
+    if !admin.authorized(req.headers()) {
+        let mut res = error(StatusCode::UNAUTHORIZED, "a valid bearer token is needed");
+        res.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"gateway admin\""),
+        );
+        return res;
+    }
+    if let Some(journal) = admin.journal.get() {
+        journal.flush().await;
+    }
+    next.run(req).await
+}
+
+/// A path that is no call (404 for `GET` and `DELETE`), or a method no
+/// call takes (405).
+async fn other_call(method: Method) -> Answer {
+    if matches!(method, Method::GET | Method::DELETE) {
+        error(StatusCode::NOT_FOUND, "no such admin call")
+    } else {
+        error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET, or DELETE on a key",
+        )
+    }
+}
+
+/// Another method on a key: 405, once the key is known to be UTF-8 (400).
+async fn other_key_call(method: Method, _: Key) -> Answer {
+    other_call(method).await
+}
+
+/// The key of a `/admin/keys/{key}` call: the rest of the path,
+/// percent-decoded once (a `%` that starts no escape is kept as it is),
+/// empty on `/admin/keys/`; 400 when it decodes to bytes that are not UTF-8.
+struct Key(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Key {
+    type Rejection = Answer;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Answer> {
+        match <Option<Path<String>>>::from_request_parts(parts, state).await {
+            Ok(key) => Ok(Self(key.map(|Path(key)| key).unwrap_or_default())),
+            // The one way a `{*key}` capture fails: its escapes decode to
+            // bytes that are not UTF-8.
+            Err(_) => Err(error(StatusCode::BAD_REQUEST, "the key is not valid UTF-8")),
+        }
+    }
+}
+
+/// The query string's `name=value` pairs, form-decoded, in their order.
+struct Pairs(Vec<(String, String)>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Pairs {
+    type Rejection = Answer;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Answer> {
+        // Form decoding takes any string (bytes that are not UTF-8 are
+        // replaced), so this is never refused.
+        match <Query<Vec<(String, String)>>>::from_request_parts(parts, state).await {
+            Ok(Query(pairs)) => Ok(Self(pairs)),
+            Err(e) => Err(error(StatusCode::BAD_REQUEST, &e.body_text())),
+        }
+    }
+}
+
+async fn inspect(State(calls): State<Calls>, Key(key): Key) -> Answer {
+    calls.admin.inspect(&key, &calls.store).await
+}
+
+async fn forget(State(calls): State<Calls>, Key(key): Key, Pairs(q): Pairs) -> Answer {
+    let who = param(&q, "by").unwrap_or("admin API");
+    calls.admin.forget(&key, who, &calls.store).await
+}
+
+async fn find(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    calls.admin.find(&q, &calls.store).await
+}
+
+async fn journal(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    calls.admin.journal(&q).await
 }

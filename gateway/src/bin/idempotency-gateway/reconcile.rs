@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use http::Method;
 use idempotency_gateway::journal::{
     channel_presets, format_yuan, parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill,
-    Finding, JournalRecord,
+    BillChannel, Finding, JournalRecord,
 };
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -40,17 +40,19 @@ pub struct Reconcile {
     target: Target,
 }
 
+/// `--channel`: clap parses it (its `--help` lists the values), the
+/// library's [`BillChannel`] is what it means.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum Channel {
     Wechatpay,
     Alipay,
 }
 
-impl Channel {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Wechatpay => "wechatpay",
-            Self::Alipay => "alipay",
+impl From<Channel> for BillChannel {
+    fn from(channel: Channel) -> Self {
+        match channel {
+            Channel::Wechatpay => Self::Wechatpay,
+            Channel::Alipay => Self::Alipay,
         }
     }
 }
@@ -73,7 +75,7 @@ pub fn run(
         Ok(records) => records,
         Err(msg) => return unreadable(format!("cannot read the journal: {msg}")),
     };
-    let findings = reconcile(&bill, &records, channel_presets(a.channel.name()));
+    let findings = reconcile(&bill, &records, channel_presets(a.channel.into()));
     if let Err(e) = print(a, &bill, &findings) {
         return unreadable(format!("cannot write to stdout: {e}"));
     }
@@ -95,7 +97,7 @@ fn read_bill(a: &Reconcile) -> Result<Bill, String> {
         format!(
             "the bill {} is not a readable {} bill: {e}",
             a.bill.display(),
-            a.channel.name()
+            BillChannel::from(a.channel),
         )
     })
 }
@@ -168,7 +170,7 @@ fn print(a: &Reconcile, bill: &Bill, findings: &[Finding]) -> std::io::Result<()
     if a.target.format == Format::Json {
         let findings: Vec<Value> = findings.iter().map(finding_json).collect();
         let report = json!({
-            "channel": a.channel.name(),
+            "channel": BillChannel::from(a.channel).as_str(),
             "paid": bill.lines.len(),
             "skipped": bill.skipped,
             "findings": findings,
