@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tower_idempotency::store::{
     Claim, CompletedRecord, MemoryStore, OwnerToken, Store, StoreError, StoreErrorKind,
 };
@@ -37,6 +37,17 @@ pub trait Faults: Clone + Send + Sync + 'static {
     fn after(&self, op: Op, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
         let _ = (op, key);
         async { Ok(()) }
+    }
+
+    /// Sees the call's answer: its error, if it failed.
+    fn answered(&self, op: Op, key: &str, error: Option<&StoreError>) {
+        let _ = (op, key, error);
+    }
+
+    /// The caller dropped the call `waited` after it began, before it was
+    /// answered (a timeout or a cancelled request).
+    fn dropped(&self, op: Op, key: &str, waited: Duration) {
+        let _ = (op, key, waited);
     }
 }
 
@@ -80,10 +91,40 @@ impl<F: Faults, St: Store> FaultStore<F, St> {
         key: &str,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.faults.before(op, key).await?;
-        let out = call.await;
-        self.faults.after(op, key).await?;
+        let mut pending = Pending {
+            faults: &self.faults,
+            op,
+            key,
+            since: Instant::now(),
+            answered: false,
+        };
+        let out = async {
+            self.faults.before(op, key).await?;
+            let out = call.await;
+            self.faults.after(op, key).await?;
+            out
+        }
+        .await;
+        pending.answered = true;
+        self.faults.answered(op, key, out.as_ref().err());
         out
+    }
+}
+
+/// A call under way: dropped unanswered, it tells the plan.
+struct Pending<'a, F: Faults> {
+    faults: &'a F,
+    op: Op,
+    key: &'a str,
+    since: Instant,
+    answered: bool,
+}
+
+impl<F: Faults> Drop for Pending<'_, F> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.faults.dropped(self.op, self.key, self.since.elapsed());
+        }
     }
 }
 

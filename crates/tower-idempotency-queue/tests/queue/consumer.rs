@@ -28,17 +28,7 @@ fn fp(s: &str) -> Fingerprint {
     Fingerprint::of(s.as_bytes())
 }
 
-#[derive(Debug)]
-struct Down;
-
-impl std::fmt::Display for Down {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("upstream down")
-    }
-}
-
-/// Retried, as a handler's failure is unless it says otherwise.
-impl tower_idempotency::consumer::Failure for Down {}
+use crate::Down;
 
 mod cases {
     use super::*;

@@ -21,17 +21,7 @@ use tower_idempotency_queue::{
 };
 use tower_idempotency_redis::RedisStore;
 
-#[derive(Debug)]
-struct Down;
-
-impl std::fmt::Display for Down {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("upstream down")
-    }
-}
-
-/// Retried, as a handler's failure is unless it says otherwise.
-impl tower_idempotency::consumer::Failure for Down {}
+use crate::Down;
 
 use temp::TempDir;
 /// A fresh directory under the system temp dir, removed on drop.

@@ -3,6 +3,7 @@
 //! independent WeChat Pay v3 stacks, each behind its own loopback hyper
 //! server, take a retry storm together.
 
+use common::faults::{FaultStore, Faults, Op};
 use test_support::common;
 use test_support::support_redis;
 
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support_redis::{redis_available, shared_cluster, RedisServer};
 use tower::{service_fn, ServiceBuilder};
-use tower_idempotency::store::{Claim, CompletedRecord, OwnerToken, Store, StoreError};
+use tower_idempotency::store::{Claim, OwnerToken, Store, StoreError};
 use tower_idempotency::IdempotencyLayer;
 use tower_idempotency_redis::RedisStore;
 
@@ -46,82 +47,35 @@ fn notification(id: &str) -> String {
     )
 }
 
-/// Delegates to a store and keeps the errors it returns, for diagnostics.
-#[derive(Clone)]
-struct Recording<St> {
-    inner: St,
+/// Delegates to a store and keeps the errors it returns, and the claims
+/// the layer's store timeout cancelled, for diagnostics.
+type Recording<St> = FaultStore<Recorder, St>;
+
+#[derive(Clone, Default)]
+struct Recorder {
     errors: Arc<Mutex<Vec<String>>>,
 }
 
-impl<St: Store> Recording<St> {
-    fn new(inner: St) -> Self {
-        Self {
-            inner,
-            errors: Arc::default(),
+impl Faults for Recorder {
+    fn answered(&self, op: Op, _key: &str, error: Option<&StoreError>) {
+        if let Some(e) = error {
+            let msg = format!("{op:?}: {e} ({:?})", e.kind());
+            self.errors.lock().unwrap().push(msg);
         }
     }
 
-    fn note<T>(&self, op: &str, r: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(e) = &r {
-            self.errors
-                .lock()
-                .unwrap()
-                .push(format!("{op}: {e} ({:?})", e.kind()));
-        }
-        r
-    }
-}
-
-/// Notes a claim cancelled by the layer's store timeout.
-struct Unfinished(Arc<Mutex<Vec<String>>>, Instant, bool);
-
-impl Drop for Unfinished {
-    fn drop(&mut self) {
-        if self.2 {
-            let msg = format!("claim cancelled after {:?}", self.1.elapsed());
-            self.0.lock().unwrap().push(msg);
+    fn dropped(&self, op: Op, _key: &str, waited: Duration) {
+        if op == Op::Claim {
+            let msg = format!("claim cancelled after {waited:?}");
+            self.errors.lock().unwrap().push(msg);
         }
     }
 }
 
-impl<St: Store> Store for Recording<St> {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: tower_idempotency::Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let mut guard = Unfinished(self.errors.clone(), Instant::now(), true);
-        let r = self.inner.claim(key, fingerprint, token, lease).await;
-        guard.2 = false;
-        self.note("claim", r)
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> Result<bool, StoreError> {
-        let r = self.inner.complete(key, token, record, window).await;
-        self.note("complete", r)
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let r = self.inner.renew(key, token, lease).await;
-        self.note("renew", r)
-    }
-
-    async fn release(&self, key: &str, token: OwnerToken) -> Result<bool, StoreError> {
-        let r = self.inner.release(key, token).await;
-        self.note("release", r)
+fn recording<St: Store>(inner: St) -> Recording<St> {
+    FaultStore {
+        inner,
+        faults: Recorder::default(),
     }
 }
 
@@ -208,7 +162,7 @@ async fn storm_over_three_instances<St: Store>(stores: [St; 3], transactions: us
     let mut addrs = Vec::new();
     let mut recorders = Vec::new();
     for store in stores {
-        let store = Recording::new(store);
+        let store = recording(store);
         recorders.push(store.clone());
         // Everything else at its default, but a debug build on a busy CI box
         // can stall a store call past the default one second; this test is

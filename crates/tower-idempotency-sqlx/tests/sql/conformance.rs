@@ -15,18 +15,6 @@ use tower_idempotency::store::{Claim, Forgotten, OwnerToken, Store};
 /// Keeps whatever the store needs (a server) alive for one test.
 type Guard = Option<Arc<dyn Any + Send + Sync>>;
 
-mod redis_setup {
-    use super::support_redis::shared_standalone;
-    use super::*;
-    use tower_idempotency_redis::RedisStore;
-
-    pub(super) async fn standalone() -> Option<(RedisStore, Guard)> {
-        let server = shared_standalone()?;
-        let store = RedisStore::standalone(server.url()).await.unwrap();
-        Some((store, Some(server)))
-    }
-}
-
 mod sql_setup {
     use super::support_sql::{shared_mariadb, shared_postgres, SqliteFile};
     use super::*;
@@ -60,7 +48,10 @@ async fn tiered_redis_postgres() -> Option<(
     >,
     Guard,
 )> {
-    let (front, redis) = redis_setup::standalone().await?;
+    let redis = support_redis::shared_standalone()?;
+    let front = tower_idempotency_redis::RedisStore::standalone(redis.url())
+        .await
+        .unwrap();
     let (back, pg) = sql_setup::postgres().await?;
     let guard: Guard = Some(Arc::new((redis, pg)));
     Some((
