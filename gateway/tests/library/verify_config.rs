@@ -2,55 +2,10 @@
 //! verifier, strict about its fields, secrets read from where it says.
 
 use test_support::common;
-use test_support::verify_support::{at, wechatpay_v3};
+use test_support::verify_support::{through, wechatpay_v3};
 
-use bytes::Bytes;
-use common::Counter;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::StatusCode;
 use idempotency_gateway::config::VerifyConfig;
-use std::convert::Infallible;
-use tower::{service_fn, Layer, ServiceExt};
-use tower_idempotency::verify::{Verified, VerifyBody, VerifyLayer};
-use tower_idempotency::Outcome;
-
-/// Sends one request through the verify layer alone; returns the status, the
-/// outcome and whether the handler saw a `Verified` marker.
-async fn through(
-    keys: VerifyLayer,
-    now: u64,
-    headers: &[(String, String)],
-    body: Vec<u8>,
-) -> (StatusCode, Option<Outcome>, bool) {
-    let seen = Counter::default();
-    let handler = {
-        let seen = seen.clone();
-        service_fn(move |req: Request<VerifyBody<Full<Bytes>>>| {
-            let seen = seen.clone();
-            async move {
-                if req.extensions().get::<Verified>().is_some() {
-                    seen.bump();
-                }
-                let _ = req.into_body().collect().await;
-                Ok::<_, Infallible>(Response::new(Full::<Bytes>::default()))
-            }
-        })
-    };
-    let svc = keys.clock(move || at(now)).layer(handler);
-    let mut req = Request::post("/notify");
-    for (k, v) in headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    let res = svc
-        .oneshot(req.body(Full::new(Bytes::from(body))).unwrap())
-        .await
-        .unwrap();
-    (
-        res.status(),
-        res.extensions().get::<Outcome>().copied(),
-        seen.get() == 1,
-    )
-}
 
 #[tokio::test]
 async fn a_verify_table_builds_the_route_verifier() {

@@ -2,12 +2,16 @@
 
 pub mod signed;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency::verify::{
-    AdyenKeys, AlipayKeys, PayPalKeys, StandardWebhooksKeys, StripeKeys, VerifyLayer,
-    WechatPayV2Keys, WechatPayV3Keys,
+    AdyenKeys, AlipayKeys, PayPalKeys, StandardWebhooksKeys, StripeKeys, Verified, VerifyBody,
+    VerifyLayer, WechatPayV2Keys, WechatPayV3Keys,
 };
+use tower_idempotency::Outcome;
 
 pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(crate::common::vectors::fixtures_dir().join(name)).unwrap()
@@ -257,4 +261,42 @@ pub fn cases() -> Vec<Case> {
         adyen_platform(),
         paypal(),
     ]
+}
+
+/// Sends one request through the verify layer alone; returns the status, the
+/// outcome and whether the handler saw a `Verified` marker.
+pub async fn through(
+    keys: VerifyLayer,
+    now: u64,
+    headers: &[(String, String)],
+    body: Vec<u8>,
+) -> (http::StatusCode, Option<Outcome>, bool) {
+    let seen = crate::common::Counter::default();
+    let handler = {
+        let seen = seen.clone();
+        service_fn(move |req: http::Request<VerifyBody<Full<Bytes>>>| {
+            let seen = seen.clone();
+            async move {
+                if req.extensions().get::<Verified>().is_some() {
+                    seen.bump();
+                }
+                let _ = req.into_body().collect().await;
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::<Bytes>::default()))
+            }
+        })
+    };
+    let svc = keys.clock(move || at(now)).layer(handler);
+    let mut req = http::Request::post("/notify");
+    for (k, v) in headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let res = svc
+        .oneshot(req.body(Full::new(Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    (
+        res.status(),
+        res.extensions().get::<Outcome>().copied(),
+        seen.get() == 1,
+    )
 }

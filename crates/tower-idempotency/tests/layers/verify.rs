@@ -15,49 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency::store::StoreError;
-use tower_idempotency::verify::{
-    DecryptedResource, StripeKeys, Verified, VerifyBody, VerifyLayer, WechatPayV3Keys,
-};
+use tower_idempotency::verify::{DecryptedResource, StripeKeys, VerifyLayer, WechatPayV3Keys};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Outcome};
-use verify_support::{at, cases, fixture, meta, wechatpay_v3, wechatpay_v3_keys, Case};
-
-/// Sends one request through the verify layer alone; returns the status, the
-/// outcome and whether the handler saw a `Verified` marker.
-async fn through(
-    keys: VerifyLayer,
-    now: u64,
-    headers: &[(String, String)],
-    body: Vec<u8>,
-) -> (StatusCode, Option<Outcome>, bool) {
-    let seen = Counter::default();
-    let handler = {
-        let seen = seen.clone();
-        service_fn(move |req: Request<VerifyBody<Full<Bytes>>>| {
-            let seen = seen.clone();
-            async move {
-                if req.extensions().get::<Verified>().is_some() {
-                    seen.bump();
-                }
-                let _ = req.into_body().collect().await;
-                Ok::<_, Infallible>(Response::new(Full::<Bytes>::default()))
-            }
-        })
-    };
-    let svc = keys.clock(move || at(now)).layer(handler);
-    let mut req = Request::post("/notify");
-    for (k, v) in headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    let res = svc
-        .oneshot(req.body(Full::new(Bytes::from(body))).unwrap())
-        .await
-        .unwrap();
-    (
-        res.status(),
-        res.extensions().get::<Outcome>().copied(),
-        seen.get() == 1,
-    )
-}
+use verify_support::{at, cases, fixture, meta, through, wechatpay_v3, wechatpay_v3_keys, Case};
 
 fn replace_once(body: &[u8], (from, to): (&str, &str)) -> Vec<u8> {
     let text = String::from_utf8(body.to_vec()).unwrap();
