@@ -253,6 +253,7 @@ async fn killed_after_ack_delivered_once_after_restart(queue: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_after_ack_delivered_once_after_restart_embedded() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let dir = temp_path("ack-kill");
     killed_after_ack_delivered_once_after_restart(&["--data-dir", dir.to_str().unwrap()]).await;
     let _ = std::fs::remove_dir_all(dir);
@@ -260,6 +261,7 @@ async fn kill_9_after_ack_delivered_once_after_restart_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some(redis) = own_redis() else {
         return;
     };
@@ -282,6 +284,7 @@ fn rabbitmq_queue(tag: &str) -> Option<(Arc<support_rabbitmq::RabbitServer>, Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_after_ack_delivered_once_after_restart_rabbitmq() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some((_broker, url)) = rabbitmq_queue("kill") else {
         return;
     };
@@ -529,6 +532,7 @@ async fn dead_letter_replayed_once_while_running(
 /// afterwards are duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_dead_letter_replayed_once_with_dlq_subcommands() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some((_broker, url)) = rabbitmq_queue("dlq") else {
         return;
     };
@@ -633,6 +637,7 @@ async fn forgotten_key_is_delivered_again(queue: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_on_an_ack_route_delivers_the_next_copy_again_embedded() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let dir = temp_path("ack-forget-queue");
     forgotten_key_is_delivered_again(&["--queue", dir.to_str().unwrap()]).await;
     let _ = std::fs::remove_dir_all(dir);
@@ -640,6 +645,7 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some(redis) = own_redis() else {
         return;
     };
@@ -648,6 +654,7 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_on_an_ack_route_delivers_the_next_copy_again_rabbitmq() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some((_broker, url)) = rabbitmq_queue("forget") else {
         return;
     };
@@ -656,6 +663,7 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_rabbitmq() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_listed_and_replayed_once_with_dlq_subcommands() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let (up, up_addr) = Upstream::start(true).await;
     let dir = temp_path("ack-dlq");
     let queue = ["--data-dir", dir.to_str().unwrap()];
@@ -770,6 +778,7 @@ fn config_file_mode_ack_then_deliver_is_checked() {
 /// each is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dead_letters_replayed_in_bulk_by_filter() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let (up, up_addr) = Upstream::start(true).await;
     let dir = temp_path("ack-dlq-bulk");
     let queue = ["--data-dir", dir.to_str().unwrap()];
@@ -1118,6 +1127,7 @@ async fn full_disk_freed_then_every_acked_notification_delivered_once_without_re
 /// `/readyz` answers 503, and nothing reaches the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_dir_reserve_over_the_free_space_refuses_ingests_with_the_failure_reply() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some(disk) = Tmpfs::mount("3m") else {
         return;
     };
@@ -1151,6 +1161,7 @@ async fn data_dir_reserve_over_the_free_space_refuses_ingests_with_the_failure_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_after_ack_delivered_once_after_restart_jetstream() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some(nats) = support_nats::own() else {
         return;
     };
@@ -1280,6 +1291,7 @@ async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothi
 /// password (an unreachable server stops the start, exit 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
+    let _beside = crate::gateway_support::beside_storms().await;
     if !support_nats::nats_available() {
         return;
     }
@@ -1348,6 +1360,7 @@ async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
 /// runs, then delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some(nats) = support_nats::own() else {
         return;
     };
@@ -1366,6 +1379,7 @@ mod amqp_consumer_example;
 /// was sent three times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn amqp_consumer_example_handles_each_notification_the_gateway_queued_once_rabbitmq() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let Some((_broker, url)) = rabbitmq_queue("example") else {
         return;
     };

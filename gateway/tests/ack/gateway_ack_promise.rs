@@ -115,6 +115,7 @@ async fn send_stripe(gw: &Gateway, secret: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_then_retried_past_the_signature_tolerance_is_delivered() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let up = Upstream::with(failing_first(3, Arc::default())).await;
     let dir = temp_path("ack-tolerance");
     let config = stripe_config(&dir, SECRET);
@@ -144,6 +145,7 @@ async fn acknowledged_then_retried_past_the_signature_tolerance_is_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_then_secret_rotated_out_or_dead_lettered_is_still_delivered() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let down = Arc::new(AtomicBool::new(true));
     let up = Upstream::with(failing_first(0, down.clone())).await;
     let dir = temp_path("ack-rotated");
@@ -193,6 +195,7 @@ fn alipay(amount: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_first_copy_does_not_keep_the_genuine_one_out() {
+    let _beside = crate::gateway_support::beside_storms().await;
     // The upstream verifies: the forged amount gets 401.
     let up = Upstream::with(Replies::default().status(|seen| {
         if String::from_utf8_lossy(&seen.body).contains("total_amount=999.00") {
@@ -276,6 +279,7 @@ async fn send_wechat(gw: &Gateway, id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entry_of_a_route_now_synchronous_is_delivered_and_an_unrouted_one_kept() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let down = Arc::new(AtomicBool::new(true));
     let up = Upstream::with(failing_first(0, down.clone())).await;
     let dir = temp_path("ack-stranded");
@@ -368,6 +372,7 @@ async fn undecodable_entry_set_aside(queue: &[&str], inject: impl FnOnce()) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
     if !support_redis::redis_available() {
         eprintln!("skipped: no redis-server");
         return;
@@ -383,6 +388,7 @@ async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_redis_streams
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_embedded() {
+    let _beside = crate::gateway_support::beside_storms().await;
     const STATE: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("state");
     const MESSAGES: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("messages");
     let dir = temp_path("ack-undecodable");
@@ -411,6 +417,7 @@ async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_replicas_hold_the_acknowledgement_and_memory_store_is_warned_about() {
+    let _beside = crate::gateway_support::beside_storms().await;
     if !support_redis::redis_available() {
         eprintln!("skipped: no redis-server");
         return;

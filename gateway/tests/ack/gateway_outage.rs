@@ -437,6 +437,7 @@ async fn without_a_limit_the_backlog_knocks_the_upstream_over() {
 /// and then the same key runs.
 #[tokio::test]
 async fn in_flight_limit_answers_a_client_api_with_503_and_retry_after() {
+    let _beside = crate::gateway_support::beside_storms().await;
     use idempotency_gateway::shed::InFlightLimitLayer;
     use tower::{ServiceBuilder, ServiceExt};
     use tower_idempotency::{IdempotencyLayer, Outcome};

@@ -126,6 +126,7 @@ async fn until(what: &str, gw: &Gateway, mut done: impl FnMut() -> bool) {
 /// once. The changes are logged, naming the route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_stops_deliveries_for_the_cooldown_then_probes_once() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let (up, url) = Upstream::start(true).await;
     let keys = "deliver_concurrency = 1\nbreaker_failures = 3\nbreaker_cooldown = \"2s\"\n\
                 retry_schedule = [\"10ms\"]";
@@ -187,6 +188,7 @@ async fn the_breaker_stops_deliveries_for_the_cooldown_then_probes_once() {
 /// minute away; without the key all of them are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliver_rate_holds_the_deliveries_back() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let (up, url) = Upstream::start(false).await;
     let (gw, metrics) = gateway(&url, "", "deliver_rate = \"1/m\"");
     notify(&gw, "rate", 4).await;
@@ -212,6 +214,7 @@ async fn deliver_rate_holds_the_deliveries_back() {
 /// repeating, and is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_schedule_replaces_the_backoff() {
+    let _beside = crate::gateway_support::beside_storms().await;
     let (up, url) = Upstream::start(true).await;
     let top = "retry_backoff = \"1h\"\nmax_attempts = 4";
     let (gw, metrics) = gateway(&url, top, "retry_schedule = [\"10ms\", \"20ms\"]");
@@ -294,6 +297,7 @@ fn bad_pacing_values_exit_2_naming_the_key() {
 /// failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliver_concurrency_above_the_routes_max_in_flight_is_lowered_to_it() {
+    let _beside = crate::gateway_support::beside_storms().await;
     #[derive(Default)]
     struct Slow {
         now: AtomicUsize,

@@ -249,12 +249,21 @@ pub fn exits_2(mut cmd: Command, hint: &str) {
     assert!(out.stdout.is_empty(), "{cmd:?}");
 }
 
-/// Holds the tests of one binary that push a storm through the gateway (or
-/// take brokers down under one) to one at a time: on a small machine, two
-/// storms and the brokers they start compete for the cores, and a timing a
-/// test asserts (every copy acknowledged at its first try) is then the
-/// other test's, not the gateway's. A test that panicked releases it too.
-pub async fn one_storm_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static STORM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    STORM.lock().await
+/// The tests of one binary that push a storm through the gateway (or take
+/// brokers down under one) run alone: on a small machine, a storm and what
+/// another test starts beside it (a broker of its own, a gateway killed
+/// and restarted) compete for the cores, and a timing a storm asserts (every
+/// copy acknowledged at its first try, within the broker's bound) is then
+/// the other test's, not the gateway's. Every other test of such a binary
+/// holds [`beside_storms`]. A test that panicked releases its hold too.
+pub async fn one_storm_at_a_time() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    STORMS.write().await
 }
+
+/// What a test of a binary with storms holds while it runs: any number of
+/// them run together, never beside a storm (see [`one_storm_at_a_time`]).
+pub async fn beside_storms() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    STORMS.read().await
+}
+
+static STORMS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
