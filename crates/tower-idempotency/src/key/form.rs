@@ -121,18 +121,21 @@ pub(crate) fn parse_form_strict(body: &[u8]) -> Result<Vec<FormField>, Cow<'stat
 
 /// `application/x-www-form-urlencoded` byte decoding: `+` is a space, `%XX`
 /// a byte; a `%` not followed by two hex digits stays as it is (the
-/// `percent-encoding` crate's decoding, as `form_urlencoded` does it: `+`
-/// replaced first, so that an escaped `%2B` stays a `+`). Borrowed when
-/// nothing is decoded.
+/// `percent-encoding` crate's decoding). The pieces between `+`s are
+/// decoded one by one, so that an escaped `%2B` stays a `+` (no escape
+/// spans a `+`), into one buffer. Borrowed when nothing is decoded.
 fn percent_decode(raw: &[u8]) -> Cow<'_, [u8]> {
     if !raw.contains(&b'+') {
         return percent_encoding::percent_decode(raw).into();
     }
-    let spaced: Vec<u8> = raw
-        .iter()
-        .map(|&b| if b == b'+' { b' ' } else { b })
-        .collect();
-    Cow::Owned(percent_encoding::percent_decode(&spaced).collect())
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, piece) in raw.split(|&b| b == b'+').enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend(percent_encoding::percent_decode(piece));
+    }
+    Cow::Owned(out)
 }
 
 /// `application/x-www-form-urlencoded` decoding to UTF-8 text (lossy).
