@@ -23,7 +23,7 @@ use tower_idempotency::IdempotencyLayer;
 mod key_example {
     include!("readme/key_example.rs");
 
-    use super::{read, request, ServiceExt};
+    use super::{read, request, Logs, ServiceExt};
 
     /// The first program: one order per key, the retry answered from the
     /// record; a key with a space is refused.
@@ -48,6 +48,30 @@ mod key_example {
         assert_eq!(again.text(), first.text());
         assert_eq!(send("7f1c-order-1", "two books").await.status, 422);
         assert_eq!(send("a b", "book").await.status, 400);
+    }
+
+    /// A refusal for a reused key is logged with the request's id, as the
+    /// verify layer's refusals are.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reused_key_is_logged_with_the_request_id() {
+        let logs = Logs::default();
+        let _guard = logs.capture();
+        let router = app();
+        for (body, status) in [("book", 200), ("two books", 422)] {
+            let headers = [("idempotency-key", "k-9"), ("x-request-id", "req-9")];
+            let res = router
+                .clone()
+                .oneshot(request("/orders", &headers, body))
+                .await
+                .unwrap();
+            assert_eq!(read(res).await.status, status);
+        }
+        let text = logs.text();
+        let line = text
+            .lines()
+            .find(|l| l.contains("reused with a different payload"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains("request_id=\"req-9\""), "{line}");
     }
 }
 
