@@ -41,6 +41,10 @@ CONNECTIONS=${CONNECTIONS:-64}
 NGINX_WORKERS=${NGINX_WORKERS:-auto}
 
 cd "$(dirname "$0")/../.."
+# Release builds ship without debug info; perf's and callgrind's
+# line-level symbols need it (both sides of an A/B alike: the variable
+# works for commits from before the release profile dropped it too).
+export CARGO_PROFILE_RELEASE_DEBUG=${CARGO_PROFILE_RELEASE_DEBUG:-1}
 ROOT=$PWD
 for tool in nginx wrk git cargo; do
     command -v "$tool" >/dev/null || { echo "$tool not found (apt-get install -y nginx wrk)" >&2; exit 1; }

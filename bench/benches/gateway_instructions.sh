@@ -23,6 +23,10 @@
 # from 1), for `callgrind_annotate --inclusive=no`; `bench/benches/cg_diff.py
 # DIR/N.MODE.small.callgrind DIR/N.MODE.callgrind REQUESTS` gives the
 # instructions per request of each function (start-up cancels out).
+# Build the binaries with debug info for callgrind_annotate's lines
+# (`CARGO_PROFILE_RELEASE_DEBUG=1 cargo build --release -p
+# idempotency-gateway`, as bench/benches/ab.sh and profile.sh do); the
+# release profile ships without it.
 set -euo pipefail
 
 N=${N:-1000}

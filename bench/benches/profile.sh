@@ -14,6 +14,10 @@ set -euo pipefail
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-6}
 TOP=${TOP:-30}
 cd "$(dirname "$0")/../.."
+# Release builds ship without debug info; perf's and callgrind's
+# line-level symbols need it (both sides of an A/B alike: the variable
+# works for commits from before the release profile dropped it too).
+export CARGO_PROFILE_RELEASE_DEBUG=${CARGO_PROFILE_RELEASE_DEBUG:-1}
 for tool in nginx wrk perf strace; do
     command -v "$tool" >/dev/null || { echo "$tool not found (apt-get install -y nginx wrk linux-perf strace)" >&2; exit 1; }
 done

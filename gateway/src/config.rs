@@ -205,8 +205,15 @@ impl VerifyConfig {
         self.tolerance
             .as_deref()
             .map(|t| {
-                humantime::parse_duration(t)
-                    .map_err(|e| VerifyConfigError(format!("tolerance {t:?}: {e}")))
+                let d = humantime::parse_duration(t)
+                    .map_err(|e| VerifyConfigError(format!("tolerance {t:?}: {e}")))?;
+                // A duration of the config, as every other: at most a year.
+                if d > tower_idempotency::dedup::MAX_SETTING {
+                    return Err(VerifyConfigError(format!(
+                        "tolerance {t:?}: must be at most a year (365d)"
+                    )));
+                }
+                Ok(d)
             })
             .transpose()
     }

@@ -4,6 +4,32 @@
 //! handler completes in its own transaction ([`CompleteIn`]), so that the
 //! business write and the record commit together or not at all.
 //!
+//! An `Idempotency-Key` API whose records live in the shop's SQLite file
+//! (`postgres://…` or `mysql://…` the same way, with their feature;
+//! `cargo add tower-idempotency-sqlx --features sqlite`, and
+//! `tower-idempotency`, `axum`, `tokio` with `full`):
+//!
+//! ```no_run
+//! use axum::{routing::post, Router};
+//! use tower_idempotency::IdempotencyLayer;
+//! use tower_idempotency_sqlx::SqlStore;
+//!
+//! async fn create_order(body: String) -> String {
+//!     format!("order created from {body}\n")
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // Creates the table `idempotency_records` if it is missing.
+//!     let store = SqlStore::connect("sqlite:shop.db").await?;
+//!     let layer = IdempotencyLayer::idempotency_key().with_store(store);
+//!     let app = Router::new().route("/orders", post(create_order).layer(layer));
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! Everything public is on [`SqlStore`]; the statements live in one file per
 //! database (`postgres.rs`, `mysql.rs`, `sqlite.rs`), as constants.
 //!
@@ -18,8 +44,9 @@
 //! | `mysql` | MySQL and MariaDB: `mysql://` and `mariadb://` URLs, `SqlStore::mysql` and `SqlStore::as_mysql`, [`SqlConnection`] for `MySqlConnection` |
 //! | `sqlite` | SQLite: `sqlite:` URLs (a file), `SqlStore::sqlite` and `SqlStore::as_sqlite`, [`SqlConnection`] for `SqliteConnection` |
 //!
-//! ```toml
-//! tower-idempotency-sqlx = { version = "0.1", features = ["postgres"] }
+//! ```sh
+//! # not on crates.io yet: from a clone of the repository
+//! cargo add tower-idempotency-sqlx --path ../tower-idempotency/crates/tower-idempotency-sqlx --features postgres
 //! ```
 //!
 //! [`SqlStore::connect`] refuses the URL of a database whose feature is off

@@ -89,6 +89,50 @@ async fn client_keys_cover_the_query_take_the_string_form_and_refuse_as_problem_
         b"{}",
     );
     problem(&a, 400, "Idempotency-Key is malformed");
+    // A bare key is visible ASCII: a space is refused, never taken as a key;
+    // inside the string form's quotes it is part of the key.
+    let calls = up.total();
+    for bare in ["a b", "a\tb"] {
+        let a = raw(
+            gw.addr,
+            "POST",
+            b"/api/pay",
+            &[("idempotency-key", bare), json],
+            b"{}",
+        );
+        let p = problem(&a, 400, "Idempotency-Key is malformed");
+        assert!(
+            p["detail"].as_str().unwrap().contains("visible ASCII"),
+            "{p}"
+        );
+    }
+    assert_eq!(
+        up.total(),
+        calls,
+        "a malformed key never reaches the upstream"
+    );
+    for (value, replayed) in [("\"a b\"", false), ("\"a b\"", true)] {
+        let a = raw(
+            gw.addr,
+            "POST",
+            b"/api/pay",
+            &[("idempotency-key", value), json],
+            b"{}",
+        );
+        assert_eq!((a.status, a.replayed()), (200, replayed), "{a:?}");
+    }
+    assert_eq!(up.total(), calls + 1);
+    let a = raw(
+        gw.addr,
+        "POST",
+        b"/api/pay",
+        &[
+            ("idempotency-key", "123e4567-e89b-12d3-a456-426614174000"),
+            json,
+        ],
+        b"{}",
+    );
+    assert_eq!(a.status, 200, "a UUID (digits first) is a key: {a:?}");
 
     let a = raw(gw.addr, "POST", b"/api/pay", &[json], b"{}");
     let p = problem(&a, 400, "Idempotency-Key is missing");

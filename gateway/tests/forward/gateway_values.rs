@@ -71,6 +71,24 @@ fn values_that_cannot_work_exit_2() {
         exits_2(cmd, &format!(":2: {hint}"));
         let _ = std::fs::remove_file(&file);
     }
+    // A verify table's tolerance is a duration like the others: at most a
+    // year, refused at its line.
+    let file = gateway_support::temp_path("tolerance.toml");
+    std::fs::write(
+        &file,
+        "upstream = \"http://127.0.0.1:1\"\n[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\n\
+         verify = { secrets = [\"whsec_dGVzdA==\"], tolerance = \"2000d\" }\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(gateway_bin());
+    cmd.args(["--listen", "127.0.0.1:0", "--check-config", "--config"])
+        .arg(&file);
+    exits_2(cmd, ":5:");
+    let mut cmd = Command::new(gateway_bin());
+    cmd.args(["--listen", "127.0.0.1:0", "--check-config", "--config"])
+        .arg(&file);
+    exits_2(cmd, "tolerance \"2000d\": must be at most a year");
+    let _ = std::fs::remove_file(&file);
     // The new keys are read from the file.
     let file = gateway_support::temp_path("good.toml");
     std::fs::write(

@@ -671,6 +671,74 @@ async fn the_commands_take_the_gateways_own_flags() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("no key ending in :evt_own_flags"));
 }
 
+/// `inspect` with the channel's (or the client's) own key, not the stored
+/// form `idem:PRESET:ROUTE:PRINCIPAL:KEY`, looks it up as `--id` does; an
+/// id nobody sent is an error (exit 1), never `record: absent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_with_the_senders_own_key_looks_it_up_as_id_does() {
+    let up = Upstream::start().await;
+    let ops = start(&up.url(), "memory");
+    assert_eq!(send(&ops, "evt_bare_key").await, 200);
+    let (code, out, err) = gateway(&ops, &["inspect", "evt_bare_key"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("key: idem:stripe:/notify/stripe::evt_bare_key"),
+        "{out}"
+    );
+    assert!(out.contains("record: completed: status 200"), "{out}");
+    assert!(!out.contains("absent"), "{out}");
+    let (code, out, err) = gateway(&ops, &["inspect", "evt_never_sent"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(!out.contains("record: absent"), "{out}");
+    assert!(err.contains("idem:PRESET:ROUTE:PRINCIPAL:KEY"), "{err}");
+    assert!(err.contains("evt_never_sent"), "{err}");
+    // The stored form still reads the store, absent or not.
+    let (code, out, err) = gateway(
+        &ops,
+        &["inspect", "idem:stripe:/notify/stripe::evt_never_sent"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("record: absent"), "{out}");
+}
+
+/// A command that cannot reach the admin API says how to point it there.
+#[test]
+fn an_unreachable_admin_api_names_the_flags_that_find_it() {
+    let token_file = temp_path("admin-token");
+    write_token(&token_file, &format!("{TOKEN}\n"));
+    let nobody = free_addr();
+    for args in [
+        vec!["forget".to_owned(), "idem:stripe:/s::evt_1".to_owned()],
+        vec!["journal".to_owned()],
+        vec![
+            "--metrics-listen".to_owned(),
+            nobody.to_string(),
+            "inspect".to_owned(),
+            "evt_1".to_owned(),
+        ],
+    ] {
+        let out = Command::new(gateway_bin())
+            .args(&args)
+            .env("IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE", &token_file)
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
+            .env_remove("IDEMPOTENCY_GATEWAY_METRICS_LISTEN")
+            .env_remove("IDEMPOTENCY_GATEWAY_CONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        for hint in [
+            "--admin URL",
+            "--metrics-listen",
+            "IDEMPOTENCY_GATEWAY_ADMIN",
+            "--config",
+        ] {
+            assert!(err.contains(hint), "{args:?}: `{hint}` in {err}");
+        }
+    }
+    let _ = std::fs::remove_file(&token_file);
+}
+
 /// Every record of the journal, read page by page through the admin API.
 fn all_pages(ops: &Ops, limit: usize) -> (Vec<serde_json::Value>, usize) {
     let (mut records, mut pages) = (Vec::new(), 0);

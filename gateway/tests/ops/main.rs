@@ -5,6 +5,7 @@ mod gateway_admin;
 mod gateway_backstop;
 mod gateway_fencing;
 mod gateway_ops;
+mod gateway_readme_commands;
 mod gateway_reconcile;
 mod gateway_sql_store;
 #[path = "../gateway_support/mod.rs"]

@@ -14,9 +14,11 @@ use http::HeaderName;
 
 const HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// The draft sends the key as a Structured Field string (`"abc"`, with `\"`
-/// and `\\` escapes, parameters after it ignored); bare tokens (`abc`) are
-/// accepted too and are the same key.
+/// The draft sends the key as a Structured Field string (`"abc"`, a space
+/// allowed inside the quotes, `\"` and `\\` escapes, parameters after it
+/// ignored); a bare value of visible ASCII (`abc`, a UUID, digits first) is
+/// accepted too and is the same key. A bare value with a space or a control
+/// character is malformed.
 fn extract(parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
     let Some(value) = parts.headers.get(HEADER) else {
         return Ok(None);
@@ -27,7 +29,13 @@ fn extract(parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
         .trim();
     let key = match value.strip_prefix('"') {
         Some(rest) => sf_string(rest).map_err(KeyError::invalid_key)?,
-        None => value.to_owned(),
+        None if value.bytes().all(|b| b.is_ascii_graphic()) => value.to_owned(),
+        None => {
+            return Err(KeyError::invalid_key(
+                "the `Idempotency-Key` header must be visible ASCII (a space only inside the \
+                 quotes of its string form, `\"a b\"`)",
+            ));
+        }
     };
     if key.is_empty() {
         return Ok(None);

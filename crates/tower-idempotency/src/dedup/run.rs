@@ -102,7 +102,7 @@ impl<S, St: Store> Run<S, St> {
             match claim {
                 Claim::Completed(record) => {
                     if record.fingerprint != fingerprint {
-                        return Ok(self.mismatch());
+                        return Ok(self.mismatch(req.headers()));
                     }
                     if self.config.strict {
                         return Ok(self.duplicate_submission());
@@ -121,7 +121,7 @@ impl<S, St: Store> Run<S, St> {
                     watch,
                 } => {
                     if running != fingerprint {
-                        return Ok(self.mismatch());
+                        return Ok(self.mismatch(req.headers()));
                     }
                     if self.config.strict {
                         return Ok(self.duplicate_submission());
@@ -300,12 +300,16 @@ impl<S, St: Store> Run<S, St> {
         )
     }
 
-    fn mismatch<ResBody>(&self) -> Response<ResponseBody<ResBody>> {
+    fn mismatch<ResBody>(&self, headers: &http::HeaderMap) -> Response<ResponseBody<ResBody>> {
         outcome::record(self.key.preset_arc(), Outcome::Mismatch);
+        // The request's id (tower-http's `SetRequestIdLayer`), when it has one.
+        let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
         log_warn!(
             key = %self.key.redacted(),
+            request_id,
             "idempotency key reused with a different payload: possible tampering"
         );
+        let _ = request_id;
         let message = match self.key.token_key() {
             Some(_) => {
                 "idempotency token already used for a different request (method, path or body)\n"

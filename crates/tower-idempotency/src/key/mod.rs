@@ -128,6 +128,12 @@ pub struct CapturedRequest {
 
 /// The scoped idempotency key of a request, put into its extensions by the
 /// [`KeyLayer`].
+///
+/// With the `axum` feature it is an axum extractor too (`key:
+/// IdempotencyKey`, or `Option<IdempotencyKey>`). Without it
+/// (`cargo add tower-idempotency --features axum`) rustc cannot name the
+/// feature: its error is axum's ``the trait bound `fn(IdempotencyKey) -> …
+/// {…}: Handler<_, _>` is not satisfied``.
 #[derive(Clone, PartialEq, Eq)]
 pub struct IdempotencyKey {
     scoped: Arc<str>,

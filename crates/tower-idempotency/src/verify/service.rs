@@ -211,11 +211,12 @@ fn refuse<B: From<Bytes>>(config: &VerifyLayer, parts: &Parts, err: &VerifyError
     outcome::record(&config.preset, Outcome::Unverified);
     let channel = config.verifier.as_ref().map_or("custom", |v| v.channel());
     let path = parts.uri.path();
+    // The request's id (tower-http's `SetRequestIdLayer` sets it), when it
+    // has one: the line names no empty id.
     let request_id = parts
         .headers
         .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+        .and_then(|v| v.to_str().ok());
     log_warn!(preset = %config.preset, channel, path, request_id, reason = %err, "unverified request refused");
     let _ = (channel, path, request_id, err);
     // The sender learns only that the signature did not verify; which check

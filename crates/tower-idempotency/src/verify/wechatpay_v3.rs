@@ -23,6 +23,11 @@ use std::time::{Duration, SystemTime};
 /// `.verify(..)`) the extractor answers 500, which the WeChat Pay layers turn
 /// into the channel's failure reply: the notification is retried, never lost.
 /// `Option<DecryptedResource>` is `None` there instead.
+///
+/// Without the `axum` feature (`cargo add tower-idempotency --features
+/// axum,verify`) it is no extractor, and rustc cannot name the feature:
+/// its error is axum's ``the trait bound `fn(DecryptedResource) -> … {…}:
+/// Handler<_, _>` is not satisfied``.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecryptedResource(pub Bytes);
 

@@ -438,3 +438,55 @@ async fn client_fingerprints_cover_the_query_and_refusals_are_problem_details() 
     .await;
     assert_eq!((n, last.replayed()), (1, true), "{}", last.text());
 }
+
+/// A bare `Idempotency-Key` is visible ASCII (UUIDs, keys that start with a
+/// digit); the draft's quoted string may hold a space and `\"`, `\\`
+/// escapes. A bare value with a space or a control character is refused
+/// with 400, never taken as a key.
+#[tokio::test]
+async fn an_idempotency_key_is_visible_ascii_or_a_quoted_string() {
+    let count = Counter::default();
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::idempotency_key())
+        .service(handler(count.clone()));
+    let send = |value: &'static [u8]| {
+        let svc = svc.clone();
+        async move {
+            let mut req = request("/pay", &[], "{}");
+            req.headers_mut()
+                .insert("idempotency-key", HeaderValue::from_bytes(value).unwrap());
+            read(svc.oneshot(req).await.unwrap()).await
+        }
+    };
+    for (value, key) in [
+        (
+            &b"123e4567-e89b-12d3-a456-426614174000"[..],
+            "123e4567-e89b-12d3-a456-426614174000",
+        ),
+        (b"7f1c", "7f1c"),
+        (b"ord:42/a~b!", "ord:42/a~b!"),
+        (b"\"a b\"", "a b"),
+        (br#""say \"hi\" \\ bye""#, r#"say "hi" \ bye"#),
+    ] {
+        let answer = send(value).await;
+        assert_eq!(answer.status, 200, "{value:?}: {}", answer.text());
+        assert!(
+            answer.text().ends_with(key),
+            "{value:?} is the key {key:?}: {}",
+            answer.text()
+        );
+    }
+    let runs = count.get();
+    assert_eq!(runs, 5);
+    for value in [&b"a b"[..], b"a\tb", b"\"a b", b"\"a\tb\"", b"a\"b c"] {
+        let answer = send(value).await;
+        let text = answer.text();
+        assert_eq!(answer.status, 400, "{value:?}: {text}");
+        assert_eq!(answer.headers["content-type"], "application/problem+json");
+        assert!(
+            text.contains("Idempotency-Key is malformed"),
+            "{value:?}: {text}"
+        );
+    }
+    assert_eq!(count.get(), runs, "a refused key never runs the handler");
+}

@@ -37,7 +37,8 @@ pub enum Format {
 /// `gateway inspect KEY`.
 #[derive(Args, Debug, Clone)]
 pub struct Inspect {
-    /// The stored key (`idem:PRESET:ROUTE:PRINCIPAL:KEY`), or with --id the channel's own id
+    /// The stored key (`idem:PRESET:ROUTE:PRINCIPAL:KEY`), or the channel's (or client's) own
+    /// id, looked up in the journal as with --id
     key: String,
     /// KEY is the channel's id (WeChat Pay's notification id, Stripe's event id, ...):
     /// every stored key the journal knows that ends with it
@@ -117,7 +118,10 @@ pub async fn call(
     let res = tokio::time::timeout(std::time::Duration::from_secs(10), client.request(req))
         .await
         .map_err(|_| format!("{uri}: no answer within 10s"))?
-        .map_err(|e| format!("cannot reach the gateway's admin API at {uri}: {e}"))?;
+        .map_err(|e| {
+            let hint = if e.is_connect() { WHERE_IS_IT } else { "" };
+            format!("cannot reach the gateway's admin API at {uri}: {e}{hint}")
+        })?;
     let status = res.status().as_u16();
     let body = res
         .into_body()
@@ -132,6 +136,18 @@ pub async fn call(
         )
     })?;
     Ok((status, json))
+}
+
+/// What a connect error adds: where the commands look for the admin API.
+const WHERE_IS_IT: &str =
+    "\n  the admin API listens on the running gateway's --metrics-listen (with \
+--admin-token-file): give its URL with --admin URL (or IDEMPOTENCY_GATEWAY_ADMIN=URL), or the \
+gateway's own --metrics-listen ADDR or --config FILE";
+
+/// A stored key is `idem:PRESET:ROUTE:PRINCIPAL:KEY` (the gateway's keys
+/// all have the `idem` prefix); anything else is a channel's or client's id.
+fn is_stored_form(key: &str) -> bool {
+    key.starts_with("idem:") && key.matches(':').count() >= 4
 }
 
 /// HTTP, or HTTPS trusting the gateway's `--admin-tls-cert` (the Mozilla
@@ -339,7 +355,10 @@ pub fn run(
         match what {
             Call::Inspect(a) => {
                 let target = a.target.resolve(metrics_listen);
-                let json = if a.id || a.preset.is_some() {
+                // A key not in the stored form is looked up as the id
+                // it is (the client's `Idempotency-Key`, the channel's id).
+                let by_id = a.id || a.preset.is_some() || !is_stored_form(&a.key);
+                let json = if by_id {
                     let pairs = [
                         ("id", Some(a.key.as_str())),
                         ("preset", a.preset.as_deref()),
@@ -357,6 +376,15 @@ pub fn run(
                     let path = format!("/admin/keys/{}", enc(&a.key));
                     call_ok(&target, &token, Method::GET, &path).await?.1
                 };
+                let guessed = !(a.id || a.preset.is_some());
+                if guessed && json["matches"].as_array().is_some_and(Vec::is_empty) {
+                    return Err(format!(
+                        "{} is not a stored key (idem:PRESET:ROUTE:PRINCIPAL:KEY) and the journal \
+                         knows no key ending in :{0} (`journal` lists the stored keys; the lookup \
+                         needs the gateway's --journal)",
+                        shown(&a.key)
+                    ));
+                }
                 print(&target, &json, |out| {
                     let found: Vec<&Value> = match json["matches"].as_array() {
                         Some(m) => m.iter().collect(),

@@ -13,7 +13,7 @@
 //! ```text
 //! cargo run --release -p idempotency-gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
 //! cargo run --release -p idempotency-gateway -- --config /etc/idempotency-gateway.toml
-//! cargo install idempotency-gateway            # or, from a checkout: cargo install --path gateway
+//! cargo install --locked --path gateway         # from a clone (not on crates.io yet)
 //! ```
 //!
 //! When it accepts connections it prints exactly one line, `listening on

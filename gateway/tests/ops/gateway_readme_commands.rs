@@ -1,0 +1,209 @@
+//! The README's operator commands as printed: a gateway started with the
+//! config block shown beside them (the test's folder in place of the
+//! `/etc/...` files, a free port in place of 9100), one WeChat Pay
+//! notification with the README's id, then every `idempotency-gateway
+//! --config /etc/idempotency-gateway.toml …` line of the README, run as it
+//! is: it reaches the admin API and does what it says.
+
+use crate::gateway_support;
+use test_support::common;
+
+use common::upstream::Upstream;
+use common::{client, free_addr, post};
+use gateway_support::{gateway_bin, temp_path, Proc};
+use std::process::{Command, Stdio};
+
+const README: &str = include_str!("../../README.md");
+const CONFIG: &str = "/etc/idempotency-gateway.toml";
+const ADMIN: [&str; 4] = ["inspect", "forget", "journal", "reconcile"];
+
+/// The README's ``` block of `lang` that starts with `first`.
+fn block(lang: &str, first: &str) -> String {
+    let fence = format!("```{lang}\n{first}");
+    let at = README
+        .find(&fence)
+        .unwrap_or_else(|| panic!("a {lang} block starting {first:?}"));
+    let body = &README[at + lang.len() + 4..];
+    body[..body.find("\n```").unwrap() + 1].to_owned()
+}
+
+/// A command line as a shell reads it: words, `'…'` quoted, `#` to the end
+/// of the line a comment.
+fn words(line: &str) -> Vec<String> {
+    let (mut out, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
+    for c in line.chars() {
+        match c {
+            '\'' => (quoted, any) = (!quoted, true),
+            '#' if !quoted && !any => break,
+            c if c.is_whitespace() && !quoted => {
+                if any {
+                    out.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            c => {
+                word.push(c);
+                any = true;
+            }
+        }
+    }
+    if any {
+        out.push(word);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_admin_commands_work_as_printed() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let up = Upstream::start().await;
+    let dir = temp_path("readme-ops");
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("admin-token");
+    std::fs::write(&token, "readme-admin-token-0123456789\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let metrics = free_addr();
+    let d = dir.to_str().unwrap();
+    let config = block(
+        "toml",
+        "# /etc/idempotency-gateway.toml: the keys the commands read",
+    )
+    .replace("/etc/idempotency-gateway/", &format!("{d}/"))
+    .replace("/var/lib/idempotency-gateway", &format!("{d}/data"))
+    .replace("127.0.0.1:9100", &metrics.to_string())
+    .replace("http://127.0.0.1:9000", &up.url());
+    let file = dir.join("idempotency-gateway.toml");
+    std::fs::write(&file, &config).unwrap();
+    let gw = Proc::start(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+        Stdio::inherit(),
+    );
+
+    // WeChat Pay's notification EV-2018022511, sent twice.
+    let doc = common::vectors::fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+    v["id"] = serde_json::Value::String("EV-2018022511".to_owned());
+    for _ in 0..2 {
+        let a = post(
+            &client(),
+            gw.addr,
+            "/notify/wechat",
+            &[("content-type", "application/json")],
+            v.to_string(),
+        )
+        .await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    // The bills the reconcile lines name, in the folder they run in.
+    for (name, fixture) in [
+        (
+            "2026-12-01_tradebill.csv",
+            "wechatpay_tradebill_wechatpay-go_TestDownloadForClient.csv",
+        ),
+        ("bill.csv", "alipay_tradebill_detail_SYNTHESIZED_gbk.csv"),
+    ] {
+        std::fs::write(dir.join(name), common::vectors::fixture(fixture)).unwrap();
+    }
+
+    let lines: Vec<Vec<String>> = README
+        .lines()
+        .filter(|l| l.starts_with(&format!("idempotency-gateway --config {CONFIG} ")))
+        .map(words)
+        // The admin commands (not the lines that start a gateway).
+        .filter(|w| w.get(3).is_some_and(|c| ADMIN.contains(&c.as_str())))
+        .collect();
+    let ran: Vec<&str> = lines.iter().map(|w| w[3].as_str()).collect();
+    for command in ADMIN {
+        assert!(
+            ran.contains(&command),
+            "a README line runs `{command}`: {ran:?}"
+        );
+    }
+    let run = |words: &[String]| {
+        Command::new(gateway_bin())
+            .args(words[1..].iter().map(|w| {
+                if w == CONFIG {
+                    file.to_str().unwrap()
+                } else {
+                    w
+                }
+            }))
+            .current_dir(&dir)
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE")
+            .env_remove("IDEMPOTENCY_GATEWAY_METRICS_LISTEN")
+            .output()
+            .unwrap()
+    };
+    // The journal is written off the request path: wait for both copies.
+    for _ in 0..100 {
+        if String::from_utf8_lossy(&run(&lines[0]).stdout).contains("2 copies (") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let mut inspected = 0;
+    for words in &lines {
+        let out = run(words);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let line = words.join(" ");
+        assert!(!stderr.contains("cannot reach"), "{line}: {stderr}");
+        match words[3].as_str() {
+            "inspect" => {
+                assert_eq!(out.status.code(), Some(0), "{line}: {stderr}");
+                assert!(
+                    stdout.contains("key: idem:wechatpay-v3:/notify/wechat::EV-2018022511"),
+                    "{line}: {stdout}"
+                );
+                assert!(
+                    stdout.contains("record: completed: status 200"),
+                    "{line}: {stdout}"
+                );
+                assert!(stdout.contains("2 copies ("), "{line}: {stdout}");
+                inspected += 1;
+            }
+            "forget" => {
+                assert_eq!(out.status.code(), Some(0), "{line}: {stderr}");
+                assert!(
+                    stdout.contains("forgotten: idem:wechatpay-v3:/notify/wechat::EV-2018022511"),
+                    "{stdout}"
+                );
+            }
+            "journal" => {
+                assert_eq!(out.status.code(), Some(0), "{line}: {stderr}");
+                let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+                assert!(json["records"].is_array(), "{json}");
+            }
+            // Findings (exit 1) or none (0): the bill was read and the
+            // journal reached.
+            "reconcile" => {
+                assert!(matches!(out.status.code(), Some(0 | 1)), "{line}: {stderr}");
+                assert!(!stdout.is_empty(), "{line}");
+            }
+            other => panic!("a README line runs {other}"),
+        }
+    }
+    assert!(inspected >= 2, "both `inspect` lines");
+    // Forgotten: the next copy runs again.
+    let a = post(
+        &client(),
+        gw.addr,
+        "/notify/wechat",
+        &[("content-type", "application/json")],
+        v.to_string(),
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(up.calls("/notify/wechat"), 2);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
