@@ -136,6 +136,11 @@ pub struct Args {
     /// PEM CA certificates trusted for an https:// upstream, besides the Mozilla roots
     #[arg(long, value_name = "FILE", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+    /// Keep connections to the upstream for the next call (default true); false opens one
+    /// per call, for an upstream that may answer before reading a request's body and not
+    /// drain it
+    #[arg(long, value_name = "BOOL", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_KEEPALIVE", action = clap::ArgAction::Set)]
+    pub upstream_keepalive: Option<bool>,
     /// Follow a client's own W3C `traceparent` / `tracestate`: its request joins the
     /// client's trace. Off by default: payment channels send none, a client's are dropped
     /// and every request starts a trace of its own

@@ -62,6 +62,7 @@ struct File {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     upstream_ca: Option<PathBuf>,
+    upstream_keepalive: Option<bool>,
     accept_traceparent: Option<bool>,
     max_connections: Option<Spanned<u64>>,
     workers: Option<Spanned<u64>>,
@@ -117,6 +118,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub upstream_ca: Option<PathBuf>,
+    /// Whether connections to the upstream are kept (`--upstream-keepalive`).
+    pub upstream_keepalive: bool,
     /// Whether a client's `traceparent` is followed (`--accept-traceparent`).
     pub accept_traceparent: bool,
     pub max_connections: usize,
@@ -315,6 +318,10 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .unwrap_or(Duration::from_secs(30)),
         tls,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        upstream_keepalive: args
+            .upstream_keepalive
+            .or(file.upstream_keepalive)
+            .unwrap_or(true),
         accept_traceparent: args.accept_traceparent || file.accept_traceparent.unwrap_or(false),
         max_connections: args
             .max_connections

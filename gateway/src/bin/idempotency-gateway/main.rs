@@ -236,6 +236,7 @@ fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
 fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
     let mut builder = Forward::builder(settings.upstream.clone())
         .timeout(settings.upstream_timeout)
+        .upstream_keepalive(settings.upstream_keepalive)
         .accept_traceparent(settings.accept_traceparent);
     if let Some(calls) = calls {
         builder = builder.call_limit(calls.clone());
