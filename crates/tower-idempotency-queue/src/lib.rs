@@ -90,6 +90,7 @@ mod redis_scripts;
 mod redis_streams;
 mod reopen;
 mod room;
+mod seal;
 mod settle;
 mod shared;
 mod span;
@@ -110,6 +111,7 @@ pub use pace::{Pace, Rate};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;
+pub use seal::{QueueKey, Sealed, MIN_SECRET_LEN, UNAUTHENTICATED};
 pub use settle::WorkerRound;
 pub use worker::Worker;
 
