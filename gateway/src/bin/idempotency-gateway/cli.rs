@@ -234,6 +234,20 @@ pub struct Args {
     /// Replicas that must hold a queued notification before it is acknowledged (Redis `WAIT`; Redis Streams queue only; default 0)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_QUEUE_REPLICAS")]
     pub queue_replicas: Option<u32>,
+    /// File holding the secret (at least 32 bytes) the gateways of a shared queue (Redis
+    /// Streams, RabbitMQ, NATS) all read: every queued entry carries a MAC under it, and
+    /// an entry whose MAC does not hold is dead-lettered as `unauthenticated`, never
+    /// delivered. The embedded queue makes its own, --data-dir/queue.key
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE"
+    )]
+    pub queue_secret_file: Option<PathBuf>,
+    /// Deliver queued entries that carry no MAC (queued by an earlier version) while an
+    /// upgrade drains them; off by default (they are dead-lettered as `unauthenticated`)
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_QUEUE_ACCEPT_UNSIGNED")]
+    pub queue_accept_unsigned: bool,
     /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
     pub retry_backoff: Option<Duration>,

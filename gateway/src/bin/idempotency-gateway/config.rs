@@ -86,6 +86,8 @@ struct File {
     data_dir_reserve: Option<Spanned<SizeValue>>,
     max_attempts: Option<Spanned<u64>>,
     queue_replicas: Option<Spanned<u64>>,
+    queue_secret_file: Option<PathBuf>,
+    queue_accept_unsigned: Option<bool>,
     retry_backoff: Field,
     log_format: Field,
     otlp_endpoint: Field,
@@ -443,7 +445,15 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
         "data_dir_reserve",
         parse::size,
     )?);
-    settings.replicas(replicas).map(|s| s.reserve(reserve))
+    let sealing = (
+        args.queue_secret_file
+            .clone()
+            .or(file.queue_secret_file.clone()),
+        args.queue_accept_unsigned || file.queue_accept_unsigned.unwrap_or(false),
+    );
+    settings
+        .replicas(replicas)
+        .map(|s| s.reserve(reserve).sealing(sealing.0, sealing.1))
 }
 
 /// The config file `args` names (empty if none), its text and its path.
