@@ -20,6 +20,9 @@
 //! for many instances; `AmqpQueue` (feature `amqp`) on the RabbitMQ you
 //! already run; `JetStreamQueue` (feature `nats`) on the NATS JetStream
 //! server you already run; [`MemoryQueue`] for tests only.
+//! Wrap a queue that others can write to in [`Sealed`]: its entries then
+//! carry a MAC under a [`QueueKey`] its instances share, and an entry whose
+//! MAC does not hold is dead-lettered as [`UNAUTHENTICATED`], never delivered.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
