@@ -20,6 +20,9 @@
 //! for many instances; `AmqpQueue` (feature `amqp`) on the RabbitMQ you
 //! already run; `JetStreamQueue` (feature `nats`) on the NATS JetStream
 //! server you already run; [`MemoryQueue`] for tests only.
+//! Wrap a queue that others can write to in [`Sealed`]: its entries then
+//! carry a MAC under a [`QueueKey`] its instances share, and an entry whose
+//! MAC does not hold is dead-lettered as [`UNAUTHENTICATED`], never delivered.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,6 +93,7 @@ mod redis_scripts;
 mod redis_streams;
 mod reopen;
 mod room;
+mod seal;
 mod settle;
 mod shared;
 mod span;
@@ -110,6 +114,7 @@ pub use pace::{Pace, Rate};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;
+pub use seal::{QueueKey, Sealed, MIN_SECRET_LEN, UNAUTHENTICATED};
 pub use settle::WorkerRound;
 pub use worker::Worker;
 

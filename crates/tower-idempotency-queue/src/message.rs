@@ -61,6 +61,8 @@ pub struct Message {
     pub headers: HeaderMap,
     /// The body.
     pub body: Bytes,
+    /// The MAC a [`Sealed`](crate::Sealed) queue wrote, when it was sealed.
+    pub(crate) mac: Option<[u8; 32]>,
 }
 
 impl Message {
@@ -74,6 +76,7 @@ impl Message {
             uri: Uri::from_static("/"),
             headers: HeaderMap::new(),
             body: body.into(),
+            mac: None,
         }
     }
 
@@ -92,6 +95,7 @@ impl Message {
             uri: parts.uri,
             headers: parts.headers,
             body,
+            mac: None,
         }
     }
 
@@ -121,9 +125,26 @@ impl Message {
         )
     }
 
-    /// The encoded form: version, key, fingerprint, order, method, uri,
-    /// headers, body; lengths as little-endian u32.
+    /// The encoded form: unsealed, [`encode_plain`](Self::encode_plain)'s;
+    /// sealed, version 2, the MAC, then those bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
+        match &self.mac {
+            None => self.encode_plain(),
+            Some(mac) => {
+                let plain = self.encode_plain();
+                let mut out = Vec::with_capacity(1 + mac.len() + plain.len());
+                out.push(2);
+                out.extend_from_slice(mac);
+                out.extend_from_slice(&plain);
+                out
+            }
+        }
+    }
+
+    /// The encoded form without a MAC (what the MAC covers): version 1,
+    /// key, fingerprint, order, method, uri, headers, body; lengths as
+    /// little-endian u32.
+    pub(crate) fn encode_plain(&self) -> Vec<u8> {
         let uri = self.uri.to_string();
         let mut out = BytesMut::with_capacity(64 + self.key.len() + uri.len() + self.body.len());
         out.put_u8(1);
@@ -149,6 +170,12 @@ impl Message {
 
     /// Reads [`encode`](Self::encode)'s bytes; `None` if they are not that.
     pub(crate) fn decode(mut b: &[u8]) -> Option<Self> {
+        if b.first() == Some(&2) {
+            let mac: [u8; 32] = b.get(1..33)?.try_into().ok()?;
+            let mut message = Self::decode(&b[33..])?;
+            message.mac = Some(mac);
+            return Some(message);
+        }
         if take_u8(&mut b)? != 1 {
             return None;
         }
@@ -177,6 +204,7 @@ impl Message {
             uri,
             headers,
             body,
+            mac: None,
         })
     }
 }

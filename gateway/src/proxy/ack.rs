@@ -187,6 +187,9 @@ fn sender(headers: &mut HeaderMap) -> Option<ClientConn> {
 pub struct Deliver<S> {
     pub(crate) gateway: Gateway<S>,
     turns: Arc<Turns>,
+    /// Whether only entries of an acknowledge-then-deliver route are
+    /// delivered (see [`Deliver::ack_routes_only`]).
+    ack_only: bool,
 }
 
 impl<S> Clone for Deliver<S> {
@@ -194,7 +197,23 @@ impl<S> Clone for Deliver<S> {
         Self {
             gateway: self.gateway.clone(),
             turns: self.turns.clone(),
+            ack_only: self.ack_only,
         }
+    }
+}
+
+impl<S> Deliver<S> {
+    /// Delivers only the entries whose path an acknowledge-then-deliver
+    /// route matches now; any other is kept (reported as kept, never
+    /// dead-lettered for it) until one does. For a queue whose entries are
+    /// not authenticated (see `tower_idempotency_queue::Sealed`): anyone
+    /// who can write to it could otherwise have an entry delivered through
+    /// a synchronous route, whose requests the gateway verifies on arrival.
+    /// Defaults to `false`: an entry of a route made synchronous since it
+    /// was queued is delivered through that route's dedup layer.
+    pub fn ack_routes_only(mut self, on: bool) -> Self {
+        self.ack_only = on;
+        self
     }
 }
 
@@ -255,6 +274,17 @@ impl<S: Store> Service<Message> for Deliver<S> {
     }
 
     fn call(&mut self, message: Message) -> Self::Future {
+        if self.ack_only {
+            let path = message.uri.path();
+            let acked =
+                (self.gateway.shared.routes.find(path)).is_some_and(|(r, _)| r.ack.is_some());
+            if !acked {
+                let e = DeliveryError::kept(format!(
+                    "{path} is no acknowledge-then-deliver route's, and this queue's entries are not authenticated: kept, not delivered"
+                ));
+                return Box::pin(std::future::ready(Err(e)));
+            }
+        }
         let (gateway, turns) = (self.gateway.clone(), self.turns.clone());
         Box::pin(async move {
             let key = original_key(&message.key).to_owned();
@@ -282,6 +312,7 @@ impl<S: Store> Gateway<S> {
         Deliver {
             gateway: self.clone(),
             turns: Arc::default(),
+            ack_only: false,
         }
     }
 

@@ -32,8 +32,13 @@ use tower_service::Service;
 /// The keep-alive connections are pooled by the forwarder itself: the one
 /// given back last is taken first, one closed by the upstream is never
 /// used (a request it closed before writing is sent again on another), one
-/// whose answer was dropped before its end is closed, and one idle past
-/// [`ForwardBuilder::pool_idle_timeout`] is closed. A forwarder has one
+/// whose answer was dropped before its end is closed, one whose request's
+/// body was not written whole when its answer ended (an upstream that
+/// answered early) is closed, one on which the upstream sent bytes that
+/// belong to no request is closed and the answer just read on it ends with
+/// an error (it may be another request's: never recorded), and one idle past
+/// [`ForwardBuilder::pool_idle_timeout`] is closed
+/// ([`ForwardBuilder::upstream_keepalive`] turns keeping off). A forwarder has one
 /// upstream, so its pool needs no key: hyper-util's general client builds
 /// and hashes one to take each connection and again to give it back.
 /// Connecting (TCP, TLS) is hyper-util's `HttpConnector` with rustls, and
@@ -109,6 +114,7 @@ pub struct ForwardBuilder {
     upstream: Upstream,
     timeout: Duration,
     pool_idle_timeout: Duration,
+    keepalive: bool,
     roots: Vec<CertificateDer<'static>>,
     calls: Option<CallLimit>,
     accept_traceparent: bool,
@@ -126,6 +132,7 @@ impl Forward {
             upstream,
             timeout: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(30),
+            keepalive: true,
             roots: Vec::new(),
             calls: None,
             accept_traceparent: false,
@@ -388,6 +395,18 @@ impl ForwardBuilder {
         self
     }
 
+    /// Whether connections to the upstream are kept for the next call.
+    /// Off, every call opens a connection of its own and closes it once its
+    /// answer has ended: for an upstream that may answer a request before
+    /// reading its body and not drain it (the unread body would be read as
+    /// the next request, and its answer taken for the next call's). On, a
+    /// connection is kept only when its request's body was written whole
+    /// and nothing but the answer came back on it. Defaults to `true`.
+    pub fn upstream_keepalive(mut self, keepalive: bool) -> Self {
+        self.keepalive = keepalive;
+        self
+    }
+
     /// The cap on calls in flight to the upstream, shared with every
     /// forwarder given a clone of `limit` (see [`CallLimit`]). Defaults to a
     /// cap of [`DEFAULT_MAX_UPSTREAM_CALLS`] (1024) of this forwarder's own.
@@ -446,7 +465,12 @@ impl ForwardBuilder {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let pool = Pool::new(connector, self.upstream.target(), self.pool_idle_timeout);
+        let pool = Pool::new(
+            connector,
+            self.upstream.target(),
+            self.pool_idle_timeout,
+            self.keepalive,
+        );
         Forward {
             shared: Arc::new(Shared {
                 pool,

@@ -10,6 +10,16 @@
 //! stays with hyper-util's `HttpConnector` and hyper-rustls (TCP, the
 //! connect timeout, TLS), and HTTP/1.1 with hyper's own client connection;
 //! only the choice of connection is ours.
+//!
+//! A connection is given back only when its exchange ended cleanly: the
+//! request's body written whole (an upstream that answered before reading
+//! it may never read the rest, and a connection kept to finish writing it
+//! would hold the upstream with no call slot and no deadline), and the
+//! connection idle with nothing more from the upstream (bytes that belong
+//! to no request mean the upstream has lost track of the exchange: the
+//! answer just read may be another request's, so it ends with an error
+//! and is never recorded). Every connection not given back is closed at
+//! once, whatever is left of its request's body.
 
 use super::ProxyBody;
 use bytes::Bytes;
@@ -21,13 +31,21 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tower::BoxError;
 use tower_service::Service;
+
+/// The longest an answer read to its end waits for its connection to be
+/// ready for another request (hyper finishing the request's last bytes)
+/// before the connection is closed instead of kept.
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// The idle connections of one upstream, the last given back first.
 pub(crate) struct Pool {
@@ -35,13 +53,15 @@ pub(crate) struct Pool {
     /// The upstream's scheme and authority: what the connector dials.
     target: Uri,
     idle_timeout: Duration,
+    /// Whether connections are kept for the next call at all.
+    keepalive: bool,
     idle: Mutex<Idle>,
 }
 
 #[derive(Default)]
 struct Idle {
     /// Oldest first: each given back at the back, and taken from there.
-    conns: VecDeque<(SendRequest<ProxyBody>, Instant)>,
+    conns: VecDeque<(Conn, Instant)>,
     /// Whether a task closes the connections idle past the timeout while
     /// no call takes or gives back one.
     reaping: bool,
@@ -87,11 +107,13 @@ impl Pool {
         connector: HttpsConnector<HttpConnector>,
         target: Uri,
         idle_timeout: Duration,
+        keepalive: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
             connector,
             target,
             idle_timeout,
+            keepalive,
             idle: Mutex::default(),
         })
     }
@@ -104,24 +126,28 @@ impl Pool {
     /// closed, not used).
     pub(crate) async fn send(
         self: &Arc<Self>,
-        mut req: Request<ProxyBody>,
+        req: Request<ProxyBody>,
         now: Instant,
     ) -> Result<Response<PooledBody>, CallError> {
+        let mut req = req.map(Sent::new);
         loop {
-            let (mut sender, reused) = match self.checkout(now) {
-                Some(sender) => (sender, true),
+            let (mut conn, reused) = match self.checkout(now) {
+                Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
-            match sender.try_send_request(req).await {
+            // The connection learns from the body whether it was written whole.
+            let whole = req.body().is_whole();
+            conn.whole.store(whole, Ordering::Release);
+            req.body_mut().whole = Arc::clone(&conn.whole);
+            match conn.sender.try_send_request(req).await {
                 Ok(res) => {
                     let (parts, body) = res.into_parts();
-                    let mut body = PooledBody {
+                    let body = PooledBody {
                         body,
-                        conn: Some((sender, Arc::clone(self))),
+                        conn: Some((conn, Arc::clone(self))),
+                        settle: None,
+                        last: None,
                     };
-                    if body.body.is_end_stream() {
-                        body.give_back();
-                    }
                     return Ok(Response::from_parts(parts, body));
                 }
                 Err(mut e) => match e.take_message() {
@@ -134,23 +160,23 @@ impl Pool {
 
     /// The idle connection given back last that is ready and not past the
     /// idle timeout; closes the ones that are not.
-    fn checkout(&self, now: Instant) -> Option<SendRequest<ProxyBody>> {
+    fn checkout(&self, now: Instant) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some((sender, since)) = idle.conns.pop_back() {
+        while let Some((conn, since)) = idle.conns.pop_back() {
             if now.saturating_duration_since(since) >= self.idle_timeout {
                 // The rest are older still.
                 idle.conns.clear();
                 return None;
             }
-            if sender.is_ready() {
-                return Some(sender);
+            if conn.sender.is_ready() {
+                return Some(conn);
             }
         }
         None
     }
 
     /// A new connection, ready for a request.
-    async fn connect(&self) -> Result<SendRequest<ProxyBody>, CallError> {
+    async fn connect(&self) -> Result<Conn, CallError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -159,44 +185,37 @@ impl Pool {
             .call(self.target.clone())
             .await
             .map_err(CallError::Connect)?;
-        let (mut sender, conn) = http1::Builder::new()
+        let (sender, conn) = http1::Builder::new()
             .handshake(io)
             .await
             .map_err(|e| CallError::Connect(e.into()))?;
-        // The connection's own errors reach the call it was serving.
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        sender
+        // The connection's own errors reach the call it was serving; how it
+        // ended reaches the answer waiting for it to settle.
+        let (ended, ending) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let stray = conn.await.as_ref().is_err_and(is_stray);
+            let _ = ended.send(stray);
+        })
+        .abort_handle();
+        let mut conn = Conn {
+            sender,
+            task,
+            ending,
+            whole: Arc::default(),
+        };
+        conn.sender
             .ready()
             .await
             .map_err(|e| CallError::Connect(e.into()))?;
-        Ok(sender)
+        Ok(conn)
     }
 
-    /// Keeps `sender` for the next call once its connection is ready again
-    /// (at once, usually: the answer has been read to its end).
-    fn give_back(self: Arc<Self>, mut sender: SendRequest<ProxyBody>) {
-        if sender.is_ready() {
-            self.keep(sender);
-        } else if !sender.is_closed() {
-            // Still writing the request's body (the upstream answered
-            // before reading it all): kept once that is done.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    if sender.ready().await.is_ok() {
-                        self.keep(sender);
-                    }
-                });
-            }
-        }
-    }
-
-    fn keep(self: Arc<Self>, sender: SendRequest<ProxyBody>) {
+    /// Keeps `conn` for the next call.
+    fn keep(self: Arc<Self>, conn: Conn) {
         let now = Instant::now();
         let start_reaper = {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            idle.conns.push_back((sender, now));
+            idle.conns.push_back((conn, now));
             expire(&mut idle.conns, now, self.idle_timeout);
             !std::mem::replace(&mut idle.reaping, true)
         };
@@ -213,14 +232,102 @@ impl Pool {
     }
 }
 
+/// Whether a connection's error says the upstream sent what no request
+/// asked for (bytes while the connection was idle, or after an answer
+/// ended): not an I/O error, nor the connection closed or cut off.
+fn is_stray(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    !(e.is_incomplete_message()
+        || e.is_closed()
+        || e.is_canceled()
+        || e.is_user()
+        || e.is_body_write_aborted()
+        || e.is_timeout()
+        || e.source().is_some_and(|s| s.is::<std::io::Error>()))
+}
+
+/// One connection to the upstream: closed when dropped (its task aborted,
+/// with whatever is left of the request's body), unless it is idle in the
+/// pool.
+struct Conn {
+    sender: SendRequest<Sent>,
+    task: tokio::task::AbortHandle,
+    /// Resolves when the connection has ended: whether the upstream sent
+    /// bytes that belong to no request.
+    ending: oneshot::Receiver<bool>,
+    /// Whether the current request's body has been handed to hyper whole.
+    whole: Arc<AtomicBool>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A request's body that notes when it has been read to its end: its end
+/// seen, or as many bytes as its exact size (hyper stops polling a body of
+/// known length once that many are written).
+pub(crate) struct Sent {
+    body: ProxyBody,
+    /// The bytes still to come, when the size is known.
+    left: Option<u64>,
+    whole: Arc<AtomicBool>,
+}
+
+impl Sent {
+    fn new(body: ProxyBody) -> Self {
+        Self {
+            left: body.size_hint().exact(),
+            body,
+            whole: Arc::default(),
+        }
+    }
+
+    /// Whether hyper has had the whole body.
+    fn is_whole(&self) -> bool {
+        self.left == Some(0) || self.body.is_end_stream()
+    }
+}
+
+impl Body for Sent {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        let whole = match &frame {
+            None => true,
+            Some(Ok(frame)) => {
+                if let (Some(left), Some(data)) = (&mut self.left, frame.data_ref()) {
+                    *left = left.saturating_sub(data.len() as u64);
+                }
+                self.is_whole()
+            }
+            Some(Err(_)) => false,
+        };
+        if whole {
+            self.whole.store(true, Ordering::Release);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Closes the connections idle past `timeout` (the oldest are in front).
-fn expire(
-    conns: &mut VecDeque<(SendRequest<ProxyBody>, Instant)>,
-    now: Instant,
-    timeout: Duration,
-) {
-    while conns.front().is_some_and(|(sender, since)| {
-        sender.is_closed() || now.saturating_duration_since(*since) >= timeout
+fn expire(conns: &mut VecDeque<(Conn, Instant)>, now: Instant, timeout: Duration) {
+    while conns.front().is_some_and(|(conn, since)| {
+        conn.sender.is_closed() || now.saturating_duration_since(*since) >= timeout
     }) {
         conns.pop_front();
     }
@@ -243,40 +350,107 @@ async fn reap(pool: Weak<Pool>, timeout: Duration) {
 }
 
 /// An upstream's answer body that gives its connection back to the pool
-/// once read to its end; dropped before that, the connection is closed
-/// (what is left of the answer cannot be skipped).
+/// once read to its end and settled (see the module's documentation);
+/// dropped before that, the connection is closed (what is left of the
+/// answer cannot be skipped).
 pub(crate) struct PooledBody {
     body: Incoming,
-    conn: Option<(SendRequest<ProxyBody>, Arc<Pool>)>,
+    /// Until the answer has ended and its connection settled.
+    conn: Option<(Conn, Arc<Pool>)>,
+    /// How long the settling connection may still take.
+    settle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The answer's last frame, handed on once its connection has settled
+    /// (a reader that knows the answer's length reads no further).
+    last: Option<Frame<Bytes>>,
 }
 
+/// An answer read from a connection on which the upstream then sent bytes
+/// no request asked for: it may be another request's answer.
+#[derive(Debug)]
+pub(crate) struct Desynced;
+
+impl fmt::Display for Desynced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the upstream sent bytes that belong to no request: its answer is not trusted")
+    }
+}
+
+impl std::error::Error for Desynced {}
+
 impl PooledBody {
-    fn give_back(&mut self) {
-        if let Some((sender, pool)) = self.conn.take() {
-            pool.give_back(sender);
+    /// Once the answer has ended: keeps the connection if its exchange
+    /// ended cleanly, closes it otherwise; `Err` when the upstream sent
+    /// more than the answer.
+    fn poll_settle(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Desynced>> {
+        let Some((conn, pool)) = &mut self.conn else {
+            return Poll::Ready(Ok(()));
+        };
+        if !pool.keepalive || !conn.whole.load(Ordering::Acquire) {
+            // Its request's body is not written whole: closed with it.
+            self.conn = None;
+            return Poll::Ready(Ok(()));
+        }
+        if let Poll::Ready(stray) = Pin::new(&mut conn.ending).poll(cx) {
+            self.conn = None;
+            return Poll::Ready(match stray {
+                Ok(true) => Err(Desynced),
+                _ => Ok(()),
+            });
+        }
+        match conn.sender.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {
+                if let Some((conn, pool)) = self.conn.take() {
+                    pool.keep(conn);
+                }
+                Poll::Ready(Ok(()))
+            }
+            // Closed: how it ended is on its way (`ending`).
+            Poll::Ready(Err(_)) => Poll::Pending,
+            Poll::Pending => {
+                let settle = self
+                    .settle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(SETTLE)));
+                ready!(settle.as_mut().poll(cx));
+                self.conn = None;
+                Poll::Ready(Ok(()))
+            }
         }
     }
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        match &frame {
-            Some(Ok(_)) if !self.body.is_end_stream() => {}
-            Some(Err(_)) => self.conn = None,
-            _ => self.give_back(),
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.last.is_none() && !self.body.is_end_stream() {
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) if !self.body.is_end_stream() => {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Ok(frame)) => self.last = Some(frame),
+                Some(Err(e)) => {
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                None => {}
+            }
         }
-        Poll::Ready(frame)
+        match ready!(self.poll_settle(cx)) {
+            Ok(()) => Poll::Ready(self.last.take().map(Ok)),
+            Err(e) => {
+                self.last = None;
+                tracing::warn!("{e}; connection closed");
+                Poll::Ready(Some(Err(e.into())))
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.conn.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

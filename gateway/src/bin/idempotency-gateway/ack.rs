@@ -12,14 +12,23 @@ use std::time::Duration;
 use tower::Service;
 use tower_idempotency_queue::original_key;
 use tower_idempotency_queue::{
-    AmqpQueue, JetStreamQueue, Message, Pace, Queue, RedbQueue, RedisStreamsQueue, Worker,
+    AmqpQueue, JetStreamQueue, Message, Pace, Queue, QueueKey, RedbQueue, RedisStreamsQueue,
+    Sealed, Worker,
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// The queue: the embedded file, Redis Streams, RabbitMQ (its key records in
 /// the gateway's store), or NATS JetStream.
 pub type GatewayQueue =
     Either<RedbQueue, Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>>;
+
+/// The queue as routes ingest into it and the worker delivers from it:
+/// sealed (see [`QueueSettings::seal`]), or, for a shared queue given no
+/// secret, as it is.
+pub type DeliveryQueue = Either<Sealed<GatewayQueue>, GatewayQueue>;
+
+/// The embedded queue's key, made at its first start: `DIR/queue.key`.
+const EMBEDDED_KEY: &str = "queue.key";
 
 /// The queue's name in metrics, in Redis, on RabbitMQ and in JetStream.
 const NAME: &str = "gateway";
@@ -102,6 +111,12 @@ pub struct QueueSettings {
     pub replicas: u32,
     /// Bytes kept free on the embedded queue's disk (`--data-dir-reserve`).
     pub reserve: u64,
+    /// The file of the secret the gateways of a queue share to seal its
+    /// entries (`--queue-secret-file`).
+    pub secret_file: Option<PathBuf>,
+    /// Whether entries with no MAC (queued by an earlier version) are
+    /// delivered (`queue_accept_unsigned`).
+    pub accept_unsigned: bool,
 }
 
 impl QueueSettings {
@@ -119,7 +134,42 @@ impl QueueSettings {
             backoff: backoff.unwrap_or(Duration::from_secs(1)),
             replicas: 0,
             reserve: DEFAULT_DATA_DIR_RESERVE,
+            secret_file: None,
+            accept_unsigned: false,
         }
+    }
+
+    /// `--queue-secret-file FILE` and `queue_accept_unsigned`.
+    pub fn sealing(mut self, secret_file: Option<PathBuf>, accept_unsigned: bool) -> Self {
+        self.secret_file = secret_file;
+        self.accept_unsigned = accept_unsigned;
+        self
+    }
+
+    /// `queue` with its entries sealed and checked: under the secret of
+    /// `--queue-secret-file`, or for the embedded queue under the key made
+    /// at its first start in the data directory (`queue.key`, 0600). A
+    /// shared queue given no secret is delivered as it is, unauthenticated,
+    /// with an error in the log: a key of this instance's own would refuse
+    /// every other instance's entries.
+    pub fn seal(&self, queue: GatewayQueue) -> Result<DeliveryQueue, String> {
+        let key = match (&self.secret_file, &self.spec) {
+            (Some(file), _) => QueueKey::from_file(file).map_err(|e| e.to_string())?,
+            (None, QueueSpec::Dir(dir)) => {
+                create_private_dir(dir)?;
+                QueueKey::load_or_create(&dir.join(EMBEDDED_KEY)).map_err(|e| e.to_string())?
+            }
+            (None, _) => {
+                error!(queue = %self.describe(), "THE SHARED QUEUE'S ENTRIES ARE NOT AUTHENTICATED: anyone who can write to it can have this gateway deliver any notification to any ack-then-deliver route; give every gateway of this queue the same `--queue-secret-file`");
+                return Ok(Either::Right(queue));
+            }
+        };
+        if self.accept_unsigned {
+            warn!(queue = %self.describe(), "`queue_accept_unsigned` is on: queue entries with no MAC (queued by an earlier version, or by anyone who can write to the queue) are delivered; turn it off once they are drained");
+        }
+        Ok(Either::Left(
+            Sealed::new(queue, key, NAME).accept_unsigned(self.accept_unsigned),
+        ))
     }
 
     /// `--data-dir-reserve SIZE`; `None` keeps the default.
@@ -237,14 +287,19 @@ impl QueueSettings {
     /// `pace::lanes`).
     pub fn spawn_worker(
         &self,
-        queue: GatewayQueue,
+        queue: DeliveryQueue,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
         lanes: &[(String, Option<Pace>)],
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
         info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
-        let deliver = gateway.deliverer();
+        // Entries nobody authenticated reach no synchronous route.
+        let unauthenticated = match &queue {
+            Either::Left(_) => self.accept_unsigned,
+            Either::Right(_) => true,
+        };
+        let deliver = gateway.deliverer().ack_routes_only(unauthenticated);
         // Each attempt is journaled under the key it was queued for.
         let deliver = tower::service_fn(move |message: Message| {
             let (mut deliver, journal) = (deliver.clone(), journal.clone());

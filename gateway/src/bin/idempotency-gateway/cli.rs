@@ -136,6 +136,11 @@ pub struct Args {
     /// PEM CA certificates trusted for an https:// upstream, besides the Mozilla roots
     #[arg(long, value_name = "FILE", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+    /// Keep connections to the upstream for the next call (default true); false opens one
+    /// per call, for an upstream that may answer before reading a request's body and not
+    /// drain it
+    #[arg(long, value_name = "BOOL", env = "IDEMPOTENCY_GATEWAY_UPSTREAM_KEEPALIVE", action = clap::ArgAction::Set)]
+    pub upstream_keepalive: Option<bool>,
     /// Follow a client's own W3C `traceparent` / `tracestate`: its request joins the
     /// client's trace. Off by default: payment channels send none, a client's are dropped
     /// and every request starts a trace of its own
@@ -229,6 +234,20 @@ pub struct Args {
     /// Replicas that must hold a queued notification before it is acknowledged (Redis `WAIT`; Redis Streams queue only; default 0)
     #[arg(long, value_name = "N", env = "IDEMPOTENCY_GATEWAY_QUEUE_REPLICAS")]
     pub queue_replicas: Option<u32>,
+    /// File holding the secret (at least 32 bytes) the gateways of a shared queue (Redis
+    /// Streams, RabbitMQ, NATS) all read: every queued entry carries a MAC under it, and
+    /// an entry whose MAC does not hold is dead-lettered as `unauthenticated`, never
+    /// delivered. The embedded queue makes its own, --data-dir/queue.key
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE"
+    )]
+    pub queue_secret_file: Option<PathBuf>,
+    /// Deliver queued entries that carry no MAC (queued by an earlier version) while an
+    /// upgrade drains them; off by default (they are dead-lettered as `unauthenticated`)
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_QUEUE_ACCEPT_UNSIGNED")]
+    pub queue_accept_unsigned: bool,
     /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
     pub retry_backoff: Option<Duration>,

@@ -62,6 +62,7 @@ struct File {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     upstream_ca: Option<PathBuf>,
+    upstream_keepalive: Option<bool>,
     accept_traceparent: Option<bool>,
     max_connections: Option<Spanned<u64>>,
     workers: Option<Spanned<u64>>,
@@ -85,6 +86,8 @@ struct File {
     data_dir_reserve: Option<Spanned<SizeValue>>,
     max_attempts: Option<Spanned<u64>>,
     queue_replicas: Option<Spanned<u64>>,
+    queue_secret_file: Option<PathBuf>,
+    queue_accept_unsigned: Option<bool>,
     retry_backoff: Field,
     log_format: Field,
     otlp_endpoint: Field,
@@ -117,6 +120,8 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub tls: Option<(PathBuf, PathBuf)>,
     pub upstream_ca: Option<PathBuf>,
+    /// Whether connections to the upstream are kept (`--upstream-keepalive`).
+    pub upstream_keepalive: bool,
     /// Whether a client's `traceparent` is followed (`--accept-traceparent`).
     pub accept_traceparent: bool,
     pub max_connections: usize,
@@ -315,6 +320,10 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             .unwrap_or(Duration::from_secs(30)),
         tls,
         upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        upstream_keepalive: args
+            .upstream_keepalive
+            .or(file.upstream_keepalive)
+            .unwrap_or(true),
         accept_traceparent: args.accept_traceparent || file.accept_traceparent.unwrap_or(false),
         max_connections: args
             .max_connections
@@ -436,7 +445,15 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
         "data_dir_reserve",
         parse::size,
     )?);
-    settings.replicas(replicas).map(|s| s.reserve(reserve))
+    let sealing = (
+        args.queue_secret_file
+            .clone()
+            .or(file.queue_secret_file.clone()),
+        args.queue_accept_unsigned || file.queue_accept_unsigned.unwrap_or(false),
+    );
+    settings
+        .replicas(replicas)
+        .map(|s| s.reserve(reserve).sealing(sealing.0, sealing.1))
 }
 
 /// The config file `args` names (empty if none), its text and its path.

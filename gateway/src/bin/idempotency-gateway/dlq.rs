@@ -63,7 +63,17 @@ pub enum Dlq {
         /// Count what the filters select, replay nothing
         #[arg(long)]
         dry_run: bool,
+        /// Replay dead letters that failed authentication (error `unauthenticated`) too;
+        /// without it they are refused. One with no MAC (queued by an earlier version) is
+        /// delivered only while `queue_accept_unsigned` is on; any other is dead-lettered again
+        #[arg(long)]
+        force: bool,
     },
+}
+
+/// Whether `d` was dead-lettered because it failed authentication.
+fn unauthenticated(d: &tower_idempotency_queue::DeadLetter) -> bool {
+    d.error == tower_idempotency_queue::UNAUTHENTICATED
 }
 
 /// The filters of a bulk `dlq replay`.
@@ -157,6 +167,7 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
                 route,
                 error,
                 dry_run,
+                force,
             } => {
                 let time = |t: &Option<String>, default| match t {
                     Some(t) => crate::admin_api::parse_time(t),
@@ -169,7 +180,10 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
                     error: error.clone(),
                 };
                 let dead = queue.dead_letters(BULK).await.map_err(|e| e.to_string())?;
-                let chosen: Vec<_> = dead.iter().filter(|d| filter.matches(d)).collect();
+                let chosen: Vec<_> = dead
+                    .iter()
+                    .filter(|d| filter.matches(d) && (*force || !unauthenticated(d)))
+                    .collect();
                 if *dry_run {
                     writeln!(
                         out,
@@ -186,12 +200,39 @@ pub fn run(cmd: &Command, settings: &QueueSettings) -> Result<(), String> {
                 }
                 writeln!(out, "replayed {n}").map_err(write)?;
             }
-            Dlq::Replay { all: true, .. } => {
+            Dlq::Replay {
+                all: true,
+                force: true,
+                ..
+            } => {
                 let n = queue.replay_all().await.map_err(|e| e.to_string())?;
                 writeln!(out, "replayed {n}").map_err(write)?;
             }
-            Dlq::Replay { id, .. } => {
+            Dlq::Replay { all: true, .. } => {
+                let dead = queue.dead_letters(BULK).await.map_err(|e| e.to_string())?;
+                let (mut n, mut refused) = (0, 0);
+                for d in &dead {
+                    if unauthenticated(d) {
+                        refused += 1;
+                    } else {
+                        n += usize::from(queue.replay(&d.id).await.map_err(|e| e.to_string())?);
+                    }
+                }
+                writeln!(out, "replayed {n}").map_err(write)?;
+                if refused > 0 {
+                    eprintln!("{refused} dead letters failed authentication (`unauthenticated`) and were not replayed (--force replays them)");
+                }
+            }
+            Dlq::Replay { id, force, .. } => {
                 let id = EntryId::new(id.clone().unwrap_or_default());
+                if !force {
+                    let dead = queue.dead_letters(BULK).await.map_err(|e| e.to_string())?;
+                    if dead.iter().any(|d| d.id == id && unauthenticated(d)) {
+                        return Err(format!(
+                            "dead letter {id} failed authentication (`unauthenticated`): it was not queued by a gateway holding this queue's key; replay it with --force only if you know where it came from"
+                        ));
+                    }
+                }
                 if !queue.replay(&id).await.map_err(|e| e.to_string())? {
                     return Err(format!("no dead letter {id} (already replayed?)"));
                 }

@@ -236,6 +236,7 @@ fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
 fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
     let mut builder = Forward::builder(settings.upstream.clone())
         .timeout(settings.upstream_timeout)
+        .upstream_keepalive(settings.upstream_keepalive)
         .accept_traceparent(settings.accept_traceparent);
     if let Some(calls) = calls {
         builder = builder.call_limit(calls.clone());
@@ -339,6 +340,8 @@ async fn run(
     if let (Some(admin), Some(queue)) = (&admin, &queue) {
         admin.set_queue(queue.clone());
     }
+    // Routes queue, and the worker delivers, sealed entries.
+    let sealed = queue.clone().map(|q| settings.queue.seal(q)).transpose()?;
     // `/readyz` says when the embedded queue cannot store notifications.
     let embedded = match (&queue, acked) {
         (Some(either::Either::Left(q)), true) => Some(q.clone()),
@@ -416,7 +419,7 @@ async fn run(
         for (prefix, target, options) in &settings.routes {
             builder = builder.route_with(prefix, target.clone(), options.clone());
         }
-        if let Some(queue) = &queue {
+        if let Some(queue) = &sealed {
             builder = builder.queue(queue.clone());
         }
         // The journal reads each notification's body for its business ids.
@@ -444,7 +447,7 @@ async fn run(
         handle.set_journal(journal.clone());
     }
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
-    let worker = queue.clone().map(|q| {
+    let worker = sealed.clone().map(|q| {
         let journal = journal.clone();
         let lanes = pace::lanes(&settings.routes, &settings.paces);
         settings

@@ -1,0 +1,375 @@
+//! Queue entries are authenticated: through the binary, on Redis Streams,
+//! RabbitMQ and NATS JetStream with `--queue-secret-file`, entries written
+//! into the queue by someone else (in the gateway's own encoding: one for
+//! an ack-then-deliver route with another event, one with the path of a
+//! synchronous route and no signature) never reach the upstream; they are
+//! dead-lettered as `unauthenticated`, counted, and `dlq replay` refuses
+//! them unless `--force`. The embedded queue makes its key at first start,
+//! readable by its owner only.
+
+use crate::gateway_support;
+use test_support::common;
+use test_support::{support_nats, support_rabbitmq, support_redis};
+
+use common::upstream::Upstream;
+use common::vectors::{fixture, WECHAT_SUCCESS};
+use common::{client, free_addr, post};
+use gateway_support::{gateway_bin, get, temp_path, Gateway};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn wechat(id: &str) -> String {
+    let doc = fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+    v["id"] = serde_json::Value::String(id.to_owned());
+    v.to_string()
+}
+
+/// A queue entry in the gateway's encoding (version 1, the one earlier
+/// versions wrote): key, fingerprint, order, method, target, headers, body.
+fn entry(key: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    fn put(out: &mut Vec<u8>, b: &[u8]) {
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(b);
+    }
+    let mut out = vec![1u8];
+    put(&mut out, key.as_bytes());
+    out.extend_from_slice(&[0x5a; 16]);
+    out.push(1);
+    put(&mut out, key.as_bytes());
+    put(&mut out, b"POST");
+    put(&mut out, path.as_bytes());
+    out.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+    for (k, v) in headers {
+        put(&mut out, k.as_bytes());
+        put(&mut out, v.as_bytes());
+    }
+    put(&mut out, body);
+    out
+}
+
+/// The two forged entries: another WeChat Pay event for the
+/// ack-then-deliver route, and a notification for the synchronous Alipay
+/// route (no signature: that route verifies on arrival, not at delivery).
+fn forged() -> Vec<Vec<u8>> {
+    let json = [
+        ("content-type", "application/json"),
+        ("x-forwarded-for", "127.0.0.1"),
+        ("x-forwarded-proto", "http"),
+    ];
+    let form = [
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("x-forwarded-for", "127.0.0.1"),
+        ("x-forwarded-proto", "http"),
+    ];
+    vec![
+        entry(
+            "idem:wechatpay-v3:/wx::EV-FORGED-1",
+            "/wx/notify",
+            &json,
+            wechat("EV-FORGED-1").as_bytes(),
+        ),
+        entry(
+            "idem:alipay:/alipay::FORGED-2",
+            "/alipay/notify",
+            &form,
+            b"notify_id=FORGED-2&trade_status=TRADE_SUCCESS&out_trade_no=FORGED-2&total_amount=99999.00",
+        ),
+    ]
+}
+
+/// A secret file of 48 bytes.
+fn secret_file() -> PathBuf {
+    let path = temp_path("queue-secret");
+    std::fs::write(&path, "0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
+    path
+}
+
+/// `gateway dlq ARGS QUEUE`: exit status, stdout and stderr.
+fn dlq(queue: &[&str], args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(gateway_bin())
+        .arg("dlq")
+        .args(args)
+        .args(queue)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `idempotency_queue_unauthenticated_total{queue="gateway"}` of `/metrics`.
+fn unauthenticated_count(metrics: SocketAddr) -> f64 {
+    let (_, body) = get(metrics, "/metrics");
+    body.lines()
+        .find(|l| {
+            l.starts_with("idempotency_queue_unauthenticated_total{")
+                && l.contains("queue=\"gateway\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Through a gateway on `queue` with a shared secret: a genuine
+/// notification is delivered; the entries `inject` writes into the queue
+/// are dead-lettered as `unauthenticated` and never reach the upstream;
+/// `dlq replay` refuses them unless `--force`.
+async fn forged_entries_are_dead_lettered(queue: &[&str], inject: impl AsyncFnOnce(Vec<Vec<u8>>)) {
+    let up = Upstream::start().await;
+    let secret = secret_file();
+    let metrics = free_addr().to_string();
+    let args = [
+        queue,
+        &[
+            "--queue-secret-file",
+            secret.to_str().unwrap(),
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--route",
+            "/alipay=alipay",
+            "--metrics-listen",
+            &metrics,
+        ],
+    ]
+    .concat();
+    let gw = Gateway::start(&up.url(), &args);
+    let m: SocketAddr = metrics.parse().unwrap();
+    let headers = [("content-type", "application/json")];
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &headers,
+        wechat("EV-GENUINE-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS, "acknowledged");
+    wait_until("the genuine delivery", Duration::from_secs(30), || {
+        up.calls("/wx/notify") == 1
+    })
+    .await;
+
+    inject(forged()).await;
+    wait_until(
+        "two unauthenticated entries",
+        Duration::from_secs(30),
+        || unauthenticated_count(m) >= 2.0,
+    )
+    .await;
+    let (code, listed, _) = dlq(queue, &["list"]);
+    assert_eq!(code, 0, "{listed}");
+    let dead: Vec<&str> = listed.lines().collect();
+    assert_eq!(dead.len(), 2, "{listed}");
+    assert!(
+        dead.iter().all(|l| l.ends_with("error=unauthenticated")),
+        "{listed}"
+    );
+    assert!(listed.contains("path=/wx/notify"), "{listed}");
+    assert!(listed.contains("path=/alipay/notify"), "{listed}");
+    // Nothing of them reached the upstream.
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "only the genuine notification: {seen:?}");
+    assert!(
+        String::from_utf8_lossy(&seen[0].body).contains("EV-GENUINE-1"),
+        "{seen:?}"
+    );
+    assert!(
+        gw.log().contains("failed authentication"),
+        "logged: {}",
+        gw.log()
+    );
+    // Refused by ID and left out of a bulk replay, unless forced.
+    let id = dead[0].split('\t').next().unwrap();
+    let (code, _, err) = dlq(queue, &["replay", id]);
+    assert_eq!(code, 1, "refused: {err}");
+    assert!(
+        err.contains("unauthenticated") && err.contains("--force"),
+        "{err}"
+    );
+    let (code, out, _) = dlq(queue, &["replay", "--all"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    let (code, out, _) = dlq(queue, &["replay", "--error", "unauthenticated"]);
+    assert_eq!((code, out.trim()), (0, "replayed 0"));
+    // Forced: queued again, checked again, dead-lettered again.
+    let (code, out, err) = dlq(queue, &["replay", "--force", id]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_until(
+        "the replayed entry refused again",
+        Duration::from_secs(30),
+        || unauthenticated_count(m) >= 3.0,
+    )
+    .await;
+    assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
+    drop(gw);
+    let _ = std::fs::remove_file(secret);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_entries_are_dead_lettered_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    forged_entries_are_dead_lettered(&["--queue", &url], async |entries| {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for e in entries {
+            let _: String = redis::cmd("XADD")
+                .arg("{gateway}:s")
+                .arg("*")
+                .arg("m")
+                .arg(e)
+                .arg("a")
+                .arg(0)
+                .arg("t")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_entries_are_dead_lettered_rabbitmq() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(broker) = support_rabbitmq::shared_rabbitmq() else {
+        eprintln!("skipped: no rabbitmq-server");
+        return;
+    };
+    let url = broker.vhost(&format!("sealed-{}", std::process::id()));
+    forged_entries_are_dead_lettered(&["--queue", &url], async |entries| {
+        use lapin::options::BasicPublishOptions;
+        use lapin::types::{AMQPValue, FieldTable, LongString};
+        let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        for (i, e) in entries.into_iter().enumerate() {
+            let mut headers = FieldTable::default();
+            headers.insert("x-attempts".into(), AMQPValue::LongLongInt(0));
+            headers.insert(
+                "x-enqueued-ms".into(),
+                AMQPValue::LongLongInt(now.as_millis() as i64),
+            );
+            headers.insert(
+                "x-idempotency-key".into(),
+                AMQPValue::LongString(LongString::from(format!("forged-{i}"))),
+            );
+            let props = lapin::BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(format!("forged-{i}").into())
+                .with_headers(headers);
+            ch.basic_publish(
+                "".into(),
+                "gateway".into(),
+                BasicPublishOptions::default(),
+                &e,
+                props,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+        let _ = conn.close(0, "done".into()).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_entries_are_dead_lettered_jetstream() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(nats) = support_nats::own() else {
+        eprintln!("skipped: no nats-server");
+        return;
+    };
+    let url = nats.url();
+    forged_entries_are_dead_lettered(&["--queue", &url], async |entries| {
+        let client = async_nats::connect(url.trim_start_matches("nats://"))
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(client);
+        for e in entries {
+            js.publish("idem.gateway.q", e.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+}
+
+/// The embedded queue makes its key at first start, in the data directory,
+/// readable by its owner only, and keeps it across restarts; its own
+/// entries are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_queue_makes_its_key_at_first_start() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let up = Upstream::start().await;
+    let dir = temp_path("sealed-embedded");
+    let args = [
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--route",
+        "/wx=wechatpay-v3",
+        "--ack-then-deliver",
+        "/wx",
+        "--retry-backoff",
+        "200ms",
+    ];
+    let mut gw = Gateway::start(&up.url(), &args);
+    let key = dir.join("queue.key");
+    assert!(key.exists(), "{}", gw.log());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    let made = std::fs::read(&key).unwrap();
+    assert!(made.len() >= 32);
+    let headers = [("content-type", "application/json")];
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &headers,
+        wechat("EV-EMBEDDED-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS);
+    wait_until("the delivery", Duration::from_secs(30), || {
+        up.calls("/wx/notify") >= 1
+    })
+    .await;
+    gw.signal(libc::SIGTERM);
+    gw.wait_exit(Duration::from_secs(10));
+    let gw = Gateway::start(&up.url(), &args);
+    assert_eq!(std::fs::read(&key).unwrap(), made, "the same key");
+    drop(gw);
+    let (code, listed, _) = dlq(&["--data-dir", dir.to_str().unwrap()], &["list"]);
+    assert_eq!((code, listed.as_str()), (0, ""), "nothing dead-lettered");
+    let _ = std::fs::remove_dir_all(dir);
+}
