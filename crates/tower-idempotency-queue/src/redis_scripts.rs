@@ -177,7 +177,10 @@ pub(super) static TAKE_SLOT: LazyLock<Script> = LazyLock::new(|| {
          redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
          if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
          redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
-         redis.call('PEXPIRE', KEYS[1], ARGV[2])
+         -- The set lives as long as its longest lease, not the last one.
+         if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+           redis.call('PEXPIRE', KEYS[1], ARGV[2])
+         end
          return 1"
     ))
 });

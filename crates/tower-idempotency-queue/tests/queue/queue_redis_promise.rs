@@ -191,3 +191,27 @@ async fn expired_entries_behind_live_ones_are_reclaimed_by_small_fetches() {
     let want: std::collections::BTreeSet<String> = (31..=40).map(|n| format!("k{n:02}")).collect();
     assert_eq!(reclaimed, want, "reclaimed after {round} fetches");
 }
+
+/// A lane's shared slots live as long as the longest lease taken: a slot
+/// taken with a short lease does not expire one taken with a long lease.
+#[tokio::test]
+async fn a_short_slot_lease_does_not_expire_a_longer_one() {
+    if !support_redis::redis_available() {
+        return eprintln!("skipped: no redis-server");
+    }
+    let redis = support_redis::RedisServer::start();
+    let queue = RedisStreamsQueue::standalone(redis.url().as_str(), "q")
+        .await
+        .unwrap();
+    let (long, short) = (Duration::from_secs(30), Duration::from_millis(100));
+    assert!(queue.take_slot("/a", 2, long).await.unwrap().is_some());
+    assert!(queue.take_slot("/a", 2, short).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The short one ran out: one place again, not two.
+    assert!(queue.take_slot("/a", 2, long).await.unwrap().is_some());
+    assert_eq!(
+        queue.take_slot("/a", 2, long).await.unwrap(),
+        None,
+        "the slot held for 30 s was forgotten with the set"
+    );
+}
