@@ -365,6 +365,10 @@ impl<S: Store> Queue for AmqpQueue<S> {
                     .await?;
                 continue;
             };
+            // A wait longer than the longest delay queue: round again.
+            if self.not_due_yet(&got, &message, link.generation).await? {
+                continue;
+            }
             self.inner
                 .backing_off
                 .lock()
