@@ -7,9 +7,7 @@ macro_rules! embedded_queue {
     ($ty:ty) => {
         impl $crate::Queue for $ty {
             async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
-                self.inner
-                    .grouped_ingest(move |txn| Embedded::ingest(txn, &message))
-                    .await
+                self.inner.ingest_message(message).await
             }
 
             async fn fetch(

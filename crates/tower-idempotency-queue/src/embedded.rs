@@ -69,6 +69,24 @@ impl Embedded {
         })
     }
 
+    /// The queue over `db` (tests of failing storage).
+    #[cfg(test)]
+    pub(super) fn over(db: Db, window: Duration) -> Result<Self, QueueError> {
+        let db = Arc::new(db);
+        Ok(Self {
+            committer: Arc::new(Committer::start(db.clone())?),
+            db,
+            window,
+        })
+    }
+
+    /// Stores `message` unless its key is known, in the next group commit.
+    pub(super) async fn ingest_message(&self, message: Message) -> Result<Ingested, QueueError> {
+        let db = self.db.clone();
+        self.grouped_ingest(move |txn| Self::ingest(txn, &message, db.reopened()))
+            .await
+    }
+
     /// Keeps `bytes` free on the file's disk: ingests are refused past it.
     pub(super) fn set_reserve(&self, bytes: u64) {
         self.db.health.room.set_reserve(bytes);
@@ -127,9 +145,16 @@ impl Embedded {
         Ok(stats.allocated_pages() * stats.page_size() as u64)
     }
 
+    /// Stores `message` unless its key is known. `rewrite` (the file was
+    /// reopened after a failed write, see [`Db::reopened`]): a known key's
+    /// marker and live entry are written again in this transaction, so
+    /// that the answer (a duplicate, or another payload) rests on a commit
+    /// that is durable before it is given, not on what a failed one may
+    /// have left readable.
     pub(super) fn ingest(
         txn: &WriteTransaction,
         message: &Message,
+        rewrite: bool,
     ) -> Result<Ingested, QueueError> {
         let mut keys = txn.open_table(KEYS).map_err(err)?;
         let found = keys
@@ -140,6 +165,11 @@ impl Embedded {
         if let Some(marker) = found
             && (marker.expires == 0 || marker.expires > now)
         {
+            if rewrite {
+                keys.insert(message.key.as_str(), marker.encode().as_slice())
+                    .map_err(err)?;
+                Self::rewrite_entry(txn, marker.entry)?;
+            }
             return Ok(if marker.fingerprint == message.fingerprint.to_bytes() {
                 Ingested::Duplicate
             } else {
@@ -156,6 +186,25 @@ impl Embedded {
             .map_err(err)?;
         Self::enqueue(txn, id, message, now)?;
         Ok(Ingested::Queued(EntryId::new(id.to_string())))
+    }
+
+    /// Writes entry `id`'s rows (if it is still queued) again, unchanged:
+    /// copy-on-write, they go to new pages of this commit.
+    fn rewrite_entry(txn: &WriteTransaction, id: u64) -> Result<(), QueueError> {
+        for table in [STATE, MESSAGES] {
+            let mut rows = txn.open_table(table).map_err(err)?;
+            let row = rows.get(id).map_err(err)?.map(|v| v.value().to_vec());
+            if let Some(row) = row {
+                rows.insert(id, row.as_slice()).map_err(err)?;
+            }
+        }
+        // Its id is handed out again by no later ingest.
+        let mut meta = txn.open_table(META).map_err(err)?;
+        let next = meta.get("next_id").map_err(err)?.map(|v| v.value());
+        if let Some(next) = next {
+            meta.insert("next_id", next.max(id + 1)).map_err(err)?;
+        }
+        Ok(())
     }
 
     pub(super) fn next_id(txn: &WriteTransaction) -> Result<u64, QueueError> {
@@ -430,5 +479,149 @@ impl Embedded {
             dead: txn.open_table(DEAD).map_err(err)?.len().map_err(err)?,
             ..QueueStats::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::Health;
+    use redb::StorageBackend;
+    use std::io;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    use tower_idempotency::Fingerprint;
+
+    /// A write or a length change, not yet on the disk.
+    #[derive(Debug, Clone)]
+    enum Pending {
+        Write(u64, Vec<u8>),
+        Len(u64),
+    }
+
+    /// A file as Linux keeps it: writes land in the page cache and are read
+    /// back from it; a sync that works puts them on the disk; one that fails
+    /// (`fail_sync`, once) leaves them in the cache, readable and marked
+    /// clean, so that no later sync writes them: only what is written again
+    /// reaches the disk.
+    #[derive(Debug, Clone, Default)]
+    struct Cached {
+        cache: Arc<Mutex<Vec<u8>>>,
+        disk: Arc<Mutex<Vec<u8>>>,
+        pending: Arc<Mutex<Vec<Pending>>>,
+        fail_sync: Arc<AtomicBool>,
+    }
+
+    impl Cached {
+        /// After a crash: the disk, and nothing else.
+        fn crashed(&self) -> Self {
+            let disk = self.disk.lock().unwrap().clone();
+            Self {
+                cache: Arc::new(Mutex::new(disk.clone())),
+                disk: Arc::new(Mutex::new(disk)),
+                ..Self::default()
+            }
+        }
+
+        fn open(&self) -> Result<Database, QueueError> {
+            Database::builder()
+                .create_with_backend(self.clone())
+                .map_err(|e| QueueError::unwritable(e.to_string()))
+        }
+    }
+
+    fn apply(file: &mut Vec<u8>, op: &Pending) {
+        match op {
+            Pending::Write(offset, data) => {
+                let at = *offset as usize;
+                if file.len() < at + data.len() {
+                    file.resize(at + data.len(), 0);
+                }
+                file[at..at + data.len()].copy_from_slice(data);
+            }
+            Pending::Len(len) => file.resize(*len as usize, 0),
+        }
+    }
+
+    impl StorageBackend for Cached {
+        fn len(&self) -> io::Result<u64> {
+            Ok(self.cache.lock().unwrap().len() as u64)
+        }
+        fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+            let cache = self.cache.lock().unwrap();
+            let at = offset as usize;
+            cache
+                .get(at..at + len)
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| io::Error::other("read past the end"))
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            let op = Pending::Len(len);
+            apply(&mut self.cache.lock().unwrap(), &op);
+            self.pending.lock().unwrap().push(op);
+            Ok(())
+        }
+        fn sync_data(&self, _eventual: bool) -> io::Result<()> {
+            let pending = std::mem::take(&mut *self.pending.lock().unwrap());
+            if self.fail_sync.swap(false, Ordering::SeqCst) {
+                return Err(io::Error::other("Input/output error"));
+            }
+            let mut disk = self.disk.lock().unwrap();
+            for op in &pending {
+                apply(&mut disk, op);
+            }
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            let op = Pending::Write(offset, data.to_vec());
+            apply(&mut self.cache.lock().unwrap(), &op);
+            self.pending.lock().unwrap().push(op);
+            Ok(())
+        }
+    }
+
+    fn message(key: &str) -> Message {
+        Message::new(key, Fingerprint::of(key.as_bytes()), "body")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_failed_sync_no_duplicate_is_answered_from_the_failed_commit() {
+        let file = Cached::default();
+        let db = file.open().unwrap();
+        let reopen = file.clone();
+        let db = Db::with_opener(db, Box::new(move || reopen.open()), Health::default()).unwrap();
+        let queue = Embedded::over(db, Duration::from_secs(3600)).unwrap();
+        let got = queue.ingest_message(message("k1")).await.unwrap();
+        assert!(matches!(got, Ingested::Queued(_)), "{got:?}");
+        file.fail_sync.store(true, Ordering::SeqCst);
+        let failed = queue.ingest_message(message("k2")).await;
+        assert!(failed.is_err(), "the sync failed: {failed:?}");
+        // The channel sends k2 again until the queue answers (once its file
+        // is reopened).
+        let start = std::time::Instant::now();
+        let answer = loop {
+            match queue.ingest_message(message("k2")).await {
+                Ok(got) => break got,
+                Err(e) => {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(20),
+                        "never reopened: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        drop(queue);
+        // A crash now: what the disk holds is all there is.
+        let crashed = file.crashed();
+        let db = Db::new(crashed.open().unwrap(), None, Health::default()).unwrap();
+        let after = Embedded::over(db, Duration::from_secs(3600)).unwrap();
+        let again = after.ingest_message(message("k2")).await.unwrap();
+        assert!(
+            !(matches!(answer, Ingested::Duplicate) && matches!(again, Ingested::Queued(_))),
+            "k2 was answered {answer:?} (already queued) from the failed commit, and a crash lost it"
+        );
+        let k1 = after.ingest_message(message("k1")).await.unwrap();
+        assert_eq!(k1, Ingested::Duplicate, "k1's commit was durable");
     }
 }

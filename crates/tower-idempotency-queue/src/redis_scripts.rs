@@ -66,8 +66,25 @@ pub(super) static FETCH: LazyLock<Script> = LazyLock::new(|| {
            table.insert(out, tostring(tonumber(f['a'] or '0') + handed))
            table.insert(out, f['t'] or '0')
          end
-         local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, '0-0', 'COUNT', n)
-         for _, e in ipairs(claimed[2]) do push(e, true) end
+         -- Expired entries: each XAUTOCLAIM scans at most 10 x COUNT
+         -- pending entries, so the scan goes on from the cursor the last
+         -- one returned (kept in KEYS[4] between fetches), for up to
+         -- about one pass over the pending list per fetch: live entries
+         -- pending ahead of an expired one never keep it waiting.
+         local cursor = redis.call('GET', KEYS[4]) or '0-0'
+         local from, wrapped = cursor, false
+         for _ = 1, 64 do
+           local want = n - #out / 4
+           if want <= 0 then break end
+           local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, cursor, 'COUNT', want)
+           for _, e in ipairs(claimed[2]) do push(e, true) end
+           cursor = claimed[1]
+           if cursor == '0-0' then
+             if wrapped or from == '0-0' then break end
+             wrapped = true
+           end
+         end
+         redis.call('SET', KEYS[4], cursor)
          local left = n - #out / 4
          if left > 0 then
            local read = redis.call('XREADGROUP', 'GROUP', g, c, 'COUNT', left, 'STREAMS', s, '>')
@@ -160,7 +177,10 @@ pub(super) static TAKE_SLOT: LazyLock<Script> = LazyLock::new(|| {
          redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
          if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
          redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
-         redis.call('PEXPIRE', KEYS[1], ARGV[2])
+         -- The set lives as long as its longest lease, not the last one.
+         if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+           redis.call('PEXPIRE', KEYS[1], ARGV[2])
+         end
          return 1"
     ))
 });

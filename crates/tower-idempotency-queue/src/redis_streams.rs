@@ -21,7 +21,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Entries live in the stream `{name}:s`, read through the consumer group
 /// `workers` (each instance is one consumer). An entry is acknowledged
 /// (`XACK`, then deleted) only after its delivery succeeded; an entry whose
-/// worker died is reclaimed (`XAUTOCLAIM`) once its lease ran out; a failed
+/// worker died is reclaimed (`XAUTOCLAIM`, its scan going on from where
+/// the last fetch's stopped, kept in `{name}:ac`) once its lease ran out,
+/// however many live entries are pending ahead of it; a failed
 /// one waits out its backoff in `{name}:r` (a sorted set) and is appended
 /// again when due; one that failed too often moves to the dead-letter stream
 /// `{name}:d`. Each key has a marker `{name}:k:<key>` (its fingerprint),
@@ -266,6 +268,7 @@ where
             .key(self.key("s"))
             .key(self.key("r"))
             .key(self.key("rh"))
+            .key(self.key("ac"))
             .arg(GROUP)
             .arg(&*self.consumer)
             .arg(max.max(1))

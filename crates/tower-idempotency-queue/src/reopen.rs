@@ -7,12 +7,21 @@
 //! and opens it again, with a backoff, until that works: redb reopens at the
 //! last committed transaction, so nothing it confirmed is lost, and the
 //! queue goes on where it left off.
+//!
+//! What it reads back may hold more than it confirmed: after a failed
+//! `fsync` the kernel can keep the pages that failed in its cache, marked
+//! clean, so the reopened file shows a commit whose caller was told it
+//! failed, and that a crash can still lose. The queue therefore answers no
+//! duplicate from such state: once reopened, an ingest that finds its key
+//! writes the key's marker and entry again, and hears back only once that
+//! commit is durable (see [`Db::reopened`]).
 
 use super::health::Health;
 use super::records::err;
 use super::QueueError;
 use redb::{Database, StorageError, TransactionError, WriteTransaction};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -20,13 +29,33 @@ use std::time::{Duration, Instant};
 const READERS_WAIT: Duration = Duration::from_secs(5);
 
 /// The database of one embedded queue, and its write health.
-#[derive(Debug)]
 pub(super) struct Db {
     /// None while it is being reopened.
     current: RwLock<Option<Arc<Database>>>,
     /// Where it is reopened from (none: in memory, never reopened).
     path: Option<PathBuf>,
+    /// How it is opened again, for a database on a storage backend of its
+    /// own (tests of failing storage).
+    #[cfg(test)]
+    opener: Option<Opener>,
+    /// Whether the file was reopened after a failed write: what it reads
+    /// back may come from a commit that failed.
+    reopened: AtomicBool,
     pub(super) health: Health,
+}
+
+/// Opens a database on a storage backend again.
+#[cfg(test)]
+pub(super) type Opener = Box<dyn Fn() -> Result<Database, QueueError> + Send + Sync>;
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("path", &self.path)
+            .field("reopened", &self.reopened)
+            .field("health", &self.health)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Db {
@@ -40,8 +69,31 @@ impl Db {
         Ok(Self {
             current: RwLock::new(Some(Arc::new(db))),
             path,
+            #[cfg(test)]
+            opener: None,
+            reopened: AtomicBool::new(false),
             health,
         })
+    }
+
+    /// `db` on a storage backend that `opener` opens again.
+    #[cfg(test)]
+    pub(super) fn with_opener(
+        db: Database,
+        opener: Opener,
+        health: Health,
+    ) -> Result<Self, QueueError> {
+        let mut db = Self::new(db, None, health)?;
+        db.opener = Some(opener);
+        Ok(db)
+    }
+
+    /// Whether the file was reopened after a failed write since this
+    /// process opened it: from then on a key found in it may be one that
+    /// only a failed commit wrote, so an ingest that finds it writes it
+    /// again (its answer waits for that commit to be durable).
+    pub(super) fn reopened(&self) -> bool {
+        self.reopened.load(Ordering::Acquire)
     }
 
     /// The database now; an unwritable error while it is being reopened.
@@ -55,9 +107,13 @@ impl Db {
     /// Closes the file and opens it again (redb recovers it to its last
     /// commit); on `Err` the queue stays closed, for the next try.
     pub(super) fn reopen(&self) -> Result<(), QueueError> {
-        let Some(path) = &self.path else {
+        #[cfg(test)]
+        let opener = self.opener.as_ref();
+        #[cfg(not(test))]
+        let opener: Option<&fn() -> Result<Database, QueueError>> = None;
+        if self.path.is_none() && opener.is_none() {
             return Err(err("in memory: nothing to reopen"));
-        };
+        }
         let taken = self
             .current
             .write()
@@ -83,9 +139,14 @@ impl Db {
                 }
             }
         }
-        let db = Database::create(path)
-            .map_err(|e| QueueError::unwritable(format!("reopen {}: {e}", path.display())))?;
+        let db = match (&self.path, opener) {
+            (Some(path), _) => Database::create(path)
+                .map_err(|e| QueueError::unwritable(format!("reopen {}: {e}", path.display())))?,
+            (None, Some(open)) => open()?,
+            (None, None) => return Err(err("in memory: nothing to reopen")),
+        };
         tables(&db).map_err(|e| QueueError::unwritable(e.to_string()))?;
+        self.reopened.store(true, Ordering::Release);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(db));
         Ok(())
     }

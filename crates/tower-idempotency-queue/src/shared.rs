@@ -11,6 +11,22 @@ use super::{Queue, QueueError};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// One call to the queue's shared pacing or breaker, bounded by a sixth of
+/// the lease: a slow or stalled backend holds up neither a delivery's
+/// start nor its settlement (the entry's lease is renewed every third of
+/// it, and not once the call ended) long enough for the entry to be
+/// handed out again. Past it, the call counts as failed.
+pub(super) async fn bounded<T>(
+    config: &Config,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, QueueError>>,
+) -> Result<T, QueueError> {
+    let bound = super::worker::renew_every(config.lease) / 2;
+    tokio::time::timeout(bound, call)
+        .await
+        .unwrap_or_else(|_| Err(QueueError::new(format!("{what} timed out after {bound:?}"))))
+}
+
 /// The lane's shared slot and turn, when its pace has a concurrency or
 /// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
 /// to wait. A queue that fails here does not stop the deliveries: the
@@ -23,7 +39,13 @@ pub(super) async fn shared_turn<Q: Queue>(
 ) -> Result<Option<u64>, Duration> {
     let mut slot = None;
     if let Some(n) = concurrency {
-        match queue.take_slot(&lane, n, config.lease).await {
+        match bounded(
+            &config,
+            "taking a shared slot",
+            queue.take_slot(&lane, n, config.lease),
+        )
+        .await
+        {
             Ok(Some(taken)) => slot = Some(taken),
             Ok(None) => return Err(SHARED_FULL_WAIT),
             Err(_e) => {
@@ -32,7 +54,13 @@ pub(super) async fn shared_turn<Q: Queue>(
         }
     }
     if let Some(rate) = rate {
-        let wait = match queue.take_turn(&lane, rate.interval()).await {
+        let wait = match bounded(
+            &config,
+            "taking a shared turn",
+            queue.take_turn(&lane, rate.interval()),
+        )
+        .await
+        {
             Ok(wait) => wait,
             Err(_e) => {
                 crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot take a shared delivery turn; this instance's own rate holds");
@@ -41,7 +69,12 @@ pub(super) async fn shared_turn<Q: Queue>(
         };
         if let Some(wait) = wait {
             if let Some(taken) = slot {
-                let _ = queue.give_slot(&lane, taken).await;
+                let _ = bounded(
+                    &config,
+                    "giving back a shared slot",
+                    queue.give_slot(&lane, taken),
+                )
+                .await;
             }
             return Err(wait);
         }
@@ -83,8 +116,22 @@ pub(super) async fn shared_gate<Q: Queue>(
     lease: Duration,
 ) -> SharedGate {
     let asked = match probe {
-        false => queue.breaker_state(lane).await,
-        true => queue.take_probe(lane, rule, lease).await,
+        false => {
+            bounded(
+                config,
+                "asking the shared breaker",
+                queue.breaker_state(lane),
+            )
+            .await
+        }
+        true => {
+            bounded(
+                config,
+                "taking a shared probe",
+                queue.take_probe(lane, rule, lease),
+            )
+            .await
+        }
     };
     match asked {
         Ok(None) => SharedGate::Local,
@@ -112,8 +159,14 @@ pub(super) async fn judged<Q: Queue>(
     rule: BreakerRule,
 ) -> Option<BreakerState> {
     let answered = match (id, up) {
-        (Some(id), up) => queue.settle_probe(lane, id, up, fresh, rule).await,
-        (None, Some(ok)) => queue.breaker_vote(lane, entry, ok, rule).await,
+        (Some(id), up) => {
+            let settled = queue.settle_probe(lane, id, up, fresh, rule);
+            bounded(config, "settling a shared probe", settled).await
+        }
+        (None, Some(ok)) => {
+            let voted = queue.breaker_vote(lane, entry, ok, rule);
+            bounded(config, "voting in the shared breaker", voted).await
+        }
         (None, None) => return None,
     };
     answered.unwrap_or_else(|e| {

@@ -3,7 +3,7 @@
 use super::breaker::{entry_of, BreakerState};
 use super::pace::{Lane, Pace};
 use super::settle::{settle, unsettled, verdict, Settled, WorkerRound};
-use super::shared::{judged, probe_wait, shared_gate, shared_turn, SharedGate};
+use super::shared::{bounded, judged, probe_wait, shared_gate, shared_turn, SharedGate};
 use super::{Delivery, Message, Queue, QueueError};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashSet;
@@ -317,7 +317,9 @@ where
                     Err(wait) => {
                         if let (Some(rule), Some(id)) = (rule, probe_id) {
                             let name = &self.lanes[lane].name;
-                            let given = self.queue.settle_probe(name, id, None, fresh, rule).await;
+                            let given = self.queue.settle_probe(name, id, None, fresh, rule);
+                            let given =
+                                bounded(&self.config, "settling a shared probe", given).await;
                             if let Err(_e) = given {
                                 crate::log_warn!(queue = %self.config.name, route = %name, error = %_e, "cannot give back a shared breaker probe (its place is freed when its lease runs out)");
                             }
@@ -369,7 +371,12 @@ where
                         shared = judged(&queue, &config, &name, (entry, id, fresh), up, rule).await;
                     }
                     if let Some((lane, slot)) = &slot
-                        && let Err(_e) = queue.give_slot(lane, *slot).await
+                        && let Err(_e) = bounded(
+                            &config,
+                            "giving back a shared slot",
+                            queue.give_slot(lane, *slot),
+                        )
+                        .await
                     {
                         crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
                     }
@@ -572,7 +579,10 @@ const REFILL_WAIT: Duration = Duration::from_millis(10);
 /// Runs a delivery's call, renewing the entry's lease every third of it
 /// meanwhile (a delivery may run longer than the lease; it must not be
 /// handed out again while it runs), and the shared slot and probe it
-/// holds.
+/// holds. The entry is renewed first, and each call is bounded: a pacing
+/// backend that is slow or stalled can neither keep the entry's lease
+/// from being renewed in time nor hold up the call, which is polled while
+/// the renewals run.
 async fn renewing<Q: Queue, F: Future>(
     queue: &Q,
     config: &Config,
@@ -580,29 +590,55 @@ async fn renewing<Q: Queue, F: Future>(
     call: F,
 ) -> F::Output {
     let every = renew_every(config.lease);
+    // At most half a period for the shared slot and probe together: the
+    // entry's next renewal comes at most 1.5 periods (half a lease) later.
+    let pacing = every / 4;
     let mut call = std::pin::pin!(call);
     loop {
-        tokio::select! {
-            out = &mut call => return out,
-            () = tokio::time::sleep(every) => {
-                if let Some((lane, slot)) = slot
-                    && let Err(_e) = queue.renew_slot(lane, *slot, config.lease).await {
+        let renew = async {
+            tokio::time::sleep(every).await;
+            match tokio::time::timeout(every, queue.renew(delivery, config.lease)).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    crate::log_warn!(queue = %config.name, entry = %delivery.id, "the lease of a running delivery was lost (it outlived its lease before it could be renewed)");
+                }
+                Ok(Err(_e)) => {
+                    crate::log_warn!(queue = %config.name, entry = %delivery.id, error = %_e, "cannot renew the lease of a running delivery");
+                }
+                Err(_) => {
+                    crate::log_warn!(queue = %config.name, entry = %delivery.id, "renewing the lease of a running delivery timed out");
+                }
+            }
+            if let Some((lane, slot)) = slot {
+                let renewed =
+                    tokio::time::timeout(pacing, queue.renew_slot(lane, *slot, config.lease));
+                match renewed.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_e)) => {
                         crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared delivery slot");
                     }
-                if let Some((lane, probe)) = probe
-                    && let Err(_e) = queue.renew_probe(lane, *probe, config.lease).await {
-                        crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared breaker probe");
-                    }
-                match queue.renew(delivery, config.lease).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        crate::log_warn!(queue = %config.name, entry = %delivery.id, "the lease of a running delivery was lost (it outlived its lease before it could be renewed)");
-                    }
-                    Err(_e) => {
-                        crate::log_warn!(queue = %config.name, entry = %delivery.id, error = %_e, "cannot renew the lease of a running delivery");
+                    Err(_) => {
+                        crate::log_warn!(queue = %config.name, route = %lane, "renewing a shared delivery slot timed out");
                     }
                 }
             }
+            if let Some((lane, probe)) = probe {
+                let renewed =
+                    tokio::time::timeout(pacing, queue.renew_probe(lane, *probe, config.lease));
+                match renewed.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_e)) => {
+                        crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot renew a shared breaker probe");
+                    }
+                    Err(_) => {
+                        crate::log_warn!(queue = %config.name, route = %lane, "renewing a shared breaker probe timed out");
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            out = &mut call => return out,
+            () = renew => {}
         }
     }
 }

@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tower_idempotency::consumer::{Disposition, Failure};
+use tower_idempotency::dedup::Mismatched;
 use tower_idempotency::store::Store;
 use tower_idempotency::Outcome;
 use tower_idempotency::Preset;
@@ -32,7 +33,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// key was done with another payload, or the message has no key), and keeps
 /// it, never dead-lettered for it, when no route delivers its path now
 /// ([`is_kept`](Self::is_kept)), and postpones it without counting the
-/// attempt when the gateway answered itself ([`is_held`](Self::is_held)).
+/// attempt when the gateway answered itself or another payload of the key
+/// is still in flight ([`is_held`](Self::is_held)).
 #[derive(Debug, Clone)]
 pub struct DeliveryError {
     message: Arc<str>,
@@ -105,7 +107,8 @@ impl DeliveryError {
 
     /// Whether the gateway answered itself, not the upstream: shed by the
     /// route's own limit (`max_in_flight`, or the upstream's cap), the key
-    /// in flight elsewhere, the reply deadline, or its store failed. A
+    /// in flight elsewhere (with this payload or another one), the reply
+    /// deadline, or its store failed. A
     /// [`Worker`](tower_idempotency_queue::Worker) postpones such a delivery without
     /// counting the attempt, and its breaker does not count it against the
     /// upstream.
@@ -218,8 +221,9 @@ impl<S> Deliver<S> {
 }
 
 /// One lock per key being delivered: the copies of a key never run at the
-/// same time here, so a copy finding another payload in the store means
-/// that payload is done, not still running.
+/// same time here. Another instance's copy can still be in flight when one
+/// of these runs: the dedup layer says so ([`Mismatched::InFlight`]), and
+/// the copy is postponed.
 #[derive(Default)]
 struct Turns(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
@@ -352,6 +356,7 @@ impl<S: Store> Gateway<S> {
         let status = res.status();
         let refused = res.extensions().get::<Outcome>().copied();
         let upstream = res.extensions().get::<UpstreamAnswer>().copied();
+        let mismatched = res.extensions().get::<Mismatched>().copied();
         // Read the whole answer: the dedup layer records it at its end.
         let mut body = std::pin::pin!(res.into_body());
         while let Some(frame) = body.frame().await {
@@ -363,6 +368,17 @@ impl<S: Store> Gateway<S> {
             }
         }
         match refused {
+            // Another payload of the key still runs (on another instance:
+            // this one's copies take turns): it may yet fail and release
+            // the key, so this copy waits its turn, never dead-lettered.
+            Some(Outcome::Mismatch) if mismatched == Some(Mismatched::InFlight) => {
+                return Err(DeliveryError {
+                    kind: Kind::Held,
+                    ..DeliveryError::new(
+                        "the key is in flight with another payload elsewhere: postponed, not counted",
+                    )
+                });
+            }
             Some(Outcome::Mismatch) => {
                 return Err(DeliveryError::permanent(
                     "idempotency key reused with a different payload: the key ran with another one",

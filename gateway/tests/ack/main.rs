@@ -1,6 +1,7 @@
 //! The gateway binary's ack-then-deliver routes: every queue backend, pacing, outages of the queue and the upstream.
 
 mod gateway_ack;
+mod gateway_ack_copies;
 mod gateway_ack_promise;
 mod gateway_ack_sealed;
 mod gateway_outage;

@@ -324,7 +324,19 @@ impl<S: Store> AmqpQueue<S> {
         message: &Message,
         env: Envelope<'_>,
     ) -> Result<(), QueueError> {
-        let mut headers = FieldTable::default();
+        self.publish_with(exchange, routing_key, message, env, FieldTable::default())
+            .await
+    }
+
+    /// [`publish`](Self::publish) with `headers` of the caller's besides.
+    pub(super) async fn publish_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: &Message,
+        env: Envelope<'_>,
+        mut headers: FieldTable,
+    ) -> Result<(), QueueError> {
         headers.insert(
             "x-attempts".into(),
             AMQPValue::LongLongInt(i64::from(env.attempts)),

@@ -61,7 +61,8 @@ impl<S: Store> AmqpQueue<S> {
         DeadLetter {
             message: Message::decode(&d.data).unwrap_or_else(|| Message::undecodable(&id, &d.data)),
             id: EntryId::new(id),
-            attempts: header_u64(p, "x-attempts").unwrap_or(0) as u32,
+            attempts: header_u64(p, "x-attempts")
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             error: header_text(p, "x-last-error"),
             dead_at: UNIX_EPOCH + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
         }

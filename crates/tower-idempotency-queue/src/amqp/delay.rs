@@ -1,9 +1,13 @@
 //! Retries waiting out their backoff: the delay queues, which hand an
 //! entry back into the queue once due.
 
+use super::super::records::now_ms;
+use super::super::Message;
 use super::super::{Delivery, QueueError};
+use super::connection::{header_text, header_u64};
 use super::{ms_of, AmqpQueue, Envelope};
 use lapin::options::BasicAckOptions;
+use lapin::types::{AMQPValue, FieldTable};
 use std::time::{Duration, Instant};
 use tower_idempotency::store::Store;
 
@@ -51,7 +55,9 @@ impl<S: Store> AmqpQueue<S> {
         };
         // The copy first: a crash between the two leaves the entry twice
         // (the consumer runs it once), never not at all.
-        if let Err(e) = self.publish("", &queue, &delivery.message, env).await {
+        let headers = due_header(after);
+        let published = self.publish_with("", &queue, &delivery.message, env, headers);
+        if let Err(e) = published.await {
             self.give_back_one(held.generation, &held.acker).await;
             return Err(e);
         }
@@ -64,6 +70,67 @@ impl<S: Store> AmqpQueue<S> {
                 Instant::now() + Duration::from_millis(bucket),
             );
         self.settled(held.generation, held.acker.ack(BasicAckOptions::default()))
+            .await?;
+        Ok(true)
+    }
+}
+
+/// The header of an entry waiting longer than the longest delay queue: when
+/// it is due (ms since the epoch). It goes round the delay queues until then.
+pub(super) const DUE_HEADER: &str = "x-due-ms";
+
+/// [`DUE_HEADER`] for a wait longer than the longest delay queue; none
+/// otherwise.
+fn due_header(after: Duration) -> FieldTable {
+    let mut headers = FieldTable::default();
+    if after > Duration::from_millis(1 << MAX_DELAY) {
+        let after = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        let due = now_ms().saturating_add(after);
+        headers.insert(
+            DUE_HEADER.into(),
+            AMQPValue::LongLongInt(i64::try_from(due).unwrap_or(i64::MAX)),
+        );
+    }
+    headers
+}
+
+impl<S: Store> AmqpQueue<S> {
+    /// Sends an entry that left its delay queue before it was due (its wait
+    /// was longer than the longest delay queue) round again, for what is
+    /// left of its wait, its attempts and error unchanged; `true` if it went.
+    pub(super) async fn not_due_yet(
+        &self,
+        got: &lapin::message::Delivery,
+        message: &Message,
+        generation: u64,
+    ) -> Result<bool, QueueError> {
+        let p = &got.properties;
+        let now = now_ms();
+        let Some(due) = header_u64(p, DUE_HEADER).filter(|due| *due > now) else {
+            return Ok(false);
+        };
+        let left = Duration::from_millis(due - now);
+        let error = header_text(p, "x-last-error");
+        let env = Envelope {
+            id: p
+                .message_id()
+                .as_ref()
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_default(),
+            attempts: header_u64(p, "x-attempts")
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            error: Some(&error),
+            enqueued_ms: header_u64(p, "x-enqueued-ms").unwrap_or(now),
+            dead_at: None,
+        };
+        let mut headers = FieldTable::default();
+        headers.insert(
+            DUE_HEADER.into(),
+            AMQPValue::LongLongInt(i64::try_from(due).unwrap_or(i64::MAX)),
+        );
+        let queue = self.delay_queue(delay_bucket(left));
+        self.publish_with("", &queue, message, env, headers).await?;
+        self.settled(generation, got.acker.ack(BasicAckOptions::default()))
             .await?;
         Ok(true)
     }

@@ -337,8 +337,13 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 .unwrap_or_else(fresh_id);
             // This attempt: the failures recorded, plus every time the
             // broker handed this message out before (a dead worker's).
+            // Headers anyone who can publish may set: added saturating (an
+            // attempt past what fits is the last one, dead-lettered).
             let handed = header_u64(p, "x-delivery-count").unwrap_or(u64::from(got.redelivered));
-            let attempt = header_u64(p, "x-attempts").unwrap_or(0) + 1 + handed;
+            let attempt = header_u64(p, "x-attempts")
+                .unwrap_or(0)
+                .saturating_add(1)
+                .saturating_add(handed);
             let enqueued = UNIX_EPOCH
                 + Duration::from_millis(header_u64(p, "x-enqueued-ms").unwrap_or_else(now_ms));
             let Some(message) = Message::decode(&got.data) else {
@@ -360,6 +365,10 @@ impl<S: Store> Queue for AmqpQueue<S> {
                     .await?;
                 continue;
             };
+            // A wait longer than the longest delay queue: round again.
+            if self.not_due_yet(&got, &message, link.generation).await? {
+                continue;
+            }
             self.inner
                 .backing_off
                 .lock()

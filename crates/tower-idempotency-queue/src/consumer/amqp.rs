@@ -224,18 +224,20 @@ where
             Err(e) if e.is_retryable() => Handled::Requeued,
             Err(_) => Handled::Rejected,
         };
+        // Each answer is bounded as the gateway's queue bounds its own: a
+        // broker that stops answering (frozen, a partition) is a failure
+        // after [`ACK_LIMIT`], not a handler stuck for ever.
         let told = match handled {
-            Handled::Ran | Handled::Done => acker.ack(BasicAckOptions::default()).await?,
+            Handled::Ran | Handled::Done => told(acker.ack(BasicAckOptions::default())).await?,
             Handled::Requeued => {
                 tokio::time::sleep(self.retry_after).await;
-                acker
-                    .nack(BasicNackOptions {
-                        requeue: true,
-                        ..BasicNackOptions::default()
-                    })
-                    .await?
+                told(acker.nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                }))
+                .await?
             }
-            Handled::Rejected => acker.nack(BasicNackOptions::default()).await?,
+            Handled::Rejected => told(acker.nack(BasicNackOptions::default())).await?,
         };
         if !told {
             // lapin answers `false`, not an error, when the channel closed
@@ -246,5 +248,20 @@ where
             )));
         }
         Ok(handled)
+    }
+}
+
+/// How long an acknowledgement (ack or nack) waits for the broker.
+const ACK_LIMIT: Duration = Duration::from_secs(5);
+
+/// `ack`, bounded by [`ACK_LIMIT`]: no answer in time is an error (the
+/// broker hands the message out again once the channel closes, where its
+/// key's record makes it a duplicate).
+async fn told(ack: impl Future<Output = Result<bool, lapin::Error>>) -> Result<bool, lapin::Error> {
+    match tokio::time::timeout(ACK_LIMIT, ack).await {
+        Ok(answer) => answer,
+        Err(_) => Err(lapin::Error::from(std::io::Error::other(format!(
+            "the broker did not answer the acknowledgement within {ACK_LIMIT:?}"
+        )))),
     }
 }

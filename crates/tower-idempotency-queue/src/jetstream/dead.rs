@@ -84,7 +84,8 @@ impl JetStreamQueue {
                 message: Message::decode(&m.payload)
                     .unwrap_or_else(|| Message::undecodable(&id, &m.payload)),
                 id: EntryId::new(id),
-                attempts: header_u64(headers, H_BASE).unwrap_or(0) as u32,
+                attempts: header_u64(headers, H_BASE)
+                    .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
                 error: header_text(headers, H_ERROR),
                 dead_at: time_of(header_u64(headers, H_DEAD_AT).unwrap_or(0)),
             });

@@ -14,6 +14,16 @@ use std::time::{Duration, Instant};
 /// answer.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long before the server's ack wait ends a lease is given up, and
+/// how long a settlement waits for the server's answer: the same, so that a
+/// settlement (a late Nak or Term, say) never reaches the server after it
+/// handed the message to another worker. A tenth of the ack wait, or
+/// [`SETTLE_TIMEOUT`] if that is longer (up to half the ack wait; the
+/// worker renews every third).
+fn settle_margin(ack_wait: Duration) -> Duration {
+    (ack_wait / 10).max(SETTLE_TIMEOUT.min(ack_wait / 2))
+}
+
 impl JetStreamQueue {
     /// Sends `kind` to the delivery's reply subject and waits for the
     /// server's answer. `false` if this queue did not hand the delivery out.
@@ -39,16 +49,17 @@ impl JetStreamQueue {
     }
 
     /// Until when a lease the server started (or renewed) after `since`
-    /// surely holds.
+    /// surely holds: a settlement sent until then is answered, or given
+    /// up, before the server's ack wait ends (see [`settle_margin`]).
     pub(super) fn lease_until(&self, since: Instant) -> Instant {
         let wait = self.inner.ack_wait;
-        since + wait - wait / 10
+        since + wait - settle_margin(wait)
     }
 
     pub(super) async fn settle_reply(&self, reply: &str, kind: AckKind) -> Result<(), QueueError> {
         let payload: Bytes = kind.into();
         tokio::time::timeout(
-            SETTLE_TIMEOUT,
+            settle_margin(self.inner.ack_wait),
             self.inner.client.request(reply.to_owned(), payload),
         )
         .await
@@ -87,11 +98,36 @@ impl JetStreamQueue {
         h.insert(H_BASE, HeaderValue::from(u64::from(base)));
         h.insert(
             H_DUE,
-            HeaderValue::from(now_ms() + after.as_millis() as u64),
+            HeaderValue::from(
+                now_ms().saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
+            ),
         );
         let id = format!("p-{}-{}", held.sequence, delivery.attempt);
         self.publish(&self.inner.subject, &id, h, delivery.message.encode())
             .await?;
         self.settle(delivery, AckKind::Ack, true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_margin_covers_the_settlement_timeout() {
+        for secs in [1, 2, 5, 10, 30, 60, 300] {
+            let wait = Duration::from_secs(secs);
+            let margin = settle_margin(wait);
+            // What a settlement may wait is what the lease keeps before the
+            // server's ack wait ends, and renewals (every third) fit.
+            assert!(margin >= (wait / 10), "{wait:?}");
+            assert!(margin <= wait / 2, "{wait:?}");
+            assert!(margin >= SETTLE_TIMEOUT.min(wait / 2), "{wait:?}");
+        }
+        assert_eq!(settle_margin(Duration::from_secs(30)), SETTLE_TIMEOUT);
+        assert_eq!(
+            settle_margin(Duration::from_secs(300)),
+            Duration::from_secs(30)
+        );
     }
 }

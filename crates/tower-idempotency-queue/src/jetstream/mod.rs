@@ -282,19 +282,21 @@ impl Queue for JetStreamQueue {
             let (sequence, delivered, published) = match m.info() {
                 Ok(i) => (
                     i.stream_sequence,
-                    i.delivered.max(1) as u32,
+                    u32::try_from(i.delivered.max(1)).unwrap_or(u32::MAX),
                     (i.published.unix_timestamp_nanos() / 1_000_000).max(0) as u64,
                 ),
                 Err(e) => return Err(err(e)),
             };
             let headers = m.headers.as_ref();
-            let base = header_u64(headers, H_BASE).unwrap_or(0) as u32;
+            // A count past what fits is the last attempt, not a wrapped one.
+            let base =
+                header_u64(headers, H_BASE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
             let enqueued = header_u64(headers, H_ENQUEUED).unwrap_or(published);
             let mut attempt = base.saturating_add(delivered);
             if let Some(due) = header_u64(headers, H_DUE) {
                 // A postponed entry: its first delivery only puts it back
                 // until it is due, and does not count.
-                attempt = attempt.saturating_sub(1).max(base + 1);
+                attempt = attempt.saturating_sub(1).max(base.saturating_add(1));
                 if due > now && delivered == 1 {
                     self.settle_reply(&reply, AckKind::Nak(Some(Duration::from_millis(due - now))))
                         .await?;

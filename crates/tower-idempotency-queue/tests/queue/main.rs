@@ -3,8 +3,10 @@
 mod consumer;
 mod queue;
 mod queue_group_commit;
+mod queue_headers;
 mod queue_redis_promise;
 mod worker_pace;
+mod worker_pace_stall;
 mod worker_promise;
 
 /// The upstream's failure in these tests.

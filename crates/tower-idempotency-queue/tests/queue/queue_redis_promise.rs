@@ -137,3 +137,81 @@ async fn a_duplicate_waits_for_the_replicas_to_hold_the_entry() {
         "a duplicate was acknowledged while no replica held the entry: {duplicate:?}"
     );
 }
+
+/// A dead consumer's expired entries are reclaimed within about one lease
+/// by small fetches, however many live entries (renewed, so not expired)
+/// are pending ahead of them: Redis scans at most ten times `COUNT`
+/// pending entries per `XAUTOCLAIM`, so the scan must go on from where the
+/// last one stopped.
+#[tokio::test]
+async fn expired_entries_behind_live_ones_are_reclaimed_by_small_fetches() {
+    if !support_redis::redis_available() {
+        return eprintln!("skipped: no redis-server");
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    let open = || RedisStreamsQueue::standalone(url.as_str(), "q");
+    let (live, dead, other) = (
+        open().await.unwrap(),
+        open().await.unwrap(),
+        open().await.unwrap(),
+    );
+    let lease = Duration::from_millis(400);
+    for n in 1..=30 {
+        live.ingest(message(&format!("k{n:02}"))).await.unwrap();
+    }
+    let held = live.fetch(30, lease).await.unwrap();
+    assert_eq!(held.len(), 30);
+    for n in 31..=40 {
+        dead.ingest(message(&format!("k{n:02}"))).await.unwrap();
+    }
+    assert_eq!(dead.fetch(10, lease).await.unwrap().len(), 10);
+    // The dead consumer never comes back; the live one renews its entries
+    // every quarter lease while another instance fetches 1, 2 or 3 at a
+    // time, for two leases past the dead one's expiry.
+    let mut reclaimed = std::collections::BTreeSet::new();
+    let until = tokio::time::Instant::now() + lease * 3;
+    let mut round = 0;
+    while tokio::time::Instant::now() < until {
+        for d in &held {
+            assert!(live.renew(d, lease).await.unwrap());
+        }
+        let got = other.fetch(round % 3 + 1, lease).await.unwrap();
+        round += 1;
+        for d in got {
+            assert!(
+                d.message.key.as_str() > "k30",
+                "a live, renewed entry was reclaimed: {}",
+                d.message.key
+            );
+            reclaimed.insert(d.message.key.clone());
+        }
+        tokio::time::sleep(lease / 4).await;
+    }
+    let want: std::collections::BTreeSet<String> = (31..=40).map(|n| format!("k{n:02}")).collect();
+    assert_eq!(reclaimed, want, "reclaimed after {round} fetches");
+}
+
+/// A lane's shared slots live as long as the longest lease taken: a slot
+/// taken with a short lease does not expire one taken with a long lease.
+#[tokio::test]
+async fn a_short_slot_lease_does_not_expire_a_longer_one() {
+    if !support_redis::redis_available() {
+        return eprintln!("skipped: no redis-server");
+    }
+    let redis = support_redis::RedisServer::start();
+    let queue = RedisStreamsQueue::standalone(redis.url().as_str(), "q")
+        .await
+        .unwrap();
+    let (long, short) = (Duration::from_secs(30), Duration::from_millis(100));
+    assert!(queue.take_slot("/a", 2, long).await.unwrap().is_some());
+    assert!(queue.take_slot("/a", 2, short).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The short one ran out: one place again, not two.
+    assert!(queue.take_slot("/a", 2, long).await.unwrap().is_some());
+    assert_eq!(
+        queue.take_slot("/a", 2, long).await.unwrap(),
+        None,
+        "the slot held for 30 s was forgotten with the set"
+    );
+}

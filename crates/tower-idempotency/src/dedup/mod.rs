@@ -83,6 +83,23 @@ pub use config::OnStoreError;
 pub use layer::{DedupLayer, MAX_SETTING, MIN_LEASE};
 pub use service::{Dedup, ResponseFuture};
 
+/// What the other payload of a reused key was doing, in the extensions of
+/// the dedup layer's 422 (outcome [`Outcome::Mismatch`](crate::Outcome::Mismatch)).
+///
+/// A key found **completed** with another payload stays so for the whole
+/// window: no later copy of this payload can succeed. A key found **in
+/// flight** with another payload (perhaps on another instance sharing the
+/// store) may yet fail and be released: a later copy can succeed, so a
+/// queue's deliverer tries it again instead of giving it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mismatched {
+    /// The other payload's call still runs.
+    InFlight,
+    /// The other payload's call is done: its record holds the key.
+    Completed,
+}
+
 /// The header that marks a replayed response.
 pub const REPLAYED_HEADER: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
 

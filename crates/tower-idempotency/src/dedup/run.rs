@@ -6,6 +6,7 @@ use super::guard::ClaimGuard;
 use super::owner::{Head, Owner};
 use super::reply::{in_flight, refusal, replay, retry_later};
 use super::store_call::store_call;
+use super::Mismatched;
 use crate::body::{BoxError, CancelOnDrop, ResponseBody};
 use crate::outcome::{self, log_warn, Outcome};
 use crate::store::{Claim, OwnerToken, Store, StoreError};
@@ -102,7 +103,7 @@ impl<S, St: Store> Run<S, St> {
             match claim {
                 Claim::Completed(record) => {
                     if record.fingerprint != fingerprint {
-                        return Ok(self.mismatch(req.headers()));
+                        return Ok(self.mismatch(req.headers(), Mismatched::Completed));
                     }
                     if self.config.strict {
                         return Ok(self.duplicate_submission());
@@ -120,8 +121,11 @@ impl<S, St: Store> Run<S, St> {
                     fingerprint: running,
                     watch,
                 } => {
+                    // The other payload may yet fail and release the key:
+                    // said so, for a caller that can come back (a queue's
+                    // deliverer).
                     if running != fingerprint {
-                        return Ok(self.mismatch(req.headers()));
+                        return Ok(self.mismatch(req.headers(), Mismatched::InFlight));
                     }
                     if self.config.strict {
                         return Ok(self.duplicate_submission());
@@ -300,7 +304,11 @@ impl<S, St: Store> Run<S, St> {
         )
     }
 
-    fn mismatch<ResBody>(&self, headers: &http::HeaderMap) -> Response<ResponseBody<ResBody>> {
+    fn mismatch<ResBody>(
+        &self,
+        headers: &http::HeaderMap,
+        with: Mismatched,
+    ) -> Response<ResponseBody<ResBody>> {
         outcome::record(self.key.preset_arc(), Outcome::Mismatch);
         // The request's id (tower-http's `SetRequestIdLayer`), when it has one.
         let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
@@ -316,7 +324,9 @@ impl<S, St: Store> Run<S, St> {
             }
             None => "idempotency key reused with a different request payload\n",
         };
-        refusal(StatusCode::UNPROCESSABLE_ENTITY, message, Outcome::Mismatch)
+        let mut res = refusal(StatusCode::UNPROCESSABLE_ENTITY, message, Outcome::Mismatch);
+        res.extensions_mut().insert(with);
+        res
     }
 }
 
