@@ -50,6 +50,11 @@ use std::task::{ready, Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
+/// The mark of a response to a request passed on without a key where the
+/// key is optional: the reply format leaves it as the handler answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unkeyed;
+
 /// One fixed reply: status, content type and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedReply {
@@ -150,8 +155,13 @@ impl Reply {
         self.failure.as_ref()
     }
 
-    /// Rewrites one response into the channel's form.
+    /// Rewrites one response into the channel's form. A request passed on
+    /// without a key (where the key is optional, such as a configured
+    /// preset's `WithoutKey::Pass` handshake) keeps the handler's answer.
     pub fn apply<B: From<Bytes>>(&self, res: Response<B>) -> Response<B> {
+        if res.extensions().get::<Unkeyed>().is_some() {
+            return res;
+        }
         if let Some(header) = self.problems
             && res.extensions().get::<Rejection>().is_some()
         {
@@ -393,6 +403,7 @@ where
                         return Poll::Ready(Ok(grpc_refusal(res)));
                     }
                     let replaced = res.status().is_success()
+                        && res.extensions().get::<Unkeyed>().is_none()
                         && this.reply.success().is_some_and(|r| r.body().is_some());
                     if !replaced {
                         return Poll::Ready(Ok(this.reply.apply(res)));
