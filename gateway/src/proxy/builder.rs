@@ -3,7 +3,7 @@
 
 use super::entrance::verified_presets;
 use super::forward::RouteLimit;
-use super::gateway::{Gateway, Route, Shared, Stack, Target};
+use super::gateway::{Gateway, Guard, Route, Shared, Target};
 use super::ingest::{Ingest, IngestFn};
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
@@ -257,8 +257,11 @@ impl<S: Store> GatewayBuilder<S> {
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
             };
-            let mut stacks: Vec<Option<Stack<S>>> =
-                Preset::builtin_names().iter().map(|_| None).collect();
+            let mut stacks: Vec<Guard<S>> = Vec::new();
+            let guard = |preset: Preset, options: &RouteOptions| Guard {
+                name: Arc::from(preset.name()),
+                stack: stack(preset, options),
+            };
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
@@ -291,28 +294,26 @@ impl<S: Store> GatewayBuilder<S> {
                     if options.verifies() {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
                     }
-                    // A preset outside the built-in names gets the last slot.
-                    let at = Preset::builtin_names()
-                        .iter()
-                        .position(|n| *n == preset.name());
-                    match at {
-                        Some(at) => stacks[at] = Some(stack(preset, &options)),
-                        None => stacks.push(Some(stack(preset, &options))),
-                    }
+                    stacks.push(guard(preset, &options));
                 }
                 Target::Auto => {
                     let mut limit = 0;
-                    for (at, name) in Preset::builtin_names().iter().enumerate() {
+                    for name in Preset::builtin_names() {
                         if let Some(preset) = Preset::from_name(name) {
                             limit = limit.max(options.body_limit(&preset));
-                            stacks[at] = Some(stack(preset, &options));
+                            stacks.push(guard(preset, &options));
                         }
                     }
                     auto_limit = Some(limit);
                 }
             }
+            let preset = match auto_limit {
+                Some(_) => Arc::from("auto"),
+                None => stacks[0].name.clone(),
+            };
             Route {
                 prefix: Arc::from(prefix),
+                preset,
                 extensions,
                 stacks,
                 reply: route_reply,

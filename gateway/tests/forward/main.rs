@@ -7,6 +7,7 @@ mod gateway_deadline;
 mod gateway_flags;
 mod gateway_limits;
 mod gateway_paths;
+mod gateway_presets;
 mod gateway_stream;
 #[path = "../gateway_support/mod.rs"]
 mod gateway_support;

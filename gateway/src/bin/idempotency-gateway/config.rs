@@ -91,6 +91,9 @@ struct File {
     trace_sample_ratio: Option<Spanned<f64>>,
     #[serde(default)]
     route: Vec<Spanned<FileRoute>>,
+    /// Presets built from parts, by name (`presets.rs`).
+    #[serde(default)]
+    preset: Vec<Spanned<crate::presets::FilePreset>>,
 }
 
 /// Everything the gateway runs with.
@@ -238,7 +241,9 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             ));
         }
     } else {
-        let parsed = crate::routes::from_file(&file.route, &global, &at, &base)?;
+        let presets = crate::presets::from_file(&file.preset, &at)?;
+        let parsed = crate::routes::from_file(&file.route, &global, &at, &base, &presets)?;
+        warnings.extend(parsed.warnings);
         routes = parsed.routes;
         own_memory = parsed.own_memory;
         paces = parsed.paces;

@@ -37,6 +37,7 @@ mod logging;
 mod otel;
 mod pace;
 mod parse;
+mod presets;
 mod reconcile;
 mod routes;
 mod serve;
@@ -129,6 +130,9 @@ fn main() -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     if check {
+        for warning in &settings.warnings {
+            eprintln!("gateway: warning: {warning}");
+        }
         return match check_files(&settings) {
             Ok(()) => {
                 eprintln!("gateway: the configuration is valid");
