@@ -224,6 +224,14 @@ impl<S: Store> GatewayBuilder<S> {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
+            // The route's own upstream, or the gateway's.
+            let own = options
+                .get_upstream()
+                .map(|f| match self.accept_traceparent {
+                    Some(accept) => f.clone().with_accept_traceparent(accept),
+                    None => f.clone(),
+                });
+            let forward = own.as_ref().unwrap_or(&forward);
             // No cap of its own: a share of the upstream's, so that a slow
             // route cannot hold every slot.
             let slots = options
@@ -311,9 +319,20 @@ impl<S: Store> GatewayBuilder<S> {
                 Some(_) => Arc::from("auto"),
                 None => stacks[0].name.clone(),
             };
+            // What the route forwards unguarded goes to its own upstream,
+            // as a share of that upstream's calls.
+            let unguarded = own.as_ref().map(|f| {
+                let calls = f.call_limit();
+                f.with_route_limit(RouteLimit {
+                    slots: calls.share(UNGUARDED),
+                    queue_wait: calls.get_queue_wait(),
+                    gauge: Gauge::default(),
+                })
+            });
             Route {
                 prefix: Arc::from(prefix),
                 preset,
+                unguarded,
                 extensions,
                 stacks,
                 reply: route_reply,

@@ -83,6 +83,9 @@ pub(super) struct Route<S> {
     pub(super) prefix: Arc<str>,
     /// The preset's name, or `auto`.
     pub(super) preset: Arc<str>,
+    /// Where the route forwards unguarded requests when it has an upstream
+    /// of its own (else the gateway's).
+    pub(super) unguarded: Option<Forward>,
     /// Whether its responses carry a [`MatchedRoute`] (see
     /// [`GatewayBuilder::response_extensions`](super::GatewayBuilder::response_extensions)).
     pub(super) extensions: bool,
@@ -263,7 +266,7 @@ impl<S: Store> Gateway<S> {
             return guarded(route, 0, req).await;
         };
         if !is_guarded_method(req.method()) {
-            return self.pass_through(req).await;
+            return self.pass_through_on(route, req).await;
         }
         let (parts, body) = req.into_parts();
         let body = self.shared.bodies.wrap(body);
@@ -288,7 +291,7 @@ impl<S: Store> Gateway<S> {
         let req = Request::from_parts(parts, Full::new(body));
         match at {
             Some(at) => guarded(route, at, req).await,
-            None => self.pass_through(req).await,
+            None => self.pass_through_on(route, req).await,
         }
     }
 
@@ -345,6 +348,19 @@ impl<S: Store> Gateway<S> {
             }
         }
         None
+    }
+
+    /// Forwards `req` unguarded to `route`'s upstream.
+    async fn pass_through_on<B>(&self, route: &Route<S>, req: Request<B>) -> GatewayResponse
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let forward = route.unguarded.as_ref().unwrap_or(&self.shared.forward);
+        match forward.clone().call(req).await {
+            Ok(res) => res.map(ResponseBody::stream),
+            Err(never) => match never {},
+        }
     }
 
     async fn pass_through<B>(self, req: Request<B>) -> GatewayResponse

@@ -14,6 +14,7 @@ mod gateway_support;
 mod gateway_tls;
 mod gateway_unverified;
 mod gateway_upstream;
+mod gateway_upstreams;
 mod gateway_values;
 mod gateway_verify;
 mod gateway_verify_hostile;

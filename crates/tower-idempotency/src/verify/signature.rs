@@ -577,9 +577,9 @@ impl HmacScheme {
             }
             let sig = sig.trim();
             // Without its prefix a signature cannot verify.
-            let sig = sig.strip_prefix(self.prefix.as_str()).ok_or_else(|| {
-                VerifyError::Malformed(Cow::Borrowed("signature (its prefix is missing)"))
-            })?;
+            let sig = sig.strip_prefix(self.prefix.as_str()).ok_or(VerifyError::Malformed(
+                Cow::Borrowed("signature (its prefix is missing)"),
+            ))?;
             candidates.push(sig);
             Ok(())
         };
@@ -596,12 +596,12 @@ impl HmacScheme {
             };
             if name == field {
                 push(v)?;
-            } else if self.timestamp_field.as_deref() == Some(name) {
-                if timestamp.replace(v).is_some() {
-                    return Err(VerifyError::Malformed(Cow::Borrowed(
-                        "timestamp (given twice in the signature header)",
-                    )));
-                }
+            } else if self.timestamp_field.as_deref() == Some(name)
+                && timestamp.replace(v).is_some()
+            {
+                return Err(VerifyError::Malformed(Cow::Borrowed(
+                    "timestamp (given twice in the signature header)",
+                )));
             }
         }
         Ok((candidates, timestamp))

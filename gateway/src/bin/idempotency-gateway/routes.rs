@@ -33,6 +33,8 @@ pub struct FileRoute {
     /// The URL the sender calls, as it signs it (`{url}` of a configured
     /// preset's signature).
     public_url: Field,
+    /// A named upstream (`[[upstreams]]`).
+    upstream: Field,
     /// The memory store's budget of this route's records.
     max_memory: Option<Spanned<SizeValue>>,
     max_in_flight: Option<Spanned<SizeValue>>,
@@ -57,6 +59,8 @@ pub struct FileRoutes {
     pub paces: Vec<(String, Pace)>,
     /// Warnings to log at start (and print with `--check-config`).
     pub warnings: Vec<String>,
+    /// The routes that name an upstream: prefix, name, where it is written.
+    pub upstreams: Vec<(String, String, std::ops::Range<usize>)>,
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
@@ -70,6 +74,7 @@ pub fn from_file(
 ) -> Result<FileRoutes, String> {
     let (mut routes, mut own_memory, mut paces) = (Vec::new(), Vec::new(), Vec::new());
     let mut warnings = Vec::new();
+    let mut upstreams = Vec::new();
     let mut seen = idempotency_gateway::proxy::RouteTable::new();
     for r in file_routes {
         let r = r.get_ref();
@@ -188,6 +193,9 @@ pub fn from_file(
                 "`public_url` is read by a configured preset's `{url}` signature only",
             ));
         }
+        if let Some(u) = &r.upstream {
+            upstreams.push((prefix.clone(), u.get_ref().clone(), u.span()));
+        }
         routes.push((prefix, target, options));
     }
     Ok(FileRoutes {
@@ -195,6 +203,7 @@ pub fn from_file(
         own_memory,
         paces,
         warnings,
+        upstreams,
     })
 }
 
