@@ -151,12 +151,15 @@ fn headers(pairs: &[(&str, String)]) -> Vec<(String, String)> {
     out
 }
 
+/// Headers of one request.
+type Headers = Vec<(String, String)>;
+
 /// One recipe: how a copy is signed, and the copies that must be refused.
 struct Recipe {
     path: &'static str,
     body: Vec<u8>,
     genuine: Vec<(String, String)>,
-    refused: Vec<(&'static str, Vec<(String, String)>, Vec<u8>)>,
+    refused: Vec<(&'static str, Headers, Vec<u8>)>,
 }
 
 fn github(secret: &str, id: &str, body: &[u8]) -> Vec<(String, String)> {
