@@ -128,6 +128,18 @@ async fn each_route_reaches_its_upstream_and_a_hung_one_sheds_only_its_own() {
     assert_eq!(default.calls("/health"), 1);
     assert_eq!(hung.total(), 2);
     assert_eq!(orders.total(), 6);
+    let (status, ready) = get(metrics, "/readyz");
+    assert_eq!(status, 200, "{ready}");
+    assert!(ready.starts_with("ready\n"), "{ready}");
+    assert!(
+        ready.contains(&format!(
+            "upstream slow (http://{}): 2 of 4 calls in flight",
+            hung.addr
+        )),
+        "{ready}"
+    );
+    assert!(ready.contains("upstream orders (http://"), "{ready}");
+    assert!(ready.contains("/base): 0 of 4 calls in flight"), "{ready}");
     let (_, text) = get(metrics, "/metrics");
     let shed = sample(
         &text,

@@ -407,6 +407,7 @@ async fn run(
     let named_calls: Vec<CallLimit> = (settings.upstreams.iter())
         .map(|u| u.calls(settings.max_upstream_calls, settings.queue_wait))
         .collect();
+    upstreams::running(&settings.upstreams, &named_calls);
     // One budget of bodies being read, across the serving threads.
     let bodies = BodyLimitsLayer::new()
         .timeout(settings.body_timeout)

@@ -10,6 +10,35 @@ use std::path::PathBuf;
 use std::time::Duration;
 use toml::Spanned;
 
+/// The named upstreams and their caps, once the gateway runs: `/readyz`
+/// gives a line to each.
+static RUNNING: std::sync::OnceLock<Vec<(String, Upstream, CallLimit)>> =
+    std::sync::OnceLock::new();
+
+/// Records the named upstreams for `/readyz` (once).
+pub fn running(upstreams: &[Named], calls: &[CallLimit]) {
+    let list = upstreams
+        .iter()
+        .zip(calls)
+        .map(|(u, c)| (u.name.clone(), u.upstream.clone(), c.clone()))
+        .collect();
+    let _ = RUNNING.set(list);
+}
+
+/// One `/readyz` line per named upstream: its calls in flight and its cap
+/// (empty without named upstreams).
+pub fn ready_lines() -> String {
+    let mut out = String::new();
+    for (name, upstream, calls) in RUNNING.get().into_iter().flatten() {
+        out.push_str(&format!(
+            "upstream {name} ({upstream}): {} of {} calls in flight\n",
+            calls.in_flight(),
+            calls.max()
+        ));
+    }
+    out
+}
+
 /// One `[[upstreams]]` table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
