@@ -170,8 +170,11 @@ impl PresetBuilder {
             ))
         });
         let spec = KeySpec::new(self.key, self.fingerprint).refuse_repeated();
-        let mut preset = Preset::channel(self.name, spec, Reply::new(self.success, failure))
-            .with_window(self.window);
+        let mut reply = Reply::new(self.success, failure);
+        if self.without_key == WithoutKey::Pass {
+            reply = reply.keeping_unkeyed();
+        }
+        let mut preset = Preset::channel(self.name, spec, reply).with_window(self.window);
         preset.wait = self.wait;
         preset.max_body = self.max_body;
         preset.key_required = self.without_key == WithoutKey::Refuse;

@@ -98,6 +98,9 @@ pub struct Reply {
     failure: Option<FixedReply>,
     /// The key's header when the layers' own refusals are problem details.
     problems: Option<&'static str>,
+    /// Whether a request passed on without a key keeps the handler's answer
+    /// (a preset whose key is optional).
+    unkeyed: bool,
 }
 
 impl Reply {
@@ -107,6 +110,7 @@ impl Reply {
             success,
             failure,
             problems: None,
+            unkeyed: false,
         }
     }
 
@@ -116,6 +120,7 @@ impl Reply {
             success: None,
             failure: None,
             problems: None,
+            unkeyed: false,
         }
     }
 
@@ -139,6 +144,19 @@ impl Reply {
         self
     }
 
+    /// This format leaving the answer to a request passed on without a key
+    /// as the handler gave it (for a preset whose key is optional).
+    pub(crate) const fn keeping_unkeyed(mut self) -> Self {
+        self.unkeyed = true;
+        self
+    }
+
+    /// Whether `res` answers a request passed on without a key, which this
+    /// format leaves alone.
+    fn is_unkeyed<B>(&self, res: &Response<B>) -> bool {
+        self.unkeyed && res.extensions().get::<Unkeyed>().is_some()
+    }
+
     /// The key's header name when refusals are problem details (see
     /// [`with_problem_details`](Self::with_problem_details)).
     pub const fn problem_details(&self) -> Option<&'static str> {
@@ -159,7 +177,7 @@ impl Reply {
     /// without a key (where the key is optional, such as a configured
     /// preset's `WithoutKey::Pass` handshake) keeps the handler's answer.
     pub fn apply<B: From<Bytes>>(&self, res: Response<B>) -> Response<B> {
-        if res.extensions().get::<Unkeyed>().is_some() {
+        if self.is_unkeyed(&res) {
             return res;
         }
         if let Some(header) = self.problems
@@ -403,7 +421,7 @@ where
                         return Poll::Ready(Ok(grpc_refusal(res)));
                     }
                     let replaced = res.status().is_success()
-                        && res.extensions().get::<Unkeyed>().is_none()
+                        && !this.reply.is_unkeyed(&res)
                         && this.reply.success().is_some_and(|r| r.body().is_some());
                     if !replaced {
                         return Poll::Ready(Ok(this.reply.apply(res)));
