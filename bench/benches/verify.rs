@@ -94,6 +94,113 @@ fn verify(c: &mut Criterion) {
     }
     hostile_headers(c, &rt);
     hostile_bodies(c, &rt);
+    configured(c, &rt);
+}
+
+/// The configured HMAC schemes ([`HmacScheme`]) at the 64 KiB body limit:
+/// GitHub (`sha256=` hex over the body), Slack (`v0:{timestamp}:{body}`),
+/// Square (`{url}{body}`, base64), Paddle (`ts`/`h1` pairs) with 16
+/// candidates and with a 400 KB header (refused), and a signed body of
+/// about 6,700 JSON members repeating one (refused: one parse).
+fn configured(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
+    use base64::Engine;
+    use tower_idempotency::verify::{BodyShape, HmacAlgorithm, HmacScheme, SignatureEncoding};
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let now = 1_700_000_000u64;
+    let t = now.to_string();
+    let body = body_at_limit();
+    let secret = b"configured secret";
+    let hexed = |mac: Vec<u8>| mac.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let case = |body: Vec<u8>, headers: Vec<(&str, String)>| Case {
+        name: "configured",
+        keys: VerifyLayer::off(),
+        body,
+        headers: headers
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        now,
+        tamper: ("", ""),
+        header_tamper: None,
+        tolerance: None,
+    };
+    let scheme = |name: &str, header: &str| {
+        HmacScheme::builder(name.to_owned(), HmacAlgorithm::Sha256, header).secret(secret)
+    };
+
+    let github = scheme("github", "x-hub-signature-256").prefix("sha256=");
+    let sig = format!("sha256={}", hexed(hmac(secret, &[&body])));
+    let github_case = case(body.clone(), vec![("x-hub-signature-256", sig)]);
+    let layer = VerifyLayer::new(github.clone().build().unwrap());
+    bench_case(c, rt, "configured github 64 KiB", layer, &github_case);
+
+    let slack = scheme("slack", "x-slack-signature")
+        .prefix("v0=")
+        .signed("v0:{timestamp}:{body}".parse().unwrap())
+        .timestamp_header("x-slack-request-timestamp");
+    let sig = format!(
+        "v0={}",
+        hexed(hmac(secret, &[b"v0:", t.as_bytes(), b":", &body]))
+    );
+    let slack_case = case(
+        body.clone(),
+        vec![
+            ("x-slack-signature", sig),
+            ("x-slack-request-timestamp", t.clone()),
+        ],
+    );
+    let layer = VerifyLayer::new(slack.build().unwrap());
+    bench_case(c, rt, "configured slack 64 KiB", layer, &slack_case);
+
+    let url = "https://example.com/hooks/square";
+    let square = scheme("square", "x-square-hmacsha256-signature")
+        .encoding(SignatureEncoding::Base64)
+        .signed("{url}{body}".parse().unwrap())
+        .url(url);
+    let sig = b64.encode(hmac(secret, &[url.as_bytes(), &body]));
+    let square_case = case(body.clone(), vec![("x-square-hmacsha256-signature", sig)]);
+    let layer = VerifyLayer::new(square.build().unwrap());
+    bench_case(c, rt, "configured square 64 KiB", layer, &square_case);
+
+    let paddle = || {
+        let scheme = scheme("paddle", "paddle-signature")
+            .signature_field("h1")
+            .timestamp_field("ts")
+            .signed("{timestamp}:{body}".parse().unwrap());
+        VerifyLayer::new(scheme.build().unwrap())
+    };
+    let genuine = hexed(hmac(secret, &[t.as_bytes(), b":", &body]));
+    let sixteen = format!("ts={t};{}h1={genuine}", "h1=00;".repeat(15));
+    let mut long = format!("ts={t};");
+    while long.len() < 400 * 1024 {
+        long.push_str("h1=;");
+    }
+    for (name, header) in [
+        ("configured paddle 64 KiB, 16 candidates", sixteen),
+        ("configured paddle 64 KiB, 400 KB header, refused", long),
+    ] {
+        let case = case(body.clone(), vec![("paddle-signature", header)]);
+        bench_case(c, rt, name, paddle(), &case);
+    }
+
+    // The last member repeats the first.
+    let (members, _) = fields_at_limit("{", r#","id":"b"}"#, |i| {
+        if i == 0 {
+            r#""id":"a""#.to_owned()
+        } else {
+            format!(r#","f{i}":1"#)
+        }
+    });
+    let sig = format!("sha256={}", hexed(hmac(secret, &[&members])));
+    let dup_case = case(members, vec![("x-hub-signature-256", sig)]);
+    let layer = VerifyLayer::new(github.body_shape(BodyShape::Json).build().unwrap());
+    bench_case(
+        c,
+        rt,
+        "configured github 64 KiB of JSON members, repeated member refused",
+        layer,
+        &dup_case,
+    );
 }
 
 /// `field(i)` repeated from `open` to `close` until the body holds 64 KiB.

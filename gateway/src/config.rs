@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use tower_idempotency::verify::{
-    AdyenKeys, AlipayKeys, KeyError, PayPalKeys, StandardWebhooksKeys, StripeKeys, VerifyLayer,
-    WechatPayV2Keys, WechatPayV3Keys,
+    AdyenKeys, AlipayKeys, HmacSchemeBuilder, KeyError, PayPalKeys, StandardWebhooksKeys,
+    StripeKeys, VerifyLayer, WechatPayV2Keys, WechatPayV3Keys,
 };
 
 /// Where a key or secret comes from.
@@ -341,6 +341,47 @@ impl VerifyConfig {
             }
         };
         Ok(layer.preset(preset.to_owned()))
+    }
+}
+
+impl VerifyConfig {
+    /// Builds the verify layer of a route whose preset is a configured one
+    /// signed with `scheme` (its header, template and so on, from the
+    /// preset): the table's `secrets` (any one verifies: rotation) and
+    /// `tolerance` (default 5 minutes); files are read relative to `base`.
+    /// Any other field is an error, as is a table without secrets.
+    ///
+    /// ```
+    /// use idempotency_gateway::config::VerifyConfig;
+    /// use tower_idempotency::verify::{HmacAlgorithm, HmacScheme};
+    ///
+    /// let config: VerifyConfig = toml::from_str(r#"secrets = ["It's a Secret to Everybody"]"#).unwrap();
+    /// let scheme = HmacScheme::builder("github", HmacAlgorithm::Sha256, "x-hub-signature-256")
+    ///     .prefix("sha256=");
+    /// let layer = config.hmac_layer("github", scheme, std::path::Path::new(".")).unwrap();
+    /// assert!(layer.is_on());
+    /// ```
+    pub fn hmac_layer(
+        &self,
+        preset: &str,
+        scheme: HmacSchemeBuilder,
+        base: &Path,
+    ) -> Result<VerifyLayer, VerifyConfigError> {
+        let allowed = ["secrets", "tolerance"];
+        if let Some(field) = self.set_fields().into_iter().find(|f| !allowed.contains(f)) {
+            return Err(VerifyConfigError(format!(
+                "verify.{field} is not read by preset {preset} (it reads secrets, tolerance)"
+            )));
+        }
+        need(self.secrets.len(), "secrets")?;
+        let mut scheme = scheme;
+        for s in &self.secrets {
+            scheme = scheme.secret(s.load_text(Plain::Value, base)?);
+        }
+        if let Some(t) = self.tolerance()? {
+            scheme = scheme.tolerance(t);
+        }
+        Ok(VerifyLayer::new(scheme.build()?).preset(preset.to_owned()))
     }
 }
 

@@ -121,6 +121,9 @@ impl<St: Store> IdempotencyLayer<St> {
         if preset.consumes_token() {
             key = key.consume_token(true);
         }
+        if !preset.key_required() {
+            key = key.required(false);
+        }
         let dedup = DedupLayer::new(store)
             .window(preset.window())
             .wait(preset.wait());

@@ -153,7 +153,7 @@ pub mod trace;
 pub mod verify;
 
 pub use body::ResponseBody;
-pub use channel::Preset;
+pub use channel::{Preset, PresetBuilder, PresetError, WithoutKey};
 pub use dedup::OnStoreError;
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;

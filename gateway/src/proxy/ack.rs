@@ -20,7 +20,6 @@ use tower_idempotency::consumer::{Disposition, Failure};
 use tower_idempotency::dedup::Mismatched;
 use tower_idempotency::store::Store;
 use tower_idempotency::Outcome;
-use tower_idempotency::Preset;
 use tower_idempotency_queue::original_key;
 use tower_idempotency_queue::Message;
 use tower_service::Service;
@@ -335,10 +334,11 @@ impl<S: Store> Gateway<S> {
             None => route
                 .deliver
                 .as_ref()
-                .or_else(|| route.stacks.iter().flatten().next()),
-            Some(_) => detect(&message.headers, &message.body)
-                .and_then(|name| Preset::builtin_names().iter().position(|n| *n == name))
-                .and_then(|at| route.stacks[at].as_ref()),
+                .or_else(|| route.stacks.first().map(|g| &g.stack)),
+            Some(_) => detect(&message.headers, &message.body).and_then(|name| {
+                let guard = route.stacks.iter().find(|g| &*g.name == name);
+                guard.map(|g| &g.stack)
+            }),
         };
         let Some(stack) = stack else {
             return Err(DeliveryError::kept(format!(

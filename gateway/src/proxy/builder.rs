@@ -3,7 +3,7 @@
 
 use super::entrance::verified_presets;
 use super::forward::RouteLimit;
-use super::gateway::{Gateway, Route, Shared, Stack, Target};
+use super::gateway::{Gateway, Guard, Route, Shared, Target};
 use super::ingest::{Ingest, IngestFn};
 use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
@@ -224,6 +224,14 @@ impl<S: Store> GatewayBuilder<S> {
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
             let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
+            // The route's own upstream, or the gateway's.
+            let own = options
+                .get_upstream()
+                .map(|f| match self.accept_traceparent {
+                    Some(accept) => f.clone().with_accept_traceparent(accept),
+                    None => f.clone(),
+                });
+            let forward = own.as_ref().unwrap_or(&forward);
             // No cap of its own: a share of the upstream's, so that a slow
             // route cannot hold every slot.
             let slots = options
@@ -257,8 +265,11 @@ impl<S: Store> GatewayBuilder<S> {
                     .task_tracker(tasks.clone())
                     .layer(guarded.clone())
             };
-            let mut stacks: Vec<Option<Stack<S>>> =
-                Preset::builtin_names().iter().map(|_| None).collect();
+            let mut stacks: Vec<Guard<S>> = Vec::new();
+            let guard = |preset: Preset, options: &RouteOptions| Guard {
+                name: Arc::from(preset.name()),
+                stack: stack(preset, options),
+            };
             let mut issuer = None;
             let mut auto_limit = None;
             let mut ack = None;
@@ -291,28 +302,37 @@ impl<S: Store> GatewayBuilder<S> {
                     if options.verifies() {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
                     }
-                    // A preset outside the built-in names gets the last slot.
-                    let at = Preset::builtin_names()
-                        .iter()
-                        .position(|n| *n == preset.name());
-                    match at {
-                        Some(at) => stacks[at] = Some(stack(preset, &options)),
-                        None => stacks.push(Some(stack(preset, &options))),
-                    }
+                    stacks.push(guard(preset, &options));
                 }
                 Target::Auto => {
                     let mut limit = 0;
-                    for (at, name) in Preset::builtin_names().iter().enumerate() {
+                    for name in Preset::builtin_names() {
                         if let Some(preset) = Preset::from_name(name) {
                             limit = limit.max(options.body_limit(&preset));
-                            stacks[at] = Some(stack(preset, &options));
+                            stacks.push(guard(preset, &options));
                         }
                     }
                     auto_limit = Some(limit);
                 }
             }
+            let preset = match auto_limit {
+                Some(_) => Arc::from("auto"),
+                None => stacks[0].name.clone(),
+            };
+            // What the route forwards unguarded goes to its own upstream,
+            // as a share of that upstream's calls.
+            let unguarded = own.as_ref().map(|f| {
+                let calls = f.call_limit();
+                f.with_route_limit(RouteLimit {
+                    slots: calls.share(UNGUARDED),
+                    queue_wait: calls.get_queue_wait(),
+                    gauge: Gauge::default(),
+                })
+            });
             Route {
                 prefix: Arc::from(prefix),
+                preset,
+                unguarded,
                 extensions,
                 stacks,
                 reply: route_reply,

@@ -69,16 +69,19 @@ pub(super) fn with_path(uri: &Uri, path: &str) -> Option<Uri> {
 /// 400 for a path with no safe normal form, counted for `preset` (`None`:
 /// an `auto` route or none), in `reply`'s form (a channel's).
 pub(super) fn bad_path(
-    preset: Option<&'static str>,
+    preset: Option<&Arc<str>>,
     reply: Option<&Reply>,
     why: &str,
 ) -> GatewayResponse {
-    Outcome::RejectedBadInput.count(&Arc::from(preset.unwrap_or("auto")));
+    match preset {
+        Some(name) => Outcome::RejectedBadInput.count(name),
+        None => Outcome::RejectedBadInput.count(&Arc::from("auto")),
+    }
     let msg = Bytes::from(format!("bad request path: {why}\n"));
     let mut res: GatewayResponse = text_response_owned(StatusCode::BAD_REQUEST, msg);
     res.extensions_mut().insert(Outcome::RejectedBadInput);
     if let Some(name) = preset {
-        res.extensions_mut().insert(RoutedPreset(name));
+        res.extensions_mut().insert(RoutedPreset(name.clone()));
     }
     match reply {
         Some(reply) => reply.apply(res),
@@ -87,8 +90,8 @@ pub(super) fn bad_path(
 }
 
 /// 405 for a channel route (of `preset`): channels only POST.
-pub(super) fn method_not_allowed(preset: &'static str) -> GatewayResponse {
-    Outcome::RejectedBadInput.count(&Arc::from(preset));
+pub(super) fn method_not_allowed(preset: &Arc<str>) -> GatewayResponse {
+    Outcome::RejectedBadInput.count(preset);
     let mut res: GatewayResponse = text_response(
         StatusCode::METHOD_NOT_ALLOWED,
         "this route takes notifications: use POST\n",
@@ -96,7 +99,7 @@ pub(super) fn method_not_allowed(preset: &'static str) -> GatewayResponse {
     res.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("POST"));
     res.extensions_mut().insert(Outcome::RejectedBadInput);
-    res.extensions_mut().insert(RoutedPreset(preset));
+    res.extensions_mut().insert(RoutedPreset(preset.clone()));
     res
 }
 
@@ -116,6 +119,6 @@ pub(super) fn refuse_verified_elsewhere(v: &Verified, route: &str, path: &str) -
     let mut res: GatewayResponse = text_response(StatusCode::UNAUTHORIZED, "signature invalid\n");
     res.extensions_mut().insert(Outcome::Unverified);
     let mut res = v.reply.apply(res);
-    res.extensions_mut().insert(RoutedPreset(v.name));
+    res.extensions_mut().insert(RoutedPreset(Arc::from(v.name)));
     res
 }

@@ -96,6 +96,8 @@ struct Shared {
     pool: Arc<Pool>,
     upstream: Upstream,
     calls: CallLimit,
+    /// The upstream's name: the `upstream` label of its errors.
+    name: Arc<str>,
 }
 
 impl fmt::Debug for Forward {
@@ -118,6 +120,7 @@ pub struct ForwardBuilder {
     roots: Vec<CertificateDer<'static>>,
     calls: Option<CallLimit>,
     accept_traceparent: bool,
+    name: Arc<str>,
 }
 
 impl Forward {
@@ -136,12 +139,18 @@ impl Forward {
             roots: Vec::new(),
             calls: None,
             accept_traceparent: false,
+            name: Arc::from(DEFAULT_UPSTREAM_NAME),
         }
     }
 
     /// The upstream.
     pub fn upstream(&self) -> &Upstream {
         &self.shared.upstream
+    }
+
+    /// The upstream's name (see [`ForwardBuilder::name`]).
+    pub fn name(&self) -> &str {
+        &self.shared.name
     }
 
     /// The deadline for the upstream's whole answer (see
@@ -202,12 +211,12 @@ impl Forward {
         let mut route_slot = match &self.route {
             Some(route) => match route.slots.acquire_within(route.queue_wait).await {
                 Some(permit) => Some(route.slots.hold(permit, &route.gauge)),
-                None => return shed(&self.shared.upstream, route.slots.max()),
+                None => return shed(&self.shared, route.slots.max()),
             },
             None => None,
         };
         let Some(slot) = self.shared.calls.acquire().await else {
-            return shed(&self.shared.upstream, self.shared.calls.max());
+            return shed(&self.shared, self.shared.calls.max());
         };
         let started = tokio::time::Instant::now();
         let deadline = started + self.timeout;
@@ -276,7 +285,7 @@ impl Forward {
                 // is dropped (which closes the connection) and never relayed
                 // or recorded. hyper hands on no other 1xx answer.
                 sample(&mut route_slot, Some(true));
-                upstream_error("other");
+                upstream_error(&self.shared.name, "other");
                 let request_id = request_id
                     .as_ref()
                     .and_then(|v| v.to_str().ok())
@@ -317,7 +326,7 @@ impl Forward {
                 }
                 sample(&mut route_slot, Some(true));
                 let kind = if e.is_connect() { "connect" } else { "other" };
-                upstream_error(kind);
+                upstream_error(&self.shared.name, kind);
                 let error = error_chain(&e);
                 let request_id = request_id
                     .as_ref()
@@ -331,7 +340,7 @@ impl Forward {
             }
             Err(_) => {
                 sample(&mut route_slot, Some(true));
-                upstream_error("timeout");
+                upstream_error(&self.shared.name, "timeout");
                 tracing::warn!(upstream = %upstream, timeout = ?self.timeout, "upstream timed out");
                 plain(
                     StatusCode::GATEWAY_TIMEOUT,
@@ -344,8 +353,9 @@ impl Forward {
 
 /// The answer to a call past the cap: 503 with `Retry-After`, marked as
 /// shed for the dedup layer's count.
-fn shed(upstream: &Upstream, max: usize) -> Response<ProxyBody> {
-    upstream_error("shed");
+fn shed(shared: &Shared, max: usize) -> Response<ProxyBody> {
+    let upstream = &shared.upstream;
+    upstream_error(&shared.name, "shed");
     tracing::warn!(upstream = %upstream, max, "calls in flight at their cap; request shed");
     let mut res = plain(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -373,12 +383,29 @@ pub struct UpstreamAnswer {
     pub took: Duration,
 }
 
-/// Counts an upstream failure in `gateway_upstream_errors_total{kind}`.
-fn upstream_error(kind: &'static str) {
-    metrics::counter!("gateway_upstream_errors_total", "kind" => kind).increment(1);
+/// The name of a forwarder's upstream unless it is given one
+/// ([`ForwardBuilder::name`]).
+pub const DEFAULT_UPSTREAM_NAME: &str = "default";
+
+/// Counts an upstream failure in
+/// `gateway_upstream_errors_total{upstream, kind}`.
+fn upstream_error(name: &str, kind: &'static str) {
+    metrics::counter!(
+        "gateway_upstream_errors_total",
+        "upstream" => name.to_owned(),
+        "kind" => kind
+    )
+    .increment(1);
 }
 
 impl ForwardBuilder {
+    /// The upstream's name: the `upstream` label of
+    /// `gateway_upstream_errors_total`. Defaults to `default`.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// The deadline for the upstream's whole answer, body included. Behind
     /// a [`Gateway`](super::Gateway) it is the reply deadline of guarded
     /// routes (the upstream call itself goes on up to the run limit).
@@ -478,6 +505,7 @@ impl ForwardBuilder {
                 calls: self
                     .calls
                     .unwrap_or_else(|| CallLimit::new(DEFAULT_MAX_UPSTREAM_CALLS)),
+                name: self.name,
             }),
             timeout: self.timeout,
             route: None,

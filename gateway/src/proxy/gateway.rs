@@ -43,11 +43,12 @@ pub enum Target {
     Auto,
 }
 
-/// The preset that guarded a request, or whose route refused it (a method
-/// other than POST on a channel route, a bad path), in the response's
-/// extensions (absent for a request no preset guarded).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoutedPreset(pub &'static str);
+/// The name of the preset that guarded a request, or whose route refused it
+/// (a method other than POST on a channel route, a bad path), in the
+/// response's extensions (absent for a request no preset guarded): a
+/// built-in preset's name or a configured one's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedPreset(pub Arc<str>);
 
 /// The prefix of the route that took a request, in the response's
 /// extensions (absent for an unrouted request, and for every request when
@@ -68,14 +69,29 @@ pub(super) type Stack<S> = Idempotency<Forward, S>;
 /// of the queue as a synchronous route has in front of its dedup layer.
 pub(super) type AckStack = Normalize<Verify<Key<Ingest>>>;
 
-/// One route: its stacks, indexed like [`Preset::builtin_names`].
+/// One preset's stack on a route.
+pub(super) struct Guard<S> {
+    /// The preset's name (metrics, [`RoutedPreset`]).
+    pub(super) name: Arc<str>,
+    pub(super) stack: Stack<S>,
+}
+
+/// One route of the table: its preset (or `auto`), its stacks and what its
+/// entrance checks. New per-route state is a new named field here.
 pub(super) struct Route<S> {
     /// The route's prefix, for [`MatchedRoute`].
     pub(super) prefix: Arc<str>,
+    /// The preset's name, or `auto`.
+    pub(super) preset: Arc<str>,
+    /// Where the route forwards unguarded requests when it has an upstream
+    /// of its own (else the gateway's).
+    pub(super) unguarded: Option<Forward>,
     /// Whether its responses carry a [`MatchedRoute`] (see
     /// [`GatewayBuilder::response_extensions`](super::GatewayBuilder::response_extensions)).
     pub(super) extensions: bool,
-    pub(super) stacks: Vec<Option<Stack<S>>>,
+    /// The route's stack (a preset route), or one per built-in preset
+    /// (`auto`, in [`Preset::builtin_names`]' order).
+    pub(super) stacks: Vec<Guard<S>>,
     /// The reply format of a route's preset (`None` for `auto`).
     pub(super) reply: Option<Reply>,
     /// Whether the route's preset is a channel's (POST only).
@@ -237,22 +253,20 @@ impl<S: Store> Gateway<S> {
             return self.pass_through(req).await;
         };
         if route.channel && req.method() != Method::POST {
-            return method_not_allowed(route.preset_name());
+            return method_not_allowed(&route.preset);
         }
         if let (Some(issuer), true) = (&route.issuer, is_token_path) {
             return issue_token(issuer.clone(), req).await;
         }
         let Some(limit) = route.auto_limit else {
-            let at = route.stacks.iter().position(Option::is_some);
-            let at = at.expect("a preset route has its stack");
             let req = req.map(|body| self.shared.bodies.wrap(body));
             if let Some(ack) = &route.ack {
-                return queued(ack.clone(), route, at, req).await;
+                return queued(ack.clone(), route, req).await;
             }
-            return guarded(route, at, req).await;
+            return guarded(route, 0, req).await;
         };
         if !is_guarded_method(req.method()) {
-            return self.pass_through(req).await;
+            return self.pass_through_on(route, req).await;
         }
         let (parts, body) = req.into_parts();
         let body = self.shared.bodies.wrap(body);
@@ -273,12 +287,11 @@ impl<S: Store> Gateway<S> {
             return refuse_verified_elsewhere(v, prefix, parts.uri.path());
         }
         let at = detect(&parts.headers, &body)
-            .and_then(|name| Preset::builtin_names().iter().position(|n| *n == name))
-            .filter(|at| route.stacks[*at].is_some());
+            .and_then(|name| route.stacks.iter().position(|g| &*g.name == name));
         let req = Request::from_parts(parts, Full::new(body));
         match at {
             Some(at) => guarded(route, at, req).await,
-            None => self.pass_through(req).await,
+            None => self.pass_through_on(route, req).await,
         }
     }
 
@@ -337,6 +350,19 @@ impl<S: Store> Gateway<S> {
         None
     }
 
+    /// Forwards `req` unguarded to `route`'s upstream.
+    async fn pass_through_on<B>(&self, route: &Route<S>, req: Request<B>) -> GatewayResponse
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let forward = route.unguarded.as_ref().unwrap_or(&self.shared.forward);
+        match forward.clone().call(req).await {
+            Ok(res) => res.map(ResponseBody::stream),
+            Err(never) => match never {},
+        }
+    }
+
     async fn pass_through<B>(self, req: Request<B>) -> GatewayResponse
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -354,7 +380,7 @@ impl<S: Store> Gateway<S> {
 fn refuse_path<S>(prefix: &str, route: &Route<S>, path: &str, why: Unsafe) -> GatewayResponse {
     tracing::warn!(route = prefix, path, reason = %why, "request path refused");
     let _ = (prefix, path);
-    let preset = route.auto_limit.is_none().then(|| route.preset_name());
+    let preset = route.auto_limit.is_none().then_some(&route.preset);
     let reply = route.reply.as_ref().filter(|_| route.channel);
     bad_path(preset, reply, &why.to_string())
 }
@@ -383,34 +409,21 @@ impl<S> Route<S> {
         self.channel || is_guarded_method(method)
     }
 
-    /// The preset's name of a preset route, for metrics.
-    fn preset_name(&self) -> &'static str {
-        match self.auto_limit {
-            Some(_) => "auto",
-            None => self
-                .stacks
-                .iter()
-                .position(Option::is_some)
-                .and_then(|i| Preset::builtin_names().get(i).copied())
-                .unwrap_or("custom"),
-        }
+    /// The preset's name of a preset route (`auto` for an `auto` route).
+    fn preset_name(&self) -> &str {
+        &self.preset
     }
 }
 
 /// Queues `req` through an acknowledge-then-deliver route's pipeline.
-async fn queued<S, B>(
-    mut ack: AckStack,
-    route: &Route<S>,
-    at: usize,
-    req: Request<B>,
-) -> GatewayResponse
+async fn queued<S, B>(mut ack: AckStack, route: &Route<S>, req: Request<B>) -> GatewayResponse
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let name = Preset::builtin_names().get(at).copied().unwrap_or("custom");
+    let name = route.preset.clone();
     let mut res = catching(
-        name,
+        &*name,
         Box::pin(async move {
             match ack.call(req).await {
                 Ok(res) => res,
@@ -434,13 +447,13 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let stack = route.stacks[at].clone().expect("checked by the caller");
-    let name = Preset::builtin_names().get(at).copied().unwrap_or("custom");
+    let guard = &route.stacks[at];
+    let (stack, name) = (guard.stack.clone(), guard.name.clone());
     // Boxed: the stack's future is large, and every future around it
     // (the panic boundaries, the gateway's own) would copy it as it is
     // built and moved (memcpy was a quarter of a first delivery's
     // instructions, callgrind).
-    let mut res = catching(name, Box::pin(run_stack(stack, req))).await;
+    let mut res = catching(&*name, Box::pin(run_stack(stack, req))).await;
     res.extensions_mut().insert(RoutedPreset(name));
     if route.extensions {
         res.extensions_mut()

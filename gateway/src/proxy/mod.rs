@@ -72,7 +72,7 @@ mod upstream;
 pub use ack::{Deliver, Delivered, DeliveryError};
 pub use builder::GatewayBuilder;
 pub use detect::detect;
-pub use forward::{Forward, ForwardBuilder, UpstreamAnswer};
+pub use forward::{Forward, ForwardBuilder, UpstreamAnswer, DEFAULT_UPSTREAM_NAME};
 pub use gateway::{Gateway, GatewayResponse, MatchedRoute, RoutedPreset, Target};
 pub use headers::ClientConn;
 pub use ingest::queued_keys;

@@ -36,6 +36,7 @@ pub struct RouteOptions {
     verify: Option<VerifyLayer>,
     in_flight: Option<Slots>,
     queue_wait: Option<Duration>,
+    upstream: Option<super::Forward>,
 }
 
 /// The run limit of a route that sets none (the layer's default).
@@ -58,7 +59,22 @@ impl RouteOptions {
             verify: None,
             in_flight: None,
             queue_wait: None,
+            upstream: None,
         }
+    }
+
+    /// The route's own upstream: its requests (guarded, and its queued
+    /// deliveries) go to `forward` (its own pool, call cap and error
+    /// label, see [`ForwardBuilder::name`](super::ForwardBuilder::name))
+    /// instead of the gateway's. Defaults to the gateway's forwarder.
+    pub fn upstream(mut self, forward: super::Forward) -> Self {
+        self.upstream = Some(forward);
+        self
+    }
+
+    /// The route's own upstream, if it has one.
+    pub fn get_upstream(&self) -> Option<&super::Forward> {
+        self.upstream.as_ref()
     }
 
     /// How long a success is replayed. Defaults to the preset's window.

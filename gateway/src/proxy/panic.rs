@@ -17,19 +17,20 @@ use tower_idempotency::ResponseBody;
 ///
 /// Not an `async fn`: one would hold `fut` twice (as its argument, and as
 /// the future it awaits), and this boundary wraps a request's whole future.
-pub(super) fn catching<F>(preset: &'static str, fut: F) -> impl Future<Output = GatewayResponse>
+pub(super) fn catching<P, F>(preset: P, fut: F) -> impl Future<Output = GatewayResponse>
 where
+    P: AsRef<str>,
     F: Future<Output = GatewayResponse>,
 {
     AssertUnwindSafe(fut)
         .catch_unwind()
         .map(move |caught| match caught {
             Ok(res) => res,
-            Err(payload) => panicked(preset, payload.as_ref()),
+            Err(payload) => panicked(preset.as_ref(), payload.as_ref()),
         })
 }
 
-fn panicked(preset: &'static str, payload: &(dyn Any + Send)) -> GatewayResponse {
+fn panicked(preset: &str, payload: &(dyn Any + Send)) -> GatewayResponse {
     let message = payload
         .downcast_ref::<&str>()
         .copied()

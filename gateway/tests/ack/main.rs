@@ -4,6 +4,7 @@ mod gateway_ack;
 mod gateway_ack_copies;
 mod gateway_ack_promise;
 mod gateway_ack_sealed;
+mod gateway_ack_upstreams;
 mod gateway_outage;
 mod gateway_pace;
 #[path = "../gateway_support/mod.rs"]

@@ -9,12 +9,14 @@ mod gateway_limits;
 mod gateway_paths;
 mod gateway_readme;
 mod gateway_pool_hygiene;
+mod gateway_presets;
 mod gateway_stream;
 #[path = "../gateway_support/mod.rs"]
 mod gateway_support;
 mod gateway_tls;
 mod gateway_unverified;
 mod gateway_upstream;
+mod gateway_upstreams;
 mod gateway_values;
 mod gateway_verify;
 mod gateway_verify_hostile;

@@ -136,7 +136,7 @@ async fn without_response_extensions_answers_keep_outcome_and_preset_and_deliver
         };
         assert_eq!(ext.get::<Outcome>(), Some(&expected), "{copy}");
         assert_eq!(
-            ext.get::<RoutedPreset>().map(|p| p.0),
+            ext.get::<RoutedPreset>().map(|p| &*p.0),
             Some(Preset::wechatpay_v3().name()),
             "{copy}"
         );

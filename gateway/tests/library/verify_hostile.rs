@@ -29,7 +29,7 @@ impl Verifier for Panics {
         panic!("a verifier bug");
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "panics"
     }
 }

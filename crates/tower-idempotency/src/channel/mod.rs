@@ -43,6 +43,7 @@
 mod adyen;
 mod alipay;
 mod client_token;
+mod configured;
 mod idempotency_key;
 mod paypal;
 mod standard_webhooks;
@@ -51,6 +52,7 @@ mod wechatpay_v2;
 mod wechatpay_v3;
 
 pub use client_token::TOKEN_HEADER;
+pub use configured::{PresetBuilder, PresetError, WithoutKey};
 
 use crate::key::{ExtractKey, KeySpec};
 use crate::normalize::{FixedReply, Reply};
@@ -72,6 +74,9 @@ pub struct Preset {
     max_body: usize,
     client_api: bool,
     consume_token: bool,
+    /// Whether a request without its key gets the failure reply (else it
+    /// is forwarded unguarded).
+    key_required: bool,
 }
 
 impl fmt::Debug for Preset {
@@ -130,6 +135,7 @@ impl Preset {
             max_body: CHANNEL_MAX_BODY,
             client_api: false,
             consume_token: false,
+            key_required: true,
         }
     }
 
@@ -150,6 +156,7 @@ impl Preset {
             max_body: CLIENT_MAX_BODY,
             client_api: true,
             consume_token: false,
+            key_required: true,
         }
     }
 
@@ -309,6 +316,18 @@ impl Preset {
     /// Whether this preset serves client APIs (keys scoped to the principal).
     pub fn is_client_api(&self) -> bool {
         self.client_api
+    }
+
+    /// Whether a request without its key is refused with the failure reply
+    /// (`true`, every built-in preset) or forwarded unguarded (a configured
+    /// preset with [`WithoutKey::Pass`]).
+    pub fn key_required(&self) -> bool {
+        self.key_required
+    }
+
+    /// Whether `name` is a built-in preset's name.
+    pub fn is_builtin_name(name: &str) -> bool {
+        PRESET_NAMES.contains(&name)
     }
 
     /// Whether requests must consume a one-time client token.

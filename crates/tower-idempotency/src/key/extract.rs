@@ -101,6 +101,8 @@ pub enum Field {
     Form(Cow<'static, str>),
     /// A child element of the root of an XML body (`<xml><transaction_id>…`).
     Xml(Cow<'static, str>),
+    /// A parameter of the query string (decoded as a form field is).
+    Query(Cow<'static, str>),
 }
 
 impl Field {
@@ -124,8 +126,14 @@ impl Field {
         Self::Xml(name.into())
     }
 
+    /// A query parameter.
+    pub fn query(name: impl Into<Cow<'static, str>>) -> Self {
+        Self::Query(name.into())
+    }
+
     fn describe(&self) -> String {
         match self {
+            Self::Query(n) => format!("query parameter `{n}`"),
             Self::Header(name) => format!("header `{name}`"),
             Self::Json(p) => format!("JSON value at `{p}`"),
             Self::Form(n) => format!("form field `{n}`"),
@@ -144,6 +152,9 @@ pub enum FingerprintSpec {
     Fields(Vec<Field>),
     /// Nothing: every request with the key matches.
     None,
+    /// The raw body alone: for a sender that sends every copy of a
+    /// notification byte for byte the same.
+    Body,
 }
 
 /// A declarative key source: the fields that make the key (joined with `:`
@@ -165,6 +176,8 @@ pub struct KeySpec {
     fingerprint: FingerprintSpec,
     /// The JSON pointers among the fields, read in one pass.
     json: Paths,
+    /// Whether a header or query parameter sent twice is refused.
+    refuse_repeated: bool,
 }
 
 impl KeySpec {
@@ -183,7 +196,16 @@ impl KeySpec {
             key,
             fingerprint,
             json,
+            refuse_repeated: false,
         }
+    }
+
+    /// The same spec refusing a request that sends a header or a query
+    /// parameter it reads twice (400, an invalid key): readers disagree on
+    /// which of two copies counts. A configured preset refuses them.
+    pub fn refuse_repeated(mut self) -> Self {
+        self.refuse_repeated = true;
+        self
     }
 
     /// The fields of the key.
@@ -216,6 +238,9 @@ impl KeySpec {
 
 impl ExtractKey for KeySpec {
     fn extract(&self, parts: &Parts, body: &Bytes) -> Result<Option<Extracted>, KeyError> {
+        if self.refuse_repeated {
+            check_repeated(self, parts)?;
+        }
         let doc = Document::parse(self, body)?;
         let mut key = String::new();
         for (i, field) in self.key.iter().enumerate() {
@@ -241,6 +266,7 @@ impl ExtractKey for KeySpec {
         let fingerprint = match &self.fingerprint {
             FingerprintSpec::Request => Fingerprint::of_request(parts, body),
             FingerprintSpec::None => Fingerprint::of(b""),
+            FingerprintSpec::Body => Fingerprint::of(body),
             FingerprintSpec::Fields(fields) => {
                 let mut h = Sha256::new();
                 for field in fields {
@@ -258,6 +284,40 @@ impl ExtractKey for KeySpec {
         };
         Ok(Some(Extracted { key, fingerprint }))
     }
+}
+
+/// A header or query parameter of `spec` sent twice: an invalid key.
+fn check_repeated(spec: &KeySpec, parts: &Parts) -> Result<(), KeyError> {
+    for field in spec.fields() {
+        let twice = match field {
+            Field::Header(name) => parts.headers.get_all(name).iter().nth(1).is_some(),
+            Field::Query(name) => query_value(parts, name).1,
+            _ => false,
+        };
+        if twice {
+            return Err(KeyError::invalid_key(format!(
+                "the {} is sent twice",
+                field.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The first decoded value of query parameter `name`, and whether it is
+/// sent more than once.
+fn query_value<'a>(parts: &'a Parts, name: &str) -> (Option<Cow<'a, str>>, bool) {
+    let query = parts.uri.query().unwrap_or("");
+    let mut values = query.as_bytes().split(|&b| b == b'&').filter_map(|pair| {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &pair[..0]),
+        };
+        (super::form::decode_form(k) == name).then(|| super::form::decode_form(v))
+    });
+    let first = values.next();
+    let twice = first.is_some() && values.next().is_some();
+    (first, twice)
 }
 
 /// A key header that is present but not visible ASCII is an invalid key,
@@ -342,6 +402,7 @@ impl<'a> Document<'a> {
                 .and_then(|v| v.to_str().ok())
                 .map(|s| Cow::Borrowed(s.trim())),
             Field::Json(pointer) => self.json.as_ref()?.text_at(pointer),
+            Field::Query(name) => query_value(parts, name).0,
             Field::Form(name) => self
                 .form
                 .as_ref()?

@@ -142,6 +142,9 @@ pin_project! {
             #[pin]
             fut: S::Future,
             captured: Option<CapturedRequest>,
+            // A request without a key passed on where the key is optional:
+            // its answer is the handler's, untouched by the reply format.
+            unkeyed: bool,
         },
         Done {
             res: Option<Response<ResBody>>,
@@ -304,20 +307,30 @@ where
                                 Err(res) => State::Done { res: Some(res) },
                                 Ok(()) => {
                                     let captured = capture(config, &parts, &body);
+                                    let unkeyed = !config.required
+                                        && parts.extensions.get::<IdempotencyKey>().is_none();
                                     State::Calling {
                                         fut: inner
                                             .call(Request::from_parts(parts, Full::new(body))),
                                         captured,
+                                        unkeyed,
                                     }
                                 }
                             }
                         }
                     }
                 }
-                StateProj::Calling { fut, captured } => {
+                StateProj::Calling {
+                    fut,
+                    captured,
+                    unkeyed,
+                } => {
                     let mut res = ready!(fut.poll(cx));
                     if let (Ok(res), Some(captured)) = (&mut res, captured.take()) {
                         res.extensions_mut().insert(captured);
+                    }
+                    if let (Ok(res), true) = (&mut res, *unkeyed) {
+                        res.extensions_mut().insert(crate::normalize::Unkeyed);
                     }
                     return Poll::Ready(res);
                 }

@@ -50,6 +50,11 @@ use std::task::{ready, Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
+/// The mark of a response to a request passed on without a key where the
+/// key is optional: the reply format leaves it as the handler answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unkeyed;
+
 /// One fixed reply: status, content type and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedReply {
@@ -93,6 +98,9 @@ pub struct Reply {
     failure: Option<FixedReply>,
     /// The key's header when the layers' own refusals are problem details.
     problems: Option<&'static str>,
+    /// Whether a request passed on without a key keeps the handler's answer
+    /// (a preset whose key is optional).
+    unkeyed: bool,
 }
 
 impl Reply {
@@ -102,6 +110,7 @@ impl Reply {
             success,
             failure,
             problems: None,
+            unkeyed: false,
         }
     }
 
@@ -111,6 +120,7 @@ impl Reply {
             success: None,
             failure: None,
             problems: None,
+            unkeyed: false,
         }
     }
 
@@ -134,6 +144,19 @@ impl Reply {
         self
     }
 
+    /// This format leaving the answer to a request passed on without a key
+    /// as the handler gave it (for a preset whose key is optional).
+    pub(crate) const fn keeping_unkeyed(mut self) -> Self {
+        self.unkeyed = true;
+        self
+    }
+
+    /// Whether `res` answers a request passed on without a key, which this
+    /// format leaves alone.
+    fn is_unkeyed<B>(&self, res: &Response<B>) -> bool {
+        self.unkeyed && res.extensions().get::<Unkeyed>().is_some()
+    }
+
     /// The key's header name when refusals are problem details (see
     /// [`with_problem_details`](Self::with_problem_details)).
     pub const fn problem_details(&self) -> Option<&'static str> {
@@ -150,8 +173,13 @@ impl Reply {
         self.failure.as_ref()
     }
 
-    /// Rewrites one response into the channel's form.
+    /// Rewrites one response into the channel's form. A request passed on
+    /// without a key (where the key is optional, such as a configured
+    /// preset's `WithoutKey::Pass` handshake) keeps the handler's answer.
     pub fn apply<B: From<Bytes>>(&self, res: Response<B>) -> Response<B> {
+        if self.is_unkeyed(&res) {
+            return res;
+        }
         if let Some(header) = self.problems
             && res.extensions().get::<Rejection>().is_some()
         {
@@ -393,6 +421,7 @@ where
                         return Poll::Ready(Ok(grpc_refusal(res)));
                     }
                     let replaced = res.status().is_success()
+                        && !this.reply.is_unkeyed(&res)
                         && this.reply.success().is_some_and(|r| r.body().is_some());
                     if !replaced {
                         return Poll::Ready(Ok(this.reply.apply(res)));

@@ -109,7 +109,7 @@ impl Verifier for AdyenKeys {
             if !self.any_key(body, &sig) {
                 return Err(VerifyError::BadSignature);
             }
-            return Ok(Verified::new(self.channel(), None));
+            return Ok(Verified::new("adyen", None));
         };
         let items = items
             .as_array()
@@ -128,10 +128,10 @@ impl Verifier for AdyenKeys {
                 return Err(VerifyError::BadSignature);
             }
         }
-        Ok(Verified::new(self.channel(), None))
+        Ok(Verified::new("adyen", None))
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "adyen"
     }
 }

@@ -107,10 +107,10 @@ impl Verifier for AlipayKeys {
         if !ok {
             return Err(VerifyError::BadSignature);
         }
-        Ok(Verified::new(self.channel(), None))
+        Ok(Verified::new("alipay", None))
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "alipay"
     }
 }

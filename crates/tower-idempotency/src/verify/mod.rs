@@ -20,6 +20,7 @@
 //! | Stripe | [`StripeKeys`] | `Stripe-Signature` `t=`/`v1=` HMAC-SHA256, 300 s window |
 //! | Standard Webhooks | [`StandardWebhooksKeys`] | `webhook-signature` `v1,` HMAC-SHA256 and `v1a,` Ed25519, 5 min window |
 //! | Adyen | [`AdyenKeys`] | HMAC-SHA256 `additionalData.hmacSignature` of every item |
+//! | any sender that signs with an HMAC (GitHub, Shopify, Slack, Paddle, Square…) | [`HmacScheme`] | HMAC-SHA1, -SHA256 or -SHA512 over a template of the body, a timestamp, headers and the URL; hex or base64, an optional prefix or `k=v` pairs; a tolerance on the timestamp |
 //! | PayPal | [`PayPalKeys`] | CRC32 + RSA-SHA256 over the transmission fields, configured certificate, 5 min window, single-use transmission ids |
 //!
 //! Several keys may be configured for every channel, so keys rotate without
@@ -111,7 +112,7 @@
 // Without the `verify` feature the channel types are absent: link to docs.rs.
 #![cfg_attr(
     not(feature = "verify"),
-    doc = "\n\n[`WechatPayV3Keys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.WechatPayV3Keys.html\n[`WechatPayV2Keys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.WechatPayV2Keys.html\n[`AlipayKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.AlipayKeys.html\n[`StripeKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.StripeKeys.html\n[`StandardWebhooksKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.StandardWebhooksKeys.html\n[`AdyenKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.AdyenKeys.html\n[`PayPalKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.PayPalKeys.html\n[`ring`]: https://docs.rs/ring"
+    doc = "\n\n[`WechatPayV3Keys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.WechatPayV3Keys.html\n[`WechatPayV2Keys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.WechatPayV2Keys.html\n[`AlipayKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.AlipayKeys.html\n[`StripeKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.StripeKeys.html\n[`StandardWebhooksKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.StandardWebhooksKeys.html\n[`AdyenKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.AdyenKeys.html\n[`PayPalKeys`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.PayPalKeys.html\n[`HmacScheme`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/verify/struct.HmacScheme.html\n[`ring`]: https://docs.rs/ring"
 )]
 
 mod layer;
@@ -138,6 +139,7 @@ with_crypto! {
     mod keys;
     mod pairs;
     mod paypal;
+    mod signature;
     mod standard_webhooks;
     mod stripe;
     mod wechatpay_v2;
@@ -147,6 +149,10 @@ with_crypto! {
     pub use alipay::AlipayKeys;
     pub use keys::{KeyError, RsaPublicKey};
     pub use paypal::PayPalKeys;
+    pub use signature::{
+        BodyShape, HmacAlgorithm, HmacScheme, HmacSchemeBuilder, SecretEncoding,
+        SignatureEncoding, SignedTemplate, TemplateError,
+    };
     pub use standard_webhooks::StandardWebhooksKeys;
     pub use stripe::StripeKeys;
     pub use wechatpay_v2::WechatPayV2Keys;
@@ -176,26 +182,31 @@ pub trait Verifier: Send + Sync + 'static {
         now: SystemTime,
     ) -> Result<Verified, VerifyError>;
 
-    /// The channel name used in logs.
-    fn channel(&self) -> &'static str;
+    /// The channel name used in logs: a built-in channel's name, or a
+    /// configured preset's (any name).
+    fn channel(&self) -> &str;
 }
 
 /// The marker a verified request carries in its extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
-    channel: &'static str,
+    channel: Cow<'static, str>,
     key_id: Option<String>,
 }
 
 impl Verified {
-    /// A marker for `channel`, naming the key when the channel names one.
-    pub fn new(channel: &'static str, key_id: Option<String>) -> Self {
-        Self { channel, key_id }
+    /// A marker for `channel` (a built-in channel's `&'static str`, or a
+    /// configured preset's name), naming the key when the channel names one.
+    pub fn new(channel: impl Into<Cow<'static, str>>, key_id: Option<String>) -> Self {
+        Self {
+            channel: channel.into(),
+            key_id,
+        }
     }
 
     /// The channel whose signature was checked.
-    pub fn channel(&self) -> &'static str {
-        self.channel
+    pub fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// The id of the key that verified the request (WeChat Pay v3 serial),

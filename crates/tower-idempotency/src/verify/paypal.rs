@@ -133,10 +133,10 @@ impl Verifier for PayPalKeys {
         if !first {
             return Err(VerifyError::Replayed);
         }
-        Ok(Verified::new(self.channel(), None))
+        Ok(Verified::new("paypal", None))
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "paypal"
     }
 }

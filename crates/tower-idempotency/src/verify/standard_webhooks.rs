@@ -120,12 +120,12 @@ impl Verifier for StandardWebhooksKeys {
                 })
             });
         if ok {
-            return Ok(Verified::new(self.channel(), None));
+            return Ok(Verified::new("standard-webhooks", None));
         }
         Err(VerifyError::BadSignature)
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "standard-webhooks"
     }
 }

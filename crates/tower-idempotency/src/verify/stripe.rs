@@ -117,10 +117,10 @@ impl Verifier for StripeKeys {
         if !any_mac_matches(&self.secrets, &message, &signatures) {
             return Err(VerifyError::BadSignature);
         }
-        Ok(Verified::new(self.channel(), None))
+        Ok(Verified::new("stripe", None))
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "stripe"
     }
 }

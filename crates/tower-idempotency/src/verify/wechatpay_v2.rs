@@ -107,10 +107,10 @@ impl Verifier for WechatPayV2Keys {
         if !ok {
             return Err(VerifyError::BadSignature);
         }
-        Ok(Verified::new(self.channel(), None))
+        Ok(Verified::new("wechatpay-v2", None))
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "wechatpay-v2"
     }
 }

@@ -248,10 +248,10 @@ impl Verifier for WechatPayV3Keys {
         if let Some(api_v3_key) = &self.api_v3_key {
             self.decrypt(api_v3_key, parts, body)?;
         }
-        Ok(Verified::new(self.channel(), Some(serial)))
+        Ok(Verified::new("wechatpay-v3", Some(serial)))
     }
 
-    fn channel(&self) -> &'static str {
+    fn channel(&self) -> &str {
         "wechatpay-v3"
     }
 }

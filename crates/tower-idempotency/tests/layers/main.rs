@@ -15,4 +15,5 @@ mod store_conformance;
 mod tokens;
 mod tonic_example;
 mod verify;
+mod verify_configured;
 mod verify_one_parse;

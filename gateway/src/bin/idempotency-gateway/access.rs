@@ -131,7 +131,7 @@ impl Ratios {
         trace_id: Option<&str>,
     ) {
         let outcome = res.extensions().get::<Outcome>().copied();
-        let preset = res.extensions().get::<RoutedPreset>().map(|p| p.0);
+        let preset = res.extensions().get::<RoutedPreset>().map(|p| &*p.0);
         let elapsed = started.map_or(Duration::ZERO, |started| started.elapsed());
         if let (Some(preset), Some(outcome)) = (preset, outcome) {
             // Counted only for the gauge: the counts are shared by every
@@ -147,9 +147,10 @@ impl Ratios {
                     }
                     // A preset of the library's own beyond the built-in ones.
                     None => {
-                        metrics::histogram!("idempotency_request_seconds", "preset" => preset)
+                        let label = preset.to_owned();
+                        metrics::histogram!("idempotency_request_seconds", "preset" => label.clone())
                             .record(elapsed.as_secs_f64());
-                        metrics::gauge!("idempotency_duplicate_ratio", "preset" => preset)
+                        metrics::gauge!("idempotency_duplicate_ratio", "preset" => label)
                             .set(ratio);
                     }
                 }

@@ -180,10 +180,18 @@ async fn answer(
                 );
             }
             match crate::store::ready(ready.store, Duration::from_secs(2)).await {
-                Readiness::Ready => text(StatusCode::OK, "ready\n".into(), PLAIN),
+                // A line per named upstream (`[[upstreams]]`) after the verdict.
+                Readiness::Ready => text(
+                    StatusCode::OK,
+                    format!("ready\n{}", crate::upstreams::ready_lines()),
+                    PLAIN,
+                ),
                 Readiness::FrontDown => text(
                     StatusCode::OK,
-                    "ready: Redis does not answer, serving from the backstop database\n".into(),
+                    format!(
+                        "ready: Redis does not answer, serving from the backstop database\n{}",
+                        crate::upstreams::ready_lines()
+                    ),
                     PLAIN,
                 ),
                 Readiness::Down => text(

@@ -237,6 +237,9 @@ impl Admin {
         };
         match Preset::from_name(&preset) {
             Some(preset) => pick(&route, &preset),
+            // A configured preset is a channel's: its records are in its
+            // route's channel store.
+            None if !preset.is_empty() => pick(&route, &Preset::stripe()),
             None => store.clone(),
         }
     }

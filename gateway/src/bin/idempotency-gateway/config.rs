@@ -94,6 +94,12 @@ struct File {
     trace_sample_ratio: Option<Spanned<f64>>,
     #[serde(default)]
     route: Vec<Spanned<FileRoute>>,
+    /// Presets built from parts, by name (`presets.rs`).
+    #[serde(default)]
+    preset: Vec<Spanned<crate::presets::FilePreset>>,
+    /// Named upstreams (`upstreams.rs`).
+    #[serde(default)]
+    upstreams: Vec<Spanned<crate::upstreams::FileUpstream>>,
 }
 
 /// Everything the gateway runs with.
@@ -149,6 +155,10 @@ pub struct Settings {
     pub paces: Vec<(String, Pace)>,
     /// Warnings to log once logging is on.
     pub warnings: Vec<String>,
+    /// The named upstreams (`[[upstreams]]`).
+    pub upstreams: Vec<crate::upstreams::Named>,
+    /// The routes with a named upstream: prefix, upstream name.
+    pub route_upstreams: Vec<(String, String)>,
     pub log_format: crate::logging::LogFormat,
     /// Where and how traces are exported, when they are.
     pub traces: Option<crate::otel::Traces>,
@@ -229,6 +239,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
     let mut seen = RouteTable::new();
     let mut warnings = Vec::new();
     let mut paces = Vec::new();
+    let upstreams = crate::upstreams::from_file(&file.upstreams, &at, &base)?;
+    let mut route_upstreams = Vec::new();
     if !args.route.is_empty() {
         if let Some(w) = crate::routes::dropped(&file.route, &at)? {
             warnings.push(w);
@@ -243,7 +255,22 @@ pub fn settings(args: Args) -> Result<Settings, String> {
             ));
         }
     } else {
-        let parsed = crate::routes::from_file(&file.route, &global, &at, &base)?;
+        let presets = crate::presets::from_file(&file.preset, &at)?;
+        let parsed = crate::routes::from_file(&file.route, &global, &at, &base, &presets)?;
+        let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+        for (prefix, name, span) in &parsed.upstreams {
+            if !known.contains(&name.as_str()) {
+                return Err(at.err(
+                    span.clone(),
+                    format!(
+                        "route `{prefix}`: unknown upstream `{name}`; the file's [[upstreams]] are: {}",
+                        if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                    ),
+                ));
+            }
+            route_upstreams.push((prefix.clone(), name.clone()));
+        }
+        warnings.extend(parsed.warnings);
         routes = parsed.routes;
         own_memory = parsed.own_memory;
         paces = parsed.paces;
@@ -373,6 +400,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         queue,
         paces,
         warnings,
+        upstreams,
+        route_upstreams,
         log_format,
         traces,
     })

@@ -37,12 +37,14 @@ mod logging;
 mod otel;
 mod pace;
 mod parse;
+mod presets;
 mod reconcile;
 mod routes;
 mod serve;
 mod spanned;
 mod store;
 mod tls;
+mod upstreams;
 mod verify;
 mod workers;
 
@@ -129,6 +131,9 @@ fn main() -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     if check {
+        for warning in &settings.warnings {
+            eprintln!("gateway: warning: {warning}");
+        }
         return match check_files(&settings) {
             Ok(()) => {
                 eprintln!("gateway: the configuration is valid");
@@ -191,6 +196,10 @@ fn usage_error(msg: &str) -> ExitCode {
 fn check_files(settings: &Settings) -> Result<(), String> {
     for (cert, key) in settings.tls.iter().chain(&settings.admin_tls) {
         tls::Tls::load(cert, key)?;
+    }
+    for u in &settings.upstreams {
+        u.forward(settings.upstream_timeout, false, None)
+            .map_err(|e| format!("upstream `{}`: {e}", u.name))?;
     }
     forward(settings, None).map(drop)
 }
@@ -397,6 +406,11 @@ async fn run(
     // One cap for the upstream, across the serving threads and the queue's
     // deliveries (built once the metrics recorder is in, for its gauge).
     let calls = CallLimit::new(settings.max_upstream_calls).queue_wait(settings.queue_wait);
+    // Each named upstream has a cap of its own.
+    let named_calls: Vec<CallLimit> = (settings.upstreams.iter())
+        .map(|u| u.calls(settings.max_upstream_calls, settings.queue_wait))
+        .collect();
+    upstreams::running(&settings.upstreams, &named_calls);
     // One budget of bodies being read, across the serving threads.
     let bodies = BodyLimitsLayer::new()
         .timeout(settings.body_timeout)
@@ -416,8 +430,26 @@ async fn run(
             let stores = stores.clone();
             builder = builder.stores(move |prefix, preset| stores(prefix, preset));
         }
+        // One forwarder (its own pool) per named upstream, per gateway.
+        let named = (settings.upstreams.iter().zip(&named_calls))
+            .map(|(u, calls)| {
+                let f = u.forward(
+                    settings.upstream_timeout,
+                    settings.accept_traceparent,
+                    Some(calls),
+                )?;
+                Ok((u.name.as_str(), f))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         for (prefix, target, options) in &settings.routes {
-            builder = builder.route_with(prefix, target.clone(), options.clone());
+            let mut options = options.clone();
+            let name = (settings.route_upstreams.iter())
+                .find(|(p, _)| p == prefix)
+                .map(|(_, n)| n.as_str());
+            if let Some((_, f)) = name.and_then(|n| named.iter().find(|(m, _)| *m == n)) {
+                options = options.upstream(f.clone());
+            }
+            builder = builder.route_with(prefix, target.clone(), options);
         }
         if let Some(queue) = &sealed {
             builder = builder.queue(queue.clone());

@@ -30,6 +30,11 @@ pub struct FileRoute {
     pub principal_cookie: Field,
     mode: Field,
     verify: Option<Spanned<VerifyConfig>>,
+    /// The URL the sender calls, as it signs it (`{url}` of a configured
+    /// preset's signature).
+    public_url: Field,
+    /// A named upstream (`[[upstreams]]`).
+    upstream: Field,
     /// The memory store's budget of this route's records.
     max_memory: Option<Spanned<SizeValue>>,
     max_in_flight: Option<Spanned<SizeValue>>,
@@ -52,6 +57,10 @@ pub struct FileRoutes {
     pub own_memory: Vec<(String, usize)>,
     /// How each route paces its queued deliveries.
     pub paces: Vec<(String, Pace)>,
+    /// Warnings to log at start (and print with `--check-config`).
+    pub warnings: Vec<String>,
+    /// The routes that name an upstream: prefix, name, where it is written.
+    pub upstreams: Vec<(String, String, std::ops::Range<usize>)>,
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
@@ -61,14 +70,29 @@ pub fn from_file(
     global: &Global,
     at: &At<'_>,
     base: &Path,
+    presets: &crate::presets::Presets,
 ) -> Result<FileRoutes, String> {
     let (mut routes, mut own_memory, mut paces) = (Vec::new(), Vec::new(), Vec::new());
+    let mut warnings = Vec::new();
+    let mut upstreams = Vec::new();
     let mut seen = idempotency_gateway::proxy::RouteTable::new();
     for r in file_routes {
         let r = r.get_ref();
         let prefix = parse::prefix(r.prefix.get_ref()).map_err(|e| at.err(r.prefix.span(), e))?;
-        let target = parse::target(r.preset.get_ref()).map_err(|e| at.err(r.preset.span(), e))?;
-        let own = Global {
+        let configured = presets.get(r.preset.get_ref().as_str());
+        let target = match configured {
+            Some(c) => Target::Preset(c.preset.clone()),
+            None => parse::target(r.preset.get_ref()).map_err(|e| {
+                let e = if presets.is_empty() {
+                    e
+                } else {
+                    let names: Vec<&str> = presets.keys().map(String::as_str).collect();
+                    format!("{e}, or a [[preset]] of this file ({})", names.join(", "))
+                };
+                at.err(r.preset.span(), e)
+            })?,
+        };
+        let mut own = Global {
             window: at.value(&r.window, "window", parse::positive_duration)?,
             lease: at.value(&r.lease, "lease", parse::lease)?,
             wait: at.value(&r.wait, "wait", parse::duration)?,
@@ -86,6 +110,10 @@ pub fn from_file(
             )?,
             on_store_error: global.on_store_error,
         };
+        // Precedence: the route's value, then the preset's, then the global one.
+        if let Some(c) = configured {
+            own = own.over(&c.own);
+        }
         seen.insert(&prefix, ())
             .map_err(|e| at.err(r.prefix.span(), e))?;
         if let Some(n) = at.size(&r.max_memory, "max_memory")? {
@@ -115,10 +143,58 @@ pub fn from_file(
             breaker_cooldown: &r.breaker_cooldown,
         };
         paces.push((prefix.clone(), crate::pace::route(at, &keys)?));
-        if let Some(v) = &r.verify {
-            let layer = crate::verify::layer(v.get_ref(), &target, base)
-                .map_err(|e| at.err(v.span(), e))?;
-            options = options.verify(layer);
+        match (configured, &r.verify) {
+            (Some(c), verify) => {
+                let name = c.preset.name();
+                match (&c.signature, verify) {
+                    (Some(scheme), Some(v)) => {
+                        let mut scheme = scheme.clone();
+                        if let Some(url) = &r.public_url {
+                            scheme = scheme.url(url.get_ref().clone());
+                        }
+                        let layer = v
+                            .get_ref()
+                            .hmac_layer(name, scheme, base)
+                            .map_err(|e| at.err(v.span(), format!("`verify`: {e}")))?;
+                        options = options.verify(layer);
+                        if let Some(w) = &c.unsigned_key {
+                            warnings.push(format!("route `{prefix}`: {w}"));
+                        }
+                    }
+                    (Some(_), None) => {
+                        return Err(at.err(
+                            r.prefix.span(),
+                            format!(
+                                "route `{prefix}`: preset `{name}` has a `signature`, but the route has no `verify.secrets`: nothing could check it; give the route `verify = {{ secrets = [...] }}`"
+                            ),
+                        ))
+                    }
+                    (None, Some(v)) => {
+                        return Err(at.err(
+                            v.span(),
+                            format!(
+                                "`verify`: preset `{name}` has no `signature` to verify with; describe it in the [[preset]] table"
+                            ),
+                        ))
+                    }
+                    (None, None) => {}
+                }
+            }
+            (None, Some(v)) => {
+                let layer = crate::verify::layer(v.get_ref(), &target, base)
+                    .map_err(|e| at.err(v.span(), e))?;
+                options = options.verify(layer);
+            }
+            (None, None) => {}
+        }
+        if let (Some(url), None) = (&r.public_url, configured) {
+            return Err(at.err(
+                url.span(),
+                "`public_url` is read by a configured preset's `{url}` signature only",
+            ));
+        }
+        if let Some(u) = &r.upstream {
+            upstreams.push((prefix.clone(), u.get_ref().clone(), u.span()));
         }
         routes.push((prefix, target, options));
     }
@@ -126,6 +202,8 @@ pub fn from_file(
         routes,
         own_memory,
         paces,
+        warnings,
+        upstreams,
     })
 }
 
@@ -178,6 +256,21 @@ impl Global {
         principal_cookie: None,
         on_store_error: OnStoreError::FailClosed,
     };
+
+    /// These values, each one unset taken from `under` (a route's own over
+    /// its preset's).
+    pub fn over(self, under: &Global) -> Global {
+        Global {
+            window: self.window.or(under.window),
+            lease: self.lease.or(under.lease),
+            wait: self.wait.or(under.wait),
+            max_run: self.max_run.or(under.max_run),
+            max_body: self.max_body.or(under.max_body),
+            principal_header: self.principal_header.or(under.principal_header.clone()),
+            principal_cookie: self.principal_cookie.or(under.principal_cookie.clone()),
+            on_store_error: self.on_store_error,
+        }
+    }
 
     /// The options of a route with its `own` values over these.
     pub fn options(&self, own: &Global) -> RouteOptions {
