@@ -373,3 +373,85 @@ async fn the_embedded_queue_makes_its_key_at_first_start() {
     assert_eq!((code, listed.as_str()), (0, ""), "nothing dead-lettered");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `name{queue="gateway"} VALUE` of `/metrics`.
+fn gauge(metrics: SocketAddr, name: &str) -> Option<f64> {
+    let (_, body) = get(metrics, "/metrics");
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("queue=\"gateway\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// During an upgrade (`--queue-accept-unsigned`), entries with no MAC, as
+/// earlier versions wrote them, are delivered, but only to an
+/// ack-then-deliver route: one naming a synchronous route is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsigned_entries_are_delivered_while_accepted_to_ack_routes_only() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    let up = Upstream::start().await;
+    let secret = secret_file();
+    let metrics = free_addr().to_string();
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            secret.to_str().unwrap(),
+            "--queue-accept-unsigned",
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--route",
+            "/alipay=alipay",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    assert!(
+        gw.log().contains("queue_accept_unsigned"),
+        "warned: {}",
+        gw.log()
+    );
+    let m: SocketAddr = metrics.parse().unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for e in forged() {
+        let _: String = redis::cmd("XADD")
+            .arg("{gateway}:s")
+            .arg("*")
+            .arg("m")
+            .arg(e)
+            .arg("a")
+            .arg(0)
+            .arg("t")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    wait_until(
+        "the unsigned entry's delivery",
+        Duration::from_secs(30),
+        || up.calls("/wx/notify") == 1,
+    )
+    .await;
+    wait_until(
+        "the synchronous route's entry kept",
+        Duration::from_secs(30),
+        || gauge(m, "idempotency_queue_stranded") == Some(1.0),
+    )
+    .await;
+    assert_eq!(up.calls("/alipay/notify"), 0, "{:?}", up.seen());
+    assert_eq!(unauthenticated_count(m), 0.0);
+    drop(gw);
+    let _ = std::fs::remove_file(secret);
+}
