@@ -373,3 +373,159 @@ async fn the_embedded_queue_makes_its_key_at_first_start() {
     assert_eq!((code, listed.as_str()), (0, ""), "nothing dead-lettered");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `name{queue="gateway"} VALUE` of `/metrics`.
+fn gauge(metrics: SocketAddr, name: &str) -> Option<f64> {
+    let (_, body) = get(metrics, "/metrics");
+    body.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("queue=\"gateway\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// During an upgrade (`--queue-accept-unsigned`), entries with no MAC, as
+/// earlier versions wrote them, are delivered, but only to an
+/// ack-then-deliver route: one naming a synchronous route is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsigned_entries_are_delivered_while_accepted_to_ack_routes_only() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    let up = Upstream::start().await;
+    let secret = secret_file();
+    let metrics = free_addr().to_string();
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            secret.to_str().unwrap(),
+            "--queue-accept-unsigned",
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--route",
+            "/alipay=alipay",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    assert!(
+        gw.log().contains("queue_accept_unsigned"),
+        "warned: {}",
+        gw.log()
+    );
+    let m: SocketAddr = metrics.parse().unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for e in forged() {
+        let _: String = redis::cmd("XADD")
+            .arg("{gateway}:s")
+            .arg("*")
+            .arg("m")
+            .arg(e)
+            .arg("a")
+            .arg(0)
+            .arg("t")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    wait_until(
+        "the unsigned entry's delivery",
+        Duration::from_secs(30),
+        || up.calls("/wx/notify") == 1,
+    )
+    .await;
+    wait_until(
+        "the synchronous route's entry kept",
+        Duration::from_secs(30),
+        || gauge(m, "idempotency_queue_stranded") == Some(1.0),
+    )
+    .await;
+    assert_eq!(up.calls("/alipay/notify"), 0, "{:?}", up.seen());
+    assert_eq!(unauthenticated_count(m), 0.0);
+    drop(gw);
+    let _ = std::fs::remove_file(secret);
+}
+
+/// The secret comes from `queue_secret_file` in the config file or from
+/// `IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE`; one too short is refused at
+/// start; with it, the embedded queue makes no key of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_secret_from_the_config_file_or_the_environment() {
+    let dir = temp_path("sealed-config");
+    let short = temp_path("short-secret");
+    std::fs::write(&short, "too short\n").unwrap();
+    let config = temp_path("sealed.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\ndata_dir = \"{}\"\n\
+             queue_secret_file = \"{}\"\n\
+             [[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\nmode = \"ack-then-deliver\"\n",
+            dir.display(),
+            short.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(gateway_bin())
+        .args(["--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("at least 32 bytes") && err.contains(short.to_str().unwrap()),
+        "{err}"
+    );
+
+    let secret = secret_file();
+    let up = Upstream::start().await;
+    let gw = gateway_support::Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &up.url(),
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+        ],
+        &[(
+            "IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE",
+            secret.to_str().unwrap(),
+        )],
+        std::process::Stdio::null(),
+    );
+    let headers = [("content-type", "application/json")];
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &headers,
+        wechat("EV-ENV-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS);
+    wait_until("the delivery", Duration::from_secs(30), || {
+        up.calls("/wx/notify") == 1
+    })
+    .await;
+    assert!(!dir.join("queue.key").exists(), "the shared secret is used");
+    drop(gw);
+    for f in [short, config, secret] {
+        let _ = std::fs::remove_file(f);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -240,6 +240,7 @@ pub struct Args {
     /// delivered. The embedded queue makes its own, --data-dir/queue.key
     #[arg(
         long,
+        global = true,
         value_name = "FILE",
         env = "IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE"
     )]
