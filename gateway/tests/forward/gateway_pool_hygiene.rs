@@ -380,3 +380,46 @@ async fn upstream_keepalive_is_a_config_key() {
     );
     let _ = std::fs::remove_file(&cfg);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_is_a_key_of_each_named_upstream() {
+    // The default upstream keeps its connections; the named one, with
+    // `keepalive = false`, opens one per call.
+    let kept = Desync::start().await;
+    let closed = Desync::start().await;
+    let cfg = gateway_support::temp_path("keepalive-named.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"http://{}\"\n\
+             [[upstreams]]\nname = \"orders\"\nurl = \"http://{}\"\nkeepalive = false\n\
+             [[route]]\nprefix = \"/api\"\npreset = \"idempotency-key\"\n\
+             [[route]]\nprefix = \"/orders\"\npreset = \"idempotency-key\"\nupstream = \"orders\"\n",
+            kept.addr, closed.addr
+        ),
+    )
+    .unwrap();
+    let gw = gateway_support::Proc::start(
+        &["--config", cfg.to_str().unwrap()],
+        &[],
+        std::process::Stdio::null(),
+    );
+    for key in ["a", "b", "c"] {
+        let a = post(gw.addr, "/api/x", key, "{}").await;
+        assert_eq!(a.status, 200, "{a:?}");
+        let o = post(gw.addr, "/orders/x", key, "{}").await;
+        assert_eq!(o.status, 200, "{o:?}");
+    }
+    assert_eq!(
+        closed.conns.load(Ordering::SeqCst),
+        3,
+        "the named upstream: one connection per call"
+    );
+    // One pool per serving thread: at most one connection each.
+    let kept = kept.conns.load(Ordering::SeqCst);
+    assert!(
+        kept < 3,
+        "the default upstream keeps its connections: {kept}"
+    );
+    let _ = std::fs::remove_file(&cfg);
+}

@@ -114,6 +114,19 @@ fn localized(block: &str, dir: &Path) -> String {
     out + &text
 }
 
+/// The variables a block's secrets name (`{ env = "NAME" }`).
+fn env_secrets(block: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = block;
+    while let Some(at) = rest.find("env = \"") {
+        rest = &rest[at + "env = \"".len()..];
+        if let Some(end) = rest.find('"') {
+            out.push(&rest[..end]);
+        }
+    }
+    out
+}
+
 #[test]
 fn every_config_block_of_the_readme_passes_check_config() {
     let dir = etc();
@@ -122,13 +135,17 @@ fn every_config_block_of_the_readme_passes_check_config() {
     for (line, block) in &blocks {
         let file = dir.join(format!("readme-{line}.toml"));
         std::fs::write(&file, localized(block, &dir)).unwrap();
-        let out = Command::new(gateway_bin())
-            .args(["--check-config", "--config"])
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(["--check-config", "--config"])
             .arg(&file)
             .env("RUST_LOG", "off")
-            .env_remove("IDEMPOTENCY_GATEWAY_UPSTREAM")
-            .output()
-            .unwrap();
+            .env_remove("IDEMPOTENCY_GATEWAY_UPSTREAM");
+        // A secret the block reads from the environment (`{ env = "NAME" }`),
+        // as the operator's service sets it.
+        for name in env_secrets(block) {
+            cmd.env(name, "readme-test-secret-0123456789abcdef");
+        }
+        let out = cmd.output().unwrap();
         assert_eq!(
             out.status.code(),
             Some(0),

@@ -423,7 +423,12 @@ async fn the_admin_api_off_loopback_needs_tls() {
     assert_eq!(gateway_support::get(local, "/healthz").0, 0);
     // The admin commands read the same config and speak HTTPS.
     let out = std::process::Command::new(&bin)
-        .args(["--config", &config_arg, "inspect", "evt_none"])
+        .args([
+            "--config",
+            &config_arg,
+            "inspect",
+            "idem:stripe:/:-:evt_none",
+        ])
         .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
         .output()
         .unwrap();

@@ -198,7 +198,7 @@ fn check_files(settings: &Settings) -> Result<(), String> {
         tls::Tls::load(cert, key)?;
     }
     for u in &settings.upstreams {
-        u.forward(settings.upstream_timeout, false, None)
+        u.forward(settings.upstream_timeout, true, false, None)
             .map_err(|e| format!("upstream `{}`: {e}", u.name))?;
     }
     forward(settings, None).map(drop)
@@ -435,6 +435,7 @@ async fn run(
             .map(|(u, calls)| {
                 let f = u.forward(
                     settings.upstream_timeout,
+                    settings.upstream_keepalive,
                     settings.accept_traceparent,
                     Some(calls),
                 )?;

@@ -49,6 +49,10 @@ pub struct FileUpstream {
     max_calls: Option<Spanned<u64>>,
     ca: Option<PathBuf>,
     pool_idle_timeout: Field,
+    /// Whether connections are kept between calls (`upstream_keepalive`
+    /// for this upstream alone).
+    #[serde(alias = "upstream_keepalive")]
+    keepalive: Option<bool>,
 }
 
 /// A named upstream as the gateway runs it.
@@ -62,6 +66,8 @@ pub struct Named {
     pub max_calls: Option<usize>,
     pub ca: Option<PathBuf>,
     pub pool_idle_timeout: Option<Duration>,
+    /// Unset: the global `upstream_keepalive`.
+    pub keepalive: Option<bool>,
 }
 
 /// Reads every `[[upstreams]]` table (`ca` relative to `base`); an error
@@ -103,6 +109,7 @@ pub fn from_file(
                 "pool_idle_timeout",
                 parse::duration,
             )?,
+            keepalive: t.keepalive,
         });
     }
     Ok(out)
@@ -114,16 +121,19 @@ impl Named {
         CallLimit::new(self.max_calls.unwrap_or(default_max)).queue_wait(queue_wait)
     }
 
-    /// A forwarder to this upstream (its own pool) under `calls`.
+    /// A forwarder to this upstream (its own pool) under `calls`; the
+    /// global `timeout` and `keepalive` where the table sets none.
     pub fn forward(
         &self,
         default_timeout: Duration,
+        default_keepalive: bool,
         accept_traceparent: bool,
         calls: Option<&CallLimit>,
     ) -> Result<Forward, String> {
         let mut builder = Forward::builder(self.upstream.clone())
             .name(self.name.clone())
             .timeout(self.timeout.unwrap_or(default_timeout))
+            .upstream_keepalive(self.keepalive.unwrap_or(default_keepalive))
             .accept_traceparent(accept_traceparent);
         if let Some(idle) = self.pool_idle_timeout {
             builder = builder.pool_idle_timeout(idle);
