@@ -1,7 +1,7 @@
 //! Dead letters in the embedded queue: moving a delivery that failed for
 //! good to the `dead` table, listing it, and replaying it as a new entry.
 
-use super::embedded::{Embedded, DEAD, KEYS};
+use super::embedded::{Embedded, DEAD, EXPIRY, KEYS};
 use super::records::{decode_dead, err, queue_now, Marker};
 use super::{DeadLetter, Delivery, QueueError};
 use redb::{ReadableTable, WriteTransaction};
@@ -51,6 +51,64 @@ impl Embedded {
             out.push(decode_dead(id.value(), value.value())?);
         }
         Ok(out)
+    }
+
+    /// At most `limit` dead letters with an id above `after`, by id.
+    pub(super) fn dead_page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let Some(start) = after.map_or(Some(0), |a| a.checked_add(1)) else {
+            return Ok(Vec::new());
+        };
+        let txn = self.db.get()?.begin_read().map_err(err)?;
+        let dead = txn.open_table(DEAD).map_err(err)?;
+        let mut out = Vec::new();
+        for row in dead.range(start..).map_err(err)?.take(limit) {
+            let (id, value) = row.map_err(err)?;
+            out.push(decode_dead(id.value(), value.value())?);
+        }
+        Ok(out)
+    }
+
+    pub(super) fn find_dead(&self, id: u64) -> Result<Option<DeadLetter>, QueueError> {
+        let txn = self.db.get()?.begin_read().map_err(err)?;
+        let dead = txn.open_table(DEAD).map_err(err)?;
+        let row = dead.get(id).map_err(err)?;
+        row.map(|v| decode_dead(id, v.value())).transpose()
+    }
+
+    /// Removes the dead letter `id` and its key's marker (when the marker
+    /// is still this letter's): a later copy is queued again.
+    pub(super) fn delete_dead(
+        txn: &WriteTransaction,
+        id: u64,
+    ) -> Result<Option<DeadLetter>, QueueError> {
+        let record = txn
+            .open_table(DEAD)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?
+            .map(|v| v.value().to_vec());
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let letter = decode_dead(id, &record)?;
+        let key = letter.message.key.as_str();
+        let mut keys = txn.open_table(KEYS).map_err(err)?;
+        let marker = keys
+            .get(key)
+            .map_err(err)?
+            .and_then(|v| Marker::decode(v.value()));
+        if let Some(marker) = marker.filter(|m| m.entry == id) {
+            keys.remove(key).map_err(err)?;
+            txn.open_table(EXPIRY)
+                .map_err(err)?
+                .remove((marker.expires, key))
+                .map_err(err)?;
+        }
+        Ok(Some(letter))
     }
 
     pub(super) fn replay(txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {

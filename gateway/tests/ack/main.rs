@@ -2,6 +2,7 @@
 
 mod gateway_ack;
 mod gateway_ack_promise;
+mod gateway_dead_api;
 mod gateway_outage;
 mod gateway_pace;
 #[path = "../gateway_support/mod.rs"]

@@ -11,6 +11,7 @@
 //! axum would otherwise route to the `GET` handler).
 
 use crate::ack::GatewayQueue;
+use crate::admin_dead::{self, DeadFilter};
 use crate::store::GatewayStore;
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::middleware::{self, Next};
@@ -274,6 +275,19 @@ impl Admin {
                 any(other_call).get(journal).head(other_call),
             )
             .route("/admin/keys", any(other_call).get(find).head(other_call))
+            .route(
+                "/admin/dead",
+                any(other_call).get(dead_list).head(other_call),
+            )
+            .route("/admin/dead/replay", any(other_call).post(dead_replay_all))
+            .route(
+                "/admin/dead/{id}",
+                any(other_call)
+                    .get(dead_show)
+                    .delete(dead_delete)
+                    .head(other_call),
+            )
+            .route("/admin/dead/{id}/replay", any(other_call).post(dead_replay))
             // `{*key}` needs one character at least: the empty key is its own.
             .route("/admin/keys/", key.clone())
             .route("/admin/keys/{*key}", key)
@@ -504,7 +518,7 @@ async fn other_call(method: Method) -> Answer {
     } else {
         error(
             StatusCode::METHOD_NOT_ALLOWED,
-            "use GET, or DELETE on a key",
+            "use GET, DELETE on a key or a dead letter, or POST to replay or pause",
         )
     }
 }
@@ -563,4 +577,133 @@ async fn find(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
 
 async fn journal(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
     calls.admin.journal(&q).await
+}
+
+/// The queue, or 409 when no route acknowledges then delivers.
+fn queue_of(admin: &Admin) -> Result<&GatewayQueue, Answer> {
+    admin.queue.get().ok_or_else(|| {
+        error(
+            StatusCode::CONFLICT,
+            "no queue: no route acknowledges then delivers (--ack-then-deliver)",
+        )
+    })
+}
+
+/// `GET /admin/dead?[since=T][&until=T][&route=P][&error=TEXT][&limit=N][&cursor=C]`.
+async fn dead_list(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return res,
+    };
+    let filter = match DeadFilter::parse(&q, &["limit", "cursor"]) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let limit = match param(&q, "limit") {
+        None => DEFAULT_LIMIT,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                let e = format!("`limit` is a number from 1 to {MAX_LIMIT}");
+                return error(StatusCode::BAD_REQUEST, &e);
+            }
+        },
+    };
+    let cursor = param(&q, "cursor")
+        .filter(|c| !c.is_empty())
+        .map(tower_idempotency_queue::EntryId::new);
+    let stats = queue.stats().await.ok();
+    match admin_dead::page(queue, &filter, limit, cursor).await {
+        Ok((letters, next)) => {
+            let letters: Vec<Value> = letters.iter().map(admin_dead::summary).collect();
+            json_answer(
+                StatusCode::OK,
+                &json!({
+                    "dead_letters": letters,
+                    "total": stats.map(|s| s.dead),
+                    "next_cursor": next.map(|c| c.to_string()),
+                }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `GET /admin/dead/{id}`.
+async fn dead_show(State(calls): State<Calls>, Path(id): Path<String>) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return res,
+    };
+    match admin_dead::show(queue, &id).await {
+        Ok(Some(v)) => json_answer(StatusCode::OK, &v),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "no such dead letter (replayed or deleted?)",
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `POST /admin/dead/{id}/replay`.
+async fn dead_replay(State(calls): State<Calls>, Path(id): Path<String>) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return res,
+    };
+    match admin_dead::replay_one(queue, &id).await {
+        Ok(true) => json_answer(StatusCode::OK, &json!({ "id": id, "replayed": true })),
+        Ok(false) => error(
+            StatusCode::NOT_FOUND,
+            "no such dead letter (already replayed?)",
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `POST /admin/dead/replay?[since=T][&until=T][&route=P][&error=TEXT][&dry_run=true]`.
+async fn dead_replay_all(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return res,
+    };
+    let filter = match DeadFilter::parse(&q, &["dry_run"]) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let dry_run = match param(&q, "dry_run") {
+        None | Some("false" | "0") => false,
+        Some("true" | "1" | "") => true,
+        Some(_) => return error(StatusCode::BAD_REQUEST, "`dry_run` is true or false"),
+    };
+    match admin_dead::replay_selected(queue, &filter, dry_run).await {
+        Ok(v) => json_answer(StatusCode::OK, &v),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `DELETE /admin/dead/{id}?[by=WHO][&reason=WHY]`.
+async fn dead_delete(
+    State(calls): State<Calls>,
+    Path(id): Path<String>,
+    Pairs(q): Pairs,
+) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return res,
+    };
+    let who = param(&q, "by").unwrap_or("admin API");
+    let why = param(&q, "reason").unwrap_or("no reason given");
+    let journal = calls.admin.journal.get();
+    match admin_dead::delete(queue, journal, &id, who, why).await {
+        Ok(Some(d)) => json_answer(
+            StatusCode::OK,
+            &json!({ "id": id, "deleted": true, "key": d.message.key }),
+        ),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "no such dead letter (replayed or deleted?)",
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
 }

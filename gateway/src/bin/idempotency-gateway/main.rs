@@ -28,6 +28,7 @@ mod ack;
 mod admin;
 mod admin_api;
 mod admin_cli;
+mod admin_dead;
 mod cli;
 mod config;
 mod dlq;
@@ -111,11 +112,38 @@ fn main() -> ExitCode {
                 }
             };
         }
+        let dlq::Command::Dlq { offline, action } = cmd else {
+            return usage_error("not a dlq command");
+        };
+        if !offline {
+            let (listen, token) = match config::admin_only(&args) {
+                Ok(found) => found,
+                Err(msg) => return usage_error(&msg),
+            };
+            if let Some(token) = token {
+                return match dlq::run_admin(action, &token, &listen) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(msg) => {
+                        eprintln!("gateway: {msg}");
+                        ExitCode::FAILURE
+                    }
+                };
+            }
+            eprintln!(
+                "gateway: no admin token (--admin-token-file): working on the queue directly \
+                 (--data-dir, --queue); stop a gateway using the embedded queue first"
+            );
+        } else {
+            eprintln!(
+                "gateway: --offline: working on the queue directly (--data-dir, --queue); \
+                 stop a gateway using the embedded queue first"
+            );
+        }
         let queue = match config::queue_only(&args) {
             Ok(queue) => queue,
             Err(msg) => return usage_error(&msg),
         };
-        return match dlq::run(cmd, &queue) {
+        return match dlq::run(action, &queue) {
             Ok(()) => ExitCode::SUCCESS,
             Err(msg) => {
                 eprintln!("gateway: {}", store::redact_text(&msg));
