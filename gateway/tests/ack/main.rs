@@ -5,5 +5,6 @@ mod gateway_ack_promise;
 mod gateway_dead_api;
 mod gateway_outage;
 mod gateway_pace;
+mod gateway_pause;
 #[path = "../gateway_support/mod.rs"]
 mod gateway_support;

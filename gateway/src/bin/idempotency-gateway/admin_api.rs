@@ -12,6 +12,7 @@
 
 use crate::ack::GatewayQueue;
 use crate::admin_dead::{self, DeadFilter};
+use crate::pauses::PauseKeeper;
 use crate::store::GatewayStore;
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::middleware::{self, Next};
@@ -104,6 +105,25 @@ pub struct Admin {
     journal: Arc<OnceLock<Journal>>,
     stores: Arc<OnceLock<Arc<PickStore>>>,
     queue: Arc<OnceLock<GatewayQueue>>,
+    routes: Arc<OnceLock<Routes>>,
+}
+
+/// A configured route, for `GET /admin/routes`.
+#[derive(Debug, Clone)]
+pub struct RouteInfo {
+    /// Its prefix.
+    pub prefix: String,
+    /// Its preset's name, or `auto`.
+    pub preset: String,
+    /// Whether it acknowledges then delivers.
+    pub acked: bool,
+}
+
+/// The routes and where their pauses are kept.
+struct Routes {
+    keeper: PauseKeeper,
+    list: Vec<RouteInfo>,
+    upstream: String,
 }
 
 type Answer = Response<axum::body::Body>;
@@ -191,7 +211,17 @@ impl Admin {
             journal: Arc::default(),
             stores: Arc::default(),
             queue: Arc::default(),
+            routes: Arc::default(),
         }
+    }
+
+    /// The configured routes (for `GET /admin/routes`) and their pauses.
+    pub fn set_routes(&self, keeper: PauseKeeper, list: Vec<RouteInfo>, upstream: String) {
+        let _ = self.routes.set(Routes {
+            keeper,
+            list,
+            upstream,
+        });
     }
 
     /// The queue whose key markers `forget` clears too.
@@ -288,6 +318,12 @@ impl Admin {
                     .head(other_call),
             )
             .route("/admin/dead/{id}/replay", any(other_call).post(dead_replay))
+            .route(
+                "/admin/routes",
+                any(other_call).get(routes_list).head(other_call),
+            )
+            .route("/admin/routes/pause", any(other_call).post(route_pause))
+            .route("/admin/routes/resume", any(other_call).post(route_resume))
             // `{*key}` needs one character at least: the empty key is its own.
             .route("/admin/keys/", key.clone())
             .route("/admin/keys/{*key}", key)
@@ -704,6 +740,141 @@ async fn dead_delete(
             StatusCode::NOT_FOUND,
             "no such dead letter (replayed or deleted?)",
         ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+fn pause_json(info: &idempotency_gateway::proxy::PauseInfo) -> Value {
+    json!({
+        "since": rfc3339(info.since_ms),
+        "since_ms": info.since_ms,
+        "by": info.by,
+        "reason": info.reason,
+    })
+}
+
+/// The routes, or 409 before the gateway gave them.
+fn routes_of(admin: &Admin) -> Result<&Routes, Answer> {
+    (admin.routes.get()).ok_or_else(|| error(StatusCode::CONFLICT, "the routes are not known yet"))
+}
+
+/// `GET /admin/routes`: every route, its preset, upstream, mode and pause,
+/// and the queue's depth and dead letters (the whole queue's: said by
+/// `queue_scope`).
+async fn routes_list(State(calls): State<Calls>) -> Answer {
+    let routes = match routes_of(&calls.admin) {
+        Ok(r) => r,
+        Err(res) => return res,
+    };
+    let queue = calls.admin.queue.get();
+    let stats = match queue {
+        Some(q) => tokio::time::timeout(STORE_TIMEOUT, q.stats())
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => None,
+    };
+    let mut out = Vec::new();
+    for r in &routes.list {
+        let paused = routes.keeper.pauses().get(&r.prefix);
+        let breaker = match (queue, r.acked) {
+            (Some(q), true) => {
+                let state = tokio::time::timeout(STORE_TIMEOUT, q.breaker_state(&r.prefix)).await;
+                match state {
+                    Ok(Ok(Some(s))) => json!(format!("{s:?}").to_lowercase()),
+                    _ => Value::Null,
+                }
+            }
+            _ => Value::Null,
+        };
+        let queued = match (&stats, r.acked) {
+            (Some(s), true) => json!({
+                "depth": s.depth, "dead_letters": s.dead, "scope": "queue",
+            }),
+            _ => Value::Null,
+        };
+        out.push(json!({
+            "prefix": r.prefix,
+            "preset": r.preset,
+            "upstream": routes.upstream,
+            "mode": if r.acked { "ack_then_deliver" } else { "synchronous" },
+            "paused": paused.as_ref().map(pause_json),
+            "breaker": breaker,
+            "queue": queued,
+        }));
+    }
+    json_answer(StatusCode::OK, &json!({ "routes": out }))
+}
+
+/// The configured route `?prefix=` names, or 400/404.
+fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str, Answer> {
+    let Some(prefix) = param(q, "prefix") else {
+        return Err(error(StatusCode::BAD_REQUEST, "`prefix` is needed"));
+    };
+    routes.keeper.route(prefix).ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            "no route has this prefix (GET /admin/routes lists them)",
+        )
+    })
+}
+
+/// `POST /admin/routes/pause?prefix=P[&by=WHO][&reason=WHY]`.
+async fn route_pause(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let routes = match routes_of(&calls.admin) {
+        Ok(r) => r,
+        Err(res) => return res,
+    };
+    let prefix = match named_route(routes, &q) {
+        Ok(p) => p,
+        Err(res) => return res,
+    };
+    let since_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let info = idempotency_gateway::proxy::PauseInfo {
+        since_ms,
+        by: param(&q, "by")
+            .unwrap_or("admin API")
+            .chars()
+            .take(200)
+            .collect(),
+        reason: param(&q, "reason")
+            .unwrap_or("")
+            .chars()
+            .take(1000)
+            .collect(),
+    };
+    match routes.keeper.pause(prefix, info.clone()).await {
+        Ok(()) => {
+            info!(route = prefix, by = %info.by, reason = %info.reason, "admin: route paused");
+            json_answer(
+                StatusCode::OK,
+                &json!({ "prefix": prefix, "paused": pause_json(&info) }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `POST /admin/routes/resume?prefix=P`.
+async fn route_resume(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let routes = match routes_of(&calls.admin) {
+        Ok(r) => r,
+        Err(res) => return res,
+    };
+    let prefix = match named_route(routes, &q) {
+        Ok(p) => p,
+        Err(res) => return res,
+    };
+    match routes.keeper.resume(prefix).await {
+        Ok(was) => {
+            info!(route = prefix, was_paused = was, "admin: route resumed");
+            json_answer(
+                StatusCode::OK,
+                &json!({ "prefix": prefix, "paused": null, "was_paused": was }),
+            )
+        }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
     }
 }

@@ -38,6 +38,11 @@ pub enum Command {
     /// The channel's downloaded trade bill against the running gateway's journal: paid
     /// transactions that never ran, ran more than once or with another amount (exit 1 if any)
     Reconcile(crate::reconcile::Reconcile),
+    /// Hold a route of the running gateway: nothing reaches its upstream until `resume`
+    /// (every instance on the same Redis or SQL store obeys)
+    Pause(crate::pause_cli::Pause),
+    /// Let a paused route of the running gateway reach its upstream again
+    Resume(crate::pause_cli::Resume),
 }
 
 /// The filters of `dlq list` and of a bulk `dlq replay`.

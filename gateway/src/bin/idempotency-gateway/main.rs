@@ -38,6 +38,8 @@ mod logging;
 mod otel;
 mod pace;
 mod parse;
+mod pause_cli;
+mod pauses;
 mod reconcile;
 mod routes;
 mod serve;
@@ -98,7 +100,20 @@ fn main() -> ExitCode {
             dlq::Command::Forget(a) => Some(admin_cli::Call::Forget(a)),
             dlq::Command::Journal(a) => Some(admin_cli::Call::Journal(a)),
             dlq::Command::Dlq { .. } | dlq::Command::Reconcile(_) => None,
+            dlq::Command::Pause(_) | dlq::Command::Resume(_) => None,
         };
+        if let dlq::Command::Pause(_) | dlq::Command::Resume(_) = cmd {
+            return match config::admin_only(&args) {
+                Ok((listen, token)) => match pause_cli::run(cmd, token.as_ref(), &listen) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(msg) => {
+                        eprintln!("gateway: {msg}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(msg) => usage_error(&msg),
+            };
+        }
         if let Some(call) = admin {
             let (listen, token) = match config::admin_only(&args) {
                 Ok(found) => found,
@@ -417,6 +432,27 @@ async fn run(
             "traces exported over OTLP"
         );
     }
+    // The paused routes, read before the first request and every half
+    // second after.
+    let prefixes = settings.routes.iter().map(|(p, _, _)| p.clone()).collect();
+    let keeper = pauses::PauseKeeper::new(&store, memory, settings.data_dir.clone(), prefixes);
+    if let Err(e) = keeper.refresh().await {
+        warn!(error = %store::redact_text(&e), "cannot read the paused routes yet; none is held until they can be read");
+    }
+    keeper.spawn_poller();
+    if let Some(admin) = &admin {
+        let routes = (settings.routes.iter())
+            .map(|(p, t, o)| admin_api::RouteInfo {
+                prefix: p.clone(),
+                preset: match t {
+                    Target::Preset(preset) => preset.name().to_owned(),
+                    Target::Auto => "auto".to_owned(),
+                },
+                acked: o.is_ack_then_deliver(),
+            })
+            .collect();
+        admin.set_routes(keeper.clone(), routes, settings.upstream.to_string());
+    }
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's
@@ -447,6 +483,7 @@ async fn run(
         if let Some(queue) = &queue {
             builder = builder.queue(queue.clone());
         }
+        builder = builder.pauses(keeper.pauses().clone());
         // The journal reads each notification's body for its business ids.
         builder = builder.capture_requests(settings.journal.is_some());
         // The key, the route and the upstream's answer in each response:
