@@ -38,7 +38,37 @@ async fn admin_call(metrics: SocketAddr, method: &str, path: &str) -> (u16, serd
     let status = res.status().as_u16();
     use http_body_util::BodyExt as _;
     let body = res.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&body).unwrap())
+    let json = serde_json::from_slice(&body).unwrap();
+    let template = match path.split('?').next().unwrap() {
+        "/admin/dead" => "/admin/dead",
+        "/admin/dead/replay" => "/admin/dead/replay",
+        p if p.ends_with("/replay") => "/admin/dead/{id}/replay",
+        _ => "/admin/dead/{id}",
+    };
+    as_documented(&method.to_lowercase(), template, status, &json);
+    (status, json)
+}
+
+/// Asserts that `body`, the answer `status` of `method template`, is as
+/// `deploy/openapi/admin.json` documents it.
+pub(crate) fn as_documented(method: &str, template: &str, status: u16, body: &serde_json::Value) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/openapi/admin.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let op = &spec["paths"][template][method];
+    let schema = &op["responses"][status.to_string()]["content"]["application/json"]["schema"];
+    assert!(
+        !schema.is_null(),
+        "{method} {template}: {status} is not documented: {body}"
+    );
+    let mut root = serde_json::json!({ "components": spec["components"].clone() });
+    root["allOf"] = serde_json::json!([schema]);
+    let validator = jsonschema::validator_for(&root).unwrap();
+    let errors: Vec<String> = validator.iter_errors(body).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "{method} {template} {status}: {errors:?} in {body}"
+    );
 }
 
 /// `dlq ARGS` through the admin API: exit status, stdout, stderr.
@@ -140,6 +170,16 @@ async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
     let (status, _) = admin_call(metrics, "GET", "/admin/dead/999999999").await;
     assert_eq!(status, 404);
 
+    let (status, dry) = admin_call(metrics, "POST", "/admin/dead/replay?dry_run=true").await;
+    assert_eq!(
+        (status, &dry["matched"]),
+        (200, &serde_json::json!(2)),
+        "{dry}"
+    );
+    let (status, _) = admin_call(metrics, "POST", "/admin/dead/999999999/replay").await;
+    assert_eq!(status, 404);
+    let (status, _) = admin_call(metrics, "DELETE", "/admin/dead/999999999").await;
+    assert_eq!(status, 404);
     // A dry run counts and replays nothing.
     let (code, out, err) = dlq(metrics, &token, &["replay", "--dry-run", "--route", "/wx"]);
     assert_eq!(

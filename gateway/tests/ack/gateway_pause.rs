@@ -65,6 +65,7 @@ async fn paused_of(metrics: SocketAddr) -> serde_json::Value {
     assert_eq!(res.status(), 200);
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    super::gateway_dead_api::as_documented("get", "/admin/routes", 200, &v);
     (v["routes"].as_array().into_iter().flatten())
         .find(|r| r["prefix"] == "/wx")
         .map(|r| r["paused"].clone())
