@@ -616,12 +616,12 @@ async fn journal(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
 }
 
 /// The queue, or 409 when no route acknowledges then delivers.
-fn queue_of(admin: &Admin) -> Result<&GatewayQueue, Answer> {
+fn queue_of(admin: &Admin) -> Result<&GatewayQueue, Box<Answer>> {
     admin.queue.get().ok_or_else(|| {
-        error(
+        Box::new(error(
             StatusCode::CONFLICT,
             "no queue: no route acknowledges then delivers (--ack-then-deliver)",
-        )
+        ))
     })
 }
 
@@ -629,7 +629,7 @@ fn queue_of(admin: &Admin) -> Result<&GatewayQueue, Answer> {
 async fn dead_list(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
     let queue = match queue_of(&calls.admin) {
         Ok(q) => q,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let filter = match DeadFilter::parse(&q, &["limit", "cursor"]) {
         Ok(f) => f,
@@ -669,7 +669,7 @@ async fn dead_list(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
 async fn dead_show(State(calls): State<Calls>, Path(id): Path<String>) -> Answer {
     let queue = match queue_of(&calls.admin) {
         Ok(q) => q,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     match admin_dead::show(queue, &id).await {
         Ok(Some(v)) => json_answer(StatusCode::OK, &v),
@@ -685,7 +685,7 @@ async fn dead_show(State(calls): State<Calls>, Path(id): Path<String>) -> Answer
 async fn dead_replay(State(calls): State<Calls>, Path(id): Path<String>) -> Answer {
     let queue = match queue_of(&calls.admin) {
         Ok(q) => q,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     match admin_dead::replay_one(queue, &id).await {
         Ok(true) => json_answer(StatusCode::OK, &json!({ "id": id, "replayed": true })),
@@ -701,7 +701,7 @@ async fn dead_replay(State(calls): State<Calls>, Path(id): Path<String>) -> Answ
 async fn dead_replay_all(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
     let queue = match queue_of(&calls.admin) {
         Ok(q) => q,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let filter = match DeadFilter::parse(&q, &["dry_run"]) {
         Ok(f) => f,
@@ -726,7 +726,7 @@ async fn dead_delete(
 ) -> Answer {
     let queue = match queue_of(&calls.admin) {
         Ok(q) => q,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let who = param(&q, "by").unwrap_or("admin API");
     let why = param(&q, "reason").unwrap_or("no reason given");
@@ -754,8 +754,9 @@ fn pause_json(info: &idempotency_gateway::proxy::PauseInfo) -> Value {
 }
 
 /// The routes, or 409 before the gateway gave them.
-fn routes_of(admin: &Admin) -> Result<&Routes, Answer> {
-    (admin.routes.get()).ok_or_else(|| error(StatusCode::CONFLICT, "the routes are not known yet"))
+fn routes_of(admin: &Admin) -> Result<&Routes, Box<Answer>> {
+    (admin.routes.get())
+        .ok_or_else(|| Box::new(error(StatusCode::CONFLICT, "the routes are not known yet")))
 }
 
 /// `GET /admin/routes`: every route, its preset, upstream, mode and pause,
@@ -764,7 +765,7 @@ fn routes_of(admin: &Admin) -> Result<&Routes, Answer> {
 async fn routes_list(State(calls): State<Calls>) -> Answer {
     let routes = match routes_of(&calls.admin) {
         Ok(r) => r,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let queue = calls.admin.queue.get();
     let stats = match queue {
@@ -807,15 +808,18 @@ async fn routes_list(State(calls): State<Calls>) -> Answer {
 }
 
 /// The configured route `?prefix=` names, or 400/404.
-fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str, Answer> {
+fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str, Box<Answer>> {
     let Some(prefix) = param(q, "prefix") else {
-        return Err(error(StatusCode::BAD_REQUEST, "`prefix` is needed"));
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "`prefix` is needed",
+        )));
     };
     routes.keeper.route(prefix).ok_or_else(|| {
-        error(
+        Box::new(error(
             StatusCode::NOT_FOUND,
             "no route has this prefix (GET /admin/routes lists them)",
-        )
+        ))
     })
 }
 
@@ -823,11 +827,11 @@ fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str
 async fn route_pause(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
     let routes = match routes_of(&calls.admin) {
         Ok(r) => r,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let prefix = match named_route(routes, &q) {
         Ok(p) => p,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let since_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -861,11 +865,11 @@ async fn route_pause(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
 async fn route_resume(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
     let routes = match routes_of(&calls.admin) {
         Ok(r) => r,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let prefix = match named_route(routes, &q) {
         Ok(p) => p,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     match routes.keeper.resume(prefix).await {
         Ok(was) => {

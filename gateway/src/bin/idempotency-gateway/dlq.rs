@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use http::Method;
 use serde_json::Value;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 use tower_idempotency_queue::{DeadLetter, EntryId, Queue};
 
 /// Subcommands.
@@ -193,7 +193,7 @@ fn show_text(out: &mut dyn Write, d: &Value) -> std::io::Result<()> {
 }
 
 /// Runs `action` through the running gateway's admin API.
-pub fn run_admin(action: &Dlq, token_file: &PathBuf, at: &AdminAt) -> Result<(), String> {
+pub fn run_admin(action: &Dlq, token_file: &Path, at: &AdminAt) -> Result<(), String> {
     let token = crate::admin::read_token(token_file)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
