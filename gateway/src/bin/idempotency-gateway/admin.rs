@@ -111,6 +111,12 @@ pub async fn start(
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
                 let (admin, queue) = (admin.clone(), queue.clone());
                 async move {
+                    if crate::console::is_console(req.uri().path()) {
+                        return Ok(match admin {
+                            Some(_) => crate::console::answer(req.method(), req.uri().path()),
+                            None => crate::admin_api::not_found(),
+                        });
+                    }
                     if req.uri().path().starts_with("/admin/") {
                         return match admin {
                             Some(admin) => admin.oneshot(req).await,

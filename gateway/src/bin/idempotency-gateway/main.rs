@@ -31,6 +31,7 @@ mod admin_cli;
 mod admin_dead;
 mod cli;
 mod config;
+mod console;
 mod dlq;
 mod escape;
 mod limit;
