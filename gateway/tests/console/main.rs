@@ -144,13 +144,11 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     .await;
 
     // The page: only itself, by its policy.
-    let (status, raw) = (|| {
-        let raw = gateway_support::raw_http(
-            metrics,
-            "GET /console/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        );
-        (raw[9..12].to_owned(), raw)
-    })();
+    let raw = gateway_support::raw_http(
+        metrics,
+        "GET /console/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let status = &raw[9..12];
     assert_eq!(status, "200", "{raw}");
     let csp = raw
         .lines()
