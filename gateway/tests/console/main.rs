@@ -297,6 +297,24 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
         .unwrap();
     assert!(detail.contains("\"route\": \"/wx\""), "{detail}");
 
+    // The charts read the instance's samples (one every 5 s).
+    wait_until("two samples", || async {
+        admin_get(metrics, "/admin/stats").await["samples"]
+            .as_array()
+            .is_some_and(|s| s.len() >= 2)
+    })
+    .await;
+    let stats = admin_get(metrics, "/admin/stats").await;
+    assert!(stats["samples"][0]["requests"].is_object(), "{stats}");
+    let legend = c.find(Locator::Id("chart-ratio-legend")).await.unwrap();
+    wait_until("the charts", || async {
+        legend
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("duplicate ratio (")
+    })
+    .await;
     // Nothing a sender wrote ran, and no element came of it; the token
     // never went into a URL.
     let ran = c

@@ -60,6 +60,11 @@ pub async fn start(
         .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
     let handle = install()?;
     zeros(series);
+    if let Some(admin) = &admin {
+        let samples = crate::samples::Samples::default();
+        samples.spawn(handle.clone());
+        admin.set_samples(samples);
+    }
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;

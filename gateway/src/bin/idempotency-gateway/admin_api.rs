@@ -106,6 +106,7 @@ pub struct Admin {
     stores: Arc<OnceLock<Arc<PickStore>>>,
     queue: Arc<OnceLock<GatewayQueue>>,
     routes: Arc<OnceLock<Routes>>,
+    samples: Arc<OnceLock<crate::samples::Samples>>,
 }
 
 /// A configured route, for `GET /admin/routes`.
@@ -212,7 +213,13 @@ impl Admin {
             stores: Arc::default(),
             queue: Arc::default(),
             routes: Arc::default(),
+            samples: Arc::default(),
         }
+    }
+
+    /// The request counters sampled for `GET /admin/stats`.
+    pub fn set_samples(&self, samples: crate::samples::Samples) {
+        let _ = self.samples.set(samples);
     }
 
     /// The configured routes (for `GET /admin/routes`) and their pauses.
@@ -322,6 +329,7 @@ impl Admin {
                 "/admin/routes",
                 any(other_call).get(routes_list).head(other_call),
             )
+            .route("/admin/stats", any(other_call).get(stats).head(other_call))
             .route("/admin/routes/pause", any(other_call).post(route_pause))
             .route("/admin/routes/resume", any(other_call).post(route_resume))
             // `{*key}` needs one character at least: the empty key is its own.
@@ -880,5 +888,17 @@ async fn route_resume(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
             )
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `GET /admin/stats`: this instance's request counters by outcome, read
+/// every 5 seconds over the last hour.
+async fn stats(State(calls): State<Calls>) -> Answer {
+    match calls.admin.samples.get() {
+        Some(samples) => json_answer(StatusCode::OK, &samples.json()),
+        None => json_answer(
+            StatusCode::OK,
+            &json!({ "interval_ms": 5000, "samples": [] }),
+        ),
     }
 }

@@ -43,6 +43,7 @@ mod pause_cli;
 mod pauses;
 mod reconcile;
 mod routes;
+mod samples;
 mod serve;
 mod spanned;
 mod store;

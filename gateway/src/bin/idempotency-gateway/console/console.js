@@ -121,11 +121,57 @@ async function forgetKey() {
   $("key-detail").textContent = JSON.stringify(body, null, 2);
 }
 
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+
+function plot(canvas, series, top) {
+  const g = canvas.getContext("2d");
+  g.clearRect(0, 0, canvas.width, canvas.height);
+  g.strokeStyle = "#ccc"; g.strokeRect(0, 0, canvas.width, canvas.height);
+  series.forEach((points, i) => {
+    if (points.length < 2) { return; }
+    g.strokeStyle = COLORS[i % COLORS.length]; g.beginPath();
+    points.forEach((y, x) => {
+      const px = (x / (points.length - 1)) * canvas.width;
+      const py = canvas.height - (top > 0 ? (y / top) : 0) * (canvas.height - 4) - 2;
+      if (x === 0) { g.moveTo(px, py); } else { g.lineTo(px, py); }
+    });
+    g.stroke();
+  });
+}
+
+async function charts() {
+  const body = await api("GET", "/admin/stats");
+  const s = body.samples;
+  const outcomes = [...new Set(s.flatMap((x) => Object.keys(x.requests)))].sort();
+  const rates = outcomes.map((o) => s.slice(1).map((x, i) => {
+    const dt = (x.at_ms - s[i].at_ms) / 1000;
+    return dt > 0 ? Math.max(0, ((x.requests[o] || 0) - (s[i].requests[o] || 0)) / dt) : 0;
+  }));
+  const top = Math.max(1, ...rates.flat());
+  plot($("chart-rate"), rates, top);
+  $("chart-rate-legend").textContent = "requests per second by outcome (top " + top.toFixed(1) + "/s): " +
+    outcomes.map((o, i) => o + " " + COLORS[i % COLORS.length]).join(", ");
+  const dup = ["replayed", "waited"];
+  const ratio = s.slice(1).map((x, i) => {
+    let all = 0, dups = 0;
+    for (const o of outcomes) {
+      const d = (x.requests[o] || 0) - (s[i].requests[o] || 0);
+      all += d; if (dup.includes(o)) { dups += d; }
+    }
+    return all > 0 ? dups / all : 0;
+  });
+  plot($("chart-ratio"), [ratio], 1);
+  const last = ratio.length ? ratio[ratio.length - 1] : 0;
+  $("chart-ratio-legend").textContent = "duplicate ratio (replayed and waited of all), now " + (100 * last).toFixed(1) + " %";
+}
+
 async function start() {
   await routes();
   $("login").hidden = true; $("main").hidden = false;
   say("");
   await dead().catch((e) => { $("dead-summary").textContent = e.message; });
+  await charts().catch((e) => say(e.message));
+  setInterval(() => { charts().catch((e) => say(e.message)); routes().catch((e) => say(e.message)); }, 5000);
 }
 
 function on(id, event, f) {
