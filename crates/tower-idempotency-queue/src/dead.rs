@@ -152,3 +152,60 @@ impl Embedded {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{EntryId, Ingested, MemoryQueue, Message, Queue};
+    use std::time::Duration;
+    use tower_idempotency::Fingerprint;
+
+    /// Paged after a cursor, found by id, deleted once; a deleted letter's
+    /// key is queued again by its next copy, a replayed one's is not.
+    #[tokio::test(flavor = "current_thread")]
+    async fn dead_letters_paged_found_and_deleted() {
+        let q = MemoryQueue::new();
+        for key in ["a", "b", "c"] {
+            let m = Message::new(key, Fingerprint::of(key.as_bytes()), "{}");
+            assert!(matches!(q.ingest(m).await.unwrap(), Ingested::Queued(_)));
+        }
+        for d in q.fetch(10, Duration::from_secs(30)).await.unwrap() {
+            assert!(q.dead_letter(&d, "boom").await.unwrap());
+        }
+        let first = q.dead_page(None, 2).await.unwrap();
+        assert_eq!(first.len(), 2);
+        let rest = q.dead_page(Some(&first[1].id), 2).await.unwrap();
+        assert_eq!(rest.len(), 1);
+        assert!(q.dead_page(Some(&rest[0].id), 2).await.unwrap().is_empty());
+        let keys: Vec<String> = first
+            .iter()
+            .chain(&rest)
+            .map(|d| d.message.key.clone())
+            .collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+        let b = &first[1];
+        assert_eq!(q.find_dead(&b.id).await.unwrap().unwrap().error, "boom");
+        assert!(q.find_dead(&EntryId::new("999")).await.unwrap().is_none());
+        assert!(q
+            .find_dead(&EntryId::new("not-a-number"))
+            .await
+            .unwrap()
+            .is_none());
+
+        // Deleted: gone, once; its key is free again.
+        let deleted = q.delete_dead(&b.id).await.unwrap().unwrap();
+        assert_eq!(deleted.message.key, "b");
+        assert!(q.delete_dead(&b.id).await.unwrap().is_none());
+        let again = Message::new("b", Fingerprint::of(b"b"), "{}");
+        assert!(matches!(
+            q.ingest(again).await.unwrap(),
+            Ingested::Queued(_)
+        ));
+        // Still dead: a copy is a duplicate.
+        let copy = Message::new("c", Fingerprint::of(b"c"), "{}");
+        assert_eq!(q.ingest(copy).await.unwrap(), Ingested::Duplicate);
+        // Replayed, then deleted: nothing to delete.
+        assert!(q.replay(&first[0].id).await.unwrap());
+        assert!(q.delete_dead(&first[0].id).await.unwrap().is_none());
+        assert_eq!(q.stats().await.unwrap().dead, 1);
+    }
+}
