@@ -562,7 +562,7 @@ async fn other_call(method: Method) -> Answer {
     } else {
         error(
             StatusCode::METHOD_NOT_ALLOWED,
-            "use GET, DELETE on a key or a dead letter, or POST to replay or pause",
+            "use GET, or DELETE on a key",
         )
     }
 }
