@@ -80,6 +80,38 @@ macro_rules! embedded_queue {
                     .map_err(|e| QueueError::new(e.to_string()))?
             }
 
+            async fn dead_page(
+                &self,
+                after: Option<&EntryId>,
+                limit: usize,
+            ) -> Result<Vec<DeadLetter>, QueueError> {
+                // An id that is no number of this queue's comes before all.
+                let after = after.map(|a| a.as_str().parse::<u64>().unwrap_or(0));
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.dead_page(after, limit))
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+
+            async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+                let Ok(id) = id.as_str().parse::<u64>() else {
+                    return Ok(None);
+                };
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.find_dead(id))
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+
+            async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+                let Ok(id) = id.as_str().parse::<u64>() else {
+                    return Ok(None);
+                };
+                self.inner
+                    .grouped(move |txn| Embedded::delete_dead(txn, id))
+                    .await
+            }
+
             async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
                 let Ok(id) = id.as_str().parse::<u64>() else {
                     return Ok(false);

@@ -137,6 +137,22 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
         both!(self, q => q.dead_letters(limit))
     }
 
+    async fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        both!(self, q => q.dead_page(after, limit))
+    }
+
+    async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        both!(self, q => q.find_dead(id))
+    }
+
+    async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        both!(self, q => q.delete_dead(id))
+    }
+
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
         both!(self, q => q.replay(id))
     }

@@ -457,6 +457,60 @@ pub trait Queue: Clone + Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send;
 
+    /// A page of at most `limit` dead letters: those after `after` (the
+    /// last id of the previous page; `None` from the start) in the queue's
+    /// own order of dead letters, which stays the same while letters are
+    /// replayed or deleted (the embedded queue: by id; Redis Streams and
+    /// NATS JetStream: by the time they died; RabbitMQ: by id). Defaults
+    /// to reading every dead letter with
+    /// [`dead_letters`](Self::dead_letters) and skipping to `after`.
+    fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send {
+        let after = after.cloned();
+        async move {
+            let all = self.dead_letters(usize::MAX).await?;
+            let start = match &after {
+                None => 0,
+                Some(a) => all
+                    .iter()
+                    .position(|d| &d.id == a)
+                    .map_or(all.len(), |i| i + 1),
+            };
+            Ok(all.into_iter().skip(start).take(limit).collect())
+        }
+    }
+
+    /// The dead letter `id`, if there is one. Defaults to looking through
+    /// [`dead_letters`](Self::dead_letters).
+    fn find_dead(
+        &self,
+        id: &EntryId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
+        let id = id.clone();
+        async move {
+            let all = self.dead_letters(usize::MAX).await?;
+            Ok(all.into_iter().find(|d| d.id == id))
+        }
+    }
+
+    /// Deletes the dead letter `id` for good, and forgets its key's marker,
+    /// so that a later copy of that notification is queued again instead of
+    /// being a duplicate. Returns the deleted letter, or `None` if there is
+    /// no such dead letter (replayed or deleted meanwhile). Defaults to an
+    /// error: a queue that cannot delete says so.
+    fn delete_dead(
+        &self,
+        id: &EntryId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
+        let _ = id;
+        std::future::ready(Err(QueueError::new(
+            "this queue cannot delete dead letters",
+        )))
+    }
+
     /// Moves one dead letter back into the queue, due at once, with its
     /// attempts reset. `false` if there is no such dead letter (already
     /// replayed, for example): a dead letter is queued again at most once.

@@ -150,6 +150,17 @@ pub(super) static FORGET: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Deletes a dead letter and its key's marker (while the marker has no
+/// expiry: it is still the dead letter's). KEYS: the dead-letter stream,
+/// the marker; ARGV[1] the dead letter's id. 1, or 0 if there was none.
+pub(super) static DELETE_DEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+         if redis.call('PTTL', KEYS[2]) == -1 then redis.call('DEL', KEYS[2]) end
+         return 1",
+    )
+});
+
 pub(super) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])

@@ -2,8 +2,8 @@
 
 use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
 use super::redis_scripts::{
-    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW, RENEW_SLOT,
-    REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN,
+    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW,
+    RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN,
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
@@ -516,20 +516,58 @@ where
             .query_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
-        let nil = Value::Nil;
-        rows.into_iter()
-            .map(|(id, f)| {
-                let field = |k: &str| f.get(k).unwrap_or(&nil);
-                let raw = bytes(field("m")).unwrap_or_default();
-                Ok(DeadLetter {
-                    message: Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
-                    id: EntryId::new(id),
-                    attempts: number(field("a")) as u32,
-                    error: text(field("e")),
-                    dead_at: time_of(number(field("at"))),
-                })
-            })
-            .collect()
+        Ok(rows.into_iter().map(dead_letter_of).collect())
+    }
+
+    async fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        // `(ID` starts after ID (exclusive); a stream id is all Redis takes.
+        let start = match after {
+            None => "-".to_owned(),
+            Some(a) if is_stream_id(a.as_str()) => format!("({a}"),
+            Some(_) => return Err(QueueError::new("not a dead letter id of this queue")),
+        };
+        let rows: Vec<StreamEntry> = ::redis::cmd("XRANGE")
+            .arg(self.key("d"))
+            .arg(start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(rows.into_iter().take(limit).map(dead_letter_of).collect())
+    }
+
+    async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        if !is_stream_id(id.as_str()) {
+            return Ok(None);
+        }
+        let rows: Vec<StreamEntry> = ::redis::cmd("XRANGE")
+            .arg(self.key("d"))
+            .arg(id.as_str())
+            .arg(id.as_str())
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(rows.into_iter().next().map(dead_letter_of))
+    }
+
+    async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        let Some(letter) = self.find_dead(id).await? else {
+            return Ok(None);
+        };
+        let got: i64 = DELETE_DEAD
+            .key(self.key("d"))
+            .key(self.marker(&letter.message.key))
+            .arg(id.as_str())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok((got == 1).then_some(letter))
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
@@ -648,4 +686,29 @@ where
             .map_err(err)?;
         Ok(got == 1)
     }
+}
+
+/// A row of the dead-letter stream as a dead letter.
+fn dead_letter_of((id, f): StreamEntry) -> DeadLetter {
+    let nil = Value::Nil;
+    let field = |k: &str| f.get(k).unwrap_or(&nil);
+    let raw = bytes(field("m")).unwrap_or_default();
+    DeadLetter {
+        message: Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
+        attempts: number(field("a")) as u32,
+        error: text(field("e")),
+        dead_at: time_of(number(field("at"))),
+        id: EntryId::new(id),
+    }
+}
+
+/// Whether `id` reads as a stream id (`MS-SEQ`), so that Redis takes it.
+fn is_stream_id(id: &str) -> bool {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    !ms.is_empty()
+        && !seq.is_empty()
+        && ms.bytes().all(|b| b.is_ascii_digit())
+        && seq.bytes().all(|b| b.is_ascii_digit())
+        && ms.len() <= 20
+        && seq.len() <= 20
 }

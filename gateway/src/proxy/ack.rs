@@ -357,6 +357,7 @@ impl<S: Store> Gateway<S> {
         let refused = res.extensions().get::<Outcome>().copied();
         let upstream = res.extensions().get::<UpstreamAnswer>().copied();
         let mismatched = res.extensions().get::<Mismatched>().copied();
+        let paused = res.extensions().get::<super::RoutePaused>().is_some();
         // Read the whole answer: the dedup layer records it at its end.
         let mut body = std::pin::pin!(res.into_body());
         while let Some(frame) = body.frame().await {
@@ -389,7 +390,13 @@ impl<S: Store> Gateway<S> {
             }
             _ => {}
         }
-        if status.is_success() {
+        if paused {
+            // Held without counting, and looked at again only now and then
+            // (not at the route's backoff), until the route resumes.
+            Err(DeliveryError::kept(format!(
+                "the route of {path} is paused: held until it resumes"
+            )))
+        } else if status.is_success() {
             Ok(Delivered { status, upstream })
         } else if let Some(
             own @ (Outcome::Shed

@@ -36,6 +36,7 @@ pub struct GatewayBuilder<S> {
     capture: bool,
     extensions: bool,
     accept_traceparent: Option<bool>,
+    pauses: Option<super::pause::Pauses>,
 }
 
 /// The function that picks a route's store for one of its presets.
@@ -66,6 +67,7 @@ impl<S: Store> Gateway<S> {
             capture: false,
             extensions: true,
             accept_traceparent: None,
+            pauses: None,
         }
     }
 }
@@ -187,6 +189,13 @@ impl<S: Store> GatewayBuilder<S> {
         self
     }
 
+    /// Routes paused in `pauses` send nothing to the upstream while they
+    /// stay paused (see [`Pauses`](super::Pauses)).
+    pub fn pauses(mut self, pauses: super::pause::Pauses) -> Self {
+        self.pauses = Some(pauses);
+        self
+    }
+
     /// The gateway, or the first bad route.
     pub fn build(self) -> Result<Gateway<S>, RouteError> {
         if let Some(e) = self.error {
@@ -216,6 +225,7 @@ impl<S: Store> GatewayBuilder<S> {
         let pick = self.stores;
         let capture = self.capture;
         let extensions = self.extensions;
+        let pauses = self.pauses;
         let routes = self.routes.map(|prefix, (target, options)| {
             let store_for = |preset: &Preset| match &pick {
                 Some(pick) => (pick.0)(prefix, preset),
@@ -252,6 +262,10 @@ impl<S: Store> GatewayBuilder<S> {
                         .unwrap_or(forward.call_limit().get_queue_wait()),
                     gauge: Gauge::route(prefix),
                 });
+            let guarded = match &pauses {
+                Some(p) => guarded.with_pause(p.gate(prefix)),
+                None => guarded,
+            };
             let reply = options.get_reply_timeout().unwrap_or(forward.timeout());
             // Every spelling of the route shares its records.
             let stack = |preset: Preset, options: &RouteOptions| {
@@ -351,6 +365,10 @@ impl<S: Store> GatewayBuilder<S> {
             queue_wait: calls.get_queue_wait(),
             gauge: Gauge::default(),
         });
+        let forward = match &pauses {
+            Some(p) => forward.with_pause(p.paths()),
+            None => forward,
+        };
         Ok(Gateway {
             shared: Arc::new(Shared {
                 routes,

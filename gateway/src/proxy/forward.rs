@@ -77,6 +77,8 @@ pub struct Forward {
     timeout: Duration,
     /// A route's own cap, in front of the upstream's (guarded routes).
     route: Option<Arc<RouteLimit>>,
+    /// Asked before each call: a paused route calls nothing.
+    pause: Option<super::pause::PauseGate>,
     /// Whether answers carry an [`UpstreamAnswer`].
     answer_extension: bool,
     /// Whether a client's `traceparent` and `tracestate` go on upstream
@@ -176,6 +178,15 @@ impl Forward {
         }
     }
 
+    /// This forwarder asking `gate` before each call: while it holds, the
+    /// call is answered 503 with `Retry-After`, never sent.
+    pub(crate) fn with_pause(&self, gate: super::pause::PauseGate) -> Self {
+        Self {
+            pause: Some(gate),
+            ..self.clone()
+        }
+    }
+
     /// This forwarder with a route's own cap in front of the upstream's.
     pub(crate) fn with_route_limit(&self, limit: RouteLimit) -> Self {
         Self {
@@ -206,6 +217,11 @@ impl Forward {
     }
 
     async fn forward(self, req: Request<ProxyBody>) -> Response<ProxyBody> {
+        if let Some(gate) = &self.pause
+            && gate.holds(req.uri().path())
+        {
+            return paused();
+        }
         // The route's slot first: a route at its cap takes none of the
         // upstream's from the other routes.
         let mut route_slot = match &self.route {
@@ -349,6 +365,31 @@ impl Forward {
             }
         }
     }
+}
+
+/// Marks the answer of a paused route's forwarder (in the response's
+/// extensions): the upstream was not called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutePaused;
+
+/// How long a paused route asks its callers to wait, in seconds.
+const PAUSED_RETRY_AFTER: &str = "30";
+
+/// The answer of a paused route: 503 with `Retry-After`, marked as shed
+/// for the dedup layer's count and as [`RoutePaused`].
+fn paused() -> Response<ProxyBody> {
+    let mut res = plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "this route is paused by its operator; retry later\n",
+    );
+    res.headers_mut().insert(
+        header::RETRY_AFTER,
+        http::HeaderValue::from_static(PAUSED_RETRY_AFTER),
+    );
+    res.extensions_mut()
+        .insert(tower_idempotency::Outcome::Shed);
+    res.extensions_mut().insert(RoutePaused);
+    res
 }
 
 /// The answer to a call past the cap: 503 with `Retry-After`, marked as
@@ -509,6 +550,7 @@ impl ForwardBuilder {
             }),
             timeout: self.timeout,
             route: None,
+            pause: None,
             answer_extension: true,
             accept_traceparent: self.accept_traceparent,
         }

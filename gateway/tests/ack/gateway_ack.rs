@@ -29,13 +29,13 @@ const COPIES: usize = 7;
 /// The recording upstream, answering 503 while `down`, else 200; counts the
 /// 200s (the deliveries) per notification id.
 #[derive(Clone)]
-struct Upstream {
-    down: Arc<AtomicBool>,
+pub(crate) struct Upstream {
+    pub(crate) down: Arc<AtomicBool>,
     recording: Arc<common::upstream::Upstream>,
 }
 
 impl Upstream {
-    async fn start(down: bool) -> (Self, SocketAddr) {
+    pub(crate) async fn start(down: bool) -> (Self, SocketAddr) {
         let down = Arc::new(AtomicBool::new(down));
         let flag = down.clone();
         let replies = Replies::default().status(move |_| {
@@ -51,7 +51,7 @@ impl Upstream {
         (Self { down, recording }, addr)
     }
 
-    fn counts(&self) -> HashMap<String, usize> {
+    pub(crate) fn counts(&self) -> HashMap<String, usize> {
         let mut delivered = HashMap::new();
         for seen in self.recording.seen() {
             if seen.status == 200 {
@@ -65,7 +65,7 @@ impl Upstream {
 }
 
 /// The official WeChat Pay v3 notification with the id `id`.
-fn notification(id: &str) -> String {
+pub(crate) fn notification(id: &str) -> String {
     let doc = fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
     let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
     v["id"] = serde_json::Value::String(id.to_owned());
@@ -73,7 +73,12 @@ fn notification(id: &str) -> String {
 }
 
 /// Starts the gateway with one ack-then-deliver WeChat Pay v3 route `/wx`.
-fn gateway(upstream: SocketAddr, queue: &[&str], metrics: SocketAddr, extra: &[&str]) -> Proc {
+pub(crate) fn gateway(
+    upstream: SocketAddr,
+    queue: &[&str],
+    metrics: SocketAddr,
+    extra: &[&str],
+) -> Proc {
     let (upstream, metrics) = (format!("http://{upstream}"), metrics.to_string());
     let mut args = vec![
         "--listen",
@@ -95,7 +100,7 @@ fn gateway(upstream: SocketAddr, queue: &[&str], metrics: SocketAddr, extra: &[&
 }
 
 /// `name{queue="gateway"} VALUE` of `/metrics`.
-fn gauge(metrics: SocketAddr, name: &str) -> Option<f64> {
+pub(crate) fn gauge(metrics: SocketAddr, name: &str) -> Option<f64> {
     let (_, body) = get(metrics, "/metrics");
     body.lines()
         .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("queue=\"gateway\""))
@@ -112,7 +117,11 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 /// [`wait_until`] on a blocking thread, off the runtime's workers.
-async fn wait_for(what: &str, limit: Duration, done: impl FnMut() -> bool + Send + 'static) {
+pub(crate) async fn wait_for(
+    what: &str,
+    limit: Duration,
+    done: impl FnMut() -> bool + Send + 'static,
+) {
     let what = what.to_owned();
     tokio::task::spawn_blocking(move || wait_until(&what, limit, done))
         .await
@@ -156,7 +165,7 @@ async fn delivered_once(up: &Upstream, ids: &[String], within: Duration, settle:
 
 /// Sends every copy of every notification at once; asserts each answer is
 /// WeChat Pay's success reply.
-async fn send_all(http: &HttpClient, gw: SocketAddr, ids: &[String]) {
+pub(crate) async fn send_all(http: &HttpClient, gw: SocketAddr, ids: &[String]) {
     let mut tasks = Vec::new();
     for id in ids {
         let body = notification(id);
@@ -175,7 +184,7 @@ async fn send_all(http: &HttpClient, gw: SocketAddr, ids: &[String]) {
     }
 }
 
-fn assert_once(up: &Upstream, ids: &[String]) {
+pub(crate) fn assert_once(up: &Upstream, ids: &[String]) {
     let counts = up.counts();
     for id in ids {
         assert_eq!(
@@ -269,14 +278,14 @@ async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
 }
 
 /// A Redis server of the test's own; `None` when Redis is not installed.
-fn own_redis() -> Option<support_redis::RedisServer> {
+pub(crate) fn own_redis() -> Option<support_redis::RedisServer> {
     support_redis::redis_available().then(support_redis::RedisServer::start)
 }
 
 /// A virtual host of its own on the broker this binary shares (queues of
 /// one name, `gateway`, in every test): the broker and the vhost's URL.
 /// `None` when RabbitMQ is not installed.
-fn rabbitmq_queue(tag: &str) -> Option<(Arc<support_rabbitmq::RabbitServer>, String)> {
+pub(crate) fn rabbitmq_queue(tag: &str) -> Option<(Arc<support_rabbitmq::RabbitServer>, String)> {
     let broker = support_rabbitmq::shared_rabbitmq()?;
     let url = broker.vhost(&format!("{tag}-{}", std::process::id()));
     Some((broker, url))
@@ -543,7 +552,7 @@ async fn rabbitmq_dead_letter_replayed_once_with_dlq_subcommands() {
 
 /// `gateway ARGS --admin http://METRICS` with the admin token file: exit
 /// code, stdout and stderr.
-fn admin_cli(metrics: SocketAddr, token: &Path, args: &[&str]) -> (i32, String, String) {
+pub(crate) fn admin_cli(metrics: SocketAddr, token: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(gateway_bin())
         .arg("--admin-token-file")
         .arg(token)
@@ -560,7 +569,7 @@ fn admin_cli(metrics: SocketAddr, token: &Path, args: &[&str]) -> (i32, String, 
 }
 
 /// Sends one copy of notification `id`; asserts WeChat Pay's success reply.
-async fn send_one(gw: SocketAddr, id: &str) {
+pub(crate) async fn send_one(gw: SocketAddr, id: &str) {
     let headers = [("content-type", "application/json")];
     let answer = post(&client(), gw, "/wx/notify", &headers, notification(id)).await;
     assert_eq!(answer.status, 200, "{}", answer.text());

@@ -172,4 +172,47 @@ impl<S: Store> AmqpQueue<S> {
         letters.truncate(limit);
         Ok(letters)
     }
+
+    /// A page of dead letters by id, after `after`.
+    pub(super) async fn dead_page_now(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let peeked = self.peek_dead(usize::MAX).await?;
+        self.give_back(&peeked).await;
+        let mut letters: Vec<DeadLetter> = (peeked.taken.iter().map(Self::dead_letter_of))
+            .filter(|d| after.is_none_or(|a| d.id > *a))
+            .collect();
+        letters.sort_by(|a, b| a.id.cmp(&b.id));
+        letters.truncate(limit);
+        Ok(letters)
+    }
+
+    /// Takes the dead letter `id` out of the dead queue for good and
+    /// forgets its key's record (while it still says dead-lettered), so
+    /// that a later copy is queued again.
+    pub(super) async fn delete_dead_now(
+        &self,
+        id: &EntryId,
+    ) -> Result<Option<DeadLetter>, QueueError> {
+        let peeked = self.peek_dead(usize::MAX).await?;
+        let result = async {
+            let Some(d) = peeked
+                .taken
+                .iter()
+                .find(|d| &Self::dead_letter_of(d).id == id)
+            else {
+                return Ok(None);
+            };
+            let letter = Self::dead_letter_of(d);
+            self.settled(peeked.generation, d.acker.ack(BasicAckOptions::default()))
+                .await?;
+            self.forget_dead_record(&letter.message.key).await?;
+            Ok(Some(letter))
+        }
+        .await;
+        self.give_back(&peeked).await;
+        result
+    }
 }

@@ -478,6 +478,26 @@ impl<S: Store> Queue for AmqpQueue<S> {
         self.dead_letters_now(limit).await
     }
 
+    async fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        self.dead_page_now(after, limit).await
+    }
+
+    async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        Ok(self
+            .dead_page_now(None, usize::MAX)
+            .await?
+            .into_iter()
+            .find(|d| &d.id == id))
+    }
+
+    async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        self.delete_dead_now(id).await
+    }
+
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
         Ok(self.replay_where(|d| &d.id == id).await? > 0)
     }

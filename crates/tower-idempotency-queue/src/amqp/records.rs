@@ -71,6 +71,28 @@ impl<S: Store> AmqpQueue<S> {
         }
     }
 
+    /// Forgets the record of `key` if it says dead-lettered (a deleted
+    /// dead letter's): a later copy is queued again.
+    pub(super) async fn forget_dead_record(&self, key: &str) -> Result<(), QueueError> {
+        let rk = self.record_key(key);
+        let store = &self.inner.store;
+        let token = OwnerToken::new();
+        match store
+            .claim(&rk, Fingerprint::of(b"forget"), token, INGEST_LEASE)
+            .await
+            .map_err(err)?
+        {
+            Claim::Acquired(_) => {
+                store.release(&rk, token).await.map_err(err)?;
+            }
+            Claim::Completed(rec) if rec.response.status == DEAD => {
+                store.forget(&rk).await.map_err(err)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     pub(super) async fn forget_now(&self, key: &str) -> Result<bool, QueueError> {
         let rk = self.record_key(key);
         let store = &self.inner.store;

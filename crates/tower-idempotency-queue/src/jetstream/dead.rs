@@ -61,9 +61,30 @@ impl JetStreamQueue {
     }
 
     pub(super) async fn list_dead(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        self.list_dead_from(1, limit.max(1)).await
+    }
+
+    /// The sequence a page after `after` starts at: `None` when nothing can
+    /// follow it.
+    pub(super) fn dead_start(&self, after: Option<&EntryId>) -> Option<u64> {
+        match after {
+            None => Some(1),
+            // An id that is no sequence comes before all.
+            Some(a) => a
+                .as_str()
+                .parse::<u64>()
+                .map_or(Some(1), |s| s.checked_add(1)),
+        }
+    }
+
+    /// At most `limit` dead letters from the sequence `seq` on.
+    pub(super) async fn list_dead_from(
+        &self,
+        mut seq: u64,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
         let mut out = Vec::new();
-        let mut seq = 1;
-        while out.len() < limit.max(1) {
+        while out.len() < limit {
             let got = self
                 .inner
                 .dead
@@ -78,19 +99,42 @@ impl JetStreamQueue {
                 Err(e) => return Err(err(e)),
             };
             seq = m.sequence + 1;
-            let headers = Some(&m.headers);
-            let id = m.sequence.to_string();
-            out.push(DeadLetter {
-                message: Message::decode(&m.payload)
-                    .unwrap_or_else(|| Message::undecodable(&id, &m.payload)),
-                id: EntryId::new(id),
-                attempts: header_u64(headers, H_BASE)
-                    .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-                error: header_text(headers, H_ERROR),
-                dead_at: time_of(header_u64(headers, H_DEAD_AT).unwrap_or(0)),
-            });
+            out.push(letter_of(&m));
         }
         Ok(out)
+    }
+
+    pub(super) async fn find_letter(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        let Ok(seq) = id.as_str().parse::<u64>() else {
+            return Ok(None);
+        };
+        match self.inner.dead.get_raw_message(seq).await {
+            Ok(m) => Ok(Some(letter_of(&m))),
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Deletes the dead letter `id` and its key's marker (while it says
+    /// dead-lettered): a later copy is queued again.
+    pub(super) async fn delete_letter(
+        &self,
+        id: &EntryId,
+    ) -> Result<Option<DeadLetter>, QueueError> {
+        let Some(letter) = self.find_letter(id).await? else {
+            return Ok(None);
+        };
+        let Ok(seq) = id.as_str().parse::<u64>() else {
+            return Ok(None);
+        };
+        match self.inner.dead.delete_message(seq).await {
+            Ok(true) => {}
+            // Replayed or deleted meanwhile by another call.
+            Ok(false) | Err(_) => return Ok(None),
+        }
+        self.forget_dead_marker(&hashed(&letter.message.key))
+            .await?;
+        Ok(Some(letter))
     }
 
     pub(super) async fn replay_letter(&self, id: &EntryId) -> Result<bool, QueueError> {
@@ -133,5 +177,19 @@ impl JetStreamQueue {
                 n += usize::from(self.replay_letter(&letter.id).await?);
             }
         }
+    }
+}
+
+/// A message of the dead-letter stream as a dead letter.
+fn letter_of(m: &async_nats::jetstream::message::StreamMessage) -> DeadLetter {
+    let headers = Some(&m.headers);
+    let id = m.sequence.to_string();
+    DeadLetter {
+        message: Message::decode(&m.payload)
+            .unwrap_or_else(|| Message::undecodable(&id, &m.payload)),
+        id: EntryId::new(id),
+        attempts: header_u64(headers, H_BASE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        error: header_text(headers, H_ERROR),
+        dead_at: time_of(header_u64(headers, H_DEAD_AT).unwrap_or(0)),
     }
 }

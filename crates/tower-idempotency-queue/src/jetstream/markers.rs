@@ -164,6 +164,22 @@ impl JetStreamQueue {
         Err(err("the key's marker kept changing"))
     }
 
+    /// Deletes the marker `marker` if it says dead-lettered.
+    pub(super) async fn forget_dead_marker(&self, marker: &str) -> Result<(), QueueError> {
+        let Some(entry) = self.inner.keys.entry(marker).await.map_err(err)? else {
+            return Ok(());
+        };
+        if entry.operation == kv::Operation::Put
+            && Marker::decode(&entry.value).map(|m| m.state) == Some(DEAD)
+        {
+            // Changed meanwhile (a replay of a copy): kept.
+            let _ = (self.inner.keys)
+                .delete_expect_revision(marker, Some(entry.revision))
+                .await;
+        }
+        Ok(())
+    }
+
     pub(super) async fn forget_key(&self, key: &str) -> Result<bool, QueueError> {
         let marker = hashed(key);
         let Some(entry) = self.inner.keys.entry(&marker).await.map_err(err)? else {

@@ -408,6 +408,25 @@ impl Queue for JetStreamQueue {
         self.list_dead(limit).await
     }
 
+    async fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let Some(start) = self.dead_start(after) else {
+            return Ok(Vec::new());
+        };
+        self.list_dead_from(start, limit).await
+    }
+
+    async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        self.find_letter(id).await
+    }
+
+    async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
+        self.delete_letter(id).await
+    }
+
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
         self.replay_letter(id).await
     }

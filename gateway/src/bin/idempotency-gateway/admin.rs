@@ -60,6 +60,11 @@ pub async fn start(
         .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
     let handle = install()?;
     zeros(series);
+    if let Some(admin) = &admin {
+        let samples = crate::samples::Samples::default();
+        samples.spawn(handle.clone());
+        admin.set_samples(samples);
+    }
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;
@@ -111,6 +116,12 @@ pub async fn start(
                 let (handle, store, dropped) = (handle.clone(), store.clone(), dropped.clone());
                 let (admin, queue) = (admin.clone(), queue.clone());
                 async move {
+                    if crate::console::is_console(req.uri().path()) {
+                        return Ok(match admin {
+                            Some(_) => crate::console::answer(req.method(), req.uri().path()),
+                            None => crate::admin_api::not_found(),
+                        });
+                    }
                     if req.uri().path().starts_with("/admin/") {
                         return match admin {
                             Some(admin) => admin.oneshot(req).await,

@@ -11,6 +11,8 @@
 //! axum would otherwise route to the `GET` handler).
 
 use crate::ack::GatewayQueue;
+use crate::admin_dead::{self, DeadFilter};
+use crate::pauses::PauseKeeper;
 use crate::store::GatewayStore;
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::middleware::{self, Next};
@@ -103,6 +105,26 @@ pub struct Admin {
     journal: Arc<OnceLock<Journal>>,
     stores: Arc<OnceLock<Arc<PickStore>>>,
     queue: Arc<OnceLock<GatewayQueue>>,
+    routes: Arc<OnceLock<Routes>>,
+    samples: Arc<OnceLock<crate::samples::Samples>>,
+}
+
+/// A configured route, for `GET /admin/routes`.
+#[derive(Debug, Clone)]
+pub struct RouteInfo {
+    /// Its prefix.
+    pub prefix: String,
+    /// Its preset's name, or `auto`.
+    pub preset: String,
+    /// Whether it acknowledges then delivers.
+    pub acked: bool,
+}
+
+/// The routes and where their pauses are kept.
+struct Routes {
+    keeper: PauseKeeper,
+    list: Vec<RouteInfo>,
+    upstream: String,
 }
 
 type Answer = Response<axum::body::Body>;
@@ -190,7 +212,23 @@ impl Admin {
             journal: Arc::default(),
             stores: Arc::default(),
             queue: Arc::default(),
+            routes: Arc::default(),
+            samples: Arc::default(),
         }
+    }
+
+    /// The request counters sampled for `GET /admin/stats`.
+    pub fn set_samples(&self, samples: crate::samples::Samples) {
+        let _ = self.samples.set(samples);
+    }
+
+    /// The configured routes (for `GET /admin/routes`) and their pauses.
+    pub fn set_routes(&self, keeper: PauseKeeper, list: Vec<RouteInfo>, upstream: String) {
+        let _ = self.routes.set(Routes {
+            keeper,
+            list,
+            upstream,
+        });
     }
 
     /// The queue whose key markers `forget` clears too.
@@ -277,6 +315,26 @@ impl Admin {
                 any(other_call).get(journal).head(other_call),
             )
             .route("/admin/keys", any(other_call).get(find).head(other_call))
+            .route(
+                "/admin/dead",
+                any(other_call).get(dead_list).head(other_call),
+            )
+            .route("/admin/dead/replay", any(other_call).post(dead_replay_all))
+            .route(
+                "/admin/dead/{id}",
+                any(other_call)
+                    .get(dead_show)
+                    .delete(dead_delete)
+                    .head(other_call),
+            )
+            .route("/admin/dead/{id}/replay", any(other_call).post(dead_replay))
+            .route(
+                "/admin/routes",
+                any(other_call).get(routes_list).head(other_call),
+            )
+            .route("/admin/stats", any(other_call).get(stats).head(other_call))
+            .route("/admin/routes/pause", any(other_call).post(route_pause))
+            .route("/admin/routes/resume", any(other_call).post(route_resume))
             // `{*key}` needs one character at least: the empty key is its own.
             .route("/admin/keys/", key.clone())
             .route("/admin/keys/{*key}", key)
@@ -566,4 +624,315 @@ async fn find(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
 
 async fn journal(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
     calls.admin.journal(&q).await
+}
+
+/// The queue, or 409 when no route acknowledges then delivers.
+fn queue_of(admin: &Admin) -> Result<&GatewayQueue, Box<Answer>> {
+    admin.queue.get().ok_or_else(|| {
+        Box::new(error(
+            StatusCode::CONFLICT,
+            "no queue: no route acknowledges then delivers (--ack-then-deliver)",
+        ))
+    })
+}
+
+/// `GET /admin/dead?[since=T][&until=T][&route=P][&error=TEXT][&limit=N][&cursor=C]`.
+async fn dead_list(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return *res,
+    };
+    let filter = match DeadFilter::parse(&q, &["limit", "cursor"]) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let limit = match param(&q, "limit") {
+        None => DEFAULT_LIMIT,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
+            _ => {
+                let e = format!("`limit` is a number from 1 to {MAX_LIMIT}");
+                return error(StatusCode::BAD_REQUEST, &e);
+            }
+        },
+    };
+    let cursor = param(&q, "cursor")
+        .filter(|c| !c.is_empty())
+        .map(tower_idempotency_queue::EntryId::new);
+    let stats = queue.stats().await.ok();
+    match admin_dead::page(queue, &filter, limit, cursor).await {
+        Ok((letters, next)) => {
+            let letters: Vec<Value> = letters.iter().map(admin_dead::summary).collect();
+            json_answer(
+                StatusCode::OK,
+                &json!({
+                    "dead_letters": letters,
+                    "total": stats.map(|s| s.dead),
+                    "next_cursor": next.map(|c| c.to_string()),
+                }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `GET /admin/dead/{id}`.
+async fn dead_show(State(calls): State<Calls>, Path(id): Path<String>) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return *res,
+    };
+    match admin_dead::show(queue, &id).await {
+        Ok(Some(v)) => json_answer(StatusCode::OK, &v),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "no such dead letter (replayed or deleted?)",
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `POST /admin/dead/{id}/replay[?force=true]`.
+async fn dead_replay(
+    State(calls): State<Calls>,
+    Path(id): Path<String>,
+    Pairs(q): Pairs,
+) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return *res,
+    };
+    if let Some((other, _)) = q.iter().find(|(k, _)| k != "force") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown parameter `{other}`"),
+        );
+    }
+    let force = match flag(&q, "force") {
+        Ok(f) => f,
+        Err(res) => return *res,
+    };
+    match admin_dead::replay_one(queue, &id, force).await {
+        Ok(admin_dead::ReplayOne::Replayed) => {
+            json_answer(StatusCode::OK, &json!({ "id": id, "replayed": true }))
+        }
+        Ok(admin_dead::ReplayOne::Absent) => error(
+            StatusCode::NOT_FOUND,
+            "no such dead letter (already replayed?)",
+        ),
+        Ok(admin_dead::ReplayOne::Unauthenticated) => error(
+            StatusCode::CONFLICT,
+            &admin_dead::unauthenticated_refusal(&id),
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// A boolean query parameter: absent is false.
+fn flag(q: &[(String, String)], name: &str) -> Result<bool, Box<Answer>> {
+    match param(q, name) {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1" | "") => Ok(true),
+        Some(_) => Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            &format!("`{name}` is true or false"),
+        ))),
+    }
+}
+
+/// `POST /admin/dead/replay?[since=T][&until=T][&route=P][&error=TEXT][&dry_run=true][&force=true]`.
+async fn dead_replay_all(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return *res,
+    };
+    let filter = match DeadFilter::parse(&q, &["dry_run", "force"]) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let (dry_run, force) = match (flag(&q, "dry_run"), flag(&q, "force")) {
+        (Ok(d), Ok(f)) => (d, f),
+        (Err(res), _) | (_, Err(res)) => return *res,
+    };
+    match admin_dead::replay_selected(queue, &filter, dry_run, force).await {
+        Ok(v) => json_answer(StatusCode::OK, &v),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `DELETE /admin/dead/{id}?[by=WHO][&reason=WHY]`.
+async fn dead_delete(
+    State(calls): State<Calls>,
+    Path(id): Path<String>,
+    Pairs(q): Pairs,
+) -> Answer {
+    let queue = match queue_of(&calls.admin) {
+        Ok(q) => q,
+        Err(res) => return *res,
+    };
+    let who = param(&q, "by").unwrap_or("admin API");
+    let why = param(&q, "reason").unwrap_or("no reason given");
+    let journal = calls.admin.journal.get();
+    match admin_dead::delete(queue, journal, &id, who, why).await {
+        Ok(Some(d)) => json_answer(
+            StatusCode::OK,
+            &json!({ "id": id, "deleted": true, "key": d.message.key }),
+        ),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "no such dead letter (replayed or deleted?)",
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+fn pause_json(info: &idempotency_gateway::proxy::PauseInfo) -> Value {
+    json!({
+        "since": rfc3339(info.since_ms),
+        "since_ms": info.since_ms,
+        "by": info.by,
+        "reason": info.reason,
+    })
+}
+
+/// The routes, or 409 before the gateway gave them.
+fn routes_of(admin: &Admin) -> Result<&Routes, Box<Answer>> {
+    (admin.routes.get())
+        .ok_or_else(|| Box::new(error(StatusCode::CONFLICT, "the routes are not known yet")))
+}
+
+/// `GET /admin/routes`: every route, its preset, upstream, mode and pause,
+/// and the queue's depth and dead letters (the whole queue's: said by
+/// `queue_scope`).
+async fn routes_list(State(calls): State<Calls>) -> Answer {
+    let routes = match routes_of(&calls.admin) {
+        Ok(r) => r,
+        Err(res) => return *res,
+    };
+    let queue = calls.admin.queue.get();
+    let stats = match queue {
+        Some(q) => tokio::time::timeout(STORE_TIMEOUT, q.stats())
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => None,
+    };
+    let mut out = Vec::new();
+    for r in &routes.list {
+        let paused = routes.keeper.pauses().get(&r.prefix);
+        let breaker = match (queue, r.acked) {
+            (Some(q), true) => {
+                let state = tokio::time::timeout(STORE_TIMEOUT, q.breaker_state(&r.prefix)).await;
+                match state {
+                    Ok(Ok(Some(s))) => json!(format!("{s:?}").to_lowercase()),
+                    _ => Value::Null,
+                }
+            }
+            _ => Value::Null,
+        };
+        let queued = match (&stats, r.acked) {
+            (Some(s), true) => json!({
+                "depth": s.depth, "dead_letters": s.dead, "scope": "queue",
+            }),
+            _ => Value::Null,
+        };
+        out.push(json!({
+            "prefix": r.prefix,
+            "preset": r.preset,
+            "upstream": routes.upstream,
+            "mode": if r.acked { "ack_then_deliver" } else { "synchronous" },
+            "paused": paused.as_ref().map(pause_json),
+            "breaker": breaker,
+            "queue": queued,
+        }));
+    }
+    json_answer(StatusCode::OK, &json!({ "routes": out }))
+}
+
+/// The configured route `?prefix=` names, or 400/404.
+fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str, Box<Answer>> {
+    let Some(prefix) = param(q, "prefix") else {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "`prefix` is needed",
+        )));
+    };
+    routes.keeper.route(prefix).ok_or_else(|| {
+        Box::new(error(
+            StatusCode::NOT_FOUND,
+            "no route has this prefix (GET /admin/routes lists them)",
+        ))
+    })
+}
+
+/// `POST /admin/routes/pause?prefix=P[&by=WHO][&reason=WHY]`.
+async fn route_pause(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let routes = match routes_of(&calls.admin) {
+        Ok(r) => r,
+        Err(res) => return *res,
+    };
+    let prefix = match named_route(routes, &q) {
+        Ok(p) => p,
+        Err(res) => return *res,
+    };
+    let since_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let info = idempotency_gateway::proxy::PauseInfo {
+        since_ms,
+        by: param(&q, "by")
+            .unwrap_or("admin API")
+            .chars()
+            .take(200)
+            .collect(),
+        reason: param(&q, "reason")
+            .unwrap_or("")
+            .chars()
+            .take(1000)
+            .collect(),
+    };
+    match routes.keeper.pause(prefix, info.clone()).await {
+        Ok(()) => {
+            info!(route = prefix, by = %info.by, reason = %info.reason, "admin: route paused");
+            json_answer(
+                StatusCode::OK,
+                &json!({ "prefix": prefix, "paused": pause_json(&info) }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `POST /admin/routes/resume?prefix=P`.
+async fn route_resume(State(calls): State<Calls>, Pairs(q): Pairs) -> Answer {
+    let routes = match routes_of(&calls.admin) {
+        Ok(r) => r,
+        Err(res) => return *res,
+    };
+    let prefix = match named_route(routes, &q) {
+        Ok(p) => p,
+        Err(res) => return *res,
+    };
+    match routes.keeper.resume(prefix).await {
+        Ok(was) => {
+            info!(route = prefix, was_paused = was, "admin: route resumed");
+            json_answer(
+                StatusCode::OK,
+                &json!({ "prefix": prefix, "paused": null, "was_paused": was }),
+            )
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
+    }
+}
+
+/// `GET /admin/stats`: this instance's request counters by outcome, read
+/// every 5 seconds over the last hour.
+async fn stats(State(calls): State<Calls>) -> Answer {
+    match calls.admin.samples.get() {
+        Some(samples) => json_answer(StatusCode::OK, &samples.json()),
+        None => json_answer(
+            StatusCode::OK,
+            &json!({ "interval_ms": 5000, "samples": [] }),
+        ),
+    }
 }

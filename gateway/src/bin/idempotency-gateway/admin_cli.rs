@@ -536,7 +536,8 @@ pub async fn call_ok(
     Ok((status, json))
 }
 
-fn default_by() -> String {
+/// `$USER@hostname`: who asks, unless `--by` says.
+pub fn default_by() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
     let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
     match host.trim() {

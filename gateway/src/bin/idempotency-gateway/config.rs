@@ -113,6 +113,9 @@ pub struct Settings {
     /// Prefix, target and the route's options (global values applied).
     pub routes: Vec<(String, Target, RouteOptions)>,
     pub metrics_listen: Option<SocketAddr>,
+    /// `--data-dir` (or its default): the paused routes are kept there with
+    /// the memory store.
+    pub data_dir: PathBuf,
     /// The metrics listener's certificate and key: it speaks HTTPS.
     pub admin_tls: Option<(PathBuf, PathBuf)>,
     pub upstream_timeout: Duration,
@@ -326,6 +329,8 @@ pub fn settings(args: Args) -> Result<Settings, String> {
         backstop,
         routes,
         metrics_listen: admin_at.listen,
+        data_dir: (args.data_dir.clone().or(file.data_dir.clone()))
+            .unwrap_or_else(|| PathBuf::from(crate::ack::DEFAULT_DATA_DIR)),
         admin_tls: admin_at.tls,
         upstream_timeout: args
             .upstream_timeout

@@ -28,8 +28,10 @@ mod ack;
 mod admin;
 mod admin_api;
 mod admin_cli;
+mod admin_dead;
 mod cli;
 mod config;
+mod console;
 mod dlq;
 mod escape;
 mod limit;
@@ -37,9 +39,12 @@ mod logging;
 mod otel;
 mod pace;
 mod parse;
+mod pause_cli;
+mod pauses;
 mod presets;
 mod reconcile;
 mod routes;
+mod samples;
 mod serve;
 mod spanned;
 mod store;
@@ -99,7 +104,20 @@ fn main() -> ExitCode {
             dlq::Command::Forget(a) => Some(admin_cli::Call::Forget(a)),
             dlq::Command::Journal(a) => Some(admin_cli::Call::Journal(a)),
             dlq::Command::Dlq { .. } | dlq::Command::Reconcile(_) => None,
+            dlq::Command::Pause(_) | dlq::Command::Resume(_) => None,
         };
+        if let dlq::Command::Pause(_) | dlq::Command::Resume(_) = cmd {
+            return match config::admin_only(&args) {
+                Ok((listen, token)) => match pause_cli::run(cmd, token.as_ref(), &listen) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(msg) => {
+                        eprintln!("gateway: {msg}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(msg) => usage_error(&msg),
+            };
+        }
         if let Some(call) = admin {
             let (listen, token) = match config::admin_only(&args) {
                 Ok(found) => found,
@@ -113,11 +131,38 @@ fn main() -> ExitCode {
                 }
             };
         }
+        let dlq::Command::Dlq { offline, action } = cmd else {
+            return usage_error("not a dlq command");
+        };
+        if !offline {
+            let (listen, token) = match config::admin_only(&args) {
+                Ok(found) => found,
+                Err(msg) => return usage_error(&msg),
+            };
+            if let Some(token) = token {
+                return match dlq::run_admin(action, &token, &listen) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(msg) => {
+                        eprintln!("gateway: {msg}");
+                        ExitCode::FAILURE
+                    }
+                };
+            }
+            eprintln!(
+                "gateway: no admin token (--admin-token-file): working on the queue directly \
+                 (--data-dir, --queue); stop a gateway using the embedded queue first"
+            );
+        } else {
+            eprintln!(
+                "gateway: --offline: working on the queue directly (--data-dir, --queue); \
+                 stop a gateway using the embedded queue first"
+            );
+        }
         let queue = match config::queue_only(&args) {
             Ok(queue) => queue,
             Err(msg) => return usage_error(&msg),
         };
-        return match dlq::run(cmd, &queue) {
+        return match dlq::run(action, &queue) {
             Ok(()) => ExitCode::SUCCESS,
             Err(msg) => {
                 eprintln!("gateway: {}", store::redact_text(&msg));
@@ -401,6 +446,27 @@ async fn run(
             "traces exported over OTLP"
         );
     }
+    // The paused routes, read before the first request and every half
+    // second after.
+    let prefixes = settings.routes.iter().map(|(p, _, _)| p.clone()).collect();
+    let keeper = pauses::PauseKeeper::new(&store, memory, settings.data_dir.clone(), prefixes);
+    if let Err(e) = keeper.refresh().await {
+        warn!(error = %store::redact_text(&e), "cannot read the paused routes yet; none is held until they can be read");
+    }
+    keeper.spawn_poller();
+    if let Some(admin) = &admin {
+        let routes = (settings.routes.iter())
+            .map(|(p, t, o)| admin_api::RouteInfo {
+                prefix: p.clone(),
+                preset: match t {
+                    Target::Preset(preset) => preset.name().to_owned(),
+                    Target::Auto => "auto".to_owned(),
+                },
+                acked: o.is_ack_then_deliver(),
+            })
+            .collect();
+        admin.set_routes(keeper.clone(), routes, settings.upstream.to_string());
+    }
     // One tracker for every gateway: the drain waits for all their work.
     let tasks = TaskTracker::new();
     // One cap for the upstream, across the serving threads and the queue's
@@ -455,6 +521,7 @@ async fn run(
         if let Some(queue) = &sealed {
             builder = builder.queue(queue.clone());
         }
+        builder = builder.pauses(keeper.pauses().clone());
         // The journal reads each notification's body for its business ids.
         builder = builder.capture_requests(settings.journal.is_some());
         // The key, the route and the upstream's answer in each response:

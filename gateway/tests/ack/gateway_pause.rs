@@ -1,0 +1,216 @@
+//! Pausing a route of the running gateway (`gateway pause`, `gateway
+//! resume`, `/admin/routes`): nothing reaches a paused route's upstream; a
+//! channel route answers new copies with the channel's failure reply and
+//! still replays completed keys; an acknowledge-then-deliver route keeps
+//! acknowledging and queueing, and delivers each notification once after
+//! `resume`; a pause on one instance holds on a second instance on the
+//! same Redis, and a restart keeps it.
+
+use super::gateway_ack::{admin_cli, gauge, notification, own_redis, wait_for, Upstream};
+use crate::gateway_support::{get, temp_path, Proc};
+use test_support::common::vectors::{WECHAT_FAIL, WECHAT_SUCCESS};
+use test_support::common::{client, free_addr, post};
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const TOKEN: &str = "s3cret-admin-token-0123456789";
+
+fn token_file(tag: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let token = temp_path(tag);
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    token
+}
+
+/// A gateway with the WeChat Pay route `/wx` (synchronous unless `extra`
+/// says otherwise), its admin API on `metrics`.
+fn start(upstream: SocketAddr, metrics: SocketAddr, token: &Path, extra: &[&str]) -> Proc {
+    let (upstream, metrics) = (format!("http://{upstream}"), metrics.to_string());
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream,
+        "--route",
+        "/wx=wechatpay-v3",
+        "--metrics-listen",
+        &metrics,
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(&args, &[], Stdio::inherit())
+}
+
+/// Posts notification `id` to `gw`: its status and body.
+async fn send(gw: SocketAddr, id: &str) -> (u16, String) {
+    let headers = [("content-type", "application/json")];
+    let answer = post(&client(), gw, "/wx/notify", &headers, notification(id)).await;
+    (answer.status, answer.text())
+}
+
+/// `paused` of the route `/wx` in `GET /admin/routes`.
+async fn paused_of(metrics: SocketAddr) -> serde_json::Value {
+    use http_body_util::BodyExt as _;
+    let req = http::Request::get(format!("http://{metrics}/admin/routes"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = client().request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    super::gateway_dead_api::as_documented("get", "/admin/routes", 200, &v);
+    (v["routes"].as_array().into_iter().flatten())
+        .find(|r| r["prefix"] == "/wx")
+        .map(|r| r["paused"].clone())
+        .unwrap_or_else(|| panic!("no route /wx in {v}"))
+}
+
+/// `idempotency_route_paused{route="/wx"}`.
+fn paused_gauge(metrics: SocketAddr) -> Option<f64> {
+    let (_, body) = get(metrics, "/metrics");
+    body.lines()
+        .find(|l| l.starts_with("idempotency_route_paused{") && l.contains("route=\"/wx\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_on_one_instance_holds_on_another_on_the_same_redis() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = own_redis() else {
+        return;
+    };
+    let (up, up_addr) = Upstream::start(false).await;
+    let token = token_file("pause-redis-token");
+    let store = redis.url();
+    let (ma, mb) = (free_addr(), free_addr());
+    let a = start(up_addr, ma, &token, &["--store", &store]);
+    let b = start(up_addr, mb, &token, &["--store", &store]);
+    let run = std::process::id();
+    let (done, held) = (
+        format!("EV-PAUSE-DONE-{run}"),
+        format!("EV-PAUSE-HELD-{run}"),
+    );
+    assert_eq!(send(b.addr, &done).await, (200, WECHAT_SUCCESS.to_owned()));
+    assert_eq!(paused_gauge(mb), Some(0.0));
+
+    let (code, out, err) = admin_cli(ma, &token, &["pause", "/wx", "--reason", "upstream deploy"]);
+    assert_eq!((code, out.trim()), (0, "paused /wx"), "{err}");
+    // The second instance reads it from the store.
+    wait_for(
+        "the pause on the second instance",
+        Duration::from_secs(10),
+        move || paused_gauge(mb) == Some(1.0),
+    )
+    .await;
+    let paused = paused_of(mb).await;
+    assert_eq!(paused["reason"], "upstream deploy", "{paused}");
+    assert!(paused["since"].is_string(), "{paused}");
+    // A new notification gets the channel's failure reply (it retries
+    // later) and nothing reaches the upstream; a completed key's copy is
+    // still replayed.
+    for gw in [a.addr, b.addr] {
+        let (status, body) = send(gw, &held).await;
+        assert_ne!(status, 200);
+        assert_eq!(body, WECHAT_FAIL);
+        assert_eq!(send(gw, &done).await, (200, WECHAT_SUCCESS.to_owned()));
+    }
+    assert_eq!(
+        up.counts().get(&held),
+        None,
+        "a paused route reached its upstream"
+    );
+    assert_eq!(up.counts().get(&done), Some(&1));
+
+    let (code, out, err) = admin_cli(mb, &token, &["resume", "/wx"]);
+    assert_eq!((code, out.trim()), (0, "resumed /wx"), "{err}");
+    wait_for(
+        "the resume on the first instance",
+        Duration::from_secs(10),
+        move || paused_gauge(ma) == Some(0.0),
+    )
+    .await;
+    assert_eq!(send(a.addr, &held).await, (200, WECHAT_SUCCESS.to_owned()));
+    assert_eq!(up.counts().get(&held), Some(&1));
+    // An unknown route is refused, and says so.
+    let (code, _, err) = admin_cli(ma, &token, &["pause", "/nowhere"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no route has this prefix"), "{err}");
+    let _ = std::fs::remove_file(token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_kept_across_a_restart_and_an_ack_route_delivers_once_after_resume() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let (up, up_addr) = Upstream::start(false).await;
+    let token = token_file("pause-restart-token");
+    let dir = temp_path("pause-restart");
+    let metrics = free_addr();
+    let extra = [
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--ack-then-deliver",
+        "/wx",
+        "--retry-backoff",
+        "200ms",
+    ];
+    let gw = start(up_addr, metrics, &token, &extra);
+    let (code, out, err) = admin_cli(metrics, &token, &["pause", "/wx", "--reason", "repair"]);
+    assert_eq!((code, out.trim()), (0, "paused /wx"), "{err}");
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+
+    // Restarted on the same data directory: still paused.
+    let gw = start(up_addr, metrics, &token, &extra);
+    let paused = paused_of(metrics).await;
+    assert_eq!(paused["reason"], "repair", "{paused}");
+    assert_eq!(paused_gauge(metrics), Some(1.0));
+    // Acknowledged and queued, not delivered.
+    let ids: Vec<String> = (0..5)
+        .map(|i| format!("EV-PAUSE-ACK-{i}-{}", std::process::id()))
+        .collect();
+    for id in &ids {
+        assert_eq!(send(gw.addr, id).await, (200, WECHAT_SUCCESS.to_owned()));
+    }
+    wait_for("five queued", Duration::from_secs(30), move || {
+        gauge(metrics, "idempotency_queue_depth") == Some(5.0)
+    })
+    .await;
+    // Past a few of the route's backoffs, still nothing delivered, nothing
+    // dead-lettered.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        up.counts().is_empty(),
+        "a paused route delivered: {:?}",
+        up.counts()
+    );
+    assert_eq!(gauge(metrics, "idempotency_queue_dead_letters"), Some(0.0));
+    assert_eq!(gauge(metrics, "idempotency_queue_depth"), Some(5.0));
+
+    let (code, _, err) = admin_cli(metrics, &token, &["resume", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    let probe = up.clone();
+    wait_for(
+        "every delivery after resume",
+        Duration::from_secs(60),
+        move || probe.counts().len() == 5,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts = up.counts();
+    for id in &ids {
+        assert_eq!(counts.get(id), Some(&1), "{counts:?}");
+    }
+    assert_eq!(paused_of(metrics).await, serde_json::Value::Null);
+    up.down.store(false, Ordering::SeqCst);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(token);
+}

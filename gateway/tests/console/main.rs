@@ -1,0 +1,333 @@
+//! The console at `/console/` in a real browser: headless Chromium driven
+//! over WebDriver (Debian's `chromium` and `chromium-driver`). It logs in
+//! with the token, pauses and resumes a route, replays a dead letter,
+//! finds a journal record by id, and runs nothing a sender wrote (a body
+//! holding `<script>` and `<img onerror>` shows as text).
+
+#[path = "../gateway_support/mod.rs"]
+mod gateway_support;
+
+use fantoccini::{ClientBuilder, Locator};
+use gateway_support::{temp_path, Proc};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use test_support::common::upstream::{Replies, Upstream};
+use test_support::common::vectors::fixture;
+use test_support::common::{client, free_addr, post};
+
+const TOKEN: &str = "s3cret-admin-token-0123456789";
+const ATTACK: &str = r#"<script>window.__xss=1</script><img src=x onerror="window.__xss=2">"#;
+
+/// `chromedriver` and `chromium`, or `None` (said loudly) outside CI when
+/// either is missing.
+fn browser() -> Option<()> {
+    let found = |bin: &str| {
+        Command::new(bin)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if found("chromedriver") && found("chromium") {
+        return Some(());
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "chromium or chromedriver is missing in CI: .ci/run installs Debian's chromium and chromium-driver"
+    );
+    eprintln!(
+        "SKIPPED: chromium or chromedriver not found (apt-get install -y chromium chromium-driver)"
+    );
+    None
+}
+
+/// Kills the chromedriver it holds when dropped.
+struct Driver(std::process::Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn admin_get(metrics: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    use http_body_util::BodyExt as _;
+    let req = http::Request::get(format!("http://{metrics}{path}"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = client().request(req).await.unwrap();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+async fn wait_until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !done().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_sender_wrote() {
+    let Some(()) = browser() else { return };
+    let started = Instant::now();
+    // The upstream down until the dead letter is replayed.
+    let down = Arc::new(AtomicBool::new(true));
+    let flag = down.clone();
+    let replies = Replies::default().status(move |_| {
+        if flag.load(Ordering::SeqCst) {
+            503
+        } else {
+            200
+        }
+    });
+    let up = Upstream::with(replies).await;
+    let token = temp_path("console-token");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let dir = temp_path("console-data");
+    let metrics = free_addr();
+    let (upstream, metrics_arg) = (up.url(), metrics.to_string());
+    let gw = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--max-attempts",
+            "1",
+            "--journal",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--metrics-listen",
+            &metrics_arg,
+            "--admin-token-file",
+            token.to_str().unwrap(),
+        ],
+        &[],
+        Stdio::inherit(),
+    );
+    // A notification whose body holds markup: it dies (one attempt).
+    let id = format!("EV-CONSOLE-{}", std::process::id());
+    let doc = fixture("wechatpay_v3_notify_official_doc_transaction_success.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+    v["id"] = id.clone().into();
+    v["summary"] = ATTACK.into();
+    let headers = [("content-type", "application/json")];
+    let answer = post(&client(), gw.addr, "/wx/notify", &headers, v.to_string()).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    wait_until("the dead letter", || async {
+        admin_get(metrics, "/admin/dead").await["dead_letters"]
+            .as_array()
+            .is_some_and(|d| d.len() == 1)
+    })
+    .await;
+
+    // The page: only itself, by its policy.
+    let raw = gateway_support::raw_http(
+        metrics,
+        "GET /console/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let status = &raw[9..12];
+    assert_eq!(status, "200", "{raw}");
+    let csp = raw
+        .lines()
+        .find_map(|l| l.strip_prefix("content-security-policy: "))
+        .unwrap_or_else(|| panic!("no CSP in {raw}"));
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(
+        !raw.contains("http://") && !raw.contains("https://"),
+        "an outside reference: {raw}"
+    );
+
+    let port = free_addr().port();
+    let profile = temp_path("console-chromium");
+    let _driver = Driver(
+        Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
+        "goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }
+    }))
+    .unwrap();
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let mut browser = None;
+    for _ in 0..100 {
+        let mut builder = ClientBuilder::new(connector.clone());
+        builder.capabilities(caps.clone());
+        match builder.connect(&format!("http://127.0.0.1:{port}")).await {
+            Ok(c) => {
+                browser = Some(c);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let c = browser.expect("chromedriver did not start");
+    let page = format!("http://{metrics}/console/");
+    c.goto(&page).await.unwrap();
+    c.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login-button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let wait = || c.wait().at_most(Duration::from_secs(30));
+    // Pause, then resume, the route from its buttons.
+    wait()
+        .for_element(Locator::Id("pause-_wx"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait().for_element(Locator::Id("resume-_wx")).await.unwrap();
+    let routes = admin_get(metrics, "/admin/routes").await;
+    assert!(routes["routes"][0]["paused"].is_object(), "{routes}");
+    c.find(Locator::Id("resume-_wx"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait().for_element(Locator::Id("pause-_wx")).await.unwrap();
+    let routes = admin_get(metrics, "/admin/routes").await;
+    assert!(routes["routes"][0]["paused"].is_null(), "{routes}");
+
+    // The dead letter's detail shows the markup as text, and runs none.
+    let first = wait()
+        .for_element(Locator::Css("#dead tbody tr td"))
+        .await
+        .unwrap();
+    first.click().await.unwrap();
+    let detail = wait()
+        .for_element(Locator::Css("#dead-detail"))
+        .await
+        .unwrap();
+    wait_until("the dead letter's detail", || async {
+        detail.text().await.unwrap_or_default().contains(&id)
+    })
+    .await;
+    let shown = detail.text().await.unwrap();
+    assert!(
+        shown.contains(r#"<script>window.__xss=1</script>"#),
+        "{shown}"
+    );
+    assert!(shown.contains("onerror="), "{shown}");
+    // Replayed from its button: delivered once.
+    down.store(false, Ordering::SeqCst);
+    c.find(Locator::Css("#dead tbody button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_until("the replayed delivery", || async {
+        up.seen().iter().any(|s| s.status == 200)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(up.seen().iter().filter(|s| s.status == 200).count(), 1);
+
+    // The journal record, found by the channel's id.
+    c.find(Locator::Id("journal-id"))
+        .await
+        .unwrap()
+        .send_keys(&id)
+        .await
+        .unwrap();
+    c.find(Locator::Id("journal-search"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let record = wait()
+        .for_element(Locator::Css(".journal-record td"))
+        .await
+        .unwrap();
+    assert!(record.text().await.unwrap().ends_with(&id));
+    record.click().await.unwrap();
+    let detail = c
+        .find(Locator::Id("journal-detail"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(detail.contains("\"route\": \"/wx\""), "{detail}");
+
+    // The charts read the instance's samples (one every 5 s).
+    wait_until("two samples", || async {
+        admin_get(metrics, "/admin/stats").await["samples"]
+            .as_array()
+            .is_some_and(|s| s.len() >= 2)
+    })
+    .await;
+    let stats = admin_get(metrics, "/admin/stats").await;
+    assert!(stats["samples"][0]["requests"].is_object(), "{stats}");
+    let legend = c.find(Locator::Id("chart-ratio-legend")).await.unwrap();
+    wait_until("the charts", || async {
+        legend
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("duplicate ratio (")
+    })
+    .await;
+    // Nothing a sender wrote ran, and no element came of it; the token
+    // never went into a URL.
+    let ran = c
+        .execute("return [typeof window.__xss, document.querySelectorAll('img').length, document.querySelectorAll('#main script').length];", vec![])
+        .await
+        .unwrap();
+    assert_eq!(ran, serde_json::json!(["undefined", 0, 0]));
+    let url = c.current_url().await.unwrap();
+    assert!(!url.as_str().contains(TOKEN), "{url}");
+    c.close().await.unwrap();
+    drop(gw);
+    eprintln!("console browser test took {:?}", started.elapsed());
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(profile);
+    let _ = std::fs::remove_file(token);
+}
