@@ -131,9 +131,12 @@ async fn forged_entries_are_dead_lettered(queue: &[&str], inject: impl AsyncFnOn
     let up = Upstream::start().await;
     let secret = secret_file();
     let metrics = free_addr().to_string();
+    let token = crate::gateway_dead_api::token_file("sealed-admin-token");
     let args = [
         queue,
         &[
+            "--admin-token-file",
+            token.to_str().unwrap(),
             "--queue-secret-file",
             secret.to_str().unwrap(),
             "--route",
@@ -205,6 +208,31 @@ async fn forged_entries_are_dead_lettered(queue: &[&str], inject: impl AsyncFnOn
     assert_eq!((code, out.trim()), (0, "replayed 0"));
     let (code, out, _) = dlq(queue, &["replay", "--error", "unauthenticated"]);
     assert_eq!((code, out.trim()), (0, "replayed 0"));
+    // The same through the running gateway's admin API (and `dlq` with the
+    // token, its client).
+    let (status, json) =
+        crate::gateway_dead_api::admin_call(m, "POST", &format!("/admin/dead/{id}/replay")).await;
+    assert_eq!(status, 403, "{json}");
+    assert!(
+        json["error"].as_str().unwrap().contains("unauthenticated"),
+        "{json}"
+    );
+    let (status, json) = crate::gateway_dead_api::admin_call(m, "POST", "/admin/dead/replay").await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(
+        (
+            json["replayed"].as_u64(),
+            json["refused_unauthenticated"].as_u64()
+        ),
+        (Some(0), Some(2)),
+        "{json}"
+    );
+    let (code, _, err) = super::gateway_ack::admin_cli(m, &token, &["dlq", "replay", id]);
+    assert_eq!(code, 1, "refused: {err}");
+    assert!(
+        err.contains("unauthenticated") && err.contains("--force"),
+        "{err}"
+    );
     // Forced: queued again, checked again, dead-lettered again.
     let (code, out, err) = dlq(queue, &["replay", "--force", id]);
     assert_eq!(code, 0, "{out}{err}");
@@ -217,6 +245,7 @@ async fn forged_entries_are_dead_lettered(queue: &[&str], inject: impl AsyncFnOn
     assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
     drop(gw);
     let _ = std::fs::remove_file(secret);
+    let _ = std::fs::remove_file(token);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

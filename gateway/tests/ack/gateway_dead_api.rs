@@ -18,7 +18,7 @@ use std::time::Duration;
 
 const TOKEN: &str = "s3cret-admin-token-0123456789";
 
-fn token_file(tag: &str) -> PathBuf {
+pub(crate) fn token_file(tag: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt as _;
     let token = temp_path(tag);
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
@@ -27,7 +27,11 @@ fn token_file(tag: &str) -> PathBuf {
 }
 
 /// `METHOD path` on the admin API with the token: status and JSON.
-async fn admin_call(metrics: SocketAddr, method: &str, path: &str) -> (u16, serde_json::Value) {
+pub(crate) async fn admin_call(
+    metrics: SocketAddr,
+    method: &str,
+    path: &str,
+) -> (u16, serde_json::Value) {
     let req = http::Request::builder()
         .method(method)
         .uri(format!("http://{metrics}{path}"))

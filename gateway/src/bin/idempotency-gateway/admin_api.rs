@@ -721,7 +721,7 @@ async fn dead_replay(
             "no such dead letter (already replayed?)",
         ),
         Ok(admin_dead::ReplayOne::Unauthenticated) => error(
-            StatusCode::CONFLICT,
+            StatusCode::FORBIDDEN,
             &admin_dead::unauthenticated_refusal(&id),
         ),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),

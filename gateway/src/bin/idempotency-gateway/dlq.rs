@@ -303,7 +303,7 @@ async fn admin(action: &Dlq, token: &str, at: &AdminAt) -> Result<(), String> {
                 200 if json_out => writeln!(out, "{json}").map_err(write_err)?,
                 200 => writeln!(out, "replayed {}", shown(id)).map_err(write_err)?,
                 404 => return Err(format!("no dead letter {} (already replayed?)", shown(id))),
-                409 => return Err(crate::admin_dead::unauthenticated_refusal(&shown(id))),
+                403 => return Err(crate::admin_dead::unauthenticated_refusal(&shown(id))),
                 _ => return Err(failed(status, &json)),
             }
         }
