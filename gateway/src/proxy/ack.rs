@@ -69,6 +69,7 @@ enum Kind {
     Permanent,
     Kept,
     Held,
+    Paused,
 }
 
 impl DeliveryError {
@@ -84,6 +85,15 @@ impl DeliveryError {
         Self {
             kind: Kind::Permanent,
             ..Self::new(message)
+        }
+    }
+
+    fn paused(path: &str) -> Self {
+        Self {
+            kind: Kind::Paused,
+            ..Self::new(format!(
+                "the route of {path} is paused: held until it resumes"
+            ))
         }
     }
 
@@ -137,6 +147,7 @@ impl Failure for DeliveryError {
             Kind::Permanent => Disposition::Permanent,
             Kind::Kept => Disposition::Keep,
             Kind::Held => Disposition::Hold,
+            Kind::Paused => Disposition::Pause,
         }
     }
 }
@@ -345,6 +356,11 @@ impl<S: Store> Gateway<S> {
                 "the route of {path} guards no channel this notification is from: kept until one delivers it"
             )));
         };
+        // A paused route's entry is held before anything runs: no claim in
+        // the store, no call; looked at again only after a long wait.
+        if route.pause.as_ref().is_some_and(|gate| gate.holds(&path)) {
+            return Err(DeliveryError::paused(&path));
+        }
         // A panic below is caught as on a request (500, counted as
         // panicked): the delivery fails and is retried.
         let mut req = message.to_request();
@@ -391,11 +407,8 @@ impl<S: Store> Gateway<S> {
             _ => {}
         }
         if paused {
-            // Held without counting, and looked at again only now and then
-            // (not at the route's backoff), until the route resumes.
-            Err(DeliveryError::kept(format!(
-                "the route of {path} is paused: held until it resumes"
-            )))
+            // Paused since the check above: held as there.
+            Err(DeliveryError::paused(&path))
         } else if status.is_success() {
             Ok(Delivered { status, upstream })
         } else if let Some(

@@ -356,6 +356,7 @@ impl<S: Store> GatewayBuilder<S> {
                 issuer,
                 ack,
                 deliver,
+                pause: pauses.as_ref().map(|p| p.gate(prefix)),
             }
         });
         // Unguarded requests, all routes together, hold a share too.

@@ -109,6 +109,8 @@ pub(super) struct Route<S> {
     /// the one in `stacks`: the same without verification (a notification
     /// is verified once, when it is queued).
     pub(super) deliver: Option<Stack<S>>,
+    /// The route's pause, asked before a queued delivery runs.
+    pub(super) pause: Option<super::pause::PauseGate>,
 }
 
 /// A whole idempotency gateway as one tower service: each request goes to

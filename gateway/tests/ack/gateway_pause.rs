@@ -214,3 +214,91 @@ async fn pause_kept_across_a_restart_and_an_ack_route_delivers_once_after_resume
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_file(token);
 }
+
+/// `idempotency_queue_attempts_total{result}` of the gateway's queue.
+fn attempts(metrics: SocketAddr, result: &str) -> f64 {
+    let (_, body) = get(metrics, "/metrics");
+    body.lines()
+        .find(|l| {
+            l.starts_with("idempotency_queue_attempts_total{")
+                && l.contains("queue=\"gateway\"")
+                && l.contains(&format!("result=\"{result}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_routes_held_entries_neither_spin_nor_stall_another_route() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let (up, up_addr) = Upstream::start(false).await;
+    let token = token_file("pause-held-token");
+    let dir = temp_path("pause-held");
+    let metrics = free_addr();
+    let extra = [
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--route",
+        "/wy=wechatpay-v3",
+        "--ack-then-deliver",
+        "/wx",
+        "--ack-then-deliver",
+        "/wy",
+    ];
+    let gw = start(up_addr, metrics, &token, &extra);
+    let (code, _, err) = admin_cli(metrics, &token, &["pause", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    const HELD: usize = 300;
+    let tag = std::process::id();
+    let http = client();
+    let headers = [("content-type", "application/json")];
+    for i in 0..HELD {
+        let id = format!("EV-HELD-{i}-{tag}");
+        let answer = post(&http, gw.addr, "/wx/notify", &headers, notification(&id)).await;
+        assert_eq!(answer.text(), WECHAT_SUCCESS);
+    }
+    // Each held entry looked at once, then left alone for a long while.
+    wait_for(
+        "every held entry looked at",
+        Duration::from_secs(60),
+        move || attempts(metrics, "paused") >= HELD as f64,
+    )
+    .await;
+    let looked = attempts(metrics, "paused");
+    // Another route delivers meanwhile, each notification once.
+    let live: Vec<String> = (0..5).map(|i| format!("EV-LIVE-{i}-{tag}")).collect();
+    for id in &live {
+        let answer = post(&http, gw.addr, "/wy/notify", &headers, notification(id)).await;
+        assert_eq!(answer.text(), WECHAT_SUCCESS);
+    }
+    let probe = up.clone();
+    let want = live.clone();
+    wait_for(
+        "the other route's deliveries",
+        Duration::from_secs(30),
+        move || {
+            let counts = probe.counts();
+            want.iter().all(|id| counts.contains_key(id))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let again = attempts(metrics, "paused") - looked;
+    assert!(
+        again < (HELD / 2) as f64,
+        "held entries handed out again {again} times within 12 s: a busy loop"
+    );
+    let counts = up.counts();
+    assert!(
+        counts.keys().all(|id| id.starts_with("EV-LIVE-")),
+        "a paused route delivered: {counts:?}"
+    );
+    assert!(
+        live.iter().all(|id| counts.get(id) == Some(&1)),
+        "{counts:?}"
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(token);
+}

@@ -32,6 +32,11 @@ pub enum Disposition {
     /// failed): due again after the backoff, the attempt not counted, and
     /// no sign of the upstream's health.
     Hold,
+    /// Held while its route is paused: handed out again only after a long
+    /// wait (not the backoff), so that the entries of a paused route cost
+    /// next to nothing while they wait; the attempt not counted, never
+    /// dead-lettered for it, and no sign of the upstream's health.
+    Pause,
 }
 
 /// The error of a failed delivery, as a queue's worker settles it: its text
