@@ -13,8 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::codec::{decode, encode};
 use tower_idempotency::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
-    Watch,
+    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError, Watch,
 };
 use tower_idempotency::Fingerprint;
 

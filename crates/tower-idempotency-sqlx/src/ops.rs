@@ -428,7 +428,9 @@ impl SqlStore {
         watched: bool,
     ) -> Result<Claim, StoreError> {
         if tokio::runtime::Handle::try_current().is_err() {
-            return self.claim_now(key, fingerprint, token, lease, watched).await;
+            return self
+                .claim_now(key, fingerprint, token, lease, watched)
+                .await;
         }
         /// Tells the task that its caller is gone.
         struct Gone(Arc<AtomicBool>);
@@ -447,7 +449,9 @@ impl SqlStore {
                     "sql claim: the caller gave up",
                 ));
             }
-            let claim = store.claim_now(&key, fingerprint, token, lease, watched).await;
+            let claim = store
+                .claim_now(&key, fingerprint, token, lease, watched)
+                .await;
             if gone.load(Ordering::Acquire) && matches!(claim, Ok(Claim::Acquired(_))) {
                 // Nobody will run it: free the key now, not after the lease.
                 let _ = store.release(&key, token).await;

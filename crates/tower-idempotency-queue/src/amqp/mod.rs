@@ -60,6 +60,9 @@ struct Inner<S> {
     next_lease: AtomicU64,
     /// Slot id → (record key, owner).
     slots: Mutex<HashMap<u64, (String, OwnerToken)>>,
+    /// Per lane: where the next look at its shared slots starts, and until
+    /// when they are known all taken.
+    slot_scans: Mutex<HashMap<String, pace::SlotScan>>,
     /// Entries this instance put in a delay queue: id → when due. The
     /// broker moves an entry back into the queue once due, and counts it in
     /// neither while it moves: `stats` counts it meanwhile (until it is
@@ -237,6 +240,7 @@ impl<S: Store> AmqpQueue<S> {
                 held: Mutex::new(HashMap::new()),
                 next_lease: AtomicU64::new(1),
                 slots: Mutex::new(HashMap::new()),
+                slot_scans: Mutex::new(HashMap::new()),
                 backing_off: Mutex::new(HashMap::new()),
                 feed: tokio::sync::Mutex::new(None),
             }),

@@ -81,7 +81,11 @@ impl<F: Store, B: Store> TieredStore<F, B> {
     ) -> Result<Claim, StoreError> {
         let front = match watched {
             true => self.front.claim(key, fingerprint, token, lease).await,
-            false => self.front.claim_unwatched(key, fingerprint, token, lease).await,
+            false => {
+                self.front
+                    .claim_unwatched(key, fingerprint, token, lease)
+                    .await
+            }
         };
         let front_held = match front {
             Ok(Claim::Acquired(_)) => true,
@@ -91,7 +95,11 @@ impl<F: Store, B: Store> TieredStore<F, B> {
         };
         let back = match watched {
             true => self.back.claim(key, fingerprint, token, lease).await,
-            false => self.back.claim_unwatched(key, fingerprint, token, lease).await,
+            false => {
+                self.back
+                    .claim_unwatched(key, fingerprint, token, lease)
+                    .await
+            }
         };
         if front_held && !matches!(back, Ok(Claim::Acquired(_))) {
             // Completed or in flight behind (the front lost its data, or

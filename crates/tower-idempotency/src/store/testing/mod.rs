@@ -195,7 +195,10 @@ pub async fn unwatched_claim_answers_as_claim<S: Store>(store: S) {
         .unwrap();
     assert!(matches!(got, Claim::Acquired(t) if t == again), "{got:?}");
     let rec = record(fp("again"), false, false);
-    assert!(store.complete(&key, again, rec.clone(), WINDOW).await.unwrap());
+    assert!(store
+        .complete(&key, again, rec.clone(), WINDOW)
+        .await
+        .unwrap());
     let found = store
         .claim_unwatched(&key, fp("again"), OwnerToken::new(), LEASE)
         .await
