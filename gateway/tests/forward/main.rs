@@ -7,9 +7,9 @@ mod gateway_deadline;
 mod gateway_flags;
 mod gateway_limits;
 mod gateway_paths;
+mod gateway_readme;
 mod gateway_pool_hygiene;
 mod gateway_presets;
-mod gateway_readme;
 mod gateway_stream;
 #[path = "../gateway_support/mod.rs"]
 mod gateway_support;
