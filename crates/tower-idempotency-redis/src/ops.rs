@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::codec::{decode, encode};
 use tower_idempotency::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
+    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError, Watch,
 };
 use tower_idempotency::Fingerprint;
 
@@ -28,64 +28,18 @@ where
         token: OwnerToken,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        self.check_epoch_soon();
-        let key = self.full_key(key);
-        if let Some(record) = self.local.as_ref().and_then(|local| local.get(&key)) {
-            return Ok(Claim::Completed(record));
-        }
-        let mut conn = self.conn.clone();
-        // If this call is cancelled (the layer's store timeout) or fails after
-        // the script may have run, nobody would own the claim it may have
-        // made: release it, so it does not block the key for a whole lease.
-        let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
-        let forgets = self.forgets.load(Ordering::Acquire);
-        let found: redis::Value = CLAIM
-            .key(&key)
-            .key(fence_key(&key))
-            .arg(&in_flight_value(token, fingerprint)[..])
-            .arg(millis(lease))
-            .arg(millis(lease.saturating_add(FENCE_MARGIN)))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_err("claim", e))?;
-        undo.0 = None;
-        let found = match found {
-            redis::Value::Int(fence) => {
-                let fence = u64::try_from(fence).unwrap_or(0);
-                return Ok(Claim::Acquired(Ownership::new(token, fence)));
-            }
-            redis::Value::BulkString(found) => found,
-            redis::Value::Array(mut parts) if parts.len() == 2 => {
-                let (redis::Value::BulkString(found), redis::Value::Int(ttl)) =
-                    (parts.swap_remove(0), parts.swap_remove(0))
-                else {
-                    return Err(corrupt("claim answer of an unexpected shape"));
-                };
-                let record = Arc::new(decode(&Bytes::from(found))?);
-                if let (Some(local), Ok(ttl)) = (&self.local, u64::try_from(ttl)) {
-                    self.keep_locally(local, &key, &record, Duration::from_millis(ttl), forgets);
-                }
-                return Ok(Claim::Completed(record));
-            }
-            other => return Err(corrupt(format_args!("claim answered {other:?}"))),
-        };
-        match found.first() {
-            Some(&IN_FLIGHT) if found.len() == IN_FLIGHT_LEN => {
-                let mut owner = [0u8; OWNER_LEN];
-                owner.copy_from_slice(&found[..OWNER_LEN]);
-                let mut fp = [0u8; 16];
-                fp.copy_from_slice(&found[OWNER_LEN..]);
-                Ok(Claim::InFlight {
-                    fingerprint: Fingerprint::from_bytes(fp),
-                    watch: self.watch(key, owner),
-                })
-            }
-            Some(&IN_FLIGHT) => Err(corrupt(format_args!(
-                "in-flight value of {} bytes",
-                found.len()
-            ))),
-            _ => Ok(Claim::Completed(Arc::new(decode(&Bytes::from(found))?))),
-        }
+        self.claim_in(key, fingerprint, token, lease, true).await
+    }
+
+    /// As [`claim`](Self::claim); a key in flight starts no poller.
+    async fn claim_unwatched(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claim_in(key, fingerprint, token, lease, false).await
     }
 
     async fn complete(
@@ -299,6 +253,84 @@ impl<C> RedisStore<C> {
         local.insert(key, record, ttl);
         if self.forgets.load(Ordering::Acquire) != forgets {
             local.remove(key);
+        }
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A claim; `watched`: a key in flight gets this instance's shared
+    /// poller.
+    async fn claim_in(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+        watched: bool,
+    ) -> Result<Claim, StoreError> {
+        self.check_epoch_soon();
+        let key = self.full_key(key);
+        if let Some(record) = self.local.as_ref().and_then(|local| local.get(&key)) {
+            return Ok(Claim::Completed(record));
+        }
+        let mut conn = self.conn.clone();
+        // If this call is cancelled (the layer's store timeout) or fails after
+        // the script may have run, nobody would own the claim it may have
+        // made: release it, so it does not block the key for a whole lease.
+        let mut undo = Undo(Some((self.conn.clone(), key.clone(), owner_bytes(token))));
+        let forgets = self.forgets.load(Ordering::Acquire);
+        let found: redis::Value = CLAIM
+            .key(&key)
+            .key(fence_key(&key))
+            .arg(&in_flight_value(token, fingerprint)[..])
+            .arg(millis(lease))
+            .arg(millis(lease.saturating_add(FENCE_MARGIN)))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("claim", e))?;
+        undo.0 = None;
+        let found = match found {
+            redis::Value::Int(fence) => {
+                let fence = u64::try_from(fence).unwrap_or(0);
+                return Ok(Claim::Acquired(Ownership::new(token, fence)));
+            }
+            redis::Value::BulkString(found) => found,
+            redis::Value::Array(mut parts) if parts.len() == 2 => {
+                let (redis::Value::BulkString(found), redis::Value::Int(ttl)) =
+                    (parts.swap_remove(0), parts.swap_remove(0))
+                else {
+                    return Err(corrupt("claim answer of an unexpected shape"));
+                };
+                let record = Arc::new(decode(&Bytes::from(found))?);
+                if let (Some(local), Ok(ttl)) = (&self.local, u64::try_from(ttl)) {
+                    self.keep_locally(local, &key, &record, Duration::from_millis(ttl), forgets);
+                }
+                return Ok(Claim::Completed(record));
+            }
+            other => return Err(corrupt(format_args!("claim answered {other:?}"))),
+        };
+        match found.first() {
+            Some(&IN_FLIGHT) if found.len() == IN_FLIGHT_LEN => {
+                let mut owner = [0u8; OWNER_LEN];
+                owner.copy_from_slice(&found[..OWNER_LEN]);
+                let mut fp = [0u8; 16];
+                fp.copy_from_slice(&found[OWNER_LEN..]);
+                Ok(Claim::InFlight {
+                    fingerprint: Fingerprint::from_bytes(fp),
+                    watch: match watched {
+                        true => self.watch(key, owner),
+                        false => Watch::poll(self.poll_interval),
+                    },
+                })
+            }
+            Some(&IN_FLIGHT) => Err(corrupt(format_args!(
+                "in-flight value of {} bytes",
+                found.len()
+            ))),
+            _ => Ok(Claim::Completed(Arc::new(decode(&Bytes::from(found))?))),
         }
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tower_idempotency::store::codec::{decode, encode};
 use tower_idempotency::store::{
     Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
-    StoreErrorKind,
+    StoreErrorKind, Watch,
 };
 use tower_idempotency::Fingerprint;
 
@@ -235,40 +235,18 @@ impl Store for SqlStore {
         token: OwnerToken,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return self.claim_now(key, fingerprint, token, lease).await;
-        }
-        /// Tells the task that its caller is gone.
-        struct Gone(Arc<AtomicBool>);
-        impl Drop for Gone {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
-            }
-        }
-        let gone = Arc::new(AtomicBool::new(false));
-        let _caller = Gone(gone.clone());
-        let (store, key) = (self.clone(), key.to_owned());
-        let task = tokio::spawn(async move {
-            if gone.load(Ordering::Acquire) {
-                return Err(StoreError::new(
-                    StoreErrorKind::Backend,
-                    "sql claim: the caller gave up",
-                ));
-            }
-            let claim = store.claim_now(&key, fingerprint, token, lease).await;
-            if gone.load(Ordering::Acquire) && matches!(claim, Ok(Claim::Acquired(_))) {
-                // Nobody will run it: free the key now, not after the lease.
-                let _ = store.release(&key, token).await;
-            }
-            claim
-        });
-        match task.await {
-            Ok(claim) => claim,
-            Err(e) => Err(StoreError::new(
-                StoreErrorKind::Backend,
-                format!("sql claim: the task failed: {e}"),
-            )),
-        }
+        self.claim_in(key, fingerprint, token, lease, true).await
+    }
+
+    /// As [`claim`](Self::claim); a key in flight starts no poller.
+    async fn claim_unwatched(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claim_in(key, fingerprint, token, lease, false).await
     }
 
     async fn complete(
@@ -438,6 +416,57 @@ impl Store for SqlStore {
 }
 
 impl SqlStore {
+    /// A claim (`watched`: a key in flight gets this instance's shared
+    /// poller), its statements in a task of their own (see
+    /// [`claim`](Store::claim)).
+    async fn claim_in(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+        watched: bool,
+    ) -> Result<Claim, StoreError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self
+                .claim_now(key, fingerprint, token, lease, watched)
+                .await;
+        }
+        /// Tells the task that its caller is gone.
+        struct Gone(Arc<AtomicBool>);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let gone = Arc::new(AtomicBool::new(false));
+        let _caller = Gone(gone.clone());
+        let (store, key) = (self.clone(), key.to_owned());
+        let task = tokio::spawn(async move {
+            if gone.load(Ordering::Acquire) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Backend,
+                    "sql claim: the caller gave up",
+                ));
+            }
+            let claim = store
+                .claim_now(&key, fingerprint, token, lease, watched)
+                .await;
+            if gone.load(Ordering::Acquire) && matches!(claim, Ok(Claim::Acquired(_))) {
+                // Nobody will run it: free the key now, not after the lease.
+                let _ = store.release(&key, token).await;
+            }
+            claim
+        });
+        match task.await {
+            Ok(claim) => claim,
+            Err(e) => Err(StoreError::new(
+                StoreErrorKind::Backend,
+                format!("sql claim: the task failed: {e}"),
+            )),
+        }
+    }
+
     /// One claim, in the caller's task.
     async fn claim_now(
         &self,
@@ -445,6 +474,7 @@ impl SqlStore {
         fingerprint: Fingerprint,
         token: OwnerToken,
         lease: Duration,
+        watched: bool,
     ) -> Result<Claim, StoreError> {
         let k = key.as_bytes();
         let owner = owner_bytes(token);
@@ -520,7 +550,10 @@ impl SqlStore {
                         .ok_or_else(|| corrupt("in-flight row without a fingerprint"))?;
                     return Ok(Claim::InFlight {
                         fingerprint: Fingerprint::from_bytes(fp),
-                        watch: self.watch(k.to_vec(), running),
+                        watch: match watched {
+                            true => self.watch(k.to_vec(), running),
+                            false => Watch::poll(self.poll_interval),
+                        },
                     });
                 }
                 COMPLETED => {

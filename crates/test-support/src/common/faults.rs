@@ -139,6 +139,17 @@ impl<F: Faults, St: Store> Store for FaultStore<F, St> {
         self.around(Op::Claim, key, self.inner.claim(key, fp, token, lease))
             .await
     }
+    /// Counted and faulted as a claim.
+    async fn claim_unwatched(
+        &self,
+        key: &str,
+        fp: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let call = self.inner.claim_unwatched(key, fp, token, lease);
+        self.around(Op::Claim, key, call).await
+    }
     async fn complete(
         &self,
         key: &str,

@@ -60,6 +60,9 @@ struct Inner<S> {
     next_lease: AtomicU64,
     /// Slot id → (record key, owner).
     slots: Mutex<HashMap<u64, (String, OwnerToken)>>,
+    /// Per lane: where the next look at its shared slots starts, and until
+    /// when they are known all taken.
+    slot_scans: Mutex<HashMap<String, pace::SlotScan>>,
     /// Entries this instance put in a delay queue: id → when due. The
     /// broker moves an entry back into the queue once due, and counts it in
     /// neither while it moves: `stats` counts it meanwhile (until it is
@@ -138,7 +141,13 @@ struct Inner<S> {
 /// (`deliver_concurrency`, `deliver_rate`) holds across them through the
 /// same store: a lane's `N` delivery slots are `N` claims with a lease
 /// (a dead gateway's slot comes back when its lease runs out), a lane's
-/// turn is a claim that runs out one interval later. With a store of one
+/// turn is a claim that runs out one interval later (and says when, so
+/// that a gateway that finds it taken waits until then). None of these
+/// claims starts a watch in the store
+/// ([`Store::claim_unwatched`]). While a lane's slots are all taken, a
+/// gateway looks at them again after 50 ms, doubling to 200 ms while they
+/// stay taken (at once when it gives one back itself), however many of its
+/// deliveries wait: at most `N` claims a look. With a store of one
 /// instance (the memory store) each gateway paces alone, and so does
 /// deduplication at ingest: give every gateway the same Redis or SQL store.
 ///
@@ -237,6 +246,7 @@ impl<S: Store> AmqpQueue<S> {
                 held: Mutex::new(HashMap::new()),
                 next_lease: AtomicU64::new(1),
                 slots: Mutex::new(HashMap::new()),
+                slot_scans: Mutex::new(HashMap::new()),
                 backing_off: Mutex::new(HashMap::new()),
                 feed: tokio::sync::Mutex::new(None),
             }),

@@ -4,7 +4,8 @@
 use super::super::records::now_ms;
 use super::super::QueueError;
 use super::{err, AmqpQueue};
-use std::time::Duration;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
 use tower_idempotency::store::{Claim, OwnerToken, Store};
 use tower_idempotency::Fingerprint;
 
@@ -27,19 +28,75 @@ fn turn_end(fp: Fingerprint) -> Option<u64> {
 
 const TURN_TAG: &[u8; 8] = b"turn-end";
 
+/// How long a lane's shared slots, all found taken, are not looked at
+/// again at first.
+const RESCAN: Duration = Duration::from_millis(50);
+
+/// The longest they are not looked at again, while they stay taken.
+const RESCAN_MAX: Duration = Duration::from_millis(200);
+
+/// Where the next look at a lane's shared slots starts, and until when
+/// they are known all taken.
+#[derive(Debug, Default)]
+pub(super) struct SlotScan {
+    next: usize,
+    full_until: Option<Instant>,
+    /// Looks in a row that found every slot taken.
+    full_looks: u32,
+}
+
 impl<S: Store> AmqpQueue<S> {
+    /// Takes one of the lane's `limit` slots: tries each slot this
+    /// instance does not hold, from the one after the last it took. When
+    /// every slot is taken, the lane's slots are not looked at again (by any
+    /// delivery of this instance) for a while: [`RESCAN`], doubling while
+    /// they stay full up to [`RESCAN_MAX`], or until this instance gives
+    /// one back. So a waiting lane costs the store at most `limit` claims
+    /// per look, however many deliveries wait.
     pub(super) async fn slot_take(
         &self,
         lane: &str,
         limit: usize,
         lease: Duration,
     ) -> Result<Option<u64>, QueueError> {
+        if limit == 0 {
+            return Ok(None);
+        }
+        let now = Instant::now();
+        let start = {
+            let mut scans = self
+                .inner
+                .slot_scans
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let scan = scans.entry(lane.to_owned()).or_default();
+            if scan.full_until.is_some_and(|until| now < until) {
+                return Ok(None);
+            }
+            scan.next
+        };
+        let prefix = format!("amqp:{}:slot:{lane}:", self.inner.name);
+        let own: HashSet<String> = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|(key, _)| key.starts_with(&prefix))
+            .map(|(key, _)| key.clone())
+            .collect();
         let store = &self.inner.store;
-        for i in 0..limit {
-            let key = format!("amqp:{}:slot:{lane}:{i}", self.inner.name);
+        for j in 0..limit {
+            let i = start.wrapping_add(j) % limit;
+            let key = format!("{prefix}{i}");
+            if own.contains(&key) {
+                continue;
+            }
             let token = OwnerToken::new();
             let fp = Fingerprint::of(b"slot");
-            if let Claim::Acquired(_) = store.claim(&key, fp, token, lease).await.map_err(err)? {
+            // Nobody waits on a slot: its claim starts no watch.
+            let got = store.claim_unwatched(&key, fp, token, lease).await;
+            if let Claim::Acquired(_) = got.map_err(err)? {
                 let t = token.as_u128();
                 let slot = (t >> 64) as u64 ^ t as u64;
                 self.inner
@@ -47,9 +104,29 @@ impl<S: Store> AmqpQueue<S> {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(slot, (key, token));
+                let mut scans = self
+                    .inner
+                    .slot_scans
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                *scans.entry(lane.to_owned()).or_default() = SlotScan {
+                    next: i.wrapping_add(1) % limit,
+                    ..SlotScan::default()
+                };
                 return Ok(Some(slot));
             }
         }
+        let mut scans = self
+            .inner
+            .slot_scans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let scan = scans.entry(lane.to_owned()).or_default();
+        let wait = RESCAN
+            .saturating_mul(1 << scan.full_looks.min(8))
+            .min(RESCAN_MAX);
+        scan.full_looks = scan.full_looks.saturating_add(1);
+        scan.full_until = Some(Instant::now() + wait);
         Ok(None)
     }
 
@@ -76,7 +153,7 @@ impl<S: Store> AmqpQueue<S> {
         Ok(())
     }
 
-    pub(super) async fn slot_give(&self, _lane: &str, slot: u64) -> Result<(), QueueError> {
+    pub(super) async fn slot_give(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
         let held = self
             .inner
             .slots
@@ -85,6 +162,12 @@ impl<S: Store> AmqpQueue<S> {
             .remove(&slot);
         if let Some((key, token)) = held {
             self.inner.store.release(&key, token).await.map_err(err)?;
+            // A slot is free: the next delivery of the lane looks at once.
+            self.inner
+                .slot_scans
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(lane);
         }
         Ok(())
     }
@@ -101,7 +184,7 @@ impl<S: Store> AmqpQueue<S> {
         let got = self
             .inner
             .store
-            .claim(&key, turn_ending(ends), OwnerToken::new(), interval)
+            .claim_unwatched(&key, turn_ending(ends), OwnerToken::new(), interval)
             .await
             .map_err(err)?;
         // Taken: it runs out one interval from now, which is the next turn.

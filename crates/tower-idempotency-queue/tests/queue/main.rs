@@ -6,6 +6,7 @@ mod queue_group_commit;
 mod queue_headers;
 mod queue_redis_promise;
 mod worker_pace;
+mod worker_pace_cost;
 mod worker_pace_stall;
 mod worker_promise;
 

@@ -352,6 +352,56 @@ fn calls(port: u16, command: &str) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
+/// A claim that finds a key in flight starts this instance's poller of
+/// that key (one `GETRANGE` every poll interval); one made with
+/// `claim_unwatched` (shared pacing, whose callers never wait on the key)
+/// starts none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_nobody_waits_on_starts_no_poller() {
+    use tower_idempotency::Fingerprint;
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let port = server.port();
+    let owner = RedisStore::standalone(server.url()).await.unwrap();
+    let other = RedisStore::standalone(server.url())
+        .await
+        .unwrap()
+        .poll_interval(Duration::from_millis(10));
+    let fp = Fingerprint::of(b"slot");
+    let lease = Duration::from_secs(30);
+    for key in ["unwatched", "watched"] {
+        let got = owner.claim(key, fp, OwnerToken::new(), lease).await;
+        assert!(matches!(got, Ok(Claim::Acquired(_))), "{got:?}");
+    }
+    let reset = support_redis::raw_command(port, "CONFIG RESETSTAT").unwrap();
+    assert!(reset.starts_with("+OK"), "{reset}");
+    for _ in 0..3 {
+        let got = other
+            .claim_unwatched("unwatched", fp, OwnerToken::new(), lease)
+            .await;
+        assert!(matches!(got, Ok(Claim::InFlight { .. })), "{got:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        calls(port, "getrange"),
+        0,
+        "claims nobody waits on started a poller"
+    );
+    // The same with a plain claim: its poller looks at the key.
+    let got = other.claim("watched", fp, OwnerToken::new(), lease).await;
+    assert!(matches!(got, Ok(Claim::InFlight { .. })), "{got:?}");
+    let start = Instant::now();
+    while calls(port, "getrange") == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "a waited-on claim's poller never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The costs the Redis store documents, counted by the server itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn commands_per_request_are_as_documented() {

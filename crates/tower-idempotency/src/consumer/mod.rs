@@ -160,10 +160,12 @@ pub enum ConsumeError<E> {
     Handler(E),
     /// The handler panicked; its claim was released.
     Panicked,
-    /// Another delivery of this key is running now; retry later.
+    /// Another delivery of this key is running now (of this message, or of
+    /// one with another fingerprint, which may yet fail and free the key);
+    /// retry later.
     InFlight,
-    /// The key was used before by a message with another fingerprint: never
-    /// run, never replayed (possible tampering).
+    /// The key was used before by a message with another fingerprint, which
+    /// succeeded: never run, never replayed (possible tampering).
     Mismatch,
     /// The message had no key.
     KeyMissing,

@@ -127,10 +127,11 @@ impl<St: Store> Consumer<St> {
     ///   handler and releases the claim.
     /// - Already done: `handler` is dropped unpolled; [`Once::Done`] carries
     ///   the stored receipt.
-    /// - Running elsewhere: waits up to [`wait`](Self::wait), then
-    ///   [`ConsumeError::InFlight`].
-    /// - Done or running with another `fingerprint`: [`ConsumeError::Mismatch`],
-    ///   the handler never runs.
+    /// - Running elsewhere (with this `fingerprint` or another): waits up to
+    ///   [`wait`](Self::wait), then [`ConsumeError::InFlight`] (a retry:
+    ///   another payload's call may yet fail and free the key).
+    /// - Done with another `fingerprint`: [`ConsumeError::Mismatch`], the
+    ///   handler never runs.
     pub async fn once<T, E, F>(
         &self,
         key: &str,
@@ -186,10 +187,16 @@ impl<St: Store> Consumer<St> {
                     fingerprint: running,
                     watch,
                 } => {
-                    if running != fingerprint {
-                        return Err(self.mismatch());
-                    }
+                    // Another payload's call may yet fail and free the key
+                    // (only its completed record holds it for good): wait
+                    // for it as for a copy, then answer a retry.
                     if Instant::now() >= deadline {
+                        if running != fingerprint {
+                            log_warn!(
+                                scope = %config.scope,
+                                "message key in flight with a different payload: possible tampering; retried later"
+                            );
+                        }
                         outcome::record(&config.scope, Outcome::InFlightRejected);
                         return Err(ConsumeError::InFlight);
                     }
@@ -311,5 +318,61 @@ impl<St: Store> Consumer<St> {
         };
         outcome::record(&config.scope, outcome);
         Ok(Once::Ran(value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryStore, RecordState};
+
+    /// A copy that meets another payload's call still running (on another
+    /// instance sharing the store, say) is tried again later: that call
+    /// may yet fail and free the key. Only another payload's completed
+    /// record makes the key useless for good.
+    #[tokio::test]
+    async fn another_payload_in_flight_is_a_retry_and_one_completed_is_not() {
+        let store = MemoryStore::new();
+        let consumer = Consumer::new(store.clone());
+        let (genuine, forged) = (Fingerprint::of(b"genuine"), Fingerprint::of(b"forged"));
+        let (fail, failed) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn({
+            let consumer = consumer.clone();
+            async move {
+                let handler = async move {
+                    let _ = failed.await;
+                    Err::<(), _>("upstream failed")
+                };
+                consumer.once("k", forged, handler).await
+            }
+        });
+        while !matches!(
+            store.inspect("consumer:k").await.unwrap(),
+            RecordState::InFlight { .. }
+        ) {
+            tokio::task::yield_now().await;
+        }
+        let got = consumer
+            .once("k", genuine, async { Ok::<(), &str>(()) })
+            .await;
+        assert!(matches!(got, Err(ConsumeError::InFlight)), "{got:?}");
+        assert!(got.unwrap_err().is_retryable());
+        // The forged copy's call fails: the genuine copy's retry runs.
+        let _ = fail.send(());
+        let forged_got = running.await.unwrap();
+        assert!(
+            matches!(forged_got, Err(ConsumeError::Handler(_))),
+            "{forged_got:?}"
+        );
+        let got = consumer
+            .once("k", genuine, async { Ok::<(), &str>(()) })
+            .await;
+        assert!(matches!(got, Ok(Once::Ran(()))), "{got:?}");
+        // Completed: another payload can never succeed.
+        let got = consumer
+            .once("k", forged, async { Ok::<(), &str>(()) })
+            .await;
+        assert!(matches!(got, Err(ConsumeError::Mismatch)), "{got:?}");
+        assert!(!got.unwrap_err().is_retryable());
     }
 }

@@ -86,6 +86,13 @@ trait DynStore: Send + Sync + 'static {
         token: OwnerToken,
         lease: Duration,
     ) -> Call<'a, Claim>;
+    fn claim_unwatched<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Call<'a, Claim>;
     fn complete<'a>(
         &'a self,
         key: &'a str,
@@ -118,6 +125,15 @@ impl<S: Store> DynStore for S {
         lease: Duration,
     ) -> Call<'a, Claim> {
         Box::pin(Store::claim(self, key, fingerprint, token, lease))
+    }
+    fn claim_unwatched<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Call<'a, Claim> {
+        Box::pin(Store::claim_unwatched(self, key, fingerprint, token, lease))
     }
     fn complete<'a>(
         &'a self,
@@ -171,6 +187,16 @@ impl Store for BoxStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         self.0.claim(key, fingerprint, token, lease).await
+    }
+
+    async fn claim_unwatched(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim_unwatched(key, fingerprint, token, lease).await
     }
 
     async fn complete(

@@ -48,6 +48,19 @@ impl<A: Store, B: Store> Store for Either<A, B> {
         }
     }
 
+    async fn claim_unwatched(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        match self {
+            Either::Left(s) => s.claim_unwatched(key, fingerprint, token, lease).await,
+            Either::Right(s) => s.claim_unwatched(key, fingerprint, token, lease).await,
+        }
+    }
+
     async fn complete(
         &self,
         key: &str,

@@ -356,6 +356,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
+    /// [`claim`](Self::claim) for a caller that never waits on the key (a
+    /// lease taken as a lock, tried again later if taken): the same answer,
+    /// but an in-flight answer's [`Watch`] starts nothing in the store (no
+    /// poller of the backend) and only tells to look again after a while.
+    /// Defaults to [`claim`](Self::claim).
+    fn claim_unwatched(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        self.claim(key, fingerprint, token, lease)
+    }
+
     /// Turns `token`'s claim into a completed record kept for `window`.
     /// Returns `false` when `token` no longer owns the key (its lease ran out
     /// and another owner claimed it); the record is then left alone.

@@ -68,21 +68,39 @@ impl<F: Store, B: Store> TieredStore<F, B> {
     }
 }
 
-impl<F: Store, B: Store> Store for TieredStore<F, B> {
-    async fn claim(
+impl<F: Store, B: Store> TieredStore<F, B> {
+    /// A claim in front, then behind; `watched`: as
+    /// [`claim`](Store::claim), else as [`claim_unwatched`](Store::claim_unwatched).
+    async fn claim_in(
         &self,
         key: &str,
         fingerprint: Fingerprint,
         token: OwnerToken,
         lease: Duration,
+        watched: bool,
     ) -> Result<Claim, StoreError> {
-        let front_held = match self.front.claim(key, fingerprint, token, lease).await {
+        let front = match watched {
+            true => self.front.claim(key, fingerprint, token, lease).await,
+            false => {
+                self.front
+                    .claim_unwatched(key, fingerprint, token, lease)
+                    .await
+            }
+        };
+        let front_held = match front {
             Ok(Claim::Acquired(_)) => true,
             Ok(other) => return Ok(other),
             // The front is down: the back alone decides.
             Err(_) => false,
         };
-        let back = self.back.claim(key, fingerprint, token, lease).await;
+        let back = match watched {
+            true => self.back.claim(key, fingerprint, token, lease).await,
+            false => {
+                self.back
+                    .claim_unwatched(key, fingerprint, token, lease)
+                    .await
+            }
+        };
         if front_held && !matches!(back, Ok(Claim::Acquired(_))) {
             // Completed or in flight behind (the front lost its data, or
             // the record outlived the front's copy), or the back failed:
@@ -91,6 +109,28 @@ impl<F: Store, B: Store> Store for TieredStore<F, B> {
             let _ = self.front.release(key, token).await;
         }
         back
+    }
+}
+
+impl<F: Store, B: Store> Store for TieredStore<F, B> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claim_in(key, fingerprint, token, lease, true).await
+    }
+
+    async fn claim_unwatched(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claim_in(key, fingerprint, token, lease, false).await
     }
 
     async fn complete(

@@ -169,6 +169,43 @@ pub async fn second_claim_sees_in_flight<S: Store>(store: S) {
     assert_in_flight(&claim(&store, &key, fp("first"), LEASE).await, fp("first"));
 }
 
+/// [`claim_unwatched`](Store::claim_unwatched) answers as a claim does:
+/// it acquires an absent key, finds a key in
+/// flight with its owner's fingerprint, and a completed record; a key it
+/// holds is released and claimed again like any other.
+pub async fn unwatched_claim_answers_as_claim<S: Store>(store: S) {
+    let key = unique_key("unwatched");
+    let token = OwnerToken::new();
+    let got = store
+        .claim_unwatched(&key, fp("first"), token, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(got, Claim::Acquired(t) if t == token), "{got:?}");
+    let found = store
+        .claim_unwatched(&key, fp("second"), OwnerToken::new(), LEASE)
+        .await
+        .unwrap();
+    assert_in_flight(&found, fp("first"));
+    assert_in_flight(&claim(&store, &key, fp("second"), LEASE).await, fp("first"));
+    assert!(store.release(&key, token).await.unwrap());
+    let again = OwnerToken::new();
+    let got = store
+        .claim_unwatched(&key, fp("again"), again, LEASE)
+        .await
+        .unwrap();
+    assert!(matches!(got, Claim::Acquired(t) if t == again), "{got:?}");
+    let rec = record(fp("again"), false, false);
+    assert!(store
+        .complete(&key, again, rec.clone(), WINDOW)
+        .await
+        .unwrap());
+    let found = store
+        .claim_unwatched(&key, fp("again"), OwnerToken::new(), LEASE)
+        .await
+        .unwrap();
+    assert_same(&completed(found), &rec);
+}
+
 /// The owner's completion is replayed as it was: status, every header
 /// (repeated ones too), body, trailers, and a body left out.
 pub async fn complete_by_owner_replays_faithfully<S: Store>(store: S) {
@@ -641,6 +678,7 @@ macro_rules! __store_tests {
             $crate::__store_tests!(@cases $setup, $test;
                 claim_on_absent_acquires,
                 second_claim_sees_in_flight,
+                unwatched_claim_answers_as_claim,
                 complete_by_owner_replays_faithfully,
                 non_owner_changes_nothing,
                 release_by_owner_frees_the_key,
