@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-const TOKEN: &str = "s3cret-admin-token-0123456789";
+pub(crate) const TOKEN: &str = "s3cret-admin-token-0123456789";
 
 pub(crate) fn token_file(tag: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt as _;

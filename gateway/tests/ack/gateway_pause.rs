@@ -7,25 +7,16 @@
 //! same Redis, and a restart keeps it.
 
 use super::gateway_ack::{admin_cli, gauge, notification, own_redis, wait_for, Upstream};
+use super::gateway_dead_api::{token_file, TOKEN};
 use crate::gateway_support::{get, temp_path, Proc};
 use test_support::common::vectors::{WECHAT_FAIL, WECHAT_SUCCESS};
 use test_support::common::{client, free_addr, post};
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-const TOKEN: &str = "s3cret-admin-token-0123456789";
-
-fn token_file(tag: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt as _;
-    let token = temp_path(tag);
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-    token
-}
 
 /// A gateway with the WeChat Pay route `/wx` (synchronous unless `extra`
 /// says otherwise), its admin API on `metrics`.
