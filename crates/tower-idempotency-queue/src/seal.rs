@@ -349,6 +349,28 @@ impl<Q: Queue> Queue for Sealed<Q> {
         self.inner.dead_letters(limit)
     }
 
+    fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send {
+        self.inner.dead_page(after, limit)
+    }
+
+    fn find_dead(
+        &self,
+        id: &EntryId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
+        self.inner.find_dead(id)
+    }
+
+    fn delete_dead(
+        &self,
+        id: &EntryId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
+        self.inner.delete_dead(id)
+    }
+
     fn replay(&self, id: &EntryId) -> impl Future<Output = Result<bool, QueueError>> + Send {
         self.inner.replay(id)
     }
@@ -436,6 +458,14 @@ mod tests {
             keys,
             [("forged", UNAUTHENTICATED), ("unsigned", UNAUTHENTICATED)]
         );
+        // The dead letters are the inner queue's, through the seal too.
+        let page = queue.dead_page(None, 1).await.unwrap();
+        assert_eq!(page.len(), 1);
+        let id = page[0].id.clone();
+        assert!(queue.find_dead(&id).await.unwrap().is_some());
+        let deleted = queue.delete_dead(&id).await.unwrap();
+        assert_eq!(deleted.map(|d| d.id), Some(id.clone()));
+        assert!(queue.find_dead(&id).await.unwrap().is_none());
     }
 
     #[tokio::test]
