@@ -337,11 +337,15 @@ impl<S: Store> GatewayBuilder<S> {
             // as a share of that upstream's calls.
             let unguarded = own.as_ref().map(|f| {
                 let calls = f.call_limit();
-                f.with_route_limit(RouteLimit {
+                let f = f.with_route_limit(RouteLimit {
                     slots: calls.share(UNGUARDED),
                     queue_wait: calls.get_queue_wait(),
                     gauge: Gauge::default(),
-                })
+                });
+                match &pauses {
+                    Some(p) => f.with_pause(p.paths()),
+                    None => f,
+                }
             });
             Route {
                 prefix: Arc::from(prefix),

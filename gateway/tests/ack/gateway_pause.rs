@@ -293,3 +293,56 @@ async fn a_paused_routes_held_entries_neither_spin_nor_stall_another_route() {
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_file(token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_route_with_an_upstream_of_its_own_forwards_nothing_unguarded() {
+    // An `auto` route forwards what it does not guard (a GET) to its own
+    // upstream: a pause holds that too, as it holds the default upstream's.
+    let own = test_support::common::upstream::Upstream::start().await;
+    let default = test_support::common::upstream::Upstream::start().await;
+    let token = token_file("pause-own-upstream-token");
+    let metrics = free_addr();
+    let dir = temp_path("pause-own-upstream");
+    let cfg = temp_path("pause-own-upstream.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"{}\"\nmetrics_listen = \"{metrics}\"\n\
+             admin_token_file = \"{}\"\ndata_dir = \"{}\"\n\
+             [[upstreams]]\nname = \"orders\"\nurl = \"{}\"\n\
+             [[route]]\nprefix = \"/hooks\"\npreset = \"auto\"\nupstream = \"orders\"\n\
+             [[route]]\nprefix = \"/other\"\npreset = \"auto\"\n",
+            default.url(),
+            token.display(),
+            dir.display(),
+            own.url()
+        ),
+    )
+    .unwrap();
+    let gw = Proc::start(&["--config", cfg.to_str().unwrap()], &[], Stdio::inherit());
+    assert_eq!(get(gw.addr, "/hooks/status").0, 200);
+    assert_eq!(own.calls("/hooks/status"), 1);
+    let (code, _, err) = admin_cli(metrics, &token, &["pause", "/hooks"]);
+    assert_eq!(code, 0, "{err}");
+    let text = crate::gateway_support::raw_http(
+        gw.addr,
+        "GET /hooks/status HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n",
+    );
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("retry-after: 30"),
+        "{text}"
+    );
+    assert_eq!(
+        own.calls("/hooks/status"),
+        1,
+        "a paused route reached its upstream"
+    );
+    // Another route's unguarded requests still go through.
+    assert_eq!(get(gw.addr, "/other/status").0, 200);
+    assert_eq!(default.calls("/other/status"), 1);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(cfg);
+    let _ = std::fs::remove_file(token);
+}
