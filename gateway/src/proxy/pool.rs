@@ -138,7 +138,7 @@ impl Pool {
             // The connection learns from the body whether it was written whole.
             let whole = req.body().is_whole();
             conn.whole.store(whole, Ordering::Release);
-            req.body_mut().whole = Arc::clone(&conn.whole);
+            req.body_mut().whole = Some(Arc::clone(&conn.whole));
             match conn.sender.try_send_request(req).await {
                 Ok(res) => {
                     let (parts, body) = res.into_parts();
@@ -272,7 +272,9 @@ pub(crate) struct Sent {
     body: ProxyBody,
     /// The bytes still to come, when the size is known.
     left: Option<u64>,
-    whole: Arc<AtomicBool>,
+    /// The flag of the connection it is written on (set for each attempt:
+    /// no allocation of its own).
+    whole: Option<Arc<AtomicBool>>,
 }
 
 impl Sent {
@@ -280,7 +282,7 @@ impl Sent {
         Self {
             left: body.size_hint().exact(),
             body,
-            whole: Arc::default(),
+            whole: None,
         }
     }
 
@@ -309,8 +311,8 @@ impl Body for Sent {
             }
             Some(Err(_)) => false,
         };
-        if whole {
-            self.whole.store(true, Ordering::Release);
+        if whole && let Some(flag) = &self.whole {
+            flag.store(true, Ordering::Release);
         }
         Poll::Ready(frame)
     }
