@@ -85,11 +85,13 @@ pub struct Journal {
     target: Target,
 }
 
-fn enc(s: &str) -> String {
+/// `s` percent-encoded for a path segment or a query value.
+pub fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-fn query(pairs: &[(&str, Option<&str>)]) -> String {
+/// A query string of the pairs that have a value.
+pub fn query(pairs: &[(&str, Option<&str>)]) -> String {
     let mut out = form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {
         if let Some(v) = v {
@@ -281,7 +283,8 @@ fn print(
     written.map_err(|e| format!("cannot write to stdout: {e}"))
 }
 
-fn failed(status: u16, json: &Value) -> String {
+/// The message for an admin API answer that is not a success.
+pub fn failed(status: u16, json: &Value) -> String {
     let message = json["error"]
         .as_str()
         .map_or_else(|| json.to_string(), str::to_owned);

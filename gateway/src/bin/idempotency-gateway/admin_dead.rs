@@ -69,7 +69,8 @@ pub fn under(path: &str, prefix: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-fn ms_of(t: SystemTime) -> u64 {
+/// Milliseconds since the epoch (0 before it).
+pub fn ms_of(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

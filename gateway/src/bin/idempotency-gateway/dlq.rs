@@ -6,8 +6,8 @@
 //! gateway.
 
 use crate::ack::QueueSettings;
-use crate::admin_cli::{call, AdminAt, Format, Target};
-use crate::admin_dead::DeadFilter;
+use crate::admin_cli::{call, enc, failed, query, AdminAt, Format, Target};
+use crate::admin_dead::{ms_of, DeadFilter};
 use crate::escape::{shown, shown_bytes};
 use clap::{Args, Subcommand};
 use http::Method;
@@ -170,11 +170,6 @@ fn line(id: &str, attempts: u64, dead_at_ms: u64, key: &str, path: &str, error: 
     )
 }
 
-fn ms_of(t: std::time::SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Prints `dlq show` of a dead letter's JSON (as the admin API gives it).
 fn show_text(out: &mut dyn Write, d: &Value) -> std::io::Result<()> {
     let s = |k: &str| shown(d[k].as_str().unwrap_or("?"));
@@ -212,27 +207,6 @@ pub fn run_admin(action: &Dlq, token_file: &Path, at: &AdminAt) -> Result<(), St
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(admin(action, &token, at))
-}
-
-fn query(pairs: &[(&str, Option<&str>)]) -> String {
-    let mut out = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in pairs {
-        if let Some(v) = v {
-            out.append_pair(k, v);
-        }
-    }
-    out.finish()
-}
-
-fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
-
-fn failed(status: u16, json: &Value) -> String {
-    let message = json["error"]
-        .as_str()
-        .map_or_else(|| json.to_string(), str::to_owned);
-    format!("the admin API answered {status}: {message}")
 }
 
 async fn admin(action: &Dlq, token: &str, at: &AdminAt) -> Result<(), String> {

@@ -2,7 +2,7 @@
 //! clients of the running gateway's admin API (`POST
 //! /admin/routes/pause?prefix=…`, `…/resume?prefix=…`).
 
-use crate::admin_cli::{call, AdminAt, Format, Target};
+use crate::admin_cli::{call, query, AdminAt, Format, Target};
 use crate::escape::shown;
 use clap::Args;
 use http::Method;
@@ -31,16 +31,6 @@ pub struct Resume {
     prefix: String,
     #[command(flatten)]
     target: Target,
-}
-
-fn query(pairs: &[(&str, Option<&str>)]) -> String {
-    let mut out = form_urlencoded::Serializer::new(String::new());
-    for (k, v) in pairs {
-        if let Some(v) = v {
-            out.append_pair(k, v);
-        }
-    }
-    out.finish()
 }
 
 /// Runs `pause` or `resume`; `Err` is the message for exit status 1.
