@@ -12,6 +12,11 @@
 # RATIO (default 1), batches every 200 ms: the export's own work (encoding,
 # the HTTP call) is in the count.
 #
+# A binary named hyper_200 is the bare hyper server (`cargo build --release
+# -p idempotency-bench --example hyper_200`, target/release/examples/): the
+# ceiling, a Rust server that answers 200 and does nothing else, run with
+# the same client; its "first" and "replay" are the same work.
+#
 # Each binary runs on one serving thread (`--workers 1`, `--route
 # /=wechatpay-v3`) under callgrind in front of nginx answering `return
 # 200`, and gets 50 warm-up requests, then 100 or 100 + N requests over one
@@ -80,8 +85,13 @@ total() {
     local port out vg
     port=$(free_port)
     out="$TMP/cg.$RANDOM.out"
-    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --listen "127.0.0.1:$port" \
-        --upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 --workers 1 "${TRACING[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
+    local args=(--listen "127.0.0.1:$port" --workers 1)
+    # The bare hyper server (examples/hyper_200) takes only those two.
+    case $(basename "$1") in
+        hyper_200) ;;
+        *) args+=(--upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 "${TRACING[@]}") ;;
+    esac
+    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" "${args[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
     vg=$!
     # valgrind starts slowly on a loaded machine: up to a minute.
     local tries

@@ -43,7 +43,8 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-# start_nginx WORKERS: starts nginx with WORKERS worker processes, its pid,
+# start_nginx WORKERS: starts nginx (behind the command prefix NGINX_PREFIX,
+# an array, e.g. a taskset, if set) with WORKERS worker processes, its pid,
 # logs and temp files in $TMP/nginx, no access log and no limit on requests
 # per client connection (the gateway has none); the http block's upstreams
 # and servers are read from stdin.
@@ -68,6 +69,6 @@ EOF
         cat
         echo "}"
     } >"$TMP/nginx/nginx.conf"
-    nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
+    ${NGINX_PREFIX[@]+"${NGINX_PREFIX[@]}"} nginx -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
     PIDS+=($!)
 }
