@@ -164,7 +164,10 @@ impl<S, St: Store> Run<S, St> {
                             }
                         }
                     }
-                    return self.execute(req, guard).await;
+                    // Boxed: a replay's future (most of a storm) need not
+                    // carry the owner's room (1.6 KB) that only a first
+                    // delivery uses.
+                    return Box::pin(self.execute(req, guard)).await;
                 }
             }
         }
