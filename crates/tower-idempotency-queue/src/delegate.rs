@@ -42,11 +42,11 @@ macro_rules! embedded_queue {
                 &self,
                 delivery: &Delivery,
                 after: Duration,
-                _error: &str,
+                error: &str,
             ) -> Result<bool, QueueError> {
-                let d = delivery.clone();
+                let (d, error) = (delivery.clone(), error.to_owned());
                 self.inner
-                    .grouped(move |txn| Embedded::retry(txn, &d, after, false))
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, Some(&error)))
                     .await
             }
 
@@ -58,7 +58,7 @@ macro_rules! embedded_queue {
             ) -> Result<bool, QueueError> {
                 let d = delivery.clone();
                 self.inner
-                    .grouped(move |txn| Embedded::retry(txn, &d, after, true))
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, None))
                     .await
             }
 

@@ -4,10 +4,14 @@
 //! group hash: fixed 36 bytes, scanned by `fetch`), `messages` (id → encoded
 //! message, read only for the entries handed out), `keys` (key →
 //! fingerprint, live entry id, expiry), `expiry` ((expiry, key) → ()),
-//! `dead` (id → attempts, time, error, message), `meta` (next id). Every
+//! `dead` (id → attempts, time, error, message), `attempts` and
+//! `dead_attempts` (id → the entry's failed attempts, see
+//! `attempts::History`; absent for an entry that has not failed, or that
+//! an earlier version wrote), `meta` (next id). Every
 //! change runs in a write transaction of the group commit: atomic, and
 //! durable before its caller hears back.
 
+use super::attempts::History;
 use super::group::{Committer, Kind};
 use super::health::Health;
 use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
@@ -26,6 +30,9 @@ pub(super) const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::ne
 pub(super) const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
 pub(super) const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
 pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
+pub(super) const ATTEMPTS: TableDefinition<'_, u64, &str> = TableDefinition::new("attempts");
+pub(super) const DEAD_ATTEMPTS: TableDefinition<'_, u64, &str> =
+    TableDefinition::new("dead_attempts");
 pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
 /// Expired keys removed per acknowledgement, so that cleanup keeps pace
@@ -290,14 +297,16 @@ impl Embedded {
                 attempt: s.attempts,
                 enqueued_at: time_of(s.enqueued),
                 lease: s.lease,
+                history: None,
             });
         }
         drop(state);
         for (id, attempts, raw) in unreadable {
+            let history = Self::history(txn, id)?;
             Self::remove(txn, id)?;
             let why = "undecodable entry: not a message this version can read";
             crate::log_warn!(entry = id, "{why}; dead-lettered");
-            Self::bury(txn, id, attempts, why, &raw)?;
+            Self::bury(txn, id, attempts, why, &raw, history.as_deref())?;
         }
         Ok(out)
     }
@@ -336,9 +345,20 @@ impl Embedded {
         Ok(true)
     }
 
+    /// The failed attempts live entry `id` recorded, as stored.
+    pub(super) fn history(txn: &WriteTransaction, id: u64) -> Result<Option<String>, QueueError> {
+        let table = txn.open_table(ATTEMPTS).map_err(err)?;
+        let row = table.get(id).map_err(err)?;
+        Ok(row.map(|v| v.value().to_owned()))
+    }
+
     /// Removes a live entry: its message bytes if it had any.
     pub(super) fn remove(txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
         txn.open_table(STATE)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?;
+        txn.open_table(ATTEMPTS)
             .map_err(err)?
             .remove(id)
             .map_err(err)?;
@@ -436,21 +456,31 @@ impl Embedded {
         Ok(Ok(marker.expires > queue_now(txn)?))
     }
 
-    /// Due again after `after`; `uncounted`: this attempt does not count.
+    /// Due again after `after`; `failed`: this attempt failed with that
+    /// error (it counts, and is recorded), `None`: it does not count.
     pub(super) fn retry(
         txn: &WriteTransaction,
         delivery: &Delivery,
         after: Duration,
-        uncounted: bool,
+        failed: Option<&str>,
     ) -> Result<bool, QueueError> {
         let Some((id, mut s)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
-        if uncounted {
-            s.attempts = s.attempts.saturating_sub(1);
+        let now = queue_now(txn)?;
+        match failed {
+            Some(error) => {
+                let stored = Self::history(txn, id)?;
+                let line = History::record(stored.as_deref(), s.attempts, time_of(now), error);
+                txn.open_table(ATTEMPTS)
+                    .map_err(err)?
+                    .insert(id, line.as_str())
+                    .map_err(err)?;
+            }
+            None => s.attempts = s.attempts.saturating_sub(1),
         }
         s.lease = 0;
-        s.due = queue_now(txn)? + after.as_millis() as u64;
+        s.due = now + after.as_millis() as u64;
         txn.open_table(STATE)
             .map_err(err)?
             .insert(id, s.encode().as_slice())

@@ -1,5 +1,6 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
+use super::attempts::{dead_letter, History};
 use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
 use super::redis_scripts::{
     ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW,
@@ -277,14 +278,15 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
-        let mut out = Vec::with_capacity(got.len() / 4);
-        for e in got.chunks_exact(4) {
+        let mut out = Vec::with_capacity(got.len() / 5);
+        for e in got.chunks_exact(5) {
             let id = text(&e[0]);
             let attempt = number(&e[2]) as u32;
             let Some(message) = bytes(&e[1]).and_then(Message::decode) else {
                 // Added by another version or by hand: set aside with its
                 // reason, and the others delivered.
-                self.bury_unreadable(&id, bytes(&e[1]).unwrap_or_default(), attempt)
+                let history = text(&e[4]);
+                self.bury_unreadable(&id, bytes(&e[1]).unwrap_or_default(), attempt, &history)
                     .await?;
                 continue;
             };
@@ -294,6 +296,7 @@ where
                 attempt,
                 enqueued_at: time_of(number(&e[3])),
                 lease: 0,
+                history: Some(text(&e[4]).into()).filter(|h: &Arc<str>| !h.is_empty()),
             });
         }
         Ok(out)
@@ -474,9 +477,16 @@ where
         &self,
         delivery: &Delivery,
         after: Duration,
-        _error: &str,
+        error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt).await
+        let history = History::record(
+            delivery.history.as_deref(),
+            delivery.attempt,
+            SystemTime::now(),
+            error,
+        );
+        self.back_off(delivery, after, delivery.attempt, &history)
+            .await
     }
 
     async fn postpone(
@@ -485,7 +495,8 @@ where
         after: Duration,
         _error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt.saturating_sub(1))
+        let history = delivery.history.as_deref().unwrap_or_default();
+        self.back_off(delivery, after, delivery.attempt.saturating_sub(1), history)
             .await
     }
 
@@ -500,6 +511,12 @@ where
             .arg(delivery.attempt)
             .arg(error)
             .arg(now_ms())
+            .arg(History::record(
+                delivery.history.as_deref(),
+                delivery.attempt,
+                SystemTime::now(),
+                error,
+            ))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
@@ -638,7 +655,13 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Moves an entry this version cannot read to the dead letters.
-    async fn bury_unreadable(&self, id: &str, raw: &[u8], attempt: u32) -> Result<(), QueueError> {
+    async fn bury_unreadable(
+        &self,
+        id: &str,
+        raw: &[u8],
+        attempt: u32,
+        history: &str,
+    ) -> Result<(), QueueError> {
         let why = "undecodable entry: not a message this version can read";
         crate::log_warn!(entry = %id, "{why}; dead-lettered");
         let _: i64 = DEAD
@@ -651,6 +674,12 @@ where
             .arg(attempt)
             .arg(why)
             .arg(now_ms())
+            .arg(History::record(
+                Some(history),
+                attempt,
+                SystemTime::now(),
+                why,
+            ))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
@@ -658,12 +687,13 @@ where
     }
 
     /// Moves a leased entry to the backoff set, due after `after`, with
-    /// `attempts` recorded.
+    /// `attempts` and its failed attempts' `history` recorded.
     async fn back_off(
         &self,
         delivery: &Delivery,
         after: Duration,
         attempts: u32,
+        history: &str,
     ) -> Result<bool, QueueError> {
         let enqueued = delivery
             .enqueued_at
@@ -681,6 +711,7 @@ where
             .arg(delivery.message.encode())
             .arg(attempts)
             .arg(enqueued)
+            .arg(history)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
@@ -693,13 +724,15 @@ fn dead_letter_of((id, f): StreamEntry) -> DeadLetter {
     let nil = Value::Nil;
     let field = |k: &str| f.get(k).unwrap_or(&nil);
     let raw = bytes(field("m")).unwrap_or_default();
-    DeadLetter {
-        message: Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
-        attempts: number(field("a")) as u32,
-        error: text(field("e")),
-        dead_at: time_of(number(field("at"))),
-        id: EntryId::new(id),
-    }
+    let history = bytes(field("h")).and_then(|h| std::str::from_utf8(h).ok());
+    dead_letter(
+        EntryId::new(&*id),
+        Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
+        number(field("a")) as u32,
+        text(field("e")),
+        time_of(number(field("at"))),
+        history,
+    )
 }
 
 /// Whether `id` reads as a stream id (`MS-SEQ`), so that Redis takes it.

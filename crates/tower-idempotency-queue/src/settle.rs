@@ -128,32 +128,35 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
         }
         Err(e) => e,
     };
+    // Kept short: an upstream's huge error body does not grow the entry.
+    let text = e.to_string();
+    let text = crate::attempts::cut(&text);
     Ok(match e.disposition() {
         Disposition::Keep => {
             super::metrics::attempt(name, "kept");
-            Settled::Kept(queue.postpone(delivery, KEPT_FOR, &e.to_string()).await?)
+            Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?)
         }
         Disposition::Pause => {
             super::metrics::attempt(name, "paused");
-            Settled::Paused(queue.postpone(delivery, PAUSED_FOR, &e.to_string()).await?)
+            Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?)
         }
         Disposition::Hold => {
             super::metrics::attempt(name, "postponed");
-            Settled::Paused(queue.postpone(delivery, after, &e.to_string()).await?)
+            Settled::Paused(queue.postpone(delivery, after, text).await?)
         }
         Disposition::Permanent => {
             super::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
-            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
+            Settled::DeadLettered(queue.dead_letter(delivery, text).await?)
         }
         Disposition::Retry if last => {
             super::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
-            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
+            Settled::DeadLettered(queue.dead_letter(delivery, text).await?)
         }
         Disposition::Retry => {
             super::metrics::attempt(name, "retried");
-            Settled::Retried(queue.retry(delivery, after, &e.to_string()).await?)
+            Settled::Retried(queue.retry(delivery, after, text).await?)
         }
     })
 }

@@ -83,19 +83,21 @@ fn dlq(metrics: SocketAddr, token: &Path, args: &[&str]) -> (i32, String, String
 }
 
 /// On `queue`, while the gateway runs: two notifications die (the upstream
-/// down, `--max-attempts 2`); `dlq list` lists both and the API pages
+/// down, `--max-attempts 3`, answering 500, 502, 503 in turn); the API
+/// and `dlq show` give each attempt's error, in order, with its time;
+/// `dlq list` lists both and the API pages
 /// them one at a time; `dlq show` has the request; `dlq replay` of one
 /// delivers it once (a second replay finds nothing); `dlq delete` of the
 /// other removes it (journaled), and its next copy is queued and
 /// delivered once.
 async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
-    let (up, up_addr) = Upstream::start(true).await;
+    let (up, up_addr) = Upstream::start_in_turn(true).await;
     let token = token_file(&format!("dead-api-token-{tag}"));
     let dir = temp_path(&format!("dead-api-{tag}"));
     let metrics = free_addr();
     let extra = [
         "--max-attempts",
-        "2",
+        "3",
         "--journal",
         "--data-dir",
         dir.to_str().unwrap(),
@@ -119,7 +121,7 @@ async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
     let lines: Vec<&str> = listed.lines().collect();
     assert_eq!(lines.len(), 2, "{listed}");
     for l in &lines {
-        assert!(l.contains("attempts=2"), "{listed}");
+        assert!(l.contains("attempts=3"), "{listed}");
         assert!(l.contains("path=/wx/notify"), "{listed}");
     }
     // Paged one at a time, the cursor reaches both, then no more.
@@ -160,14 +162,39 @@ async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
     let (id_a, shown_a) = id_of(&a);
     let (id_b, _) = id_of(&b);
     assert!(shown_a.contains("request: POST /wx/notify"), "{shown_a}");
-    assert!(shown_a.contains("attempts: 2"), "{shown_a}");
-    assert!(shown_a.contains("attempt 2: "), "{shown_a}");
+    assert!(shown_a.contains("attempts: 3"), "{shown_a}");
+    let errors = [
+        "upstream answered 500 Internal Server Error",
+        "upstream answered 502 Bad Gateway",
+        "upstream answered 503 Service Unavailable",
+    ];
+    let shown_errors: Vec<&str> = (shown_a.lines())
+        .filter(|l| l.starts_with("attempt "))
+        .map(|l| l.split_once(": ").map_or("", |(_, e)| e))
+        .collect();
+    assert_eq!(shown_errors, errors, "{shown_a}");
     assert!(
         shown_a.contains("header: content-type: application/json"),
         "{shown_a}"
     );
     let (status, detail) = admin_call(metrics, "GET", &format!("/admin/dead/{id_a}")).await;
     assert_eq!(status, 200);
+    let attempts = detail["attempt_errors"].as_array().expect("attempts");
+    let got: Vec<(u64, &str)> = (attempts.iter())
+        .map(|a| (a["attempt"].as_u64().unwrap(), a["error"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [(1, errors[0]), (2, errors[1]), (3, errors[2])],
+        "{detail}"
+    );
+    let times: Vec<std::time::SystemTime> = (attempts.iter())
+        .map(|a| humantime::parse_rfc3339(a["at"].as_str().unwrap()).unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{detail}");
+    let dead_at = humantime::parse_rfc3339(detail["dead_at"].as_str().unwrap()).unwrap();
+    assert!(times[2] <= dead_at + Duration::from_secs(1), "{detail}");
+    assert_eq!(detail["attempts_not_kept"], 0, "{detail}");
     assert!(detail["body_base64"]
         .as_str()
         .is_some_and(|b| !b.is_empty()));
