@@ -348,3 +348,81 @@ async fn dlq_offline_says_it_works_on_the_queue_directly() {
     assert_eq!(out.status.code(), Some(1));
     let _ = std::fs::remove_file(token);
 }
+
+/// Dead letters that others wrote into a shared Redis queue read as what
+/// is known, never a failed answer: one an earlier version wrote (no
+/// history of its attempts) and one a hostile peer wrote (a history that
+/// is not one, attempts at the top of `u32`, a time past year 9999, markup
+/// in its error) each show their last error as their one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_an_earlier_version_or_a_hostile_peer_wrote_still_read_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = own_redis() else {
+        return;
+    };
+    let url = redis.url();
+    let (_up, up_addr) = Upstream::start(false).await;
+    let token = token_file("dead-api-hostile-token");
+    let metrics = free_addr();
+    let extra = ["--admin-token-file", token.to_str().unwrap()];
+    let gw = gateway(up_addr, &["--queue", &url], metrics, &extra);
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let hostile_error = r#"<img src=x onerror="alert(1)">"#;
+    let letters: [(&str, u64, &str, u64, Option<&str>); 2] = [
+        (
+            "old",
+            3,
+            "upstream answered 503 Service Unavailable",
+            now_ms,
+            None,
+        ),
+        (
+            "hostile",
+            u64::from(u32::MAX),
+            hostile_error,
+            u64::MAX,
+            Some("1;0;1@x=;;%zz"),
+        ),
+    ];
+    for (body, attempts, error, at, history) in letters {
+        let mut add = redis::cmd("XADD");
+        add.arg("{gateway}:d")
+            .arg("*")
+            .arg("m")
+            .arg(body)
+            .arg("a")
+            .arg(attempts)
+            .arg("e")
+            .arg(error)
+            .arg("at")
+            .arg(at);
+        if let Some(h) = history {
+            add.arg("h").arg(h);
+        }
+        let _: String = add.query_async(&mut conn).await.unwrap();
+    }
+    let (status, page) = admin_call(metrics, "GET", "/admin/dead").await;
+    assert_eq!(status, 200, "{page}");
+    let listed = page["dead_letters"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "{page}");
+    for (d, (_, attempts, error, _, _)) in listed.iter().zip(letters) {
+        let id = d["id"].as_str().unwrap();
+        let (status, detail) = admin_call(metrics, "GET", &format!("/admin/dead/{id}")).await;
+        assert_eq!(status, 200, "{detail}");
+        let shown = detail["attempt_errors"].as_array().unwrap();
+        assert_eq!(shown.len(), 1, "{detail}");
+        assert_eq!(shown[0]["error"], error, "{detail}");
+        assert_eq!(shown[0]["attempt"], attempts, "{detail}");
+        assert_eq!(detail["attempts_not_kept"], attempts - 1, "{detail}");
+        let (code, out, err) = dlq(metrics, &token, &["show", id]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(&format!("attempt {attempts} at ")), "{out}");
+    }
+    drop(gw);
+    let _ = std::fs::remove_file(token);
+}
