@@ -142,6 +142,37 @@ macro_rules! embedded_queue {
                     .map_err(QueueError::new)
             }
         }
+
+        impl $crate::Park for $ty {
+            fn parks(&self) -> bool {
+                true
+            }
+
+            async fn park(
+                &self,
+                delivery: &Delivery,
+                prefix: &str,
+            ) -> Result<Option<bool>, QueueError> {
+                let (d, prefix) = (delivery.clone(), prefix.to_owned());
+                self.inner
+                    .grouped(move |txn| Embedded::park(txn, &d, &prefix))
+                    .await
+            }
+
+            async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
+                let prefix = prefix.to_owned();
+                self.inner
+                    .grouped(move |txn| Embedded::wake(txn, &prefix))
+                    .await
+            }
+
+            async fn parked(&self) -> Result<Vec<String>, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.parked())
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
+            }
+        }
     };
 }
 pub(super) use embedded_queue;

@@ -33,6 +33,15 @@ pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("d
 pub(super) const ATTEMPTS: TableDefinition<'_, u64, &str> = TableDefinition::new("attempts");
 pub(super) const DEAD_ATTEMPTS: TableDefinition<'_, u64, &str> =
     TableDefinition::new("dead_attempts");
+/// Entries parked under a paused route's prefix: (prefix, id) → state.
+pub(super) const PARKED: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("parked");
+/// How many entries are parked under each prefix.
+pub(super) const PARKED_PREFIXES: TableDefinition<'_, &str, u64> =
+    TableDefinition::new("parked_prefixes");
+/// The order groups with a parked entry (order hash → how many): a later
+/// entry of such a group waits for it.
+pub(super) const PARKED_ORDERS: TableDefinition<'_, u64, u64> =
+    TableDefinition::new("parked_orders");
 pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
 /// Expired keys removed per acknowledgement, so that cleanup keeps pace
@@ -256,6 +265,7 @@ impl Embedded {
     ) -> Result<Vec<Delivery>, QueueError> {
         let now = queue_now(txn)?;
         let mut state = txn.open_table(STATE).map_err(err)?;
+        let parked_orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
         let mut blocked = HashSet::new();
         let mut taken = Vec::new();
         for row in state.iter().map_err(err)? {
@@ -266,6 +276,10 @@ impl Embedded {
             let s = State::decode(value.value())?;
             if s.order != 0 && !blocked.insert(s.order) {
                 // An earlier entry of its order group is not delivered yet.
+                continue;
+            }
+            if s.order != 0 && parked_orders.get(s.order).map_err(err)?.is_some() {
+                // Nor is one that is parked (the earliest of its group).
                 continue;
             }
             if s.due <= now {
@@ -488,6 +502,83 @@ impl Embedded {
         Ok(true)
     }
 
+    /// Parks the leased `delivery` under `prefix` (see
+    /// [`Park::park`](super::Park::park)): its state leaves `state` (so no
+    /// fetch scans it) for `parked`, its attempt uncounted.
+    pub(super) fn park(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        prefix: &str,
+    ) -> Result<Option<bool>, QueueError> {
+        let Some((id, mut s)) = Self::leased(txn, delivery)? else {
+            return Ok(Some(false));
+        };
+        if s.order != 0 {
+            // Out of `state`, it still holds its group's later entries back.
+            let mut orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
+            let n = orders.get(s.order).map_err(err)?.map_or(0, |v| v.value());
+            orders.insert(s.order, n + 1).map_err(err)?;
+        }
+        s.attempts = s.attempts.saturating_sub(1);
+        s.lease = 0;
+        txn.open_table(STATE)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?;
+        txn.open_table(PARKED)
+            .map_err(err)?
+            .insert((prefix, id), s.encode().as_slice())
+            .map_err(err)?;
+        let mut prefixes = txn.open_table(PARKED_PREFIXES).map_err(err)?;
+        let n = prefixes.get(prefix).map_err(err)?.map_or(0, |v| v.value());
+        prefixes.insert(prefix, n + 1).map_err(err)?;
+        Ok(Some(true))
+    }
+
+    /// Puts every entry parked under `prefix` back into `state`, due now.
+    pub(super) fn wake(txn: &WriteTransaction, prefix: &str) -> Result<u64, QueueError> {
+        let now = queue_now(txn)?;
+        let mut parked = txn.open_table(PARKED).map_err(err)?;
+        let rows: Vec<(u64, Vec<u8>)> = parked
+            .range((prefix, 0u64)..=(prefix, u64::MAX))
+            .map_err(err)?
+            .map(|r| r.map(|(k, v)| (k.value().1, v.value().to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(err)?;
+        let mut state = txn.open_table(STATE).map_err(err)?;
+        let mut orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
+        for (id, raw) in &rows {
+            parked.remove((prefix, *id)).map_err(err)?;
+            let mut s = State::decode(raw)?;
+            s.due = now;
+            state.insert(*id, s.encode().as_slice()).map_err(err)?;
+            if s.order != 0 {
+                let n = orders.get(s.order).map_err(err)?.map_or(0, |v| v.value());
+                if n > 1 {
+                    orders.insert(s.order, n - 1).map_err(err)?;
+                } else {
+                    orders.remove(s.order).map_err(err)?;
+                }
+            }
+        }
+        txn.open_table(PARKED_PREFIXES)
+            .map_err(err)?
+            .remove(prefix)
+            .map_err(err)?;
+        Ok(rows.len() as u64)
+    }
+
+    /// The prefixes with entries parked under them.
+    pub(super) fn parked(&self) -> Result<Vec<String>, QueueError> {
+        let txn = self.db.get()?.begin_read().map_err(err)?;
+        let prefixes = txn.open_table(PARKED_PREFIXES).map_err(err)?;
+        let mut out = Vec::new();
+        for row in prefixes.iter().map_err(err)? {
+            out.push(row.map_err(err)?.0.value().to_owned());
+        }
+        Ok(out)
+    }
+
     pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
         self.db.health.stats(self.read_stats())
     }
@@ -503,8 +594,9 @@ impl Embedded {
             }
             None => None,
         };
+        let parked = txn.open_table(PARKED).map_err(err)?.len().map_err(err)?;
         Ok(QueueStats {
-            depth: state.len().map_err(err)?,
+            depth: state.len().map_err(err)? + parked,
             oldest,
             dead: txn.open_table(DEAD).map_err(err)?.len().map_err(err)?,
             ..QueueStats::default()

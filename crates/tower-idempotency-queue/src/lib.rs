@@ -86,6 +86,7 @@ mod memory;
 mod message;
 mod metrics;
 mod pace;
+mod park;
 mod records;
 mod redb;
 #[cfg(feature = "redis")]
@@ -113,6 +114,7 @@ pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
 pub use memory::MemoryQueue;
 pub use message::{copy_key, original_key, Message};
 pub use pace::{Pace, Rate};
+pub use park::Park;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;

@@ -138,6 +138,69 @@ pub(super) static DEAD: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Parks an entry this consumer holds: out of the stream, into the hash of
+/// its prefix (fields `ID:m`, `ID:a`, `ID:t`, `ID:h`), the prefix in the set
+/// of parked prefixes, the parked count up by one. KEYS: the stream, the
+/// prefix's hash, the set, the count; ARGV: group, consumer, id, message,
+/// attempts, enqueued, history, prefix.
+pub(super) static PARK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         local k = ARGV[3]
+         redis.call('HSET', KEYS[2], k .. ':m', ARGV[4], k .. ':a', ARGV[5], k .. ':t', ARGV[6], k .. ':h', ARGV[7])
+         redis.call('SADD', KEYS[3], ARGV[8])
+         redis.call('INCR', KEYS[4])
+         return 1"
+    ))
+});
+
+/// Wakes every entry parked under a prefix: each back into the stream (in
+/// the order they were first added), the hash and the prefix gone, the
+/// count down. One script: two instances waking at once move each entry
+/// once. KEYS: the stream, the prefix's hash, the set, the count; ARGV: the
+/// prefix. How many.
+pub(super) static WAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local all = redis.call('HGETALL', KEYS[2])
+         local by = {}
+         local ids = {}
+         for i = 1, #all, 2 do
+           local id, field = string.match(all[i], '^(.*):(%a)$')
+           if id then
+             if not by[id] then by[id] = {}; table.insert(ids, id) end
+             by[id][field] = all[i + 1]
+           end
+         end
+         local function parts(id)
+           local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+           return tonumber(ms or '0'), tonumber(seq or '0')
+         end
+         table.sort(ids, function(a, b)
+           local am, as = parts(a)
+           local bm, bs = parts(b)
+           if am == bm then return as < bs end
+           return am < bm
+         end)
+         local n = 0
+         for _, id in ipairs(ids) do
+           local e = by[id]
+           if e['m'] then
+             redis.call('XADD', KEYS[1], '*', 'm', e['m'], 'a', e['a'] or '0', 't', e['t'] or '0', 'h', e['h'] or '')
+             n = n + 1
+           end
+         end
+         redis.call('DEL', KEYS[2])
+         redis.call('SREM', KEYS[3], ARGV[1])
+         if n > 0 then
+           local left = redis.call('DECRBY', KEYS[4], n)
+           if left <= 0 then redis.call('DEL', KEYS[4]) end
+         end
+         return n",
+    )
+});
+
 /// Forgets a delivered key's marker: 1, or 0 if there is none, or -1 (and
 /// nothing changed) while it has no expiry (its entry is queued, being
 /// delivered or dead-lettered).

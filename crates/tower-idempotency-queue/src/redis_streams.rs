@@ -3,8 +3,8 @@
 use super::attempts::{dead_letter, History};
 use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
 use super::redis_scripts::{
-    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW,
-    RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN,
+    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PARK, PRUNE, RENEW,
+    RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN, WAKE,
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
@@ -161,6 +161,11 @@ where
 
     fn key(&self, part: &str) -> String {
         format!("{{{}}}:{part}", self.name)
+    }
+
+    /// The hash of the entries parked under `prefix`.
+    fn parked_under(&self, prefix: &str) -> String {
+        format!("{{{}}}:park:{prefix}", self.name)
     }
 
     fn marker(&self, key: &str) -> String {
@@ -613,26 +618,30 @@ where
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {
-        let (live, delayed, dead, first): (u64, u64, u64, Vec<StreamEntry>) = ::redis::pipe()
-            .cmd("XLEN")
-            .arg(self.key("s"))
-            .cmd("ZCARD")
-            .arg(self.key("r"))
-            .cmd("XLEN")
-            .arg(self.key("d"))
-            .cmd("XRANGE")
-            .arg(self.key("s"))
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        // The oldest entry in the stream; entries backing off are older
-        // still, but only counted.
+        let (live, delayed, dead, first, parked): (u64, u64, u64, Vec<StreamEntry>, Option<i64>) =
+            ::redis::pipe()
+                .cmd("XLEN")
+                .arg(self.key("s"))
+                .cmd("ZCARD")
+                .arg(self.key("r"))
+                .cmd("XLEN")
+                .arg(self.key("d"))
+                .cmd("XRANGE")
+                .arg(self.key("s"))
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .cmd("GET")
+                .arg(self.key("parked"))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(err)?;
+        // The oldest entry in the stream; entries backing off or parked are
+        // older still, but only counted.
         let oldest = first.first().and_then(|(_, f)| f.get("t")).map(number);
-        Ok(super::stats::counted(live + delayed, dead, oldest))
+        let parked = u64::try_from(parked.unwrap_or(0)).unwrap_or(0);
+        Ok(super::stats::counted(live + delayed + parked, dead, oldest))
     }
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
@@ -716,6 +725,61 @@ where
             .await
             .map_err(err)?;
         Ok(got == 1)
+    }
+}
+
+impl<C> super::Park for RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn parks(&self) -> bool {
+        true
+    }
+
+    async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
+        let enqueued = delivery
+            .enqueued_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let got: i64 = PARK
+            .key(self.key("s"))
+            .key(self.parked_under(prefix))
+            .key(self.key("parked-prefixes"))
+            .key(self.key("parked"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(delivery.message.encode())
+            .arg(delivery.attempt.saturating_sub(1))
+            .arg(enqueued)
+            .arg(delivery.history.as_deref().unwrap_or_default())
+            .arg(prefix)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(got == 1))
+    }
+
+    async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
+        let n: u64 = WAKE
+            .key(self.key("s"))
+            .key(self.parked_under(prefix))
+            .key(self.key("parked-prefixes"))
+            .key(self.key("parked"))
+            .arg(prefix)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(n)
+    }
+
+    async fn parked(&self) -> Result<Vec<String>, QueueError> {
+        ::redis::cmd("SMEMBERS")
+            .arg(self.key("parked-prefixes"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)
     }
 }
 

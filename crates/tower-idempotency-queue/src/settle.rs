@@ -116,7 +116,7 @@ pub(super) async fn unsettled<Q: Queue>(
 /// attempt).
 pub(super) async fn settle<Q: Queue, E: Failure>(
     queue: &Q,
-    name: &Arc<str>,
+    (name, parker): (&Arc<str>, Option<&super::park::Parker>),
     (last, after): (bool, Duration),
     delivery: &Delivery,
     result: Result<(), E>,
@@ -138,6 +138,11 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
         }
         Disposition::Pause => {
             super::metrics::attempt(name, "paused");
+            if let Some(parker) = parker
+                && let Some(parked) = parker.park(delivery).await
+            {
+                return Ok(Settled::Paused(parked?));
+            }
             Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?)
         }
         Disposition::Hold => {
