@@ -82,3 +82,59 @@ impl Parker {
         (self.0)(delivery)?.await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Park;
+    use crate::{Ingested, MemoryQueue, Message, Queue};
+    use std::time::Duration;
+    use tower_idempotency::Fingerprint;
+
+    fn message(key: &str, order: Option<&str>) -> Message {
+        let m = Message::new(key, Fingerprint::of(key.as_bytes()), "{}");
+        match order {
+            Some(o) => m.order(o),
+            None => m,
+        }
+    }
+
+    /// Parked: not fetched, counted in the depth, the attempt uncounted;
+    /// woken once (a second wake finds nothing), then due at once; a parked
+    /// entry of an order group still holds its group's later entries back.
+    #[tokio::test(flavor = "current_thread")]
+    async fn parked_entries_wait_for_their_wake_and_keep_their_order() {
+        let q = MemoryQueue::new();
+        let lease = Duration::from_secs(30);
+        for (key, order) in [("a", Some("g")), ("b", None), ("c", Some("g"))] {
+            let got = q.ingest(message(key, order)).await.unwrap();
+            assert!(matches!(got, Ingested::Queued(_)));
+        }
+        // "c" waits behind "a", its group's earlier entry.
+        let first = q.fetch(10, lease).await.unwrap();
+        let keys: Vec<&str> = first.iter().map(|d| d.message.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b"]);
+        for d in &first {
+            assert_eq!(q.park(d, "/wx").await.unwrap(), Some(true));
+            assert_eq!(q.park(d, "/wx").await.unwrap(), Some(false), "parked twice");
+        }
+        assert_eq!(q.parked().await.unwrap(), ["/wx"]);
+        assert_eq!(q.stats().await.unwrap().depth, 3);
+        assert!(q.fetch(10, lease).await.unwrap().is_empty(), "c passed a");
+        assert_eq!(q.wake("/wy").await.unwrap(), 0);
+        assert_eq!(q.wake("/wx").await.unwrap(), 2);
+        assert_eq!(q.wake("/wx").await.unwrap(), 0, "woken twice");
+        assert!(q.parked().await.unwrap().is_empty());
+        let again = q.fetch(10, lease).await.unwrap();
+        let keys: Vec<(&str, u32)> = again
+            .iter()
+            .map(|d| (d.message.key.as_str(), d.attempt))
+            .collect();
+        assert_eq!(keys, [("a", 1), ("b", 1)], "the parked attempt counted");
+        for d in &again {
+            assert!(q.ack(d).await.unwrap());
+        }
+        let last = q.fetch(10, lease).await.unwrap();
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].message.key, "c");
+    }
+}
