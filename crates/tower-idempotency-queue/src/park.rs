@@ -9,7 +9,7 @@ use std::future::Future;
 /// parked under a prefix back, due at once, when that route resumes.
 ///
 /// A [`Worker`](super::Worker) given one with
-/// [`park_with`](super::Worker::park_with) parks the entries of a paused
+/// [`park_paused`](super::Worker::park_paused) parks the entries of a paused
 /// route (a delivery whose error says
 /// [`Disposition::Pause`](tower_idempotency::consumer::Disposition::Pause))
 /// instead of postponing them: nothing of that route is fetched again until
@@ -53,7 +53,10 @@ type Parking = std::pin::Pin<Box<dyn Future<Output = Option<Result<bool, QueueEr
 /// How a [`Worker`](super::Worker) parks a paused route's delivery: the
 /// queue (one that parks) and which paused prefix a message is under.
 #[derive(Clone)]
-pub(super) struct Parker(std::sync::Arc<dyn Fn(&Delivery) -> Option<Parking> + Send + Sync>);
+pub(super) struct Parker(std::sync::Arc<ParkFn>);
+
+/// Starts parking a delivery, or says it is not to be parked.
+type ParkFn = dyn Fn(&Delivery) -> Option<Parking> + Send + Sync;
 
 impl std::fmt::Debug for Parker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

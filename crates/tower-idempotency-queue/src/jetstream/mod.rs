@@ -473,6 +473,26 @@ impl Queue for JetStreamQueue {
     }
 }
 
+/// Parks nothing: a delay set on the broker cannot be shortened, so a
+/// paused route's entries are postponed 30 s at a time instead.
+impl super::Park for JetStreamQueue {
+    fn parks(&self) -> bool {
+        false
+    }
+
+    async fn park(&self, _delivery: &Delivery, _prefix: &str) -> Result<Option<bool>, QueueError> {
+        Ok(None)
+    }
+
+    async fn wake(&self, _prefix: &str) -> Result<u64, QueueError> {
+        Ok(0)
+    }
+
+    async fn parked(&self) -> Result<Vec<String>, QueueError> {
+        Ok(Vec::new())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::connection::{sanitize, unescape};
@@ -493,25 +513,5 @@ mod tests {
         assert!(Marker::decode(b"short").is_none());
         let slots = [(1, 2), (u64::MAX, 9)];
         assert_eq!(decode_slots(&encode_slots(&slots)), slots);
-    }
-}
-
-/// Parks nothing: a delay set on the broker cannot be shortened, so a
-/// paused route's entries are postponed 30 s at a time instead.
-impl super::Park for JetStreamQueue {
-    fn parks(&self) -> bool {
-        false
-    }
-
-    async fn park(&self, _delivery: &Delivery, _prefix: &str) -> Result<Option<bool>, QueueError> {
-        Ok(None)
-    }
-
-    async fn wake(&self, _prefix: &str) -> Result<u64, QueueError> {
-        Ok(0)
-    }
-
-    async fn parked(&self) -> Result<Vec<String>, QueueError> {
-        Ok(Vec::new())
     }
 }
