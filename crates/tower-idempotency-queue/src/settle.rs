@@ -71,10 +71,11 @@ impl WorkerRound {
 /// again (its due time outlives a restart with the route configured).
 const KEPT_FOR: Duration = Duration::from_secs(10);
 
-/// How long an entry of a paused route waits before it is handed out again:
-/// long enough that a paused route's entries, however many, cost the worker
-/// little (10,000 of them: about 330 looks a second, none of them a call);
-/// a resumed route's entries are delivered within it.
+/// How long an entry of a paused route waits before it is handed out again
+/// when it is not parked (a queue that does not park, a worker not told
+/// to): long enough that a paused route's entries, however many, cost the
+/// worker little (10,000 of them: about 330 looks a second, none of them a
+/// call); a resumed route's entries are delivered within it.
 const PAUSED_FOR: Duration = Duration::from_secs(30);
 
 /// What a delivery's result says of the upstream: `Some(true)` it answered
