@@ -42,11 +42,11 @@ macro_rules! embedded_queue {
                 &self,
                 delivery: &Delivery,
                 after: Duration,
-                _error: &str,
+                error: &str,
             ) -> Result<bool, QueueError> {
-                let d = delivery.clone();
+                let (d, error) = (delivery.clone(), error.to_owned());
                 self.inner
-                    .grouped(move |txn| Embedded::retry(txn, &d, after, false))
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, Some(&error)))
                     .await
             }
 
@@ -58,7 +58,7 @@ macro_rules! embedded_queue {
             ) -> Result<bool, QueueError> {
                 let d = delivery.clone();
                 self.inner
-                    .grouped(move |txn| Embedded::retry(txn, &d, after, true))
+                    .grouped(move |txn| Embedded::retry(txn, &d, after, None))
                     .await
             }
 
@@ -140,6 +140,37 @@ macro_rules! embedded_queue {
                     .grouped(move |txn| Embedded::forget(txn, &key))
                     .await?
                     .map_err(QueueError::new)
+            }
+        }
+
+        impl $crate::Park for $ty {
+            fn parks(&self) -> bool {
+                true
+            }
+
+            async fn park(
+                &self,
+                delivery: &Delivery,
+                prefix: &str,
+            ) -> Result<Option<bool>, QueueError> {
+                let (d, prefix) = (delivery.clone(), prefix.to_owned());
+                self.inner
+                    .grouped(move |txn| Embedded::park(txn, &d, &prefix))
+                    .await
+            }
+
+            async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
+                let prefix = prefix.to_owned();
+                self.inner
+                    .grouped(move |txn| Embedded::wake(txn, &prefix))
+                    .await
+            }
+
+            async fn parked(&self) -> Result<Vec<String>, QueueError> {
+                let q = self.inner.clone();
+                tokio::task::spawn_blocking(move || q.parked())
+                    .await
+                    .map_err(|e| QueueError::new(e.to_string()))?
             }
         }
     };

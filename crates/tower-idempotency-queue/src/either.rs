@@ -169,3 +169,24 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
         both!(self, q => q.forget(key))
     }
 }
+
+impl<A: super::Park, B: super::Park> super::Park for Either<A, B> {
+    fn parks(&self) -> bool {
+        match self {
+            Either::Left(q) => q.parks(),
+            Either::Right(q) => q.parks(),
+        }
+    }
+
+    async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
+        both!(self, q => q.park(delivery, prefix))
+    }
+
+    async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
+        both!(self, q => q.wake(prefix))
+    }
+
+    async fn parked(&self) -> Result<Vec<String>, QueueError> {
+        both!(self, q => q.parked())
+    }
+}

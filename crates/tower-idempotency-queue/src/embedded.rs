@@ -4,10 +4,14 @@
 //! group hash: fixed 36 bytes, scanned by `fetch`), `messages` (id → encoded
 //! message, read only for the entries handed out), `keys` (key →
 //! fingerprint, live entry id, expiry), `expiry` ((expiry, key) → ()),
-//! `dead` (id → attempts, time, error, message), `meta` (next id). Every
+//! `dead` (id → attempts, time, error, message), `attempts` and
+//! `dead_attempts` (id → the entry's failed attempts, see
+//! `attempts::History`; absent for an entry that has not failed, or that
+//! an earlier version wrote), `meta` (next id). Every
 //! change runs in a write transaction of the group commit: atomic, and
 //! durable before its caller hears back.
 
+use super::attempts::History;
 use super::group::{Committer, Kind};
 use super::health::Health;
 use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
@@ -26,6 +30,18 @@ pub(super) const MESSAGES: TableDefinition<'_, u64, &[u8]> = TableDefinition::ne
 pub(super) const KEYS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("keys");
 pub(super) const EXPIRY: TableDefinition<'_, (u64, &str), ()> = TableDefinition::new("expiry");
 pub(super) const DEAD: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("dead");
+pub(super) const ATTEMPTS: TableDefinition<'_, u64, &str> = TableDefinition::new("attempts");
+pub(super) const DEAD_ATTEMPTS: TableDefinition<'_, u64, &str> =
+    TableDefinition::new("dead_attempts");
+/// Entries parked under a paused route's prefix: (prefix, id) → state.
+pub(super) const PARKED: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("parked");
+/// How many entries are parked under each prefix.
+pub(super) const PARKED_PREFIXES: TableDefinition<'_, &str, u64> =
+    TableDefinition::new("parked_prefixes");
+/// The order groups with a parked entry (order hash → how many): a later
+/// entry of such a group waits for it.
+pub(super) const PARKED_ORDERS: TableDefinition<'_, u64, u64> =
+    TableDefinition::new("parked_orders");
 pub(super) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
 /// Expired keys removed per acknowledgement, so that cleanup keeps pace
@@ -249,6 +265,7 @@ impl Embedded {
     ) -> Result<Vec<Delivery>, QueueError> {
         let now = queue_now(txn)?;
         let mut state = txn.open_table(STATE).map_err(err)?;
+        let parked_orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
         let mut blocked = HashSet::new();
         let mut taken = Vec::new();
         for row in state.iter().map_err(err)? {
@@ -259,6 +276,10 @@ impl Embedded {
             let s = State::decode(value.value())?;
             if s.order != 0 && !blocked.insert(s.order) {
                 // An earlier entry of its order group is not delivered yet.
+                continue;
+            }
+            if s.order != 0 && parked_orders.get(s.order).map_err(err)?.is_some() {
+                // Nor is one that is parked (the earliest of its group).
                 continue;
             }
             if s.due <= now {
@@ -290,14 +311,16 @@ impl Embedded {
                 attempt: s.attempts,
                 enqueued_at: time_of(s.enqueued),
                 lease: s.lease,
+                history: None,
             });
         }
         drop(state);
         for (id, attempts, raw) in unreadable {
+            let history = Self::history(txn, id)?;
             Self::remove(txn, id)?;
             let why = "undecodable entry: not a message this version can read";
             crate::log_warn!(entry = id, "{why}; dead-lettered");
-            Self::bury(txn, id, attempts, why, &raw)?;
+            Self::bury(txn, id, attempts, why, &raw, history.as_deref())?;
         }
         Ok(out)
     }
@@ -336,9 +359,20 @@ impl Embedded {
         Ok(true)
     }
 
+    /// The failed attempts live entry `id` recorded, as stored.
+    pub(super) fn history(txn: &WriteTransaction, id: u64) -> Result<Option<String>, QueueError> {
+        let table = txn.open_table(ATTEMPTS).map_err(err)?;
+        let row = table.get(id).map_err(err)?;
+        Ok(row.map(|v| v.value().to_owned()))
+    }
+
     /// Removes a live entry: its message bytes if it had any.
     pub(super) fn remove(txn: &WriteTransaction, id: u64) -> Result<Option<Vec<u8>>, QueueError> {
         txn.open_table(STATE)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?;
+        txn.open_table(ATTEMPTS)
             .map_err(err)?
             .remove(id)
             .map_err(err)?;
@@ -436,26 +470,113 @@ impl Embedded {
         Ok(Ok(marker.expires > queue_now(txn)?))
     }
 
-    /// Due again after `after`; `uncounted`: this attempt does not count.
+    /// Due again after `after`; `failed`: this attempt failed with that
+    /// error (it counts, and is recorded), `None`: it does not count.
     pub(super) fn retry(
         txn: &WriteTransaction,
         delivery: &Delivery,
         after: Duration,
-        uncounted: bool,
+        failed: Option<&str>,
     ) -> Result<bool, QueueError> {
         let Some((id, mut s)) = Self::leased(txn, delivery)? else {
             return Ok(false);
         };
-        if uncounted {
-            s.attempts = s.attempts.saturating_sub(1);
+        let now = queue_now(txn)?;
+        match failed {
+            Some(error) => {
+                let stored = Self::history(txn, id)?;
+                let line = History::record(stored.as_deref(), s.attempts, time_of(now), error);
+                txn.open_table(ATTEMPTS)
+                    .map_err(err)?
+                    .insert(id, line.as_str())
+                    .map_err(err)?;
+            }
+            None => s.attempts = s.attempts.saturating_sub(1),
         }
         s.lease = 0;
-        s.due = queue_now(txn)? + after.as_millis() as u64;
+        s.due = now + after.as_millis() as u64;
         txn.open_table(STATE)
             .map_err(err)?
             .insert(id, s.encode().as_slice())
             .map_err(err)?;
         Ok(true)
+    }
+
+    /// Parks the leased `delivery` under `prefix` (see
+    /// [`Park::park`](super::Park::park)): its state leaves `state` (so no
+    /// fetch scans it) for `parked`, its attempt uncounted.
+    pub(super) fn park(
+        txn: &WriteTransaction,
+        delivery: &Delivery,
+        prefix: &str,
+    ) -> Result<Option<bool>, QueueError> {
+        let Some((id, mut s)) = Self::leased(txn, delivery)? else {
+            return Ok(Some(false));
+        };
+        if s.order != 0 {
+            // Out of `state`, it still holds its group's later entries back.
+            let mut orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
+            let n = orders.get(s.order).map_err(err)?.map_or(0, |v| v.value());
+            orders.insert(s.order, n + 1).map_err(err)?;
+        }
+        s.attempts = s.attempts.saturating_sub(1);
+        s.lease = 0;
+        txn.open_table(STATE)
+            .map_err(err)?
+            .remove(id)
+            .map_err(err)?;
+        txn.open_table(PARKED)
+            .map_err(err)?
+            .insert((prefix, id), s.encode().as_slice())
+            .map_err(err)?;
+        let mut prefixes = txn.open_table(PARKED_PREFIXES).map_err(err)?;
+        let n = prefixes.get(prefix).map_err(err)?.map_or(0, |v| v.value());
+        prefixes.insert(prefix, n + 1).map_err(err)?;
+        Ok(Some(true))
+    }
+
+    /// Puts every entry parked under `prefix` back into `state`, due now.
+    pub(super) fn wake(txn: &WriteTransaction, prefix: &str) -> Result<u64, QueueError> {
+        let now = queue_now(txn)?;
+        let mut parked = txn.open_table(PARKED).map_err(err)?;
+        let rows: Vec<(u64, Vec<u8>)> = parked
+            .range((prefix, 0u64)..=(prefix, u64::MAX))
+            .map_err(err)?
+            .map(|r| r.map(|(k, v)| (k.value().1, v.value().to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(err)?;
+        let mut state = txn.open_table(STATE).map_err(err)?;
+        let mut orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
+        for (id, raw) in &rows {
+            parked.remove((prefix, *id)).map_err(err)?;
+            let mut s = State::decode(raw)?;
+            s.due = now;
+            state.insert(*id, s.encode().as_slice()).map_err(err)?;
+            if s.order != 0 {
+                let n = orders.get(s.order).map_err(err)?.map_or(0, |v| v.value());
+                if n > 1 {
+                    orders.insert(s.order, n - 1).map_err(err)?;
+                } else {
+                    orders.remove(s.order).map_err(err)?;
+                }
+            }
+        }
+        txn.open_table(PARKED_PREFIXES)
+            .map_err(err)?
+            .remove(prefix)
+            .map_err(err)?;
+        Ok(rows.len() as u64)
+    }
+
+    /// The prefixes with entries parked under them.
+    pub(super) fn parked(&self) -> Result<Vec<String>, QueueError> {
+        let txn = self.db.get()?.begin_read().map_err(err)?;
+        let prefixes = txn.open_table(PARKED_PREFIXES).map_err(err)?;
+        let mut out = Vec::new();
+        for row in prefixes.iter().map_err(err)? {
+            out.push(row.map_err(err)?.0.value().to_owned());
+        }
+        Ok(out)
     }
 
     pub(super) fn stats(&self) -> Result<QueueStats, QueueError> {
@@ -473,8 +594,9 @@ impl Embedded {
             }
             None => None,
         };
+        let parked = txn.open_table(PARKED).map_err(err)?.len().map_err(err)?;
         Ok(QueueStats {
-            depth: state.len().map_err(err)?,
+            depth: state.len().map_err(err)? + parked,
             oldest,
             dead: txn.open_table(DEAD).map_err(err)?.len().map_err(err)?,
             ..QueueStats::default()

@@ -70,6 +70,7 @@
 
 #[cfg(feature = "amqp")]
 mod amqp;
+mod attempts;
 mod breaker;
 pub mod consumer;
 mod dead;
@@ -85,6 +86,7 @@ mod memory;
 mod message;
 mod metrics;
 mod pace;
+mod park;
 mod records;
 mod redb;
 #[cfg(feature = "redis")]
@@ -104,6 +106,7 @@ mod worker;
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use self::amqp::AmqpQueue;
 pub use self::redb::RedbQueue;
+pub use attempts::{Attempt, MAX_ATTEMPTS_KEPT, MAX_ERROR_LEN};
 pub use breaker::{BreakerRule, BreakerState};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -111,6 +114,7 @@ pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
 pub use memory::MemoryQueue;
 pub use message::{copy_key, original_key, Message};
 pub use pace::{Pace, Rate};
+pub use park::Park;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;
@@ -176,6 +180,9 @@ pub struct Delivery {
     /// Identifies this lease: a worker whose lease ran out (and whose entry
     /// was handed to another) can no longer acknowledge it.
     pub(crate) lease: u64,
+    /// The failed attempts before this one, as the queue stored them
+    /// (queues that carry them with the entry; see `attempts::History`).
+    pub(crate) history: Option<Arc<str>>,
 }
 
 /// An entry that failed too often, kept until it is replayed.
@@ -191,6 +198,15 @@ pub struct DeadLetter {
     pub error: String,
     /// When it was dead-lettered.
     pub dead_at: SystemTime,
+    /// Its failed attempts, oldest first: the first one and the latest
+    /// (at most [`MAX_ATTEMPTS_KEPT`] in all, each error cut to
+    /// [`MAX_ERROR_LEN`] bytes). A letter stored without them (by an
+    /// earlier version) shows its last error as its one attempt, when it
+    /// died.
+    pub history: Vec<Attempt>,
+    /// Attempts made but not in [`history`](Self::history) (those between
+    /// the first and the latest kept, or made before attempts were kept).
+    pub attempts_not_kept: u32,
 }
 
 /// A snapshot of a queue, for metrics and operations.

@@ -550,6 +550,7 @@ mod tests {
             attempt: 1,
             enqueued_at: std::time::SystemTime::now(),
             lease: 0,
+            history: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! The byte layouts of the embedded queue's records.
 
+use super::attempts::dead_letter;
 use super::{DeadLetter, EntryId, Message, QueueError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -126,7 +127,12 @@ impl Marker {
     }
 }
 
-pub(super) fn decode_dead(id: u64, b: &[u8]) -> Result<DeadLetter, QueueError> {
+/// The dead letter `id` from its record `b` and its `history` as stored.
+pub(super) fn decode_dead(
+    id: u64,
+    b: &[u8],
+    history: Option<&str>,
+) -> Result<DeadLetter, QueueError> {
     let bad = || err("unreadable dead letter");
     let attempts = u32::from_le_bytes(b.get(..4).ok_or_else(bad)?.try_into().map_err(err)?);
     let dead_at = u64::from_le_bytes(b.get(4..12).ok_or_else(bad)?.try_into().map_err(err)?);
@@ -137,11 +143,12 @@ pub(super) fn decode_dead(id: u64, b: &[u8]) -> Result<DeadLetter, QueueError> {
     // its raw bytes.
     let message =
         Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id.to_string(), raw));
-    Ok(DeadLetter {
-        id: EntryId::new(id.to_string()),
+    Ok(dead_letter(
+        EntryId::new(id.to_string()),
         message,
         attempts,
         error,
-        dead_at: time_of(dead_at),
-    })
+        time_of(dead_at),
+        history,
+    ))
 }

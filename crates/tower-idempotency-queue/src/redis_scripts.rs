@@ -45,9 +45,9 @@ pub(super) static FETCH: LazyLock<Script> = LazyLock::new(|| {
         "local s, r, rh = KEYS[1], KEYS[2], KEYS[3]
          local g, c, n, lease, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
          for _, k in ipairs(redis.call('ZRANGEBYSCORE', r, '-inf', now, 'LIMIT', 0, 256)) do
-           local e = redis.call('HMGET', rh, k .. ':m', k .. ':a', k .. ':t')
-           if e[1] then redis.call('XADD', s, '*', 'm', e[1], 'a', e[2], 't', e[3]) end
-           redis.call('HDEL', rh, k .. ':m', k .. ':a', k .. ':t')
+           local e = redis.call('HMGET', rh, k .. ':m', k .. ':a', k .. ':t', k .. ':h')
+           if e[1] then redis.call('XADD', s, '*', 'm', e[1], 'a', e[2], 't', e[3], 'h', e[4] or '') end
+           redis.call('HDEL', rh, k .. ':m', k .. ':a', k .. ':t', k .. ':h')
            redis.call('ZREM', r, k)
          end
          local out = {}
@@ -65,6 +65,7 @@ pub(super) static FETCH: LazyLock<Script> = LazyLock::new(|| {
            table.insert(out, e[1]); table.insert(out, f['m'] or '')
            table.insert(out, tostring(tonumber(f['a'] or '0') + handed))
            table.insert(out, f['t'] or '0')
+           table.insert(out, f['h'] or '')
          end
          -- Expired entries: each XAUTOCLAIM scans at most 10 x COUNT
          -- pending entries, so the scan goes on from the cursor the last
@@ -74,7 +75,7 @@ pub(super) static FETCH: LazyLock<Script> = LazyLock::new(|| {
          local cursor = redis.call('GET', KEYS[4]) or '0-0'
          local from, wrapped = cursor, false
          for _ = 1, 64 do
-           local want = n - #out / 4
+           local want = n - #out / 5
            if want <= 0 then break end
            local claimed = redis.call('XAUTOCLAIM', s, g, c, lease, cursor, 'COUNT', want)
            for _, e in ipairs(claimed[2]) do push(e, true) end
@@ -85,7 +86,7 @@ pub(super) static FETCH: LazyLock<Script> = LazyLock::new(|| {
            end
          end
          redis.call('SET', KEYS[4], cursor)
-         local left = n - #out / 4
+         local left = n - #out / 5
          if left > 0 then
            local read = redis.call('XREADGROUP', 'GROUP', g, c, 'COUNT', left, 'STREAMS', s, '>')
            if read then for _, e in ipairs(read[1][2]) do push(e, false) end end
@@ -121,7 +122,7 @@ pub(super) static RETRY: LazyLock<Script> = LazyLock::new(|| {
          redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
          redis.call('XDEL', KEYS[1], ARGV[3])
          local k = ARGV[3]
-         redis.call('HSET', KEYS[3], k .. ':m', ARGV[5], k .. ':a', ARGV[6], k .. ':t', ARGV[7])
+         redis.call('HSET', KEYS[3], k .. ':m', ARGV[5], k .. ':a', ARGV[6], k .. ':t', ARGV[7], k .. ':h', ARGV[8])
          redis.call('ZADD', KEYS[2], ARGV[4], k)
          return 1"
     ))
@@ -130,11 +131,74 @@ pub(super) static RETRY: LazyLock<Script> = LazyLock::new(|| {
 pub(super) static DEAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{OWNED}
-         redis.call('XADD', KEYS[2], '*', 'm', ARGV[4], 'a', ARGV[5], 'e', ARGV[6], 'at', ARGV[7])
+         redis.call('XADD', KEYS[2], '*', 'm', ARGV[4], 'a', ARGV[5], 'e', ARGV[6], 'at', ARGV[7], 'h', ARGV[8])
          redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
          redis.call('XDEL', KEYS[1], ARGV[3])
          return 1"
     ))
+});
+
+/// Parks an entry this consumer holds: out of the stream, into the hash of
+/// its prefix (fields `ID:m`, `ID:a`, `ID:t`, `ID:h`), the prefix in the set
+/// of parked prefixes, the parked count up by one. KEYS: the stream, the
+/// prefix's hash, the set, the count; ARGV: group, consumer, id, message,
+/// attempts, enqueued, history, prefix.
+pub(super) static PARK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{OWNED}
+         redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+         redis.call('XDEL', KEYS[1], ARGV[3])
+         local k = ARGV[3]
+         redis.call('HSET', KEYS[2], k .. ':m', ARGV[4], k .. ':a', ARGV[5], k .. ':t', ARGV[6], k .. ':h', ARGV[7])
+         redis.call('SADD', KEYS[3], ARGV[8])
+         redis.call('INCR', KEYS[4])
+         return 1"
+    ))
+});
+
+/// Wakes every entry parked under a prefix: each back into the stream (in
+/// the order they were first added), the hash and the prefix gone, the
+/// count down. One script: two instances waking at once move each entry
+/// once. KEYS: the stream, the prefix's hash, the set, the count; ARGV: the
+/// prefix. How many.
+pub(super) static WAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local all = redis.call('HGETALL', KEYS[2])
+         local by = {}
+         local ids = {}
+         for i = 1, #all, 2 do
+           local id, field = string.match(all[i], '^(.*):(%a)$')
+           if id then
+             if not by[id] then by[id] = {}; table.insert(ids, id) end
+             by[id][field] = all[i + 1]
+           end
+         end
+         local function parts(id)
+           local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+           return tonumber(ms or '0'), tonumber(seq or '0')
+         end
+         table.sort(ids, function(a, b)
+           local am, as = parts(a)
+           local bm, bs = parts(b)
+           if am == bm then return as < bs end
+           return am < bm
+         end)
+         local n = 0
+         for _, id in ipairs(ids) do
+           local e = by[id]
+           if e['m'] then
+             redis.call('XADD', KEYS[1], '*', 'm', e['m'], 'a', e['a'] or '0', 't', e['t'] or '0', 'h', e['h'] or '')
+             n = n + 1
+           end
+         end
+         redis.call('DEL', KEYS[2])
+         redis.call('SREM', KEYS[3], ARGV[1])
+         if n > 0 then
+           local left = redis.call('DECRBY', KEYS[4], n)
+           if left <= 0 then redis.call('DEL', KEYS[4]) end
+         end
+         return n",
+    )
 });
 
 /// Forgets a delivered key's marker: 1, or 0 if there is none, or -1 (and

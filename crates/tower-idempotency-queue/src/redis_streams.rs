@@ -1,9 +1,10 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
 
+use super::attempts::{dead_letter, History};
 use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
 use super::redis_scripts::{
-    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PRUNE, RENEW,
-    RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN,
+    ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PARK, PRUNE, RENEW,
+    RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN, WAKE,
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
@@ -162,6 +163,11 @@ where
         format!("{{{}}}:{part}", self.name)
     }
 
+    /// The hash of the entries parked under `prefix`.
+    fn parked_under(&self, prefix: &str) -> String {
+        format!("{{{}}}:park:{prefix}", self.name)
+    }
+
     fn marker(&self, key: &str) -> String {
         format!("{{{}}}:k:{key}", self.name)
     }
@@ -277,14 +283,15 @@ where
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
-        let mut out = Vec::with_capacity(got.len() / 4);
-        for e in got.chunks_exact(4) {
+        let mut out = Vec::with_capacity(got.len() / 5);
+        for e in got.chunks_exact(5) {
             let id = text(&e[0]);
             let attempt = number(&e[2]) as u32;
             let Some(message) = bytes(&e[1]).and_then(Message::decode) else {
                 // Added by another version or by hand: set aside with its
                 // reason, and the others delivered.
-                self.bury_unreadable(&id, bytes(&e[1]).unwrap_or_default(), attempt)
+                let history = text(&e[4]);
+                self.bury_unreadable(&id, bytes(&e[1]).unwrap_or_default(), attempt, &history)
                     .await?;
                 continue;
             };
@@ -294,6 +301,7 @@ where
                 attempt,
                 enqueued_at: time_of(number(&e[3])),
                 lease: 0,
+                history: Some(text(&e[4]).into()).filter(|h: &Arc<str>| !h.is_empty()),
             });
         }
         Ok(out)
@@ -474,9 +482,16 @@ where
         &self,
         delivery: &Delivery,
         after: Duration,
-        _error: &str,
+        error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt).await
+        let history = History::record(
+            delivery.history.as_deref(),
+            delivery.attempt,
+            SystemTime::now(),
+            error,
+        );
+        self.back_off(delivery, after, delivery.attempt, &history)
+            .await
     }
 
     async fn postpone(
@@ -485,7 +500,8 @@ where
         after: Duration,
         _error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt.saturating_sub(1))
+        let history = delivery.history.as_deref().unwrap_or_default();
+        self.back_off(delivery, after, delivery.attempt.saturating_sub(1), history)
             .await
     }
 
@@ -500,6 +516,12 @@ where
             .arg(delivery.attempt)
             .arg(error)
             .arg(now_ms())
+            .arg(History::record(
+                delivery.history.as_deref(),
+                delivery.attempt,
+                SystemTime::now(),
+                error,
+            ))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
@@ -596,26 +618,30 @@ where
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {
-        let (live, delayed, dead, first): (u64, u64, u64, Vec<StreamEntry>) = ::redis::pipe()
-            .cmd("XLEN")
-            .arg(self.key("s"))
-            .cmd("ZCARD")
-            .arg(self.key("r"))
-            .cmd("XLEN")
-            .arg(self.key("d"))
-            .cmd("XRANGE")
-            .arg(self.key("s"))
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        // The oldest entry in the stream; entries backing off are older
-        // still, but only counted.
+        let (live, delayed, dead, first, parked): (u64, u64, u64, Vec<StreamEntry>, Option<i64>) =
+            ::redis::pipe()
+                .cmd("XLEN")
+                .arg(self.key("s"))
+                .cmd("ZCARD")
+                .arg(self.key("r"))
+                .cmd("XLEN")
+                .arg(self.key("d"))
+                .cmd("XRANGE")
+                .arg(self.key("s"))
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .cmd("GET")
+                .arg(self.key("parked"))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(err)?;
+        // The oldest entry in the stream; entries backing off or parked are
+        // older still, but only counted.
         let oldest = first.first().and_then(|(_, f)| f.get("t")).map(number);
-        Ok(super::stats::counted(live + delayed, dead, oldest))
+        let parked = u64::try_from(parked.unwrap_or(0)).unwrap_or(0);
+        Ok(super::stats::counted(live + delayed + parked, dead, oldest))
     }
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
@@ -638,7 +664,13 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Moves an entry this version cannot read to the dead letters.
-    async fn bury_unreadable(&self, id: &str, raw: &[u8], attempt: u32) -> Result<(), QueueError> {
+    async fn bury_unreadable(
+        &self,
+        id: &str,
+        raw: &[u8],
+        attempt: u32,
+        history: &str,
+    ) -> Result<(), QueueError> {
         let why = "undecodable entry: not a message this version can read";
         crate::log_warn!(entry = %id, "{why}; dead-lettered");
         let _: i64 = DEAD
@@ -651,6 +683,12 @@ where
             .arg(attempt)
             .arg(why)
             .arg(now_ms())
+            .arg(History::record(
+                Some(history),
+                attempt,
+                SystemTime::now(),
+                why,
+            ))
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
@@ -658,12 +696,13 @@ where
     }
 
     /// Moves a leased entry to the backoff set, due after `after`, with
-    /// `attempts` recorded.
+    /// `attempts` and its failed attempts' `history` recorded.
     async fn back_off(
         &self,
         delivery: &Delivery,
         after: Duration,
         attempts: u32,
+        history: &str,
     ) -> Result<bool, QueueError> {
         let enqueued = delivery
             .enqueued_at
@@ -681,10 +720,66 @@ where
             .arg(delivery.message.encode())
             .arg(attempts)
             .arg(enqueued)
+            .arg(history)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
         Ok(got == 1)
+    }
+}
+
+impl<C> super::Park for RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn parks(&self) -> bool {
+        true
+    }
+
+    async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
+        let enqueued = delivery
+            .enqueued_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let got: i64 = PARK
+            .key(self.key("s"))
+            .key(self.parked_under(prefix))
+            .key(self.key("parked-prefixes"))
+            .key(self.key("parked"))
+            .arg(GROUP)
+            .arg(&*self.consumer)
+            .arg(delivery.id.as_str())
+            .arg(delivery.message.encode())
+            .arg(delivery.attempt.saturating_sub(1))
+            .arg(enqueued)
+            .arg(delivery.history.as_deref().unwrap_or_default())
+            .arg(prefix)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(got == 1))
+    }
+
+    async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
+        let n: u64 = WAKE
+            .key(self.key("s"))
+            .key(self.parked_under(prefix))
+            .key(self.key("parked-prefixes"))
+            .key(self.key("parked"))
+            .arg(prefix)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(n)
+    }
+
+    async fn parked(&self) -> Result<Vec<String>, QueueError> {
+        ::redis::cmd("SMEMBERS")
+            .arg(self.key("parked-prefixes"))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)
     }
 }
 
@@ -693,13 +788,15 @@ fn dead_letter_of((id, f): StreamEntry) -> DeadLetter {
     let nil = Value::Nil;
     let field = |k: &str| f.get(k).unwrap_or(&nil);
     let raw = bytes(field("m")).unwrap_or_default();
-    DeadLetter {
-        message: Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
-        attempts: number(field("a")) as u32,
-        error: text(field("e")),
-        dead_at: time_of(number(field("at"))),
-        id: EntryId::new(id),
-    }
+    let history = bytes(field("h")).and_then(|h| std::str::from_utf8(h).ok());
+    dead_letter(
+        EntryId::new(&*id),
+        Message::decode(raw).unwrap_or_else(|| Message::undecodable(&id, raw)),
+        number(field("a")) as u32,
+        text(field("e")),
+        time_of(number(field("at"))),
+        history,
+    )
 }
 
 /// Whether `id` reads as a stream id (`MS-SEQ`), so that Redis takes it.

@@ -197,6 +197,28 @@ impl<Q: Queue> Sealed<Q> {
     }
 }
 
+impl<Q: super::Park> super::Park for Sealed<Q> {
+    fn parks(&self) -> bool {
+        self.inner.parks()
+    }
+
+    fn park(
+        &self,
+        delivery: &Delivery,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Option<bool>, QueueError>> + Send {
+        self.inner.park(delivery, prefix)
+    }
+
+    fn wake(&self, prefix: &str) -> impl Future<Output = Result<u64, QueueError>> + Send {
+        self.inner.wake(prefix)
+    }
+
+    fn parked(&self) -> impl Future<Output = Result<Vec<String>, QueueError>> + Send {
+        self.inner.parked()
+    }
+}
+
 impl<Q: Queue> Queue for Sealed<Q> {
     async fn ingest(&self, mut message: Message) -> Result<Ingested, QueueError> {
         message.mac = None;

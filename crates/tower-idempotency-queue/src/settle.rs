@@ -71,10 +71,11 @@ impl WorkerRound {
 /// again (its due time outlives a restart with the route configured).
 const KEPT_FOR: Duration = Duration::from_secs(10);
 
-/// How long an entry of a paused route waits before it is handed out again:
-/// long enough that a paused route's entries, however many, cost the worker
-/// little (10,000 of them: about 330 looks a second, none of them a call);
-/// a resumed route's entries are delivered within it.
+/// How long an entry of a paused route waits before it is handed out again
+/// when it is not parked (a queue that does not park, a worker not told
+/// to): long enough that a paused route's entries, however many, cost the
+/// worker little (10,000 of them: about 330 looks a second, none of them a
+/// call); a resumed route's entries are delivered within it.
 const PAUSED_FOR: Duration = Duration::from_secs(30);
 
 /// What a delivery's result says of the upstream: `Some(true)` it answered
@@ -116,7 +117,7 @@ pub(super) async fn unsettled<Q: Queue>(
 /// attempt).
 pub(super) async fn settle<Q: Queue, E: Failure>(
     queue: &Q,
-    name: &Arc<str>,
+    (name, parker): (&Arc<str>, Option<&super::park::Parker>),
     (last, after): (bool, Duration),
     delivery: &Delivery,
     result: Result<(), E>,
@@ -128,32 +129,40 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
         }
         Err(e) => e,
     };
+    // Kept short: an upstream's huge error body does not grow the entry.
+    let text = e.to_string();
+    let text = crate::attempts::cut(&text);
     Ok(match e.disposition() {
         Disposition::Keep => {
             super::metrics::attempt(name, "kept");
-            Settled::Kept(queue.postpone(delivery, KEPT_FOR, &e.to_string()).await?)
+            Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?)
         }
         Disposition::Pause => {
             super::metrics::attempt(name, "paused");
-            Settled::Paused(queue.postpone(delivery, PAUSED_FOR, &e.to_string()).await?)
+            if let Some(parker) = parker
+                && let Some(parked) = parker.park(delivery).await
+            {
+                return Ok(Settled::Paused(parked?));
+            }
+            Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?)
         }
         Disposition::Hold => {
             super::metrics::attempt(name, "postponed");
-            Settled::Paused(queue.postpone(delivery, after, &e.to_string()).await?)
+            Settled::Paused(queue.postpone(delivery, after, text).await?)
         }
         Disposition::Permanent => {
             super::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
-            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
+            Settled::DeadLettered(queue.dead_letter(delivery, text).await?)
         }
         Disposition::Retry if last => {
             super::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
-            Settled::DeadLettered(queue.dead_letter(delivery, &e.to_string()).await?)
+            Settled::DeadLettered(queue.dead_letter(delivery, text).await?)
         }
         Disposition::Retry => {
             super::metrics::attempt(name, "retried");
-            Settled::Retried(queue.retry(delivery, after, &e.to_string()).await?)
+            Settled::Retried(queue.retry(delivery, after, text).await?)
         }
     })
 }

@@ -22,6 +22,8 @@ pub(super) struct Config {
     pub(super) max_attempts: u32,
     pub(super) backoff: Duration,
     pub(super) max_backoff: Duration,
+    /// Parks a paused route's deliveries (see [`Worker::park_paused`]).
+    pub(super) parker: Option<super::park::Parker>,
 }
 
 impl Config {
@@ -104,6 +106,25 @@ impl<Q: fmt::Debug, S: fmt::Debug> fmt::Debug for Worker<Q, S> {
     }
 }
 
+impl<Q: super::Park, S> Worker<Q, S> {
+    /// Parks the entries of a paused route instead of postponing them: a
+    /// delivery whose error says
+    /// [`Disposition::Pause`](tower_idempotency::consumer::Disposition::Pause)
+    /// is [parked](super::Park::park) under `prefix_of(message)` (the paused
+    /// prefix it is under; `None`: postponed as before), and nothing of it
+    /// is fetched again until that prefix is [woken](super::Park::wake). On
+    /// a queue that does not [park](super::Park::parks) the entry is
+    /// postponed (30 s) as without this.
+    pub fn park_paused(
+        mut self,
+        prefix_of: impl Fn(&Message) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        let parker = super::park::Parker::new(self.queue.clone(), prefix_of);
+        self.config().parker = Some(parker);
+        self
+    }
+}
+
 impl<Q: Queue, S> Worker<Q, S> {
     /// A worker with the defaults below.
     pub fn new(queue: Q, service: S) -> Self {
@@ -119,6 +140,7 @@ impl<Q: Queue, S> Worker<Q, S> {
                 max_attempts: 25,
                 backoff: Duration::from_secs(1),
                 max_backoff: Duration::from_secs(15 * 60),
+                parker: None,
             }),
             lanes: vec![Lane::new(name, Pace::new())],
             lane_of: None,
@@ -381,7 +403,9 @@ where
                         crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
                     }
                     let how = (last, after);
-                    let settled = settle(&queue, &config.name, how, &delivery, result).await;
+                    let parker = config.parker.as_ref();
+                    let settled =
+                        settle(&queue, (&config.name, parker), how, &delivery, result).await;
                     (Some((took, probe, up)), settled)
                 }
                 (Act::Postpone(after, why), None) => {

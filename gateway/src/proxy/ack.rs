@@ -428,9 +428,12 @@ impl<S: Store> Gateway<S> {
                 ))
             })
         } else {
+            // The upstream's own status when it answered (the route's reply
+            // to the channel may be another: a preset's failure answer).
+            let said = upstream.map_or(status, |u| u.status);
             Err(DeliveryError {
                 upstream,
-                ..DeliveryError::new(format!("upstream answered {status}"))
+                ..DeliveryError::new(format!("upstream answered {said}"))
             })
         }
     }

@@ -36,6 +36,7 @@ pub struct PauseInfo {
 /// assert!(pauses.is_paused("/notify/wechat"));
 /// assert!(pauses.covers("/notify/wechat/v3"));
 /// assert!(!pauses.covers("/notify/wechatx"));
+/// assert_eq!(pauses.covering("/notify/wechat/v3").as_deref(), Some("/notify/wechat"));
 /// pauses.set("/notify/wechat", None);
 /// assert!(!pauses.is_paused("/notify/wechat"));
 /// ```
@@ -135,6 +136,26 @@ impl Pauses {
                     .strip_prefix(p.as_str())
                     .is_some_and(|r| r.starts_with('/'))
         })
+    }
+
+    /// The paused prefix `path` is under (the longest, in the form pauses
+    /// are kept under), if it is under one.
+    pub fn covering(&self, path: &str) -> Option<String> {
+        let paused = self.inner.paused.read().unwrap_or_else(|p| p.into_inner());
+        if paused.is_empty() {
+            return None;
+        }
+        let path = pause_key(path);
+        (paused.keys())
+            .filter(|p| {
+                p.is_empty()
+                    || path == **p
+                    || path
+                        .strip_prefix(p.as_str())
+                        .is_some_and(|r| r.starts_with('/'))
+            })
+            .max_by_key(|p| p.len())
+            .cloned()
     }
 
     fn flag(&self, key: &str) -> Arc<AtomicBool> {

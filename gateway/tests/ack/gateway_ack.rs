@@ -51,6 +51,29 @@ impl Upstream {
         (Self { down, recording }, addr)
     }
 
+    /// [`start`](Self::start), failing each notification's calls while
+    /// `down` with 500, 502, 503 in turn (so that each attempt has an
+    /// error of its own).
+    pub(crate) async fn start_in_turn(down: bool) -> (Self, SocketAddr) {
+        let down = Arc::new(AtomicBool::new(down));
+        let (flag, calls) = (down.clone(), std::sync::Mutex::new(HashMap::new()));
+        let replies = Replies::default().status(move |seen| {
+            if !flag.load(Ordering::SeqCst) {
+                return 200;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&seen.body).unwrap_or_default();
+            let id = v["id"].as_str().unwrap_or_default().to_owned();
+            let mut calls = calls.lock().unwrap();
+            let n: &mut usize = calls.entry(id).or_default();
+            *n += 1;
+            [500, 502, 503][(*n - 1) % 3]
+        });
+        let recording = common::upstream::Upstream::with(replies).await;
+        let addr = recording.addr;
+        let recording = Arc::new(recording);
+        (Self { down, recording }, addr)
+    }
+
     pub(crate) fn counts(&self) -> HashMap<String, usize> {
         let mut delivered = HashMap::new();
         for seen in self.recording.seen() {

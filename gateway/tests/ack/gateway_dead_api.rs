@@ -83,19 +83,21 @@ fn dlq(metrics: SocketAddr, token: &Path, args: &[&str]) -> (i32, String, String
 }
 
 /// On `queue`, while the gateway runs: two notifications die (the upstream
-/// down, `--max-attempts 2`); `dlq list` lists both and the API pages
+/// down, `--max-attempts 3`, answering 500, 502, 503 in turn); the API
+/// and `dlq show` give each attempt's error, in order, with its time;
+/// `dlq list` lists both and the API pages
 /// them one at a time; `dlq show` has the request; `dlq replay` of one
 /// delivers it once (a second replay finds nothing); `dlq delete` of the
 /// other removes it (journaled), and its next copy is queued and
 /// delivered once.
 async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
-    let (up, up_addr) = Upstream::start(true).await;
+    let (up, up_addr) = Upstream::start_in_turn(true).await;
     let token = token_file(&format!("dead-api-token-{tag}"));
     let dir = temp_path(&format!("dead-api-{tag}"));
     let metrics = free_addr();
     let extra = [
         "--max-attempts",
-        "2",
+        "3",
         "--journal",
         "--data-dir",
         dir.to_str().unwrap(),
@@ -119,7 +121,7 @@ async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
     let lines: Vec<&str> = listed.lines().collect();
     assert_eq!(lines.len(), 2, "{listed}");
     for l in &lines {
-        assert!(l.contains("attempts=2"), "{listed}");
+        assert!(l.contains("attempts=3"), "{listed}");
         assert!(l.contains("path=/wx/notify"), "{listed}");
     }
     // Paged one at a time, the cursor reaches both, then no more.
@@ -160,14 +162,39 @@ async fn dead_letters_through_the_admin_api(queue: &[&str], tag: &str) {
     let (id_a, shown_a) = id_of(&a);
     let (id_b, _) = id_of(&b);
     assert!(shown_a.contains("request: POST /wx/notify"), "{shown_a}");
-    assert!(shown_a.contains("attempts: 2"), "{shown_a}");
-    assert!(shown_a.contains("attempt 2: "), "{shown_a}");
+    assert!(shown_a.contains("attempts: 3"), "{shown_a}");
+    let errors = [
+        "upstream answered 500 Internal Server Error",
+        "upstream answered 502 Bad Gateway",
+        "upstream answered 503 Service Unavailable",
+    ];
+    let shown_errors: Vec<&str> = (shown_a.lines())
+        .filter(|l| l.starts_with("attempt "))
+        .map(|l| l.split_once(": ").map_or("", |(_, e)| e))
+        .collect();
+    assert_eq!(shown_errors, errors, "{shown_a}");
     assert!(
         shown_a.contains("header: content-type: application/json"),
         "{shown_a}"
     );
     let (status, detail) = admin_call(metrics, "GET", &format!("/admin/dead/{id_a}")).await;
     assert_eq!(status, 200);
+    let attempts = detail["attempt_errors"].as_array().expect("attempts");
+    let got: Vec<(u64, &str)> = (attempts.iter())
+        .map(|a| (a["attempt"].as_u64().unwrap(), a["error"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [(1, errors[0]), (2, errors[1]), (3, errors[2])],
+        "{detail}"
+    );
+    let times: Vec<std::time::SystemTime> = (attempts.iter())
+        .map(|a| humantime::parse_rfc3339(a["at"].as_str().unwrap()).unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{detail}");
+    let dead_at = humantime::parse_rfc3339(detail["dead_at"].as_str().unwrap()).unwrap();
+    assert!(times[2] <= dead_at + Duration::from_secs(1), "{detail}");
+    assert_eq!(detail["attempts_not_kept"], 0, "{detail}");
     assert!(detail["body_base64"]
         .as_str()
         .is_some_and(|b| !b.is_empty()));
@@ -319,5 +346,83 @@ async fn dlq_offline_says_it_works_on_the_queue_directly() {
     );
     assert!(err.contains("no queue at"), "{err}");
     assert_eq!(out.status.code(), Some(1));
+    let _ = std::fs::remove_file(token);
+}
+
+/// Dead letters that others wrote into a shared Redis queue read as what
+/// is known, never a failed answer: one an earlier version wrote (no
+/// history of its attempts) and one a hostile peer wrote (a history that
+/// is not one, attempts at the top of `u32`, a time past year 9999, markup
+/// in its error) each show their last error as their one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_an_earlier_version_or_a_hostile_peer_wrote_still_read_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = own_redis() else {
+        return;
+    };
+    let url = redis.url();
+    let (_up, up_addr) = Upstream::start(false).await;
+    let token = token_file("dead-api-hostile-token");
+    let metrics = free_addr();
+    let extra = ["--admin-token-file", token.to_str().unwrap()];
+    let gw = gateway(up_addr, &["--queue", &url], metrics, &extra);
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let hostile_error = r#"<img src=x onerror="alert(1)">"#;
+    let letters: [(&str, u64, &str, u64, Option<&str>); 2] = [
+        (
+            "old",
+            3,
+            "upstream answered 503 Service Unavailable",
+            now_ms,
+            None,
+        ),
+        (
+            "hostile",
+            u64::from(u32::MAX),
+            hostile_error,
+            u64::MAX,
+            Some("1;0;1@x=;;%zz"),
+        ),
+    ];
+    for (body, attempts, error, at, history) in letters {
+        let mut add = redis::cmd("XADD");
+        add.arg("{gateway}:d")
+            .arg("*")
+            .arg("m")
+            .arg(body)
+            .arg("a")
+            .arg(attempts)
+            .arg("e")
+            .arg(error)
+            .arg("at")
+            .arg(at);
+        if let Some(h) = history {
+            add.arg("h").arg(h);
+        }
+        let _: String = add.query_async(&mut conn).await.unwrap();
+    }
+    let (status, page) = admin_call(metrics, "GET", "/admin/dead").await;
+    assert_eq!(status, 200, "{page}");
+    let listed = page["dead_letters"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "{page}");
+    for (d, (_, attempts, error, _, _)) in listed.iter().zip(letters) {
+        let id = d["id"].as_str().unwrap();
+        let (status, detail) = admin_call(metrics, "GET", &format!("/admin/dead/{id}")).await;
+        assert_eq!(status, 200, "{detail}");
+        let shown = detail["attempt_errors"].as_array().unwrap();
+        assert_eq!(shown.len(), 1, "{detail}");
+        assert_eq!(shown[0]["error"], error, "{detail}");
+        assert_eq!(shown[0]["attempt"], attempts, "{detail}");
+        assert_eq!(detail["attempts_not_kept"], attempts - 1, "{detail}");
+        let (code, out, err) = dlq(metrics, &token, &["show", id]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(&format!("attempt {attempts} at ")), "{out}");
+    }
+    drop(gw);
     let _ = std::fs::remove_file(token);
 }

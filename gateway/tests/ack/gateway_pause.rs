@@ -346,3 +346,176 @@ async fn a_paused_route_with_an_upstream_of_its_own_forwards_nothing_unguarded()
     let _ = std::fs::remove_file(cfg);
     let _ = std::fs::remove_file(token);
 }
+
+/// Posts `n` notifications tagged `tag` to `path` on `gw`; their ids.
+async fn send_many(gw: SocketAddr, path: &str, tag: &str, n: usize) -> Vec<String> {
+    let http = client();
+    let headers = [("content-type", "application/json")];
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("EV-{tag}-{i}-{}", std::process::id());
+        let answer = post(&http, gw, path, &headers, notification(&id)).await;
+        assert_eq!(answer.text(), WECHAT_SUCCESS, "{id}");
+        ids.push(id);
+    }
+    ids
+}
+
+/// Waits until every id of `ids` was delivered, then asserts each once.
+async fn delivered_once(up: &Upstream, ids: &[String], what: &str) {
+    let (probe, want) = (up.clone(), ids.to_vec());
+    wait_for(what, Duration::from_secs(120), move || {
+        let counts = probe.counts();
+        want.iter().all(|id| counts.contains_key(id))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let counts = up.counts();
+    let twice: Vec<&String> = ids
+        .iter()
+        .filter(|id| counts.get(*id) != Some(&1))
+        .collect();
+    assert!(twice.is_empty(), "{what}: not delivered once: {twice:?}");
+}
+
+/// On `queue`: 300 entries queued on the paused `/wx` are each looked at
+/// once and parked; over a window longer than a postponement (30 s) none
+/// is fetched again, while `/wy` delivers each of its notifications once;
+/// they count in the queue's depth; the gateway restarts while they are
+/// parked; after `resume` each is delivered exactly once.
+async fn parked_while_paused(queue: &[&str], tag: &str) {
+    let (up, up_addr) = Upstream::start(false).await;
+    let token = token_file(&format!("park-token-{tag}"));
+    let dir = temp_path(&format!("park-{tag}"));
+    let metrics = free_addr();
+    let mut extra = vec![
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--route",
+        "/wy=wechatpay-v3",
+        "--ack-then-deliver",
+        "/wx",
+        "--ack-then-deliver",
+        "/wy",
+    ];
+    extra.extend_from_slice(queue);
+    let gw = start(up_addr, metrics, &token, &extra);
+    let (code, _, err) = admin_cli(metrics, &token, &["pause", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    const HELD: usize = 300;
+    let held = send_many(gw.addr, "/wx/notify", &format!("PARK-{tag}"), HELD).await;
+    wait_for(
+        "every held entry looked at",
+        Duration::from_secs(60),
+        move || attempts(metrics, "paused") >= HELD as f64,
+    )
+    .await;
+    let looked = attempts(metrics, "paused");
+    let live = send_many(gw.addr, "/wy/notify", &format!("LIVE-{tag}"), 20).await;
+    delivered_once(&up, &live, "the other route's deliveries").await;
+    tokio::time::sleep(Duration::from_secs(32)).await;
+    assert_eq!(
+        attempts(metrics, "paused") - looked,
+        0.0,
+        "parked entries were fetched again"
+    );
+    assert_eq!(
+        gauge(metrics, "idempotency_queue_depth"),
+        Some(HELD as f64),
+        "the parked entries are the queue's depth"
+    );
+    let counts = up.counts();
+    assert!(
+        counts.keys().all(|id| id.contains("-LIVE-")),
+        "a paused route delivered: {counts:?}"
+    );
+
+    // Restarted while they are parked: still parked, none fetched.
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+    let gw = start(up_addr, metrics, &token, &extra);
+    assert!(paused_of(metrics).await.is_object());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(attempts(metrics, "paused"), 0.0, "fetched after a restart");
+    assert_eq!(gauge(metrics, "idempotency_queue_depth"), Some(HELD as f64));
+
+    let (code, _, err) = admin_cli(metrics, &token, &["resume", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    delivered_once(&up, &held, "every parked entry after resume").await;
+    delivered_once(&up, &live, "the other route's deliveries").await;
+    wait_for("an empty queue", Duration::from_secs(30), move || {
+        gauge(metrics, "idempotency_queue_depth") == Some(0.0)
+    })
+    .await;
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_file(token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_routes_entries_are_parked_not_cycled_embedded() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    parked_while_paused(&[], "embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_routes_entries_are_parked_not_cycled_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = own_redis() else {
+        return;
+    };
+    let url = redis.url();
+    parked_while_paused(&["--queue", &url], "redis").await;
+}
+
+/// Two gateways on one Redis (queue and store): `/wx` paused through A,
+/// notifications sent to B are parked (by whichever worker fetched them),
+/// `resume` through A wakes them (each instance's waker may run it), and
+/// each is delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_on_one_instance_woken_by_a_resume_on_another_delivered_once() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = own_redis() else {
+        return;
+    };
+    let url = redis.url();
+    let (up, up_addr) = Upstream::start(false).await;
+    let token = token_file("park-two-token");
+    let (ma, mb) = (free_addr(), free_addr());
+    let extra = [
+        "--queue",
+        &url,
+        "--store",
+        &url,
+        "--ack-then-deliver",
+        "/wx",
+    ];
+    let a = start(up_addr, ma, &token, &extra);
+    let b = start(up_addr, mb, &token, &extra);
+    let (code, _, err) = admin_cli(ma, &token, &["pause", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    wait_for("the pause on B", Duration::from_secs(10), move || {
+        paused_gauge(mb) == Some(1.0)
+    })
+    .await;
+    const HELD: usize = 100;
+    let held = send_many(b.addr, "/wx/notify", "PARK-TWO", HELD).await;
+    wait_for(
+        "every entry looked at once",
+        Duration::from_secs(60),
+        move || attempts(ma, "paused") + attempts(mb, "paused") >= HELD as f64,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        attempts(ma, "paused") + attempts(mb, "paused"),
+        HELD as f64,
+        "an entry was looked at twice"
+    );
+    assert!(up.counts().is_empty(), "{:?}", up.counts());
+    let (code, _, err) = admin_cli(ma, &token, &["resume", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    delivered_once(&up, &held, "every parked entry after resume on A").await;
+    drop((a, b));
+    let _ = std::fs::remove_file(token);
+}

@@ -2,7 +2,8 @@
 //! over WebDriver (Debian's `chromium` and `chromium-driver`). It logs in
 //! with the token, pauses and resumes a route, replays a dead letter,
 //! finds a journal record by id, and runs nothing a sender wrote (a body
-//! holding `<script>` and `<img onerror>` shows as text).
+//! holding `<script>` and `<img onerror>`, and an attempt's error holding
+//! markup, show as text).
 
 #[path = "../gateway_support/mod.rs"]
 mod gateway_support;
@@ -19,6 +20,33 @@ use test_support::common::{client, free_addr, post};
 
 const TOKEN: &str = "s3cret-admin-token-0123456789";
 const ATTACK: &str = r#"<script>window.__xss=1</script><img src=x onerror="window.__xss=2">"#;
+/// An attempt's error holding markup (a queue others can write to carries
+/// whatever they wrote).
+const ATTEMPT_ATTACK: &str = r#"<img src=x onerror="window.__xss=3">"#;
+
+/// Writes into the queue of `dir` a dead letter whose attempts failed with
+/// [`ATTEMPT_ATTACK`] and another error, before the gateway opens it.
+async fn seed_hostile_dead_letter(dir: &std::path::Path) {
+    use std::os::unix::fs::DirBuilderExt as _;
+    use tower_idempotency_queue::{Message, Queue, RedbQueue};
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(dir)
+        .unwrap();
+    let q = RedbQueue::open(dir.join("queue.redb")).unwrap();
+    let m = Message::new(
+        "seeded-hostile",
+        tower_idempotency::Fingerprint::of(b"seeded"),
+        "{}",
+    );
+    q.ingest(m).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let d = q.fetch(1, lease).await.unwrap().pop().unwrap();
+    assert!(q.retry(&d, Duration::ZERO, ATTEMPT_ATTACK).await.unwrap());
+    let d = q.fetch(1, lease).await.unwrap().pop().unwrap();
+    assert!(q.dead_letter(&d, "second <b>bold</b>").await.unwrap());
+}
 
 /// `chromedriver` and `chromium`, or `None` (said loudly) outside CI when
 /// either is missing.
@@ -102,6 +130,7 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     let dir = temp_path("console-data");
+    seed_hostile_dead_letter(&dir).await;
     let metrics = free_addr();
     let (upstream, metrics_arg) = (up.url(), metrics.to_string());
     let gw = Proc::start(
@@ -139,7 +168,7 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     wait_until("the dead letter", || async {
         admin_get(metrics, "/admin/dead").await["dead_letters"]
             .as_array()
-            .is_some_and(|d| d.len() == 1)
+            .is_some_and(|d| d.len() == 2)
     })
     .await;
 
@@ -234,9 +263,39 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     let routes = admin_get(metrics, "/admin/routes").await;
     assert!(routes["routes"][0]["paused"].is_null(), "{routes}");
 
+    // The seeded dead letter's attempts show their markup as text.
+    let row = |key: &str| format!("//table[@id='dead']/tbody/tr[td[contains(., '{key}')]]");
+    let seeded = wait()
+        .for_element(Locator::XPath(&format!("{}/td", row("seeded-hostile"))))
+        .await
+        .unwrap();
+    seeded.click().await.unwrap();
+    let detail = wait()
+        .for_element(Locator::Css("#dead-detail"))
+        .await
+        .unwrap();
+    wait_until("the seeded dead letter's detail", || async {
+        detail
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("seeded-hostile")
+    })
+    .await;
+    let shown = detail.text().await.unwrap();
+    let attempts: Vec<&str> = (shown.lines())
+        .filter(|l| l.starts_with("attempt "))
+        .collect();
+    assert_eq!(attempts.len(), 2, "{shown}");
+    assert!(
+        attempts[0].starts_with("attempt 1 at ") && attempts[0].ends_with(ATTEMPT_ATTACK),
+        "{shown}"
+    );
+    assert!(attempts[1].ends_with("second <b>bold</b>"), "{shown}");
+
     // The dead letter's detail shows the markup as text, and runs none.
     let first = wait()
-        .for_element(Locator::Css("#dead tbody tr td"))
+        .for_element(Locator::XPath(&format!("{}/td", row(&id))))
         .await
         .unwrap();
     first.click().await.unwrap();
@@ -256,7 +315,7 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     assert!(shown.contains("onerror="), "{shown}");
     // Replayed from its button: delivered once.
     down.store(false, Ordering::SeqCst);
-    c.find(Locator::Css("#dead tbody button"))
+    c.find(Locator::XPath(&format!("{}//button", row(&id))))
         .await
         .unwrap()
         .click()

@@ -116,7 +116,15 @@ pub(super) struct Envelope<'a> {
     pub(super) error: Option<&'a str>,
     pub(super) enqueued_ms: u64,
     pub(super) dead_at: Option<u64>,
+    /// The failed attempts (see `attempts::History`), in
+    /// [`HISTORY_HEADER`].
+    pub(super) history: Option<&'a str>,
 }
+
+/// The header carrying an entry's failed attempts: one line of printable
+/// ASCII, at most about 50 KiB (16 attempts of at most 1 KiB, escaped),
+/// within a content header frame of the broker's default `frame_max`.
+pub(super) const HISTORY_HEADER: &str = "x-attempt-history";
 
 impl<S: Store> AmqpQueue<S> {
     /// The live connection, connecting (and declaring the queues) when
@@ -353,6 +361,12 @@ impl<S: Store> AmqpQueue<S> {
             headers.insert(
                 "x-last-error".into(),
                 AMQPValue::LongString(LongString::from(e)),
+            );
+        }
+        if let Some(h) = env.history.filter(|h| !h.is_empty()) {
+            headers.insert(
+                HISTORY_HEADER.into(),
+                AMQPValue::LongString(LongString::from(h)),
             );
         }
         if let Some(at) = env.dead_at {

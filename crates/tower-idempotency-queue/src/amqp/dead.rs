@@ -1,14 +1,15 @@
 //! Dead letters: the dead-letter exchange and its queue, reading them
 //! without taking them, and replay moving them back into the queue.
 
+use super::super::attempts::{dead_letter, History};
 use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
-use super::connection::{header_text, header_u64, string};
+use super::connection::{header_text, header_u64, string, HISTORY_HEADER};
 use super::records::{DEAD, QUEUED};
 use super::{fresh_id, ms_of, now_ms, AmqpQueue, Envelope};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::Channel;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tower_idempotency::store::Store;
 
 /// Dead letters taken (unacknowledged) on a channel of their own.
@@ -58,14 +59,15 @@ impl<S: Store> AmqpQueue<S> {
             .as_ref()
             .map(|s| s.as_str().to_owned())
             .unwrap_or_default();
-        DeadLetter {
-            message: Message::decode(&d.data).unwrap_or_else(|| Message::undecodable(&id, &d.data)),
-            id: EntryId::new(id),
-            attempts: header_u64(p, "x-attempts")
-                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-            error: header_text(p, "x-last-error"),
-            dead_at: UNIX_EPOCH + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
-        }
+        let history = header_text(p, HISTORY_HEADER);
+        dead_letter(
+            EntryId::new(&*id),
+            Message::decode(&d.data).unwrap_or_else(|| Message::undecodable(&id, &d.data)),
+            header_u64(p, "x-attempts").map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            header_text(p, "x-last-error"),
+            UNIX_EPOCH + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
+            Some(&history),
+        )
     }
 
     /// Moves the dead letters `pick` chooses back into the queue; how many.
@@ -87,6 +89,7 @@ impl<S: Store> AmqpQueue<S> {
                     error: None,
                     enqueued_ms: now_ms(),
                     dead_at: None,
+                    history: None,
                 };
                 self.publish("", &self.inner.name, &letter.message, env)
                     .await?;
@@ -142,6 +145,12 @@ impl<S: Store> AmqpQueue<S> {
             return Ok(false);
         };
         let m = &delivery.message;
+        let history = History::record(
+            delivery.history.as_deref(),
+            delivery.attempt,
+            SystemTime::now(),
+            error,
+        );
         // The record first: a copy arriving once the entry is dead must
         // find it dead (a duplicate), not queued.
         self.set_state(&m.key, m.fingerprint, DEAD).await;
@@ -151,6 +160,7 @@ impl<S: Store> AmqpQueue<S> {
             error: Some(error),
             enqueued_ms: ms_of(held.enqueued),
             dead_at: Some(now_ms()),
+            history: Some(&history),
         };
         if let Err(e) = self.publish(&self.dlx(), &self.inner.name, m, env).await {
             self.give_back_one(held.generation, &held.acker).await;

@@ -4,7 +4,7 @@
 use super::super::records::now_ms;
 use super::super::Message;
 use super::super::{Delivery, QueueError};
-use super::connection::{header_text, header_u64};
+use super::connection::{header_text, header_u64, HISTORY_HEADER};
 use super::{ms_of, AmqpQueue, Envelope};
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -32,14 +32,16 @@ impl<S: Store> AmqpQueue<S> {
         format!("{}.delay.{ms}", self.inner.name)
     }
 
-    /// Publishes `delivery`'s message to a delay queue with `attempts`
-    /// recorded, then acknowledges the delivery.
+    /// Publishes `delivery`'s message to a delay queue with `attempts` and
+    /// the failed attempts' `history` recorded, then acknowledges the
+    /// delivery.
     pub(super) async fn back_off(
         &self,
         delivery: &Delivery,
         after: Duration,
         attempts: u32,
         error: &str,
+        history: Option<&str>,
     ) -> Result<bool, QueueError> {
         let Some(held) = self.release_held(delivery).await else {
             return Ok(false);
@@ -52,6 +54,7 @@ impl<S: Store> AmqpQueue<S> {
             error: Some(error),
             enqueued_ms: ms_of(held.enqueued),
             dead_at: None,
+            history,
         };
         // The copy first: a crash between the two leaves the entry twice
         // (the consumer runs it once), never not at all.
@@ -111,6 +114,7 @@ impl<S: Store> AmqpQueue<S> {
         };
         let left = Duration::from_millis(due - now);
         let error = header_text(p, "x-last-error");
+        let history = header_text(p, HISTORY_HEADER);
         let env = Envelope {
             id: p
                 .message_id()
@@ -122,6 +126,7 @@ impl<S: Store> AmqpQueue<S> {
             error: Some(&error),
             enqueued_ms: header_u64(p, "x-enqueued-ms").unwrap_or(now),
             dead_at: None,
+            history: Some(&history),
         };
         let mut headers = FieldTable::default();
         headers.insert(

@@ -15,8 +15,9 @@ mod pace;
 mod records;
 mod stats;
 
-use self::connection::{header_u64, Envelope};
+use self::connection::{header_text, header_u64, Envelope, HISTORY_HEADER};
 use self::records::DELIVERED;
+use super::attempts::History;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
@@ -325,6 +326,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
             error: None,
             enqueued_ms: now_ms(),
             dead_at: None,
+            history: None,
         };
         if let Err(e) = self.publish("", &self.inner.name, &message, env).await {
             self.release_key(&message, token).await;
@@ -362,12 +364,20 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 let why = "undecodable entry: not a message this version can read";
                 crate::log_warn!(entry = %id, "{why}; dead-lettered");
                 let raw = Message::undecodable(&id, &got.data);
+                let stored = header_text(p, HISTORY_HEADER);
+                let history = History::record(
+                    Some(&stored),
+                    attempt.min(u64::from(u32::MAX)) as u32,
+                    SystemTime::now(),
+                    why,
+                );
                 let env = Envelope {
                     id: id.clone(),
                     attempts: attempt.min(u64::from(u32::MAX)) as u32,
                     error: Some(why),
                     enqueued_ms: ms_of(enqueued),
                     dead_at: Some(now_ms()),
+                    history: Some(&history),
                 };
                 self.publish(&self.dlx(), &self.inner.name, &raw, env)
                     .await?;
@@ -404,6 +414,8 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 attempt: attempt.min(u64::from(u32::MAX)) as u32,
                 enqueued_at: enqueued,
                 lease: lease_id,
+                history: Some(header_text(p, HISTORY_HEADER).into())
+                    .filter(|h: &Arc<str>| !h.is_empty()),
             });
         }
         Ok(out)
@@ -466,7 +478,13 @@ impl<S: Store> Queue for AmqpQueue<S> {
         after: Duration,
         error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt, error)
+        let history = History::record(
+            delivery.history.as_deref(),
+            delivery.attempt,
+            SystemTime::now(),
+            error,
+        );
+        self.back_off(delivery, after, delivery.attempt, error, Some(&history))
             .await
     }
 
@@ -476,8 +494,15 @@ impl<S: Store> Queue for AmqpQueue<S> {
         after: Duration,
         error: &str,
     ) -> Result<bool, QueueError> {
-        self.back_off(delivery, after, delivery.attempt.saturating_sub(1), error)
-            .await
+        let history = delivery.history.as_deref();
+        self.back_off(
+            delivery,
+            after,
+            delivery.attempt.saturating_sub(1),
+            error,
+            history,
+        )
+        .await
     }
 
     async fn dead_letter(&self, delivery: &Delivery, error: &str) -> Result<bool, QueueError> {
@@ -522,5 +547,25 @@ impl<S: Store> Queue for AmqpQueue<S> {
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
         self.forget_now(key).await
+    }
+}
+
+/// Parks nothing: a delay set on the broker cannot be shortened, so a
+/// paused route's entries are postponed 30 s at a time instead.
+impl<S: Store> super::Park for AmqpQueue<S> {
+    fn parks(&self) -> bool {
+        false
+    }
+
+    async fn park(&self, _delivery: &Delivery, _prefix: &str) -> Result<Option<bool>, QueueError> {
+        Ok(None)
+    }
+
+    async fn wake(&self, _prefix: &str) -> Result<u64, QueueError> {
+        Ok(0)
+    }
+
+    async fn parked(&self) -> Result<Vec<String>, QueueError> {
+        Ok(Vec::new())
     }
 }

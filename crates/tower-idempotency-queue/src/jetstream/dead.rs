@@ -4,9 +4,11 @@
 use super::markers::DEAD;
 use super::{err, hashed, header_text, header_u64, ms_of, now_ms, one_line, time_of};
 use super::{DeadLetter, Delivery, EntryId, JetStreamQueue, Message, QueueError};
-use super::{H_BASE, H_DEAD_AT, H_ERROR, H_MARKER};
+use super::{H_BASE, H_DEAD_AT, H_ERROR, H_HISTORY, H_MARKER};
+use crate::attempts::{dead_letter, History};
 use async_nats::jetstream::{stream, AckKind};
 use async_nats::HeaderValue;
+use std::time::SystemTime;
 
 impl JetStreamQueue {
     /// Publishes a dead letter for `sequence` (idempotently) and terminates
@@ -21,10 +23,13 @@ impl JetStreamQueue {
         attempts: u32,
         enqueued: u64,
         error: &str,
+        history: Option<&str>,
     ) -> Result<(), QueueError> {
         let mut h = Self::entry_headers(marker, enqueued, attempts);
         h.insert(H_BASE, HeaderValue::from(u64::from(attempts)));
         h.insert(H_ERROR, one_line(error).as_str());
+        let history = History::record(history, attempts, SystemTime::now(), error);
+        h.insert(H_HISTORY, history.as_str());
         h.insert(H_DEAD_AT, HeaderValue::from(now_ms()));
         let id = format!("d-{sequence}");
         self.publish(&self.inner.dead_subject, &id, h, payload)
@@ -50,6 +55,7 @@ impl JetStreamQueue {
             delivery.attempt,
             ms_of(delivery.enqueued_at),
             error,
+            delivery.history.as_deref(),
         )
         .await?;
         self.inner
@@ -184,12 +190,13 @@ impl JetStreamQueue {
 fn letter_of(m: &async_nats::jetstream::message::StreamMessage) -> DeadLetter {
     let headers = Some(&m.headers);
     let id = m.sequence.to_string();
-    DeadLetter {
-        message: Message::decode(&m.payload)
-            .unwrap_or_else(|| Message::undecodable(&id, &m.payload)),
-        id: EntryId::new(id),
-        attempts: header_u64(headers, H_BASE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-        error: header_text(headers, H_ERROR),
-        dead_at: time_of(header_u64(headers, H_DEAD_AT).unwrap_or(0)),
-    }
+    let history = header_text(headers, H_HISTORY);
+    dead_letter(
+        EntryId::new(&*id),
+        Message::decode(&m.payload).unwrap_or_else(|| Message::undecodable(&id, &m.payload)),
+        header_u64(headers, H_BASE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        header_text(headers, H_ERROR),
+        time_of(header_u64(headers, H_DEAD_AT).unwrap_or(0)),
+        Some(&history),
+    )
 }

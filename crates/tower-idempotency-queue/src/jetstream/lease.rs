@@ -4,6 +4,7 @@
 
 use super::{
     err, hashed, ms_of, now_ms, Delivery, Held, JetStreamQueue, QueueError, H_BASE, H_DUE,
+    H_HISTORY,
 };
 use async_nats::jetstream::AckKind;
 use async_nats::HeaderValue;
@@ -89,6 +90,7 @@ impl JetStreamQueue {
         delivery: &Delivery,
         after: Duration,
         base: u32,
+        history: Option<&str>,
     ) -> Result<bool, QueueError> {
         let Some(held) = self.held(delivery) else {
             return Ok(false);
@@ -102,6 +104,9 @@ impl JetStreamQueue {
                 now_ms().saturating_add(u64::try_from(after.as_millis()).unwrap_or(u64::MAX)),
             ),
         );
+        if let Some(history) = history.filter(|h| !h.is_empty()) {
+            h.insert(H_HISTORY, history);
+        }
         let id = format!("p-{}-{}", held.sequence, delivery.attempt);
         self.publish(&self.inner.subject, &id, h, delivery.message.encode())
             .await?;

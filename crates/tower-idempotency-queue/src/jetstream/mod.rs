@@ -8,6 +8,7 @@ mod pace;
 
 pub use connection::JetStreamQueueBuilder;
 
+use super::attempts::History;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
@@ -26,6 +27,9 @@ const H_ENQUEUED: &str = "Idem-Enqueued";
 const H_BASE: &str = "Idem-Attempts";
 /// Not due before (ms): a postponed entry's first delivery is put back.
 const H_DUE: &str = "Idem-Due";
+/// The failed attempts (see `attempts::History`: one line of printable
+/// ASCII, at most about 50 KiB), carried by each copy a retry publishes.
+const H_HISTORY: &str = "Idem-Attempt-History";
 /// Headers of a dead letter.
 const H_ERROR: &str = "Idem-Error";
 const H_DEAD_AT: &str = "Idem-Dead-At";
@@ -54,10 +58,13 @@ const H_DEAD_AT: &str = "Idem-Dead-At";
 /// - the durable pull consumer `workers` on it (explicit ack) is shared by
 ///   every gateway on the queue: each message is handed to one of them at a
 ///   time, its ack wait renewed (`+WPI`) while the delivery runs; a failed
-///   delivery is `nak`ed with the backoff as its delay; one that failed
-///   `max_attempts` times is copied to the dead letters and `term`inated;
+///   delivery is published again with its failed attempts in a header
+///   (`Idem-Attempt-History`), due after the backoff, and acknowledged; one
+///   that failed `max_attempts` times is copied to the dead letters and
+///   `term`inated;
 /// - the stream `IDEM_gw_DEAD` (subject `idem.gw.dead`) holds the dead
-///   letters, with their attempts and last error in headers;
+///   letters, with their attempts, last error and failed attempts in
+///   headers;
 ///   [`replay`](Queue::replay) publishes one back into the queue and then
 ///   deletes it from the dead letters;
 /// - the key-value bucket `IDEM_gw_KEYS` holds one marker per key (a hash
@@ -307,6 +314,7 @@ impl Queue for JetStreamQueue {
                 let why = "undecodable entry: not a message this version can read";
                 crate::log_warn!(entry = sequence, "{why}; dead-lettered");
                 let marker = header_text(headers, H_MARKER);
+                let history = header_text(headers, H_HISTORY);
                 self.bury(
                     &reply,
                     sequence,
@@ -315,6 +323,7 @@ impl Queue for JetStreamQueue {
                     attempt,
                     enqueued,
                     why,
+                    Some(&history),
                 )
                 .await?;
                 continue;
@@ -338,6 +347,8 @@ impl Queue for JetStreamQueue {
                 attempt,
                 enqueued_at: time_of(enqueued),
                 lease,
+                history: Some(header_text(headers, H_HISTORY).into())
+                    .filter(|h: &Arc<str>| !h.is_empty()),
             });
         }
         Ok(out)
@@ -385,9 +396,18 @@ impl Queue for JetStreamQueue {
         &self,
         delivery: &Delivery,
         after: Duration,
-        _error: &str,
+        error: &str,
     ) -> Result<bool, QueueError> {
-        self.settle(delivery, AckKind::Nak(Some(after)), true).await
+        // A copy with this attempt recorded (a nak would keep the
+        // message's headers as they are), as a postponed entry is put back.
+        let history = History::record(
+            delivery.history.as_deref(),
+            delivery.attempt,
+            SystemTime::now(),
+            error,
+        );
+        self.requeue(delivery, after, delivery.attempt, Some(&history))
+            .await
     }
 
     async fn postpone(
@@ -396,7 +416,8 @@ impl Queue for JetStreamQueue {
         after: Duration,
         _error: &str,
     ) -> Result<bool, QueueError> {
-        self.requeue(delivery, after, delivery.attempt.saturating_sub(1))
+        let history = delivery.history.as_deref();
+        self.requeue(delivery, after, delivery.attempt.saturating_sub(1), history)
             .await
     }
 
@@ -449,6 +470,26 @@ impl Queue for JetStreamQueue {
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
         self.forget_key(key).await
+    }
+}
+
+/// Parks nothing: a delay set on the broker cannot be shortened, so a
+/// paused route's entries are postponed 30 s at a time instead.
+impl super::Park for JetStreamQueue {
+    fn parks(&self) -> bool {
+        false
+    }
+
+    async fn park(&self, _delivery: &Delivery, _prefix: &str) -> Result<Option<bool>, QueueError> {
+        Ok(None)
+    }
+
+    async fn wake(&self, _prefix: &str) -> Result<u64, QueueError> {
+        Ok(0)
+    }
+
+    async fn parked(&self) -> Result<Vec<String>, QueueError> {
+        Ok(Vec::new())
     }
 }
 

@@ -1322,3 +1322,66 @@ fn child_test() -> String {
     let module = module_path!().split_once("::").map_or("", |(_, m)| m);
     format!("{module}::child_process")
 }
+
+/// Redis Streams: entries parked by two instances under one prefix are
+/// woken by both at once, each put back once (one wake finds them all, the
+/// other none); they count in the depth while parked, and after the wake
+/// each is fetched once, its parked attempt not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_parked_entries_woken_from_two_instances_come_back_once() {
+    use tower_idempotency_queue::Park;
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    // Two instances on one queue.
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let url = server.url();
+    let a = RedisStreamsQueue::standalone(url.as_str(), &name)
+        .await
+        .unwrap();
+    let b = RedisStreamsQueue::standalone(url.as_str(), &name)
+        .await
+        .unwrap();
+    const N: usize = 60;
+    for i in 0..N {
+        let key = format!("park-{i}");
+        let m = Message::new(&key, Fingerprint::of(key.as_bytes()), "{}");
+        assert!(matches!(a.ingest(m).await.unwrap(), Ingested::Queued(_)));
+    }
+    let lease = Duration::from_secs(30);
+    let (mut parked, mut fetched) = (0, 0);
+    while fetched < N {
+        for q in [&a, &b] {
+            for d in q.fetch(10, lease).await.unwrap() {
+                fetched += 1;
+                parked += usize::from(q.park(&d, "/wx").await.unwrap() == Some(true));
+            }
+        }
+    }
+    assert_eq!(parked, N);
+    assert_eq!(a.stats().await.unwrap().depth, N as u64);
+    assert_eq!(b.parked().await.unwrap(), ["/wx"]);
+    assert!(a.fetch(100, lease).await.unwrap().is_empty());
+    let (wa, wb) = tokio::join!(a.wake("/wx"), b.wake("/wx"));
+    assert_eq!(wa.unwrap() + wb.unwrap(), N as u64, "woken twice or lost");
+    assert!(a.parked().await.unwrap().is_empty());
+    let mut keys = std::collections::HashSet::new();
+    for _ in 0..20 {
+        for q in [&a, &b] {
+            for d in q.fetch(100, lease).await.unwrap() {
+                assert_eq!(d.attempt, 1, "the parked attempt counted");
+                assert!(
+                    keys.insert(d.message.key.clone()),
+                    "twice: {}",
+                    d.message.key
+                );
+                assert!(q.ack(&d).await.unwrap());
+            }
+        }
+        if keys.len() == N {
+            break;
+        }
+    }
+    assert_eq!(keys.len(), N);
+    assert_eq!(a.stats().await.unwrap().depth, 0);
+}

@@ -5,7 +5,7 @@
 use crate::store::GatewayStore;
 use either::Either;
 use idempotency_gateway::journal::{Journal, JournalEvent, JournalOutcome};
-use idempotency_gateway::proxy::{Gateway, RouteOptions, RouteTable, Target};
+use idempotency_gateway::proxy::{Gateway, Pauses, RouteOptions, RouteTable, Target};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -291,6 +291,7 @@ impl QueueSettings {
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
         lanes: &[(String, Option<Pace>)],
+        pauses: &Pauses,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
         info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
@@ -327,7 +328,11 @@ impl QueueSettings {
                 done
             }
         });
+        // A paused route's entries are parked until it resumes (see
+        // `pauses::spawn_waker`), where the queue can park them.
+        let paused = pauses.clone();
         let mut worker = Worker::new(queue, deliver)
+            .park_paused(move |m: &Message| paused.covering(m.uri.path()))
             .name(NAME)
             .max_attempts(self.max_attempts)
             .backoff(self.backoff, Duration::from_secs(15 * 60))

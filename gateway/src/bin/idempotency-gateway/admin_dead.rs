@@ -75,8 +75,12 @@ pub fn ms_of(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// `t` in RFC 3339, held within what it can write (the epoch to the end of
+/// year 9999): a time read from a broker's header is anyone's, and a
+/// formatter's error would be a panic here.
 fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    let latest = UNIX_EPOCH + std::time::Duration::from_millis(253_402_300_799_999);
+    humantime::format_rfc3339_millis(t.clamp(UNIX_EPOCH, latest)).to_string()
 }
 
 /// A dead letter's line in a list.
@@ -94,8 +98,9 @@ pub fn summary(d: &DeadLetter) -> Value {
     })
 }
 
-/// A dead letter in full: its attempts (each with the error the queue
-/// kept: the last attempt's), the request's headers and its body as base64.
+/// A dead letter in full: its failed attempts the queue kept (each with its
+/// number, time and error; the first and the latest), how many others it
+/// made, the request's headers and its body as base64.
 pub fn detail(d: &DeadLetter) -> Value {
     let mut v = summary(d);
     let headers: Vec<Value> = (d.message.headers.iter())
@@ -106,18 +111,18 @@ pub fn detail(d: &DeadLetter) -> Value {
             })
         })
         .collect();
-    let attempts: Vec<Value> = (1..=d.attempts)
-        .map(|n| {
-            let last = n == d.attempts;
+    let attempts: Vec<Value> = (d.history.iter())
+        .map(|a| {
             json!({
-                "attempt": n,
-                "error": if last { Value::from(d.error.as_str()) } else { Value::Null },
-                "at": if last { Value::from(rfc3339(d.dead_at)) } else { Value::Null },
+                "attempt": a.number,
+                "error": a.error,
+                "at": rfc3339(a.at),
             })
         })
         .collect();
     v["uri"] = json!(d.message.uri.to_string());
     v["attempt_errors"] = Value::Array(attempts);
+    v["attempts_not_kept"] = json!(d.attempts_not_kept);
     v["headers"] = Value::Array(headers);
     v["body_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&d.message.body));
     v

@@ -179,9 +179,17 @@ fn show_text(out: &mut dyn Write, d: &Value) -> std::io::Result<()> {
     writeln!(out, "attempts: {}", d["attempts"])?;
     writeln!(out, "dead_at: {}", s("dead_at"))?;
     for a in d["attempt_errors"].as_array().into_iter().flatten() {
-        if let Some(e) = a["error"].as_str() {
-            writeln!(out, "attempt {}: {}", a["attempt"], shown(e))?;
-        }
+        let (at, e) = (a["at"].as_str().unwrap_or("?"), a["error"].as_str());
+        writeln!(
+            out,
+            "attempt {} at {}: {}",
+            a["attempt"],
+            shown(at),
+            shown(e.unwrap_or(""))
+        )?;
+    }
+    if let Some(n) = d["attempts_not_kept"].as_u64().filter(|n| *n > 0) {
+        writeln!(out, "({n} other attempts not kept)")?;
     }
     for h in d["headers"].as_array().into_iter().flatten() {
         let (name, value) = (h["name"].as_str(), h["value"].as_str());

@@ -550,9 +550,11 @@ async fn run(
     let worker = sealed.clone().map(|q| {
         let journal = journal.clone();
         let lanes = pace::lanes(&settings.routes, &settings.paces);
+        pauses::spawn_waker(keeper.pauses().clone(), q.clone());
+        let paused = keeper.pauses();
         settings
             .queue
-            .spawn_worker(q, &control, journal, &lanes, worker_stopped)
+            .spawn_worker(q, &control, journal, &lanes, paused, worker_stopped)
     });
     let journal_at_exit = journal.clone();
     let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));

@@ -16,7 +16,8 @@ use tower_idempotency::store::{
     Claim, CompletedRecord, OwnerToken, RecordState, Store, StoredResponse,
 };
 use tower_idempotency::Fingerprint;
-use tracing::warn;
+use tower_idempotency_queue::{Park, QueueError};
+use tracing::{info, warn};
 
 /// How often the kept pauses are read again.
 const POLL: Duration = Duration::from_millis(500);
@@ -216,4 +217,47 @@ impl PauseKeeper {
         self.refresh().await?;
         Ok(was)
     }
+}
+
+/// Wakes the entries parked under a prefix that is no longer paused, every
+/// half second, for as long as the process runs: a route resumed here or on
+/// another instance, a pause removed while this one was down, a prefix no
+/// longer in the route table (at start, whatever is parked and not paused).
+/// A wake is one change of the queue, so two instances waking one prefix at
+/// once put each entry back once.
+pub fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
+    if !queue.parks() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut failing = false;
+        loop {
+            match tokio::time::timeout(TIMEOUT, wake_resumed(&pauses, &queue)).await {
+                Ok(Ok(())) => failing = false,
+                Ok(Err(e)) if !failing => {
+                    failing = true;
+                    warn!(error = %crate::store::redact_text(&e.to_string()), "cannot wake the parked entries of resumed routes; tried again");
+                }
+                Err(_) if !failing => {
+                    failing = true;
+                    warn!("the queue did not answer while waking the parked entries of resumed routes; tried again");
+                }
+                _ => {}
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    });
+}
+
+/// Wakes every parked prefix that is not paused now.
+async fn wake_resumed<Q: Park>(pauses: &Pauses, queue: &Q) -> Result<(), QueueError> {
+    for prefix in queue.parked().await? {
+        if pauses.get(&prefix).is_none() {
+            let n = queue.wake(&prefix).await?;
+            if n > 0 {
+                info!(route = %prefix, woken = n, "a resumed route's parked entries are due again");
+            }
+        }
+    }
+    Ok(())
 }

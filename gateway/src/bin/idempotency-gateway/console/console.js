@@ -83,7 +83,8 @@ async function showDead(id) {
   let body = "";
   try { body = new TextDecoder().decode(Uint8Array.from(atob(d.body_base64), (c) => c.charCodeAt(0))); } catch (_) { body = "(not text)"; }
   const lines = ["id: " + d.id, "key: " + d.key, d.method + " " + d.uri, "attempts: " + d.attempts, "dead at: " + d.dead_at];
-  for (const a of d.attempt_errors) { if (a.error) { lines.push("attempt " + a.attempt + ": " + a.error); } }
+  for (const a of d.attempt_errors) { lines.push("attempt " + a.attempt + " at " + a.at + ": " + a.error); }
+  if (d.attempts_not_kept > 0) { lines.push(d.attempts_not_kept + " other attempts not kept"); }
   for (const h of d.headers) { lines.push(h.name + ": " + h.value); }
   lines.push("", body);
   $("dead-detail").textContent = lines.join("\n");
