@@ -338,6 +338,21 @@ async fn a_paused_route_with_an_upstream_of_its_own_forwards_nothing_unguarded()
         1,
         "a paused route reached its upstream"
     );
+    // A client's submission (a POST with its Idempotency-Key) is held the
+    // same way: 503 with Retry-After, nothing sent.
+    let text = crate::gateway_support::raw_http(
+        gw.addr,
+        "POST /hooks/orders HTTP/1.1\r\nHost: gw\r\nIdempotency-Key: order-77\r\n\
+         Content-Type: application/json\r\nContent-Length: 13\r\nConnection: close\r\n\r\n\
+         {\"amount\":10}",
+    );
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("retry-after:"), "{text}");
+    assert_eq!(
+        own.calls("/hooks/orders"),
+        0,
+        "a paused route's client submission reached its upstream"
+    );
     // Another route's unguarded requests still go through.
     assert_eq!(get(gw.addr, "/other/status").0, 200);
     assert_eq!(default.calls("/other/status"), 1);
