@@ -266,6 +266,9 @@ impl Embedded {
         let now = queue_now(txn)?;
         let mut state = txn.open_table(STATE).map_err(err)?;
         let parked_orders = txn.open_table(PARKED_ORDERS).map_err(err)?;
+        // Looked up per entry only while some group has a parked entry: a
+        // fetch with nothing parked scans as it did before.
+        let any_parked = !parked_orders.is_empty().map_err(err)?;
         let mut blocked = HashSet::new();
         let mut taken = Vec::new();
         for row in state.iter().map_err(err)? {
@@ -278,7 +281,7 @@ impl Embedded {
                 // An earlier entry of its order group is not delivered yet.
                 continue;
             }
-            if s.order != 0 && parked_orders.get(s.order).map_err(err)?.is_some() {
+            if any_parked && s.order != 0 && parked_orders.get(s.order).map_err(err)?.is_some() {
                 // Nor is one that is parked (the earliest of its group).
                 continue;
             }
