@@ -3,7 +3,7 @@
 //! /admin/dead/replay`, over what [`admin_dead`] does for them and for the
 //! offline `dlq` commands.
 
-use super::{error, json_answer, param, Admin, Answer, Calls, Pairs, DEFAULT_LIMIT, MAX_LIMIT};
+use super::{error, json_answer, limit, param, Admin, Answer, Calls, Pairs};
 use crate::ack::GatewayQueue;
 use crate::admin_dead::{self, DeadFilter};
 use axum::extract::{Path, State};
@@ -31,15 +31,9 @@ pub(super) async fn dead_list(State(calls): State<Calls>, Pairs(q): Pairs) -> An
         Ok(f) => f,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    let limit = match param(&q, "limit") {
-        None => DEFAULT_LIMIT,
-        Some(n) => match n.parse::<usize>() {
-            Ok(n) if (1..=MAX_LIMIT).contains(&n) => n,
-            _ => {
-                let e = format!("`limit` is a number from 1 to {MAX_LIMIT}");
-                return error(StatusCode::BAD_REQUEST, &e);
-            }
-        },
+    let limit = match limit(&q) {
+        Ok(n) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
     let cursor = param(&q, "cursor")
         .filter(|c| !c.is_empty())
