@@ -6,7 +6,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// How often the counters are read.
 const EVERY: Duration = Duration::from_secs(5);
@@ -53,9 +53,7 @@ impl Samples {
             let mut tick = tokio::time::interval(EVERY);
             loop {
                 tick.tick().await;
-                let at = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                let at = crate::admin_dead::ms_of(SystemTime::now());
                 let counts = read(&handle.render());
                 let mut kept = this.0.lock().unwrap_or_else(|p| p.into_inner());
                 if kept.len() == KEPT {

@@ -170,11 +170,7 @@ pub fn parse_time(s: &str) -> Result<u64, String> {
     }
     let at = humantime::parse_rfc3339_weak(s)
         .map_err(|e| format!("`{s}`: expected RFC 3339 or milliseconds since the epoch: {e}"))?;
-    let ms = at
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
-    Ok(u64::try_from(ms).unwrap_or(u64::MAX))
+    Ok(crate::admin_dead::ms_of(at))
 }
 
 fn journal_json(record: &JournalRecord) -> Value {

@@ -8,7 +8,7 @@ use super::{
 use axum::extract::State;
 use http::StatusCode;
 use serde_json::{json, Value};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 use tower_idempotency_queue::Queue as _;
 use tracing::info;
 
@@ -101,9 +101,7 @@ pub(super) async fn route_pause(State(calls): State<Calls>, Pairs(q): Pairs) -> 
         Ok(p) => p,
         Err(res) => return *res,
     };
-    let since_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let since_ms = crate::admin_dead::ms_of(SystemTime::now());
     let info = idempotency_gateway::proxy::PauseInfo {
         since_ms,
         by: param(&q, "by")
