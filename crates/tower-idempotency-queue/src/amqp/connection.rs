@@ -37,10 +37,10 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 /// again themselves.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 
-/// The connection, if any, and the last connect that failed (when, why).
+/// Who connects, and the last connect that failed (when, why): held by
+/// the one caller that connects while the others wait for it.
 #[derive(Default)]
 pub(super) struct Slot {
-    link: Option<Link>,
     failed: Option<(Instant, String)>,
 }
 
@@ -62,6 +62,22 @@ impl Link {
         self.conn.status().connected()
             && self.publish.status().connected()
             && self.take.status().connected()
+    }
+
+    /// Why this connection is not handed out again (`stalled`: the newest
+    /// generation found broken), for the log.
+    fn unusable_because(&self, stalled: u64) -> &'static str {
+        if !self.conn.status().connected() {
+            "the connection closed"
+        } else if !self.publish.status().connected() {
+            "the publishing channel closed"
+        } else if !self.take.status().connected() {
+            "the consuming channel closed"
+        } else if self.generation <= stalled {
+            "an exchange on it failed or went unanswered"
+        } else {
+            "unknown"
+        }
     }
 }
 
@@ -130,29 +146,44 @@ impl<S: Store> AmqpQueue<S> {
     /// The live connection, connecting (and declaring the queues) when
     /// there is none or it broke.
     ///
+    /// A live connection is handed out without waiting: only connecting
+    /// takes the lock. (Every publish taking it, as it once did, made a
+    /// convoy in a storm: each caller handed the lock to the next through
+    /// the next one's serving thread, busy with hundreds of connections,
+    /// until the last of 500 copies had waited 5 s for a connection that
+    /// was up all along.)
+    ///
     /// Bounded: a caller waits for another's connect at most
     /// [`EXCHANGE_LIMIT`], a connect takes at most [`CONNECT_LIMIT`], and
     /// for [`RECONNECT_PAUSE`] after a failed connect callers get its error
     /// at once, so callers piling up while the broker does not answer do not
     /// each wait for a connect of their own, one after the other.
     pub(super) async fn link(&self) -> Result<Link, QueueError> {
+        if let Some(link) = self.live() {
+            return Ok(link);
+        }
         let mut slot = tokio::time::timeout(EXCHANGE_LIMIT, self.inner.link.lock())
             .await
             .map_err(|_| err("still connecting to the broker"))?;
-        let stalled = self.inner.stalled.load(Ordering::Relaxed);
-        if let Some(link) = slot
-            .link
-            .as_ref()
-            .filter(|l| l.usable() && l.generation > stalled)
-        {
-            return Ok(link.clone());
+        // Connected by the caller this one waited for.
+        if let Some(link) = self.live() {
+            return Ok(link);
         }
         if let Some((at, why)) = &slot.failed
             && at.elapsed() < RECONNECT_PAUSE
         {
             return Err(err(format_args!("not connected: {why}")));
         }
-        if let Some(old) = slot.link.take() {
+        let stalled = self.inner.stalled.load(Ordering::Relaxed);
+        let old = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(old) = old {
+            let _why = old.unusable_because(stalled);
+            crate::log_warn!(queue = %self.inner.name, generation = old.generation, why = _why, "connecting to the broker again");
             // Closed aside: a connection that stopped answering is dropped
             // all the same once the limit passes.
             tokio::spawn(async move {
@@ -200,8 +231,20 @@ impl<S: Store> AmqpQueue<S> {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|_, h| h.generation == link.generation);
         slot.failed = None;
-        slot.link = Some(link.clone());
+        *self.inner.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(link.clone());
         Ok(link)
+    }
+
+    /// The connection, when it is up and no exchange on it went wrong.
+    fn live(&self) -> Option<Link> {
+        let stalled = self.inner.stalled.load(Ordering::Relaxed);
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .filter(|l| l.usable() && l.generation > stalled)
+            .cloned()
     }
 
     /// Forgets a broken connection (`generation`, [`Link::generation`]), so

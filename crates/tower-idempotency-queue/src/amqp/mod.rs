@@ -52,6 +52,9 @@ struct Inner<S> {
     name: String,
     store: S,
     window: Duration,
+    /// The connection handed out, while it is usable.
+    live: Mutex<Option<connection::Link>>,
+    /// Taken by whoever connects.
     link: tokio::sync::Mutex<connection::Slot>,
     /// The newest connection (its generation) found broken: it is not
     /// handed out again.
@@ -241,6 +244,7 @@ impl<S: Store> AmqpQueue<S> {
                 name: name.to_owned(),
                 store,
                 window: Duration::from_secs(25 * 3600),
+                live: Mutex::new(None),
                 link: tokio::sync::Mutex::default(),
                 stalled: AtomicU64::new(0),
                 generations: AtomicU64::new(0),

@@ -1316,6 +1316,84 @@ async fn amqp_a_copy_racing_the_replayed_record_is_a_duplicate() {
     amqp_copy_racing_a_state_change_is_a_duplicate(StateChange::Replayed).await;
 }
 
+/// 500 notifications ingested at once by two serving threads, each its own
+/// current-thread runtime (as the gateway runs them) and busy (32 tasks
+/// that compute for a millisecond between yields, as in a storm): every one
+/// is queued. Callers on a live connection must not queue up behind one
+/// lock, each handing it to the next through the other thread's busy
+/// scheduler, until the last have waited past the bound on one exchange
+/// and get "still connecting" (as 8 of 500 copies did through the gateway).
+#[test]
+fn amqp_ingests_at_once_on_two_busy_serving_threads_are_all_queued() {
+    // Kept until the end: what the queue started on it lives there.
+    let setup = tokio::runtime::Runtime::new().unwrap();
+    let opened = setup.block_on(amqp_queue());
+    let Some((queue, _broker)) = opened else {
+        return;
+    };
+    let start = Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (queue, start) = (queue.clone(), start.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let stop = Arc::new(AtomicBool::new(false));
+                    start.wait();
+                    let busy: Vec<_> = (0..32)
+                        .map(|_| {
+                            let stop = stop.clone();
+                            tokio::spawn(async move {
+                                while !stop.load(Ordering::Relaxed) {
+                                    let until =
+                                        std::time::Instant::now() + Duration::from_millis(1);
+                                    while std::time::Instant::now() < until {
+                                        std::hint::spin_loop();
+                                    }
+                                    tokio::task::yield_now().await;
+                                }
+                            })
+                        })
+                        .collect();
+                    let ingests: Vec<_> = (0..250)
+                        .map(|i| {
+                            let queue = queue.clone();
+                            tokio::spawn(
+                                async move { queue.ingest(notification(t * 250 + i)).await },
+                            )
+                        })
+                        .collect();
+                    let mut failed = Vec::new();
+                    for ingest in ingests {
+                        match ingest.await.unwrap() {
+                            Ok(Ingested::Queued(_)) => {}
+                            other => failed.push(format!("{other:?}")),
+                        }
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                    for task in busy {
+                        task.await.unwrap();
+                    }
+                    failed
+                })
+            })
+        })
+        .collect();
+    let failed: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 500 ingests not queued, the first: {}",
+        failed.len(),
+        failed[0]
+    );
+}
+
 /// The full name of this file's `child_process` test, as the test binary
 /// takes it (`--exact`): its module path without the binary's name.
 fn child_test() -> String {
