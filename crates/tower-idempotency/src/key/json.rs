@@ -101,6 +101,9 @@ impl<'a> Found<'a, '_> {
         let at = self.paths.pointers.iter().position(|p| p == pointer)?;
         let text = self.values[at]?.get();
         match text.as_bytes().first()? {
+            // A string without escapes is its bytes between the quotes: the
+            // read checked it whole (UTF-8, no control characters).
+            b'"' if !text.contains('\\') => Some(Cow::Borrowed(&text[1..text.len() - 1])),
             b'"' => serde_json::from_str::<Str<'a>>(text).ok().map(|s| s.0),
             b'n' => None,
             b'{' | b'[' => serde_json::from_str::<serde_json::Value>(text)
@@ -343,6 +346,15 @@ mod tests {
         let paths = Paths::new(&pointers);
         let found = paths.read(br#"{"id":"plain"}"#).unwrap();
         assert!(matches!(found.text_at("/id"), Some(Cow::Borrowed("plain"))));
+        let found = paths.read(br#"{"id":"caf\u00e9 \"x\""}"#).unwrap();
+        assert_eq!(found.text_at("/id").as_deref(), Some("café \"x\""));
+        let found = paths.read(r#"{"id":"café ✓"}"#.as_bytes()).unwrap();
+        assert!(matches!(
+            found.text_at("/id"),
+            Some(Cow::Borrowed("café ✓"))
+        ));
+        let found = paths.read(br#"{"id":""}"#).unwrap();
+        assert!(matches!(found.text_at("/id"), Some(Cow::Borrowed(""))));
     }
 
     #[test]
@@ -356,6 +368,9 @@ mod tests {
             br#"{"id":"x"} trailing"#,
             br#"{"id":"x","bad":tru}"#,
             b"{\"id\":\"x\",\"s\":\"\xff\"}",
+            // Control characters are escaped in JSON strings, read or skipped.
+            b"{\"id\":\"a\nb\"}",
+            b"{\"id\":\"x\",\"s\":\"a\tb\"}",
         ] {
             assert!(
                 paths.read(body).is_err(),

@@ -38,9 +38,11 @@ pub(crate) fn route_of(parts: &Parts) -> Cow<'_, str> {
 /// percent-escaped, or the hash of the part when that is longer than
 /// [`MAX_PART_LEN`].
 pub(super) fn push_part(out: &mut String, part: &str) {
-    let escaped_len = part.len() + 2 * part.bytes().filter(|b| needs_escape(*b)).count();
-    if escaped_len > MAX_PART_LEN {
+    let escapes = part.bytes().filter(|b| needs_escape(*b)).count();
+    if part.len() + 2 * escapes > MAX_PART_LEN {
         push_hash(out, part);
+    } else if escapes == 0 {
+        out.push_str(part);
     } else {
         escape_into(out, part);
     }
