@@ -7,6 +7,8 @@
 #   N=2000 bench/benches/gateway_instructions.sh target/release/idempotency-gateway target/ab/target-*/release/idempotency-gateway
 #   OTLP=1 RATIO=0.01 bench/benches/gateway_instructions.sh target/release/idempotency-gateway
 #
+#   STORE=redis://127.0.0.1:6399/ bench/benches/gateway_instructions.sh target/release/idempotency-gateway
+#
 # With OTLP=1 the gateway exports its traces (--otlp-endpoint) to the same
 # nginx (`/v1/traces` answers 200, empty: an OTLP success), sampled at
 # RATIO (default 1), batches every 200 ms: the export's own work (encoding,
@@ -74,6 +76,11 @@ for k in range(n):
         sys.exit("status %d" % r.status)
 EOF
 
+# STORE=URL: the gateway's --store (default memory), e.g. a redis-server
+# of your own (the gateway's local cache of completed records stays in
+# front of it: a replay it holds does not ask Redis).
+STORE_ARGS=()
+[ -n "${STORE:-}" ] && STORE_ARGS=(--store "$STORE")
 TRACING=()
 if [ "${OTLP:-0}" = 1 ]; then
     TRACING=(--otlp-endpoint "http://127.0.0.1:$UP_PORT" --trace-sample-ratio "${RATIO:-1}")
@@ -89,7 +96,7 @@ total() {
     # The bare hyper server (examples/hyper_200) takes only those two.
     case $(basename "$1") in
         hyper_200) ;;
-        *) args+=(--upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 "${TRACING[@]}") ;;
+        *) args+=(--upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 "${TRACING[@]}" "${STORE_ARGS[@]}") ;;
     esac
     RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" "${args[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
     vg=$!
