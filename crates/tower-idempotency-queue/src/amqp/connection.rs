@@ -1,7 +1,9 @@
 //! The link to the broker: one connection and its channels, the queues
-//! declared on every connect, and publishing with publisher confirms.
+//! declared on every connect, and publishing with publisher confirms (an
+//! entry's properties are `entry`'s).
 
 use super::super::{Message, QueueError};
+use super::entry::Envelope;
 use super::{
     delay::{MAX_DELAY, MIN_DELAY},
     err, AmqpQueue,
@@ -11,7 +13,7 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -100,47 +102,6 @@ pub(super) fn durable() -> QueueDeclareOptions {
         ..QueueDeclareOptions::default()
     }
 }
-
-pub(super) fn header<'a>(p: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
-    p.headers().as_ref()?.inner().get(name)
-}
-
-pub(super) fn header_u64(p: &BasicProperties, name: &str) -> Option<u64> {
-    match header(p, name)? {
-        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
-        AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
-        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
-        AMQPValue::ShortInt(n) => u64::try_from(*n).ok(),
-        AMQPValue::ShortUInt(n) => Some(u64::from(*n)),
-        AMQPValue::Timestamp(n) => Some(*n),
-        _ => None,
-    }
-}
-
-pub(super) fn header_text(p: &BasicProperties, name: &str) -> String {
-    match header(p, name) {
-        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-        Some(AMQPValue::ShortString(s)) => s.as_str().to_owned(),
-        _ => String::new(),
-    }
-}
-
-/// What a publish carries besides the message.
-pub(super) struct Envelope<'a> {
-    pub(super) id: String,
-    pub(super) attempts: u32,
-    pub(super) error: Option<&'a str>,
-    pub(super) enqueued_ms: u64,
-    pub(super) dead_at: Option<u64>,
-    /// The failed attempts (see `attempts::History`), in
-    /// [`HISTORY_HEADER`].
-    pub(super) history: Option<&'a str>,
-}
-
-/// The header carrying an entry's failed attempts: one line of printable
-/// ASCII, at most about 50 KiB (16 attempts of at most 1 KiB, escaped),
-/// within a content header frame of the broker's default `frame_max`.
-pub(super) const HISTORY_HEADER: &str = "x-attempt-history";
 
 impl<S: Store> AmqpQueue<S> {
     /// The live connection, connecting (and declaring the queues) when
@@ -386,40 +347,9 @@ impl<S: Store> AmqpQueue<S> {
         routing_key: &str,
         message: &Message,
         env: Envelope<'_>,
-        mut headers: FieldTable,
+        headers: FieldTable,
     ) -> Result<(), QueueError> {
-        headers.insert(
-            "x-attempts".into(),
-            AMQPValue::LongLongInt(i64::from(env.attempts)),
-        );
-        headers.insert(
-            "x-enqueued-ms".into(),
-            AMQPValue::LongLongInt(env.enqueued_ms as i64),
-        );
-        headers.insert(
-            "x-idempotency-key".into(),
-            AMQPValue::LongString(LongString::from(message.key.as_str())),
-        );
-        if let Some(e) = env.error {
-            headers.insert(
-                "x-last-error".into(),
-                AMQPValue::LongString(LongString::from(e)),
-            );
-        }
-        if let Some(h) = env.history.filter(|h| !h.is_empty()) {
-            headers.insert(
-                HISTORY_HEADER.into(),
-                AMQPValue::LongString(LongString::from(h)),
-            );
-        }
-        if let Some(at) = env.dead_at {
-            headers.insert("x-dead-at-ms".into(), AMQPValue::LongLongInt(at as i64));
-        }
-        let props = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_message_id(string(env.id))
-            .with_timestamp(env.enqueued_ms / 1000)
-            .with_headers(headers);
+        let props = super::entry::properties(message, env, headers);
         let link = self.link().await?;
         let sent = async {
             link.publish

@@ -3,9 +3,13 @@
 
 use super::super::attempts::{dead_letter, History};
 use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
-use super::connection::{header_text, header_u64, string, HISTORY_HEADER};
+use super::connection::string;
+use super::entry::{
+    header_text, header_u64, Envelope, ATTEMPTS_HEADER, DEAD_AT_HEADER, HISTORY_HEADER,
+    LAST_ERROR_HEADER,
+};
 use super::records::{DEAD, QUEUED};
-use super::{fresh_id, ms_of, now_ms, AmqpQueue, Envelope};
+use super::{fresh_id, ms_of, now_ms, AmqpQueue};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::Channel;
@@ -63,9 +67,9 @@ impl<S: Store> AmqpQueue<S> {
         dead_letter(
             EntryId::new(&*id),
             Message::decode(&d.data).unwrap_or_else(|| Message::undecodable(&id, &d.data)),
-            header_u64(p, "x-attempts").map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
-            header_text(p, "x-last-error"),
-            UNIX_EPOCH + Duration::from_millis(header_u64(p, "x-dead-at-ms").unwrap_or(0)),
+            header_u64(p, ATTEMPTS_HEADER).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            header_text(p, LAST_ERROR_HEADER),
+            UNIX_EPOCH + Duration::from_millis(header_u64(p, DEAD_AT_HEADER).unwrap_or(0)),
             Some(&history),
         )
     }

@@ -4,8 +4,11 @@
 use super::super::records::now_ms;
 use super::super::Message;
 use super::super::{Delivery, QueueError};
-use super::connection::{header_text, header_u64, HISTORY_HEADER};
-use super::{ms_of, AmqpQueue, Envelope};
+use super::entry::{
+    header_text, header_u64, Envelope, ATTEMPTS_HEADER, ENQUEUED_HEADER, HISTORY_HEADER,
+    LAST_ERROR_HEADER,
+};
+use super::{ms_of, AmqpQueue};
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use std::time::{Duration, Instant};
@@ -113,7 +116,7 @@ impl<S: Store> AmqpQueue<S> {
             return Ok(false);
         };
         let left = Duration::from_millis(due - now);
-        let error = header_text(p, "x-last-error");
+        let error = header_text(p, LAST_ERROR_HEADER);
         let history = header_text(p, HISTORY_HEADER);
         let env = Envelope {
             id: p
@@ -121,10 +124,10 @@ impl<S: Store> AmqpQueue<S> {
                 .as_ref()
                 .map(|s| s.as_str().to_owned())
                 .unwrap_or_default(),
-            attempts: header_u64(p, "x-attempts")
+            attempts: header_u64(p, ATTEMPTS_HEADER)
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
             error: Some(&error),
-            enqueued_ms: header_u64(p, "x-enqueued-ms").unwrap_or(now),
+            enqueued_ms: header_u64(p, ENQUEUED_HEADER).unwrap_or(now),
             dead_at: None,
             history: Some(&history),
         };

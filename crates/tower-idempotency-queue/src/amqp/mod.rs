@@ -2,20 +2,24 @@
 //! already runs.
 //!
 //! By idea: `connection` (the link to the broker, the queues it declares,
-//! publishing with confirms), `records` (the key records that say
-//! "already queued"), `delay` (retries waiting out their backoff),
-//! `dead` (dead letters and replay), `pace` (pacing across gateways),
-//! `stats` (what the broker counts).
+//! publishing with confirms), `entry` (what an entry carries besides its
+//! message), `feed` (the consumer entries are pushed to), `records` (the
+//! key records that say "already queued"), `delay` (retries waiting out
+//! their backoff), `dead` (dead letters and replay), `pace` (pacing across
+//! gateways), `stats` (what the broker counts).
 
 mod connection;
 mod dead;
 mod delay;
+mod entry;
 mod feed;
 mod pace;
 mod records;
 mod stats;
 
-use self::connection::{header_text, header_u64, Envelope, HISTORY_HEADER};
+use self::entry::{
+    header_text, header_u64, Envelope, ATTEMPTS_HEADER, ENQUEUED_HEADER, HISTORY_HEADER,
+};
 use self::records::DELIVERED;
 use super::attempts::History;
 use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
@@ -356,12 +360,12 @@ impl<S: Store> Queue for AmqpQueue<S> {
             // Headers anyone who can publish may set: added saturating (an
             // attempt past what fits is the last one, dead-lettered).
             let handed = header_u64(p, "x-delivery-count").unwrap_or(u64::from(got.redelivered));
-            let attempt = header_u64(p, "x-attempts")
+            let attempt = header_u64(p, ATTEMPTS_HEADER)
                 .unwrap_or(0)
                 .saturating_add(1)
                 .saturating_add(handed);
             let enqueued = UNIX_EPOCH
-                + Duration::from_millis(header_u64(p, "x-enqueued-ms").unwrap_or_else(now_ms));
+                + Duration::from_millis(header_u64(p, ENQUEUED_HEADER).unwrap_or_else(now_ms));
             let Some(message) = Message::decode(&got.data) else {
                 // Not a message this version wrote: set aside with its
                 // reason, and the others delivered.
