@@ -81,7 +81,7 @@ where
         let current = match found {
             Some(v) => v,
             None => {
-                let mine = tower_idempotency::store::OwnerToken::new()
+                let mine = tower_idempotency_core::store::OwnerToken::new()
                     .as_u128()
                     .to_be_bytes()
                     .to_vec();

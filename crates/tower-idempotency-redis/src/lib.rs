@@ -1,4 +1,4 @@
-//! The Redis store of [`tower_idempotency`]: many instances share one record
+//! The Redis store of [`tower_idempotency`](https://docs.rs/tower-idempotency): many instances share one record
 //! per key, on a standalone Redis or a Redis Cluster. Add it to a service
 //! that runs more than one instance, or that must not run a handler twice
 //! after a restart.
@@ -44,10 +44,10 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tower_idempotency::store::CompletedCache as Completed;
-use tower_idempotency::store::{StoreError, StoreErrorKind};
+use tower_idempotency_core::store::CompletedCache as Completed;
+use tower_idempotency_core::store::{StoreError, StoreErrorKind};
 
-/// A [`Store`](tower_idempotency::store::Store) in Redis, standalone or Cluster.
+/// A [`Store`](tower_idempotency_core::store::Store) in Redis, standalone or Cluster.
 ///
 /// Each record is **one Redis string** under one key; the claim script also
 /// keeps the key's fencing counter under a second key in the same Cluster
@@ -99,11 +99,11 @@ use tower_idempotency::store::{StoreError, StoreErrorKind};
 /// value under the key, a record from a newer version) are
 /// [`StoreErrorKind::Corrupt`], everything else is
 /// [`StoreErrorKind::Backend`]. The dedup layer then applies its
-/// [`OnStoreError`](tower_idempotency::OnStoreError) policy. The connections reconnect by
+/// [`OnStoreError`](https://docs.rs/tower-idempotency/latest/tower_idempotency/enum.OnStoreError.html) policy. The connections reconnect by
 /// themselves: a command that meets a dropped connection fails, the next ones
 /// succeed once the server is back.
 ///
-/// [`complete`](tower_idempotency::store::Store::complete) also succeeds when the key is **absent**
+/// [`complete`](tower_idempotency_core::store::Store::complete) also succeeds when the key is **absent**
 /// (the owner's lease ran out and nobody claimed it since): the inner service
 /// did succeed, and recording that prevents a second execution. It never
 /// overwrites another owner's claim or a completed record.

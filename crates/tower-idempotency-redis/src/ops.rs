@@ -11,11 +11,11 @@ use redis::aio::ConnectionLike;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::store::codec::{decode, encode};
-use tower_idempotency::store::{
+use tower_idempotency_core::store::codec::{decode, encode};
+use tower_idempotency_core::store::{
     Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError, Watch,
 };
-use tower_idempotency::Fingerprint;
+use tower_idempotency_core::Fingerprint;
 
 impl<C> Store for RedisStore<C>
 where
@@ -241,7 +241,7 @@ impl<C> RedisStore<C> {
     /// record may be the one it deleted.
     fn keep_locally(
         &self,
-        local: &tower_idempotency::store::CompletedCache,
+        local: &tower_idempotency_core::store::CompletedCache,
         key: &str,
         record: &Arc<CompletedRecord>,
         ttl: Duration,

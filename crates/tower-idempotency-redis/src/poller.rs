@@ -6,7 +6,7 @@ use super::RedisStore;
 use redis::aio::ConnectionLike;
 use redis::RedisError;
 use std::time::Duration;
-use tower_idempotency::store::{Poller, Pollers, Watch};
+use tower_idempotency_core::store::{Poller, Pollers, Watch};
 
 /// This instance's pollers: per key, the first bytes of the in-flight value
 /// (the owner) its waiters wait on.

@@ -5,8 +5,8 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 use std::sync::LazyLock;
 use std::time::Duration;
-use tower_idempotency::store::OwnerToken;
-use tower_idempotency::Fingerprint;
+use tower_idempotency_core::store::OwnerToken;
+use tower_idempotency_core::Fingerprint;
 
 /// First byte of an in-flight value.
 pub(super) const IN_FLIGHT: u8 = 0xF1;

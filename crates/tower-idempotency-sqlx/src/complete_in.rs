@@ -17,8 +17,8 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{Database, Transaction};
 use std::future::Future;
 use std::pin::Pin;
-use tower_idempotency::store::codec::encode;
-use tower_idempotency::store::{
+use tower_idempotency_core::store::codec::encode;
+use tower_idempotency_core::store::{
     ActiveClaim, CompletedRecord, StoreError, StoreErrorKind, StoredResponse,
 };
 
@@ -152,7 +152,7 @@ pub trait CompleteIn {
     ///
     /// Only behind a layer whose store is this database's
     /// [`SqlStore`](crate::SqlStore), alone or as the back of a
-    /// [`TieredStore`](tower_idempotency::store::TieredStore).
+    /// [`TieredStore`](https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.TieredStore.html).
     ///
     /// ```no_run
     /// use bytes::Bytes;

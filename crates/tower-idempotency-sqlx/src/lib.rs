@@ -1,4 +1,4 @@
-//! The SQL store of [`tower_idempotency`]: PostgreSQL, MySQL / MariaDB and
+//! The SQL store of [`tower_idempotency`](https://docs.rs/tower-idempotency): PostgreSQL, MySQL / MariaDB and
 //! SQLite (on sqlx), one table whose primary key is the stored key, so the
 //! database's unique index is what lets one claim win; and a record that a
 //! handler completes in its own transaction ([`CompleteIn`]), so that the
@@ -104,9 +104,9 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tower_idempotency::store::{OwnerToken, StoreError, StoreErrorKind};
+use tower_idempotency_core::store::{OwnerToken, StoreError, StoreErrorKind};
 
-/// A [`Store`](tower_idempotency::store::Store) in a SQL database: PostgreSQL,
+/// A [`Store`](tower_idempotency_core::store::Store) in a SQL database: PostgreSQL,
 /// MySQL / MariaDB or SQLite (on sqlx).
 ///
 /// Every record is **one row** of the table `idempotency_records`, whose
@@ -173,8 +173,8 @@ use tower_idempotency::store::{OwnerToken, StoreError, StoreErrorKind};
 /// # Completing inside the business transaction
 ///
 /// Behind the dedup layer, the handler finds an
-/// [`ActiveClaim`](tower_idempotency::store::ActiveClaim) in the request's extensions.
-/// [`ActiveClaim::complete_in`](tower_idempotency::store::ActiveClaim::complete_in)
+/// [`ActiveClaim`](tower_idempotency_core::store::ActiveClaim) in the request's extensions.
+/// [`ActiveClaim::complete_in`](tower_idempotency_core::store::ActiveClaim::complete_in)
 /// writes the completed record in the handler's own transaction on the same
 /// database, so that the business write and the record commit together: an
 /// instance that dies before the commit leaves neither (the next copy runs),

@@ -15,12 +15,12 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::store::codec::{decode, encode};
-use tower_idempotency::store::{
+use tower_idempotency_core::store::codec::{decode, encode};
+use tower_idempotency_core::store::{
     Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
     StoreErrorKind, Watch,
 };
-use tower_idempotency::Fingerprint;
+use tower_idempotency_core::Fingerprint;
 
 /// How often a claim tries again when the row changed between its two
 /// statements (deleted, or expired, in between).

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tower_idempotency::store::{Pollers, Watch};
+use tower_idempotency_core::store::{Pollers, Watch};
 
 /// This instance's pollers: per key, the owner its waiters wait on.
 pub(super) type KeyPollers = Pollers<Vec<u8>, [u8; 16]>;

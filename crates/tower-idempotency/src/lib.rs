@@ -136,14 +136,12 @@ mod body;
 pub mod channel;
 pub mod consumer;
 pub mod dedup;
-mod fingerprint;
 pub mod headers;
 pub mod key;
 mod layer;
 pub mod limit;
 pub mod normalize;
 mod outcome;
-pub mod path;
 mod span;
 pub mod store;
 pub mod token;
@@ -155,10 +153,10 @@ pub mod verify;
 pub use body::ResponseBody;
 pub use channel::{Preset, PresetBuilder, PresetError, WithoutKey};
 pub use dedup::OnStoreError;
-pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 pub use layer::{Idempotency, IdempotencyLayer};
 pub use outcome::Outcome;
+pub use tower_idempotency_core::{path, Fingerprint};
 // Every Rust block of the README is a doctest: `cargo test --doc` compiles
 // and runs them.
 #[cfg(doctest)]

@@ -9,7 +9,6 @@ use crate::Fingerprint;
 use bytes::Bytes;
 use http::request::Parts;
 use http::HeaderName;
-use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -267,22 +266,21 @@ impl ExtractKey for KeySpec {
             FingerprintSpec::Request => Fingerprint::of_request(parts, body),
             FingerprintSpec::None => Fingerprint::of(b""),
             FingerprintSpec::Body => Fingerprint::of(body),
-            FingerprintSpec::Fields(fields) => {
-                let mut h = Sha256::new();
-                for field in fields {
-                    match doc.get(parts, field) {
-                        // Length-prefixed so that ("ab","c") and ("a","bc") differ.
-                        Some(v) => {
-                            h.update((v.len() as u64).to_le_bytes());
-                            h.update(v.as_bytes());
-                        }
-                        None => h.update(u64::MAX.to_le_bytes()),
-                    }
-                }
-                Fingerprint::from_digest(h)
-            }
+            FingerprintSpec::Fields(fields) => Fingerprint::of_fields(
+                fields
+                    .iter()
+                    .map(|field| doc.get(parts, field).map(bytes_of)),
+            ),
         };
         Ok(Some(Extracted { key, fingerprint }))
+    }
+}
+
+/// A field's text as bytes, borrowed where it was.
+fn bytes_of(text: Cow<'_, str>) -> Cow<'_, [u8]> {
+    match text {
+        Cow::Borrowed(s) => Cow::Borrowed(s.as_bytes()),
+        Cow::Owned(s) => Cow::Owned(s.into_bytes()),
     }
 }
 

@@ -74,7 +74,7 @@ mod service;
 mod unique;
 mod xml;
 
-pub use crate::fingerprint::Fingerprint;
+pub use crate::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
 pub use form::parse_form;
 #[cfg(feature = "verify")]

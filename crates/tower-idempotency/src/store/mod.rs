@@ -1,5 +1,9 @@
 //! Where records live: the [`Store`] trait and its backends.
 //!
+//! The trait, its records and errors, and the parts a store builds on come
+//! from [`tower_idempotency_core`], re-exported here under the same names;
+//! the memory store and the tiered store are this crate's own.
+//!
 //! A record goes through this life cycle:
 //!
 //! ```text
@@ -33,458 +37,71 @@
 //! # }
 //! ```
 
-mod active;
-mod boxed;
-pub mod codec;
-mod completed;
-mod either;
-mod fence;
 mod memory;
-mod pollers;
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
 mod tiered;
 
-/// Two stores, one picked at run time, are a [`Store`] (re-exported from the
-/// [`either`](https://docs.rs/either) crate).
-pub use ::either::Either;
-pub use active::ActiveClaim;
-pub use boxed::BoxStore;
-pub use completed::Completed as CompletedCache;
-pub(crate) use fence::fence_floor;
-pub use fence::Ownership;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use pollers::{Poller, Pollers};
 pub use tiered::TieredStore;
+pub use tower_idempotency_core::store::*;
 
-use crate::Fingerprint;
-use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
-use std::fmt;
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
-use tokio::sync::watch;
+#[cfg(test)]
+mod tests {
+    //! The boxed store over the memory store.
+    use super::{BoxStore, MemoryStore};
+    use crate::store::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store};
+    use crate::Fingerprint;
+    use std::sync::Arc;
+    use std::time::Duration;
 
-/// The token that identifies the owner of an in-flight claim.
-///
-/// Unique per claim attempt: 64 random bits per process and a 64-bit counter.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OwnerToken(u128);
-
-impl OwnerToken {
-    /// A fresh token, distinct from every other token of this process and,
-    /// with overwhelming probability, of every other process.
-    pub fn new() -> Self {
-        static PROCESS: OnceLock<u64> = OnceLock::new();
-        static COUNTER: AtomicU64 = AtomicU64::new(1);
-        let process = *PROCESS.get_or_init(|| {
-            let mut buf = [0u8; 8];
-            // Falls back to the time and pid if the OS has no randomness to give.
-            if getrandom::fill(&mut buf).is_err() {
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(0);
-                buf = (nanos ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
-            }
-            u64::from_le_bytes(buf)
+    /// Every call reaches the wrapped store, the defaulted ones too.
+    #[tokio::test]
+    async fn every_call_goes_to_the_wrapped_store() {
+        let store = BoxStore::new(MemoryStore::new());
+        let fp = Fingerprint::of(b"x");
+        let token = OwnerToken::new();
+        let lease = Duration::from_secs(5);
+        assert!(matches!(
+            store.claim("k", fp, token, lease).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        assert!(store.renew("k", token, lease).await.unwrap());
+        let record = Arc::new(CompletedRecord {
+            fingerprint: fp,
+            response: crate::store::StoredResponse {
+                status: http::StatusCode::OK,
+                headers: http::HeaderMap::new(),
+                body: bytes::Bytes::from_static(b"ok"),
+                trailers: None,
+                body_omitted: false,
+            },
         });
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        Self((u128::from(process) << 64) | u128::from(n))
+        let window = Duration::from_secs(60);
+        assert!(store
+            .complete("k", token, record.clone(), window)
+            .await
+            .unwrap());
+        assert!(matches!(
+            store
+                .downcast_ref::<MemoryStore>()
+                .unwrap()
+                .inspect("k")
+                .await
+                .unwrap(),
+            RecordState::Completed { .. }
+        ));
+        assert!(store.replace("k", record, window).await.unwrap());
+        assert_eq!(store.forget("k").await.unwrap(), Forgotten::Deleted);
+        assert!(!store.release("k", token).await.unwrap());
+        store.put_token("t", window).await.unwrap();
+        assert!(store.take_token("t", OwnerToken::new()).await.unwrap());
     }
 
-    /// The token as a number, for stores that persist it.
-    pub const fn as_u128(self) -> u128 {
-        self.0
-    }
-
-    /// Rebuilds a token from [`as_u128`](Self::as_u128).
-    pub const fn from_u128(v: u128) -> Self {
-        Self(v)
-    }
-}
-
-impl Default for OwnerToken {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for OwnerToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnerToken({:032x})", self.0)
-    }
-}
-
-/// A response as it was first answered, kept for replay.
-#[derive(Clone, Debug)]
-pub struct StoredResponse {
-    /// The status code.
-    pub status: StatusCode,
-    /// The headers, without hop-by-hop headers.
-    pub headers: HeaderMap,
-    /// The body. Empty when [`body_omitted`](Self::body_omitted) is set.
-    pub body: Bytes,
-    /// Trailers, if the response had any (gRPC's `grpc-status` lives here).
-    pub trailers: Option<HeaderMap>,
-    /// The body was larger than the cache limit and was not kept: a replay
-    /// answers the status and headers with an empty body and the header
-    /// `idempotent-body-omitted: true`.
-    pub body_omitted: bool,
-}
-
-/// A completed record: the first success and the fingerprint of its request.
-#[derive(Clone, Debug)]
-pub struct CompletedRecord {
-    /// Fingerprint of the request that produced the response.
-    pub fingerprint: Fingerprint,
-    /// The response to replay.
-    pub response: StoredResponse,
-}
-
-/// What a store holds for one key, as [`Store::inspect`] finds it: for
-/// operators (`gateway inspect`), never on a request's path.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum RecordState {
-    /// Nothing: the next request with this key runs the inner service.
-    Absent,
-    /// Claimed by a request that is still running.
-    InFlight {
-        /// The fingerprint of the owner's request.
-        fingerprint: Fingerprint,
-        /// How long ago the owner claimed it, where the store knows.
-        age: Option<Duration>,
-        /// How long until the owner's lease runs out (unless renewed).
-        lease_left: Duration,
-    },
-    /// The first success, replayed to every copy until its window ends.
-    Completed {
-        /// The record.
-        record: Arc<CompletedRecord>,
-        /// How long until the window ends.
-        left: Duration,
-    },
-}
-
-/// What [`Store::forget`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Forgotten {
-    /// The completed record was deleted: the next copy runs again.
-    Deleted,
-    /// There was no record.
-    Absent,
-    /// The key is in flight: nothing was deleted (its owner decides).
-    InFlight,
-}
-
-/// What a claim found.
-#[derive(Debug)]
-pub enum Claim {
-    /// The caller now owns the key: run the inner service. Carries the
-    /// owner token and the claim's fencing token.
-    Acquired(Ownership),
-    /// Someone else is running it.
-    InFlight {
-        /// Fingerprint of the request that is running.
-        fingerprint: Fingerprint,
-        /// Resolves when the record may have changed.
-        watch: Watch,
-    },
-    /// It already succeeded; replay it.
-    Completed(Arc<CompletedRecord>),
-}
-
-/// Tells a waiting duplicate when to look at the record again.
-///
-/// Stores that see changes (the memory store) hand out a subscription to one
-/// shared channel per key; stores that poll their backend share one poller
-/// per key among an instance's waiters with [`Pollers`]; others hand out a
-/// poll interval.
-#[derive(Debug)]
-pub struct Watch {
-    kind: WatchKind,
-}
-
-#[derive(Debug)]
-enum WatchKind {
-    Channel(watch::Receiver<()>),
-    Poll(Duration),
-}
-
-/// The sending side of a [`Watch`]: dropping it (or calling
-/// [`notify`](Self::notify)) wakes every waiter.
-#[derive(Debug)]
-pub struct WatchSender(watch::Sender<()>);
-
-impl WatchSender {
-    /// A new channel with no subscribers.
-    pub fn new() -> Self {
-        Self(watch::Sender::new(()))
-    }
-
-    /// A new subscription.
-    pub fn subscribe(&self) -> Watch {
-        Watch {
-            kind: WatchKind::Channel(self.0.subscribe()),
-        }
-    }
-
-    /// Wakes every subscriber.
-    pub fn notify(&self) {
-        self.0.send_replace(());
-    }
-}
-
-impl Default for WatchSender {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Watch {
-    /// A watch that only waits for `interval` (for stores that must be polled).
-    pub fn poll(interval: Duration) -> Self {
-        Self {
-            kind: WatchKind::Poll(interval),
-        }
-    }
-
-    /// Waits until the record may have changed.
-    pub async fn changed(self) {
-        match self.kind {
-            // Err means the sender is gone: the owner finished one way or another.
-            WatchKind::Channel(mut rx) => {
-                let _ = rx.changed().await;
-            }
-            WatchKind::Poll(interval) => tokio::time::sleep(interval).await,
-        }
-    }
-}
-
-/// Why a store call failed.
-///
-/// Keeps the backend's own error, if there was one, as its
-/// [`source`](std::error::Error::source).
-#[derive(Debug, Clone)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    message: Arc<str>,
-    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
-}
-
-/// The kind of a [`StoreError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// The call did not answer within the store timeout.
-    Timeout,
-    /// The backend answered with an error or could not be reached.
-    Backend,
-    /// The backend answered something this crate cannot read.
-    Corrupt,
-    /// The store does not implement this operation.
-    Unsupported,
-}
-
-impl StoreError {
-    /// A new error.
-    pub fn new(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// The same error, caused by `source` (returned by
-    /// [`Error::source`](std::error::Error::source)).
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Arc::new(source));
-        self
-    }
-
-    /// A timeout error.
-    pub(crate) fn timeout(op: &str, after: Duration) -> Self {
-        Self::new(
-            StoreErrorKind::Timeout,
-            format!("store {op} timed out after {after:?}"),
-        )
-    }
-
-    /// The kind of failure.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for StoreError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-/// The storage behind the dedup layer.
-///
-/// Cheap to clone (an `Arc` inside). Implementations must make
-/// [`claim`](Self::claim) atomic and check the owner token in
-/// [`complete`](Self::complete), [`renew`](Self::renew) and
-/// [`release`](Self::release) (compare-and-set / compare-and-delete).
-/// The conformance suite of `store::testing` (feature `testing`) checks
-/// these rules; the stores of this family all run it, and a store of your
-/// own can.
-pub trait Store: Clone + Send + Sync + 'static {
-    /// Atomically: if `key` is absent (or its lease ran out), claim it for
-    /// `token` with a lease of `lease`; otherwise return what is there.
-    fn claim(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
-
-    /// [`claim`](Self::claim) for a caller that never waits on the key (a
-    /// lease taken as a lock, tried again later if taken): the same answer,
-    /// but an in-flight answer's [`Watch`] starts nothing in the store (no
-    /// poller of the backend) and only tells to look again after a while.
-    /// Defaults to [`claim`](Self::claim).
-    fn claim_unwatched(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        self.claim(key, fingerprint, token, lease)
-    }
-
-    /// Turns `token`'s claim into a completed record kept for `window`.
-    /// Returns `false` when `token` no longer owns the key (its lease ran out
-    /// and another owner claimed it); the record is then left alone.
-    fn complete(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Extends `token`'s lease to `lease` from now. `false` if it lost the key.
-    fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Deletes `token`'s claim so that the next request runs the inner service.
-    /// `false` if `token` did not own the key.
-    fn release(
-        &self,
-        key: &str,
-        token: OwnerToken,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Stores a one-time client token (see [`IssueToken`](crate::token::IssueToken))
-    /// for `ttl`. The default answers [`StoreErrorKind::Unsupported`].
-    fn put_token(
-        &self,
-        key: &str,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (key, ttl);
-        std::future::ready(Err(StoreError::new(
-            StoreErrorKind::Unsupported,
-            "this store does not keep client tokens",
-        )))
-    }
-
-    /// Atomically consumes a token for the request that owns `owner`'s
-    /// claim: `true` if it existed, had not expired and was not consumed by
-    /// another request, so exactly one request can consume it. The same
-    /// request taking it again (a resent call) gets `true` again. A token
-    /// stored again with [`put_token`](Self::put_token) (given back) can be
-    /// consumed afresh. The default answers [`StoreErrorKind::Unsupported`].
-    fn take_token(
-        &self,
-        key: &str,
-        owner: OwnerToken,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (key, owner);
-        std::future::ready(Err(StoreError::new(
-            StoreErrorKind::Unsupported,
-            "this store does not keep client tokens",
-        )))
-    }
-
-    /// What the store holds for `key`, without changing it (a completed
-    /// record read here does not count as a use). For operators: it is
-    /// never called on a request's path. The default answers
-    /// [`StoreErrorKind::Unsupported`].
-    fn inspect(&self, key: &str) -> impl Future<Output = Result<RecordState, StoreError>> + Send {
-        let _ = key;
-        std::future::ready(Err(StoreError::new(
-            StoreErrorKind::Unsupported,
-            "this store cannot be inspected",
-        )))
-    }
-
-    /// Replaces the completed record of `key` with `record`, kept for
-    /// `window` from now, so that a record changing state (a queue's key
-    /// record going from "queued" to "delivered") never leaves the key
-    /// absent in between. `false`, and nothing changed, when the key holds
-    /// no completed record (absent, its window over, or in flight: a claim
-    /// is left to its owner).
-    ///
-    /// The memory, Redis and SQL stores do it in one atomic step. The
-    /// default is three calls ([`forget`](Self::forget), [`claim`](Self::claim),
-    /// [`complete`](Self::complete)): a claim by another caller can slip in
-    /// between the first two, and then this answers `false` and that
-    /// caller's outcome stands.
-    fn replace(
-        &self,
-        key: &str,
-        record: Arc<CompletedRecord>,
-        window: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move {
-            if self.forget(key).await? != Forgotten::Deleted {
-                return Ok(false);
-            }
-            let token = OwnerToken::new();
-            match self
-                .claim(key, record.fingerprint, token, Duration::from_secs(10))
-                .await?
-            {
-                Claim::Acquired(_) => self.complete(key, token, record, window).await,
-                _ => Ok(false),
-            }
-        }
-    }
-
-    /// Deletes the completed record of `key`, so that the next copy runs
-    /// the inner service again (after a business rollback, say). Atomic: a
-    /// key in flight is left to its owner and answers
-    /// [`Forgotten::InFlight`]. The default answers
-    /// [`StoreErrorKind::Unsupported`].
-    fn forget(&self, key: &str) -> impl Future<Output = Result<Forgotten, StoreError>> + Send {
-        let _ = key;
-        std::future::ready(Err(StoreError::new(
-            StoreErrorKind::Unsupported,
-            "this store cannot forget records",
-        )))
+    /// The store behind is found by its type, and only by it.
+    #[test]
+    fn downcast_finds_the_wrapped_type() {
+        let store = BoxStore::new(MemoryStore::new());
+        assert!(store.downcast_ref::<MemoryStore>().is_some());
+        assert!(store.downcast_ref::<BoxStore>().is_none());
+        assert!(format!("{store:?}").contains("MemoryStore"), "{store:?}");
     }
 }

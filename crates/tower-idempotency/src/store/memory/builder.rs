@@ -1,7 +1,7 @@
 //! [`MemoryStoreBuilder`]: the memory store's bounds.
 
 use super::{Inner, MemoryStore, SHARDS};
-use crate::store::completed::Completed;
+use crate::store::CompletedCache as Completed;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;

@@ -4,7 +4,7 @@ mod builder;
 
 pub use builder::MemoryStoreBuilder;
 
-use super::completed::{self, Completed};
+use super::CompletedCache as Completed;
 use super::{
     fence_floor, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store,
     StoreError, WatchSender,
@@ -128,17 +128,17 @@ impl MemoryStore {
     /// How many completed records were pushed out by newer ones before
     /// their window ended (a retry of one runs the inner service again).
     pub fn evicted_early(&self) -> u64 {
-        self.stats().evicted_early.load(Ordering::Relaxed)
+        self.inner.completed.evicted_early()
     }
 
     /// How many completed records were dropped because their window ended.
     pub fn expired(&self) -> u64 {
-        self.stats().expired.load(Ordering::Relaxed)
+        self.inner.completed.expired()
     }
 
     /// How many completed records the store holds now.
     pub fn len(&self) -> u64 {
-        self.stats().records.load(Ordering::Relaxed)
+        self.inner.completed.len()
     }
 
     /// Whether the store holds no completed record.
@@ -150,16 +150,12 @@ impl MemoryStore {
     /// measure as the budget: never more than
     /// [`max_bytes`](Self::max_bytes).
     pub fn bytes_used(&self) -> u64 {
-        self.stats().bytes.load(Ordering::Relaxed)
+        self.inner.completed.bytes_used()
     }
 
     /// The budget set with [`MemoryStoreBuilder::max_bytes`].
     pub fn max_bytes(&self) -> u64 {
         self.inner.completed.max_bytes()
-    }
-
-    fn stats(&self) -> &completed::Stats {
-        &self.inner.completed.stats
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Arc<str>, InFlight, RandomState>> {

@@ -38,9 +38,11 @@ impl PartialEq<OwnerToken> for Ownership {
     }
 }
 
-/// The floor of the fencing tokens a store hands out: microseconds since
-/// the Unix epoch on this machine's clock (0 before 1970).
-pub(crate) fn fence_floor() -> u64 {
+/// The floor of the fencing tokens a store that keeps its counters in
+/// memory hands out: microseconds since the Unix epoch on this machine's
+/// clock (0 before 1970), so that a restarted process still hands out
+/// tokens larger than those of its previous run.
+pub fn fence_floor() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))

@@ -63,7 +63,32 @@ impl Fingerprint {
         Self::from_digest(h)
     }
 
-    pub(crate) fn from_digest(h: Sha256) -> Self {
+    /// The fingerprint of some fields, in order, each present with its
+    /// value or absent: length-prefixed, so that `("ab", "c")` and
+    /// `("a", "bc")` differ, and an absent field differs from an empty one.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    /// let fp = |fields: &[Option<&str>]| Fingerprint::of_fields(fields.iter().map(|f| f.map(str::as_bytes)));
+    /// assert_ne!(fp(&[Some("ab"), Some("c")]), fp(&[Some("a"), Some("bc")]));
+    /// assert_ne!(fp(&[None]), fp(&[Some("")]));
+    /// ```
+    pub fn of_fields<F: AsRef<[u8]>>(fields: impl IntoIterator<Item = Option<F>>) -> Self {
+        let mut h = Sha256::new();
+        for field in fields {
+            match field {
+                Some(v) => {
+                    let v = v.as_ref();
+                    h.update((v.len() as u64).to_le_bytes());
+                    h.update(v);
+                }
+                None => h.update(u64::MAX.to_le_bytes()),
+            }
+        }
+        Self::from_digest(h)
+    }
+
+    fn from_digest(h: Sha256) -> Self {
         let digest = h.finalize();
         let mut out = [0u8; 16];
         out.copy_from_slice(&digest[..16]);

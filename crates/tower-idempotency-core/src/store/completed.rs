@@ -112,11 +112,11 @@ const HOT_MAX: usize = 16 << 10;
 
 /// Counters shared by every shard.
 #[derive(Default)]
-pub(crate) struct Stats {
-    pub(crate) bytes: AtomicU64,
-    pub(crate) records: AtomicU64,
-    pub(crate) evicted_early: AtomicU64,
-    pub(crate) expired: AtomicU64,
+struct Stats {
+    bytes: AtomicU64,
+    records: AtomicU64,
+    evicted_early: AtomicU64,
+    expired: AtomicU64,
     /// When the last early-eviction warning was written (ms since start + 1).
     last_warning: AtomicU64,
 }
@@ -136,7 +136,7 @@ pub struct Completed {
     /// Warn about early evictions and export metrics (not for a cache in
     /// front of another store, whose evictions lose nothing).
     report: bool,
-    pub(crate) stats: Stats,
+    stats: Stats,
 }
 
 impl std::fmt::Debug for Completed {
@@ -190,6 +190,33 @@ impl Completed {
     /// Its budget in bytes.
     pub fn max_bytes(&self) -> u64 {
         self.max_bytes
+    }
+
+    /// How many records were pushed out by newer ones before their window
+    /// ended.
+    pub fn evicted_early(&self) -> u64 {
+        self.stats.evicted_early.load(Ordering::Relaxed)
+    }
+
+    /// How many records were dropped because their window ended.
+    pub fn expired(&self) -> u64 {
+        self.stats.expired.load(Ordering::Relaxed)
+    }
+
+    /// How many records it holds now.
+    pub fn len(&self) -> u64 {
+        self.stats.records.load(Ordering::Relaxed)
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The memory its records occupy now, in bytes, by the same measure as
+    /// the budget: never more than [`max_bytes`](Self::max_bytes).
+    pub fn bytes_used(&self) -> u64 {
+        self.stats.bytes.load(Ordering::Relaxed)
     }
 
     fn now_ms(&self) -> u64 {
