@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use tower_idempotency::verify::{
-    AdyenKeys, AlipayKeys, HmacSchemeBuilder, KeyError, PayPalKeys, StandardWebhooksKeys,
+    AdyenKeys, AlipayKeys, HmacSchemeBuilder, PayPalKeys, SigningKeyError, StandardWebhooksKeys,
     StripeKeys, VerifyLayer, WechatPayV2Keys, WechatPayV3Keys,
 };
 
@@ -173,8 +173,8 @@ impl fmt::Display for VerifyConfigError {
 
 impl std::error::Error for VerifyConfigError {}
 
-impl From<KeyError> for VerifyConfigError {
-    fn from(e: KeyError) -> Self {
+impl From<SigningKeyError> for VerifyConfigError {
+    fn from(e: SigningKeyError) -> Self {
         Self(e.to_string())
     }
 }

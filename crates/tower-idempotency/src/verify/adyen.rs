@@ -1,6 +1,6 @@
 //! Adyen: HMAC-SHA256 of every notification item (`additionalData.hmacSignature`).
 
-use super::keys::KeyError;
+use super::keys::SigningKeyError;
 use super::{base64_sig, Verified, Verifier, VerifyError};
 use crate::key::unique_members;
 use bytes::Bytes;
@@ -43,9 +43,9 @@ impl AdyenKeys {
 
     /// Adds an HMAC key as shown in the Customer Area (hex). Add the old and
     /// the new one while rotating.
-    pub fn hmac_key(mut self, hex_key: &str) -> Result<Self, KeyError> {
+    pub fn hmac_key(mut self, hex_key: &str) -> Result<Self, SigningKeyError> {
         let key = hex::decode(hex_key.trim())
-            .map_err(|_| KeyError::new("Adyen HMAC key: expected hex digits"))?;
+            .map_err(|_| SigningKeyError::new("Adyen HMAC key: expected hex digits"))?;
         self.keys.push(hmac::Key::new(hmac::HMAC_SHA256, &key));
         Ok(self)
     }

@@ -1,6 +1,6 @@
 //! Alipay: RSA2 (SHA256withRSA) over the sorted notification parameters.
 
-use super::keys::{KeyError, RsaPublicKey};
+use super::keys::{SigningKeyError, RsaPublicKey};
 use super::pairs::check_pair;
 use super::{base64_sig, Verified, Verifier, VerifyError};
 use crate::key::{parse_form_strict, FormField};
@@ -49,7 +49,7 @@ impl AlipayKeys {
 
     /// Adds an Alipay public key: PEM, DER, or the bare base64 string the
     /// console shows. Add the old and the new one while rotating.
-    pub fn public_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+    pub fn public_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, SigningKeyError> {
         self.keys.push(RsaPublicKey::from_pem_or_der(key)?);
         Ok(self)
     }

@@ -9,23 +9,25 @@ use x509_cert::Certificate;
 /// The OID of `rsaEncryption`.
 const RSA_ENCRYPTION: &str = "1.2.840.113549.1.1.1";
 
-/// A configuration error: a key that cannot be read.
+/// A signing key or secret that cannot be read (a configuration error, at
+/// start): not the idempotency key of a request, whose errors are
+/// [`key::KeyError`](crate::key::KeyError).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyError(String);
+pub struct SigningKeyError(String);
 
-impl KeyError {
+impl SigningKeyError {
     pub(crate) fn new(message: impl Into<String>) -> Self {
         Self(message.into())
     }
 }
 
-impl fmt::Display for KeyError {
+impl fmt::Display for SigningKeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for KeyError {}
+impl std::error::Error for SigningKeyError {}
 
 /// An RSA public key that verifies SHA256withRSA (PKCS#1 v1.5) signatures,
 /// 2048 to 8192 bits.
@@ -46,22 +48,22 @@ impl fmt::Debug for RsaPublicKey {
 impl RsaPublicKey {
     /// Reads a key from an X.509 certificate or a `PUBLIC KEY` (SPKI) in PEM,
     /// DER, or bare base64 of the DER (the way Alipay shows its public key).
-    pub fn from_pem_or_der(input: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+    pub fn from_pem_or_der(input: impl AsRef<[u8]>) -> Result<Self, SigningKeyError> {
         let input = input.as_ref();
         let text = std::str::from_utf8(input).ok().map(str::trim);
         let spki = match text {
             Some(t) if t.starts_with("-----BEGIN CERTIFICATE-----") => {
                 Certificate::from_pem(t)
-                    .map_err(|e| KeyError::new(format!("certificate: {e}")))?
+                    .map_err(|e| SigningKeyError::new(format!("certificate: {e}")))?
                     .tbs_certificate
                     .subject_public_key_info
             }
             Some(t) if t.starts_with("-----BEGIN PUBLIC KEY-----") => {
                 SubjectPublicKeyInfoOwned::from_pem(t)
-                    .map_err(|e| KeyError::new(format!("public key: {e}")))?
+                    .map_err(|e| SigningKeyError::new(format!("public key: {e}")))?
             }
             Some(t) if t.starts_with("-----BEGIN") => {
-                return Err(KeyError::new(
+                return Err(SigningKeyError::new(
                     "expected a CERTIFICATE or PUBLIC KEY PEM block",
                 ))
             }
@@ -70,7 +72,7 @@ impl RsaPublicKey {
                 let compact: String = t.split_whitespace().collect();
                 let der = base64::engine::general_purpose::STANDARD
                     .decode(compact)
-                    .map_err(|_| KeyError::new("public key: not base64"))?;
+                    .map_err(|_| SigningKeyError::new("public key: not base64"))?;
                 return Self::from_der(&der);
             }
             _ => return Self::from_der(input),
@@ -79,18 +81,18 @@ impl RsaPublicKey {
     }
 
     /// Reads a key from the DER of a certificate or a SubjectPublicKeyInfo.
-    pub fn from_der(der: &[u8]) -> Result<Self, KeyError> {
+    pub fn from_der(der: &[u8]) -> Result<Self, SigningKeyError> {
         if let Ok(spki) = SubjectPublicKeyInfoOwned::from_der(der) {
             return Self::from_spki(&spki);
         }
         let cert = Certificate::from_der(der)
-            .map_err(|_| KeyError::new("expected a certificate or public key (DER)"))?;
+            .map_err(|_| SigningKeyError::new("expected a certificate or public key (DER)"))?;
         Self::from_spki(&cert.tbs_certificate.subject_public_key_info)
     }
 
-    fn from_spki(spki: &SubjectPublicKeyInfoOwned) -> Result<Self, KeyError> {
+    fn from_spki(spki: &SubjectPublicKeyInfoOwned) -> Result<Self, SigningKeyError> {
         if spki.algorithm.oid.to_string() != RSA_ENCRYPTION {
-            return Err(KeyError::new(format!(
+            return Err(SigningKeyError::new(format!(
                 "expected an RSA key, found algorithm {}",
                 spki.algorithm.oid
             )));
@@ -98,7 +100,7 @@ impl RsaPublicKey {
         let pkcs1 = spki
             .subject_public_key
             .as_bytes()
-            .ok_or_else(|| KeyError::new("public key: bit string not byte aligned"))?
+            .ok_or_else(|| SigningKeyError::new("public key: bit string not byte aligned"))?
             .to_vec();
         Ok(Self { pkcs1 })
     }
@@ -116,9 +118,9 @@ fn is_base64_byte(b: u8) -> bool {
 }
 
 /// Decodes base64 (standard alphabet) key material.
-pub(crate) fn base64_key(what: &str, s: &str) -> Result<Vec<u8>, KeyError> {
+pub(crate) fn base64_key(what: &str, s: &str) -> Result<Vec<u8>, SigningKeyError> {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD
         .decode(s.trim())
-        .map_err(|_| KeyError::new(format!("{what}: not base64")))
+        .map_err(|_| SigningKeyError::new(format!("{what}: not base64")))
 }

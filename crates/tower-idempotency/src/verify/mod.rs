@@ -26,7 +26,7 @@
 //! Several keys may be configured for every channel, so keys rotate without
 //! downtime: a signature is accepted if any configured key verifies it. All
 //! comparisons of secrets and MACs are constant-time. Every method that adds
-//! a key or secret returns `Result<Self, KeyError>`: a key that cannot be
+//! a key or secret returns `Result<Self, SigningKeyError>`: a key that cannot be
 //! read, or an empty secret, is refused when the keys are built, not when the
 //! first notification arrives.
 //!
@@ -147,7 +147,7 @@ with_crypto! {
 
     pub use adyen::AdyenKeys;
     pub use alipay::AlipayKeys;
-    pub use keys::{KeyError, RsaPublicKey};
+    pub use keys::{SigningKeyError, RsaPublicKey};
     pub use paypal::PayPalKeys;
     pub use signature::{
         BodyShape, HmacAlgorithm, HmacScheme, HmacSchemeBuilder, SecretEncoding,

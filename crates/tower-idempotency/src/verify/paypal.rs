@@ -1,6 +1,6 @@
 //! PayPal: SHA256withRSA over `transmission_id|time|webhook_id|crc32(body)`.
 
-use super::keys::{KeyError, RsaPublicKey};
+use super::keys::{SigningKeyError, RsaPublicKey};
 use super::{base64_sig, check_time, header, Verified, Verifier, VerifyError};
 use crate::key::unique_members;
 use bytes::Bytes;
@@ -79,7 +79,7 @@ impl PayPalKeys {
     }
 
     /// Adds a signing certificate (PEM or DER) or its public key.
-    pub fn certificate(mut self, pem_or_der: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+    pub fn certificate(mut self, pem_or_der: impl AsRef<[u8]>) -> Result<Self, SigningKeyError> {
         self.certs.push(RsaPublicKey::from_pem_or_der(pem_or_der)?);
         Ok(self)
     }

@@ -1,7 +1,7 @@
 //! A configured HMAC signature scheme: for senders without a verifier of
 //! their own (GitHub, Shopify, Slack, Paddle, Square, an internal system).
 
-use super::keys::{base64_key, KeyError};
+use super::keys::{base64_key, SigningKeyError};
 use super::{
     any_mac_matches, check_timestamp, too_many_signatures, Verified, Verifier, VerifyError,
     MAX_SIGNATURES,
@@ -262,7 +262,7 @@ pub enum BodyShape {
 /// # let _ = slack;
 /// // Without a secret nothing could be checked.
 /// assert!(HmacScheme::builder("x", HmacAlgorithm::Sha256, "x-sig").build().is_err());
-/// # Ok::<(), tower_idempotency::verify::KeyError>(())
+/// # Ok::<(), tower_idempotency::verify::SigningKeyError>(())
 /// ```
 #[derive(Clone)]
 pub struct HmacScheme {
@@ -471,25 +471,25 @@ impl HmacSchemeBuilder {
     /// secret, a secret that is not base64 where it should be, a bad header
     /// name, `{timestamp}` without a timestamp source, `{url}` without a
     /// URL, a timestamp pair without a signature pair.
-    pub fn build(self) -> Result<HmacScheme, KeyError> {
-        let header = self.header.map_err(KeyError::new)?;
+    pub fn build(self) -> Result<HmacScheme, SigningKeyError> {
+        let header = self.header.map_err(SigningKeyError::new)?;
         let timestamp_header = self
             .timestamp_header
             .transpose()
-            .map_err(KeyError::new)?;
+            .map_err(SigningKeyError::new)?;
         if self.secrets.is_empty() {
-            return Err(KeyError::new(format!(
+            return Err(SigningKeyError::new(format!(
                 "the {} signature has no secret",
                 self.channel
             )));
         }
         if self.timestamp_field.is_some() && self.signature_field.is_none() {
-            return Err(KeyError::new(
+            return Err(SigningKeyError::new(
                 "timestamp_field names a pair of a header of pairs: give signature_field too",
             ));
         }
         if self.timestamp_field.is_some() && timestamp_header.is_some() {
-            return Err(KeyError::new(
+            return Err(SigningKeyError::new(
                 "the timestamp comes from timestamp_field or timestamp_header, not both",
             ));
         }
@@ -497,12 +497,12 @@ impl HmacSchemeBuilder {
             && self.timestamp_field.is_none()
             && timestamp_header.is_none()
         {
-            return Err(KeyError::new(
+            return Err(SigningKeyError::new(
                 "`{timestamp}` is signed, but no timestamp_header or timestamp_field says where it comes from",
             ));
         }
         if self.signed.uses_url() && self.url.is_none() {
-            return Err(KeyError::new(
+            return Err(SigningKeyError::new(
                 "`{url}` is signed, but no URL is configured (the route's public_url)",
             ));
         }
@@ -513,14 +513,14 @@ impl HmacSchemeBuilder {
                 SecretEncoding::Raw => Cow::Borrowed(&secret[..]),
                 SecretEncoding::Base64 => {
                     let text = std::str::from_utf8(secret)
-                        .map_err(|_| KeyError::new("a base64 secret is not text"))?;
+                        .map_err(|_| SigningKeyError::new("a base64 secret is not text"))?;
                     let text = text.trim();
                     let raw = text.strip_prefix("whsec_").unwrap_or(text);
                     Cow::Owned(base64_key("secret", raw)?)
                 }
             };
             if bytes.is_empty() {
-                return Err(KeyError::new(format!(
+                return Err(SigningKeyError::new(format!(
                     "a {} secret is empty (anyone could sign with it)",
                     self.channel
                 )));

@@ -1,7 +1,7 @@
 //! Standard Webhooks: `webhook-id.webhook-timestamp.body`, `v1,` HMAC-SHA256
 //! or `v1a,` Ed25519.
 
-use super::keys::{base64_key, KeyError};
+use super::keys::{base64_key, SigningKeyError};
 use super::{
     any_mac_matches, base64_sig, check_timestamp, header, too_many_signatures, Verified, Verifier,
     VerifyError, MAX_SIGNATURES,
@@ -40,7 +40,7 @@ impl StandardWebhooksKeys {
     }
 
     /// Adds a symmetric secret, `whsec_` followed by base64 (`v1,` signatures).
-    pub fn secret(mut self, secret: &str) -> Result<Self, KeyError> {
+    pub fn secret(mut self, secret: &str) -> Result<Self, SigningKeyError> {
         let raw = secret.strip_prefix("whsec_").unwrap_or(secret);
         let key = base64_key("webhook secret", raw)?;
         self.secrets.push(hmac::Key::new(hmac::HMAC_SHA256, &key));
@@ -49,11 +49,11 @@ impl StandardWebhooksKeys {
 
     /// Adds an Ed25519 public key, `whpk_` followed by base64 of the 32 bytes
     /// (`v1a,` signatures).
-    pub fn public_key(mut self, key: &str) -> Result<Self, KeyError> {
+    pub fn public_key(mut self, key: &str) -> Result<Self, SigningKeyError> {
         let raw = key.strip_prefix("whpk_").unwrap_or(key);
         let key = base64_key("webhook public key", raw)?;
         if key.len() != 32 {
-            return Err(KeyError::new("webhook public key: expected 32 bytes"));
+            return Err(SigningKeyError::new("webhook public key: expected 32 bytes"));
         }
         self.public_keys.push(key);
         Ok(self)

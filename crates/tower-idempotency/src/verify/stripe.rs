@@ -1,6 +1,6 @@
 //! Stripe: `Stripe-Signature: t=…,v1=…`, HMAC-SHA256 over `t.body`.
 
-use super::keys::KeyError;
+use super::keys::SigningKeyError;
 use super::{
     any_mac_matches, check_timestamp, header, too_many_signatures, Verified, Verifier, VerifyError,
     MAX_SIGNATURES,
@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 /// let keys = StripeKeys::new().secret("whsec_old")?.secret("whsec_new")?;
 /// assert_eq!(keys.len(), 2);
 /// assert!(StripeKeys::new().secret("").is_err());
-/// # Ok::<(), tower_idempotency::verify::KeyError>(())
+/// # Ok::<(), tower_idempotency::verify::SigningKeyError>(())
 /// ```
 #[derive(Clone)]
 pub struct StripeKeys {
@@ -39,10 +39,10 @@ impl StripeKeys {
     /// Adds an endpoint signing secret (`whsec_…`, used as is, prefix
     /// included, as Stripe does). Add the old and the new one while rolling.
     /// An empty secret is an error (anyone could sign with it).
-    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Result<Self, SigningKeyError> {
         let secret = secret.as_ref();
         if secret.is_empty() {
-            return Err(KeyError::new("the Stripe signing secret is empty"));
+            return Err(SigningKeyError::new("the Stripe signing secret is empty"));
         }
         self.secrets.push(hmac::Key::new(hmac::HMAC_SHA256, secret));
         Ok(self)

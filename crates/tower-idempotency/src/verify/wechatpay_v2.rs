@@ -1,6 +1,6 @@
 //! WeChat Pay API v2: the `sign` field, MD5 or HMAC-SHA256 with the API key.
 
-use super::keys::KeyError;
+use super::keys::SigningKeyError;
 use super::pairs::check_pair;
 use super::{Verified, Verifier, VerifyError};
 use crate::key::flat_fields;
@@ -32,7 +32,7 @@ use subtle::ConstantTimeEq;
 /// let keys = WechatPayV2Keys::new().api_key("192006250b4c09247ec02edce69f6a2d")?;
 /// assert!(WechatPayV2Keys::new().api_key("").is_err());
 /// # let _ = keys;
-/// # Ok::<(), tower_idempotency::verify::KeyError>(())
+/// # Ok::<(), tower_idempotency::verify::SigningKeyError>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct WechatPayV2Keys {
@@ -47,10 +47,10 @@ impl WechatPayV2Keys {
 
     /// Adds an API key (32 characters). Add the old and the new one while
     /// changing it. An empty key is an error (anyone could sign with it).
-    pub fn api_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+    pub fn api_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, SigningKeyError> {
         let key = key.as_ref();
         if key.is_empty() {
-            return Err(KeyError::new("the WeChat Pay v2 API key is empty"));
+            return Err(SigningKeyError::new("the WeChat Pay v2 API key is empty"));
         }
         self.keys.push(key.to_vec());
         Ok(self)

@@ -1,6 +1,6 @@
 //! WeChat Pay API v3: RSA-SHA256 over `timestamp\nnonce\nbody\n`.
 
-use super::keys::{KeyError, RsaPublicKey};
+use super::keys::{SigningKeyError, RsaPublicKey};
 use super::{base64_sig, check_timestamp, header, Verified, Verifier, VerifyError};
 use crate::key::FingerprintExtra;
 use bytes::Bytes;
@@ -108,7 +108,7 @@ impl WechatPayV3Keys {
         mut self,
         serial: impl Into<String>,
         pem_or_der: impl AsRef<[u8]>,
-    ) -> Result<Self, KeyError> {
+    ) -> Result<Self, SigningKeyError> {
         let key = RsaPublicKey::from_pem_or_der(pem_or_der)?;
         self.keys.insert(serial.into(), key);
         Ok(self)
@@ -120,10 +120,10 @@ impl WechatPayV3Keys {
     /// [`DecryptedResource`], and its `transaction_id`, `trade_state` and
     /// `amount.total` join the fingerprint. A notification that does not
     /// decrypt is refused. Defaults to no decryption.
-    pub fn api_v3_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, KeyError> {
+    pub fn api_v3_key(mut self, key: impl AsRef<[u8]>) -> Result<Self, SigningKeyError> {
         let key = key.as_ref();
         if key.len() != 32 && key.len() != 16 {
-            return Err(KeyError::new("the APIv3 key must be 32 bytes"));
+            return Err(SigningKeyError::new("the APIv3 key must be 32 bytes"));
         }
         self.api_v3_key = Some(LessSafeKeyBytes(key.to_vec()));
         Ok(self)
