@@ -37,16 +37,10 @@ fn record(body_len: usize, i: usize) -> CompletedRecord {
     headers.insert("content-length", HeaderValue::from(body_len));
     let mut body = vec![b'x'; body_len];
     body[..8.min(body_len)].copy_from_slice(&i.to_be_bytes()[..8.min(body_len)]);
-    CompletedRecord {
-        fingerprint: Fingerprint::of(&i.to_be_bytes()),
-        response: StoredResponse {
-            status: StatusCode::OK,
-            headers,
-            body: Bytes::from(body),
-            trailers: None,
-            body_omitted: false,
-        },
-    }
+    CompletedRecord::new(
+        Fingerprint::of(&i.to_be_bytes()),
+        StoredResponse::new(StatusCode::OK, headers, Bytes::from(body)),
+    )
 }
 
 fn key(i: usize) -> String {

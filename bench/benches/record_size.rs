@@ -35,16 +35,10 @@ fn record() -> CompletedRecord {
     let mut headers = HeaderMap::with_capacity(2);
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     headers.insert("content-length", HeaderValue::from_static("43"));
-    CompletedRecord {
-        fingerprint: Fingerprint::of(b"TRANSACTION.SUCCESS"),
-        response: StoredResponse {
-            status: StatusCode::OK,
-            headers,
-            body: Bytes::from_static(BODY.as_bytes()),
-            trailers: None,
-            body_omitted: false,
-        },
-    }
+    CompletedRecord::new(
+        Fingerprint::of(b"TRANSACTION.SUCCESS"),
+        StoredResponse::new(StatusCode::OK, headers, Bytes::from_static(BODY.as_bytes())),
+    )
 }
 
 /// A key as the layer builds it for a WeChat Pay v3 notification.

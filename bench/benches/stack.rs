@@ -154,16 +154,14 @@ fn per_layer(c: &mut Criterion) {
         .build()
         .unwrap();
     let store = MemoryStore::new();
-    let record = std::sync::Arc::new(CompletedRecord {
-        fingerprint: tower_idempotency::Fingerprint::of(b"x"),
-        response: StoredResponse {
-            status: http::StatusCode::OK,
-            headers: http::HeaderMap::new(),
-            body: Bytes::from_static(b"ok"),
-            trailers: None,
-            body_omitted: false,
-        },
-    });
+    let record = std::sync::Arc::new(CompletedRecord::new(
+        tower_idempotency::Fingerprint::of(b"x"),
+        StoredResponse::new(
+            http::StatusCode::OK,
+            http::HeaderMap::new(),
+            Bytes::from_static(b"ok"),
+        ),
+    ));
     let fp = record.fingerprint;
     let counter = AtomicU64::new(0);
     group.bench_function("store/claim+complete", |b| {

@@ -264,13 +264,7 @@ pub enum Recorded {
 
 /// What the handler answers, and what every later copy replays.
 fn success() -> StoredResponse {
-    StoredResponse {
-        status: StatusCode::OK,
-        headers: HeaderMap::new(),
-        body: Bytes::new(),
-        trailers: None,
-        body_omitted: false,
-    }
+    StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new())
 }
 
 /// The payment, the backstop and (behind the layers) the idempotency

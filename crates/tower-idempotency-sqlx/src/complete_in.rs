@@ -162,13 +162,7 @@ pub trait CompleteIn {
     ///
     /// # #[cfg(feature = "postgres")]
     /// # async fn handler(pool: sqlx::PgPool, claim: ActiveClaim) -> Result<(), Box<dyn std::error::Error>> {
-    /// let response = StoredResponse {
-    ///     status: StatusCode::OK,
-    ///     headers: HeaderMap::new(),
-    ///     body: Bytes::from_static(b"paid"),
-    ///     trailers: None,
-    ///     body_omitted: false,
-    /// };
+    /// let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"paid"));
     /// let mut tx = pool.begin().await?;
     /// sqlx::query("UPDATE orders SET status = 'PAID' WHERE order_no = $1")
     ///     .bind("O-1")
@@ -194,10 +188,7 @@ impl CompleteIn for ActiveClaim {
         conn: &mut C,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let record = CompletedRecord {
-            fingerprint: self.fingerprint(),
-            response: response.clone(),
-        };
+        let record = CompletedRecord::new(self.fingerprint(), response.clone());
         let bytes = encode(&record);
         let args = CompleteArgs {
             key: self.key().as_bytes(),

@@ -18,6 +18,7 @@ use super::OwnerToken;
 /// It compares equal to its [`OwnerToken`], so that
 /// `matches!(claim, Claim::Acquired(held) if held == token)` reads as before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Ownership {
     /// The owner token the claim was made with.
     pub owner: OwnerToken,

@@ -99,7 +99,22 @@ impl fmt::Debug for OwnerToken {
 }
 
 /// A response as it was first answered, kept for replay.
+///
+/// Built with [`new`](Self::new) (fields may be added: it is
+/// `#[non_exhaustive]`), read by its fields.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::{HeaderMap, StatusCode};
+/// use tower_idempotency::store::StoredResponse;
+///
+/// let r = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"ok"));
+/// assert_eq!(r.body, "ok");
+/// let omitted = r.with_body_omitted(true);
+/// assert!(omitted.body.is_empty() && omitted.body_omitted);
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct StoredResponse {
     /// The status code.
     pub status: StatusCode,
@@ -115,13 +130,57 @@ pub struct StoredResponse {
     pub body_omitted: bool,
 }
 
+impl StoredResponse {
+    /// A response of `status`, `headers` and `body`, without trailers.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: Bytes) -> Self {
+        Self {
+            status,
+            headers,
+            body,
+            trailers: None,
+            body_omitted: false,
+        }
+    }
+
+    /// With these trailers (`None`: none).
+    #[must_use]
+    pub fn with_trailers(mut self, trailers: Option<HeaderMap>) -> Self {
+        self.trailers = trailers;
+        self
+    }
+
+    /// With its body omitted (`true`: the body is dropped, see
+    /// [`body_omitted`](Self::body_omitted)) or kept.
+    #[must_use]
+    pub fn with_body_omitted(mut self, omitted: bool) -> Self {
+        if omitted {
+            self.body = Bytes::new();
+        }
+        self.body_omitted = omitted;
+        self
+    }
+}
+
 /// A completed record: the first success and the fingerprint of its request.
+///
+/// Built with [`new`](Self::new) (`#[non_exhaustive]`), read by its fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CompletedRecord {
     /// Fingerprint of the request that produced the response.
     pub fingerprint: Fingerprint,
     /// The response to replay.
     pub response: StoredResponse,
+}
+
+impl CompletedRecord {
+    /// The record of `response`, answered to a request of `fingerprint`.
+    pub fn new(fingerprint: Fingerprint, response: StoredResponse) -> Self {
+        Self {
+            fingerprint,
+            response,
+        }
+    }
 }
 
 /// What a store holds for one key, as [`Store::inspect`] finds it: for
@@ -163,6 +222,7 @@ pub enum Forgotten {
 
 /// What a claim found.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Claim {
     /// The caller now owns the key: run the inner service. Carries the
     /// owner token and the claim's fencing token.

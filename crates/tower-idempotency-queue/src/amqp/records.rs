@@ -19,6 +19,8 @@ pub(super) const INGEST_LEASE: Duration = Duration::from_secs(10);
 pub(super) const QUEUED: StatusCode = StatusCode::ACCEPTED;
 pub(super) const DELIVERED: StatusCode = StatusCode::OK;
 pub(super) const DEAD: StatusCode = StatusCode::GONE;
+/// A claim answered with a variant this version does not know.
+const UNKNOWN_CLAIM: &str = "the store answered a claim this version does not know";
 
 impl<S: Store> AmqpQueue<S> {
     pub(super) fn record_key(&self, key: &str) -> String {
@@ -27,16 +29,10 @@ impl<S: Store> AmqpQueue<S> {
 
     /// The stored record of a key in state `status`.
     pub(super) fn record(fingerprint: Fingerprint, status: StatusCode) -> Arc<CompletedRecord> {
-        Arc::new(CompletedRecord {
+        Arc::new(CompletedRecord::new(
             fingerprint,
-            response: StoredResponse {
-                status,
-                headers: HeaderMap::new(),
-                body: Bytes::new(),
-                trailers: None,
-                body_omitted: false,
-            },
-        })
+            StoredResponse::new(status, HeaderMap::new(), Bytes::new()),
+        ))
     }
 
     /// Changes the key's record to `status`, kept for `window` from now,
@@ -122,6 +118,7 @@ impl<S: Store> AmqpQueue<S> {
             Claim::Completed(_) => Err(QueueError::new(
                 "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
             )),
+            _ => Err(err(UNKNOWN_CLAIM)),
         }
     }
 
@@ -159,6 +156,7 @@ impl<S: Store> AmqpQueue<S> {
                     let _ = tokio::time::timeout(left, watch.changed()).await;
                 }
                 Claim::Acquired(_) => return Ok(None),
+                _ => return Err(err(UNKNOWN_CLAIM)),
             }
         }
     }

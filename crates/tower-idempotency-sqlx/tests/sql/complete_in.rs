@@ -91,13 +91,7 @@ async fn payments(store: &SqlStore, notify_id: &str) -> i64 {
 fn response() -> StoredResponse {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", "text/plain".parse().unwrap());
-    StoredResponse {
-        status: StatusCode::OK,
-        headers,
-        body: Bytes::from_static(b"paid"),
-        trailers: None,
-        body_omitted: false,
-    }
+    StoredResponse::new(StatusCode::OK, headers, Bytes::from_static(b"paid"))
 }
 
 /// Stops here until killed, after telling the parent where.

@@ -168,13 +168,11 @@ async fn a_stale_transaction_rolls_back(store: SqlStore) {
     )
     .with_fence(stale.fence);
     assert_eq!(claim.fence(), stale.fence);
-    let response = StoredResponse {
-        status: StatusCode::OK,
-        headers: HeaderMap::new(),
-        body: Bytes::from_static(b"paid"),
-        trailers: None,
-        body_omitted: false,
-    };
+    let response = StoredResponse::new(
+        StatusCode::OK,
+        HeaderMap::new(),
+        Bytes::from_static(b"paid"),
+    );
     let sql = orders.update(id, "stale", claim.fence());
     let completed = if let Some(pool) = store.as_postgres() {
         let mut tx = pool.begin().await.unwrap();

@@ -160,16 +160,14 @@ async fn tiered_forget_with_the_front_down_is_an_error() {
         .claim(&key, fp, owner, std::time::Duration::from_secs(30))
         .await
         .unwrap();
-    let record = Arc::new(tower_idempotency::store::CompletedRecord {
-        fingerprint: fp,
-        response: tower_idempotency::store::StoredResponse {
-            status: StatusCode::OK,
-            headers: http::HeaderMap::new(),
-            body: Bytes::from_static(b"paid"),
-            trailers: None,
-            body_omitted: false,
-        },
-    });
+    let record = Arc::new(tower_idempotency::store::CompletedRecord::new(
+        fp,
+        tower_idempotency::store::StoredResponse::new(
+            StatusCode::OK,
+            http::HeaderMap::new(),
+            Bytes::from_static(b"paid"),
+        ),
+    ));
     let window = std::time::Duration::from_secs(3600);
     assert!(store.complete(&key, owner, record, window).await.unwrap());
     let reply = support_redis::raw_command(redis.port(), "CLIENT PAUSE 1500 ALL").unwrap();

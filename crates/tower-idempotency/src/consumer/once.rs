@@ -206,6 +206,10 @@ impl<St: Store> Consumer<St> {
                     let handler = handler.take().expect("claimed once");
                     return self.run(held, fingerprint, handler).await;
                 }
+                _ => {
+                    outcome::record(&config.scope, Outcome::StoreError);
+                    return Err(ConsumeError::Store(crate::store::unknown_claim()));
+                }
             }
         }
     }
@@ -253,16 +257,10 @@ impl<St: Store> Consumer<St> {
             }
             Ok(Ok(value)) => value,
         };
-        let record = Arc::new(CompletedRecord {
+        let record = Arc::new(CompletedRecord::new(
             fingerprint,
-            response: StoredResponse {
-                status: StatusCode::OK,
-                headers: HeaderMap::new(),
-                body: value.encode(),
-                trailers: None,
-                body_omitted: false,
-            },
-        });
+            StoredResponse::new(StatusCode::OK, HeaderMap::new(), value.encode()),
+        ));
         // The handler succeeded: from here on the claim is never released.
         // The completion runs in a task of its own, so that cancelling this
         // future (a worker's shutdown) does not cut it off either.

@@ -72,16 +72,10 @@ impl Capture {
         if self.omitted {
             self.headers.remove(header::CONTENT_LENGTH);
         }
-        CompletedRecord {
-            fingerprint,
-            response: StoredResponse {
-                status: self.status,
-                headers: self.headers,
-                body: self.body.freeze(),
-                trailers: self.trailers,
-                body_omitted: self.omitted,
-            },
-        }
+        let response = StoredResponse::new(self.status, self.headers, self.body.freeze())
+            .with_trailers(self.trailers)
+            .with_body_omitted(self.omitted);
+        CompletedRecord::new(fingerprint, response)
     }
 }
 

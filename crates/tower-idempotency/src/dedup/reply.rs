@@ -24,6 +24,7 @@ pub(super) fn replay<B>(
         body,
         trailers,
         body_omitted,
+        ..
     } = stored;
     let announce = trailers
         .as_ref()

@@ -169,6 +169,10 @@ impl<S, St: Store> Run<S, St> {
                     // delivery uses.
                     return Box::pin(self.execute(req, guard)).await;
                 }
+                _ => {
+                    drop(guard);
+                    return Box::pin(self.store_failed(crate::store::unknown_claim(), req)).await;
+                }
             }
         }
     }

@@ -44,6 +44,16 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use tiered::TieredStore;
 pub use tower_idempotency_core::store::*;
 
+/// A claim answered with a variant this version of the layers does not
+/// know (from a store built on a later version of the contract): a store
+/// failure, handled by the store-error policy.
+pub(crate) fn unknown_claim() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unsupported,
+        "the store answered a claim this version does not know",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     //! The boxed store over the memory store.
@@ -65,16 +75,14 @@ mod tests {
             Claim::Acquired(_)
         ));
         assert!(store.renew("k", token, lease).await.unwrap());
-        let record = Arc::new(CompletedRecord {
-            fingerprint: fp,
-            response: crate::store::StoredResponse {
-                status: http::StatusCode::OK,
-                headers: http::HeaderMap::new(),
-                body: bytes::Bytes::from_static(b"ok"),
-                trailers: None,
-                body_omitted: false,
-            },
-        });
+        let record = Arc::new(CompletedRecord::new(
+            fp,
+            crate::store::StoredResponse::new(
+                http::StatusCode::OK,
+                http::HeaderMap::new(),
+                bytes::Bytes::from_static(b"ok"),
+            ),
+        ));
         let window = Duration::from_secs(60);
         assert!(store
             .complete("k", token, record.clone(), window)

@@ -159,16 +159,10 @@ impl PauseKeeper {
                 let key = store_key(prefix);
                 let body = serde_json::to_vec(&info).map_err(|e| e.to_string())?;
                 let fp = Fingerprint::of(b"pause");
-                let record = Arc::new(CompletedRecord {
-                    fingerprint: fp,
-                    response: StoredResponse {
-                        status: StatusCode::OK,
-                        headers: HeaderMap::new(),
-                        body: Bytes::from(body),
-                        trailers: None,
-                        body_omitted: false,
-                    },
-                });
+                let record = Arc::new(CompletedRecord::new(
+                    fp,
+                    StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from(body)),
+                ));
                 let write = async {
                     if store.replace(&key, record.clone(), KEPT).await? {
                         return Ok(true);
