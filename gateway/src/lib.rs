@@ -68,7 +68,25 @@ pub mod journal;
 pub mod proxy;
 pub mod shed;
 
-// Every Rust block of the README is a doctest.
+// Every Rust block of the README and of the pages of `docs/` is a doctest.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 mod readme_doctests {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/configuration.md")]
+mod configuration_doctests {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/channels.md")]
+mod channels_doctests {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operating.md")]
+mod operating_doctests {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/queues.md")]
+mod queues_doctests {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/security.md")]
+mod security_doctests {}
+#[cfg(doctest)]
+#[doc = include_str!("../docs/reference.md")]
+mod reference_doctests {}

@@ -1,24 +1,37 @@
-//! The README's config blocks as a user copies them: every ```toml block
-//! passes `--check-config` (the test's certificates and keys in place of
-//! the `/etc/...` files), and the main example's `verify` table of each
-//! built-in channel verifies that channel's real notification.
+//! The README's and the `docs/` pages' config blocks as a user copies them:
+//! every ```toml block passes `--check-config` (the test's certificates and
+//! keys in place of the `/etc/...` files), and the README's main example's
+//! `verify` table of each built-in channel verifies that channel's real
+//! notification.
 
 use crate::gateway_support;
 use test_support::verify_support::{cases, fixture, meta, through};
 
+use gateway_support::docs::{page, PAGES};
 use gateway_support::{gateway_bin, temp_path};
 use http::StatusCode;
 use idempotency_gateway::config::VerifyConfig;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const README: &str = include_str!("../../README.md");
+/// The ```toml blocks of every page, each with its page and the line it
+/// starts on.
+fn toml_blocks() -> Vec<(&'static str, usize, String)> {
+    PAGES
+        .iter()
+        .flat_map(|&(name, text)| {
+            toml_blocks_of(text)
+                .into_iter()
+                .map(move |(line, block)| (name, line, block))
+        })
+        .collect()
+}
 
-/// The README's ```toml blocks, each with the line it starts on.
-fn toml_blocks() -> Vec<(usize, String)> {
+/// The ```toml blocks of one page, each with the line it starts on.
+fn toml_blocks_of(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     let mut block: Option<(usize, String)> = None;
-    for (n, line) in README.lines().enumerate() {
+    for (n, line) in text.lines().enumerate() {
         match &mut block {
             None if line.trim_start() == "```toml" => block = Some((n + 2, String::new())),
             None => {}
@@ -131,9 +144,24 @@ fn env_secrets(block: &str) -> Vec<&str> {
 fn every_config_block_of_the_readme_passes_check_config() {
     let dir = etc();
     let blocks = toml_blocks();
-    assert!(blocks.len() >= 4, "{blocks:?}");
-    for (line, block) in &blocks {
-        let file = dir.join(format!("readme-{line}.toml"));
+    // The main example, the configured presets, several upstreams, the
+    // admin commands' keys, pacing, the caps and the adaptive limit.
+    assert!(blocks.len() >= 8, "{blocks:?}");
+    // Each page that shows a config shows it in a block this test reads.
+    for name in [
+        "README.md",
+        "docs/configuration.md",
+        "docs/channels.md",
+        "docs/operating.md",
+        "docs/queues.md",
+    ] {
+        assert!(
+            blocks.iter().any(|(page, _, _)| *page == name),
+            "no ```toml block in {name}"
+        );
+    }
+    for (name, line, block) in &blocks {
+        let file = dir.join(format!("{}-{line}.toml", name.replace('/', "-")));
         std::fs::write(&file, localized(block, &dir)).unwrap();
         let mut cmd = Command::new(gateway_bin());
         cmd.args(["--check-config", "--config"])
@@ -149,7 +177,7 @@ fn every_config_block_of_the_readme_passes_check_config() {
         assert_eq!(
             out.status.code(),
             Some(0),
-            "README.md line {line}:\n{block}\n{}",
+            "{name} line {line}:\n{block}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -162,10 +190,11 @@ fn every_config_block_of_the_readme_passes_check_config() {
 #[tokio::test]
 async fn the_readme_verify_tables_verify_each_channel() {
     let dir = etc();
-    let (_, main) = toml_blocks()
+    // The first screen's config, in the README itself.
+    let (_, main) = toml_blocks_of(page("README.md"))
         .into_iter()
-        .find(|(_, b)| b.starts_with("# /etc/idempotency-gateway.toml"))
-        .expect("the main config example");
+        .find(|(_, b)| b.starts_with("# /etc/idempotency-gateway.toml\n"))
+        .expect("the main config example, in the README");
     let config: toml::Table = toml::from_str(&localized(&main, &dir)).unwrap();
     let routes = config["route"].as_array().unwrap();
     let mut verified = Vec::new();

@@ -4,6 +4,7 @@
 //! a client on raw TCP, for what reaches the client byte for byte.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod docs;
 pub mod otlp;
 pub mod raw;
 pub mod segments;

@@ -1,29 +1,38 @@
-//! The README's operator commands as printed: a gateway started with the
-//! config block shown beside them (the test's folder in place of the
-//! `/etc/...` files, a free port in place of 9100), one WeChat Pay
-//! notification with the README's id, then every `idempotency-gateway
-//! --config /etc/idempotency-gateway.toml …` line of the README, run as it
-//! is: it reaches the admin API and does what it says.
+//! The operator commands as printed: a gateway started with the config
+//! block shown beside them (the test's folder in place of the `/etc/...`
+//! files, a free port in place of 9100), one WeChat Pay notification with
+//! the pages' id, then every `idempotency-gateway --config
+//! /etc/idempotency-gateway.toml …` admin line of the README and of every
+//! page of `docs/` (`gateway_support::docs::PAGES`), run as it is: it
+//! reaches the admin API and does what it says.
 
 use crate::gateway_support;
 use test_support::common;
 
 use common::upstream::Upstream;
 use common::{client, free_addr, post};
+use gateway_support::docs::PAGES;
 use gateway_support::{gateway_bin, temp_path, Proc};
 use std::process::{Command, Stdio};
 
-const README: &str = include_str!("../../README.md");
 const CONFIG: &str = "/etc/idempotency-gateway.toml";
 const ADMIN: [&str; 4] = ["inspect", "forget", "journal", "reconcile"];
 
-/// The README's ``` block of `lang` that starts with `first`.
+/// The ``` block of `lang` that starts with `first`, on whichever page
+/// holds it (exactly one).
 fn block(lang: &str, first: &str) -> String {
     let fence = format!("```{lang}\n{first}");
-    let at = README
-        .find(&fence)
-        .unwrap_or_else(|| panic!("a {lang} block starting {first:?}"));
-    let body = &README[at + lang.len() + 4..];
+    let found: Vec<(&str, &str)> = PAGES
+        .iter()
+        .filter_map(|&(name, text)| text.find(&fence).map(|at| (name, &text[at..])))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one page with a {lang} block starting {first:?}: {:?}",
+        found.iter().map(|(name, _)| name).collect::<Vec<_>>()
+    );
+    let body = &found[0].1[lang.len() + 4..];
     body[..body.find("\n```").unwrap() + 1].to_owned()
 }
 
@@ -111,8 +120,9 @@ async fn the_readme_admin_commands_work_as_printed() {
         std::fs::write(dir.join(name), common::vectors::fixture(fixture)).unwrap();
     }
 
-    let lines: Vec<Vec<String>> = README
-        .lines()
+    let lines: Vec<Vec<String>> = PAGES
+        .iter()
+        .flat_map(|(_, text)| text.lines())
         .filter(|l| l.starts_with(&format!("idempotency-gateway --config {CONFIG} ")))
         .map(words)
         // The admin commands (not the lines that start a gateway).
@@ -122,7 +132,7 @@ async fn the_readme_admin_commands_work_as_printed() {
     for command in ADMIN {
         assert!(
             ran.contains(&command),
-            "a README line runs `{command}`: {ran:?}"
+            "a line of the pages runs `{command}`: {ran:?}"
         );
     }
     let run = |words: &[String]| {
@@ -189,7 +199,7 @@ async fn the_readme_admin_commands_work_as_printed() {
                 assert!(matches!(out.status.code(), Some(0 | 1)), "{line}: {stderr}");
                 assert!(!stdout.is_empty(), "{line}");
             }
-            other => panic!("a README line runs {other}"),
+            other => panic!("a line of the pages runs {other}"),
         }
     }
     assert!(inspected >= 2, "both `inspect` lines");

@@ -21,7 +21,8 @@
 //! config file exits with status 2; a failure at start (the port is taken,
 //! Redis cannot be reached) with status 1; SIGTERM or SIGINT drains the
 //! requests in flight and exits 0 (a second signal exits 1 at once).
-//! `idempotency-gateway --help` lists the flags; the README has the whole story.
+//! `idempotency-gateway --help` lists the flags; the README is the first
+//! screen, `docs/` has the whole story (`docs/reference.md`: every flag).
 
 mod access;
 mod ack;
