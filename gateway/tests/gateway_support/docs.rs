@@ -1,5 +1,7 @@
 //! The gateway's documentation as the tests read it: the README (the first
 //! screen) and every page of `docs/`, each with its path under `gateway/`.
+//! A page added to `docs/` must be listed here: `every_docs_page_is_listed`
+//! (in the `forward` binary) fails otherwise.
 
 /// The README and the pages of `docs/`, in the order the README lists them.
 pub const PAGES: [(&str, &str); 7] = [
