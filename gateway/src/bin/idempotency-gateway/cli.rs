@@ -157,7 +157,7 @@ pub struct Args {
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_HEADER_TIMEOUT", value_parser = parse::positive_duration)]
     pub header_timeout: Option<Duration>,
     /// Time a client has to send a body that a guarded or auto route buffers, once its
-    /// headers are in: past it 408 and the connection closes (per stream over HTTP/2);
+    /// headers are in: past it 408 (or the channel's failure reply) and the connection closes (per stream over HTTP/2);
     /// streamed bodies have --upstream-timeout (default 10s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_BODY_TIMEOUT", value_parser = parse::positive_duration)]
     pub body_timeout: Option<Duration>,
@@ -177,7 +177,7 @@ pub struct Args {
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_QUEUE_WAIT", value_parser = parse::duration)]
     pub queue_wait: Option<Duration>,
     /// Keep a journal of notifications (one record per key) in --data-dir/journal.redb, or in
-    /// the database of a SQL --store
+    /// the database of a Redis or SQL --store
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_JOURNAL")]
     pub journal: bool,
     /// Journal records not seen for this long are removed (default 7d)
@@ -196,7 +196,7 @@ pub struct Args {
     #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_JOURNAL_BODY_MAX", value_parser = parse::body_size)]
     pub journal_body_max: Option<usize>,
     /// File holding the bearer token of the admin API on --metrics-listen (off without it);
-    /// also the token `inspect`, `forget` and `journal` send
+    /// also the token the admin commands send (inspect, forget, journal, reconcile, dlq, pause, resume)
     #[arg(
         long,
         global = true,
