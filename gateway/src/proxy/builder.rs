@@ -5,7 +5,6 @@ use super::entrance::verified_presets;
 use super::forward::RouteLimit;
 use super::gateway::{Gateway, Guard, Route, Shared, Target};
 use super::ingest::{Ingest, IngestFn};
-use super::options::DEFAULT_MAX_RUN;
 use super::route::{RouteError, RouteTable};
 use super::{Forward, RouteOptions};
 use crate::shed::Gauge;
@@ -233,7 +232,9 @@ impl<S: Store> GatewayBuilder<S> {
             };
             // The reply deadline answers the caller; the run limit, not the
             // forwarder's timeout, ends the upstream call.
-            let max_run = options.get_max_run().unwrap_or(DEFAULT_MAX_RUN);
+            let max_run = options
+                .get_max_run()
+                .unwrap_or(tower_idempotency::dedup::DEFAULT_MAX_RUN);
             // The route's own upstream, or the gateway's.
             let own = options
                 .get_upstream()

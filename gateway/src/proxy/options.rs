@@ -40,8 +40,6 @@ pub struct RouteOptions {
 }
 
 /// The run limit of a route that sets none (the layer's default).
-pub(crate) const DEFAULT_MAX_RUN: Duration = Duration::from_secs(300);
-
 impl RouteOptions {
     /// Every setting the preset's.
     pub const fn new() -> Self {

@@ -40,11 +40,11 @@ impl<St: Store> Consumer<St> {
             store,
             config: Arc::new(Config {
                 scope: Arc::from("consumer"),
-                window: Duration::from_secs(25 * 3600),
-                lease: Duration::from_secs(30),
+                window: crate::dedup::DEFAULT_WINDOW,
+                lease: crate::dedup::DEFAULT_LEASE,
                 wait: Duration::ZERO,
-                store_timeout: Duration::from_secs(1),
-                max_run: Duration::from_secs(300),
+                store_timeout: crate::dedup::DEFAULT_STORE_TIMEOUT,
+                max_run: crate::dedup::DEFAULT_MAX_RUN,
             }),
         }
     }

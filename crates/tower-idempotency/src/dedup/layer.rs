@@ -1,30 +1,10 @@
-use super::config::{DedupConfig, OnStoreError};
+use super::config::{DedupConfig, OnStoreError, MAX_SETTING, MIN_LEASE};
 use super::service::Dedup;
 use crate::store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
-
-/// The shortest lease [`DedupLayer::lease`] takes: a shorter one would
-/// make the renewal (every `lease/3`) spin.
-pub const MIN_LEASE: Duration = Duration::from_millis(100);
-
-/// The longest window, lease, wait, run limit or reply deadline the
-/// builders take (a year); a longer one is taken as this.
-///
-/// A program that reads these settings from its users (flags, a
-/// configuration file) can compare against it to refuse a longer one
-/// instead of having it shortened without a word.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_idempotency::dedup::MAX_SETTING;
-///
-/// let asked = Duration::from_secs(2 * 365 * 24 * 3600);
-/// assert!(asked > MAX_SETTING, "two years: refused");
-/// ```
-pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// `d` within `min..=max`.
 const fn clamp(d: Duration, min: Duration, max: Duration) -> Duration {

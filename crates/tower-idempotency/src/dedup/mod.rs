@@ -79,8 +79,11 @@ mod run;
 mod service;
 mod store_call;
 
-pub use config::OnStoreError;
-pub use layer::{DedupLayer, MAX_SETTING, MIN_LEASE};
+pub use config::{
+    OnStoreError, DEFAULT_LEASE, DEFAULT_MAX_CACHED_BODY, DEFAULT_MAX_RUN, DEFAULT_STORE_TIMEOUT,
+    DEFAULT_TOKEN_TTL, DEFAULT_WAIT, DEFAULT_WINDOW, MAX_SETTING, MIN_LEASE,
+};
+pub use layer::DedupLayer;
 pub use service::{Dedup, ResponseFuture};
 
 /// What the other payload of a reused key was doing, in the extensions of
