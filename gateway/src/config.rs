@@ -128,6 +128,7 @@ impl Secret {
 /// ```
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct VerifyConfig {
     /// How far a signed timestamp may lie from now (`"300s"`, `"5m"`).
     #[serde(default)]

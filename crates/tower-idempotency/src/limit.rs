@@ -140,6 +140,7 @@ impl fmt::Debug for BodyBudget {
 /// Why a [`LimitedBody`] failed; also put in the extensions of the answer
 /// the buffering layers give it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BodyLimitError {
     /// The body was not whole within the deadline.
     Timeout(Duration),

@@ -11,6 +11,7 @@ use std::fmt;
 
 /// One paid transaction of a bill.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BillLine {
     /// Its line in the file, from 1.
     pub line: usize,
@@ -24,6 +25,7 @@ pub struct BillLine {
 
 /// The paid transactions of a bill; refunds and other rows are skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Bill {
     /// The paid transactions, in the file's order.
     pub lines: Vec<BillLine>,
@@ -33,11 +35,38 @@ pub struct Bill {
 
 /// Why a bill could not be read: the line (0 for the whole file) and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BillError {
     /// The line, from 1; 0 when the file as a whole is wrong.
     pub line: usize,
     /// What is wrong.
     pub message: String,
+}
+
+impl BillLine {
+    /// The bill's line `line` (1-based, as an editor counts): transaction
+    /// `transaction_id` of order `out_trade_no`, paid `amount_minor`
+    /// (minor units, fen).
+    pub fn new(
+        line: usize,
+        transaction_id: impl Into<String>,
+        out_trade_no: impl Into<String>,
+        amount_minor: i64,
+    ) -> Self {
+        Self {
+            line,
+            transaction_id: transaction_id.into(),
+            out_trade_no: out_trade_no.into(),
+            amount_minor,
+        }
+    }
+}
+
+impl Bill {
+    /// A bill of `lines`, `skipped` other rows not read.
+    pub fn new(lines: Vec<BillLine>, skipped: usize) -> Self {
+        Self { lines, skipped }
+    }
 }
 
 impl fmt::Display for BillError {

@@ -9,6 +9,7 @@ use tower_idempotency::key::CapturedRequest;
 /// the channel's bill. Every field is optional: a channel, or a copy, may
 /// not carry it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Business {
     /// The channel's transaction id (WeChat Pay `transaction_id`, Alipay `trade_no`).
     pub transaction_id: Option<String>,
@@ -165,11 +166,7 @@ mod tests {
     use bytes::Bytes;
 
     fn captured(body: &str) -> CapturedRequest {
-        CapturedRequest {
-            body: Bytes::from(body.to_owned()),
-            decrypted: None,
-            verified: false,
-        }
+        CapturedRequest::new(Bytes::from(body.to_owned()), None, false)
     }
 
     #[test]
@@ -192,21 +189,22 @@ mod tests {
         assert!(!b.is_paid());
         // v3: the resource the verify layer decrypted.
         let plain = r#"{"transaction_id":"4200000914","out_trade_no":"S1","trade_state":"SUCCESS","amount":{"total":1,"currency":"CNY"}}"#;
-        let v3 = CapturedRequest {
-            body: Bytes::from_static(b"{}"),
-            decrypted: Some(Bytes::from_static(plain.as_bytes())),
-            verified: true,
-        };
+        let v3 = CapturedRequest::new(
+            Bytes::from_static(b"{}"),
+            Some(Bytes::from_static(plain.as_bytes())),
+            true,
+        );
         let b = Business::read("wechatpay-v3", &v3).unwrap();
         assert_eq!(
             (b.out_trade_no.as_deref(), b.amount_minor),
             (Some("S1"), Some(1))
         );
         let refund = r#"{"transaction_id":"4200000914","out_trade_no":"S1","refund_status":"SUCCESS","amount":{"total":1}}"#;
-        let v3 = CapturedRequest {
-            decrypted: Some(Bytes::from_static(refund.as_bytes())),
-            ..v3
-        };
+        let v3 = CapturedRequest::new(
+            v3.body,
+            Some(Bytes::from_static(refund.as_bytes())),
+            v3.verified,
+        );
         assert!(!Business::read("wechatpay-v3", &v3).unwrap().is_paid());
         // v3 without the decrypted resource: nothing.
         assert_eq!(Business::read("wechatpay-v3", &captured("{}")), None);

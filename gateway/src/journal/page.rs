@@ -78,6 +78,7 @@ impl std::str::FromStr for JournalCursor {
 /// One page of records ([`Journal::page`](super::Journal::page)) and where the next one starts
 /// (`None`: this was the last).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct JournalPage {
     /// The records, oldest last copy first.
     pub records: Vec<JournalRecord>,

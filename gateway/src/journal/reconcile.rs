@@ -11,6 +11,7 @@ use tower_idempotency::Outcome;
 /// What is wrong with one transaction of the bill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FindingKind {
     /// The channel says it was paid; no notification of it ran.
     NeverRan,
@@ -38,6 +39,7 @@ impl FindingKind {
 
 /// One transaction the journal does not account for as the bill does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Finding {
     /// What is wrong.
     pub kind: FindingKind,

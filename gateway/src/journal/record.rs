@@ -7,6 +7,7 @@ use tower_idempotency::Outcome;
 
 /// Everything the journal knows of one stored key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JournalRecord {
     /// The stored key (`prefix:preset:route:principal:key`).
     pub key: String,

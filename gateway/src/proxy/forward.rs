@@ -417,6 +417,7 @@ fn shed(shared: &Shared, max: usize) -> Response<ProxyBody> {
 /// leaves it out, but on the acknowledge-then-deliver routes, whose
 /// deliveries read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UpstreamAnswer {
     /// The upstream's status.
     pub status: StatusCode,

@@ -11,11 +11,19 @@ use tower_idempotency::headers::{connection_named, is_hop_by_hop};
 /// extensions; without it, [`Forward`](super::Forward) adds no
 /// `x-forwarded-for` and says `x-forwarded-proto: http`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClientConn {
     /// The client's address.
     pub addr: SocketAddr,
     /// Whether the client connected over TLS.
     pub tls: bool,
+}
+
+impl ClientConn {
+    /// A client at `addr`, connected over TLS or not.
+    pub const fn new(addr: SocketAddr, tls: bool) -> Self {
+        Self { addr, tls }
+    }
 }
 
 // The names parsed once, at compile time: a `&str` name is parsed and

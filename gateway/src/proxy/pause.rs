@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 
 /// Who paused a route, when and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct PauseInfo {
     /// When it was paused, in milliseconds since the epoch.
     pub since_ms: u64,
@@ -20,6 +21,18 @@ pub struct PauseInfo {
     pub by: String,
     /// Why.
     pub reason: String,
+}
+
+impl PauseInfo {
+    /// Paused at `since_ms` (milliseconds since the epoch) by `by`, for
+    /// `reason`.
+    pub fn new(since_ms: u64, by: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            since_ms,
+            by: by.into(),
+            reason: reason.into(),
+        }
+    }
 }
 
 /// The routes paused now, shared by a [`Gateway`](super::Gateway) and
@@ -31,7 +44,7 @@ pub struct PauseInfo {
 /// use idempotency_gateway::proxy::{PauseInfo, Pauses};
 ///
 /// let pauses = Pauses::new();
-/// let info = PauseInfo { since_ms: 0, by: "ops".into(), reason: "deploy".into() };
+/// let info = PauseInfo::new(0, "ops", "deploy");
 /// pauses.set("/notify/wechat/", Some(info));
 /// assert!(pauses.is_paused("/notify/wechat"));
 /// assert!(pauses.covers("/notify/wechat/v3"));

@@ -50,6 +50,7 @@ struct Entry<T> {
 
 /// Why a prefix was refused by [`RouteTable::insert`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RouteError {
     /// The prefix does not start with `/`.
     NotAbsolute(String),

@@ -24,12 +24,11 @@ async fn same_records_and_no_lost_copy(url: &str) {
     let a = open(url, JournalOptions::new()).await;
     let b = open(url, JournalOptions::new()).await;
     let key = format!("idem:wechatpay-v2:/notify/wx::{tag}");
-    let business = Business {
-        transaction_id: Some(format!("4200{tag}")),
-        out_trade_no: Some("O1".into()),
-        amount_minor: Some(101),
-        trade_state: Some("SUCCESS".into()),
-    };
+    let mut business = Business::default();
+    business.transaction_id = Some(format!("4200{tag}"));
+    business.out_trade_no = Some("O1".into());
+    business.amount_minor = Some(101);
+    business.trade_state = Some("SUCCESS".into());
     a.record(
         JournalEvent::new(
             key.as_str(),

@@ -18,12 +18,12 @@ fn wechatpay_trade_bill_reads_every_paid_row() {
     assert_eq!(bill.lines.len(), 3);
     assert_eq!(
         bill.lines[0],
-        BillLine {
-            line: 2,
-            transaction_id: "4200000925202101284997714292".into(),
-            out_trade_no: "S20210128170702357723".into(),
-            amount_minor: 1,
-        }
+        BillLine::new(
+            2,
+            "4200000925202101284997714292",
+            "S20210128170702357723",
+            1
+        )
     );
     assert_eq!(bill.lines[2].transaction_id, "4200000926202101281412639609");
     // With a BOM and CRLF line ends, as some downloads have them.
@@ -98,18 +98,18 @@ fn alipay_business_detail_reads_gbk_and_skips_refunds() {
     assert_eq!(
         bill.lines,
         vec![
-            BillLine {
-                line: 6,
-                transaction_id: "2019091622001458860515315453".into(),
-                out_trade_no: "service_1568601259302".into(),
-                amount_minor: 1,
-            },
-            BillLine {
-                line: 8,
-                transaction_id: "2019091622001458860515329811".into(),
-                out_trade_no: "service_1568601555317".into(),
-                amount_minor: 1250,
-            },
+            BillLine::new(
+                6,
+                "2019091622001458860515315453",
+                "service_1568601259302",
+                1
+            ),
+            BillLine::new(
+                8,
+                "2019091622001458860515329811",
+                "service_1568601555317",
+                1250
+            ),
         ]
     );
     // The same bill in UTF-8 with ASCII parentheses in the header.
@@ -222,18 +222,13 @@ fn record(
 }
 
 fn line(n: usize, id: &str, amount: i64) -> BillLine {
-    BillLine {
-        line: n,
-        transaction_id: id.into(),
-        out_trade_no: format!("order-{id}"),
-        amount_minor: amount,
-    }
+    BillLine::new(n, id, format!("order-{id}"), amount)
 }
 
 #[test]
 fn reconcile_finds_what_never_ran_ran_twice_or_ran_with_another_amount() {
-    let bill = Bill {
-        lines: vec![
+    let bill = Bill::new(
+        vec![
             line(2, "ok", 100),
             line(3, "missing", 100),
             line(4, "twice", 100),
@@ -241,8 +236,8 @@ fn reconcile_finds_what_never_ran_ran_twice_or_ran_with_another_amount() {
             line(6, "finished", 100),
             line(7, "refunded", 100),
         ],
-        skipped: 0,
-    };
+        0,
+    );
     let alipay = "alipay";
     let records = vec![
         record("k-ok", alipay, "ok", 100, "TRADE_SUCCESS", 1),
@@ -276,10 +271,7 @@ fn reconcile_finds_what_never_ran_ran_twice_or_ran_with_another_amount() {
     assert_eq!(found[1].keys, vec!["k-twice-1", "k-twice-2"]);
     assert_eq!(found[2].journal_amounts_minor, vec![99]);
     // Every record as the bill says: clean.
-    let clean = Bill {
-        lines: vec![line(2, "ok", 100)],
-        skipped: 0,
-    };
+    let clean = Bill::new(vec![line(2, "ok", 100)], 0);
     assert!(reconcile(&clean, &records, &["alipay"]).is_empty());
 }
 
@@ -287,10 +279,7 @@ fn reconcile_finds_what_never_ran_ran_twice_or_ran_with_another_amount() {
 /// ran once a delivery reached the upstream.
 #[test]
 fn a_queued_notification_whose_deliveries_all_failed_never_ran() {
-    let bill = Bill {
-        lines: vec![line(2, "failed", 100), line(3, "delivered", 100)],
-        skipped: 0,
-    };
+    let bill = Bill::new(vec![line(2, "failed", 100), line(3, "delivered", 100)], 0);
     let with_attempts = |key: &str, id: &str, outcomes: serde_json::Value| {
         let mut r = record(key, "wechatpay-v2", id, 100, "SUCCESS", 1);
         r.outcomes = serde_json::from_value(outcomes).unwrap();
@@ -321,10 +310,7 @@ fn a_queued_notification_whose_deliveries_all_failed_never_ran() {
 /// the call finished in the background and the retry was replayed: it ran.
 #[test]
 fn a_call_that_outlived_the_reply_deadline_and_was_replayed_ran() {
-    let bill = Bill {
-        lines: vec![line(2, "late", 100), line(3, "late-lost", 100)],
-        skipped: 0,
-    };
+    let bill = Bill::new(vec![line(2, "late", 100), line(3, "late-lost", 100)], 0);
     let with = |key: &str, id: &str, outcomes: serde_json::Value| {
         let mut r = record(key, "wechatpay-v2", id, 100, "SUCCESS", 0);
         r.outcomes = serde_json::from_value(outcomes).unwrap();
@@ -357,15 +343,15 @@ fn a_call_that_outlived_the_reply_deadline_and_was_replayed_ran() {
 /// instances (`completed` 2) ran twice; one whose first run failed did not.
 #[test]
 fn unverified_records_are_no_proof_and_a_key_that_completed_twice_ran_twice() {
-    let bill = Bill {
-        lines: vec![
+    let bill = Bill::new(
+        vec![
             line(2, "forged", 100),
             line(3, "both", 100),
             line(4, "two-instances", 100),
             line(5, "retried", 100),
         ],
-        skipped: 0,
-    };
+        0,
+    );
     let unverified = |key: &str, id: &str| {
         let mut r = record(key, "wechatpay-v2", id, 100, "SUCCESS", 1);
         r.verified = false;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 /// What a configured preset does with a request that carries no key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum WithoutKey {
     /// The preset's failure reply (the default): the sender retries.
     #[default]

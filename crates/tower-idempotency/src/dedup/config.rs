@@ -53,6 +53,7 @@ pub const MAX_SETTING: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// What to do when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnStoreError {
     /// Answer a retryable failure (503 with `Retry-After`, or the channel's
     /// failure reply) so that the sender comes back later: nothing doubled,

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 /// A key and fingerprint taken from a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Extracted {
     /// The key as the sender gave it (before scoping).
     pub key: String,
@@ -91,6 +92,7 @@ where
 
 /// One field of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Field {
     /// A header.
     Header(HeaderName),
@@ -141,8 +143,28 @@ impl Field {
     }
 }
 
+/// The field as a configured preset's source names it: `header:NAME`,
+/// `json:/POINTER`, `form:FIELD`, `xml:ELEMENT` or `query:NAME`.
+///
+/// ```
+/// use tower_idempotency::key::Field;
+/// assert_eq!(Field::json("/id").to_string(), "json:/id");
+/// ```
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(h) => write!(f, "header:{h}"),
+            Self::Query(q) => write!(f, "query:{q}"),
+            Self::Json(p) => write!(f, "json:{p}"),
+            Self::Form(n) => write!(f, "form:{n}"),
+            Self::Xml(n) => write!(f, "xml:{n}"),
+        }
+    }
+}
+
 /// What the fingerprint of a request covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FingerprintSpec {
     /// Method, path and the raw body: for client APIs.
     Request,

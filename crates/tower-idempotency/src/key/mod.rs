@@ -116,6 +116,7 @@ pub struct FingerprintExtra(pub Bytes);
 /// journal). `decrypted` is the WeChat Pay v3 resource the verify layer
 /// decrypted, when it did. Both are shared (reference-counted), not copied.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CapturedRequest {
     /// The body as received.
     pub body: Bytes,
@@ -124,6 +125,18 @@ pub struct CapturedRequest {
     /// Whether a verify layer checked the sender's signature (the request
     /// carried its `Verified` marker).
     pub verified: bool,
+}
+
+impl CapturedRequest {
+    /// A request of `body`, with the resource a verify layer decrypted
+    /// (`decrypted`) and whether it checked the sender (`verified`).
+    pub fn new(body: Bytes, decrypted: Option<Bytes>, verified: bool) -> Self {
+        Self {
+            body,
+            decrypted,
+            verified,
+        }
+    }
 }
 
 /// The scoped idempotency key of a request, put into its extensions by the

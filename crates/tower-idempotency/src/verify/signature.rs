@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 
 /// The MAC of an [`HmacScheme`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HmacAlgorithm {
     /// HMAC-SHA1 (`hmac-sha1`; GitHub's legacy `X-Hub-Signature`).
     Sha1,
@@ -50,6 +51,7 @@ impl HmacAlgorithm {
 
 /// How a signature is written in its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum SignatureEncoding {
     /// Hexadecimal digits, either case (the default).
     #[default]
@@ -82,6 +84,7 @@ impl SignatureEncoding {
 
 /// How a configured secret is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum SecretEncoding {
     /// The secret's bytes are the key, as they are (the default).
     #[default]

@@ -181,7 +181,7 @@ fn one(t: &FilePreset, at: &At<'_>) -> Result<Configured, String> {
                     Field::Query(_) => true,
                     _ => false,
                 })
-                .map(describe)
+                .map(Field::to_string)
                 .collect();
             let warning = (!unsigned.is_empty()).then(|| {
                 format!(
@@ -201,16 +201,6 @@ fn one(t: &FilePreset, at: &At<'_>) -> Result<Configured, String> {
         unsigned_key,
         own,
     })
-}
-
-fn describe(f: &Field) -> String {
-    match f {
-        Field::Header(h) => format!("header:{h}"),
-        Field::Query(q) => format!("query:{q}"),
-        Field::Json(p) => format!("json:{p}"),
-        Field::Form(n) => format!("form:{n}"),
-        Field::Xml(n) => format!("xml:{n}"),
-    }
 }
 
 /// `header:NAME | json:/POINTER | form:FIELD | xml:ELEMENT | query:NAME`.

@@ -103,10 +103,7 @@ pub async fn accept_until(
             () = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn = ClientConn {
-            addr: peer,
-            tls: limits.tls.is_some(),
-        };
+        let conn = ClientConn::new(peer, limits.tls.is_some());
         // Bumped by each request: a connection that got none for a while
         // is closed (HTTP/2 has no header timeout between streams).
         let requests = Arc::new(AtomicUsize::new(0));

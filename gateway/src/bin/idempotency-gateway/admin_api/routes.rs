@@ -102,19 +102,17 @@ pub(super) async fn route_pause(State(calls): State<Calls>, Pairs(q): Pairs) -> 
         Err(res) => return *res,
     };
     let since_ms = crate::admin_dead::ms_of(SystemTime::now());
-    let info = idempotency_gateway::proxy::PauseInfo {
-        since_ms,
-        by: param(&q, "by")
-            .unwrap_or("admin API")
-            .chars()
-            .take(200)
-            .collect(),
-        reason: param(&q, "reason")
-            .unwrap_or("")
-            .chars()
-            .take(1000)
-            .collect(),
-    };
+    let by: String = param(&q, "by")
+        .unwrap_or("admin API")
+        .chars()
+        .take(200)
+        .collect();
+    let reason: String = param(&q, "reason")
+        .unwrap_or("")
+        .chars()
+        .take(1000)
+        .collect();
+    let info = idempotency_gateway::proxy::PauseInfo::new(since_ms, by, reason);
     match routes.keeper.pause(prefix, info.clone()).await {
         Ok(()) => {
             info!(route = prefix, by = %info.by, reason = %info.reason, "admin: route paused");
