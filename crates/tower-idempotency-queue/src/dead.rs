@@ -3,8 +3,8 @@
 
 use super::attempts::History;
 use super::embedded::{Embedded, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS};
-use super::records::{decode_dead, err, queue_now, time_of, Marker};
-use super::{DeadLetter, Delivery, QueueError};
+use super::records::{decode_dead, err, fail, queue_now, time_of, Marker};
+use super::{DeadLetter, Delivery, QueueError, QueueErrorKind};
 use redb::{ReadableTable, WriteTransaction};
 
 impl Embedded {
@@ -17,7 +17,8 @@ impl Embedded {
             return Ok(false);
         };
         let history = Self::history(txn, id)?;
-        let message = Self::remove(txn, id)?.ok_or_else(|| err("entry without message"))?;
+        let message = Self::remove(txn, id)?
+            .ok_or_else(|| fail(QueueErrorKind::Corrupt, "entry without message"))?;
         Self::bury(txn, id, s.attempts, error, &message, history.as_deref())?;
         // The key stays marked (as live): a copy arriving now is a duplicate.
         Ok(true)

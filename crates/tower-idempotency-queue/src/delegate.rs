@@ -77,7 +77,7 @@ macro_rules! embedded_queue {
                 let q = self.inner.clone();
                 tokio::task::spawn_blocking(move || q.dead_letters(limit))
                     .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
+                    .map_err(|e| QueueError::backend("embedded queue", e))?
             }
 
             async fn dead_page(
@@ -90,7 +90,7 @@ macro_rules! embedded_queue {
                 let q = self.inner.clone();
                 tokio::task::spawn_blocking(move || q.dead_page(after, limit))
                     .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
+                    .map_err(|e| QueueError::backend("embedded queue", e))?
             }
 
             async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
@@ -100,7 +100,7 @@ macro_rules! embedded_queue {
                 let q = self.inner.clone();
                 tokio::task::spawn_blocking(move || q.find_dead(id))
                     .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
+                    .map_err(|e| QueueError::backend("embedded queue", e))?
             }
 
             async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
@@ -129,7 +129,7 @@ macro_rules! embedded_queue {
                 let q = self.inner.clone();
                 tokio::task::spawn_blocking(move || q.stats())
                     .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
+                    .map_err(|e| QueueError::backend("embedded queue", e))?
             }
 
             async fn forget(&self, key: &str) -> Result<bool, QueueError> {
@@ -139,7 +139,7 @@ macro_rules! embedded_queue {
                 self.inner
                     .grouped(move |txn| Embedded::forget(txn, &key))
                     .await?
-                    .map_err(QueueError::new)
+                    .map_err(|why| QueueError::new($crate::QueueErrorKind::Conflict, why))
             }
         }
 
@@ -170,7 +170,7 @@ macro_rules! embedded_queue {
                 let q = self.inner.clone();
                 tokio::task::spawn_blocking(move || q.parked())
                     .await
-                    .map_err(|e| QueueError::new(e.to_string()))?
+                    .map_err(|e| QueueError::backend("embedded queue", e))?
             }
         }
     };

@@ -651,7 +651,7 @@ mod tests {
         fn open(&self) -> Result<Database, QueueError> {
             Database::builder()
                 .create_with_backend(self.clone())
-                .map_err(|e| QueueError::unwritable(e.to_string()))
+                .map_err(|e| QueueError::unwritable(e.to_string()).with_source(e))
         }
     }
 

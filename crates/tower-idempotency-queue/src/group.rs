@@ -5,10 +5,10 @@
 //! it was told is true after a crash, and concurrent callers cost one disk
 //! flush per group instead of one each.
 
-use super::records::err;
+use super::records::{self, err};
 use super::reopen::{poisoned, Db};
 use super::room::is_full;
-use super::QueueError;
+use super::{QueueError, QueueErrorKind};
 use redb::{CommitError, Database, StorageError, WriteTransaction};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
@@ -80,7 +80,10 @@ where
 
     fn reply(self: Box<Self>, committed: Result<(), QueueError>) {
         let this = *self;
-        let result = committed.and_then(|()| this.out.ok_or_else(|| err("change not run")));
+        let result = committed.and_then(|()| {
+            this.out
+                .ok_or_else(|| records::fail(QueueErrorKind::Other, "change not run"))
+        });
         // The caller may have gone (cancelled): the change stays committed.
         let _ = this.reply.send(result);
     }
@@ -138,7 +141,10 @@ impl Committer {
         F: FnMut(&WriteTransaction) -> Result<T, QueueError> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or_else(|| err("closed"))?;
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| records::fail(QueueErrorKind::Unavailable, "closed"))?;
         tx.send(Box::new(Call {
             change,
             out: None,
@@ -146,8 +152,9 @@ impl Committer {
             kind,
             held: None,
         }))
-        .map_err(|_| err("commit thread stopped"))?;
-        rx.await.map_err(|_| err("commit thread stopped"))?
+        .map_err(|_| records::fail(QueueErrorKind::Unavailable, "commit thread stopped"))?;
+        rx.await
+            .map_err(|_| records::fail(QueueErrorKind::Unavailable, "commit thread stopped"))?
     }
 }
 
@@ -215,7 +222,10 @@ fn serve(db: &Db, rx: &mpsc::Receiver<Job>) {
         }
     }
     if let Some(c) = closed {
-        fail(c.held, &err("closed"));
+        fail(
+            c.held,
+            &records::fail(QueueErrorKind::Unavailable, "closed"),
+        );
     }
 }
 
@@ -354,7 +364,7 @@ fn commit_group(db: &Db, mut jobs: Vec<Job>) -> Result<(), (Failure, Vec<Job>)> 
         }
     };
     let failure = Failure {
-        error: QueueError::unwritable(failed.error.to_string()),
+        error: QueueError::unwritable(failed.error.to_string()).with_source(failed.error),
         full: failed.full,
     };
     Err((failure, jobs))

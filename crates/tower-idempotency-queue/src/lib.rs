@@ -77,6 +77,7 @@ mod dead;
 mod delegate;
 mod either;
 mod embedded;
+mod error;
 mod group;
 mod health;
 #[cfg(feature = "nats")]
@@ -108,6 +109,7 @@ pub use self::amqp::AmqpQueue;
 pub use self::redb::RedbQueue;
 pub use attempts::{Attempt, MAX_ATTEMPTS_KEPT, MAX_ERROR_LEN};
 pub use breaker::{BreakerRule, BreakerState};
+pub use error::{QueueError, QueueErrorKind};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
@@ -226,47 +228,6 @@ pub struct QueueStats {
     /// opened.
     pub write_errors: u64,
 }
-
-/// Why a queue call failed.
-#[derive(Debug, Clone)]
-pub struct QueueError {
-    message: Arc<str>,
-    unwritable: bool,
-}
-
-impl QueueError {
-    /// A new error.
-    pub fn new(message: impl Into<Arc<str>>) -> Self {
-        Self {
-            message: message.into(),
-            unwritable: false,
-        }
-    }
-
-    /// The queue cannot store anything now (its disk is full or failing,
-    /// or it keeps its reserve of free space), and says so itself while
-    /// it lasts: a warning a minute, `idempotency_queue_writable` at 0.
-    pub fn unwritable(message: impl Into<Arc<str>>) -> Self {
-        Self {
-            unwritable: true,
-            ..Self::new(message)
-        }
-    }
-
-    /// Whether this is an [`unwritable`](Self::unwritable) error: the queue
-    /// reports the condition, so a caller need not log each failure.
-    pub fn is_unwritable(&self) -> bool {
-        self.unwritable
-    }
-}
-
-impl fmt::Display for QueueError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for QueueError {}
 
 /// A durable queue of notifications.
 ///
@@ -523,6 +484,7 @@ pub trait Queue: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
         let _ = id;
         std::future::ready(Err(QueueError::new(
+            QueueErrorKind::Unsupported,
             "this queue cannot delete dead letters",
         )))
     }
@@ -550,7 +512,10 @@ pub trait Queue: Clone + Send + Sync + 'static {
     /// keep the key while its caller is told it was forgotten.
     fn forget(&self, key: &str) -> impl Future<Output = Result<bool, QueueError>> + Send {
         let _ = key;
-        std::future::ready(Err(QueueError::new("this queue cannot forget keys")))
+        std::future::ready(Err(QueueError::new(
+            QueueErrorKind::Unsupported,
+            "this queue cannot forget keys",
+        )))
     }
 }
 

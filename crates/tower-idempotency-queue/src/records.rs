@@ -1,12 +1,18 @@
 //! The byte layouts of the embedded queue's records.
 
 use super::attempts::dead_letter;
-use super::{DeadLetter, EntryId, Message, QueueError};
+use super::{DeadLetter, EntryId, Message, QueueError, QueueErrorKind};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A redb (or record layout) failure as a queue error.
-pub(super) fn err(e: impl std::fmt::Display) -> QueueError {
-    QueueError::new(format!("embedded queue: {e}"))
+/// A redb failure as a queue error, kept as the source.
+pub(super) fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
+    QueueError::backend("embedded queue", e)
+}
+
+/// A failure of the embedded queue's own (a record that does not decode:
+/// [`Corrupt`](QueueErrorKind::Corrupt)), of `kind`.
+pub(super) fn fail(kind: QueueErrorKind, why: impl std::fmt::Display) -> QueueError {
+    QueueError::new(kind, format!("embedded queue: {why}"))
 }
 
 /// Now, in milliseconds since the Unix epoch (the unit of every stored time).
@@ -81,7 +87,7 @@ impl State {
         let u64_at = |i: usize| -> Result<u64, QueueError> {
             Ok(u64::from_le_bytes(
                 b.get(i..i + 8)
-                    .ok_or_else(|| err("short state"))?
+                    .ok_or_else(|| fail(QueueErrorKind::Corrupt, "short state"))?
                     .try_into()
                     .map_err(err)?,
             ))
@@ -89,7 +95,7 @@ impl State {
         Ok(Self {
             attempts: u32::from_le_bytes(
                 b.get(..4)
-                    .ok_or_else(|| err("short state"))?
+                    .ok_or_else(|| fail(QueueErrorKind::Corrupt, "short state"))?
                     .try_into()
                     .map_err(err)?,
             ),
@@ -133,7 +139,7 @@ pub(super) fn decode_dead(
     b: &[u8],
     history: Option<&str>,
 ) -> Result<DeadLetter, QueueError> {
-    let bad = || err("unreadable dead letter");
+    let bad = || fail(QueueErrorKind::Corrupt, "unreadable dead letter");
     let attempts = u32::from_le_bytes(b.get(..4).ok_or_else(bad)?.try_into().map_err(err)?);
     let dead_at = u64::from_le_bytes(b.get(4..12).ok_or_else(bad)?.try_into().map_err(err)?);
     let len = u32::from_le_bytes(b.get(12..16).ok_or_else(bad)?.try_into().map_err(err)?) as usize;

@@ -51,8 +51,9 @@ impl RedbQueue {
     /// Opens the queue file at `path`, creating it if it does not exist.
     /// Fails if another process has it open.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, QueueError> {
-        let db = redb::Database::create(path.as_ref())
-            .map_err(|e| QueueError::new(format!("open {}: {e}", path.as_ref().display())))?;
+        let db = redb::Database::create(path.as_ref()).map_err(|e| {
+            QueueError::backend(format_args!("open {}", path.as_ref().display()), e)
+        })?;
         Ok(Self {
             inner: Embedded::new(
                 db,

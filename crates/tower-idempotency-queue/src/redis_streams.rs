@@ -8,7 +8,7 @@ use super::redis_scripts::{
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueStats,
+    QueueErrorKind, QueueStats,
 };
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
@@ -82,8 +82,14 @@ const REPLICA_WAIT: Duration = Duration::from_millis(250);
 /// One stream entry as `XRANGE` answers it: its id and its fields.
 type StreamEntry = (String, HashMap<String, Value>);
 
-fn err(e: impl fmt::Display) -> QueueError {
-    QueueError::new(format!("redis queue: {e}"))
+/// A Redis error, kept as the source.
+fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
+    QueueError::backend("redis queue", e)
+}
+
+/// A failure of this queue's own, of `kind`.
+fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
+    QueueError::new(kind, format!("redis queue: {why}"))
 }
 
 use super::records::now_ms;
@@ -260,10 +266,13 @@ where
                 .await
                 .map_err(err)?;
             if acked < self.replicas {
-                return Err(err(format!(
-                    "{acked} of {} replicas hold the entry after {REPLICA_WAIT:?}",
-                    self.replicas
-                )));
+                return Err(fail(
+                    QueueErrorKind::Timeout,
+                    format_args!(
+                        "{acked} of {} replicas hold the entry after {REPLICA_WAIT:?}",
+                        self.replicas
+                    ),
+                ));
             }
         }
         Ok(got)
@@ -550,7 +559,12 @@ where
         let start = match after {
             None => "-".to_owned(),
             Some(a) if is_stream_id(a.as_str()) => format!("({a}"),
-            Some(_) => return Err(QueueError::new("not a dead letter id of this queue")),
+            Some(_) => {
+                return Err(fail(
+                    QueueErrorKind::Invalid,
+                    "not a dead letter id of this queue",
+                ))
+            }
         };
         let rows: Vec<StreamEntry> = ::redis::cmd("XRANGE")
             .arg(self.key("d"))
@@ -652,6 +666,7 @@ where
             .map_err(err)?;
         match got {
             -1 => Err(QueueError::new(
+                QueueErrorKind::Conflict,
                 "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
             )),
             n => Ok(n == 1),

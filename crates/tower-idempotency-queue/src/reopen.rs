@@ -17,8 +17,8 @@
 //! commit is durable (see [`Db::reopened`]).
 
 use super::health::Health;
-use super::records::err;
-use super::QueueError;
+use super::records::{err, fail};
+use super::{QueueError, QueueErrorKind};
 use redb::{Database, StorageError, TransactionError, WriteTransaction};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,7 +112,10 @@ impl Db {
         #[cfg(not(test))]
         let opener: Option<&fn() -> Result<Database, QueueError>> = None;
         if self.path.is_none() && opener.is_none() {
-            return Err(err("in memory: nothing to reopen"));
+            return Err(fail(
+                QueueErrorKind::Unsupported,
+                "in memory: nothing to reopen",
+            ));
         }
         let taken = self
             .current
@@ -134,18 +137,27 @@ impl Db {
                     }
                     Err(still) => {
                         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(still);
-                        return Err(err("reads still hold the old file"));
+                        return Err(fail(
+                            QueueErrorKind::Unwritable,
+                            "reads still hold the old file",
+                        ));
                     }
                 }
             }
         }
         let db = match (&self.path, opener) {
-            (Some(path), _) => Database::create(path)
-                .map_err(|e| QueueError::unwritable(format!("reopen {}: {e}", path.display())))?,
+            (Some(path), _) => Database::create(path).map_err(|e| {
+                QueueError::unwritable(format!("reopen {}: {e}", path.display())).with_source(e)
+            })?,
             (None, Some(open)) => open()?,
-            (None, None) => return Err(err("in memory: nothing to reopen")),
+            (None, None) => {
+                return Err(fail(
+                    QueueErrorKind::Unsupported,
+                    "in memory: nothing to reopen",
+                ));
+            }
         };
-        tables(&db).map_err(|e| QueueError::unwritable(e.to_string()))?;
+        tables(&db).map_err(|e| QueueError::unwritable(e.to_string()).with_source(e))?;
         self.reopened.store(true, Ordering::Release);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(db));
         Ok(())

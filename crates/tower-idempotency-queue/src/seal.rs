@@ -13,7 +13,7 @@
 
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueStats,
+    QueueErrorKind, QueueStats,
 };
 use ring::hmac;
 use std::fmt;
@@ -45,10 +45,13 @@ impl QueueKey {
     /// A key from a shared secret of at least [`MIN_SECRET_LEN`] bytes.
     pub fn new(secret: &[u8]) -> Result<Self, QueueError> {
         if secret.len() < MIN_SECRET_LEN {
-            return Err(QueueError::new(format!(
-                "a queue secret needs at least {MIN_SECRET_LEN} bytes, got {}",
-                secret.len()
-            )));
+            return Err(QueueError::new(
+                QueueErrorKind::Invalid,
+                format!(
+                    "a queue secret needs at least {MIN_SECRET_LEN} bytes, got {}",
+                    secret.len()
+                ),
+            ));
         }
         Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, secret)))
     }
@@ -57,12 +60,13 @@ impl QueueKey {
     /// written with `echo` ends with a newline).
     pub fn from_file(path: &Path) -> Result<Self, QueueError> {
         let raw = std::fs::read(path)
-            .map_err(|e| QueueError::new(format!("cannot read {}: {e}", path.display())))?;
+            .map_err(|e| QueueError::backend(format_args!("cannot read {}", path.display()), e))?;
         let end = raw
             .iter()
             .rposition(|b| !b.is_ascii_whitespace())
             .map_or(0, |i| i + 1);
-        Self::new(&raw[..end]).map_err(|e| QueueError::new(format!("{}: {e}", path.display())))
+        Self::new(&raw[..end])
+            .map_err(|e| QueueError::new(e.kind(), format!("{}: {e}", path.display())))
     }
 
     /// The key in `path`, made (32 random bytes, hex, readable by the
@@ -71,11 +75,16 @@ impl QueueKey {
     pub fn load_or_create(path: &Path) -> Result<Self, QueueError> {
         if !path.exists() {
             let mut secret = [0u8; 32];
-            getrandom::fill(&mut secret)
-                .map_err(|e| QueueError::new(format!("no random bytes for a queue key: {e}")))?;
+            getrandom::fill(&mut secret).map_err(|e| {
+                QueueError::new(
+                    QueueErrorKind::Unavailable,
+                    format!("no random bytes for a queue key: {e}"),
+                )
+            })?;
             let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-            write_private(path, hex.as_bytes())
-                .map_err(|e| QueueError::new(format!("cannot write {}: {e}", path.display())))?;
+            write_private(path, hex.as_bytes()).map_err(|e| {
+                QueueError::backend(format_args!("cannot write {}", path.display()), e)
+            })?;
         }
         Self::from_file(path)
     }

@@ -7,7 +7,7 @@
 
 use super::breaker::{BreakerRule, BreakerState};
 use super::worker::Config;
-use super::{Queue, QueueError};
+use super::{Queue, QueueError, QueueErrorKind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,9 +22,12 @@ pub(super) async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, QueueError>>,
 ) -> Result<T, QueueError> {
     let bound = super::worker::renew_every(config.lease) / 2;
-    tokio::time::timeout(bound, call)
-        .await
-        .unwrap_or_else(|_| Err(QueueError::new(format!("{what} timed out after {bound:?}"))))
+    tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
+        Err(QueueError::new(
+            QueueErrorKind::Timeout,
+            format!("{what} timed out after {bound:?}"),
+        ))
+    })
 }
 
 /// The lane's shared slot and turn, when its pace has a concurrency or

@@ -26,8 +26,8 @@ use tower::ServiceExt;
 use tower_idempotency::store::MemoryStore;
 use tower_idempotency::{IdempotencyKey, Outcome, Preset};
 use tower_idempotency_queue::{
-    DeadLetter, Delivery, EntryId, Ingested, MemoryQueue, Message, Queue, QueueError, QueueStats,
-    RedbQueue, Worker,
+    DeadLetter, Delivery, EntryId, Ingested, MemoryQueue, Message, Queue, QueueError,
+    QueueErrorKind, QueueStats, RedbQueue, Worker,
 };
 
 /// WeChat Pay's success reply.
@@ -58,31 +58,31 @@ struct Broken;
 
 impl Queue for Broken {
     async fn ingest(&self, _m: Message) -> Result<Ingested, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn fetch(&self, _n: usize, _l: Duration) -> Result<Vec<Delivery>, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn ack(&self, _d: &Delivery) -> Result<bool, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn retry(&self, _d: &Delivery, _a: Duration, _e: &str) -> Result<bool, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn dead_letter(&self, _d: &Delivery, _e: &str) -> Result<bool, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn dead_letters(&self, _n: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn replay(&self, _id: &EntryId) -> Result<bool, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn replay_all(&self) -> Result<usize, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
     async fn stats(&self) -> Result<QueueStats, QueueError> {
-        Err(QueueError::new("disk full"))
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
 }
 

@@ -2,11 +2,11 @@
 //! declared on every connect, and publishing with publisher confirms (an
 //! entry's properties are `entry`'s).
 
-use super::super::{Message, QueueError};
+use super::super::{Message, QueueError, QueueErrorKind};
 use super::entry::Envelope;
 use super::{
     delay::{MAX_DELAY, MIN_DELAY},
-    err, AmqpQueue,
+    err, fail, AmqpQueue,
 };
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
@@ -14,7 +14,6 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use std::fmt;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -125,7 +124,7 @@ impl<S: Store> AmqpQueue<S> {
         }
         let mut slot = tokio::time::timeout(EXCHANGE_LIMIT, self.inner.link.lock())
             .await
-            .map_err(|_| err("still connecting to the broker"))?;
+            .map_err(|_| fail(QueueErrorKind::Timeout, "still connecting to the broker"))?;
         // Connected by the caller this one waited for.
         if let Some(link) = self.live() {
             return Ok(link);
@@ -133,7 +132,10 @@ impl<S: Store> AmqpQueue<S> {
         if let Some((at, why)) = &slot.failed
             && at.elapsed() < RECONNECT_PAUSE
         {
-            return Err(err(format_args!("not connected: {why}")));
+            return Err(fail(
+                QueueErrorKind::Unavailable,
+                format_args!("not connected: {why}"),
+            ));
         }
         let stalled = self.inner.stalled.load(Ordering::Relaxed);
         let old = self
@@ -168,9 +170,10 @@ impl<S: Store> AmqpQueue<S> {
         let connected = tokio::time::timeout(CONNECT_LIMIT, connecting)
             .await
             .unwrap_or_else(|_| {
-                Err(err(format_args!(
-                    "connecting took longer than {CONNECT_LIMIT:?}"
-                )))
+                Err(fail(
+                    QueueErrorKind::Timeout,
+                    format_args!("connecting took longer than {CONNECT_LIMIT:?}"),
+                ))
             });
         let (conn, publish, take) = match connected {
             Ok(connected) => connected,
@@ -220,19 +223,22 @@ impl<S: Store> AmqpQueue<S> {
     /// `generation`, within [`EXCHANGE_LIMIT`]; `what` names it in the
     /// error. No answer in time: that connection is forgotten, so the next
     /// call connects again.
-    pub(super) async fn bounded<T, E: fmt::Display>(
+    pub(super) async fn bounded<T, E: std::error::Error + Send + Sync + 'static>(
         &self,
         generation: u64,
         what: &str,
         exchange: impl Future<Output = Result<T, E>>,
     ) -> Result<T, QueueError> {
         match tokio::time::timeout(EXCHANGE_LIMIT, exchange).await {
-            Ok(answer) => answer.map_err(|e| err(format_args!("{what}: {e}"))),
+            Ok(answer) => {
+                answer.map_err(|e| QueueError::backend(format_args!("amqp queue: {what}"), e))
+            }
             Err(_) => {
                 self.broken(generation);
-                Err(err(format_args!(
-                    "the broker did not answer {what} within {EXCHANGE_LIMIT:?}"
-                )))
+                Err(fail(
+                    QueueErrorKind::Timeout,
+                    format_args!("the broker did not answer {what} within {EXCHANGE_LIMIT:?}"),
+                ))
             }
         }
     }
@@ -310,7 +316,10 @@ impl<S: Store> AmqpQueue<S> {
     ) -> Result<(), QueueError> {
         match self.bounded(generation, "an acknowledgement", ack).await? {
             true => Ok(()),
-            false => Err(err("the channel closed before the broker was told")),
+            false => Err(fail(
+                QueueErrorKind::Unavailable,
+                "the channel closed before the broker was told",
+            )),
         }
     }
 
@@ -372,12 +381,15 @@ impl<S: Store> AmqpQueue<S> {
         }
         match confirmed? {
             lapin::Confirmation::Ack(None) => Ok(()),
-            lapin::Confirmation::Ack(Some(_)) => Err(err(format!(
-                "the broker could not route the entry to `{routing_key}`"
-            ))),
-            other => Err(err(format!(
-                "the broker did not confirm the entry: {other:?}"
-            ))),
+            lapin::Confirmation::Ack(Some(_)) => Err(fail(
+                QueueErrorKind::Other,
+                format_args!("the broker could not route the entry to `{routing_key}`"),
+            )),
+            // Nacked: the broker could not store it now.
+            other => Err(fail(
+                QueueErrorKind::Unavailable,
+                format_args!("the broker did not confirm the entry: {other:?}"),
+            )),
         }
     }
 }

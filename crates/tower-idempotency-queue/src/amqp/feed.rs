@@ -6,7 +6,8 @@
 
 use super::super::QueueError;
 use super::connection::{string, Link};
-use super::{err, AmqpQueue};
+use super::{err, fail, AmqpQueue};
+use crate::QueueErrorKind;
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions,
@@ -41,7 +42,12 @@ impl Feed {
                 None => return Ok(()),
                 Some(Some(Ok(d))) => self.pending.push_back((d, Instant::now())),
                 Some(Some(Err(e))) => return Err(err(e)),
-                Some(None) => return Err(err("the broker cancelled the consumer")),
+                Some(None) => {
+                    return Err(fail(
+                        QueueErrorKind::Unavailable,
+                        "the broker cancelled the consumer",
+                    ));
+                }
             }
         }
     }
@@ -98,7 +104,12 @@ impl<S: Store> AmqpQueue<S> {
                     match got {
                         Some(Ok(d)) => feed.pending.push_back((d, Instant::now())),
                         Some(Err(e)) => return Err(err(e)),
-                        None => return Err(err("the broker cancelled the consumer")),
+                        None => {
+                            return Err(fail(
+                                QueueErrorKind::Unavailable,
+                                "the broker cancelled the consumer",
+                            ));
+                        }
                     }
                     feed.drain()?;
                 }

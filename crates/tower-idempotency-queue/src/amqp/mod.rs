@@ -22,7 +22,9 @@ use self::entry::{
 };
 use self::records::DELIVERED;
 use super::attempts::History;
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
+use super::{
+    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind, QueueStats,
+};
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
 use std::fmt;
@@ -31,8 +33,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tower_idempotency::store::{OwnerToken, Store};
 
-fn err(e: impl fmt::Display) -> QueueError {
-    QueueError::new(format!("amqp queue: {e}"))
+/// A RabbitMQ (or store) error, kept as the source.
+fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
+    QueueError::backend("amqp queue", e)
+}
+
+/// A failure of this queue's own, of `kind`.
+fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
+    QueueError::new(kind, format!("amqp queue: {why}"))
 }
 
 use super::records::now_ms;

@@ -2,7 +2,8 @@
 //! [`Store`], which follow an entry from queued to delivered or dead.
 
 use super::super::{Ingested, Message, QueueError};
-use super::{err, AmqpQueue};
+use super::{err, fail, AmqpQueue};
+use crate::QueueErrorKind;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
@@ -103,19 +104,25 @@ impl<S: Store> AmqpQueue<S> {
                 Ok(false)
             }
             Claim::InFlight { .. } => Err(QueueError::new(
+                QueueErrorKind::Conflict,
                 "still queued: a copy is being queued now",
             )),
             Claim::Completed(rec) if rec.response.status == DELIVERED => {
                 match store.forget(&rk).await.map_err(err)? {
                     Forgotten::Deleted => Ok(true),
                     Forgotten::Absent => Ok(false),
-                    _ => Err(QueueError::new("still queued: a copy is being queued now")),
+                    _ => Err(QueueError::new(
+                        QueueErrorKind::Conflict,
+                        "still queued: a copy is being queued now",
+                    )),
                 }
             }
             Claim::Completed(rec) if rec.response.status == DEAD => Err(QueueError::new(
+                QueueErrorKind::Conflict,
                 "dead-lettered: replay it from the dead letters instead",
             )),
             Claim::Completed(_) => Err(QueueError::new(
+                QueueErrorKind::Conflict,
                 "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
             )),
             _ => Err(err(UNKNOWN_CLAIM)),
@@ -151,7 +158,10 @@ impl<S: Store> AmqpQueue<S> {
                     // Another copy is publishing: its outcome decides.
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(err("another copy of this key is still being queued"));
+                        return Err(fail(
+                            QueueErrorKind::Timeout,
+                            "another copy of this key is still being queued",
+                        ));
                     }
                     let _ = tokio::time::timeout(left, watch.changed()).await;
                 }

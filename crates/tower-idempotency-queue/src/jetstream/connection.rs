@@ -2,7 +2,8 @@
 //! and the buckets it creates.
 
 use super::AtomicU64;
-use super::{err, Arc, Duration, HashMap, Inner, JetStreamQueue, Mutex, QueueError};
+use super::{err, err_in, fail, Arc, Duration, HashMap, Inner, JetStreamQueue, Mutex, QueueError};
+use crate::QueueErrorKind;
 use async_nats::jetstream::{self, consumer, kv, stream};
 
 /// The consumer every gateway of a queue shares.
@@ -94,7 +95,7 @@ impl JetStreamQueueBuilder {
     pub async fn connect(self, url: &str) -> Result<JetStreamQueue, QueueError> {
         let addr: async_nats::ServerAddr = url
             .parse()
-            .map_err(|_| err("not a nats://HOST:PORT address"))?;
+            .map_err(|_| fail(QueueErrorKind::Invalid, "not a nats://HOST:PORT address"))?;
         // The client does not read credentials from the address itself.
         let mut options = async_nats::ConnectOptions::new().name("tower-idempotency");
         match (addr.username(), addr.password()) {
@@ -126,7 +127,7 @@ impl JetStreamQueueBuilder {
                 ..Default::default()
             })
             .await
-            .map_err(|e| err(format!("the stream IDEM_{base}: {e}")))?;
+            .map_err(|e| err_in(format_args!("the stream IDEM_{base}"), e))?;
         let dead = js
             .get_or_create_stream(stream::Config {
                 name: format!("IDEM_{base}_DEAD"),
@@ -137,7 +138,7 @@ impl JetStreamQueueBuilder {
                 ..Default::default()
             })
             .await
-            .map_err(|e| err(format!("the stream IDEM_{base}_DEAD: {e}")))?;
+            .map_err(|e| err_in(format_args!("the stream IDEM_{base}_DEAD"), e))?;
         let config = consumer::pull::Config {
             durable_name: Some(CONSUMER.to_owned()),
             filter_subject: subject.clone(),
@@ -155,9 +156,10 @@ impl JetStreamQueueBuilder {
                 if c.cached_info().config.ack_wait != self.lease {
                     // The same durable again with the new ack wait (an
                     // update, on servers that allow it).
-                    queue.create_consumer(config).await.map_err(|e| {
-                        err(format!("the consumer's ack wait is not this lease: {e}"))
-                    })?
+                    queue
+                        .create_consumer(config)
+                        .await
+                        .map_err(|e| err_in("the consumer's ack wait is not this lease", e))?
                 } else {
                     c
                 }
@@ -165,7 +167,7 @@ impl JetStreamQueueBuilder {
             Err(_) => queue
                 .get_or_create_consumer(CONSUMER, config)
                 .await
-                .map_err(|e| err(format!("the consumer {CONSUMER}: {e}")))?,
+                .map_err(|e| err_in(format_args!("the consumer {CONSUMER}"), e))?,
         };
         let keys = bucket(&js, format!("IDEM_{base}_KEYS"), self.window, self.replicas).await?;
         let pace = bucket(
@@ -219,10 +221,10 @@ async fn bucket(
         ..Default::default()
     })
     .await
-    .map_err(|e| err(format!("the bucket {name}: {e}")))?;
+    .map_err(|e| err_in(format_args!("the bucket {name}"), e))?;
     js.get_key_value(name.clone())
         .await
-        .map_err(|e| err(format!("the bucket {name}: {e}")))
+        .map_err(|e| err_in(format_args!("the bucket {name}"), e))
 }
 
 impl JetStreamQueue {

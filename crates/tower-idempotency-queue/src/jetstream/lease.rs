@@ -3,9 +3,10 @@
 //! server's answer.
 
 use super::{
-    err, hashed, ms_of, now_ms, Delivery, Held, JetStreamQueue, QueueError, H_BASE, H_DUE,
+    err, fail, hashed, ms_of, now_ms, Delivery, Held, JetStreamQueue, QueueError, H_BASE, H_DUE,
     H_HISTORY,
 };
+use crate::QueueErrorKind;
 use async_nats::jetstream::AckKind;
 use async_nats::HeaderValue;
 use bytes::Bytes;
@@ -64,7 +65,12 @@ impl JetStreamQueue {
             self.inner.client.request(reply.to_owned(), payload),
         )
         .await
-        .map_err(|_| err("the server did not answer the settlement"))?
+        .map_err(|_| {
+            fail(
+                QueueErrorKind::Timeout,
+                "the server did not answer the settlement",
+            )
+        })?
         .map_err(err)?;
         Ok(())
     }

@@ -2,8 +2,9 @@
 //! whether a copy is queued, a duplicate or a mismatch, and what a key's
 //! entry became (delivered, dead-lettered, replayed, forgotten).
 
-use super::{err, now_ms, unique, Ingested, JetStreamQueue, Message, QueueError};
+use super::{err, fail, now_ms, unique, Ingested, JetStreamQueue, Message, QueueError};
 use super::{pace::CAS_TRIES, EntryId};
+use crate::QueueErrorKind;
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -96,7 +97,10 @@ impl JetStreamQueue {
                 return Ok(());
             }
         }
-        Err(err("the key's marker kept changing"))
+        Err(fail(
+            QueueErrorKind::Conflict,
+            "the key's marker kept changing",
+        ))
     }
 
     pub(super) async fn ingest_keyed(&self, message: Message) -> Result<Ingested, QueueError> {
@@ -132,7 +136,7 @@ impl JetStreamQueue {
                         continue;
                     }
                     let Some(cur) = Marker::decode(&entry.value) else {
-                        return Err(err("unreadable key marker"));
+                        return Err(fail(QueueErrorKind::Corrupt, "unreadable key marker"));
                     };
                     if cur.fingerprint != fp {
                         return Ok(Ingested::Mismatch);
@@ -161,7 +165,10 @@ impl JetStreamQueue {
                 Err(e) => return Err(err(e)),
             }
         }
-        Err(err("the key's marker kept changing"))
+        Err(fail(
+            QueueErrorKind::Conflict,
+            "the key's marker kept changing",
+        ))
     }
 
     /// Deletes the marker `marker` if it says dead-lettered.
@@ -198,6 +205,7 @@ impl JetStreamQueue {
                 Ok(true)
             }
             _ => Err(QueueError::new(
+                QueueErrorKind::Conflict,
                 "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
             )),
         }

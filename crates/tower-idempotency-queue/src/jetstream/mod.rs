@@ -9,7 +9,9 @@ mod pace;
 pub use connection::JetStreamQueueBuilder;
 
 use super::attempts::History;
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats};
+use super::{
+    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind, QueueStats,
+};
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
 use futures_util::StreamExt;
@@ -187,8 +189,27 @@ impl fmt::Debug for JetStreamQueue {
     }
 }
 
-fn err(e: impl fmt::Display) -> QueueError {
-    QueueError::new(format!("jetstream queue: {e}"))
+/// A NATS error, kept as the source.
+fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
+    QueueError::backend("jetstream queue", e)
+}
+
+/// A NATS error met doing `what`, kept as the source.
+fn err_in(
+    what: impl fmt::Display,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> QueueError {
+    QueueError::backend(format_args!("jetstream queue: {what}"), e)
+}
+
+/// A NATS error the client hands out boxed, kept as the source.
+fn err_boxed(e: Box<dyn std::error::Error + Send + Sync + 'static>) -> QueueError {
+    QueueError::backend_boxed("jetstream queue", e)
+}
+
+/// A failure of this queue's own, of `kind`.
+fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
+    QueueError::new(kind, format!("jetstream queue: {why}"))
 }
 
 use super::records::now_ms;
@@ -282,7 +303,7 @@ impl Queue for JetStreamQueue {
         let mut out = Vec::new();
         let now = now_ms();
         while let Some(m) = batch.next().await {
-            let m = m.map_err(err)?;
+            let m = m.map_err(err_boxed)?;
             let Some(reply) = m.reply.as_ref().map(|r| r.to_string()) else {
                 continue;
             };
@@ -292,7 +313,7 @@ impl Queue for JetStreamQueue {
                     u32::try_from(i.delivered.max(1)).unwrap_or(u32::MAX),
                     (i.published.unix_timestamp_nanos() / 1_000_000).max(0) as u64,
                 ),
-                Err(e) => return Err(err(e)),
+                Err(e) => return Err(err_boxed(e)),
             };
             let headers = m.headers.as_ref();
             // A count past what fits is the last attempt, not a wrapped one.

@@ -359,7 +359,10 @@ async fn a_slow_lane_does_not_starve_the_others() {
 struct Unanswering(MemoryQueue);
 
 fn unanswered() -> tower_idempotency_queue::QueueError {
-    tower_idempotency_queue::QueueError::new("the shared breaker is unreachable")
+    tower_idempotency_queue::QueueError::new(
+        tower_idempotency_queue::QueueErrorKind::Unavailable,
+        "the shared breaker is unreachable",
+    )
 }
 
 mod unanswering {
