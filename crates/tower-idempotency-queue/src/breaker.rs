@@ -3,11 +3,12 @@
 //! result), opens for a cooldown when too many of them failed, then admits
 //! a few probes.
 //!
-//! On a queue shared by many instances (Redis Streams) the judgement and the
+//! On a worker built with [`shared_pacing`](crate::Worker::shared_pacing)
+//! over a queue that shares a breaker (Redis Streams) the judgement and the
 //! state live in the queue ([`BreakerState`]: the votes, the open state, the
 //! probes' leases), and this breaker follows what the queue answers; it
-//! judges alone on a queue that shares nothing, and whenever the queue
-//! cannot answer.
+//! judges alone on a worker that paces alone, on a queue that shares no
+//! breaker, and whenever the queue cannot answer.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -34,7 +35,7 @@ pub(crate) const FAILURE_PER_MILLE: u32 = (FAILURE_RATE * 1000.0) as u32;
 pub(crate) const MAX_SHARED_VOTES: usize = MAX_VOTES;
 
 /// Where a lane's breaker shared by every instance on a queue stands, as
-/// the queue answers it (see [`Queue::breaker_vote`](super::Queue::breaker_vote)).
+/// the queue answers it (see [`SharedPacing::breaker_vote`](super::SharedPacing::breaker_vote)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakerState {
     /// Deliveries flow.

@@ -17,7 +17,7 @@
 
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueStats,
+    QueueStats, SharedPacing,
 };
 use ::either::Either;
 use std::time::Duration;
@@ -42,69 +42,6 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
 
     async fn renew(&self, delivery: &Delivery, lease: Duration) -> Result<bool, QueueError> {
         both!(self, q => q.renew(delivery, lease))
-    }
-
-    async fn take_slot(
-        &self,
-        lane: &str,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Option<u64>, QueueError> {
-        both!(self, q => q.take_slot(lane, limit, lease))
-    }
-
-    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
-        both!(self, q => q.renew_slot(lane, slot, lease))
-    }
-
-    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
-        both!(self, q => q.give_slot(lane, slot))
-    }
-
-    async fn take_turn(
-        &self,
-        lane: &str,
-        interval: Duration,
-    ) -> Result<Option<Duration>, QueueError> {
-        both!(self, q => q.take_turn(lane, interval))
-    }
-
-    async fn breaker_state(&self, lane: &str) -> Result<Option<BreakerState>, QueueError> {
-        both!(self, q => q.breaker_state(lane))
-    }
-
-    async fn breaker_vote(
-        &self,
-        lane: &str,
-        entry: u64,
-        ok: bool,
-        rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        both!(self, q => q.breaker_vote(lane, entry, ok, rule))
-    }
-
-    async fn take_probe(
-        &self,
-        lane: &str,
-        rule: BreakerRule,
-        lease: Duration,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        both!(self, q => q.take_probe(lane, rule, lease))
-    }
-
-    async fn renew_probe(&self, lane: &str, probe: u64, lease: Duration) -> Result<(), QueueError> {
-        both!(self, q => q.renew_probe(lane, probe, lease))
-    }
-
-    async fn settle_probe(
-        &self,
-        lane: &str,
-        probe: u64,
-        up: Option<bool>,
-        fresh: bool,
-        rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        both!(self, q => q.settle_probe(lane, probe, up, fresh, rule))
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
@@ -167,6 +104,71 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
         both!(self, q => q.forget(key))
+    }
+}
+
+impl<A: SharedPacing, B: SharedPacing> SharedPacing for Either<A, B> {
+    async fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<u64>, QueueError> {
+        both!(self, q => q.take_slot(lane, limit, lease))
+    }
+
+    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+        both!(self, q => q.renew_slot(lane, slot, lease))
+    }
+
+    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
+        both!(self, q => q.give_slot(lane, slot))
+    }
+
+    async fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, QueueError> {
+        both!(self, q => q.take_turn(lane, interval))
+    }
+
+    async fn breaker_state(&self, lane: &str) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.breaker_state(lane))
+    }
+
+    async fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.breaker_vote(lane, entry, ok, rule))
+    }
+
+    async fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.take_probe(lane, rule, lease))
+    }
+
+    async fn renew_probe(&self, lane: &str, probe: u64, lease: Duration) -> Result<(), QueueError> {
+        both!(self, q => q.renew_probe(lane, probe, lease))
+    }
+
+    async fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        both!(self, q => q.settle_probe(lane, probe, up, fresh, rule))
     }
 }
 

@@ -229,13 +229,40 @@ pub struct QueueStats {
     pub write_errors: u64,
 }
 
-/// A durable queue of notifications.
+/// A durable queue of notifications: everything the once-and-only-once
+/// promise rests on, and nothing else.
 ///
-/// Cheap to clone. Implementations make [`ingest`](Self::ingest) atomic (one
-/// entry per key, however many copies arrive at once) and durable before it
-/// returns, never hand an entry of an order group out while an earlier entry
-/// of that group is undelivered, and move entries between the queue and the
-/// dead letters atomically (a replayed dead letter is queued exactly once).
+/// Cheap to clone. A backend implements this trait alone to be delivered
+/// by a [`Worker`]; pacing across instances is [`SharedPacing`], a trait of
+/// its own that a backend implements or not.
+///
+/// What correctness rests on, and what an implementation must guarantee:
+///
+/// - [`ingest`](Self::ingest) is atomic (one entry per key, however many
+///   copies arrive at once) and durable before it returns: the caller
+///   acknowledges the sender on its word.
+/// - [`fetch`](Self::fetch) leases entries: an entry leased to one worker is
+///   not handed to another before its lease runs out (or is
+///   [renewed](Self::renew)), and an entry of an order group is not handed
+///   out while an earlier entry of that group is undelivered.
+/// - [`ack`](Self::ack), [`retry`](Self::retry), [`postpone`](Self::postpone)
+///   and [`dead_letter`](Self::dead_letter) act only for the lease that
+///   holds the entry (`false` otherwise), so a worker whose lease ran out
+///   cannot settle an entry handed to another.
+/// - The dead letters ([`dead_letter`](Self::dead_letter),
+///   [`dead_letters`](Self::dead_letters), [`dead_page`](Self::dead_page),
+///   [`find_dead`](Self::find_dead), [`delete_dead`](Self::delete_dead),
+///   [`replay`](Self::replay), [`replay_all`](Self::replay_all)) lose
+///   nothing: an entry moves between the queue and the dead letters
+///   atomically, and a replayed dead letter is queued exactly once.
+/// - [`stats`](Self::stats) and [`forget`](Self::forget) tell the truth: a
+///   queue that cannot forget a key says so instead of keeping it.
+///
+/// The methods with a default body are those whose default is correct for
+/// any queue (a slower [`dead_page`](Self::dead_page), an
+/// [`Unsupported`](QueueErrorKind::Unsupported) error from
+/// [`delete_dead`](Self::delete_dead) and [`forget`](Self::forget));
+/// nothing is quietly skipped.
 pub trait Queue: Clone + Send + Sync + 'static {
     /// Stores `message` unless its key was seen (queued, delivered within
     /// the window, or dead-lettered). Returns once the entry is durable.
@@ -263,135 +290,6 @@ pub trait Queue: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, QueueError>> + Send {
         let _ = (delivery, lease);
         async { Ok(true) }
-    }
-
-    /// Takes one of `limit` delivery slots of the lane `lane` that every
-    /// worker on this queue shares (so that a route's concurrency holds
-    /// across instances), for `lease` (renewed with
-    /// [`renew_slot`](Self::renew_slot), given back with
-    /// [`give_slot`](Self::give_slot), or freed when the lease runs out):
-    /// `Some(slot)`, or `None` when all are taken. Defaults to `Some(0)`: a
-    /// queue of one instance shares nothing, the worker's own limit holds.
-    fn take_slot(
-        &self,
-        lane: &str,
-        limit: usize,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Option<u64>, QueueError>> + Send {
-        let _ = (lane, limit, lease);
-        async { Ok(Some(0)) }
-    }
-
-    /// Renews a slot from [`take_slot`](Self::take_slot) for `lease` from
-    /// now. Defaults to doing nothing.
-    fn renew_slot(
-        &self,
-        lane: &str,
-        slot: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<(), QueueError>> + Send {
-        let _ = (lane, slot, lease);
-        async { Ok(()) }
-    }
-
-    /// Gives back a slot from [`take_slot`](Self::take_slot). Defaults to
-    /// doing nothing.
-    fn give_slot(
-        &self,
-        lane: &str,
-        slot: u64,
-    ) -> impl Future<Output = Result<(), QueueError>> + Send {
-        let _ = (lane, slot);
-        async { Ok(()) }
-    }
-
-    /// Takes the next turn of the lane `lane` at one start per `interval`,
-    /// shared by every worker on this queue (so that a route's rate holds
-    /// across instances): `Ok(None)` when this start may go now, or how long
-    /// until the next turn. Defaults to `Ok(None)`: the worker's own rate
-    /// holds alone.
-    fn take_turn(
-        &self,
-        lane: &str,
-        interval: Duration,
-    ) -> impl Future<Output = Result<Option<Duration>, QueueError>> + Send {
-        let _ = (lane, interval);
-        async { Ok(None) }
-    }
-
-    /// The shared breaker of the lane `lane` (one every worker on this queue
-    /// follows, so that one instance's judgement of the upstream holds for
-    /// all of them): where it stands now. Defaults to `Ok(None)`: the
-    /// queue shares no breaker, each worker judges alone (as it does while
-    /// a shared one cannot answer).
-    fn breaker_state(
-        &self,
-        lane: &str,
-    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
-        let _ = lane;
-        async { Ok(None) }
-    }
-
-    /// Casts `entry`'s vote (`ok`: its delivery succeeded) in the lane's
-    /// shared breaker, which judges by `rule` over the votes of every
-    /// worker on the queue (one per entry, its latest, within a minute;
-    /// while it is open or half-open, only the probes' results count) and
-    /// answers where it stands. Defaults to `Ok(None)` (nothing shared).
-    fn breaker_vote(
-        &self,
-        lane: &str,
-        entry: u64,
-        ok: bool,
-        rule: BreakerRule,
-    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
-        let _ = (lane, entry, ok, rule);
-        async { Ok(None) }
-    }
-
-    /// Asks the lane's shared breaker for a probe, leased for `lease`
-    /// (renewed with [`renew_probe`](Self::renew_probe); a probe whose
-    /// lease runs out, its worker dead, makes room for another):
-    /// [`BreakerState::Probe`] with its id if one was taken, or where the
-    /// breaker stands (closed: deliver as usual; open; every probe out).
-    /// Defaults to `Ok(None)` (nothing shared).
-    fn take_probe(
-        &self,
-        lane: &str,
-        rule: BreakerRule,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
-        let _ = (lane, rule, lease);
-        async { Ok(None) }
-    }
-
-    /// Renews a probe from [`take_probe`](Self::take_probe) for `lease`
-    /// from now. Defaults to doing nothing.
-    fn renew_probe(
-        &self,
-        lane: &str,
-        probe: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<(), QueueError>> + Send {
-        let _ = (lane, probe, lease);
-        async { Ok(()) }
-    }
-
-    /// Settles a probe from [`take_probe`](Self::take_probe) with its
-    /// result: `Some(true)` delivered (the breaker closes), `Some(false)`
-    /// failed (it opens again if the probe's entry had not failed before,
-    /// `fresh`, or when every probe failed), `None` said nothing of the
-    /// upstream (its place goes to another). Answers where the breaker
-    /// stands. Defaults to `Ok(None)` (nothing shared).
-    fn settle_probe(
-        &self,
-        lane: &str,
-        probe: u64,
-        up: Option<bool>,
-        fresh: bool,
-        rule: BreakerRule,
-    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
-        let _ = (lane, probe, up, fresh, rule);
-        async { Ok(None) }
     }
 
     /// The entry was delivered: removes it. `false` if the lease was lost
@@ -517,6 +415,144 @@ pub trait Queue: Clone + Send + Sync + 'static {
             "this queue cannot forget keys",
         )))
     }
+}
+
+/// Pacing and a circuit breaker shared by every worker on one queue, so
+/// that a route's concurrency, rate and judgement of its upstream hold
+/// across instances: the coordination a queue that many instances share can
+/// offer, beside the storage of [`Queue`].
+///
+/// A backend implements it or not. A [`Worker`] uses it only when it was
+/// built with [`shared_pacing`](Worker::shared_pacing) (which needs this
+/// trait); otherwise it paces alone, on its own concurrency, rate and
+/// breaker, and never calls these methods. Nothing here is needed for an
+/// entry to be delivered once: the pacing only spreads deliveries out, and
+/// each entry is still settled through the queue's lease.
+///
+/// What an implementation must guarantee:
+///
+/// - **Slots** ([`take_slot`](Self::take_slot), [`renew_slot`](Self::renew_slot),
+///   [`give_slot`](Self::give_slot)): at most `limit` slots of a lane are
+///   held at once across every worker on the queue. A slot is held until it
+///   is given back or its lease runs out (a worker that died frees its
+///   slots by their leases); a renewal moves its lease to `lease` from now.
+/// - **Turns** ([`take_turn`](Self::take_turn)): the starts of a lane,
+///   across every worker, are at least `interval` apart.
+/// - **Breaker** ([`breaker_state`](Self::breaker_state),
+///   [`breaker_vote`](Self::breaker_vote), [`take_probe`](Self::take_probe),
+///   [`renew_probe`](Self::renew_probe), [`settle_probe`](Self::settle_probe)):
+///   one state per lane that every worker reads, judged by the
+///   [`BreakerRule`] over every worker's votes, whose probes are leased as
+///   slots are. A backend that shares no breaker answers `Ok(None)` from
+///   each (and does nothing on [`renew_probe`](Self::renew_probe)): each
+///   worker's own breaker then judges alone, and says so in its docs.
+/// - An answer it cannot give (its server unreachable, too slow) is an
+///   `Err`: the worker's own limits and breaker hold meanwhile, and the
+///   failure is logged and counted. It never answers "go" for a slot or
+///   turn it did not take.
+///
+/// Every call is bounded by the worker (a sixth of its lease), so a slow
+/// backend can neither hold up a delivery nor let its entry's lease run
+/// out.
+pub trait SharedPacing: Queue {
+    /// Takes one of `limit` delivery slots of the lane `lane` that every
+    /// worker on this queue shares (so that a route's concurrency holds
+    /// across instances), for `lease` (renewed with
+    /// [`renew_slot`](Self::renew_slot), given back with
+    /// [`give_slot`](Self::give_slot), or freed when the lease runs out):
+    /// `Some(slot)`, or `None` when all are taken.
+    fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<u64>, QueueError>> + Send;
+
+    /// Renews a slot from [`take_slot`](Self::take_slot) for `lease` from
+    /// now.
+    fn renew_slot(
+        &self,
+        lane: &str,
+        slot: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// Gives back a slot from [`take_slot`](Self::take_slot).
+    fn give_slot(
+        &self,
+        lane: &str,
+        slot: u64,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// Takes the next turn of the lane `lane` at one start per `interval`,
+    /// shared by every worker on this queue (so that a route's rate holds
+    /// across instances): `Ok(None)` when this start may go now, or how long
+    /// until the next turn.
+    fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> impl Future<Output = Result<Option<Duration>, QueueError>> + Send;
+
+    /// The shared breaker of the lane `lane` (one every worker on this queue
+    /// follows, so that one instance's judgement of the upstream holds for
+    /// all of them): where it stands now, or `None` from a queue that shares
+    /// no breaker (each worker judges alone, as it does while a shared one
+    /// cannot answer).
+    fn breaker_state(
+        &self,
+        lane: &str,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send;
+
+    /// Casts `entry`'s vote (`ok`: its delivery succeeded) in the lane's
+    /// shared breaker, which judges by `rule` over the votes of every
+    /// worker on the queue (one per entry, its latest, within a minute;
+    /// while it is open or half-open, only the probes' results count) and
+    /// answers where it stands (`None`: no breaker shared).
+    fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send;
+
+    /// Asks the lane's shared breaker for a probe, leased for `lease`
+    /// (renewed with [`renew_probe`](Self::renew_probe); a probe whose
+    /// lease runs out, its worker dead, makes room for another):
+    /// [`BreakerState::Probe`] with its id if one was taken, or where the
+    /// breaker stands (closed: deliver as usual; open; every probe out);
+    /// `None`: no breaker shared.
+    fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send;
+
+    /// Renews a probe from [`take_probe`](Self::take_probe) for `lease`
+    /// from now.
+    fn renew_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// Settles a probe from [`take_probe`](Self::take_probe) with its
+    /// result: `Some(true)` delivered (the breaker closes), `Some(false)`
+    /// failed (it opens again if the probe's entry had not failed before,
+    /// `fresh`, or when every probe failed), `None` said nothing of the
+    /// upstream (its place goes to another). Answers where the breaker
+    /// stands (`None`: no breaker shared).
+    fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send;
 }
 
 /// Logs at warn level when the `tracing` feature is on.

@@ -77,7 +77,8 @@ impl Pace {
     /// error the worker retries; an answer that cannot succeed (dead-lettered
     /// at once) shows the upstream is up.
     ///
-    /// On a queue shared by many instances (`RedisStreamsQueue`) the votes,
+    /// On a worker built with [`shared_pacing`](crate::Worker::shared_pacing)
+    /// over a queue that shares a breaker (`RedisStreamsQueue`) the votes,
     /// the open state and the probes are the queue's (per lane name), so
     /// the breaker judges on every instance's deliveries and its 3 probes
     /// are for all of them together, each leased like the entry (one whose

@@ -8,7 +8,7 @@ use super::redis_scripts::{
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueErrorKind, QueueStats,
+    QueueErrorKind, QueueStats, SharedPacing,
 };
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
@@ -330,149 +330,6 @@ where
         Ok(got == 1)
     }
 
-    async fn take_slot(
-        &self,
-        lane: &str,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Option<u64>, QueueError> {
-        let slot = unique_id();
-        let got: i64 = TAKE_SLOT
-            .key(self.key(&format!("slots:{lane}")))
-            .arg(limit)
-            .arg(lease.as_millis().max(1) as u64)
-            .arg(slot)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok((got == 1).then_some(slot))
-    }
-
-    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
-        let _: i64 = RENEW_SLOT
-            .key(self.key(&format!("slots:{lane}")))
-            .arg(lease.as_millis().max(1) as u64)
-            .arg(slot)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(())
-    }
-
-    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
-        let _: i64 = ::redis::cmd("ZREM")
-            .arg(self.key(&format!("slots:{lane}")))
-            .arg(slot)
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(())
-    }
-
-    async fn take_turn(
-        &self,
-        lane: &str,
-        interval: Duration,
-    ) -> Result<Option<Duration>, QueueError> {
-        let wait: u64 = TAKE_TURN
-            .key(self.key(&format!("turn:{lane}")))
-            .arg(interval.as_millis().max(1) as u64)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok((wait > 0).then(|| Duration::from_millis(wait)))
-    }
-
-    async fn breaker_state(&self, lane: &str) -> Result<Option<BreakerState>, QueueError> {
-        let [state, ..] = self.breaker_keys(lane);
-        let got: i64 = BREAKER_STATE
-            .key(state)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(Some(breaker_of(got, 0)))
-    }
-
-    async fn breaker_vote(
-        &self,
-        lane: &str,
-        entry: u64,
-        ok: bool,
-        rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        let got: i64 = BREAKER_VOTE
-            .key(&self.breaker_keys(lane)[..])
-            .arg(entry)
-            .arg(u8::from(ok))
-            .arg(rule.failures.max(1))
-            .arg(ms(rule.cooldown))
-            .arg(ms(WINDOW))
-            .arg(MAX_SHARED_VOTES)
-            .arg(FAILURE_PER_MILLE)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(Some(breaker_of(got, 0)))
-    }
-
-    async fn take_probe(
-        &self,
-        lane: &str,
-        rule: BreakerRule,
-        lease: Duration,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        let [state, probes, ..] = self.breaker_keys(lane);
-        let probe = unique_id();
-        let got: i64 = TAKE_PROBE
-            .key(state)
-            .key(probes)
-            .arg(rule.probes.max(1))
-            .arg(ms(lease))
-            .arg(probe)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(Some(breaker_of(got, probe)))
-    }
-
-    async fn renew_probe(&self, lane: &str, probe: u64, lease: Duration) -> Result<(), QueueError> {
-        let [_, probes, ..] = self.breaker_keys(lane);
-        let _: i64 = RENEW_SLOT
-            .key(probes)
-            .arg(ms(lease))
-            .arg(probe)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(())
-    }
-
-    async fn settle_probe(
-        &self,
-        lane: &str,
-        probe: u64,
-        up: Option<bool>,
-        fresh: bool,
-        rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        let result: i8 = match up {
-            Some(true) => 1,
-            Some(false) => 0,
-            None => -1,
-        };
-        let got: i64 = SETTLE_PROBE
-            .key(&self.breaker_keys(lane)[..])
-            .arg(probe)
-            .arg(result)
-            .arg(u8::from(fresh))
-            .arg(rule.probes.max(1))
-            .arg(ms(rule.cooldown))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(Some(breaker_of(got, 0)))
-    }
-
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
         let got: i64 = ACK
             .key(self.key("s"))
@@ -671,6 +528,156 @@ where
             )),
             n => Ok(n == 1),
         }
+    }
+}
+
+/// Slots, turns and the breaker are kept in Redis, beside the stream, by
+/// Lua scripts (one atomic step each).
+impl<C> SharedPacing for RedisStreamsQueue<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<u64>, QueueError> {
+        let slot = unique_id();
+        let got: i64 = TAKE_SLOT
+            .key(self.key(&format!("slots:{lane}")))
+            .arg(limit)
+            .arg(lease.as_millis().max(1) as u64)
+            .arg(slot)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok((got == 1).then_some(slot))
+    }
+
+    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+        let _: i64 = RENEW_SLOT
+            .key(self.key(&format!("slots:{lane}")))
+            .arg(lease.as_millis().max(1) as u64)
+            .arg(slot)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
+        let _: i64 = ::redis::cmd("ZREM")
+            .arg(self.key(&format!("slots:{lane}")))
+            .arg(slot)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, QueueError> {
+        let wait: u64 = TAKE_TURN
+            .key(self.key(&format!("turn:{lane}")))
+            .arg(interval.as_millis().max(1) as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok((wait > 0).then(|| Duration::from_millis(wait)))
+    }
+
+    async fn breaker_state(&self, lane: &str) -> Result<Option<BreakerState>, QueueError> {
+        let [state, ..] = self.breaker_keys(lane);
+        let got: i64 = BREAKER_STATE
+            .key(state)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, 0)))
+    }
+
+    async fn breaker_vote(
+        &self,
+        lane: &str,
+        entry: u64,
+        ok: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        let got: i64 = BREAKER_VOTE
+            .key(&self.breaker_keys(lane)[..])
+            .arg(entry)
+            .arg(u8::from(ok))
+            .arg(rule.failures.max(1))
+            .arg(ms(rule.cooldown))
+            .arg(ms(WINDOW))
+            .arg(MAX_SHARED_VOTES)
+            .arg(FAILURE_PER_MILLE)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, 0)))
+    }
+
+    async fn take_probe(
+        &self,
+        lane: &str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        let [state, probes, ..] = self.breaker_keys(lane);
+        let probe = unique_id();
+        let got: i64 = TAKE_PROBE
+            .key(state)
+            .key(probes)
+            .arg(rule.probes.max(1))
+            .arg(ms(lease))
+            .arg(probe)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, probe)))
+    }
+
+    async fn renew_probe(&self, lane: &str, probe: u64, lease: Duration) -> Result<(), QueueError> {
+        let [_, probes, ..] = self.breaker_keys(lane);
+        let _: i64 = RENEW_SLOT
+            .key(probes)
+            .arg(ms(lease))
+            .arg(probe)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    async fn settle_probe(
+        &self,
+        lane: &str,
+        probe: u64,
+        up: Option<bool>,
+        fresh: bool,
+        rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        let result: i8 = match up {
+            Some(true) => 1,
+            Some(false) => 0,
+            None => -1,
+        };
+        let got: i64 = SETTLE_PROBE
+            .key(&self.breaker_keys(lane)[..])
+            .arg(probe)
+            .arg(result)
+            .arg(u8::from(fresh))
+            .arg(rule.probes.max(1))
+            .arg(ms(rule.cooldown))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(Some(breaker_of(got, 0)))
     }
 }
 

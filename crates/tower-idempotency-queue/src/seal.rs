@@ -13,7 +13,7 @@
 
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueErrorKind, QueueStats,
+    QueueErrorKind, QueueStats, SharedPacing,
 };
 use ring::hmac;
 use std::fmt;
@@ -206,6 +206,45 @@ impl<Q: Queue> Sealed<Q> {
     }
 }
 
+impl<A: Queue, B: Queue> Sealed<::either::Either<A, B>> {
+    /// The queue underneath picked at run time, sealed with the same key
+    /// and settings: for a program that treats the two apart (a
+    /// [`Worker`](crate::Worker) with [`shared_pacing`](crate::Worker::shared_pacing)
+    /// over the one that implements [`SharedPacing`], alone over the other).
+    ///
+    /// ```
+    /// use either::Either;
+    /// use tower_idempotency_queue::{MemoryQueue, QueueKey, RedbQueue, Sealed};
+    ///
+    /// let key = QueueKey::new(&[7; 32]).unwrap();
+    /// let picked: Either<MemoryQueue, RedbQueue> = Either::Left(MemoryQueue::new());
+    /// let sealed = Sealed::new(picked, key, "q");
+    /// assert!(matches!(sealed.factor(), Either::Left(_)));
+    /// ```
+    pub fn factor(self) -> ::either::Either<Sealed<A>, Sealed<B>> {
+        let Self {
+            inner,
+            key,
+            accept_unsigned,
+            name,
+        } = self;
+        match inner {
+            ::either::Either::Left(inner) => ::either::Either::Left(Sealed {
+                inner,
+                key,
+                accept_unsigned,
+                name,
+            }),
+            ::either::Either::Right(inner) => ::either::Either::Right(Sealed {
+                inner,
+                key,
+                accept_unsigned,
+                name,
+            }),
+        }
+    }
+}
+
 impl<Q: super::Park> super::Park for Sealed<Q> {
     fn parks(&self) -> bool {
         self.inner.parks()
@@ -263,6 +302,83 @@ impl<Q: Queue> Queue for Sealed<Q> {
         self.inner.renew(delivery, lease)
     }
 
+    fn ack(&self, delivery: &Delivery) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.ack(delivery)
+    }
+
+    fn retry(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.retry(delivery, after, error)
+    }
+
+    fn postpone(
+        &self,
+        delivery: &Delivery,
+        after: Duration,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.postpone(delivery, after, error)
+    }
+
+    fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        error: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.dead_letter(delivery, error)
+    }
+
+    fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send {
+        self.inner.dead_letters(limit)
+    }
+
+    fn dead_page(
+        &self,
+        after: Option<&EntryId>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send {
+        self.inner.dead_page(after, limit)
+    }
+
+    fn find_dead(
+        &self,
+        id: &EntryId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
+        self.inner.find_dead(id)
+    }
+
+    fn delete_dead(
+        &self,
+        id: &EntryId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
+        self.inner.delete_dead(id)
+    }
+
+    fn replay(&self, id: &EntryId) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.replay(id)
+    }
+
+    fn replay_all(&self) -> impl Future<Output = Result<usize, QueueError>> + Send {
+        self.inner.replay_all()
+    }
+
+    fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send {
+        self.inner.stats()
+    }
+
+    fn forget(&self, key: &str) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.forget(key)
+    }
+}
+
+impl<Q: SharedPacing> SharedPacing for Sealed<Q> {
     fn take_slot(
         &self,
         lane: &str,
@@ -341,81 +457,6 @@ impl<Q: Queue> Queue for Sealed<Q> {
         rule: BreakerRule,
     ) -> impl Future<Output = Result<Option<BreakerState>, QueueError>> + Send {
         self.inner.settle_probe(lane, probe, up, fresh, rule)
-    }
-
-    fn ack(&self, delivery: &Delivery) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.ack(delivery)
-    }
-
-    fn retry(
-        &self,
-        delivery: &Delivery,
-        after: Duration,
-        error: &str,
-    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.retry(delivery, after, error)
-    }
-
-    fn postpone(
-        &self,
-        delivery: &Delivery,
-        after: Duration,
-        error: &str,
-    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.postpone(delivery, after, error)
-    }
-
-    fn dead_letter(
-        &self,
-        delivery: &Delivery,
-        error: &str,
-    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.dead_letter(delivery, error)
-    }
-
-    fn dead_letters(
-        &self,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send {
-        self.inner.dead_letters(limit)
-    }
-
-    fn dead_page(
-        &self,
-        after: Option<&EntryId>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DeadLetter>, QueueError>> + Send {
-        self.inner.dead_page(after, limit)
-    }
-
-    fn find_dead(
-        &self,
-        id: &EntryId,
-    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
-        self.inner.find_dead(id)
-    }
-
-    fn delete_dead(
-        &self,
-        id: &EntryId,
-    ) -> impl Future<Output = Result<Option<DeadLetter>, QueueError>> + Send {
-        self.inner.delete_dead(id)
-    }
-
-    fn replay(&self, id: &EntryId) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.replay(id)
-    }
-
-    fn replay_all(&self) -> impl Future<Output = Result<usize, QueueError>> + Send {
-        self.inner.replay_all()
-    }
-
-    fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send {
-        self.inner.stats()
-    }
-
-    fn forget(&self, key: &str) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.forget(key)
     }
 }
 

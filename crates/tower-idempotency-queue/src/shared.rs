@@ -1,15 +1,162 @@
 //! What the workers on one queue share, per lane: delivery slots (the
 //! concurrency), turns (the rate) and the circuit breaker, each kept by a
-//! queue that shares them (Redis Streams) and asked by every
-//! [`Worker`](super::Worker) before and after a delivery. A queue that
-//! shares nothing answers `None`, and one that cannot answer stops
-//! nothing: the worker's own limits and breaker hold meanwhile.
+//! queue that shares them ([`SharedPacing`]) and asked, before and after a
+//! delivery, by every [`Worker`](super::Worker) built with
+//! [`shared_pacing`](super::Worker::shared_pacing). A worker built without
+//! holds no [`Ops`] and asks nothing. A queue that shares no breaker
+//! answers `None`, and one that cannot answer stops nothing: the worker's
+//! own limits and breaker hold meanwhile.
 
 use super::breaker::{BreakerRule, BreakerState};
 use super::worker::Config;
-use super::{Queue, QueueError, QueueErrorKind};
+use super::{QueueError, QueueErrorKind, SharedPacing};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A boxed answer of a shared pacing call: boxed only on a worker that
+/// shares (each is a round trip to the queue's server anyway).
+pub(super) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError>> + Send + 'a>>;
+
+/// The [`SharedPacing`] methods of a worker's queue `Q`, captured when the
+/// worker was built with [`shared_pacing`](super::Worker::shared_pacing)
+/// (where `Q: SharedPacing` is known), so that the worker itself needs only
+/// `Q: Queue`: a worker that paces alone holds none (`None`) and asks the
+/// queue nothing. Function pointers, so a worker holding them is no bigger
+/// than a pointer per method and needs no `'static` bound on `Q`.
+pub(super) struct Ops<Q> {
+    take_slot: for<'a> fn(&'a Q, &'a str, usize, Duration) -> Answer<'a, Option<u64>>,
+    renew_slot: for<'a> fn(&'a Q, &'a str, u64, Duration) -> Answer<'a, ()>,
+    give_slot: for<'a> fn(&'a Q, &'a str, u64) -> Answer<'a, ()>,
+    take_turn: for<'a> fn(&'a Q, &'a str, Duration) -> Answer<'a, Option<Duration>>,
+    breaker_state: for<'a> fn(&'a Q, &'a str) -> Answer<'a, Option<BreakerState>>,
+    breaker_vote: for<'a> fn(&'a Q, &'a str, Vote, BreakerRule) -> Answer<'a, Option<BreakerState>>,
+    take_probe:
+        for<'a> fn(&'a Q, &'a str, BreakerRule, Duration) -> Answer<'a, Option<BreakerState>>,
+    renew_probe: for<'a> fn(&'a Q, &'a str, u64, Duration) -> Answer<'a, ()>,
+    settle_probe:
+        for<'a> fn(&'a Q, &'a str, ProbeResult, BreakerRule) -> Answer<'a, Option<BreakerState>>,
+}
+
+impl<Q> Clone for Ops<Q> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Q> Copy for Ops<Q> {}
+
+impl<Q: SharedPacing> Ops<Q> {
+    /// `Q`'s own.
+    pub(super) fn of() -> Self {
+        Self {
+            take_slot: |q, lane, n, lease| Box::pin(q.take_slot(lane, n, lease)),
+            renew_slot: |q, lane, slot, lease| Box::pin(q.renew_slot(lane, slot, lease)),
+            give_slot: |q, lane, slot| Box::pin(q.give_slot(lane, slot)),
+            take_turn: |q, lane, every| Box::pin(q.take_turn(lane, every)),
+            breaker_state: |q, lane| Box::pin(q.breaker_state(lane)),
+            breaker_vote: |q, lane, v, rule| Box::pin(q.breaker_vote(lane, v.entry, v.ok, rule)),
+            take_probe: |q, lane, rule, lease| Box::pin(q.take_probe(lane, rule, lease)),
+            renew_probe: |q, lane, probe, lease| Box::pin(q.renew_probe(lane, probe, lease)),
+            settle_probe: |q, lane, p, rule| {
+                Box::pin(q.settle_probe(lane, p.probe, p.up, p.fresh, rule))
+            },
+        }
+    }
+}
+
+impl<Q> Ops<Q> {
+    pub(super) fn take_slot<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        n: usize,
+        lease: Duration,
+    ) -> Answer<'a, Option<u64>> {
+        (self.take_slot)(q, lane, n, lease)
+    }
+    pub(super) fn renew_slot<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        slot: u64,
+        lease: Duration,
+    ) -> Answer<'a, ()> {
+        (self.renew_slot)(q, lane, slot, lease)
+    }
+    pub(super) fn give_slot<'a>(self, q: &'a Q, lane: &'a str, slot: u64) -> Answer<'a, ()> {
+        (self.give_slot)(q, lane, slot)
+    }
+    pub(super) fn take_turn<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        every: Duration,
+    ) -> Answer<'a, Option<Duration>> {
+        (self.take_turn)(q, lane, every)
+    }
+    pub(super) fn breaker_state<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+    ) -> Answer<'a, Option<BreakerState>> {
+        (self.breaker_state)(q, lane)
+    }
+    pub(super) fn breaker_vote<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        vote: Vote,
+        rule: BreakerRule,
+    ) -> Answer<'a, Option<BreakerState>> {
+        (self.breaker_vote)(q, lane, vote, rule)
+    }
+    pub(super) fn take_probe<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        rule: BreakerRule,
+        lease: Duration,
+    ) -> Answer<'a, Option<BreakerState>> {
+        (self.take_probe)(q, lane, rule, lease)
+    }
+    pub(super) fn renew_probe<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        probe: u64,
+        lease: Duration,
+    ) -> Answer<'a, ()> {
+        (self.renew_probe)(q, lane, probe, lease)
+    }
+    pub(super) fn settle_probe<'a>(
+        self,
+        q: &'a Q,
+        lane: &'a str,
+        probe: ProbeResult,
+        rule: BreakerRule,
+    ) -> Answer<'a, Option<BreakerState>> {
+        (self.settle_probe)(q, lane, probe, rule)
+    }
+}
+
+/// An entry's vote in the shared breaker.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Vote {
+    pub(super) entry: u64,
+    pub(super) ok: bool,
+}
+
+/// A shared probe's result.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ProbeResult {
+    pub(super) probe: u64,
+    /// What the call said of the upstream (`None`: nothing).
+    pub(super) up: Option<bool>,
+    /// The probe's entry had not failed before.
+    pub(super) fresh: bool,
+}
 
 /// One call to the queue's shared pacing or breaker, bounded by a sixth of
 /// the lease: a slow or stalled backend holds up neither a delivery's
@@ -34,8 +181,8 @@ pub(super) async fn bounded<T>(
 /// a rate: `Ok(slot)` to go (`None`: nothing shared taken), or how long
 /// to wait. A queue that fails here does not stop the deliveries: the
 /// worker's own limits still hold.
-pub(super) async fn shared_turn<Q: Queue>(
-    queue: Q,
+pub(super) async fn shared_turn<Q>(
+    (queue, ops): (Q, Ops<Q>),
     config: Arc<Config>,
     lane: Arc<str>,
     (concurrency, rate): (Option<usize>, Option<super::Rate>),
@@ -45,7 +192,7 @@ pub(super) async fn shared_turn<Q: Queue>(
         match bounded(
             &config,
             "taking a shared slot",
-            queue.take_slot(&lane, n, config.lease),
+            ops.take_slot(&queue, &lane, n, config.lease),
         )
         .await
         {
@@ -60,7 +207,7 @@ pub(super) async fn shared_turn<Q: Queue>(
         let wait = match bounded(
             &config,
             "taking a shared turn",
-            queue.take_turn(&lane, rate.interval()),
+            ops.take_turn(&queue, &lane, rate.interval()),
         )
         .await
         {
@@ -75,7 +222,7 @@ pub(super) async fn shared_turn<Q: Queue>(
                 let _ = bounded(
                     &config,
                     "giving back a shared slot",
-                    queue.give_slot(&lane, taken),
+                    ops.give_slot(&queue, &lane, taken),
                 )
                 .await;
             }
@@ -110,8 +257,8 @@ pub(super) enum SharedGate {
 /// paces: whichever decides, each entry is still settled once through the
 /// queue's lease and the dedup layer, so nothing is lost or delivered twice;
 /// the price of the fallback is each instance probing on its own, as before.
-pub(super) async fn shared_gate<Q: Queue>(
-    queue: &Q,
+pub(super) async fn shared_gate<Q>(
+    (queue, ops): (&Q, Ops<Q>),
     config: &Config,
     lane: &Arc<str>,
     rule: BreakerRule,
@@ -123,7 +270,7 @@ pub(super) async fn shared_gate<Q: Queue>(
             bounded(
                 config,
                 "asking the shared breaker",
-                queue.breaker_state(lane),
+                ops.breaker_state(queue, lane),
             )
             .await
         }
@@ -131,7 +278,7 @@ pub(super) async fn shared_gate<Q: Queue>(
             bounded(
                 config,
                 "taking a shared probe",
-                queue.take_probe(lane, rule, lease),
+                ops.take_probe(queue, lane, rule, lease),
             )
             .await
         }
@@ -153,8 +300,8 @@ pub(super) async fn shared_gate<Q: Queue>(
 /// Casts a finished call's vote in the lane's shared breaker, or settles
 /// its shared probe (`id`); what the breaker answered. `up` is what the
 /// result says of the upstream (`None`: nothing, no vote).
-pub(super) async fn judged<Q: Queue>(
-    queue: &Q,
+pub(super) async fn judged<Q>(
+    (queue, ops): (&Q, Ops<Q>),
     config: &Config,
     lane: &Arc<str>,
     (entry, id, fresh): (u64, Option<u64>, bool),
@@ -163,11 +310,20 @@ pub(super) async fn judged<Q: Queue>(
 ) -> Option<BreakerState> {
     let answered = match (id, up) {
         (Some(id), up) => {
-            let settled = queue.settle_probe(lane, id, up, fresh, rule);
+            let settled = ops.settle_probe(
+                queue,
+                lane,
+                ProbeResult {
+                    probe: id,
+                    up,
+                    fresh,
+                },
+                rule,
+            );
             bounded(config, "settling a shared probe", settled).await
         }
         (None, Some(ok)) => {
-            let voted = queue.breaker_vote(lane, entry, ok, rule);
+            let voted = ops.breaker_vote(queue, lane, Vote { entry, ok }, rule);
             bounded(config, "voting in the shared breaker", voted).await
         }
         (None, None) => return None,

@@ -3,8 +3,10 @@
 use super::breaker::{entry_of, BreakerState};
 use super::pace::{Lane, Pace};
 use super::settle::{settle, unsettled, verdict, Settled, WorkerRound};
-use super::shared::{bounded, judged, probe_wait, shared_gate, shared_turn, SharedGate};
-use super::{Delivery, Message, Queue, QueueError};
+use super::shared::{
+    bounded, judged, probe_wait, shared_gate, shared_turn, Ops, ProbeResult, SharedGate,
+};
+use super::{Delivery, Message, Queue, QueueError, SharedPacing};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashSet;
 use std::fmt;
@@ -89,6 +91,10 @@ pub struct Worker<Q, S> {
     /// The default lane first, then the named ones.
     pub(super) lanes: Vec<Lane>,
     pub(super) lane_of: Option<LaneOf>,
+    /// The queue's shared pacing, when the worker was built with
+    /// [`shared_pacing`](Self::shared_pacing): `None` paces alone and asks
+    /// the queue nothing.
+    shared: Option<Ops<Q>>,
     /// Keys whose last delivery found no route.
     stranded: HashSet<String>,
     /// When the stranded entries were last warned about.
@@ -102,6 +108,7 @@ impl<Q: fmt::Debug, S: fmt::Debug> fmt::Debug for Worker<Q, S> {
             .field("service", &self.service)
             .field("config", &self.config)
             .field("lanes", &self.lanes.len())
+            .field("shared_pacing", &self.shared.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +132,48 @@ impl<Q: super::Park, S> Worker<Q, S> {
     }
 }
 
+impl<Q: SharedPacing, S> Worker<Q, S> {
+    /// Paces across instances: every lane's [concurrency](Self::concurrency)
+    /// and [rate](Self::rate) hold for all the workers on this queue
+    /// together (a slot and a turn are taken on the queue before each
+    /// delivery, beside this worker's own), and its
+    /// [breaker](Self::breaker) follows the one the queue shares, where it
+    /// shares one. While the queue cannot answer, this worker's own limits
+    /// and breaker hold alone (logged, and counted in
+    /// `idempotency_breaker_shared_errors_total{route}`).
+    ///
+    /// Only for a queue that implements [`SharedPacing`]. Defaults to off:
+    /// the worker paces alone, on its own concurrency, rate and breaker,
+    /// and never calls the queue's shared pacing.
+    ///
+    /// ```
+    /// use tower_idempotency_queue::{Message, SharedPacing, Worker};
+    ///
+    /// // A Redis Streams, RabbitMQ or JetStream queue: every instance on
+    /// // it together delivers at most 8 at once, 50 a second.
+    /// fn paced<Q: SharedPacing>(queue: Q) {
+    ///     let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
+    ///     let _worker = Worker::new(queue, deliver)
+    ///         .concurrency(8)
+    ///         .rate("50/s".parse().unwrap())
+    ///         .shared_pacing();
+    /// }
+    /// ```
+    ///
+    /// It is not there for a queue that paces alone (the embedded one):
+    ///
+    /// ```compile_fail
+    /// use tower_idempotency_queue::{MemoryQueue, Message, Worker};
+    ///
+    /// let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
+    /// let worker = Worker::new(MemoryQueue::new(), deliver).shared_pacing();
+    /// ```
+    pub fn shared_pacing(mut self) -> Self {
+        self.shared = Some(Ops::of());
+        self
+    }
+}
+
 impl<Q: Queue, S> Worker<Q, S> {
     /// A worker with the defaults below.
     pub fn new(queue: Q, service: S) -> Self {
@@ -144,6 +193,7 @@ impl<Q: Queue, S> Worker<Q, S> {
             }),
             lanes: vec![Lane::new(name, Pace::new())],
             lane_of: None,
+            shared: None,
             stranded: HashSet::new(),
             warned: None,
         }
@@ -298,10 +348,12 @@ where
                     let b = self.lanes[lane].breaker.as_ref();
                     b.is_some_and(|b| !b.failed_before(entry)) && delivery.attempt <= 1
                 };
-                if let Some(rule) = rule {
+                if let (Some(rule), Some(ops)) = (rule, self.shared) {
                     let name = self.lanes[lane].name.clone();
                     let lease = self.config.lease;
-                    match shared_gate(&self.queue, &self.config, &name, rule, probe, lease).await {
+                    let asked =
+                        shared_gate((&self.queue, ops), &self.config, &name, rule, probe, lease);
+                    match asked.await {
                         SharedGate::Local => {}
                         SharedGate::Go(follow, id) => {
                             if let (Some(state), Some(b)) =
@@ -328,18 +380,27 @@ where
                         }
                     }
                 }
-                let turn = {
-                    let l = &self.lanes[lane];
-                    let pace = (l.pace.get_concurrency(), l.pace.get_rate());
-                    let (queue, config) = (self.queue.clone(), self.config.clone());
-                    shared_turn(queue, config, l.name.clone(), pace)
+                let turn = match self.shared {
+                    Some(ops) => {
+                        let l = &self.lanes[lane];
+                        let pace = (l.pace.get_concurrency(), l.pace.get_rate());
+                        let (queue, config) = (self.queue.clone(), self.config.clone());
+                        shared_turn((queue, ops), config, l.name.clone(), pace).await
+                    }
+                    // Alone: the lane's own limits, already met.
+                    None => Ok(None),
                 };
-                match turn.await {
+                match turn {
                     Ok(taken) => slot = taken,
                     Err(wait) => {
-                        if let (Some(rule), Some(id)) = (rule, probe_id) {
+                        if let (Some(rule), Some(id), Some(ops)) = (rule, probe_id, self.shared) {
                             let name = &self.lanes[lane].name;
-                            let given = self.queue.settle_probe(name, id, None, fresh, rule);
+                            let given = ProbeResult {
+                                probe: id,
+                                up: None,
+                                fresh,
+                            };
+                            let given = ops.settle_probe(&self.queue, name, given, rule);
                             let given =
                                 bounded(&self.config, "settling a shared probe", given).await;
                             if let Err(_e) = given {
@@ -366,7 +427,7 @@ where
         let name = self.lanes[lane].name.clone();
         let slot = slot.map(|slot| (name.clone(), slot));
         let probe_id = probe_id.map(|id| (name.clone(), id));
-        let (queue, config) = (self.queue.clone(), self.config.clone());
+        let (queue, config, shared) = (self.queue.clone(), self.config.clone(), self.shared);
         let last = delivery.attempt >= config.max_attempts;
         let after = self.lanes[lane]
             .pace
@@ -374,29 +435,30 @@ where
             .unwrap_or_else(|| config.backoff_after(delivery.attempt));
         Some(async move {
             let key = delivery.message.key.clone();
-            let mut shared = None;
+            let mut answered = None;
             let (call, settled) = match (act, call) {
                 (_, Some(((probe, fresh), call))) => {
                     let started = Instant::now();
                     let result = match call {
                         Ok(fut) => {
                             let held = (slot.as_ref(), probe_id.as_ref());
-                            renewing(&queue, &config, (&delivery, held), fut)
+                            renewing((&queue, shared), &config, (&delivery, held), fut)
                                 .await
                                 .map(drop)
                         }
                         Err(e) => Err(e),
                     };
                     let (took, up) = (started.elapsed(), verdict(&result));
-                    if let Some(rule) = rule {
+                    if let (Some(rule), Some(ops)) = (rule, shared) {
                         let id = probe_id.as_ref().map(|(_, id)| *id);
-                        shared = judged(&queue, &config, &name, (entry, id, fresh), up, rule).await;
+                        let judging = (entry, id, fresh);
+                        answered = judged((&queue, ops), &config, &name, judging, up, rule).await;
                     }
-                    if let Some((lane, slot)) = &slot
+                    if let (Some((lane, slot)), Some(ops)) = (&slot, shared)
                         && let Err(_e) = bounded(
                             &config,
                             "giving back a shared slot",
-                            queue.give_slot(lane, *slot),
+                            ops.give_slot(&queue, lane, *slot),
                         )
                         .await
                     {
@@ -418,7 +480,7 @@ where
                 lane,
                 key,
                 call,
-                shared,
+                shared: answered,
                 settled,
             }
         })
@@ -608,7 +670,7 @@ const REFILL_WAIT: Duration = Duration::from_millis(10);
 /// from being renewed in time nor hold up the call, which is polled while
 /// the renewals run.
 async fn renewing<Q: Queue, F: Future>(
-    queue: &Q,
+    (queue, shared): (&Q, Option<Ops<Q>>),
     config: &Config,
     (delivery, (slot, probe)): (&Delivery, Held<'_>),
     call: F,
@@ -633,9 +695,9 @@ async fn renewing<Q: Queue, F: Future>(
                     crate::log_warn!(queue = %config.name, entry = %delivery.id, "renewing the lease of a running delivery timed out");
                 }
             }
-            if let Some((lane, slot)) = slot {
-                let renewed =
-                    tokio::time::timeout(pacing, queue.renew_slot(lane, *slot, config.lease));
+            if let (Some((lane, slot)), Some(ops)) = (slot, shared) {
+                let renewed = ops.renew_slot(queue, lane, *slot, config.lease);
+                let renewed = tokio::time::timeout(pacing, renewed);
                 match renewed.await {
                     Ok(Ok(())) => {}
                     Ok(Err(_e)) => {
@@ -646,9 +708,9 @@ async fn renewing<Q: Queue, F: Future>(
                     }
                 }
             }
-            if let Some((lane, probe)) = probe {
-                let renewed =
-                    tokio::time::timeout(pacing, queue.renew_probe(lane, *probe, config.lease));
+            if let (Some((lane, probe)), Some(ops)) = (probe, shared) {
+                let renewed = ops.renew_probe(queue, lane, *probe, config.lease);
+                let renewed = tokio::time::timeout(pacing, renewed);
                 match renewed.await {
                     Ok(Ok(())) => {}
                     Ok(Err(_e)) => {

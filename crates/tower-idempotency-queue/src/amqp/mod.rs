@@ -23,7 +23,8 @@ use self::entry::{
 use self::records::DELIVERED;
 use super::attempts::History;
 use super::{
-    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind, QueueStats,
+    BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
+    QueueErrorKind, QueueStats, SharedPacing,
 };
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
@@ -449,31 +450,6 @@ impl<S: Store> Queue for AmqpQueue<S> {
         }
     }
 
-    async fn take_slot(
-        &self,
-        lane: &str,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Option<u64>, QueueError> {
-        self.slot_take(lane, limit, lease).await
-    }
-
-    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
-        self.slot_renew(lane, slot, lease).await
-    }
-
-    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
-        self.slot_give(lane, slot).await
-    }
-
-    async fn take_turn(
-        &self,
-        lane: &str,
-        interval: Duration,
-    ) -> Result<Option<Duration>, QueueError> {
-        self.turn_take(lane, interval).await
-    }
-
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
         let Some(held) = self.release_held(delivery).await else {
             return Ok(false);
@@ -563,6 +539,79 @@ impl<S: Store> Queue for AmqpQueue<S> {
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
         self.forget_now(key).await
+    }
+}
+
+/// Slots and turns are claims in the store every gateway shares; no
+/// breaker is shared (each worker's own judges alone).
+impl<S: Store> SharedPacing for AmqpQueue<S> {
+    async fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<u64>, QueueError> {
+        self.slot_take(lane, limit, lease).await
+    }
+
+    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+        self.slot_renew(lane, slot, lease).await
+    }
+
+    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
+        self.slot_give(lane, slot).await
+    }
+
+    async fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, QueueError> {
+        self.turn_take(lane, interval).await
+    }
+
+    // RabbitMQ shares no breaker: each worker's own judges alone.
+    async fn breaker_state(&self, _lane: &str) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
+    }
+
+    async fn breaker_vote(
+        &self,
+        _lane: &str,
+        _entry: u64,
+        _ok: bool,
+        _rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
+    }
+
+    async fn take_probe(
+        &self,
+        _lane: &str,
+        _rule: BreakerRule,
+        _lease: Duration,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
+    }
+
+    async fn renew_probe(
+        &self,
+        _lane: &str,
+        _probe: u64,
+        _lease: Duration,
+    ) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn settle_probe(
+        &self,
+        _lane: &str,
+        _probe: u64,
+        _up: Option<bool>,
+        _fresh: bool,
+        _rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
     }
 }
 

@@ -10,7 +10,8 @@ pub use connection::JetStreamQueueBuilder;
 
 use super::attempts::History;
 use super::{
-    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind, QueueStats,
+    BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
+    QueueErrorKind, QueueStats, SharedPacing,
 };
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
@@ -142,8 +143,8 @@ const H_DEAD_AT: &str = "Idem-Dead-At";
 /// - Order groups ([`Message::order`]) are not enforced (as on Redis
 ///   Streams): use the embedded queue where events of one transaction must
 ///   be delivered in order.
-/// - Pacing across gateways ([`take_slot`](Queue::take_slot),
-///   [`take_turn`](Queue::take_turn)) keeps its leases and turns in the
+/// - Pacing across gateways ([`take_slot`](SharedPacing::take_slot),
+///   [`take_turn`](SharedPacing::take_turn)) keeps its leases and turns in the
 ///   `PACE` bucket with compare-and-set writes, timed by each gateway's
 ///   clock: the gateways' clocks must agree to well within a lease (NTP).
 #[derive(Clone)]
@@ -379,31 +380,6 @@ impl Queue for JetStreamQueue {
         self.settle(delivery, AckKind::Progress, false).await
     }
 
-    async fn take_slot(
-        &self,
-        lane: &str,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Option<u64>, QueueError> {
-        self.take_pace_slot(lane, limit, lease).await
-    }
-
-    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
-        self.renew_pace_slot(lane, slot, lease).await
-    }
-
-    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
-        self.give_pace_slot(lane, slot).await
-    }
-
-    async fn take_turn(
-        &self,
-        lane: &str,
-        interval: Duration,
-    ) -> Result<Option<Duration>, QueueError> {
-        self.take_pace_turn(lane, interval).await
-    }
-
     async fn ack(&self, delivery: &Delivery) -> Result<bool, QueueError> {
         if self.held(delivery).is_none() {
             return Ok(false);
@@ -491,6 +467,79 @@ impl Queue for JetStreamQueue {
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
         self.forget_key(key).await
+    }
+}
+
+/// Slots and turns live in the `PACE` bucket; no breaker is shared (each
+/// worker's own judges alone).
+impl SharedPacing for JetStreamQueue {
+    async fn take_slot(
+        &self,
+        lane: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<u64>, QueueError> {
+        self.take_pace_slot(lane, limit, lease).await
+    }
+
+    async fn renew_slot(&self, lane: &str, slot: u64, lease: Duration) -> Result<(), QueueError> {
+        self.renew_pace_slot(lane, slot, lease).await
+    }
+
+    async fn give_slot(&self, lane: &str, slot: u64) -> Result<(), QueueError> {
+        self.give_pace_slot(lane, slot).await
+    }
+
+    async fn take_turn(
+        &self,
+        lane: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, QueueError> {
+        self.take_pace_turn(lane, interval).await
+    }
+
+    // NATS JetStream shares no breaker: each worker's own judges alone.
+    async fn breaker_state(&self, _lane: &str) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
+    }
+
+    async fn breaker_vote(
+        &self,
+        _lane: &str,
+        _entry: u64,
+        _ok: bool,
+        _rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
+    }
+
+    async fn take_probe(
+        &self,
+        _lane: &str,
+        _rule: BreakerRule,
+        _lease: Duration,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
+    }
+
+    async fn renew_probe(
+        &self,
+        _lane: &str,
+        _probe: u64,
+        _lease: Duration,
+    ) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn settle_probe(
+        &self,
+        _lane: &str,
+        _probe: u64,
+        _up: Option<bool>,
+        _fresh: bool,
+        _rule: BreakerRule,
+    ) -> Result<Option<BreakerState>, QueueError> {
+        Ok(None)
     }
 }
 

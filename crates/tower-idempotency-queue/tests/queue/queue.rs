@@ -17,7 +17,7 @@ use tower_idempotency::store::{MemoryStore, OwnerToken};
 use tower_idempotency::Fingerprint;
 use tower_idempotency_queue::{
     AmqpQueue, Ingested, JetStreamQueue, MemoryQueue, Message, Queue, RedbQueue, RedisStreamsQueue,
-    Worker,
+    SharedPacing, Worker,
 };
 use tower_idempotency_redis::RedisStore;
 

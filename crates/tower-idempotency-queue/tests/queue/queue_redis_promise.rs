@@ -7,7 +7,7 @@ use test_support::support_redis;
 
 use std::time::Duration;
 use tower_idempotency::Fingerprint;
-use tower_idempotency_queue::{Ingested, Message, Queue, RedisStreamsQueue};
+use tower_idempotency_queue::{Ingested, Message, Queue, RedisStreamsQueue, SharedPacing};
 
 fn message(key: &str) -> Message {
     Message::new(key, Fingerprint::of(key.as_bytes()), "body")

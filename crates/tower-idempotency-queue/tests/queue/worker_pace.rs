@@ -369,6 +369,7 @@ mod unanswering {
     use super::*;
     use tower_idempotency_queue::{
         BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, QueueError, QueueStats,
+        SharedPacing,
     };
 
     type Answer = Result<Option<BreakerState>, QueueError>;
@@ -379,25 +380,6 @@ mod unanswering {
         }
         async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
             self.0.fetch(max, lease).await
-        }
-        async fn breaker_state(&self, _lane: &str) -> Answer {
-            Err(unanswered())
-        }
-        async fn breaker_vote(&self, _: &str, _: u64, _: bool, _: BreakerRule) -> Answer {
-            Err(unanswered())
-        }
-        async fn take_probe(&self, _: &str, _: BreakerRule, _: Duration) -> Answer {
-            Err(unanswered())
-        }
-        async fn settle_probe(
-            &self,
-            _: &str,
-            _: u64,
-            _: Option<bool>,
-            _: bool,
-            _: BreakerRule,
-        ) -> Answer {
-            Err(unanswered())
         }
         async fn ack(&self, d: &Delivery) -> Result<bool, QueueError> {
             self.0.ack(d).await
@@ -429,6 +411,50 @@ mod unanswering {
             self.0.stats().await
         }
     }
+
+    /// Slots and turns as a queue of one instance would give them (all
+    /// free); the breaker cannot answer.
+    impl SharedPacing for Unanswering {
+        async fn take_slot(
+            &self,
+            _: &str,
+            _: usize,
+            _: Duration,
+        ) -> Result<Option<u64>, QueueError> {
+            Ok(Some(0))
+        }
+        async fn renew_slot(&self, _: &str, _: u64, _: Duration) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn give_slot(&self, _: &str, _: u64) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn take_turn(&self, _: &str, _: Duration) -> Result<Option<Duration>, QueueError> {
+            Ok(None)
+        }
+        async fn renew_probe(&self, _: &str, _: u64, _: Duration) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn breaker_state(&self, _lane: &str) -> Answer {
+            Err(unanswered())
+        }
+        async fn breaker_vote(&self, _: &str, _: u64, _: bool, _: BreakerRule) -> Answer {
+            Err(unanswered())
+        }
+        async fn take_probe(&self, _: &str, _: BreakerRule, _: Duration) -> Answer {
+            Err(unanswered())
+        }
+        async fn settle_probe(
+            &self,
+            _: &str,
+            _: u64,
+            _: Option<bool>,
+            _: bool,
+            _: BreakerRule,
+        ) -> Answer {
+            Err(unanswered())
+        }
+    }
 }
 
 /// A queue whose shared breaker cannot answer stops nothing and doubles
@@ -445,7 +471,8 @@ async fn a_shared_breaker_that_cannot_answer_leaves_the_worker_its_own() {
         .concurrency(1)
         .breaker(2, Duration::from_millis(300))
         .backoff(Duration::from_millis(10), Duration::from_millis(10))
-        .max_attempts(10);
+        .max_attempts(10)
+        .shared_pacing();
     let round = worker.run_once().await.unwrap();
     assert_eq!(up.calls.load(Ordering::SeqCst), 2, "calls before it opened");
     assert_eq!((round.retried, round.paused), (2, 3), "{round:?}");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_idempotency::store::{Claim, OwnerToken, Store, StoreError};
 use tower_idempotency::Fingerprint;
-use tower_idempotency_queue::{AmqpQueue, Queue};
+use tower_idempotency_queue::{AmqpQueue, SharedPacing};
 
 /// Counts the claims of shared slots.
 #[derive(Clone, Default)]

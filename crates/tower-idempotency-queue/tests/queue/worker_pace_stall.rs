@@ -63,7 +63,8 @@ async fn a_stalled_pacing_store_neither_loses_the_entry_nor_stops_its_delivery()
     let worker = Worker::new(queue.clone(), svc)
         .pace(Pace::new().concurrency(1))
         .lease(lease)
-        .poll_interval(Duration::from_millis(20));
+        .poll_interval(Duration::from_millis(20))
+        .shared_pacing();
     let running = tokio::spawn(worker.run(std::future::pending()));
     let start = std::time::Instant::now();
     while queue.stats().await.unwrap().depth > 0 || done.load(Ordering::SeqCst) == 0 {

@@ -10,22 +10,82 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::Service;
+use tower_idempotency::consumer::Failure;
 use tower_idempotency_queue::original_key;
 use tower_idempotency_queue::{
-    AmqpQueue, JetStreamQueue, Message, Pace, Queue, QueueKey, RedbQueue, RedisStreamsQueue,
+    AmqpQueue, JetStreamQueue, Message, Pace, Park, Queue, QueueKey, RedbQueue, RedisStreamsQueue,
     Sealed, Worker,
 };
 use tracing::{error, info, warn};
 
-/// The queue: the embedded file, Redis Streams, RabbitMQ (its key records in
-/// the gateway's store), or NATS JetStream.
-pub type GatewayQueue =
-    Either<RedbQueue, Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>>;
+/// The queue: the embedded file, or one of the queues several gateways
+/// share.
+pub type GatewayQueue = Either<RedbQueue, SharedQueue>;
+
+/// A queue several gateways share, whose workers pace together: Redis
+/// Streams, RabbitMQ (its key records in the gateway's store), or NATS
+/// JetStream.
+pub type SharedQueue = Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>;
+
+/// The shared queue of `queue`, if it is one (`None`: the embedded queue).
+pub fn shared(queue: &GatewayQueue) -> Option<&SharedQueue> {
+    queue.as_ref().right()
+}
 
 /// The queue as routes ingest into it and the worker delivers from it:
 /// sealed (see [`QueueSettings::seal`]), or, for a shared queue given no
 /// secret, as it is.
 pub type DeliveryQueue = Either<Sealed<GatewayQueue>, GatewayQueue>;
+
+/// How the worker paces its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// On its own concurrency, rate and breaker: one gateway on its queue
+    /// (the embedded one).
+    Alone,
+    /// Together with every gateway on the queue: a route's
+    /// `deliver_concurrency` and `deliver_rate` hold for all of them, and
+    /// its breaker is the queue's where the queue shares one.
+    Shared,
+}
+
+/// The queue the worker delivers from, by how it paces.
+pub enum WorkerQueue {
+    /// The embedded queue: paces alone.
+    Alone(Either<Sealed<RedbQueue>, RedbQueue>),
+    /// A queue several gateways share: paces with them.
+    Shared(Either<Sealed<SharedQueue>, SharedQueue>),
+}
+
+impl WorkerQueue {
+    /// `queue` for a worker that paces as `pacing` says; an error when the
+    /// queue opened cannot pace so (a worker that must pace with the other
+    /// gateways never falls back to pacing alone in silence).
+    pub fn new(queue: DeliveryQueue, pacing: Pacing, describe: &str) -> Result<Self, String> {
+        let split = match queue {
+            Either::Left(sealed) => match sealed.factor() {
+                Either::Left(embedded) => Self::Alone(Either::Left(embedded)),
+                Either::Right(shared) => Self::Shared(Either::Left(shared)),
+            },
+            Either::Right(Either::Left(embedded)) => Self::Alone(Either::Right(embedded)),
+            Either::Right(Either::Right(shared)) => Self::Shared(Either::Right(shared)),
+        };
+        match (pacing, &split) {
+            (Pacing::Shared, Self::Alone(_)) => Err(format!(
+                "the queue {describe} is the embedded one, which cannot pace deliveries together with other gateways, but the configuration needs its worker to (a queue several gateways share: `--queue redis://…`, `amqp://…` or `nats://…`)"
+            )),
+            _ => Ok(split),
+        }
+    }
+
+    /// How its worker paces.
+    pub fn pacing(&self) -> Pacing {
+        match self {
+            Self::Alone(_) => Pacing::Alone,
+            Self::Shared(_) => Pacing::Shared,
+        }
+    }
+}
 
 /// The embedded queue's key, made at its first start: `DIR/queue.key`.
 const EMBEDDED_KEY: &str = "queue.key";
@@ -200,6 +260,15 @@ impl QueueSettings {
         )
     }
 
+    /// How the worker must pace: together with the other gateways on a
+    /// queue several of them can share, alone on the embedded one.
+    pub fn pacing(&self) -> Pacing {
+        match self.is_shared() {
+            true => Pacing::Shared,
+            false => Pacing::Alone,
+        }
+    }
+
     /// Opens (or creates) the queue; a RabbitMQ queue keeps its key records
     /// in `store`.
     pub async fn open(&self, store: &GatewayStore) -> Result<GatewayQueue, String> {
@@ -284,22 +353,53 @@ impl QueueSettings {
 
     /// Delivers the queue's entries through `gateway` until `stop` fires,
     /// each ack-then-deliver route at its own pace (`lanes`, by prefix; see
-    /// `pace::lanes`).
+    /// `pace::lanes`): across every gateway on a shared queue, alone on the
+    /// embedded one.
     pub fn spawn_worker(
         &self,
-        queue: DeliveryQueue,
+        queue: WorkerQueue,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
         lanes: &[(String, Option<Pace>)],
         pauses: &Pauses,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
-        info!(queue = %self.describe(), max_attempts = self.max_attempts, "delivering queued notifications");
+        info!(queue = %self.describe(), max_attempts = self.max_attempts, pacing = ?queue.pacing(), "delivering queued notifications");
         // Entries nobody authenticated reach no synchronous route.
         let unauthenticated = match &queue {
-            Either::Left(_) => self.accept_unsigned,
-            Either::Right(_) => true,
+            WorkerQueue::Alone(Either::Left(_)) | WorkerQueue::Shared(Either::Left(_)) => {
+                self.accept_unsigned
+            }
+            WorkerQueue::Alone(Either::Right(_)) | WorkerQueue::Shared(Either::Right(_)) => true,
         };
+        let stop = async move {
+            let _ = stop.await;
+        };
+        match queue {
+            WorkerQueue::Alone(queue) => {
+                let worker = self.worker(queue, gateway, journal, lanes, pauses, unauthenticated);
+                tokio::spawn(worker.run(stop))
+            }
+            WorkerQueue::Shared(queue) => {
+                let worker = self.worker(queue, gateway, journal, lanes, pauses, unauthenticated);
+                tokio::spawn(worker.shared_pacing().run(stop))
+            }
+        }
+    }
+
+    /// The worker over `queue`, its lanes one per ack-then-deliver route.
+    fn worker<Q: Queue + Park>(
+        &self,
+        queue: Q,
+        gateway: &Gateway<GatewayStore>,
+        journal: Option<Journal>,
+        lanes: &[(String, Option<Pace>)],
+        pauses: &Pauses,
+        unauthenticated: bool,
+    ) -> Worker<
+        Q,
+        impl Service<Message, Response: Send, Error: Failure + Send, Future: Send> + Send + 'static,
+    > {
         let deliver = gateway.deliverer().ack_routes_only(unauthenticated);
         // Each attempt is journaled under the key it was queued for.
         let deliver = tower::service_fn(move |message: Message| {
@@ -351,12 +451,9 @@ impl QueueSettings {
                 worker = worker.lane(prefix.as_str(), pace.clone());
             }
         }
-        let worker = worker
+        worker
             .batch(held.max(32))
-            .lanes(move |m: &Message| table.find(m.uri.path())?.0.clone());
-        tokio::spawn(worker.run(async move {
-            let _ = stop.await;
-        }))
+            .lanes(move |m: &Message| table.find(m.uri.path())?.0.clone())
     }
 }
 

@@ -397,6 +397,14 @@ async fn run(
     }
     // Routes queue, and the worker delivers, sealed entries.
     let sealed = queue.clone().map(|q| settings.queue.seal(q)).transpose()?;
+    // The worker's queue, by how it paces: one that must pace with the
+    // other gateways on a queue that cannot is refused here.
+    let delivering = (sealed.clone())
+        .map(|q| {
+            let (pacing, shown) = (settings.queue.pacing(), settings.queue.describe());
+            ack::WorkerQueue::new(q, pacing, &shown)
+        })
+        .transpose()?;
     // `/readyz` says when the embedded queue cannot store notifications.
     let embedded = match (&queue, acked) {
         (Some(either::Either::Left(q)), true) => Some(q.clone()),
@@ -548,14 +556,19 @@ async fn run(
         handle.set_journal(journal.clone());
     }
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel();
-    let worker = sealed.clone().map(|q| {
+    let worker = sealed.clone().zip(delivering).map(|(q, delivering)| {
         let journal = journal.clone();
         let lanes = pace::lanes(&settings.routes, &settings.paces);
-        pauses::spawn_waker(keeper.pauses().clone(), q.clone());
+        pauses::spawn_waker(keeper.pauses().clone(), q);
         let paused = keeper.pauses();
-        settings
-            .queue
-            .spawn_worker(q, &control, journal, &lanes, paused, worker_stopped)
+        (settings.queue).spawn_worker(
+            delivering,
+            &control,
+            journal,
+            &lanes,
+            paused,
+            worker_stopped,
+        )
     });
     let journal_at_exit = journal.clone();
     let journal = journal.map(|j| access::Journaling::new(j, settings.journal_body));

@@ -9,7 +9,7 @@ use axum::extract::State;
 use http::StatusCode;
 use serde_json::{json, Value};
 use std::time::SystemTime;
-use tower_idempotency_queue::Queue as _;
+use tower_idempotency_queue::{Queue as _, SharedPacing as _};
 use tracing::info;
 
 fn pause_json(info: &idempotency_gateway::proxy::PauseInfo) -> Value {
@@ -46,7 +46,10 @@ pub(super) async fn routes_list(State(calls): State<Calls>) -> Answer {
     let mut out = Vec::new();
     for r in &routes.list {
         let paused = routes.keeper.pauses().get(&r.prefix);
-        let breaker = match (queue, r.acked) {
+        // The embedded queue shares no breaker (each route's is the
+        // worker's own): none to show.
+        let shared = queue.and_then(crate::ack::shared);
+        let breaker = match (shared, r.acked) {
             (Some(q), true) => {
                 let state = tokio::time::timeout(STORE_TIMEOUT, q.breaker_state(&r.prefix)).await;
                 match state {
