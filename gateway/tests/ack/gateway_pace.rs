@@ -347,3 +347,34 @@ async fn deliver_concurrency_above_the_routes_max_in_flight_is_lowered_to_it() {
         Some(0.0)
     );
 }
+
+/// Two gateways on one Redis Streams queue pace a route together:
+/// `deliver_rate = "1/m"` holds for both. The first delivers one
+/// notification and stops; the second, started after it, delivers nothing
+/// of its own within seconds, for the route's turn was taken on the queue
+/// (a gateway that paced alone would start its first delivery at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_a_shared_queue_share_a_routes_deliver_rate() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = crate::gateway_ack::own_redis() else {
+        return;
+    };
+    let (up, url) = Upstream::start(false).await;
+    let top = format!("queue = {:?}", redis.url());
+    let rate = "deliver_rate = \"1/m\"";
+    let (first, _) = gateway(&url, &top, rate);
+    notify(&first, "shared-a", 1).await;
+    until("the first gateway delivers", &first, || up.calls() >= 1).await;
+    assert!(first.log().contains("pacing=Shared"), "{}", first.log());
+    // Stopped: nothing of the second's can be fetched by the first.
+    drop(first);
+    let (second, _) = gateway(&url, &top, rate);
+    notify(&second, "shared-b", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        up.calls(),
+        1,
+        "the second gateway started a delivery within the route's shared turn\n{}",
+        second.log()
+    );
+}

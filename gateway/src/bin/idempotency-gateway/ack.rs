@@ -522,3 +522,53 @@ pub fn flag_routes(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn embedded() -> (RedbQueue, PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "gw-pacing-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        create_private_dir(&dir).unwrap();
+        let queue = RedbQueue::open(dir.join("queue.redb")).unwrap();
+        (queue, dir)
+    }
+
+    #[test]
+    fn a_shared_queue_needs_its_worker_to_pace_with_the_others() {
+        let spec = |s: &str| QueueSettings::new(Some(queue_spec(s).unwrap()), None, None, None);
+        assert_eq!(spec("redis://127.0.0.1:6379").pacing(), Pacing::Shared);
+        assert_eq!(spec("amqp://u:p@127.0.0.1:5672/v").pacing(), Pacing::Shared);
+        assert_eq!(spec("nats://127.0.0.1:4222").pacing(), Pacing::Shared);
+        assert_eq!(spec("./data").pacing(), Pacing::Alone);
+    }
+
+    #[test]
+    fn the_embedded_queue_paces_alone_and_refuses_a_worker_that_must_share() {
+        let (queue, dir) = embedded();
+        let key = QueueKey::new(&[7; 32]).unwrap();
+        let sealed: DeliveryQueue =
+            Either::Left(Sealed::new(Either::Left(queue.clone()), key, NAME));
+        let alone = WorkerQueue::new(sealed.clone(), Pacing::Alone, "q").unwrap();
+        assert_eq!(alone.pacing(), Pacing::Alone);
+        let plain: DeliveryQueue = Either::Right(Either::Left(queue));
+        let alone = WorkerQueue::new(plain.clone(), Pacing::Alone, "q").unwrap();
+        assert_eq!(alone.pacing(), Pacing::Alone);
+        for queue in [sealed, plain] {
+            let refused = WorkerQueue::new(queue, Pacing::Shared, "./data/queue.redb");
+            let Err(e) = refused else {
+                panic!("a worker that must pace with other gateways got the embedded queue");
+            };
+            assert!(
+                e.contains("./data/queue.redb is the embedded one")
+                    && e.contains("cannot pace deliveries together with other gateways"),
+                "{e}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
