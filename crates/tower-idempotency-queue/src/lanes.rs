@@ -1,7 +1,7 @@
 //! [`Worker`]'s pacing: its builder methods, and the lanes' lines of
 //! deliveries waiting for their turn.
 
-use super::pace::{Admit, Lane, Pace, Rate};
+use super::pace::{Admit, Lane, Pace, Rate, Role};
 use super::worker::Act;
 use super::{Delivery, Message, Queue, Worker};
 use std::sync::Arc;
@@ -176,9 +176,9 @@ impl<Q: Queue, S> Worker<Q, S> {
         for (i, lane) in self.lanes.iter_mut().enumerate() {
             while !lane.waiting.is_empty() {
                 let act = match lane.admit(now) {
-                    Admit::Go(probe) => {
+                    Admit::Go(role) => {
                         lane.started();
-                        Act::Call(probe)
+                        Act::Call(role)
                     }
                     Admit::Postpone(after) => Act::Postpone(after, OPEN),
                     Admit::Wait(at) => {
@@ -186,8 +186,11 @@ impl<Q: Queue, S> Worker<Q, S> {
                         break;
                     }
                 };
-                let probe = matches!(act, Act::Call(true));
-                let delivery = lane.take(probe).expect("not empty");
+                let role = match act {
+                    Act::Call(role) => role,
+                    _ => Role::Plain,
+                };
+                let delivery = lane.take(role).expect("not empty");
                 ready.push((i, delivery, act));
             }
             if !skip_full {

@@ -242,11 +242,39 @@ const MIN_OVERFLOW_WAIT: Duration = Duration::from_secs(1);
 /// budget of the others.
 const KEEP_HORIZON: Duration = Duration::from_millis(100);
 
+/// Whether a call is the breaker's probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// A delivery as usual.
+    Plain,
+    /// The breaker's probe (half-open): its result closes the breaker or
+    /// opens it again.
+    Probe,
+}
+
+impl Role {
+    pub(super) fn is_probe(self) -> bool {
+        self == Self::Probe
+    }
+}
+
+/// A finished call, for its lane.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Called {
+    /// How long it took.
+    pub(super) took: Duration,
+    /// Whether it was the breaker's probe.
+    pub(super) role: Role,
+    /// What its result says of the upstream: `Some(true)` up, `Some(false)`
+    /// down, `None` nothing (see `settle::verdict`).
+    pub(super) up: Option<bool>,
+}
+
 /// What to do with a lane's next waiting delivery.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Admit {
-    /// Call the service; `true` if this call is the breaker's probe.
-    Go(bool),
+    /// Call the service, as a plain delivery or as the breaker's probe.
+    Go(Role),
     /// The breaker is open: postpone the entry by this long.
     Postpone(Duration),
     /// Not yet: until this instant (the rate) or until a delivery ends.
@@ -277,11 +305,11 @@ impl Lane {
 
     /// Whether the next waiting delivery may start now.
     pub(super) fn admit(&mut self, now: Instant) -> Admit {
-        let probe = match self.breaker.as_ref().map(|b| b.gate(now)) {
-            None | Some(Gate::Pass) => false,
+        let role = match self.breaker.as_ref().map(|b| b.gate(now)) {
+            None | Some(Gate::Pass) => Role::Plain,
             Some(Gate::Open(left)) => return Admit::Postpone(left),
             Some(Gate::Wait) => return Admit::Wait(None),
-            Some(Gate::Probe) => true,
+            Some(Gate::Probe) => Role::Probe,
         };
         if let Some(at) = self.held_until.filter(|at| now < *at) {
             return Admit::Wait(Some(at));
@@ -297,14 +325,14 @@ impl Lane {
         } else if let Some(rate) = self.pace.rate {
             self.next_start = Some(now + rate.interval());
         }
-        Admit::Go(probe)
+        Admit::Go(role)
     }
 
     /// Takes the waiting delivery that goes next: the first in line, or
     /// for a probe the first that has not failed before (fewest attempts),
     /// which then starts as the probe.
-    pub(super) fn take(&mut self, probe: bool) -> Option<super::Delivery> {
-        let Some(breaker) = self.breaker.as_mut().filter(|_| probe) else {
+    pub(super) fn take(&mut self, role: Role) -> Option<super::Delivery> {
+        let Some(breaker) = self.breaker.as_mut().filter(|_| role.is_probe()) else {
             return self.waiting.pop_front();
         };
         let at = self
@@ -327,9 +355,9 @@ impl Lane {
     /// A delivery admitted but not started (the shared slots or turns were
     /// all taken): back to the front of the line, no start before `until`;
     /// a probe gives its place back.
-    pub(super) fn put_back(&mut self, delivery: super::Delivery, probe: bool, until: Instant) {
+    pub(super) fn put_back(&mut self, delivery: super::Delivery, role: Role, until: Instant) {
         self.running = self.running.saturating_sub(1);
-        if let (Some(breaker), true) = (self.breaker.as_mut(), probe) {
+        if let (Some(breaker), Role::Probe) = (self.breaker.as_mut(), role) {
             let entry = entry_of(&delivery.message.key);
             breaker.record(entry, true, None, until, &self.name);
         }
@@ -450,17 +478,18 @@ impl Lane {
         (first - now) + rate.interval() * self.waiting.len() as u32
     }
 
-    /// Records a finished call of `key`; `up` is `None` when its result
-    /// says nothing of the upstream.
-    /// `shared`: what the breaker shared on the queue answered (it judged;
-    /// this lane's breaker follows), `None` when this one judges alone.
+    /// Records a finished call of `key`. `shared`: what the breaker shared
+    /// on the queue answered (it judged; this lane's breaker follows),
+    /// `None` when this one judges alone.
     pub(super) fn finished(
         &mut self,
         key: &str,
-        took: Duration,
-        (probe, up, shared): (bool, Option<bool>, Option<super::BreakerState>),
+        call: Called,
+        shared: Option<super::BreakerState>,
         now: Instant,
     ) {
+        let Called { took, role, up } = call;
+        let probe = role.is_probe();
         self.running = self.running.saturating_sub(1);
         if self.running == 0 {
             self.busy_since = None;
@@ -560,29 +589,34 @@ mod tests {
         let mut lane = Lane::new("t".into(), Pace::new().concurrency(2));
         let now = Instant::now();
         lane.waiting.push_back(delivery());
-        assert_eq!(lane.admit(now), Admit::Go(false));
+        assert_eq!(lane.admit(now), Admit::Go(Role::Plain));
         lane.started();
-        assert_eq!(lane.admit(now), Admit::Go(false));
+        assert_eq!(lane.admit(now), Admit::Go(Role::Plain));
         lane.started();
         assert_eq!(lane.admit(now), Admit::Wait(None));
-        lane.finished("k", Duration::ZERO, (false, Some(true), None), now);
-        assert_eq!(lane.admit(now), Admit::Go(false));
+        let call = Called {
+            took: Duration::ZERO,
+            role: Role::Plain,
+            up: Some(true),
+        };
+        lane.finished("k", call, None, now);
+        assert_eq!(lane.admit(now), Admit::Go(Role::Plain));
     }
 
     #[test]
     fn the_rate_spaces_the_starts() {
         let mut lane = Lane::new("t".into(), Pace::new().rate(Rate::per_second(10)));
         let now = Instant::now();
-        assert_eq!(lane.admit(now), Admit::Go(false));
+        assert_eq!(lane.admit(now), Admit::Go(Role::Plain));
         let next = now + Duration::from_millis(100);
         assert_eq!(lane.admit(now), Admit::Wait(Some(next)));
-        assert_eq!(lane.admit(next), Admit::Go(false));
+        assert_eq!(lane.admit(next), Admit::Go(Role::Plain));
         lane.waiting.push_back(delivery());
         lane.waiting.push_back(delivery());
         assert_eq!(lane.rate_wait(next), Duration::from_millis(300));
         // Idle for a while: no burst is saved up.
         let later = next + Duration::from_secs(10);
-        assert_eq!(lane.admit(later), Admit::Go(false));
+        assert_eq!(lane.admit(later), Admit::Go(Role::Plain));
         let after = later + Duration::from_millis(100);
         assert_eq!(lane.admit(later), Admit::Wait(Some(after)));
     }

@@ -30,40 +30,72 @@ pub struct WorkerRound {
     pub paused: usize,
 }
 
-/// How one delivery was settled, and whether the lease was still held.
+/// How one delivery was settled, and whether its lease still held the
+/// entry when it was.
 pub(super) enum Settled {
-    Delivered(bool),
-    Retried(bool),
-    DeadLettered(bool),
-    Kept(bool),
-    Paused(bool),
+    Delivered(Lease),
+    Retried(Lease),
+    DeadLettered(Lease),
+    Kept(Lease),
+    Paused(Lease),
+}
+
+/// Whether a delivery's lease still held its entry when it was settled
+/// (what [`Queue::ack`] and the others answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lease {
+    /// Settled by this delivery.
+    Held,
+    /// Lost: the lease ran out and the entry went to another worker.
+    Lost,
+}
+
+impl From<bool> for Lease {
+    /// A queue's answer: `true` if the lease still held.
+    fn from(held: bool) -> Self {
+        match held {
+            true => Self::Held,
+            false => Self::Lost,
+        }
+    }
+}
+
+/// Where a delivery stands in its entry's attempts.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Attempted {
+    /// The entry's last attempt: a failure the worker retries dead-letters
+    /// it.
+    pub(super) last: bool,
+    /// How long the entry waits after a failure (or a hold) before it is
+    /// due again.
+    pub(super) backoff: Duration,
 }
 
 impl WorkerRound {
     pub(super) fn record(&mut self, settled: Settled) {
-        let kept = match settled {
-            Settled::Delivered(kept) => {
+        let lease = match settled {
+            Settled::Delivered(lease) => {
                 self.delivered += 1;
-                kept
+                lease
             }
-            Settled::Retried(kept) => {
+            Settled::Retried(lease) => {
                 self.retried += 1;
-                kept
+                lease
             }
-            Settled::DeadLettered(kept) => {
+            Settled::DeadLettered(lease) => {
                 self.dead_lettered += 1;
-                kept
+                lease
             }
-            Settled::Kept(kept) => {
+            Settled::Kept(lease) => {
                 self.kept += 1;
-                kept
+                lease
             }
-            Settled::Paused(kept) => {
+            Settled::Paused(lease) => {
                 self.paused += 1;
-                kept
+                lease
             }
         };
-        self.lease_lost += usize::from(!kept);
+        self.lease_lost += usize::from(lease == Lease::Lost);
     }
 }
 
@@ -107,7 +139,7 @@ pub(super) async fn unsettled<Q: Queue>(
     super::metrics::attempt(name, "dead_lettered");
     crate::log_warn!(queue = %name, entry = %delivery.id, "{why}; dead-lettered");
     Ok(Settled::DeadLettered(
-        queue.dead_letter(delivery, &why).await?,
+        queue.dead_letter(delivery, &why).await?.into(),
     ))
 }
 
@@ -118,14 +150,14 @@ pub(super) async fn unsettled<Q: Queue>(
 pub(super) async fn settle<Q: Queue, E: Failure>(
     queue: &Q,
     (name, parker): (&Arc<str>, Option<&super::park::Parker>),
-    (last, after): (bool, Duration),
+    Attempted { last, backoff }: Attempted,
     delivery: &Delivery,
     result: Result<(), E>,
 ) -> Result<Settled, QueueError> {
     let e = match result {
         Ok(()) => {
             super::metrics::attempt(name, "delivered");
-            return Ok(Settled::Delivered(queue.ack(delivery).await?));
+            return Ok(Settled::Delivered(queue.ack(delivery).await?.into()));
         }
         Err(e) => e,
     };
@@ -135,34 +167,34 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
     Ok(match e.disposition() {
         Disposition::Keep => {
             super::metrics::attempt(name, "kept");
-            Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?)
+            Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?.into())
         }
         Disposition::Pause => {
             super::metrics::attempt(name, "paused");
             if let Some(parker) = parker
                 && let Some(parked) = parker.park(delivery).await
             {
-                return Ok(Settled::Paused(parked?));
+                return Ok(Settled::Paused(parked?.into()));
             }
-            Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?)
+            Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?.into())
         }
         Disposition::Hold => {
             super::metrics::attempt(name, "postponed");
-            Settled::Paused(queue.postpone(delivery, after, text).await?)
+            Settled::Paused(queue.postpone(delivery, backoff, text).await?.into())
         }
         Disposition::Permanent => {
             super::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
-            Settled::DeadLettered(queue.dead_letter(delivery, text).await?)
+            Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry if last => {
             super::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
-            Settled::DeadLettered(queue.dead_letter(delivery, text).await?)
+            Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry => {
             super::metrics::attempt(name, "retried");
-            Settled::Retried(queue.retry(delivery, after, text).await?)
+            Settled::Retried(queue.retry(delivery, backoff, text).await?.into())
         }
     })
 }

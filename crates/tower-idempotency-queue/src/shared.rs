@@ -8,6 +8,7 @@
 //! own limits and breaker hold meanwhile.
 
 use super::breaker::{BreakerRule, BreakerState};
+use super::pace::Role;
 use super::worker::Config;
 use super::{QueueError, QueueErrorKind, SharedPacing};
 use std::future::Future;
@@ -262,11 +263,12 @@ pub(super) async fn shared_gate<Q>(
     config: &Config,
     lane: &Arc<str>,
     rule: BreakerRule,
-    probe: bool,
+    role: Role,
     lease: Duration,
 ) -> SharedGate {
-    let asked = match probe {
-        false => {
+    let probe = role.is_probe();
+    let asked = match role {
+        Role::Plain => {
             bounded(
                 config,
                 "asking the shared breaker",
@@ -274,7 +276,7 @@ pub(super) async fn shared_gate<Q>(
             )
             .await
         }
-        true => {
+        Role::Probe => {
             bounded(
                 config,
                 "taking a shared probe",
@@ -297,18 +299,33 @@ pub(super) async fn shared_gate<Q>(
     }
 }
 
+/// What a finished call puts to the lane's shared breaker.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Judging {
+    /// Its entry (see `breaker::entry_of`), whose vote it casts.
+    pub(super) entry: u64,
+    /// The shared probe it was, if it was one: settled instead of a vote.
+    pub(super) probe: Option<u64>,
+    /// The probe's entry had not failed before.
+    pub(super) fresh: bool,
+}
+
 /// Casts a finished call's vote in the lane's shared breaker, or settles
-/// its shared probe (`id`); what the breaker answered. `up` is what the
-/// result says of the upstream (`None`: nothing, no vote).
+/// its shared probe; what the breaker answered. `up` is what the result
+/// says of the upstream (`None`: nothing, no vote).
 pub(super) async fn judged<Q>(
     (queue, ops): (&Q, Ops<Q>),
     config: &Config,
     lane: &Arc<str>,
-    (entry, id, fresh): (u64, Option<u64>, bool),
+    Judging {
+        entry,
+        probe,
+        fresh,
+    }: Judging,
     up: Option<bool>,
     rule: BreakerRule,
 ) -> Option<BreakerState> {
-    let answered = match (id, up) {
+    let answered = match (probe, up) {
         (Some(id), up) => {
             let settled = ops.settle_probe(
                 queue,

@@ -1,10 +1,10 @@
 //! [`Worker`]: delivers queue entries to a tower service.
 
 use super::breaker::{entry_of, BreakerState};
-use super::pace::{Lane, Pace};
-use super::settle::{settle, unsettled, verdict, Settled, WorkerRound};
+use super::pace::{Called, Lane, Pace, Role};
+use super::settle::{settle, unsettled, verdict, Attempted, Settled, WorkerRound};
 use super::shared::{
-    bounded, judged, probe_wait, shared_gate, shared_turn, Ops, ProbeResult, SharedGate,
+    bounded, judged, probe_wait, shared_gate, shared_turn, Judging, Ops, ProbeResult, SharedGate,
 };
 use super::{Delivery, Message, Queue, QueueError, SharedPacing};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -43,8 +43,8 @@ pub(super) type LaneOf = Arc<dyn Fn(&Message) -> Option<Arc<str>> + Send + Sync>
 /// What to do with a delivery taken from its lane.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Act {
-    /// Call the service (`true`: as the breaker's probe).
-    Call(bool),
+    /// Call the service, as a plain delivery or as the breaker's probe.
+    Call(Role),
     /// Postpone the entry, its attempt not counted.
     Postpone(Duration, &'static str),
     /// Dead-letter it: handed out too often without settling.
@@ -57,7 +57,7 @@ struct Done {
     key: String,
     /// For a call: how long it took, whether it was the probe, and what it
     /// says of the upstream.
-    call: Option<(Duration, bool, Option<bool>)>,
+    call: Option<Called>,
     /// What the lane's breaker shared on the queue answered after the call
     /// (`None`: nothing shared, or it could not answer).
     shared: Option<BreakerState>,
@@ -343,8 +343,8 @@ where
         let rule = self.lanes[lane].breaker.as_ref().map(|b| b.rule());
         let entry = entry_of(&delivery.message.key);
         let call = match act {
-            Act::Call(mut probe) => {
-                let fresh = probe && {
+            Act::Call(mut role) => {
+                let fresh = role.is_probe() && {
                     let b = self.lanes[lane].breaker.as_ref();
                     b.is_some_and(|b| !b.failed_before(entry)) && delivery.attempt <= 1
                 };
@@ -352,7 +352,7 @@ where
                     let name = self.lanes[lane].name.clone();
                     let lease = self.config.lease;
                     let asked =
-                        shared_gate((&self.queue, ops), &self.config, &name, rule, probe, lease);
+                        shared_gate((&self.queue, ops), &self.config, &name, rule, role, lease);
                     match asked.await {
                         SharedGate::Local => {}
                         SharedGate::Go(follow, id) => {
@@ -360,7 +360,7 @@ where
                                 (follow, self.lanes[lane].breaker.as_mut())
                             {
                                 b.follow(state, Instant::now(), &name);
-                                probe = false;
+                                role = Role::Plain;
                             }
                             probe_id = id;
                         }
@@ -371,7 +371,7 @@ where
                                 _ => now,
                             };
                             let l = &mut self.lanes[lane];
-                            l.put_back(delivery, probe, until);
+                            l.put_back(delivery, role, until);
                             if let Some(b) = l.breaker.as_mut() {
                                 b.follow(state, now, &name);
                             }
@@ -407,7 +407,7 @@ where
                                 crate::log_warn!(queue = %self.config.name, route = %name, error = %_e, "cannot give back a shared breaker probe (its place is freed when its lease runs out)");
                             }
                         }
-                        self.lanes[lane].put_back(delivery, probe, Instant::now() + wait);
+                        self.lanes[lane].put_back(delivery, role, Instant::now() + wait);
                         return None;
                     }
                 }
@@ -417,31 +417,35 @@ where
                     let _entered = span.enter();
                     self.service.call(delivery.message.clone())
                 });
-                Some((
-                    (probe, fresh),
-                    call.map(|fut| crate::span::instrument(fut, span)),
-                ))
+                Some(Started {
+                    role,
+                    fresh,
+                    call: call.map(|fut| crate::span::instrument(fut, span)),
+                })
             }
             _ => None,
         };
         let name = self.lanes[lane].name.clone();
-        let slot = slot.map(|slot| (name.clone(), slot));
-        let probe_id = probe_id.map(|id| (name.clone(), id));
+        let slot = slot.map(|id| Taken::new(&name, id));
+        let probe_id = probe_id.map(|id| Taken::new(&name, id));
         let (queue, config, shared) = (self.queue.clone(), self.config.clone(), self.shared);
-        let last = delivery.attempt >= config.max_attempts;
-        let after = self.lanes[lane]
-            .pace
-            .scheduled_wait(delivery.attempt)
-            .unwrap_or_else(|| config.backoff_after(delivery.attempt));
+        let attempted = Attempted {
+            last: delivery.attempt >= config.max_attempts,
+            backoff: (self.lanes[lane].pace.scheduled_wait(delivery.attempt))
+                .unwrap_or_else(|| config.backoff_after(delivery.attempt)),
+        };
         Some(async move {
             let key = delivery.message.key.clone();
             let mut answered = None;
             let (call, settled) = match (act, call) {
-                (_, Some(((probe, fresh), call))) => {
+                (_, Some(Started { role, fresh, call })) => {
                     let started = Instant::now();
                     let result = match call {
                         Ok(fut) => {
-                            let held = (slot.as_ref(), probe_id.as_ref());
+                            let held = Held {
+                                slot: slot.as_ref(),
+                                probe: probe_id.as_ref(),
+                            };
                             renewing((&queue, shared), &config, (&delivery, held), fut)
                                 .await
                                 .map(drop)
@@ -450,29 +454,31 @@ where
                     };
                     let (took, up) = (started.elapsed(), verdict(&result));
                     if let (Some(rule), Some(ops)) = (rule, shared) {
-                        let id = probe_id.as_ref().map(|(_, id)| *id);
-                        let judging = (entry, id, fresh);
+                        let judging = Judging {
+                            entry,
+                            probe: probe_id.as_ref().map(|p| p.id),
+                            fresh,
+                        };
                         answered = judged((&queue, ops), &config, &name, judging, up, rule).await;
                     }
-                    if let (Some((lane, slot)), Some(ops)) = (&slot, shared)
+                    if let (Some(slot), Some(ops)) = (&slot, shared)
                         && let Err(_e) = bounded(
                             &config,
                             "giving back a shared slot",
-                            ops.give_slot(&queue, lane, *slot),
+                            ops.give_slot(&queue, &slot.lane, slot.id),
                         )
                         .await
                     {
-                        crate::log_warn!(queue = %config.name, route = %lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
+                        crate::log_warn!(queue = %config.name, route = %slot.lane, error = %_e, "cannot give back a shared delivery slot (it is freed when its lease runs out)");
                     }
-                    let how = (last, after);
                     let parker = config.parker.as_ref();
                     let settled =
-                        settle(&queue, (&config.name, parker), how, &delivery, result).await;
-                    (Some((took, probe, up)), settled)
+                        settle(&queue, (&config.name, parker), attempted, &delivery, result).await;
+                    (Some(Called { took, role, up }), settled)
                 }
                 (Act::Postpone(after, why), None) => {
                     let kept = queue.postpone(&delivery, after, why).await;
-                    (None, kept.map(Settled::Paused))
+                    (None, kept.map(|held| Settled::Paused(held.into())))
                 }
                 (_, None) => (None, unsettled(&queue, &config.name, &delivery).await),
             };
@@ -488,9 +494,9 @@ where
 
     /// Records a delivery that ended in its lane and the stranded set.
     fn finish(&mut self, done: Done) -> Result<Settled, QueueError> {
-        if let Some((took, probe, up)) = done.call {
-            let result = (probe, up, done.shared);
-            self.lanes[done.lane].finished(&done.key, took, result, Instant::now());
+        if let Some(call) = done.call {
+            let lane = &mut self.lanes[done.lane];
+            lane.finished(&done.key, call, done.shared, Instant::now());
         }
         if let Ok(settled) = &done.settled {
             self.note(&done.key, settled);
@@ -672,7 +678,7 @@ const REFILL_WAIT: Duration = Duration::from_millis(10);
 async fn renewing<Q: Queue, F: Future>(
     (queue, shared): (&Q, Option<Ops<Q>>),
     config: &Config,
-    (delivery, (slot, probe)): (&Delivery, Held<'_>),
+    (delivery, Held { slot, probe }): (&Delivery, Held<'_>),
     call: F,
 ) -> F::Output {
     let every = renew_every(config.lease);
@@ -695,8 +701,8 @@ async fn renewing<Q: Queue, F: Future>(
                     crate::log_warn!(queue = %config.name, entry = %delivery.id, "renewing the lease of a running delivery timed out");
                 }
             }
-            if let (Some((lane, slot)), Some(ops)) = (slot, shared) {
-                let renewed = ops.renew_slot(queue, lane, *slot, config.lease);
+            if let (Some(Taken { lane, id }), Some(ops)) = (slot, shared) {
+                let renewed = ops.renew_slot(queue, lane, *id, config.lease);
                 let renewed = tokio::time::timeout(pacing, renewed);
                 match renewed.await {
                     Ok(Ok(())) => {}
@@ -708,8 +714,8 @@ async fn renewing<Q: Queue, F: Future>(
                     }
                 }
             }
-            if let (Some((lane, probe)), Some(ops)) = (probe, shared) {
-                let renewed = ops.renew_probe(queue, lane, *probe, config.lease);
+            if let (Some(Taken { lane, id }), Some(ops)) = (probe, shared) {
+                let renewed = ops.renew_probe(queue, lane, *id, config.lease);
                 let renewed = tokio::time::timeout(pacing, renewed);
                 match renewed.await {
                     Ok(Ok(())) => {}
@@ -729,8 +735,36 @@ async fn renewing<Q: Queue, F: Future>(
     }
 }
 
-/// The shared slot and probe a delivery holds (lane and id).
-type Held<'a> = (Option<&'a (Arc<str>, u64)>, Option<&'a (Arc<str>, u64)>);
+/// The shared slot and probe a delivery holds.
+#[derive(Clone, Copy)]
+struct Held<'a> {
+    slot: Option<&'a Taken>,
+    probe: Option<&'a Taken>,
+}
+
+/// A shared slot or probe taken on the queue: its lane and id.
+struct Taken {
+    lane: Arc<str>,
+    id: u64,
+}
+
+impl Taken {
+    fn new(lane: &Arc<str>, id: u64) -> Self {
+        Self {
+            lane: lane.clone(),
+            id,
+        }
+    }
+}
+
+/// A call the service was asked for, and what the breaker makes of it.
+struct Started<C> {
+    role: Role,
+    /// The probe's entry had not failed before (its failure reopens the
+    /// breaker).
+    fresh: bool,
+    call: C,
+}
 
 /// How often a lease is renewed: a third of it (at least 10 ms).
 pub(super) fn renew_every(lease: Duration) -> Duration {
