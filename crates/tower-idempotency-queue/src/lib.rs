@@ -187,6 +187,36 @@ pub struct Delivery {
     pub(crate) history: Option<Arc<str>>,
 }
 
+impl Delivery {
+    /// The delivery of entry `id` (its `attempt`th, from 1), handed out
+    /// under `lease`: for a queue backend of your own. `lease` identifies
+    /// this hand-out (a number the queue picks anew each time it hands the
+    /// entry out), so that the queue can refuse to [`ack`](Queue::ack),
+    /// [`retry`](Queue::retry) or [`renew`](Queue::renew) for a worker
+    /// whose lease ran out and whose entry went to another.
+    pub fn new(
+        id: EntryId,
+        message: Message,
+        attempt: u32,
+        enqueued_at: SystemTime,
+        lease: u64,
+    ) -> Self {
+        Self {
+            id,
+            message,
+            attempt,
+            enqueued_at,
+            lease,
+            history: None,
+        }
+    }
+
+    /// The lease this delivery was handed out under (see [`new`](Self::new)).
+    pub fn lease(&self) -> u64 {
+        self.lease
+    }
+}
+
 /// An entry that failed too often, kept until it is replayed.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {

@@ -1,5 +1,6 @@
 //! Acknowledge then deliver: the queues (embedded, Redis Streams, RabbitMQ, NATS JetStream), the worker, pacing and the consumers.
 
+mod backend;
 mod consumer;
 mod queue;
 mod queue_group_commit;
