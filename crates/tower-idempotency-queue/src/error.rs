@@ -330,3 +330,65 @@ fn redb_kind(e: &(dyn Error + 'static)) -> Option<QueueErrorKind> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_error_keeps_its_source_and_gets_its_kind_from_its_type() {
+        use std::io::{Error as Io, ErrorKind};
+        let e = QueueError::backend("q", Io::new(ErrorKind::ConnectionRefused, "refused"));
+        assert_eq!(e.kind(), QueueErrorKind::Unavailable);
+        assert!(e.is_retryable());
+        assert_eq!(e.to_string(), "q: refused");
+        let io = e.source().and_then(|s| s.downcast_ref::<Io>());
+        assert_eq!(io.map(Io::kind), Some(ErrorKind::ConnectionRefused));
+        let e = QueueError::backend("q", Io::new(ErrorKind::TimedOut, "slow"));
+        assert_eq!(e.kind(), QueueErrorKind::Timeout);
+        let e = QueueError::backend("q", redb::StorageError::Corrupted("page".into()));
+        assert_eq!(e.kind(), QueueErrorKind::Corrupt);
+        assert!(!e.is_retryable());
+        let e = QueueError::backend("q", redb::StorageError::PreviousIo);
+        assert!(e.is_unwritable() && e.is_retryable());
+        // Found under the error a client wraps it in.
+        let wrapped = Io::other(Io::new(ErrorKind::BrokenPipe, "gone"));
+        assert_eq!(
+            QueueError::backend("q", wrapped).kind(),
+            QueueErrorKind::Unavailable
+        );
+        let unknown = QueueError::backend("q", std::fmt::Error);
+        assert_eq!(unknown.kind(), QueueErrorKind::Other);
+        assert!(!unknown.is_retryable());
+    }
+
+    #[test]
+    fn only_what_can_succeed_later_is_retryable() {
+        use QueueErrorKind::*;
+        for kind in [Unavailable, Timeout, Unwritable] {
+            assert!(QueueError::new(kind, "x").is_retryable(), "{kind}");
+        }
+        for kind in [Unsupported, Invalid, Conflict, Corrupt, Other] {
+            assert!(!QueueError::new(kind, "x").is_retryable(), "{kind}");
+        }
+        assert!(QueueError::unwritable("full").is_unwritable());
+        assert!(!QueueError::new(Timeout, "slow").is_unwritable());
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_redis_error_is_judged_by_its_own_kind() {
+        let refused: redis::RedisError =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused").into();
+        assert_eq!(
+            QueueError::backend("q", refused).kind(),
+            QueueErrorKind::Unavailable
+        );
+        let script: redis::RedisError =
+            (redis::ErrorKind::UnexpectedReturnType, "bad reply").into();
+        assert_eq!(
+            QueueError::backend("q", script).kind(),
+            QueueErrorKind::Other
+        );
+    }
+}

@@ -24,6 +24,15 @@
 //! carry a MAC under a [`QueueKey`] its instances share, and an entry whose
 //! MAC does not hold is dead-lettered as [`UNAUTHENTICATED`], never delivered.
 //!
+//! A backend implements [`Queue`]: what the once-and-only-once promise rests
+//! on, and all a [`Worker`] needs. Pacing and a circuit breaker across the
+//! instances on one queue are [`SharedPacing`], a trait of its own that the
+//! shared backends implement (Redis Streams, RabbitMQ, JetStream) and the
+//! embedded ones do not; a worker uses it only when built with
+//! [`Worker::shared_pacing`], and otherwise paces alone. A call that fails
+//! answers a [`QueueError`], whose [`QueueErrorKind`] says what to do about
+//! it.
+//!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;
@@ -289,10 +298,13 @@ pub struct QueueStats {
 ///   queue that cannot forget a key says so instead of keeping it.
 ///
 /// The methods with a default body are those whose default is correct for
-/// any queue (a slower [`dead_page`](Self::dead_page), an
-/// [`Unsupported`](QueueErrorKind::Unsupported) error from
-/// [`delete_dead`](Self::delete_dead) and [`forget`](Self::forget));
-/// nothing is quietly skipped.
+/// any queue: [`dead_page`](Self::dead_page) and
+/// [`find_dead`](Self::find_dead) read [`dead_letters`](Self::dead_letters)
+/// (slower), [`postpone`](Self::postpone) is a [`retry`](Self::retry) (the
+/// attempt counts), [`delete_dead`](Self::delete_dead) and
+/// [`forget`](Self::forget) answer an
+/// [`Unsupported`](QueueErrorKind::Unsupported) error; nothing is quietly
+/// skipped.
 pub trait Queue: Clone + Send + Sync + 'static {
     /// Stores `message` unless its key was seen (queued, delivered within
     /// the window, or dead-lettered). Returns once the entry is durable.
@@ -310,17 +322,13 @@ pub trait Queue: Clone + Send + Sync + 'static {
     /// The delivery is still running (or waiting for its turn): its lease
     /// runs `lease` from now, so that the entry is not handed out again
     /// meanwhile (nor does that count as an attempt). `false` if the lease
-    /// was lost. A [`Worker`] calls it every third of its lease. Defaults to
-    /// doing nothing (`true`): a queue whose leases cannot be renewed hands
-    /// out again an entry whose delivery outlives its lease.
+    /// was lost. A [`Worker`] calls it every third of its lease, so that a
+    /// delivery may run longer than the lease.
     fn renew(
         &self,
         delivery: &Delivery,
         lease: Duration,
-    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        let _ = (delivery, lease);
-        async { Ok(true) }
-    }
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send;
 
     /// The entry was delivered: removes it. `false` if the lease was lost
     /// (the entry was handed to another worker).

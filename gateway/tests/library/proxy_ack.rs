@@ -63,6 +63,9 @@ impl Queue for Broken {
     async fn fetch(&self, _n: usize, _l: Duration) -> Result<Vec<Delivery>, QueueError> {
         Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }
+    async fn renew(&self, _d: &Delivery, _l: Duration) -> Result<bool, QueueError> {
+        Err(QueueError::new(QueueErrorKind::Other, "disk full"))
+    }
     async fn ack(&self, _d: &Delivery) -> Result<bool, QueueError> {
         Err(QueueError::new(QueueErrorKind::Other, "disk full"))
     }

@@ -303,6 +303,9 @@ mod old_defaults {
         async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
             self.0.fetch(max, lease).await
         }
+        async fn renew(&self, d: &Delivery, lease: Duration) -> Result<bool, QueueError> {
+            self.0.renew(d, lease).await
+        }
         async fn ack(&self, d: &Delivery) -> Result<bool, QueueError> {
             self.0.ack(d).await
         }

@@ -381,6 +381,9 @@ mod unanswering {
         async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
             self.0.fetch(max, lease).await
         }
+        async fn renew(&self, d: &Delivery, lease: Duration) -> Result<bool, QueueError> {
+            self.0.renew(d, lease).await
+        }
         async fn ack(&self, d: &Delivery) -> Result<bool, QueueError> {
             self.0.ack(d).await
         }
@@ -573,6 +576,9 @@ mod watched {
                 self.fetches.fetch_add(1, Ordering::SeqCst);
             }
             Ok(batch)
+        }
+        async fn renew(&self, d: &Delivery, lease: Duration) -> Result<bool, QueueError> {
+            self.inner.renew(d, lease).await
         }
         async fn ack(&self, d: &Delivery) -> Result<bool, QueueError> {
             let acked = self.inner.ack(d).await;
