@@ -78,7 +78,10 @@ struct Done {
 /// Deliveries can be paced so that a backlog does not knock the upstream
 /// over: [`concurrency`](Self::concurrency), [`rate`](Self::rate) and a
 /// [circuit breaker](Self::breaker), for all of them or per
-/// [lane](Self::lanes) (for example one per upstream). The gauges
+/// [lane](Self::lanes) (for example one per upstream): by this worker
+/// alone, or, built with [`shared_pacing`](Self::shared_pacing) over a
+/// queue that implements [`SharedPacing`], together with every worker on
+/// the queue. The gauges
 /// `idempotency_deliveries_in_flight{route}` and
 /// `idempotency_upstream_breaker{route}` (0 closed, 1 open, 2 half-open: the
 /// probe under way) are labelled with the lane's name (the worker's
