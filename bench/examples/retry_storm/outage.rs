@@ -20,7 +20,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotency_gateway::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
+use idempotency_gateway::proxy::{CallLimit, Deliver, Forward, Gateway, RouteOptions, Target};
 use idempotency_gateway::shed::{AimdLimit, Slots};
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -211,20 +211,29 @@ struct Stop {
     file: Option<std::path::PathBuf>,
 }
 
-/// Starts a worker for `queue` as the gateway's ack-then-deliver route
-/// runs it (the gateway's defaults beside the limit: breaker 10 / 30 s).
-fn spawn_worker<Q: tower_idempotency_queue::Queue, S>(
+/// A worker for `queue` as the gateway's ack-then-deliver route runs it
+/// (the gateway's defaults beside the limit: breaker 10 / 30 s).
+fn worker<Q: tower_idempotency_queue::Queue, S>(
     queue: Q,
     gateway: &Gateway<S>,
     limit: usize,
+) -> Worker<Q, Deliver<S>>
+where
+    S: tower_idempotency::store::Store + Clone + Send + Sync + 'static,
+{
+    Worker::new(queue, gateway.deliverer())
+        .batch(limit + 16)
+        .concurrency(limit)
+        .breaker(10, Duration::from_secs(30))
+}
+
+/// Runs `worker` until the run stops.
+fn spawn_worker<Q: tower_idempotency_queue::Queue, S>(
+    worker: Worker<Q, Deliver<S>>,
     stop: &mut Stop,
 ) where
     S: tower_idempotency::store::Store + Clone + Send + Sync + 'static,
 {
-    let worker = Worker::new(queue, gateway.deliverer())
-        .batch(limit + 16)
-        .concurrency(limit)
-        .breaker(10, Duration::from_secs(30));
     let (tx, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(worker.run(async move {
         let _ = stopped.await;
@@ -288,7 +297,7 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
                 .route_with(PATH, wechat, RouteOptions::new().ack_then_deliver(true))
                 .queue(queue.clone())
                 .build()?;
-            spawn_worker(queue, &gateway, limit, &mut stop);
+            spawn_worker(worker(queue, &gateway, limit), &mut stop);
             stop.file = Some(file);
             addrs.push(serve(gateway).await?);
         }
@@ -310,7 +319,9 @@ async fn once(args: &Args, label: &str, mode: Mode) -> Result<Outcome, Box<dyn s
                     )
                     .queue(queue.clone())
                     .build()?;
-                spawn_worker(queue, &gateway, limit, &mut stop);
+                // The instances pace together, as gateways on one queue do.
+                let paced = worker(queue, &gateway, limit).shared_pacing();
+                spawn_worker(paced, &mut stop);
                 addrs.push(serve(gateway).await?);
             }
         }
