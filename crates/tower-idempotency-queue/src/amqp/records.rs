@@ -125,7 +125,7 @@ impl<S: Store> AmqpQueue<S> {
                 QueueErrorKind::Conflict,
                 "still queued: delivered when due (or dead-lettered: replay it from the dead letters instead)",
             )),
-            _ => Err(err(UNKNOWN_CLAIM)),
+            _ => Err(fail(QueueErrorKind::Corrupt, UNKNOWN_CLAIM)),
         }
     }
 
@@ -166,7 +166,7 @@ impl<S: Store> AmqpQueue<S> {
                     let _ = tokio::time::timeout(left, watch.changed()).await;
                 }
                 Claim::Acquired(_) => return Ok(None),
-                _ => return Err(err(UNKNOWN_CLAIM)),
+                _ => return Err(fail(QueueErrorKind::Corrupt, UNKNOWN_CLAIM)),
             }
         }
     }
