@@ -5,7 +5,7 @@ use idempotency_gateway::journal::{Business, Journal, JournalEvent};
 use idempotency_gateway::proxy::{GatewayResponse, MatchedRoute, RoutedPreset, UpstreamAnswer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tower_idempotency::key::CapturedRequest;
 use tower_idempotency::Preset;
@@ -14,7 +14,7 @@ use tracing::info;
 
 /// How far back `idempotency_duplicate_ratio` looks unless `--ratio-window`
 /// says otherwise.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
 /// The window moves on in this many steps (every 10 s for 5 minutes).
 const STEPS: u32 = 30;
 
@@ -25,7 +25,7 @@ const STEPS: u32 = 30;
 /// set of counters per built-in preset and one for the rest, so that no
 /// request waits on a lock for them; the lock guards only the window's
 /// history, which [`tick`](Self::tick) moves on every thirtieth of the window.
-pub struct Ratios {
+pub(crate) struct Ratios {
     by_preset: Vec<Counts>,
     /// Per built-in preset (indexed like `by_preset`, the last for the
     /// rest), the latency histogram and the ratio gauge, registered once;
@@ -39,7 +39,7 @@ pub struct Ratios {
 }
 
 /// The journal and what goes into its records.
-pub struct Journaling {
+pub(crate) struct Journaling {
     journal: Journal,
     /// With `journal_body`: the most body bytes a record keeps.
     body_max: Option<usize>,
@@ -47,7 +47,7 @@ pub struct Journaling {
 
 impl Journaling {
     /// Events to `journal`; bodies kept (up to `body_max` bytes) when given.
-    pub fn new(journal: Journal, body_max: Option<usize>) -> Self {
+    pub(crate) fn new(journal: Journal, body_max: Option<usize>) -> Self {
         Self { journal, body_max }
     }
 }
@@ -94,7 +94,7 @@ impl Ratios {
     /// `journal`, if there is one. With `metrics` (a recorder is installed,
     /// before this is called) the latency histogram and the ratio gauge
     /// are fed; without, only the journal and the access log.
-    pub fn new(window: Duration, journal: Option<Journaling>, metrics: bool) -> Self {
+    pub(crate) fn new(window: Duration, journal: Option<Journaling>, metrics: bool) -> Self {
         let by_preset = (0..=Preset::builtin_names().len()).map(|_| Counts::default());
         let series = metrics.then(|| {
             Preset::builtin_names()
@@ -113,7 +113,7 @@ impl Ratios {
 
     /// Whether [`record`](Self::record) reads the latency without an access
     /// line (the histogram is fed): when not, it needs no start time.
-    pub fn timed(&self) -> bool {
+    pub(crate) fn timed(&self) -> bool {
         self.series.is_some()
     }
 
@@ -123,7 +123,7 @@ impl Ratios {
     /// given the request's method and path when access lines are logged
     /// (inside the request's span: its request and trace ids go with it).
     /// `trace_id`: the request's, for the journal.
-    pub fn record(
+    pub(crate) fn record(
         &self,
         line: Option<(http::Method, String)>,
         started: Option<Instant>,
@@ -195,7 +195,7 @@ impl Ratios {
     /// (of the start, while the gateway is younger than a window), and the
     /// gauge of every preset seen is set again, so that it falls back once
     /// duplicates stop.
-    pub fn tick(&self) {
+    pub(crate) fn tick(&self) {
         let now: Vec<(u64, u64)> = self
             .by_preset
             .iter()
@@ -225,8 +225,23 @@ impl Ratios {
         }
     }
 
+    /// Makes these the process's ratios (once: a second call is an error)
+    /// and moves their window on for as long as the gateway runs. Every
+    /// serving thread reads them per request through the `&'static`
+    /// returned, so that no reference count is bumped (on a cache line the
+    /// threads would pass back and forth) for each one.
+    pub(crate) fn install(self) -> Result<&'static Ratios, String> {
+        static RATIOS: OnceLock<Ratios> = OnceLock::new();
+        RATIOS
+            .set(self)
+            .map_err(|_| "the duplicate ratios are set once per process".to_owned())?;
+        let ratios = RATIOS.get().expect("set just above");
+        tokio::spawn(ratios.keep_moving());
+        Ok(ratios)
+    }
+
     /// Moves the window on at every step, for as long as the gateway runs.
-    pub async fn keep_moving(&'static self) {
+    async fn keep_moving(&'static self) {
         let step = (self.window / STEPS).max(Duration::from_millis(10));
         let mut every = tokio::time::interval(step);
         every.tick().await;

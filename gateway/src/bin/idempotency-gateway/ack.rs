@@ -20,26 +20,26 @@ use tracing::{error, info, warn};
 
 /// The queue: the embedded file, or one of the queues several gateways
 /// share.
-pub type GatewayQueue = Either<RedbQueue, SharedQueue>;
+pub(crate) type GatewayQueue = Either<RedbQueue, SharedQueue>;
 
 /// A queue several gateways share, whose workers pace together: Redis
 /// Streams, RabbitMQ (its key records in the gateway's store), or NATS
 /// JetStream.
-pub type SharedQueue = Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>;
+pub(crate) type SharedQueue = Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>;
 
 /// The shared queue of `queue`, if it is one (`None`: the embedded queue).
-pub fn shared(queue: &GatewayQueue) -> Option<&SharedQueue> {
+pub(crate) fn shared(queue: &GatewayQueue) -> Option<&SharedQueue> {
     queue.as_ref().right()
 }
 
 /// The queue as routes ingest into it and the worker delivers from it:
 /// sealed (see [`QueueSettings::seal`]), or, for a shared queue given no
 /// secret, as it is.
-pub type DeliveryQueue = Either<Sealed<GatewayQueue>, GatewayQueue>;
+pub(crate) type DeliveryQueue = Either<Sealed<GatewayQueue>, GatewayQueue>;
 
 /// How the worker paces its deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pacing {
+pub(crate) enum Pacing {
     /// On its own concurrency, rate and breaker: one gateway on its queue
     /// (the embedded one).
     Alone,
@@ -50,7 +50,7 @@ pub enum Pacing {
 }
 
 /// The queue the worker delivers from, by how it paces.
-pub enum WorkerQueue {
+pub(crate) enum WorkerQueue {
     /// The embedded queue: paces alone.
     Alone(Either<Sealed<RedbQueue>, RedbQueue>),
     /// A queue several gateways share: paces with them.
@@ -61,7 +61,7 @@ impl WorkerQueue {
     /// `queue` for a worker that paces as `pacing` says; an error when the
     /// queue opened cannot pace so (a worker that must pace with the other
     /// gateways never falls back to pacing alone in silence).
-    pub fn new(queue: DeliveryQueue, pacing: Pacing, describe: &str) -> Result<Self, String> {
+    pub(crate) fn new(queue: DeliveryQueue, pacing: Pacing, describe: &str) -> Result<Self, String> {
         let split = match queue {
             Either::Left(sealed) => match sealed.factor() {
                 Either::Left(embedded) => Self::Alone(Either::Left(embedded)),
@@ -79,7 +79,7 @@ impl WorkerQueue {
     }
 
     /// How its worker paces.
-    pub fn pacing(&self) -> Pacing {
+    pub(crate) fn pacing(&self) -> Pacing {
         match self {
             Self::Alone(_) => Pacing::Alone,
             Self::Shared(_) => Pacing::Shared,
@@ -94,12 +94,12 @@ const EMBEDDED_KEY: &str = "queue.key";
 const NAME: &str = "gateway";
 
 /// `--data-dir` when neither it nor `--queue` is given.
-pub const DEFAULT_DATA_DIR: &str = "./gateway-data";
+pub(crate) const DEFAULT_DATA_DIR: &str = "./gateway-data";
 
 /// Creates the data directory (and its missing parents) readable by its
 /// owner only (0700): the queue and the journal hold what senders sent. An
 /// existing directory is left as it is.
-pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
+pub(crate) fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -110,11 +110,11 @@ pub fn create_private_dir(dir: &std::path::Path) -> Result<(), String> {
 }
 
 /// `--data-dir-reserve` when it is not given.
-pub const DEFAULT_DATA_DIR_RESERVE: u64 = 64 << 20;
+pub(crate) const DEFAULT_DATA_DIR_RESERVE: u64 = 64 << 20;
 
 /// Where the queue lives.
 #[derive(Debug, Clone, PartialEq)]
-pub enum QueueSpec {
+pub(crate) enum QueueSpec {
     /// The embedded queue, `DIR/queue.redb`.
     Dir(PathBuf),
     /// Redis Streams at this URL.
@@ -126,7 +126,7 @@ pub enum QueueSpec {
 }
 
 /// `--queue DIR|redis://HOST:PORT|amqp://USER:PASS@HOST:PORT/VHOST|nats://HOST:PORT`.
-pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
+pub(crate) fn queue_spec(s: &str) -> Result<QueueSpec, String> {
     const EXPECTED: &str =
         "a directory, redis://HOST:PORT, amqp://USER:PASS@HOST:PORT/VHOST or nats://HOST:PORT";
     if s.starts_with("redis://") || s.starts_with("rediss://") {
@@ -151,7 +151,7 @@ pub fn queue_spec(s: &str) -> Result<QueueSpec, String> {
 }
 
 /// `--max-attempts N`: at least 1.
-pub fn attempts(s: &str) -> Result<u32, String> {
+pub(crate) fn attempts(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a whole number of attempts, at least 1".into()),
@@ -160,28 +160,28 @@ pub fn attempts(s: &str) -> Result<u32, String> {
 
 /// How the queue is opened and delivered.
 #[derive(Debug, Clone)]
-pub struct QueueSettings {
-    pub spec: QueueSpec,
+pub(crate) struct QueueSettings {
+    pub(crate) spec: QueueSpec,
     /// Failed attempts before an entry is dead-lettered.
-    pub max_attempts: u32,
+    pub(crate) max_attempts: u32,
     /// The backoff after the first failure (doubled after each, up to 15 minutes).
-    pub backoff: Duration,
+    pub(crate) backoff: Duration,
     /// Replicas that must hold an entry before it is acknowledged (Redis
     /// Streams only).
-    pub replicas: u32,
+    pub(crate) replicas: u32,
     /// Bytes kept free on the embedded queue's disk (`--data-dir-reserve`).
-    pub reserve: u64,
+    pub(crate) reserve: u64,
     /// The file of the secret the gateways of a queue share to seal its
     /// entries (`--queue-secret-file`).
-    pub secret_file: Option<PathBuf>,
+    pub(crate) secret_file: Option<PathBuf>,
     /// Whether entries with no MAC (queued by an earlier version) are
     /// delivered (`queue_accept_unsigned`).
-    pub accept_unsigned: bool,
+    pub(crate) accept_unsigned: bool,
 }
 
 impl QueueSettings {
     /// From the flags or file values; `None` keeps the defaults.
-    pub fn new(
+    pub(crate) fn new(
         queue: Option<QueueSpec>,
         data_dir: Option<PathBuf>,
         max_attempts: Option<u32>,
@@ -200,7 +200,7 @@ impl QueueSettings {
     }
 
     /// `--queue-secret-file FILE` and `queue_accept_unsigned`.
-    pub fn sealing(mut self, secret_file: Option<PathBuf>, accept_unsigned: bool) -> Self {
+    pub(crate) fn sealing(mut self, secret_file: Option<PathBuf>, accept_unsigned: bool) -> Self {
         self.secret_file = secret_file;
         self.accept_unsigned = accept_unsigned;
         self
@@ -212,7 +212,7 @@ impl QueueSettings {
     /// shared queue given no secret is delivered as it is, unauthenticated,
     /// with an error in the log: a key of this instance's own would refuse
     /// every other instance's entries.
-    pub fn seal(&self, queue: GatewayQueue) -> Result<DeliveryQueue, String> {
+    pub(crate) fn seal(&self, queue: GatewayQueue) -> Result<DeliveryQueue, String> {
         let key = match (&self.secret_file, &self.spec) {
             (Some(file), _) => QueueKey::from_file(file).map_err(|e| e.to_string())?,
             (None, QueueSpec::Dir(dir)) => {
@@ -233,7 +233,7 @@ impl QueueSettings {
     }
 
     /// `--data-dir-reserve SIZE`; `None` keeps the default.
-    pub fn reserve(mut self, reserve: Option<usize>) -> Self {
+    pub(crate) fn reserve(mut self, reserve: Option<usize>) -> Self {
         if let Some(reserve) = reserve {
             self.reserve = reserve as u64;
         }
@@ -241,7 +241,7 @@ impl QueueSettings {
     }
 
     /// `--queue-replicas N`: only for a Redis Streams queue.
-    pub fn replicas(mut self, replicas: u32) -> Result<Self, String> {
+    pub(crate) fn replicas(mut self, replicas: u32) -> Result<Self, String> {
         if replicas > 0 && !matches!(self.spec, QueueSpec::Redis(_)) {
             return Err(
                 "`--queue-replicas` needs a Redis Streams queue (`--queue redis://HOST:PORT`); the embedded queue is one file on one node".into(),
@@ -253,7 +253,7 @@ impl QueueSettings {
 
     /// Whether several gateways can share this queue (Redis Streams,
     /// RabbitMQ, JetStream).
-    pub fn is_shared(&self) -> bool {
+    pub(crate) fn is_shared(&self) -> bool {
         matches!(
             self.spec,
             QueueSpec::Redis(_) | QueueSpec::Amqp(_) | QueueSpec::Nats(_)
@@ -262,7 +262,7 @@ impl QueueSettings {
 
     /// How the worker must pace: together with the other gateways on a
     /// queue several of them can share, alone on the embedded one.
-    pub fn pacing(&self) -> Pacing {
+    pub(crate) fn pacing(&self) -> Pacing {
         match self.is_shared() {
             true => Pacing::Shared,
             false => Pacing::Alone,
@@ -271,7 +271,7 @@ impl QueueSettings {
 
     /// Opens (or creates) the queue; a RabbitMQ queue keeps its key records
     /// in `store`.
-    pub async fn open(&self, store: &GatewayStore) -> Result<GatewayQueue, String> {
+    pub(crate) async fn open(&self, store: &GatewayStore) -> Result<GatewayQueue, String> {
         match &self.spec {
             QueueSpec::Dir(dir) => {
                 create_private_dir(dir)?;
@@ -308,7 +308,7 @@ impl QueueSettings {
     /// entries (an acknowledgement is owed to the entry, not to the
     /// configuration), or a Redis queue named by `--queue` (other instances
     /// may fill it).
-    pub async fn open_for(
+    pub(crate) async fn open_for(
         &self,
         acked: bool,
         store: &GatewayStore,
@@ -342,7 +342,7 @@ impl QueueSettings {
     }
 
     /// Where the queue is, for the start line.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.spec {
             QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
             QueueSpec::Redis(url) | QueueSpec::Amqp(url) | QueueSpec::Nats(url) => {
@@ -355,7 +355,7 @@ impl QueueSettings {
     /// each ack-then-deliver route at its own pace (`lanes`, by prefix; see
     /// `pace::lanes`): across every gateway on a shared queue, alone on the
     /// embedded one.
-    pub fn spawn_worker(
+    pub(crate) fn spawn_worker(
         &self,
         queue: WorkerQueue,
         gateway: &Gateway<GatewayStore>,
@@ -460,7 +460,7 @@ impl QueueSettings {
 /// Warns about every ack-then-deliver route that does not verify its
 /// sender: anyone can queue a notification there, and a copy with another
 /// payload is queued beside the first (the upstream must check them).
-pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
+pub(crate) fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
     for (prefix, _, options) in routes {
         if options.is_ack_then_deliver() && !options.verifies() {
             warn!(route = %prefix, "ack-then-deliver route without `verify`: its notifications are acknowledged before anyone checked their sender; copies with another payload are queued beside the first (up to 4) and the upstream decides; configure the channel's keys in the route's `verify` table");
@@ -472,7 +472,7 @@ pub fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
 /// every instance on that queue keeps its own records, so an entry another
 /// instance reclaims (its worker died or its lease ran out) or a redelivery
 /// finds no record there and reaches the upstream again.
-pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
+pub(crate) fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
     if matches!(queue.spec, QueueSpec::Amqp(_)) && memory_store {
         warn!(queue = %queue.describe(), "THE RABBITMQ QUEUE KEEPS ITS KEY RECORDS IN `--store memory`: if several gateways share this queue, each deduplicates and paces (`deliver_concurrency`, `deliver_rate`) on its own, and an entry one of them redelivers finds no record in another's memory and can reach the upstream twice; give every instance the same `--store redis://…`, or run one instance");
         return;
@@ -483,7 +483,7 @@ pub fn warn_memory_store(queue: &QueueSettings, memory_store: bool) {
 }
 
 /// A route's `mode`: `true` for `ack-then-deliver`.
-pub fn mode(mode: &str, target: &Target) -> Result<bool, String> {
+pub(crate) fn mode(mode: &str, target: &Target) -> Result<bool, String> {
     match mode {
         "synchronous" => Ok(false),
         "ack-then-deliver" => ackable(target).map(|()| true),
@@ -505,7 +505,7 @@ fn ackable(target: &Target) -> Result<(), String> {
 }
 
 /// Applies `--ack-then-deliver PREFIX` flags to the routes with that prefix.
-pub fn flag_routes(
+pub(crate) fn flag_routes(
     prefixes: &[String],
     routes: &mut [(String, Target, RouteOptions)],
 ) -> Result<(), String> {

@@ -7,7 +7,7 @@
 //! and a cap of its own on connections, so that slow or idle clients
 //! cannot hold descriptors; with `--admin-tls-cert` it speaks HTTPS.
 
-pub use crate::admin_api::{read_token, Admin};
+pub(crate) use crate::admin_api::{read_token, Admin};
 use crate::serve::{serve_stream, Watch};
 use crate::store::GatewayStore;
 use crate::tls::Tls;
@@ -34,19 +34,19 @@ use tracing_appender::non_blocking::ErrorCounter;
 
 /// The most connections the listener serves at once; more wait to be
 /// accepted. Scrapers, probes and the admin commands need a few.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 /// How the listener serves its connections.
-pub struct Listening {
+pub(crate) struct Listening {
     /// The main listener's `--header-timeout`.
-    pub header_timeout: Duration,
+    pub(crate) header_timeout: Duration,
     /// `--admin-tls-cert` and `--admin-tls-key`, loaded.
-    pub tls: Option<Tls>,
+    pub(crate) tls: Option<Tls>,
 }
 
 /// Installs the recorder and serves the three paths; `store` and `queue`
 /// (the embedded queue of the ack-then-deliver routes) answer `/readyz`.
-pub async fn start(
+pub(crate) async fn start(
     addr: SocketAddr,
     store: GatewayStore,
     queue: Option<RedbQueue>,
@@ -319,11 +319,11 @@ const ALERTED: &[&str] = &[
 /// first mismatch, data loss or early eviction would never fire an alert.
 /// `presets` are the routes' presets (every built-in one for `auto`).
 /// What the series that start at zero are labelled with.
-pub struct Series<'a> {
+pub(crate) struct Series<'a> {
     /// The routes' presets.
-    pub presets: &'a [&'a str],
+    pub(crate) presets: &'a [&'a str],
     /// The prefixes of the ack-then-deliver routes.
-    pub acked: &'a [&'a str],
+    pub(crate) acked: &'a [&'a str],
 }
 
 fn zeros(series: &Series<'_>) {

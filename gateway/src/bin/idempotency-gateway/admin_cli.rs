@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 /// Where the running gateway's admin API is, and how to print.
 #[derive(Args, Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// http://HOST:PORT (or https://) of the running gateway's admin API (default: the
     /// --metrics-listen of the flags or --config, over HTTPS with its --admin-tls-cert,
     /// else http://127.0.0.1:9100)
@@ -25,18 +25,18 @@ pub struct Target {
     admin: Option<String>,
     /// text (default) or json (the admin API's answer)
     #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
+    pub(crate) format: Format,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Text,
     Json,
 }
 
 /// `gateway inspect KEY`.
 #[derive(Args, Debug, Clone)]
-pub struct Inspect {
+pub(crate) struct Inspect {
     /// The stored key (`idem:PRESET:ROUTE:PRINCIPAL:KEY`), or the channel's (or client's) own
     /// id, looked up in the journal as with --id
     key: String,
@@ -53,7 +53,7 @@ pub struct Inspect {
 
 /// `gateway forget KEY`.
 #[derive(Args, Debug, Clone)]
-pub struct Forget {
+pub(crate) struct Forget {
     /// The stored key of a completed record (from `inspect` or `journal`)
     key: String,
     /// Who asks, for the journal (default: $USER@hostname)
@@ -65,7 +65,7 @@ pub struct Forget {
 
 /// `gateway journal`.
 #[derive(Args, Debug, Clone)]
-pub struct Journal {
+pub(crate) struct Journal {
     /// Records whose last copy came at or after T (RFC 3339, or ms since the epoch)
     #[arg(long, value_name = "T")]
     since: Option<String>,
@@ -86,12 +86,12 @@ pub struct Journal {
 }
 
 /// `s` percent-encoded for a path segment or a query value.
-pub fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// A query string of the pairs that have a value.
-pub fn query(pairs: &[(&str, Option<&str>)]) -> String {
+pub(crate) fn query(pairs: &[(&str, Option<&str>)]) -> String {
     let mut out = form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {
         if let Some(v) = v {
@@ -102,7 +102,7 @@ pub fn query(pairs: &[(&str, Option<&str>)]) -> String {
 }
 
 /// One call to the admin API: its status and JSON.
-pub async fn call(
+pub(crate) async fn call(
     target: &Resolved,
     token: &str,
     method: Method,
@@ -284,7 +284,7 @@ fn print(
 }
 
 /// The message for an admin API answer that is not a success.
-pub fn failed(status: u16, json: &Value) -> String {
+pub(crate) fn failed(status: u16, json: &Value) -> String {
     let message = json["error"]
         .as_str()
         .map_or_else(|| json.to_string(), str::to_owned);
@@ -294,15 +294,15 @@ pub fn failed(status: u16, json: &Value) -> String {
 /// Where the running gateway's admin API listens, from its own flags or
 /// config file.
 #[derive(Debug, Clone, Default)]
-pub struct AdminAt {
+pub(crate) struct AdminAt {
     /// Its `metrics_listen`.
-    pub listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
     /// Its `admin_tls_cert`: the admin API speaks HTTPS with it.
-    pub cert: Option<PathBuf>,
+    pub(crate) cert: Option<PathBuf>,
 }
 
 /// A [`Target`] with its admin URL resolved.
-pub struct Resolved {
+pub(crate) struct Resolved {
     base: String,
     format: Format,
     /// The certificate an `https://` admin API is trusted by.
@@ -310,7 +310,7 @@ pub struct Resolved {
 }
 
 impl Target {
-    pub fn resolve(&self, at: &AdminAt) -> Resolved {
+    pub(crate) fn resolve(&self, at: &AdminAt) -> Resolved {
         let base = match (&self.admin, at.listen, &at.cert) {
             (Some(url), _, _) => url.clone(),
             // A certificate names a host, not a loopback or wildcard address.
@@ -332,14 +332,14 @@ impl Target {
 }
 
 /// What a subcommand needs besides its own flags.
-pub enum Call<'a> {
+pub(crate) enum Call<'a> {
     Inspect(&'a Inspect),
     Forget(&'a Forget),
     Journal(&'a Journal),
 }
 
 /// Runs an admin subcommand; `Err` is the message for exit status 1.
-pub fn run(
+pub(crate) fn run(
     what: Call<'_>,
     token_file: Option<&PathBuf>,
     metrics_listen: &AdminAt,
@@ -484,7 +484,7 @@ const MAX_MATCHES: usize = 1000;
 /// A paged call (`path?pairs&limit=…&cursor=…`) read page by page until
 /// `most` items of `field` or the last page: one answer with every item,
 /// the last page's other fields and `next_cursor` (null once all were read).
-pub async fn paged(
+pub(crate) async fn paged(
     target: &Resolved,
     token: &str,
     path: &str,
@@ -526,7 +526,7 @@ fn body_of(j: &Value) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
 
-pub async fn call_ok(
+pub(crate) async fn call_ok(
     target: &Resolved,
     token: &str,
     method: Method,
@@ -540,7 +540,7 @@ pub async fn call_ok(
 }
 
 /// `$USER@hostname`: who asks, unless `--by` says.
-pub fn default_by() -> String {
+pub(crate) fn default_by() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
     let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
     match host.trim() {

@@ -17,13 +17,13 @@ const SCAN: usize = 10_000;
 /// Dead letters the queue is asked for at a time.
 const BATCH: usize = 500;
 /// Dead letters a bulk replay looks at, at most.
-pub const BULK: usize = 1_000_000;
+pub(crate) const BULK: usize = 1_000_000;
 /// The longest one queue call of the API waits.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Which dead letters a list or a bulk replay selects.
 #[derive(Debug, Clone, Default)]
-pub struct DeadFilter {
+pub(crate) struct DeadFilter {
     since_ms: Option<u64>,
     until_ms: Option<u64>,
     route: Option<String>,
@@ -34,7 +34,7 @@ impl DeadFilter {
     /// The filters of the query `q` (`since`, `until`, `route`, `error`);
     /// `extra` are the other parameters the call takes. An unknown
     /// parameter is an error.
-    pub fn parse(q: &[(String, String)], extra: &[&str]) -> Result<Self, String> {
+    pub(crate) fn parse(q: &[(String, String)], extra: &[&str]) -> Result<Self, String> {
         let mut f = Self::default();
         for (name, value) in q {
             match name.as_str() {
@@ -60,7 +60,7 @@ impl DeadFilter {
 
 /// Whether `path` is `prefix` or below it (`/notify` covers `/notify/x`,
 /// not `/notifyx`).
-pub fn under(path: &str, prefix: &str) -> bool {
+pub(crate) fn under(path: &str, prefix: &str) -> bool {
     let prefix = prefix.trim_end_matches('/');
     prefix.is_empty()
         || path == prefix
@@ -70,7 +70,7 @@ pub fn under(path: &str, prefix: &str) -> bool {
 }
 
 /// Milliseconds since the epoch (0 before it).
-pub fn ms_of(t: SystemTime) -> u64 {
+pub(crate) fn ms_of(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -84,7 +84,7 @@ fn rfc3339(t: SystemTime) -> String {
 }
 
 /// A dead letter's line in a list.
-pub fn summary(d: &DeadLetter) -> Value {
+pub(crate) fn summary(d: &DeadLetter) -> Value {
     json!({
         "id": d.id.as_str(),
         "key": d.message.key,
@@ -101,7 +101,7 @@ pub fn summary(d: &DeadLetter) -> Value {
 /// A dead letter in full: its failed attempts the queue kept (each with its
 /// number, time and error; the first and the latest), how many others it
 /// made, the request's headers and its body as base64.
-pub fn detail(d: &DeadLetter) -> Value {
+pub(crate) fn detail(d: &DeadLetter) -> Value {
     let mut v = summary(d);
     let headers: Vec<Value> = (d.message.headers.iter())
         .map(|(name, value)| {
@@ -142,7 +142,7 @@ async fn bounded<T>(
 /// A page of the dead letters `filter` selects, at most `limit`, after
 /// `cursor`: the letters and the cursor of the next page (`None` once the
 /// queue has no more).
-pub async fn page(
+pub(crate) async fn page(
     queue: &GatewayQueue,
     filter: &DeadFilter,
     limit: usize,
@@ -173,7 +173,7 @@ pub async fn page(
 
 /// The dead letters `filter` selects (at most `most`, of at most
 /// [`BULK`] looked at), and how many were looked at.
-pub async fn page_all<Q: Queue>(
+pub(crate) async fn page_all<Q: Queue>(
     queue: &Q,
     filter: &DeadFilter,
     most: usize,
@@ -198,14 +198,14 @@ pub async fn page_all<Q: Queue>(
 /// Whether `d` was dead-lettered because it failed authentication (it was
 /// not queued by a gateway holding the queue's key): replayed only when
 /// forced.
-pub fn unauthenticated(d: &DeadLetter) -> bool {
+pub(crate) fn unauthenticated(d: &DeadLetter) -> bool {
     d.error == tower_idempotency_queue::UNAUTHENTICATED
 }
 
 /// `POST /admin/dead/replay`: replays what `filter` selects (each at most
 /// once), or with `dry_run` counts it; dead letters that failed
 /// authentication only when `force`d (else counted as `refused`).
-pub async fn replay_selected(
+pub(crate) async fn replay_selected(
     queue: &GatewayQueue,
     filter: &DeadFilter,
     dry_run: bool,
@@ -242,14 +242,14 @@ pub async fn replay_selected(
 }
 
 /// `GET /admin/dead/{id}`.
-pub async fn show(queue: &GatewayQueue, id: &str) -> Result<Option<Value>, String> {
+pub(crate) async fn show(queue: &GatewayQueue, id: &str) -> Result<Option<Value>, String> {
     let found = bounded(queue.find_dead(&EntryId::new(id))).await?;
     Ok(found.as_ref().map(detail))
 }
 
 /// What a replay of one dead letter did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplayOne {
+pub(crate) enum ReplayOne {
     /// Queued again.
     Replayed,
     /// No such dead letter.
@@ -260,7 +260,7 @@ pub enum ReplayOne {
 
 /// `POST /admin/dead/{id}/replay[?force=true]`: a dead letter that failed
 /// authentication is replayed only when `force`d.
-pub async fn replay_one(queue: &GatewayQueue, id: &str, force: bool) -> Result<ReplayOne, String> {
+pub(crate) async fn replay_one(queue: &GatewayQueue, id: &str, force: bool) -> Result<ReplayOne, String> {
     let id = EntryId::new(id);
     if !force {
         match bounded(queue.find_dead(&id)).await? {
@@ -279,7 +279,7 @@ pub async fn replay_one(queue: &GatewayQueue, id: &str, force: bool) -> Result<R
 
 /// The refusal of an unforced replay of a dead letter that failed
 /// authentication.
-pub fn unauthenticated_refusal(id: &str) -> String {
+pub(crate) fn unauthenticated_refusal(id: &str) -> String {
     format!(
         "dead letter {id} failed authentication (`unauthenticated`): it was not queued by a \
          gateway holding this queue's key; replay it with --force (force=true) only if you know \
@@ -289,7 +289,7 @@ pub fn unauthenticated_refusal(id: &str) -> String {
 
 /// `DELETE /admin/dead/{id}`: the deleted letter; the journal (or the log
 /// when it is off) notes who deleted it, when and why.
-pub async fn delete(
+pub(crate) async fn delete(
     queue: &GatewayQueue,
     journal: Option<&idempotency_gateway::journal::Journal>,
     id: &str,

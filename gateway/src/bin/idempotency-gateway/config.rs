@@ -23,7 +23,7 @@
 //! values, and `--route` flags replace the file's routes.
 
 mod admin;
-pub mod journal;
+pub(crate) mod journal;
 
 use crate::ack::{self, QueueSettings};
 use crate::admin_cli::AdminAt;
@@ -104,81 +104,81 @@ struct File {
 
 /// Everything the gateway runs with.
 #[derive(Debug)]
-pub struct Settings {
-    pub listen: SocketAddr,
-    pub upstream: Upstream,
-    pub store: StoreSpec,
+pub(crate) struct Settings {
+    pub(crate) listen: SocketAddr,
+    pub(crate) upstream: Upstream,
+    pub(crate) store: StoreSpec,
     /// The SQL database behind the Redis store (`--backstop`).
-    pub backstop: Option<String>,
+    pub(crate) backstop: Option<String>,
     /// Prefix, target and the route's options (global values applied).
-    pub routes: Vec<(String, Target, RouteOptions)>,
-    pub metrics_listen: Option<SocketAddr>,
+    pub(crate) routes: Vec<(String, Target, RouteOptions)>,
+    pub(crate) metrics_listen: Option<SocketAddr>,
     /// `--data-dir` (or its default): the paused routes are kept there with
     /// the memory store.
-    pub data_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
     /// The metrics listener's certificate and key: it speaks HTTPS.
-    pub admin_tls: Option<(PathBuf, PathBuf)>,
-    pub upstream_timeout: Duration,
-    pub max_memory: usize,
+    pub(crate) admin_tls: Option<(PathBuf, PathBuf)>,
+    pub(crate) upstream_timeout: Duration,
+    pub(crate) max_memory: usize,
     /// The memory store's budget of each route's records (`max_memory`
     /// split, see `store::split`).
-    pub budgets: Vec<crate::store::RouteBudget>,
+    pub(crate) budgets: Vec<crate::store::RouteBudget>,
     /// The Redis store's local tier budget.
-    pub local_max_memory: usize,
+    pub(crate) local_max_memory: usize,
     /// The longest drain on SIGTERM or SIGINT.
-    pub drain_timeout: Duration,
-    pub tls: Option<(PathBuf, PathBuf)>,
-    pub upstream_ca: Option<PathBuf>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) tls: Option<(PathBuf, PathBuf)>,
+    pub(crate) upstream_ca: Option<PathBuf>,
     /// Whether connections to the upstream are kept (`--upstream-keepalive`).
-    pub upstream_keepalive: bool,
+    pub(crate) upstream_keepalive: bool,
     /// Whether a client's `traceparent` is followed (`--accept-traceparent`).
-    pub accept_traceparent: bool,
-    pub max_connections: usize,
+    pub(crate) accept_traceparent: bool,
+    pub(crate) max_connections: usize,
     /// Serving threads.
-    pub workers: usize,
-    pub header_timeout: Duration,
-    pub body_timeout: Duration,
+    pub(crate) workers: usize,
+    pub(crate) header_timeout: Duration,
+    pub(crate) body_timeout: Duration,
     /// The budget of request bodies being read.
-    pub max_buffered: usize,
-    pub h2_max_streams: u32,
-    pub max_upstream_calls: usize,
+    pub(crate) max_buffered: usize,
+    pub(crate) h2_max_streams: u32,
+    pub(crate) max_upstream_calls: usize,
     /// How long a guarded request waits for an upstream slot before it is shed.
-    pub queue_wait: Duration,
+    pub(crate) queue_wait: Duration,
     /// How far back the duplicate-ratio gauge looks.
-    pub ratio_window: Duration,
+    pub(crate) ratio_window: Duration,
     /// The journal's file, retention and size, when it is on.
-    pub journal: Option<journal::JournalSettings>,
+    pub(crate) journal: Option<journal::JournalSettings>,
     /// With `journal_body`: the most body bytes a journal record keeps.
-    pub journal_body: Option<usize>,
+    pub(crate) journal_body: Option<usize>,
     /// The admin API's bearer token, when it is on.
-    pub admin_token: Option<String>,
+    pub(crate) admin_token: Option<String>,
     /// The queue of the ack-then-deliver routes.
-    pub queue: QueueSettings,
+    pub(crate) queue: QueueSettings,
     /// How each route paces its queued deliveries, by prefix.
-    pub paces: Vec<(String, Pace)>,
+    pub(crate) paces: Vec<(String, Pace)>,
     /// Warnings to log once logging is on.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// The named upstreams (`[[upstreams]]`).
-    pub upstreams: Vec<crate::upstreams::Named>,
+    pub(crate) upstreams: Vec<crate::upstreams::Named>,
     /// The routes with a named upstream: prefix, upstream name.
-    pub route_upstreams: Vec<(String, String)>,
-    pub log_format: crate::logging::LogFormat,
+    pub(crate) route_upstreams: Vec<(String, String)>,
+    pub(crate) log_format: crate::logging::LogFormat,
     /// Where and how traces are exported, when they are.
-    pub traces: Option<crate::otel::Traces>,
+    pub(crate) traces: Option<crate::otel::Traces>,
 }
 
 /// The memory store's budget when `--max-memory` is not given.
-pub const DEFAULT_MAX_MEMORY: usize = 256 << 20;
+pub(crate) const DEFAULT_MAX_MEMORY: usize = 256 << 20;
 
 /// The budget of request bodies being read when `--max-buffered` is not given.
-pub const DEFAULT_MAX_BUFFERED: usize = 64 << 20;
+pub(crate) const DEFAULT_MAX_BUFFERED: usize = 64 << 20;
 
 /// The Redis store's local tier budget when `--local-max-memory` is not given.
-pub const DEFAULT_LOCAL_MAX_MEMORY: usize = 64 << 20;
+pub(crate) const DEFAULT_LOCAL_MAX_MEMORY: usize = 64 << 20;
 
 /// The settings from `args` and the file it names; `Err` is the message for
 /// exit status 2.
-pub fn settings(args: Args) -> Result<Settings, String> {
+pub(crate) fn settings(args: Args) -> Result<Settings, String> {
     let base = args
         .config
         .as_deref()
@@ -413,7 +413,7 @@ pub fn settings(args: Args) -> Result<Settings, String> {
 }
 
 /// The queue settings alone (for `gateway dlq`).
-pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
+pub(crate) fn queue_only(args: &Args) -> Result<QueueSettings, String> {
     let (file, text, path) = load(args)?;
     queue_settings(
         args,
@@ -428,7 +428,7 @@ pub fn queue_only(args: &Args) -> Result<QueueSettings, String> {
 /// What the admin commands (`inspect`, `forget`, `journal`) need of the
 /// flags and the config file: the running gateway's `metrics_listen` (and
 /// its certificate, to speak HTTPS to it) and `admin_token_file`.
-pub fn admin_only(args: &Args) -> Result<(AdminAt, Option<PathBuf>), String> {
+pub(crate) fn admin_only(args: &Args) -> Result<(AdminAt, Option<PathBuf>), String> {
     let (file, text, path) = load(args)?;
     let at = At {
         path: &path,

@@ -17,12 +17,12 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
                    img-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Whether `path` is the console's.
-pub fn is_console(path: &str) -> bool {
+pub(crate) fn is_console(path: &str) -> bool {
     path == "/console" || path.starts_with("/console/")
 }
 
 /// The console's answer for `method path`.
-pub fn answer(method: &Method, path: &str) -> Response<Body> {
+pub(crate) fn answer(method: &Method, path: &str) -> Response<Body> {
     let found = match path {
         "/console" => {
             let mut res = Response::new(Body::empty());

@@ -18,7 +18,7 @@ use tower_idempotency_queue::{DeadLetter, EntryId, Queue};
 
 /// Subcommands.
 #[derive(Subcommand, Debug, Clone)]
-pub enum Command {
+pub(crate) enum Command {
     /// The dead letters: through the running gateway's admin API when an admin token is
     /// configured, else (or with --offline) directly on the queue of a stopped gateway
     Dlq {
@@ -47,7 +47,7 @@ pub enum Command {
 
 /// The filters of `dlq list` and of a bulk `dlq replay`.
 #[derive(Args, Debug, Clone, Default)]
-pub struct Filters {
+pub(crate) struct Filters {
     /// Dead-lettered at or after T (RFC 3339, or ms since the epoch)
     #[arg(long, value_name = "T")]
     since: Option<String>,
@@ -82,7 +82,7 @@ impl Filters {
 
 /// What to do with the dead letters.
 #[derive(Subcommand, Debug, Clone)]
-pub enum Dlq {
+pub(crate) enum Dlq {
     /// One line per dead letter, in the queue's order: ID, attempts, when, key, path, last error
     List {
         /// At most this many
@@ -208,7 +208,7 @@ fn show_text(out: &mut dyn Write, d: &Value) -> std::io::Result<()> {
 }
 
 /// Runs `action` through the running gateway's admin API.
-pub fn run_admin(action: &Dlq, token_file: &Path, at: &AdminAt) -> Result<(), String> {
+pub(crate) fn run_admin(action: &Dlq, token_file: &Path, at: &AdminAt) -> Result<(), String> {
     let token = crate::admin::read_token(token_file)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -343,7 +343,7 @@ async fn admin(action: &Dlq, token: &str, at: &AdminAt) -> Result<(), String> {
 
 /// Runs `action` directly on the queue; `Err` is the message for exit
 /// status 1.
-pub fn run(action: &Dlq, settings: &QueueSettings) -> Result<(), String> {
+pub(crate) fn run(action: &Dlq, settings: &QueueSettings) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -7,14 +7,14 @@ use std::fmt::Write as _;
 
 /// `s` with every control character (C0, DEL, C1) escaped: `\e`, `\a`,
 /// `\t`, `\n`, `\r`, `\\`, else `\xNN` or `\u{NN}`.
-pub fn shown(s: &str) -> String {
+pub(crate) fn shown(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     push(&mut out, s);
     out
 }
 
 /// Bytes as [`shown`] text; bytes that are not UTF-8 as `\xNN`.
-pub fn shown_bytes(bytes: &[u8]) -> String {
+pub(crate) fn shown_bytes(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         push(&mut out, chunk.valid());

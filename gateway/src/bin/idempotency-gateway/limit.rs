@@ -19,7 +19,7 @@ use serde::Deserialize;
 /// defaults: min 1, max 200, initial 20, tolerance 2, backoff 0.9).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AutoLimit {
+pub(crate) struct AutoLimit {
     min: Option<u64>,
     max: Option<u64>,
     initial: Option<u64>,
@@ -29,13 +29,13 @@ pub struct AutoLimit {
 }
 
 /// What `max_in_flight` says.
-pub enum InFlight {
+pub(crate) enum InFlight {
     Fixed(usize),
     Auto,
 }
 
 /// A route's `max_in_flight`: a whole number more than 0, or `"auto"`.
-pub fn max_in_flight(v: &SizeValue) -> Result<InFlight, String> {
+pub(crate) fn max_in_flight(v: &SizeValue) -> Result<InFlight, String> {
     const EXPECTED: &str = "expected a whole number more than 0 or \"auto\"";
     match v {
         SizeValue::Text(t) if t == "auto" => Ok(InFlight::Auto),
@@ -48,7 +48,7 @@ pub fn max_in_flight(v: &SizeValue) -> Result<InFlight, String> {
 
 /// `options` with the route's cap: `auto_limit` only goes with
 /// `max_in_flight = "auto"`.
-pub fn apply(
+pub(crate) fn apply(
     options: RouteOptions,
     in_flight: Option<InFlight>,
     auto: Option<&AutoLimit>,

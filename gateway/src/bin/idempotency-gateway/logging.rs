@@ -26,14 +26,14 @@ const BUFFERED_LINES: usize = 16_384;
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     #[default]
     Text,
     Json,
 }
 
 /// `--log-format` and `log_format`: `text` or `json`.
-pub fn format(s: &str) -> Result<LogFormat, String> {
+pub(crate) fn format(s: &str) -> Result<LogFormat, String> {
     match s {
         "text" => Ok(LogFormat::Text),
         "json" => Ok(LogFormat::Json),
@@ -43,15 +43,15 @@ pub fn format(s: &str) -> Result<LogFormat, String> {
 
 /// What logging keeps until exit: the guard flushes the log, the export
 /// (when on) the spans still queued.
-pub struct Logging {
-    pub _guard: WorkerGuard,
-    pub dropped: ErrorCounter,
-    pub export: Option<Export>,
+pub(crate) struct Logging {
+    pub(crate) _guard: WorkerGuard,
+    pub(crate) dropped: ErrorCounter,
+    pub(crate) export: Option<Export>,
 }
 
 /// Installs the subscriber, in the runtime the OTLP export runs on (its
 /// context entered). `Err`: the exporter cannot start.
-pub fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging, String> {
+pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging, String> {
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(BUFFERED_LINES)

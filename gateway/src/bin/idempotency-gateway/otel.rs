@@ -42,27 +42,27 @@ const MAX_ANSWER: usize = 64 << 10;
 
 /// How the gateway exports its traces, when it does.
 #[derive(Debug, Clone)]
-pub struct Traces {
+pub(crate) struct Traces {
     /// The URL spans are sent to (`…/v1/traces` over HTTP).
-    pub endpoint: String,
-    pub protocol: Protocol,
-    pub sampler: Sampling,
+    pub(crate) endpoint: String,
+    pub(crate) protocol: Protocol,
+    pub(crate) sampler: Sampling,
     /// `OTEL_SERVICE_NAME`.
-    pub service: String,
+    pub(crate) service: String,
     queue: usize,
     timeout: Duration,
 }
 
 /// `OTEL_EXPORTER_OTLP_PROTOCOL`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     HttpProtobuf,
     Grpc,
 }
 
 /// Which new traces are kept.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Sampling {
+pub(crate) enum Sampling {
     /// `always_on`, `always_off` or `traceidratio` (a ratio): the trace's
     /// own decision.
     Root(f64),
@@ -89,7 +89,7 @@ impl Sampling {
     }
 
     /// For the start line.
-    pub fn describe(self) -> String {
+    pub(crate) fn describe(self) -> String {
         match self {
             Sampling::Root(r) => format!("{r}"),
             Sampling::ParentBased(r) => format!("{r} (parent-based)"),
@@ -100,14 +100,14 @@ impl Sampling {
 /// What the flags and the config file say; the `OTEL_*` variables fill in
 /// the rest.
 #[derive(Debug, Default)]
-pub struct Given {
-    pub endpoint: Option<String>,
-    pub ratio: Option<f64>,
+pub(crate) struct Given {
+    pub(crate) endpoint: Option<String>,
+    pub(crate) ratio: Option<f64>,
 }
 
 /// The export settings, when an endpoint is set; `warnings` gets what is
 /// ignored. `Err` is the message for exit status 2.
-pub fn settings(given: Given, warnings: &mut Vec<String>) -> Result<Option<Traces>, String> {
+pub(crate) fn settings(given: Given, warnings: &mut Vec<String>) -> Result<Option<Traces>, String> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let protocol = match env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
@@ -177,7 +177,7 @@ pub fn settings(given: Given, warnings: &mut Vec<String>) -> Result<Option<Trace
 }
 
 /// `--trace-sample-ratio`: a share of new traces, 0 to 1.
-pub fn ratio(s: &str) -> Result<f64, String> {
+pub(crate) fn ratio(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(format!(
@@ -238,14 +238,14 @@ fn check_url(url: &str) -> Result<(), String> {
 }
 
 /// The running export: flush it before exit.
-pub struct Export {
+pub(crate) struct Export {
     provider: SdkTracerProvider,
 }
 
 impl Export {
     /// Exports what is still queued (at most `within`), off the runtime's
     /// thread: the HTTP exporter runs on this runtime.
-    pub async fn shutdown(self, within: Duration) {
+    pub(crate) async fn shutdown(self, within: Duration) {
         let provider = self.provider;
         let done = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(within));
         let _ = tokio::time::timeout(within + Duration::from_secs(1), done).await;
@@ -255,7 +255,7 @@ impl Export {
 /// Starts the export (in the runtime whose context is entered: the HTTP
 /// client runs on it); the tracer for the `tracing` layer. Sets the global
 /// propagator to W3C trace context.
-pub fn start(traces: &Traces) -> Result<(Export, opentelemetry_sdk::trace::Tracer), String> {
+pub(crate) fn start(traces: &Traces) -> Result<(Export, opentelemetry_sdk::trace::Tracer), String> {
     use opentelemetry::trace::TracerProvider as _;
     let exporter = match traces.protocol {
         Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
@@ -315,7 +315,7 @@ pub fn start(traces: &Traces) -> Result<(Export, opentelemetry_sdk::trace::Trace
 }
 
 /// Puts the drop counter's series at zero (once the metrics recorder is in).
-pub fn register_metrics() {
+pub(crate) fn register_metrics() {
     for reason in ["queue_full", "export_failed"] {
         dropped(reason, 0);
     }
@@ -329,7 +329,7 @@ fn dropped(reason: &'static str, n: usize) {
 static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether spans are exported: a request's span has a trace id.
-pub fn exporting() -> bool {
+pub(crate) fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
@@ -338,13 +338,13 @@ static ACCEPTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 
 /// Follows a client's `traceparent` (`--accept-traceparent`): a request's
 /// span takes the client's context as its parent.
-pub fn accept_traceparent(on: bool) {
+pub(crate) fn accept_traceparent(on: bool) {
     ACCEPTING.store(on, Ordering::Relaxed);
 }
 
 /// Makes `span` a child of the client's trace when `--accept-traceparent`
 /// is on and the request carries one.
-pub fn follow_client(span: &tracing::Span, headers: &http::HeaderMap) {
+pub(crate) fn follow_client(span: &tracing::Span, headers: &http::HeaderMap) {
     if ACCEPTING.load(Ordering::Relaxed) && headers.contains_key("traceparent") {
         let _ = span.set_parent(tower_idempotency::trace::extract(headers));
     }
@@ -352,7 +352,7 @@ pub fn follow_client(span: &tracing::Span, headers: &http::HeaderMap) {
 
 /// The trace id of `span` (its OpenTelemetry context), as 32 hex digits;
 /// `None` when the span is not traced.
-pub fn trace_id(span: &tracing::Span) -> Option<String> {
+pub(crate) fn trace_id(span: &tracing::Span) -> Option<String> {
     let cx = span.context();
     let id = cx.span().span_context().trace_id();
     (id != opentelemetry::trace::TraceId::INVALID).then(|| id.to_string())
@@ -361,7 +361,7 @@ pub fn trace_id(span: &tracing::Span) -> Option<String> {
 /// The trace a queued delivery runs in: the current span's (the delivery's)
 /// when spans are exported, else the one its ingest stored in the entry's
 /// `traceparent` (`00-TRACE_ID-PARENT_ID-FLAGS`).
-pub fn delivery_trace_id(headers: &http::HeaderMap) -> Option<String> {
+pub(crate) fn delivery_trace_id(headers: &http::HeaderMap) -> Option<String> {
     if exporting()
         && let Some(id) = trace_id(&tracing::Span::current())
     {

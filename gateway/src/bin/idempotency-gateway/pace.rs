@@ -9,24 +9,24 @@ use toml::Spanned;
 use tower_idempotency_queue::{Pace, Rate};
 
 /// `deliver_concurrency` when a route does not set it.
-pub const DEFAULT_DELIVER_CONCURRENCY: usize = 16;
+pub(crate) const DEFAULT_DELIVER_CONCURRENCY: usize = 16;
 /// `breaker_failures` when a route does not set it.
-pub const DEFAULT_BREAKER_FAILURES: u32 = 10;
+pub(crate) const DEFAULT_BREAKER_FAILURES: u32 = 10;
 /// `breaker_cooldown` when a route does not set it.
-pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 
 /// A route's pacing keys as written (any TOML type: a wrong one is
 /// refused here, naming the key).
-pub struct Keys<'a> {
-    pub deliver_concurrency: &'a Option<Spanned<toml::Value>>,
-    pub deliver_rate: &'a Option<Spanned<toml::Value>>,
-    pub retry_schedule: &'a Option<Spanned<toml::Value>>,
-    pub breaker_failures: &'a Option<Spanned<toml::Value>>,
-    pub breaker_cooldown: &'a Option<Spanned<toml::Value>>,
+pub(crate) struct Keys<'a> {
+    pub(crate) deliver_concurrency: &'a Option<Spanned<toml::Value>>,
+    pub(crate) deliver_rate: &'a Option<Spanned<toml::Value>>,
+    pub(crate) retry_schedule: &'a Option<Spanned<toml::Value>>,
+    pub(crate) breaker_failures: &'a Option<Spanned<toml::Value>>,
+    pub(crate) breaker_cooldown: &'a Option<Spanned<toml::Value>>,
 }
 
 /// The pace of a route that sets none of the keys.
-pub fn default_pace() -> Pace {
+pub(crate) fn default_pace() -> Pace {
     Pace::new()
         .concurrency(DEFAULT_DELIVER_CONCURRENCY)
         .breaker(DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_COOLDOWN)
@@ -35,10 +35,10 @@ pub fn default_pace() -> Pace {
 /// The most deliveries one route may run at once: far past what an
 /// upstream bears, and small enough that the worker's fetch (the routes'
 /// sum) stays a sane number.
-pub const MAX_DELIVER_CONCURRENCY: usize = 65_536;
+pub(crate) const MAX_DELIVER_CONCURRENCY: usize = 65_536;
 
 /// The route's pace; an error names the key and its line.
-pub fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
+pub(crate) fn route(at: &At<'_>, keys: &Keys<'_>) -> Result<Pace, String> {
     let concurrency = at
         .checked(keys.deliver_concurrency, "deliver_concurrency", |v| {
             let n = whole(v, "expected a whole number more than 0")?;
@@ -106,7 +106,7 @@ fn schedule(value: &toml::Value) -> Result<Vec<Duration>, String> {
 }
 
 /// How the route paces its deliveries, for the start line.
-pub fn describe(pace: &Pace) -> String {
+pub(crate) fn describe(pace: &Pace) -> String {
     let mut parts = vec![format!(
         "deliver_concurrency={}",
         pace.get_concurrency().unwrap_or(0)
@@ -155,7 +155,7 @@ fn clamped(prefix: &str, pace: Pace, options: &idempotency_gateway::proxy::Route
 
 /// The pace of every ack-then-deliver route (its own keys, or the
 /// defaults for a route of the flags), by prefix; `None` for the others.
-pub fn lanes(
+pub(crate) fn lanes(
     routes: &[(
         String,
         idempotency_gateway::proxy::Target,

@@ -8,7 +8,7 @@ use tower_idempotency::{OnStoreError, Preset};
 
 /// Where records live.
 #[derive(Debug, Clone, PartialEq)]
-pub enum StoreSpec {
+pub(crate) enum StoreSpec {
     Memory,
     Redis(String),
     Cluster(Vec<String>),
@@ -18,21 +18,21 @@ pub enum StoreSpec {
 
 /// `PREFIX=PRESET` of `--route`.
 #[derive(Debug, Clone)]
-pub struct RouteArg {
-    pub prefix: String,
-    pub target: Target,
+pub(crate) struct RouteArg {
+    pub(crate) prefix: String,
+    pub(crate) target: Target,
 }
 
-pub fn addr(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn addr(s: &str) -> Result<SocketAddr, String> {
     s.parse()
         .map_err(|_| "expected IP:PORT, e.g. 127.0.0.1:8080 or [::1]:8080".to_owned())
 }
 
-pub fn upstream(s: &str) -> Result<Upstream, String> {
+pub(crate) fn upstream(s: &str) -> Result<Upstream, String> {
     s.parse().map_err(|e| format!("{e}"))
 }
 
-pub fn store(s: &str) -> Result<StoreSpec, String> {
+pub(crate) fn store(s: &str) -> Result<StoreSpec, String> {
     fn host_port(s: &str) -> Result<(), String> {
         let (host, port) = s
             .rsplit_once(':')
@@ -85,7 +85,7 @@ pub fn store(s: &str) -> Result<StoreSpec, String> {
 
 /// `--backstop`: a SQL database (`postgres://…`, `mysql://…`, `sqlite:PATH`)
 /// behind the Redis `--store`.
-pub fn backstop(s: &str) -> Result<String, String> {
+pub(crate) fn backstop(s: &str) -> Result<String, String> {
     match store(s) {
         Ok(StoreSpec::Sql(url)) => Ok(url),
         Ok(_) | Err(_) => Err(
@@ -97,7 +97,7 @@ pub fn backstop(s: &str) -> Result<String, String> {
 }
 
 /// A preset name or `auto`.
-pub fn target(preset: &str) -> Result<Target, String> {
+pub(crate) fn target(preset: &str) -> Result<Target, String> {
     if preset == "auto" {
         return Ok(Target::Auto);
     }
@@ -111,14 +111,14 @@ pub fn target(preset: &str) -> Result<Target, String> {
         })
 }
 
-pub fn prefix(prefix: &str) -> Result<String, String> {
+pub(crate) fn prefix(prefix: &str) -> Result<String, String> {
     if !prefix.starts_with('/') {
         return Err("the prefix must start with `/`".into());
     }
     Ok(prefix.to_owned())
 }
 
-pub fn route(s: &str) -> Result<RouteArg, String> {
+pub(crate) fn route(s: &str) -> Result<RouteArg, String> {
     let (p, preset) = s
         .split_once('=')
         .ok_or("expected PREFIX=PRESET, e.g. /notify/wechat=wechatpay-v3")?;
@@ -129,7 +129,7 @@ pub fn route(s: &str) -> Result<RouteArg, String> {
 }
 
 /// `500ms`, `30s`, `25h`, `2d`, `1h 30m` (humantime), at most a year.
-pub fn duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s)
         .map_err(|e| format!("{e}; expected a number and a unit: 500ms, 30s, 5m, 25h, 2d"))?;
     if d > tower_idempotency::dedup::MAX_SETTING {
@@ -139,7 +139,7 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 }
 
 /// `--lease`: from 100ms (renewed every lease/3) to a year.
-pub fn lease(s: &str) -> Result<Duration, String> {
+pub(crate) fn lease(s: &str) -> Result<Duration, String> {
     match positive_duration(s)? {
         d if d < tower_idempotency::dedup::MIN_LEASE => {
             Err("must be at least 100ms (the lease is renewed every lease/3)".into())
@@ -148,7 +148,7 @@ pub fn lease(s: &str) -> Result<Duration, String> {
     }
 }
 
-pub fn positive_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn positive_duration(s: &str) -> Result<Duration, String> {
     match duration(s)? {
         d if d.is_zero() => Err("must be more than 0".into()),
         d => Ok(d),
@@ -157,7 +157,7 @@ pub fn positive_duration(s: &str) -> Result<Duration, String> {
 
 /// Bytes, or a number with `B`, `KiB`, `MiB` or `GiB` (bytesize); the
 /// decimal `KB`, `MB` are refused as ambiguous.
-pub fn size(s: &str) -> Result<usize, String> {
+pub(crate) fn size(s: &str) -> Result<usize, String> {
     const UNITS: &str = "expected bytes or a whole number with B, KiB, MiB or GiB (e.g. 64KiB)";
     let unit = s
         .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
@@ -169,14 +169,14 @@ pub fn size(s: &str) -> Result<usize, String> {
     usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())
 }
 
-pub fn body_size(s: &str) -> Result<usize, String> {
+pub(crate) fn body_size(s: &str) -> Result<usize, String> {
     match size(s)? {
         0 => Err("must be more than 0".into()),
         n => Ok(n),
     }
 }
 
-pub fn count(s: &str) -> Result<usize, String> {
+pub(crate) fn count(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) | Err(_) => Err("expected a whole number more than 0".into()),
         Ok(n) => Ok(n),
@@ -184,7 +184,7 @@ pub fn count(s: &str) -> Result<usize, String> {
 }
 
 /// `--h2-max-streams N`: 1 to 2^31-1.
-pub fn streams(s: &str) -> Result<u32, String> {
+pub(crate) fn streams(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n @ 1..=0x7fff_ffff) => Ok(n),
         _ => Err("expected a whole number from 1 to 2147483647".into()),
@@ -192,7 +192,7 @@ pub fn streams(s: &str) -> Result<u32, String> {
 }
 
 /// `--workers N`: serving threads, 1 to [`MAX_WORKERS`].
-pub fn workers(s: &str) -> Result<usize, String> {
+pub(crate) fn workers(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n @ 1..=MAX_WORKERS) => Ok(n),
         _ => Err(format!(
@@ -202,14 +202,14 @@ pub fn workers(s: &str) -> Result<usize, String> {
 }
 
 /// The most serving threads `--workers` takes.
-pub const MAX_WORKERS: usize = 1024;
+pub(crate) const MAX_WORKERS: usize = 1024;
 
 /// `--workers` when it is not given: one serving thread per core.
-pub fn default_workers() -> usize {
+pub(crate) fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
 }
 
-pub fn policy(s: &str) -> Result<OnStoreError, String> {
+pub(crate) fn policy(s: &str) -> Result<OnStoreError, String> {
     match s {
         "closed" => Ok(OnStoreError::FailClosed),
         "open" => Ok(OnStoreError::FailOpen),
@@ -217,11 +217,11 @@ pub fn policy(s: &str) -> Result<OnStoreError, String> {
     }
 }
 
-pub fn header_name(s: &str) -> Result<HeaderName, String> {
+pub(crate) fn header_name(s: &str) -> Result<HeaderName, String> {
     HeaderName::from_bytes(s.as_bytes()).map_err(|_| "not a header name".into())
 }
 
 /// `--principal-cookie` and `principal_cookie`: a cookie name.
-pub fn cookie_name(s: &str) -> Result<tower_idempotency::key::CookiePrincipal, String> {
+pub(crate) fn cookie_name(s: &str) -> Result<tower_idempotency::key::CookiePrincipal, String> {
     tower_idempotency::key::CookiePrincipal::new(s).map_err(|_| "not a cookie name".into())
 }

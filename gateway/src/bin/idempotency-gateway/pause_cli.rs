@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 /// `gateway pause PREFIX`.
 #[derive(Args, Debug, Clone)]
-pub struct Pause {
+pub(crate) struct Pause {
     /// The route's prefix, as configured (`/notify/wechat`)
     prefix: String,
     /// Why, shown by `GET /admin/routes` and the console
@@ -26,7 +26,7 @@ pub struct Pause {
 
 /// `gateway resume PREFIX`.
 #[derive(Args, Debug, Clone)]
-pub struct Resume {
+pub(crate) struct Resume {
     /// The route's prefix, as configured
     prefix: String,
     #[command(flatten)]
@@ -34,7 +34,7 @@ pub struct Resume {
 }
 
 /// Runs `pause` or `resume`; `Err` is the message for exit status 1.
-pub fn run(
+pub(crate) fn run(
     cmd: &crate::dlq::Command,
     token_file: Option<&PathBuf>,
     at: &AdminAt,

@@ -34,7 +34,7 @@ enum Place {
 
 /// The pauses of the configured routes, and where they are kept.
 #[derive(Clone)]
-pub struct PauseKeeper {
+pub(crate) struct PauseKeeper {
     place: Place,
     pauses: Pauses,
     /// The configured routes' prefixes.
@@ -47,7 +47,7 @@ fn store_key(prefix: &str) -> String {
 
 impl PauseKeeper {
     /// Kept in `store`, or with the memory store (`memory`) in `data_dir`.
-    pub fn new(store: &GatewayStore, memory: bool, data_dir: PathBuf, routes: Vec<String>) -> Self {
+    pub(crate) fn new(store: &GatewayStore, memory: bool, data_dir: PathBuf, routes: Vec<String>) -> Self {
         let place = if memory {
             Place::File(data_dir.join("pauses.json"))
         } else {
@@ -61,12 +61,12 @@ impl PauseKeeper {
     }
 
     /// The registry the gateways obey.
-    pub fn pauses(&self) -> &Pauses {
+    pub(crate) fn pauses(&self) -> &Pauses {
         &self.pauses
     }
 
     /// The configured route `prefix` is (its normal form), if it is one.
-    pub fn route(&self, prefix: &str) -> Option<&str> {
+    pub(crate) fn route(&self, prefix: &str) -> Option<&str> {
         let want = pause_key(prefix);
         self.routes
             .iter()
@@ -102,7 +102,7 @@ impl PauseKeeper {
     }
 
     /// Reads the kept pauses into the registry and the gauge.
-    pub async fn refresh(&self) -> Result<(), String> {
+    pub(crate) async fn refresh(&self) -> Result<(), String> {
         let all = self.read().await?;
         self.pauses.replace_all(all);
         for route in self.routes.iter() {
@@ -115,7 +115,7 @@ impl PauseKeeper {
 
     /// Reads the kept pauses every half second, for as long as the process
     /// runs.
-    pub fn spawn_poller(&self) {
+    pub(crate) fn spawn_poller(&self) {
         let this = self.clone();
         tokio::spawn(async move {
             let mut failing = false;
@@ -148,7 +148,7 @@ impl PauseKeeper {
     }
 
     /// Pauses the route `prefix` (a configured one) for every instance.
-    pub async fn pause(&self, prefix: &str, info: PauseInfo) -> Result<(), String> {
+    pub(crate) async fn pause(&self, prefix: &str, info: PauseInfo) -> Result<(), String> {
         match &self.place {
             Place::File(path) => {
                 let mut all = self.read().await?;
@@ -192,7 +192,7 @@ impl PauseKeeper {
     }
 
     /// Resumes the route `prefix`: whether it was paused.
-    pub async fn resume(&self, prefix: &str) -> Result<bool, String> {
+    pub(crate) async fn resume(&self, prefix: &str) -> Result<bool, String> {
         let was = self.read().await?.contains_key(&pause_key(prefix));
         match &self.place {
             Place::File(path) => {
@@ -219,7 +219,7 @@ impl PauseKeeper {
 /// longer in the route table (at start, whatever is parked and not paused).
 /// A wake is one change of the queue, so two instances waking one prefix at
 /// once put each entry back once.
-pub fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
+pub(crate) fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
     if !queue.parks() {
         return;
     }

@@ -20,7 +20,7 @@ use tower_idempotency::{Preset, WithoutKey};
 /// One `[[preset]]` table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FilePreset {
+pub(crate) struct FilePreset {
     name: Spanned<String>,
     key: Spanned<Sources>,
     fingerprint: Option<Spanned<Sources>>,
@@ -28,11 +28,11 @@ pub struct FilePreset {
     failure: Option<Spanned<FileReply>>,
     without_key: Text,
     signature: Option<Spanned<FileSignature>>,
-    pub window: Text,
-    pub lease: Text,
-    pub wait: Text,
-    pub max_run: Text,
-    pub max_body: Option<Spanned<SizeValue>>,
+    pub(crate) window: Text,
+    pub(crate) lease: Text,
+    pub(crate) wait: Text,
+    pub(crate) max_run: Text,
+    pub(crate) max_body: Option<Spanned<SizeValue>>,
 }
 
 /// A source or a list of sources.
@@ -68,23 +68,23 @@ struct FileSignature {
 }
 
 /// A configured preset, ready for its routes.
-pub struct Configured {
-    pub preset: Preset,
+pub(crate) struct Configured {
+    pub(crate) preset: Preset,
     /// Its signature scheme without secrets (each route gives its own, and
     /// its `public_url`).
-    pub signature: Option<HmacSchemeBuilder>,
+    pub(crate) signature: Option<HmacSchemeBuilder>,
     /// A warning for the routes of a preset whose key the signature does
     /// not cover.
-    pub unsigned_key: Option<String>,
+    pub(crate) unsigned_key: Option<String>,
     /// The preset's own route settings (precedence: route, preset, global).
-    pub own: crate::routes::Global,
+    pub(crate) own: crate::routes::Global,
 }
 
 /// The file's presets by name.
-pub type Presets = BTreeMap<String, Configured>;
+pub(crate) type Presets = BTreeMap<String, Configured>;
 
 /// Reads every `[[preset]]` table; an error names its line.
-pub fn from_file(tables: &[Spanned<FilePreset>], at: &At<'_>) -> Result<Presets, String> {
+pub(crate) fn from_file(tables: &[Spanned<FilePreset>], at: &At<'_>) -> Result<Presets, String> {
     let mut out = Presets::new();
     for t in tables {
         let t = t.get_ref();

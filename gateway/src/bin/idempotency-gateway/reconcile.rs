@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 /// `gateway reconcile`.
 #[derive(Args, Debug, Clone)]
-pub struct Reconcile {
+pub(crate) struct Reconcile {
     /// The trade bill as downloaded from the channel (WeChat Pay 交易账单 CSV, Alipay
     /// 业务明细 CSV in GBK or UTF-8)
     #[arg(long, value_name = "FILE")]
@@ -58,7 +58,7 @@ impl From<Channel> for BillChannel {
 }
 
 /// Reads the bill and the journal, prints what does not match.
-pub fn run(
+pub(crate) fn run(
     a: &Reconcile,
     token_file: Option<&PathBuf>,
     metrics_listen: &crate::admin_cli::AdminAt,

@@ -18,16 +18,16 @@ use tower_idempotency_queue::Pace;
 /// One `[[route]]` table. New per-route settings are new fields here.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileRoute {
+pub(crate) struct FileRoute {
     prefix: Spanned<String>,
     preset: Spanned<String>,
-    pub window: Field,
-    pub lease: Field,
-    pub wait: Field,
-    pub max_run: Field,
-    pub max_body: Option<Spanned<SizeValue>>,
-    pub principal_header: Field,
-    pub principal_cookie: Field,
+    pub(crate) window: Field,
+    pub(crate) lease: Field,
+    pub(crate) wait: Field,
+    pub(crate) max_run: Field,
+    pub(crate) max_body: Option<Spanned<SizeValue>>,
+    pub(crate) principal_header: Field,
+    pub(crate) principal_cookie: Field,
     mode: Field,
     verify: Option<Spanned<VerifyConfig>>,
     /// The URL the sender calls, as it signs it (`{url}` of a configured
@@ -50,22 +50,22 @@ pub struct FileRoute {
 }
 
 /// What the file's routes give the settings.
-pub struct FileRoutes {
+pub(crate) struct FileRoutes {
     /// Prefix, target and options of each route, in the file's order.
-    pub routes: Vec<(String, Target, RouteOptions)>,
+    pub(crate) routes: Vec<(String, Target, RouteOptions)>,
     /// The routes with a memory budget of their own.
-    pub own_memory: Vec<(String, usize)>,
+    pub(crate) own_memory: Vec<(String, usize)>,
     /// How each route paces its queued deliveries.
-    pub paces: Vec<(String, Pace)>,
+    pub(crate) paces: Vec<(String, Pace)>,
     /// Warnings to log at start (and print with `--check-config`).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// The routes that name an upstream: prefix, name, where it is written.
-    pub upstreams: Vec<(String, String, std::ops::Range<usize>)>,
+    pub(crate) upstreams: Vec<(String, String, std::ops::Range<usize>)>,
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
 /// directory `verify` files are relative to).
-pub fn from_file(
+pub(crate) fn from_file(
     file_routes: &[Spanned<FileRoute>],
     global: &Global,
     at: &At<'_>,
@@ -210,7 +210,7 @@ pub fn from_file(
 /// `--route` flags replace the file's routes: refused when one of those
 /// verifies its sender (it would be served unverified), else a warning
 /// naming them.
-pub fn dropped(file_routes: &[Spanned<FileRoute>], at: &At<'_>) -> Result<Option<String>, String> {
+pub(crate) fn dropped(file_routes: &[Spanned<FileRoute>], at: &At<'_>) -> Result<Option<String>, String> {
     if let Some(r) = file_routes.iter().find(|r| r.get_ref().verify.is_some()) {
         let prefix = r.get_ref().prefix.get_ref();
         return Err(at.err(
@@ -234,19 +234,19 @@ pub fn dropped(file_routes: &[Spanned<FileRoute>], at: &At<'_>) -> Result<Option
 }
 
 /// Route settings at one level (global, or one route's own).
-pub struct Global {
-    pub window: Option<Duration>,
-    pub lease: Option<Duration>,
-    pub wait: Option<Duration>,
-    pub max_run: Option<Duration>,
-    pub max_body: Option<usize>,
-    pub principal_header: Option<HeaderName>,
-    pub principal_cookie: Option<CookiePrincipal>,
-    pub on_store_error: OnStoreError,
+pub(crate) struct Global {
+    pub(crate) window: Option<Duration>,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) max_run: Option<Duration>,
+    pub(crate) max_body: Option<usize>,
+    pub(crate) principal_header: Option<HeaderName>,
+    pub(crate) principal_cookie: Option<CookiePrincipal>,
+    pub(crate) on_store_error: OnStoreError,
 }
 
 impl Global {
-    pub const NONE: Global = Global {
+    pub(crate) const NONE: Global = Global {
         window: None,
         lease: None,
         wait: None,
@@ -259,7 +259,7 @@ impl Global {
 
     /// These values, each one unset taken from `under` (a route's own over
     /// its preset's).
-    pub fn over(self, under: &Global) -> Global {
+    pub(crate) fn over(self, under: &Global) -> Global {
         Global {
             window: self.window.or(under.window),
             lease: self.lease.or(under.lease),
@@ -273,7 +273,7 @@ impl Global {
     }
 
     /// The options of a route with its `own` values over these.
-    pub fn options(&self, own: &Global) -> RouteOptions {
+    pub(crate) fn options(&self, own: &Global) -> RouteOptions {
         let mut o = RouteOptions::new().on_store_error(self.on_store_error);
         if let Some(d) = own.window.or(self.window) {
             o = o.window(d);

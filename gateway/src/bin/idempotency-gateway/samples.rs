@@ -18,7 +18,7 @@ type Sample = (u64, BTreeMap<String, f64>);
 
 /// The samples, shared by the sampler and the admin API.
 #[derive(Clone, Default)]
-pub struct Samples(Arc<Mutex<VecDeque<Sample>>>);
+pub(crate) struct Samples(Arc<Mutex<VecDeque<Sample>>>);
 
 /// `outcome="X"` of a series' labels.
 fn outcome(labels: &str) -> Option<&str> {
@@ -47,7 +47,7 @@ fn read(text: &str) -> BTreeMap<String, f64> {
 impl Samples {
     /// Reads `handle`'s counters every 5 seconds, for as long as the
     /// process runs.
-    pub fn spawn(&self, handle: PrometheusHandle) {
+    pub(crate) fn spawn(&self, handle: PrometheusHandle) {
         let this = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(EVERY);
@@ -65,7 +65,7 @@ impl Samples {
     }
 
     /// The samples as `GET /admin/stats` answers them.
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let samples: Vec<Value> = kept
             .iter()

@@ -25,30 +25,30 @@ use crate::store::GatewayStore;
 
 /// How connections are served; every serving thread shares one.
 #[derive(Clone)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// One permit per open client connection, across every serving thread.
-    pub permits: Arc<Semaphore>,
-    pub header_timeout: Duration,
-    pub tls: Option<Tls>,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) header_timeout: Duration,
+    pub(crate) tls: Option<Tls>,
     /// The duplicate-ratio gauge, fed by every serving thread.
-    pub ratios: &'static Ratios,
-    pub h2_max_streams: u32,
+    pub(crate) ratios: &'static Ratios,
+    pub(crate) h2_max_streams: u32,
 }
 
 /// The connections a serving thread still has open.
-pub struct Open {
+pub(crate) struct Open {
     close: CancellationToken,
     tasks: TaskTracker,
 }
 
 impl Open {
     /// How many.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.tasks.len()
     }
 
     /// Asks each to finish its requests in flight and close, and waits.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.close.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -57,7 +57,7 @@ impl Open {
 
 /// Serves until `stop` resolves; returns the connections still open. The
 /// listener is closed on return.
-pub async fn accept_until(
+pub(crate) async fn accept_until(
     listener: TcpListener,
     gateway: Gateway<GatewayStore>,
     limits: &Limits,
@@ -122,7 +122,7 @@ pub async fn accept_until(
 }
 
 /// When a connection should finish: the drain, or no request for `idle`.
-pub struct Watch {
+pub(crate) struct Watch {
     close: CancellationToken,
     requests: Arc<AtomicUsize>,
     idle: Duration,
@@ -131,7 +131,7 @@ pub struct Watch {
 impl Watch {
     /// Closes the connection when `close` is cancelled, or once `idle`
     /// passes with no request counted in `requests` (the service counts).
-    pub fn new(close: CancellationToken, requests: Arc<AtomicUsize>, idle: Duration) -> Self {
+    pub(crate) fn new(close: CancellationToken, requests: Arc<AtomicUsize>, idle: Duration) -> Self {
         Self {
             close,
             requests,
@@ -144,7 +144,7 @@ use tower::BoxError;
 
 /// Serves one accepted connection, over TLS when `tls` is set (the
 /// handshake bounded by the watch's idle time, the header timeout).
-pub async fn serve_stream<S, B>(
+pub(crate) async fn serve_stream<S, B>(
     stream: tokio::net::TcpStream,
     tls: Option<&Tls>,
     builder: &auto::Builder<TokioExecutor>,
@@ -323,13 +323,13 @@ fn logged_request_id<B>(req: &http::Request<B>) -> &str {
 }
 
 /// Waits for SIGTERM or SIGINT.
-pub struct Signals {
+pub(crate) struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    pub fn new() -> std::io::Result<Self> {
+    pub(crate) fn new() -> std::io::Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Self {
             term: signal(SignalKind::terminate())?,
@@ -337,7 +337,7 @@ impl Signals {
         })
     }
 
-    pub async fn recv(&mut self) -> &'static str {
+    pub(crate) async fn recv(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",

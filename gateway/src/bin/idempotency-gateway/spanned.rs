@@ -5,24 +5,24 @@ use crate::parse;
 use serde::Deserialize;
 use toml::Spanned;
 
-pub type Field = Option<Spanned<String>>;
+pub(crate) type Field = Option<Spanned<String>>;
 
 /// A size written as a number of bytes or a string (`"64KiB"`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub enum SizeValue {
+pub(crate) enum SizeValue {
     Bytes(u64),
     Text(String),
 }
 
 /// A bad file: `FILE:LINE: reason`.
-pub struct At<'a> {
-    pub path: &'a str,
-    pub text: &'a str,
+pub(crate) struct At<'a> {
+    pub(crate) path: &'a str,
+    pub(crate) text: &'a str,
 }
 
 impl At<'_> {
-    pub fn err(&self, span: std::ops::Range<usize>, why: impl std::fmt::Display) -> String {
+    pub(crate) fn err(&self, span: std::ops::Range<usize>, why: impl std::fmt::Display) -> String {
         let line = self.text[..span.start.min(self.text.len())]
             .matches('\n')
             .count()
@@ -31,7 +31,7 @@ impl At<'_> {
     }
 
     /// A value from the file checked by `f`; an error names its line.
-    pub fn checked<V, T>(
+    pub(crate) fn checked<V, T>(
         &self,
         field: &Option<Spanned<V>>,
         key: &str,
@@ -43,7 +43,7 @@ impl At<'_> {
             .transpose()
     }
 
-    pub fn value<T>(
+    pub(crate) fn value<T>(
         &self,
         field: &Field,
         key: &str,
@@ -53,7 +53,7 @@ impl At<'_> {
     }
 
     /// A number from the file, checked by the flag's parser `f`.
-    pub fn number(
+    pub(crate) fn number(
         &self,
         field: &Option<Spanned<u64>>,
         key: &str,
@@ -62,7 +62,7 @@ impl At<'_> {
         self.checked(field, key, |n| f(&n.to_string()))
     }
 
-    pub fn size(
+    pub(crate) fn size(
         &self,
         field: &Option<Spanned<SizeValue>>,
         key: &str,
@@ -70,7 +70,7 @@ impl At<'_> {
         self.size_by(field, key, parse::body_size)
     }
 
-    pub fn size_by(
+    pub(crate) fn size_by(
         &self,
         field: &Option<Spanned<SizeValue>>,
         key: &str,

@@ -14,7 +14,7 @@ use tower_idempotency_redis::{RedisClusterStore, RedisStore};
 use tower_idempotency_sqlx::SqlStore;
 
 /// The gateway's store; clones share it.
-pub type GatewayStore = Either<MemoryStore, BoxStore>;
+pub(crate) type GatewayStore = Either<MemoryStore, BoxStore>;
 
 /// Redis in front of the `--backstop` database.
 type RedisBacked = TieredStore<RedisStore, SqlStore>;
@@ -22,16 +22,16 @@ type RedisBacked = TieredStore<RedisStore, SqlStore>;
 type ClusterBacked = TieredStore<RedisClusterStore, SqlStore>;
 
 /// Budgets of the stores' memory.
-pub struct Budgets {
+pub(crate) struct Budgets {
     /// The memory store's budget.
-    pub max_memory: u64,
+    pub(crate) max_memory: u64,
     /// The Redis store's local tier.
-    pub local_max_memory: u64,
+    pub(crate) local_max_memory: u64,
 }
 
 /// Connects to the store, and to the `backstop` database behind it (only
 /// with a Redis store: the settings refuse it otherwise).
-pub async fn connect(
+pub(crate) async fn connect(
     spec: &StoreSpec,
     backstop: Option<&str>,
     budgets: &Budgets,
@@ -89,7 +89,7 @@ async fn connect_one(spec: &StoreSpec, budgets: &Budgets) -> Result<GatewayStore
 }
 
 /// The store's kind, for the start-up log line.
-pub fn describe(store: &GatewayStore) -> &'static str {
+pub(crate) fn describe(store: &GatewayStore) -> &'static str {
     let Either::Right(store) = store else {
         return "memory";
     };
@@ -110,7 +110,7 @@ pub fn describe(store: &GatewayStore) -> &'static str {
 
 /// What `/readyz` says of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Readiness {
+pub(crate) enum Readiness {
     /// The store answers.
     Ready,
     /// The database behind answers, Redis in front does not: every call
@@ -125,7 +125,7 @@ pub enum Readiness {
 /// from it alone while Redis is away, so the gateway stays ready (taking
 /// every instance out of the balancer when the shared Redis fails would
 /// turn a slower service into none).
-pub async fn ready(store: &GatewayStore, within: std::time::Duration) -> Readiness {
+pub(crate) async fn ready(store: &GatewayStore, within: std::time::Duration) -> Readiness {
     async fn answers(store: &impl Store, within: std::time::Duration) -> bool {
         let probe = store.take_token("gateway:readyz-probe", OwnerToken::new());
         matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
@@ -155,16 +155,16 @@ pub async fn ready(store: &GatewayStore, within: std::time::Duration) -> Readine
 
 /// The smallest memory budget of one route's records (of each half of an
 /// `auto` route's): a few records' heads.
-pub const MIN_ROUTE_MEMORY: usize = 64 << 10;
+pub(crate) const MIN_ROUTE_MEMORY: usize = 64 << 10;
 
 /// The memory budget of one route's records.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteBudget {
-    pub prefix: String,
+pub(crate) struct RouteBudget {
+    pub(crate) prefix: String,
     /// The channels' records (every record of a preset route).
-    pub channels: usize,
+    pub(crate) channels: usize,
     /// An `auto` route's client-key records, kept apart from its channels'.
-    pub clients: Option<usize>,
+    pub(crate) clients: Option<usize>,
 }
 
 /// Splits `total` (`--max-memory`) between the routes: a route with its
@@ -172,7 +172,7 @@ pub struct RouteBudget {
 /// evenly, and an `auto` route gives half of its budget to channels and
 /// half to client keys, so that client keys (which anyone can make up)
 /// never push a channel's records out. `Err` is the reason to exit 2.
-pub fn split(
+pub(crate) fn split(
     total: usize,
     routes: &[(String, Target, RouteOptions)],
     own: &[(String, usize)],
@@ -238,7 +238,7 @@ pub fn split(
 /// One memory store per route (two for an `auto` route: channels, client
 /// keys) with its budget: the gateway's `stores` picker. `None` for the
 /// Redis stores, which keep every route's records in Redis.
-pub fn per_route(
+pub(crate) fn per_route(
     spec: &StoreSpec,
     budgets: &[RouteBudget],
 ) -> Option<impl Fn(&str, &Preset) -> GatewayStore + Send + Sync + 'static> {
@@ -279,7 +279,7 @@ fn same_prefix(prefix: &str) -> &str {
 /// and the value of every password-like query parameter too
 /// (`postgres://app@db/shop?password=pw` -> `postgres://***@db/shop?password=***`,
 /// see [`is_secret`]), for logs and start errors.
-pub fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return redact_query(url);
     };
@@ -352,7 +352,7 @@ fn redact_query(tail: &str) -> String {
 /// (cluster lists `redis+cluster://:pw@a:1,:pw@b:2` included, and
 /// password-like query parameters): start errors pass through it, whatever
 /// wrote them (clap echoes a flag's value).
-pub fn redact_text(text: &str) -> String {
+pub(crate) fn redact_text(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -383,7 +383,7 @@ pub fn redact_text(text: &str) -> String {
 /// `error`'s text with `url`'s password (and `url` itself) redacted, in case
 /// the client library echoes them: the userinfo's password and the values of
 /// password-like query parameters.
-pub fn scrub(url: &str, error: impl std::fmt::Display) -> String {
+pub(crate) fn scrub(url: &str, error: impl std::fmt::Display) -> String {
     let mut text = error.to_string().replace(url, &redact(url));
     for secret in secrets(url) {
         text = text.replace(secret, "***");

@@ -11,14 +11,14 @@ use tracing::{info, warn};
 
 /// The current TLS configuration; clones share it.
 #[derive(Clone)]
-pub struct Tls {
+pub(crate) struct Tls {
     files: Arc<(PathBuf, PathBuf)>,
     current: Arc<RwLock<Arc<ServerConfig>>>,
 }
 
 impl Tls {
     /// Loads `cert` and `key`; `Err` says which file is wrong.
-    pub fn load(cert: &Path, key: &Path) -> Result<Self, String> {
+    pub(crate) fn load(cert: &Path, key: &Path) -> Result<Self, String> {
         let config = server_config(cert, key)?;
         Ok(Self {
             files: Arc::new((cert.to_owned(), key.to_owned())),
@@ -27,7 +27,7 @@ impl Tls {
     }
 
     /// An acceptor with the current configuration.
-    pub fn acceptor(&self) -> TlsAcceptor {
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
         let config = self
             .current
             .read()
@@ -40,7 +40,7 @@ impl Tls {
 /// On every SIGHUP, for as long as the process runs: reloads the files of
 /// each of `tls` (the main listener's, the metrics listener's), or logs that
 /// there is nothing to reload. SIGHUP never stops the gateway.
-pub fn reload_on_sighup(tls: Vec<Tls>) -> std::io::Result<()> {
+pub(crate) fn reload_on_sighup(tls: Vec<Tls>) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = signal(SignalKind::hangup())?;
     tokio::spawn(async move {

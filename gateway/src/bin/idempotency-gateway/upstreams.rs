@@ -16,7 +16,7 @@ static RUNNING: std::sync::OnceLock<Vec<(String, Upstream, CallLimit)>> =
     std::sync::OnceLock::new();
 
 /// Records the named upstreams for `/readyz` (once).
-pub fn running(upstreams: &[Named], calls: &[CallLimit]) {
+pub(crate) fn running(upstreams: &[Named], calls: &[CallLimit]) {
     let list = upstreams
         .iter()
         .zip(calls)
@@ -27,7 +27,7 @@ pub fn running(upstreams: &[Named], calls: &[CallLimit]) {
 
 /// One `/readyz` line per named upstream: its calls in flight and its cap
 /// (empty without named upstreams).
-pub fn ready_lines() -> String {
+pub(crate) fn ready_lines() -> String {
     let mut out = String::new();
     for (name, upstream, calls) in RUNNING.get().into_iter().flatten() {
         out.push_str(&format!(
@@ -42,7 +42,7 @@ pub fn ready_lines() -> String {
 /// One `[[upstreams]]` table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileUpstream {
+pub(crate) struct FileUpstream {
     name: Spanned<String>,
     url: Spanned<String>,
     timeout: Field,
@@ -57,22 +57,22 @@ pub struct FileUpstream {
 
 /// A named upstream as the gateway runs it.
 #[derive(Debug, Clone)]
-pub struct Named {
-    pub name: String,
-    pub upstream: Upstream,
+pub(crate) struct Named {
+    pub(crate) name: String,
+    pub(crate) upstream: Upstream,
     /// Unset: the global `upstream_timeout`.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// Unset: the global `max_upstream_calls`.
-    pub max_calls: Option<usize>,
-    pub ca: Option<PathBuf>,
-    pub pool_idle_timeout: Option<Duration>,
+    pub(crate) max_calls: Option<usize>,
+    pub(crate) ca: Option<PathBuf>,
+    pub(crate) pool_idle_timeout: Option<Duration>,
     /// Unset: the global `upstream_keepalive`.
-    pub keepalive: Option<bool>,
+    pub(crate) keepalive: Option<bool>,
 }
 
 /// Reads every `[[upstreams]]` table (`ca` relative to `base`); an error
 /// names its line.
-pub fn from_file(
+pub(crate) fn from_file(
     tables: &[Spanned<FileUpstream>],
     at: &At<'_>,
     base: &std::path::Path,
@@ -117,13 +117,13 @@ pub fn from_file(
 
 impl Named {
     /// The upstream's call cap (its own, shared by every serving thread).
-    pub fn calls(&self, default_max: usize, queue_wait: Duration) -> CallLimit {
+    pub(crate) fn calls(&self, default_max: usize, queue_wait: Duration) -> CallLimit {
         CallLimit::new(self.max_calls.unwrap_or(default_max)).queue_wait(queue_wait)
     }
 
     /// A forwarder to this upstream (its own pool) under `calls`; the
     /// global `timeout` and `keepalive` where the table sets none.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         default_timeout: Duration,
         default_keepalive: bool,

@@ -8,7 +8,7 @@ use tower_idempotency::verify::VerifyLayer;
 
 /// The verify layer of a route to `target` from its `verify` table; files are
 /// read relative to `base` (the config file's folder). `Err` is the reason.
-pub fn layer(config: &VerifyConfig, target: &Target, base: &Path) -> Result<VerifyLayer, String> {
+pub(crate) fn layer(config: &VerifyConfig, target: &Target, base: &Path) -> Result<VerifyLayer, String> {
     match target {
         Target::Auto => Err(
             "`verify`: an `auto` route cannot verify signatures (each channel \
@@ -22,7 +22,7 @@ pub fn layer(config: &VerifyConfig, target: &Target, base: &Path) -> Result<Veri
 }
 
 /// The folder files named in the config file at `path` are relative to.
-pub fn base(path: &Path) -> &Path {
+pub(crate) fn base(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),

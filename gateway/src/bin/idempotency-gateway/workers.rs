@@ -22,10 +22,10 @@ const BACKLOG: u32 = 1024;
 
 /// One listener per serving thread, each registered with that thread's
 /// runtime, all on one address.
-pub struct Bound {
+pub(crate) struct Bound {
     threads: Vec<(Rt, TcpListener)>,
     /// The address they share (its port picked by the first for port 0).
-    pub local: SocketAddr,
+    pub(crate) local: SocketAddr,
 }
 
 /// Binds `n` listeners to `addr` with `SO_REUSEPORT`.
@@ -35,7 +35,7 @@ pub struct Bound {
 /// included, which `SO_REUSEPORT` alone would let share the port (and split
 /// its notifications across two stores). Its port is the one the serving
 /// threads then bind, which also settles port 0.
-pub fn bind(addr: SocketAddr, n: usize) -> Result<Bound, String> {
+pub(crate) fn bind(addr: SocketAddr, n: usize) -> Result<Bound, String> {
     let mut at = std::net::TcpListener::bind(addr)
         .and_then(|probe| probe.local_addr())
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
@@ -82,7 +82,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// The running serving threads.
-pub struct Workers {
+pub(crate) struct Workers {
     stop: CancellationToken,
     exit: CancellationToken,
     stopped: Vec<oneshot::Receiver<usize>>,
@@ -93,7 +93,7 @@ pub struct Workers {
 impl Workers {
     /// Starts one thread per listener of `bound`, each serving with the
     /// gateway `gateway()` builds for it.
-    pub fn start(
+    pub(crate) fn start(
         bound: Bound,
         mut gateway: impl FnMut() -> Result<Gateway<GatewayStore>, String>,
         limits: &Limits,
@@ -138,7 +138,7 @@ impl Workers {
 
     /// Stops accepting on every thread (their listeners close); the number
     /// of connections still open.
-    pub async fn stop(&mut self) -> usize {
+    pub(crate) async fn stop(&mut self) -> usize {
         self.stop.cancel();
         let mut open = 0;
         for stopped in self.stopped.drain(..) {
@@ -149,7 +149,7 @@ impl Workers {
 
     /// Waits until every thread's connections have closed (after
     /// [`stop`](Self::stop)).
-    pub async fn drained(&mut self) {
+    pub(crate) async fn drained(&mut self) {
         for drained in self.drained.drain(..) {
             let _ = drained.await;
         }
@@ -157,7 +157,7 @@ impl Workers {
 
     /// Ends the threads' runtimes, dropping what still runs on them, and
     /// waits for the threads.
-    pub async fn exit(self) {
+    pub(crate) async fn exit(self) {
         self.exit.cancel();
         let threads = self.threads;
         let _ = tokio::task::spawn_blocking(move || {

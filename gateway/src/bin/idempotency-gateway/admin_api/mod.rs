@@ -43,7 +43,7 @@ const STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Records (or matches) per page unless `limit` says otherwise.
 const DEFAULT_LIMIT: usize = 100;
 /// The most records (or matches) one page holds.
-pub const MAX_LIMIT: usize = 1000;
+pub(crate) const MAX_LIMIT: usize = 1000;
 /// `limit` of a paged call: [`DEFAULT_LIMIT`] when absent.
 fn limit(q: &[(String, String)]) -> Result<usize, String> {
     match param(q, "limit") {
@@ -71,7 +71,7 @@ fn paging(q: &[(String, String)]) -> Result<(usize, Option<JournalCursor>), Stri
 /// Reads the bearer token from `path`: its first line, which must not be
 /// empty; a file that its group or others can read is refused (as ssh
 /// refuses such a key).
-pub fn read_token(path: &FilePath) -> Result<String, String> {
+pub(crate) fn read_token(path: &FilePath) -> Result<String, String> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt as _;
@@ -99,13 +99,13 @@ pub fn read_token(path: &FilePath) -> Result<String, String> {
 }
 
 /// Picks the store of a route's records for one of its presets.
-pub type PickStore = dyn Fn(&str, &Preset) -> GatewayStore + Send + Sync;
+pub(crate) type PickStore = dyn Fn(&str, &Preset) -> GatewayStore + Send + Sync;
 
 /// The admin API's state: its token, the journal once it is open, the
 /// routes' own stores when each route has one (the memory store), and the
 /// queue of the acknowledge-then-deliver routes.
 #[derive(Clone)]
-pub struct Admin {
+pub(crate) struct Admin {
     token: Arc<str>,
     journal: Arc<OnceLock<Journal>>,
     stores: Arc<OnceLock<Arc<PickStore>>>,
@@ -116,13 +116,13 @@ pub struct Admin {
 
 /// A configured route, for `GET /admin/routes`.
 #[derive(Debug, Clone)]
-pub struct RouteInfo {
+pub(crate) struct RouteInfo {
     /// Its prefix.
-    pub prefix: String,
+    pub(crate) prefix: String,
     /// Its preset's name, or `auto`.
-    pub preset: String,
+    pub(crate) preset: String,
     /// Whether it acknowledges then delivers.
-    pub acked: bool,
+    pub(crate) acked: bool,
 }
 
 /// The routes and where their pauses are kept.
@@ -149,7 +149,7 @@ fn error(status: StatusCode, message: &str) -> Answer {
 }
 
 /// `/admin/...` while the admin API is off.
-pub fn not_found() -> Answer {
+pub(crate) fn not_found() -> Answer {
     error(
         StatusCode::NOT_FOUND,
         "the admin API is off (start the gateway with --admin-token-file)",
@@ -164,7 +164,7 @@ fn rfc3339(ms: u64) -> String {
 
 /// A time given as RFC 3339 (`2026-12-01T02:14:00Z`) or milliseconds since
 /// the epoch.
-pub fn parse_time(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_time(s: &str) -> Result<u64, String> {
     if let Ok(ms) = s.parse::<u64>() {
         return Ok(ms);
     }
@@ -186,7 +186,7 @@ fn param<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 impl Admin {
     /// The API with this bearer token.
-    pub fn new(token: String) -> Self {
+    pub(crate) fn new(token: String) -> Self {
         Self {
             token: token.into(),
             journal: Arc::default(),
@@ -198,12 +198,12 @@ impl Admin {
     }
 
     /// The request counters sampled for `GET /admin/stats`.
-    pub fn set_samples(&self, samples: crate::samples::Samples) {
+    pub(crate) fn set_samples(&self, samples: crate::samples::Samples) {
         let _ = self.samples.set(samples);
     }
 
     /// The configured routes (for `GET /admin/routes`) and their pauses.
-    pub fn set_routes(&self, keeper: PauseKeeper, list: Vec<RouteInfo>, upstream: String) {
+    pub(crate) fn set_routes(&self, keeper: PauseKeeper, list: Vec<RouteInfo>, upstream: String) {
         let _ = self.routes.set(Routes {
             keeper,
             list,
@@ -212,17 +212,17 @@ impl Admin {
     }
 
     /// The queue whose key markers `forget` clears too.
-    pub fn set_queue(&self, queue: GatewayQueue) {
+    pub(crate) fn set_queue(&self, queue: GatewayQueue) {
         let _ = self.queue.set(queue);
     }
 
     /// The routes' own stores: a key is looked up in its route's.
-    pub fn set_stores(&self, pick: Arc<PickStore>) {
+    pub(crate) fn set_stores(&self, pick: Arc<PickStore>) {
         let _ = self.stores.set(pick);
     }
 
     /// The journal the API reads (once it is open).
-    pub fn set_journal(&self, journal: Journal) {
+    pub(crate) fn set_journal(&self, journal: Journal) {
         let _ = self.journal.set(journal);
     }
 
@@ -238,7 +238,7 @@ impl Admin {
 
     /// The API's routes, for every path under `/admin/`; `store` is the
     /// one store, or the store of keys no route's own store holds.
-    pub fn router(&self, store: GatewayStore) -> Router {
+    pub(crate) fn router(&self, store: GatewayStore) -> Router {
         // Each route starts from `any(..)`, its fallback for the methods no
         // call takes: a method router built from `get(..)` would add an
         // `Allow` header to those answers, which the API never sent. `HEAD`

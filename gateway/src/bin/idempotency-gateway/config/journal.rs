@@ -36,11 +36,11 @@ const DEFAULT_JOURNAL_MAX_SIZE: u64 = 1 << 30;
 
 /// Where the journal lives, how long it keeps records and how many bytes of them.
 #[derive(Debug, Clone)]
-pub struct JournalSettings {
+pub(crate) struct JournalSettings {
     /// The redb file (`--data-dir/journal.redb`) when no database holds it.
-    pub path: PathBuf,
-    pub retention: Duration,
-    pub max_size: u64,
+    pub(crate) path: PathBuf,
+    pub(crate) retention: Duration,
+    pub(crate) max_size: u64,
 }
 
 /// Where the journal lives and how long it keeps records, when it is on.
