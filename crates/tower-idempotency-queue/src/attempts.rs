@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One failed delivery attempt of an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Attempt {
     /// Which attempt it was, from 1.
     pub number: u32,
@@ -15,6 +16,18 @@ pub struct Attempt {
     pub at: SystemTime,
     /// Why (at most [`MAX_ERROR_LEN`] bytes of it).
     pub error: String,
+}
+
+impl Attempt {
+    /// Attempt `number` (from 1), failed at `at` with `error` (cut to
+    /// [`MAX_ERROR_LEN`] bytes, on a character boundary).
+    pub fn new(number: u32, at: SystemTime, error: &str) -> Self {
+        Self {
+            number,
+            at,
+            error: cut(error).to_owned(),
+        }
+    }
 }
 
 /// The most attempts an entry keeps: its first, and the latest

@@ -37,6 +37,7 @@ pub(crate) const MAX_SHARED_VOTES: usize = MAX_VOTES;
 /// Where a lane's breaker shared by every instance on a queue stands, as
 /// the queue answers it (see [`SharedPacing::breaker_vote`](super::SharedPacing::breaker_vote)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BreakerState {
     /// Deliveries flow.
     Closed,
@@ -54,6 +55,7 @@ pub enum BreakerState {
 
 /// What a lane's breaker is set to, for the shared breaker's scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BreakerRule {
     /// The least failed votes that open it (and they are at least half).
     pub failures: u32,
@@ -62,6 +64,18 @@ pub struct BreakerRule {
     /// The most probes a half-open breaker admits at once (across every
     /// instance).
     pub probes: u32,
+}
+
+impl BreakerRule {
+    /// Opens after `failures` failed votes (at least half of them), stays
+    /// open for `cooldown`, then admits at most `probes` probes at once.
+    pub const fn new(failures: u32, cooldown: Duration, probes: u32) -> Self {
+        Self {
+            failures,
+            cooldown,
+            probes,
+        }
+    }
 }
 
 /// An entry's identity in the breaker: its key, hashed.

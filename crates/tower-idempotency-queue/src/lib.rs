@@ -165,6 +165,7 @@ impl fmt::Display for EntryId {
 /// What [`Queue::ingest`] did. Every variant but `Mismatch` means the
 /// notification is durably stored: answer the sender's success reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Ingested {
     /// Stored as a new entry.
     Queued(EntryId),
@@ -179,6 +180,7 @@ pub enum Ingested {
 /// An entry handed to a worker, leased to it until it acknowledges,
 /// retries or dead-letters it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Delivery {
     /// The entry.
     pub id: EntryId,
@@ -228,6 +230,7 @@ impl Delivery {
 
 /// An entry that failed too often, kept until it is replayed.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// Its id in the dead letters (what [`Queue::replay`] takes).
     pub id: EntryId,
@@ -250,8 +253,42 @@ pub struct DeadLetter {
     pub attempts_not_kept: u32,
 }
 
+impl DeadLetter {
+    /// The letter `id` of `message`, dead at `dead_at` after `attempts`
+    /// attempts, the last of which failed with `error`; none of its
+    /// attempts kept (see [`with_history`](Self::with_history)).
+    pub fn new(
+        id: EntryId,
+        message: Message,
+        attempts: u32,
+        error: impl Into<String>,
+        dead_at: SystemTime,
+    ) -> Self {
+        Self {
+            id,
+            message,
+            attempts,
+            error: error.into(),
+            dead_at,
+            history: Vec::new(),
+            attempts_not_kept: attempts,
+        }
+    }
+
+    /// With the attempts it kept, oldest first; those it did not keep
+    /// counted in [`attempts_not_kept`](Self::attempts_not_kept).
+    #[must_use]
+    pub fn with_history(mut self, history: Vec<Attempt>) -> Self {
+        let kept = u32::try_from(history.len()).unwrap_or(u32::MAX);
+        self.attempts_not_kept = self.attempts.saturating_sub(kept);
+        self.history = history;
+        self
+    }
+}
+
 /// A snapshot of a queue, for metrics and operations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueStats {
     /// Entries not yet delivered (waiting, backing off, or being delivered).
     pub depth: u64,

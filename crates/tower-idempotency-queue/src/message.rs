@@ -42,6 +42,7 @@ pub fn original_key(queued: &str) -> &str {
 /// One queued notification: its key, the request it came in as, and an
 /// optional order group.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Message {
     /// The scoped idempotency key: a second message with the same key is not
     /// queued again.

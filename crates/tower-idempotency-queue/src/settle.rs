@@ -8,6 +8,7 @@ use tower_idempotency::consumer::{Disposition, Failure};
 
 /// What one [`Worker::run_once`](super::Worker::run_once) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WorkerRound {
     /// Entries handed to the service.
     pub fetched: usize,

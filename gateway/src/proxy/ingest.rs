@@ -174,6 +174,18 @@ impl Ingest {
                     key,
                 )
             }
+            // An answer of a later version of the queue contract: not
+            // known to be stored, so the sender is asked to come back.
+            Ok(_) => {
+                Outcome::StoreError.count(key.preset_arc());
+                tracing::warn!(key = %key.redacted(), "the queue answered an ingest this version does not know; answering a failure");
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "cannot queue the notification\n",
+                    Outcome::StoreError,
+                    key,
+                )
+            }
             Err(_e) => {
                 Outcome::StoreError.count(key.preset_arc());
                 // A queue that cannot write says so itself, once a minute.

@@ -15,6 +15,7 @@ use tower_idempotency::Fingerprint;
 
 /// One message as the handler sees it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AmqpMessage {
     /// The body.
     pub data: Bytes,

@@ -166,15 +166,13 @@ impl Queue for VecQueue {
             .take(limit)
             .map(|id| {
                 let e = &s.dead[id];
-                DeadLetter {
-                    id: EntryId::new(id.to_string()),
-                    message: e.message.clone(),
-                    attempts: e.attempts,
-                    error: e.error.clone(),
-                    dead_at: SystemTime::now(),
-                    history: Vec::new(),
-                    attempts_not_kept: e.attempts,
-                }
+                DeadLetter::new(
+                    EntryId::new(id.to_string()),
+                    e.message.clone(),
+                    e.attempts,
+                    e.error.clone(),
+                    SystemTime::now(),
+                )
             })
             .collect())
     }
@@ -204,11 +202,10 @@ impl Queue for VecQueue {
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         let s = self.state();
-        Ok(QueueStats {
-            depth: s.live.len() as u64,
-            dead: s.dead.len() as u64,
-            ..QueueStats::default()
-        })
+        let mut stats = QueueStats::default();
+        stats.depth = s.live.len() as u64;
+        stats.dead = s.dead.len() as u64;
+        Ok(stats)
     }
 }
 

@@ -121,6 +121,7 @@ mod cases {
                 Ingested::Queued(_) => queued += 1,
                 Ingested::Duplicate => {}
                 Ingested::Mismatch => panic!("same payload seen as a mismatch"),
+                other => panic!("unexpected ingest answer: {other:?}"),
             }
         }
         queued
@@ -864,11 +865,7 @@ async fn redis_shared_breaker_judges_for_every_instance_and_leases_its_probes() 
     let open = || RedisStreamsQueue::standalone(server.url(), &name);
     let (a, b) = (open().await.unwrap(), open().await.unwrap());
     let cooldown = Duration::from_millis(300);
-    let rule = BreakerRule {
-        failures: 2,
-        cooldown,
-        probes: 3,
-    };
+    let rule = BreakerRule::new(2, cooldown, 3);
     let lease = Duration::from_millis(400);
     let lane = "/wx";
     assert_eq!(

@@ -25,7 +25,8 @@ pub(crate) type GatewayQueue = Either<RedbQueue, SharedQueue>;
 /// A queue several gateways share, whose workers pace together: Redis
 /// Streams, RabbitMQ (its key records in the gateway's store), or NATS
 /// JetStream.
-pub(crate) type SharedQueue = Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>;
+pub(crate) type SharedQueue =
+    Either<RedisStreamsQueue, Either<AmqpQueue<GatewayStore>, JetStreamQueue>>;
 
 /// The shared queue of `queue`, if it is one (`None`: the embedded queue).
 pub(crate) fn shared(queue: &GatewayQueue) -> Option<&SharedQueue> {
@@ -61,7 +62,11 @@ impl WorkerQueue {
     /// `queue` for a worker that paces as `pacing` says; an error when the
     /// queue opened cannot pace so (a worker that must pace with the other
     /// gateways never falls back to pacing alone in silence).
-    pub(crate) fn new(queue: DeliveryQueue, pacing: Pacing, describe: &str) -> Result<Self, String> {
+    pub(crate) fn new(
+        queue: DeliveryQueue,
+        pacing: Pacing,
+        describe: &str,
+    ) -> Result<Self, String> {
         let split = match queue {
             Either::Left(sealed) => match sealed.factor() {
                 Either::Left(embedded) => Self::Alone(Either::Left(embedded)),

@@ -260,7 +260,11 @@ pub(crate) enum ReplayOne {
 
 /// `POST /admin/dead/{id}/replay[?force=true]`: a dead letter that failed
 /// authentication is replayed only when `force`d.
-pub(crate) async fn replay_one(queue: &GatewayQueue, id: &str, force: bool) -> Result<ReplayOne, String> {
+pub(crate) async fn replay_one(
+    queue: &GatewayQueue,
+    id: &str,
+    force: bool,
+) -> Result<ReplayOne, String> {
     let id = EntryId::new(id);
     if !force {
         match bounded(queue.find_dead(&id)).await? {

@@ -47,7 +47,12 @@ fn store_key(prefix: &str) -> String {
 
 impl PauseKeeper {
     /// Kept in `store`, or with the memory store (`memory`) in `data_dir`.
-    pub(crate) fn new(store: &GatewayStore, memory: bool, data_dir: PathBuf, routes: Vec<String>) -> Self {
+    pub(crate) fn new(
+        store: &GatewayStore,
+        memory: bool,
+        data_dir: PathBuf,
+        routes: Vec<String>,
+    ) -> Self {
         let place = if memory {
             Place::File(data_dir.join("pauses.json"))
         } else {

@@ -210,7 +210,10 @@ pub(crate) fn from_file(
 /// `--route` flags replace the file's routes: refused when one of those
 /// verifies its sender (it would be served unverified), else a warning
 /// naming them.
-pub(crate) fn dropped(file_routes: &[Spanned<FileRoute>], at: &At<'_>) -> Result<Option<String>, String> {
+pub(crate) fn dropped(
+    file_routes: &[Spanned<FileRoute>],
+    at: &At<'_>,
+) -> Result<Option<String>, String> {
     if let Some(r) = file_routes.iter().find(|r| r.get_ref().verify.is_some()) {
         let prefix = r.get_ref().prefix.get_ref();
         return Err(at.err(

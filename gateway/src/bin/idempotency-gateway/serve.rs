@@ -131,7 +131,11 @@ pub(crate) struct Watch {
 impl Watch {
     /// Closes the connection when `close` is cancelled, or once `idle`
     /// passes with no request counted in `requests` (the service counts).
-    pub(crate) fn new(close: CancellationToken, requests: Arc<AtomicUsize>, idle: Duration) -> Self {
+    pub(crate) fn new(
+        close: CancellationToken,
+        requests: Arc<AtomicUsize>,
+        idle: Duration,
+    ) -> Self {
         Self {
             close,
             requests,

@@ -8,7 +8,11 @@ use tower_idempotency::verify::VerifyLayer;
 
 /// The verify layer of a route to `target` from its `verify` table; files are
 /// read relative to `base` (the config file's folder). `Err` is the reason.
-pub(crate) fn layer(config: &VerifyConfig, target: &Target, base: &Path) -> Result<VerifyLayer, String> {
+pub(crate) fn layer(
+    config: &VerifyConfig,
+    target: &Target,
+    base: &Path,
+) -> Result<VerifyLayer, String> {
     match target {
         Target::Auto => Err(
             "`verify`: an `auto` route cannot verify signatures (each channel \
