@@ -16,6 +16,60 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The breaker methods of a [`SharedPacing`] impl whose queue shares slots
+/// and turns but no breaker (each worker's own judges alone): every one
+/// answers that nothing is shared, as the trait allows.
+macro_rules! no_shared_breaker {
+    () => {
+        async fn breaker_state(
+            &self,
+            _lane: &str,
+        ) -> Result<Option<$crate::BreakerState>, $crate::QueueError> {
+            Ok(None)
+        }
+
+        async fn breaker_vote(
+            &self,
+            _lane: &str,
+            _entry: u64,
+            _ok: bool,
+            _rule: $crate::BreakerRule,
+        ) -> Result<Option<$crate::BreakerState>, $crate::QueueError> {
+            Ok(None)
+        }
+
+        async fn take_probe(
+            &self,
+            _lane: &str,
+            _rule: $crate::BreakerRule,
+            _lease: std::time::Duration,
+        ) -> Result<Option<$crate::BreakerState>, $crate::QueueError> {
+            Ok(None)
+        }
+
+        async fn renew_probe(
+            &self,
+            _lane: &str,
+            _probe: u64,
+            _lease: std::time::Duration,
+        ) -> Result<(), $crate::QueueError> {
+            Ok(())
+        }
+
+        async fn settle_probe(
+            &self,
+            _lane: &str,
+            _probe: u64,
+            _up: Option<bool>,
+            _fresh: bool,
+            _rule: $crate::BreakerRule,
+        ) -> Result<Option<$crate::BreakerState>, $crate::QueueError> {
+            Ok(None)
+        }
+    };
+}
+pub(crate) use no_shared_breaker;
+
 /// A boxed answer of a shared pacing call: boxed only on a worker that
 /// shares (each is a round trip to the queue's server anyway).
 pub(super) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError>> + Send + 'a>>;

@@ -23,8 +23,8 @@ use self::entry::{
 use self::records::DELIVERED;
 use super::attempts::History;
 use super::{
-    BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueErrorKind, QueueStats, SharedPacing,
+    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
+    QueueStats, SharedPacing,
 };
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
@@ -570,49 +570,7 @@ impl<S: Store> SharedPacing for AmqpQueue<S> {
         self.turn_take(lane, interval).await
     }
 
-    // RabbitMQ shares no breaker: each worker's own judges alone.
-    async fn breaker_state(&self, _lane: &str) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
-
-    async fn breaker_vote(
-        &self,
-        _lane: &str,
-        _entry: u64,
-        _ok: bool,
-        _rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
-
-    async fn take_probe(
-        &self,
-        _lane: &str,
-        _rule: BreakerRule,
-        _lease: Duration,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
-
-    async fn renew_probe(
-        &self,
-        _lane: &str,
-        _probe: u64,
-        _lease: Duration,
-    ) -> Result<(), QueueError> {
-        Ok(())
-    }
-
-    async fn settle_probe(
-        &self,
-        _lane: &str,
-        _probe: u64,
-        _up: Option<bool>,
-        _fresh: bool,
-        _rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
+    crate::shared::no_shared_breaker!();
 }
 
 /// Parks nothing: a delay set on the broker cannot be shortened, so a

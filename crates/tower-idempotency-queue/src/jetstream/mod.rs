@@ -10,8 +10,8 @@ pub use connection::JetStreamQueueBuilder;
 
 use super::attempts::History;
 use super::{
-    BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueErrorKind, QueueStats, SharedPacing,
+    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
+    QueueStats, SharedPacing,
 };
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
@@ -498,49 +498,7 @@ impl SharedPacing for JetStreamQueue {
         self.take_pace_turn(lane, interval).await
     }
 
-    // NATS JetStream shares no breaker: each worker's own judges alone.
-    async fn breaker_state(&self, _lane: &str) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
-
-    async fn breaker_vote(
-        &self,
-        _lane: &str,
-        _entry: u64,
-        _ok: bool,
-        _rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
-
-    async fn take_probe(
-        &self,
-        _lane: &str,
-        _rule: BreakerRule,
-        _lease: Duration,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
-
-    async fn renew_probe(
-        &self,
-        _lane: &str,
-        _probe: u64,
-        _lease: Duration,
-    ) -> Result<(), QueueError> {
-        Ok(())
-    }
-
-    async fn settle_probe(
-        &self,
-        _lane: &str,
-        _probe: u64,
-        _up: Option<bool>,
-        _fresh: bool,
-        _rule: BreakerRule,
-    ) -> Result<Option<BreakerState>, QueueError> {
-        Ok(None)
-    }
+    crate::shared::no_shared_breaker!();
 }
 
 /// Parks nothing: a delay set on the broker cannot be shortened, so a
