@@ -15,8 +15,8 @@
 //!   [`Worker`](tower_idempotency_queue::Worker) over [`Gateway::deliverer`] delivers it
 //!   later through the route's dedup layer.
 //!
-//! The `gateway` example of this crate is a command-line program on these
-//! pieces (flags, config file, TLS, metrics, drain).
+//! The `idempotency-gateway` binary of this package is a command-line
+//! program on these pieces (flags, config file, TLS, metrics, drain).
 //!
 //! ```
 //! use http::{Request, StatusCode};
