@@ -81,16 +81,17 @@ pub(super) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError
 /// queue nothing. Function pointers, so a worker holding them is no bigger
 /// than a pointer per method and needs no `'static` bound on `Q`.
 pub(super) struct Ops<Q> {
-    take_slot: for<'a> fn(&'a Q, &'a str, usize, Duration) -> Answer<'a, Option<u64>>,
-    renew_slot: for<'a> fn(&'a Q, &'a str, u64, Duration) -> Answer<'a, ()>,
-    give_slot: for<'a> fn(&'a Q, &'a str, u64) -> Answer<'a, ()>,
-    take_turn: for<'a> fn(&'a Q, &'a str, Duration) -> Answer<'a, Option<Duration>>,
-    breaker_state: for<'a> fn(&'a Q, &'a str) -> Answer<'a, Option<BreakerState>>,
-    breaker_vote: for<'a> fn(&'a Q, &'a str, Vote, BreakerRule) -> Answer<'a, Option<BreakerState>>,
-    take_probe:
+    pub(super) take_slot: for<'a> fn(&'a Q, &'a str, usize, Duration) -> Answer<'a, Option<u64>>,
+    pub(super) renew_slot: for<'a> fn(&'a Q, &'a str, u64, Duration) -> Answer<'a, ()>,
+    pub(super) give_slot: for<'a> fn(&'a Q, &'a str, u64) -> Answer<'a, ()>,
+    pub(super) take_turn: for<'a> fn(&'a Q, &'a str, Duration) -> Answer<'a, Option<Duration>>,
+    pub(super) breaker_state: for<'a> fn(&'a Q, &'a str) -> Answer<'a, Option<BreakerState>>,
+    pub(super) breaker_vote:
+        for<'a> fn(&'a Q, &'a str, Vote, BreakerRule) -> Answer<'a, Option<BreakerState>>,
+    pub(super) take_probe:
         for<'a> fn(&'a Q, &'a str, BreakerRule, Duration) -> Answer<'a, Option<BreakerState>>,
-    renew_probe: for<'a> fn(&'a Q, &'a str, u64, Duration) -> Answer<'a, ()>,
-    settle_probe:
+    pub(super) renew_probe: for<'a> fn(&'a Q, &'a str, u64, Duration) -> Answer<'a, ()>,
+    pub(super) settle_probe:
         for<'a> fn(&'a Q, &'a str, ProbeResult, BreakerRule) -> Answer<'a, Option<BreakerState>>,
 }
 
@@ -118,81 +119,6 @@ impl<Q: SharedPacing> Ops<Q> {
                 Box::pin(q.settle_probe(lane, p.probe, p.up, p.fresh, rule))
             },
         }
-    }
-}
-
-impl<Q> Ops<Q> {
-    pub(super) fn take_slot<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        n: usize,
-        lease: Duration,
-    ) -> Answer<'a, Option<u64>> {
-        (self.take_slot)(q, lane, n, lease)
-    }
-    pub(super) fn renew_slot<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        slot: u64,
-        lease: Duration,
-    ) -> Answer<'a, ()> {
-        (self.renew_slot)(q, lane, slot, lease)
-    }
-    pub(super) fn give_slot<'a>(self, q: &'a Q, lane: &'a str, slot: u64) -> Answer<'a, ()> {
-        (self.give_slot)(q, lane, slot)
-    }
-    pub(super) fn take_turn<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        every: Duration,
-    ) -> Answer<'a, Option<Duration>> {
-        (self.take_turn)(q, lane, every)
-    }
-    pub(super) fn breaker_state<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-    ) -> Answer<'a, Option<BreakerState>> {
-        (self.breaker_state)(q, lane)
-    }
-    pub(super) fn breaker_vote<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        vote: Vote,
-        rule: BreakerRule,
-    ) -> Answer<'a, Option<BreakerState>> {
-        (self.breaker_vote)(q, lane, vote, rule)
-    }
-    pub(super) fn take_probe<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        rule: BreakerRule,
-        lease: Duration,
-    ) -> Answer<'a, Option<BreakerState>> {
-        (self.take_probe)(q, lane, rule, lease)
-    }
-    pub(super) fn renew_probe<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        probe: u64,
-        lease: Duration,
-    ) -> Answer<'a, ()> {
-        (self.renew_probe)(q, lane, probe, lease)
-    }
-    pub(super) fn settle_probe<'a>(
-        self,
-        q: &'a Q,
-        lane: &'a str,
-        probe: ProbeResult,
-        rule: BreakerRule,
-    ) -> Answer<'a, Option<BreakerState>> {
-        (self.settle_probe)(q, lane, probe, rule)
     }
 }
 
@@ -247,7 +173,7 @@ pub(super) async fn shared_turn<Q>(
         match bounded(
             &config,
             "taking a shared slot",
-            ops.take_slot(&queue, &lane, n, config.lease),
+            (ops.take_slot)(&queue, &lane, n, config.lease),
         )
         .await
         {
@@ -262,7 +188,7 @@ pub(super) async fn shared_turn<Q>(
         let wait = match bounded(
             &config,
             "taking a shared turn",
-            ops.take_turn(&queue, &lane, rate.interval()),
+            (ops.take_turn)(&queue, &lane, rate.interval()),
         )
         .await
         {
@@ -277,7 +203,7 @@ pub(super) async fn shared_turn<Q>(
                 let _ = bounded(
                     &config,
                     "giving back a shared slot",
-                    ops.give_slot(&queue, &lane, taken),
+                    (ops.give_slot)(&queue, &lane, taken),
                 )
                 .await;
             }
@@ -326,7 +252,7 @@ pub(super) async fn shared_gate<Q>(
             bounded(
                 config,
                 "asking the shared breaker",
-                ops.breaker_state(queue, lane),
+                (ops.breaker_state)(queue, lane),
             )
             .await
         }
@@ -334,7 +260,7 @@ pub(super) async fn shared_gate<Q>(
             bounded(
                 config,
                 "taking a shared probe",
-                ops.take_probe(queue, lane, rule, lease),
+                (ops.take_probe)(queue, lane, rule, lease),
             )
             .await
         }
@@ -381,7 +307,7 @@ pub(super) async fn judged<Q>(
 ) -> Option<BreakerState> {
     let answered = match (probe, up) {
         (Some(id), up) => {
-            let settled = ops.settle_probe(
+            let settled = (ops.settle_probe)(
                 queue,
                 lane,
                 ProbeResult {
@@ -394,7 +320,7 @@ pub(super) async fn judged<Q>(
             bounded(config, "settling a shared probe", settled).await
         }
         (None, Some(ok)) => {
-            let voted = ops.breaker_vote(queue, lane, Vote { entry, ok }, rule);
+            let voted = (ops.breaker_vote)(queue, lane, Vote { entry, ok }, rule);
             bounded(config, "voting in the shared breaker", voted).await
         }
         (None, None) => return None,

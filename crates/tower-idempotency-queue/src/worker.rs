@@ -403,7 +403,7 @@ where
                                 up: None,
                                 fresh,
                             };
-                            let given = ops.settle_probe(&self.queue, name, given, rule);
+                            let given = (ops.settle_probe)(&self.queue, name, given, rule);
                             let given =
                                 bounded(&self.config, "settling a shared probe", given).await;
                             if let Err(_e) = given {
@@ -468,7 +468,7 @@ where
                         && let Err(_e) = bounded(
                             &config,
                             "giving back a shared slot",
-                            ops.give_slot(&queue, &slot.lane, slot.id),
+                            (ops.give_slot)(&queue, &slot.lane, slot.id),
                         )
                         .await
                     {
@@ -705,7 +705,7 @@ async fn renewing<Q: Queue, F: Future>(
                 }
             }
             if let (Some(Taken { lane, id }), Some(ops)) = (slot, shared) {
-                let renewed = ops.renew_slot(queue, lane, *id, config.lease);
+                let renewed = (ops.renew_slot)(queue, lane, *id, config.lease);
                 let renewed = tokio::time::timeout(pacing, renewed);
                 match renewed.await {
                     Ok(Ok(())) => {}
@@ -718,7 +718,7 @@ async fn renewing<Q: Queue, F: Future>(
                 }
             }
             if let (Some(Taken { lane, id }), Some(ops)) = (probe, shared) {
-                let renewed = ops.renew_probe(queue, lane, *id, config.lease);
+                let renewed = (ops.renew_probe)(queue, lane, *id, config.lease);
                 let renewed = tokio::time::timeout(pacing, renewed);
                 match renewed.await {
                     Ok(Ok(())) => {}
