@@ -22,11 +22,13 @@ mod boxed;
 pub mod codec;
 mod completed;
 mod either;
+mod error;
 mod fence;
 mod pollers;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+mod watch;
 
 /// Two stores, one picked at run time, are a [`Store`] (re-exported from the
 /// [`either`](https://docs.rs/either) crate).
@@ -34,8 +36,10 @@ pub use ::either::Either;
 pub use active::ActiveClaim;
 pub use boxed::BoxStore;
 pub use completed::Completed as CompletedCache;
+pub use error::{StoreError, StoreErrorKind};
 pub use fence::{fence_floor, Ownership};
 pub use pollers::{Poller, Pollers};
+pub use watch::{Watch, WatchSender};
 
 use crate::Fingerprint;
 use bytes::Bytes;
@@ -45,7 +49,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// The token that identifies the owner of an in-flight claim.
 ///
@@ -236,145 +239,6 @@ pub enum Claim {
     },
     /// It already succeeded; replay it.
     Completed(Arc<CompletedRecord>),
-}
-
-/// Tells a waiting duplicate when to look at the record again.
-///
-/// Stores that see changes (the memory store) hand out a subscription to one
-/// shared channel per key; stores that poll their backend share one poller
-/// per key among an instance's waiters with [`Pollers`]; others hand out a
-/// poll interval.
-#[derive(Debug)]
-pub struct Watch {
-    kind: WatchKind,
-}
-
-#[derive(Debug)]
-enum WatchKind {
-    Channel(watch::Receiver<()>),
-    Poll(Duration),
-}
-
-/// The sending side of a [`Watch`]: dropping it (or calling
-/// [`notify`](Self::notify)) wakes every waiter.
-#[derive(Debug)]
-pub struct WatchSender(watch::Sender<()>);
-
-impl WatchSender {
-    /// A new channel with no subscribers.
-    pub fn new() -> Self {
-        Self(watch::Sender::new(()))
-    }
-
-    /// A new subscription.
-    pub fn subscribe(&self) -> Watch {
-        Watch {
-            kind: WatchKind::Channel(self.0.subscribe()),
-        }
-    }
-
-    /// Wakes every subscriber.
-    pub fn notify(&self) {
-        self.0.send_replace(());
-    }
-}
-
-impl Default for WatchSender {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Watch {
-    /// A watch that only waits for `interval` (for stores that must be polled).
-    pub fn poll(interval: Duration) -> Self {
-        Self {
-            kind: WatchKind::Poll(interval),
-        }
-    }
-
-    /// Waits until the record may have changed.
-    pub async fn changed(self) {
-        match self.kind {
-            // Err means the sender is gone: the owner finished one way or another.
-            WatchKind::Channel(mut rx) => {
-                let _ = rx.changed().await;
-            }
-            WatchKind::Poll(interval) => tokio::time::sleep(interval).await,
-        }
-    }
-}
-
-/// Why a store call failed.
-///
-/// Keeps the backend's own error, if there was one, as its
-/// [`source`](std::error::Error::source).
-#[derive(Debug, Clone)]
-pub struct StoreError {
-    kind: StoreErrorKind,
-    message: Arc<str>,
-    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
-}
-
-/// The kind of a [`StoreError`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
-    /// The call did not answer within the store timeout.
-    Timeout,
-    /// The backend answered with an error or could not be reached.
-    Backend,
-    /// The backend answered something this crate cannot read.
-    Corrupt,
-    /// The store does not implement this operation.
-    Unsupported,
-}
-
-impl StoreError {
-    /// A new error.
-    pub fn new(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// The same error, caused by `source` (returned by
-    /// [`Error::source`](std::error::Error::source)).
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Arc::new(source));
-        self
-    }
-
-    /// A timeout error.
-    /// A [`Timeout`](StoreErrorKind::Timeout): `op` did not answer within
-    /// `after`.
-    pub fn timeout(op: &str, after: Duration) -> Self {
-        Self::new(
-            StoreErrorKind::Timeout,
-            format!("store {op} timed out after {after:?}"),
-        )
-    }
-
-    /// The kind of failure.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for StoreError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
 }
 
 /// The storage behind the dedup layer.

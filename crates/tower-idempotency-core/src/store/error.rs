@@ -1,0 +1,78 @@
+//! [`StoreError`]: why a store call failed, by kind, with the backend's
+//! own error as its source.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a store call failed.
+///
+/// Keeps the backend's own error, if there was one, as its
+/// [`source`](std::error::Error::source).
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: Arc<str>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The call did not answer within the store timeout.
+    Timeout,
+    /// The backend answered with an error or could not be reached.
+    Backend,
+    /// The backend answered something this crate cannot read.
+    Corrupt,
+    /// The store does not implement this operation.
+    Unsupported,
+}
+
+impl StoreError {
+    /// A new error.
+    pub fn new(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The same error, caused by `source` (returned by
+    /// [`Error::source`](std::error::Error::source)).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// A timeout error.
+    /// A [`Timeout`](StoreErrorKind::Timeout): `op` did not answer within
+    /// `after`.
+    pub fn timeout(op: &str, after: Duration) -> Self {
+        Self::new(
+            StoreErrorKind::Timeout,
+            format!("store {op} timed out after {after:?}"),
+        )
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
