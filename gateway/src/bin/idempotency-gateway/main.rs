@@ -5,9 +5,11 @@
 //!
 //! A thin program over the library's `proxy` module, read top-down: [`main`]
 //! parses the flags, runs a subcommand ([`commands`]) or reads the
-//! configuration ([`config`]), opens the parts ([`parts`]: the store, the
+//! configuration ([`settings`]), opens the parts ([`start`]: the store, the
 //! queue, the journal, the routes' gateways) and serves until a signal
-//! ([`run`]). Each module's own doc says what it holds.
+//! ([`run`], on the listeners of [`serve`]); [`admin`] is the admin
+//! listener: metrics, health, the admin API and the console. Each folder's
+//! own doc says what it holds.
 //!
 //! ```text
 //! cargo run --release -p idempotency-gateway -- --listen 0.0.0.0:8080 --upstream http://127.0.0.1:9000
@@ -26,37 +28,11 @@
 // Nothing here is a library: every item is the program's own.
 #![warn(unreachable_pub)]
 
-mod access;
-mod ack;
 mod admin;
-mod admin_api;
-mod admin_cli;
-mod admin_dead;
-mod cli;
 mod commands;
-mod config;
-mod console;
-mod dlq;
-mod escape;
-mod limit;
-mod logging;
-mod otel;
-mod pace;
-mod parse;
-mod parts;
-mod pause_cli;
-mod pauses;
-mod presets;
-mod reconcile;
-mod routes;
-mod samples;
 mod serve;
-mod spanned;
-mod store;
-mod tls;
-mod upstreams;
-mod verify;
-mod workers;
+mod settings;
+mod start;
 
 /// mimalloc: glibc's malloc spends a fifth of a guarded request's CPU
 /// walking its bins once the store holds many records (measured with `perf`;
@@ -76,14 +52,17 @@ fn no_huge_pages() {
     }
 }
 
-use config::Settings;
 use idempotency_gateway::proxy::{Gateway, Target};
+use serve::{accept, access, logging, otel, tls, workers};
+use settings::cli;
+use settings::config::{self, Settings};
+use start::parts;
+use start::store::{self, GatewayStore};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
-use store::GatewayStore;
 use tokio::sync::Semaphore;
 use tower_idempotency::TaskTracker;
 use tracing::{info, warn};
@@ -214,7 +193,7 @@ fn warn_unverified(settings: &Settings) {
 /// Opens the parts, starts the serving threads and the queue's worker,
 /// and serves until SIGTERM or SIGINT; then drains (see [`drain`]).
 async fn run(settings: Settings, dropped: ErrorCounter) -> Result<(), String> {
-    let mut signals = serve::Signals::new().map_err(|e| format!("cannot handle signals: {e}"))?;
+    let mut signals = accept::Signals::new().map_err(|e| format!("cannot handle signals: {e}"))?;
     for warning in &settings.warnings {
         warn!("{warning}");
     }
@@ -239,7 +218,7 @@ async fn run(settings: Settings, dropped: ErrorCounter) -> Result<(), String> {
     let worker = parts.spawn_worker(&settings, &control, journal.clone(), worker_stopped);
     let journaling = (journal.clone()).map(|j| access::Journaling::new(j, settings.journal_body));
     let ratios = access::Ratios::new(settings.ratio_window, journaling, parts.metrics.is_some());
-    let limits = serve::Limits {
+    let limits = accept::Limits {
         permits: Arc::new(Semaphore::new(settings.max_connections)),
         header_timeout: settings.header_timeout,
         tls: tls.clone(),
@@ -325,7 +304,7 @@ fn announce(
 /// second signal exits at once.
 async fn drain(
     settings: &Settings,
-    signals: &mut serve::Signals,
+    signals: &mut accept::Signals,
     workers: &mut workers::Workers,
     tasks: &TaskTracker,
 ) -> Result<(), String> {

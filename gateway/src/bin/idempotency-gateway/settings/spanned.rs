@@ -1,0 +1,85 @@
+//! Values of the config file with where they were written: an error names
+//! the file and the line.
+
+use crate::settings::parse;
+use serde::Deserialize;
+use toml::Spanned;
+
+pub(crate) type Field = Option<Spanned<String>>;
+
+/// A size written as a number of bytes or a string (`"64KiB"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+/// A bad file: `FILE:LINE: reason`.
+pub(crate) struct At<'a> {
+    pub(crate) path: &'a str,
+    pub(crate) text: &'a str,
+}
+
+impl At<'_> {
+    pub(crate) fn err(&self, span: std::ops::Range<usize>, why: impl std::fmt::Display) -> String {
+        let line = self.text[..span.start.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1;
+        format!("{}:{line}: {why}", self.path)
+    }
+
+    /// A value from the file checked by `f`; an error names its line.
+    pub(crate) fn checked<V, T>(
+        &self,
+        field: &Option<Spanned<V>>,
+        key: &str,
+        f: impl Fn(&V) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
+        field
+            .as_ref()
+            .map(|v| f(v.get_ref()).map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))))
+            .transpose()
+    }
+
+    pub(crate) fn value<T>(
+        &self,
+        field: &Field,
+        key: &str,
+        f: fn(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
+        self.checked(field, key, |s| f(s))
+    }
+
+    /// A number from the file, checked by the flag's parser `f`.
+    pub(crate) fn number(
+        &self,
+        field: &Option<Spanned<u64>>,
+        key: &str,
+        f: fn(&str) -> Result<usize, String>,
+    ) -> Result<Option<usize>, String> {
+        self.checked(field, key, |n| f(&n.to_string()))
+    }
+
+    pub(crate) fn size(
+        &self,
+        field: &Option<Spanned<SizeValue>>,
+        key: &str,
+    ) -> Result<Option<usize>, String> {
+        self.size_by(field, key, parse::body_size)
+    }
+
+    pub(crate) fn size_by(
+        &self,
+        field: &Option<Spanned<SizeValue>>,
+        key: &str,
+        f: fn(&str) -> Result<usize, String>,
+    ) -> Result<Option<usize>, String> {
+        self.checked(field, key, |v| match v {
+            // Bytes pass the same checks as text (`0` included).
+            SizeValue::Bytes(n) => f(&n.to_string()),
+            SizeValue::Text(s) => f(s),
+        })
+    }
+}
