@@ -30,6 +30,7 @@
 
 mod admin;
 mod commands;
+mod redact;
 mod serve;
 mod settings;
 mod start;
@@ -143,7 +144,7 @@ fn serve(settings: Settings) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("gateway: {}", store::redact_text(&msg));
+            eprintln!("gateway: {}", redact::redact_text(&msg));
             ExitCode::FAILURE
         }
     }
@@ -151,7 +152,7 @@ fn serve(settings: Settings) -> ExitCode {
 
 fn usage_error(msg: &str) -> ExitCode {
     // A store or queue URL in the message keeps its password out.
-    let msg = store::redact_text(msg);
+    let msg = redact::redact_text(msg);
     eprintln!("gateway: {msg}\n(idempotency-gateway --help lists the flags)");
     ExitCode::from(2)
 }
@@ -287,7 +288,7 @@ fn announce(
         listen = %local,
         upstream = %settings.upstream,
         store = store::describe(&parts.store),
-        backstop = %settings.backstop.as_deref().map_or("none".into(), store::redact),
+        backstop = %settings.backstop.as_deref().map_or("none".into(), redact::redact),
         routes = %routes.join(" "),
         tls,
         workers = settings.workers,

@@ -12,7 +12,6 @@ pub(crate) mod reconcile;
 
 use crate::settings::cli::Args;
 use crate::settings::config;
-use crate::start::store;
 use crate::usage_error;
 use client::{AdminAt, Call};
 use dlq::{Command, Dlq};
@@ -75,7 +74,9 @@ fn dead_letters(args: &Args, offline: bool, action: &Dlq) -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     // The queue's URL in a message keeps its password out.
-    failed_with(dlq::run(action, &queue), |msg| store::redact_text(&msg))
+    failed_with(dlq::run(action, &queue), |msg| {
+        crate::redact::redact_text(&msg)
+    })
 }
 
 /// Exit status 0, or 1 with the message (as `shown`) on stderr.

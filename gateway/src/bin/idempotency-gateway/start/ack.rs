@@ -146,7 +146,7 @@ pub(crate) fn queue_spec(s: &str) -> Result<QueueSpec, String> {
     if s.contains("://") {
         return Err(format!(
             "`{}`: expected {EXPECTED}",
-            crate::start::store::redact(s)
+            crate::redact::redact(s)
         ));
     }
     if s.is_empty() {
@@ -288,30 +288,21 @@ impl QueueSettings {
                 .await
                 .map(|q| Either::Right(Either::Left(q.replicas(self.replicas))))
                 .map_err(|e| {
-                    let (shown, e) = (
-                        crate::start::store::redact(url),
-                        crate::start::store::scrub(url, e),
-                    );
+                    let (shown, e) = (crate::redact::redact(url), crate::redact::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
                 }),
             QueueSpec::Amqp(url) => AmqpQueue::open(url, NAME, store.clone())
                 .await
                 .map(|q| Either::Right(Either::Right(Either::Left(q))))
                 .map_err(|e| {
-                    let (shown, e) = (
-                        crate::start::store::redact(url),
-                        crate::start::store::scrub(url, e),
-                    );
+                    let (shown, e) = (crate::redact::redact(url), crate::redact::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
                 }),
             QueueSpec::Nats(url) => JetStreamQueue::connect(url, NAME)
                 .await
                 .map(|q| Either::Right(Either::Right(Either::Right(q))))
                 .map_err(|e| {
-                    let (shown, e) = (
-                        crate::start::store::redact(url),
-                        crate::start::store::scrub(url, e),
-                    );
+                    let (shown, e) = (crate::redact::redact(url), crate::redact::scrub(url, e));
                     format!("cannot open the queue at {shown}: {e}")
                 }),
         }
@@ -360,7 +351,7 @@ impl QueueSettings {
         match &self.spec {
             QueueSpec::Dir(dir) => dir.join("queue.redb").display().to_string(),
             QueueSpec::Redis(url) | QueueSpec::Amqp(url) | QueueSpec::Nats(url) => {
-                crate::start::store::redact(url)
+                crate::redact::redact(url)
             }
         }
     }

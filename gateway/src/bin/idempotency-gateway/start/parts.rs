@@ -247,7 +247,7 @@ async fn paused_routes(
     let prefixes = settings.routes.iter().map(|(p, _, _)| p.clone()).collect();
     let keeper = pauses::PauseKeeper::new(store, memory, settings.data_dir.clone(), prefixes);
     if let Err(e) = keeper.refresh().await {
-        tracing::warn!(error = %store::redact_text(&e), "cannot read the paused routes yet; none is held until they can be read");
+        tracing::warn!(error = %crate::redact::redact_text(&e), "cannot read the paused routes yet; none is held until they can be read");
     }
     keeper.spawn_poller();
     keeper
@@ -319,7 +319,7 @@ pub(crate) async fn open_journal(
     };
     let journal = if let Some(url) = database {
         let opened = Journal::connect(url, options).await;
-        let (journal, writer) = opened.map_err(|e| store::redact_text(&e.to_string()))?;
+        let (journal, writer) = opened.map_err(|e| crate::redact::redact_text(&e.to_string()))?;
         tokio::spawn(writer);
         info!(
             table = "idempotency_journal",
@@ -329,7 +329,7 @@ pub(crate) async fn open_journal(
         journal
     } else if let parse::StoreSpec::Redis(url) = store {
         let opened = Journal::connect_redis(url, options).await;
-        let (journal, writer) = opened.map_err(|e| store::redact_text(&e.to_string()))?;
+        let (journal, writer) = opened.map_err(|e| crate::redact::redact_text(&e.to_string()))?;
         tokio::spawn(writer);
         info!(
             ?retention,

@@ -130,7 +130,7 @@ impl PauseKeeper {
                     Ok(()) => failing = false,
                     Err(e) if !failing => {
                         failing = true;
-                        warn!(error = %crate::start::store::redact_text(&e), "cannot read the paused routes; the last ones read still hold");
+                        warn!(error = %crate::redact::redact_text(&e), "cannot read the paused routes; the last ones read still hold");
                     }
                     Err(_) => {}
                 }
@@ -235,7 +235,7 @@ pub(crate) fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
                 Ok(Ok(())) => failing = false,
                 Ok(Err(e)) if !failing => {
                     failing = true;
-                    warn!(error = %crate::start::store::redact_text(&e.to_string()), "cannot wake the parked entries of resumed routes; tried again");
+                    warn!(error = %crate::redact::redact_text(&e.to_string()), "cannot wake the parked entries of resumed routes; tried again");
                 }
                 Err(_) if !failing => {
                     failing = true;
