@@ -3,7 +3,10 @@
 
 use super::page::PageBuilder;
 use super::reopen::Reopen;
-use super::{now_ms, Inbox, JournalError, JournalEvent, JournalFilter, JournalPage, JournalRecord};
+use super::{
+    now_ms, Inbox, JournalError, JournalErrorKind, JournalEvent, JournalFilter, JournalPage,
+    JournalRecord,
+};
 use redb::{Database, Durability, ReadableTable, Table, TableDefinition};
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -23,10 +26,6 @@ const RECORD_BYTES: &str = "record_bytes";
 
 /// Records removed in one transaction, at most.
 const PRUNE_BATCH: usize = 1000;
-
-fn err(what: &str, e: impl std::fmt::Display) -> JournalError {
-    JournalError::new(format!("journal {what}: {e}"))
-}
 
 fn len(bytes: usize) -> u64 {
     u64::try_from(bytes).unwrap_or(u64::MAX)
@@ -60,7 +59,7 @@ fn owner_only(path: &Path) -> Result<(), JournalError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-        let shown = |e| err(&path.display().to_string(), e);
+        let shown = |e| JournalError::backend(&path.display().to_string(), e);
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -87,9 +86,9 @@ pub(super) struct Db {
 /// While the file is closed after an I/O error (it is opened again with a
 /// backoff).
 fn closed() -> JournalError {
-    err(
-        "write",
-        "closed after an I/O error (re-opened once it can be)",
+    JournalError::new(
+        JournalErrorKind::Backend,
+        "journal write: closed after an I/O error (re-opened once it can be)",
     )
 }
 
@@ -98,34 +97,44 @@ impl Db {
         owner_only(path)?;
         let at = path.to_path_buf();
         let db = Reopen::new("journal", move || Database::create(&at))
-            .map_err(|e| err(&format!("{}", path.display()), e))?;
+            .map_err(|e| JournalError::backend(&format!("{}", path.display()), e))?;
         Self::with(db, max_size)
     }
 
     /// The journal in `db`, its tables created if missing.
     fn with(db: Reopen, max_size: u64) -> Result<Self, JournalError> {
         let file = db.get().ok_or_else(closed)?;
-        let tx = file.begin_write().map_err(|e| err("open", e))?;
+        let tx = file
+            .begin_write()
+            .map_err(|e| JournalError::backend("open", e))?;
         {
-            let records = tx.open_table(RECORDS).map_err(|e| err("open", e))?;
-            tx.open_table(BY_TIME).map_err(|e| err("open", e))?;
-            let mut meta = tx.open_table(META).map_err(|e| err("open", e))?;
+            let records = tx
+                .open_table(RECORDS)
+                .map_err(|e| JournalError::backend("open", e))?;
+            tx.open_table(BY_TIME)
+                .map_err(|e| JournalError::backend("open", e))?;
+            let mut meta = tx
+                .open_table(META)
+                .map_err(|e| JournalError::backend("open", e))?;
             // A journal written before the size cap: its records counted once.
             if meta
                 .get(RECORD_BYTES)
-                .map_err(|e| err("open", e))?
+                .map_err(|e| JournalError::backend("open", e))?
                 .is_none()
             {
                 let mut bytes = 0;
-                for entry in records.iter().map_err(|e| err("open", e))? {
-                    let (_, v) = entry.map_err(|e| err("open", e))?;
+                for entry in records
+                    .iter()
+                    .map_err(|e| JournalError::backend("open", e))?
+                {
+                    let (_, v) = entry.map_err(|e| JournalError::backend("open", e))?;
                     bytes += len(v.value().len());
                 }
                 meta.insert(RECORD_BYTES, bytes)
-                    .map_err(|e| err("open", e))?;
+                    .map_err(|e| JournalError::backend("open", e))?;
             }
         }
-        tx.commit().map_err(|e| err("open", e))?;
+        tx.commit().map_err(|e| JournalError::backend("open", e))?;
         drop(file);
         Ok(Self {
             db: Arc::new(db),
@@ -155,37 +164,53 @@ impl Db {
 
     pub(super) fn get(&self, key: &str) -> Result<Option<JournalRecord>, JournalError> {
         let file = self.file()?;
-        let tx = file.begin_read().map_err(|e| err("read", e))?;
-        let table = tx.open_table(RECORDS).map_err(|e| err("read", e))?;
-        let Some(found) = table.get(key).map_err(|e| err("read", e))? else {
+        let tx = file
+            .begin_read()
+            .map_err(|e| JournalError::backend("read", e))?;
+        let table = tx
+            .open_table(RECORDS)
+            .map_err(|e| JournalError::backend("read", e))?;
+        let Some(found) = table
+            .get(key)
+            .map_err(|e| JournalError::backend("read", e))?
+        else {
             return Ok(None);
         };
         serde_json::from_slice(found.value())
             .map(Some)
-            .map_err(|e| err("decode", e))
+            .map_err(|e| JournalError::backend("decode", e))
     }
 
     pub(super) fn query(&self, filter: &JournalFilter) -> Result<JournalPage, JournalError> {
         let file = self.file()?;
-        let tx = file.begin_read().map_err(|e| err("read", e))?;
-        let by_time = tx.open_table(BY_TIME).map_err(|e| err("read", e))?;
-        let records = tx.open_table(RECORDS).map_err(|e| err("read", e))?;
+        let tx = file
+            .begin_read()
+            .map_err(|e| JournalError::backend("read", e))?;
+        let by_time = tx
+            .open_table(BY_TIME)
+            .map_err(|e| JournalError::backend("read", e))?;
+        let records = tx
+            .open_table(RECORDS)
+            .map_err(|e| JournalError::backend("read", e))?;
         let mut page = PageBuilder::new(filter);
         let start = filter.start();
         let range = by_time
             .range::<(u64, &str)>((Bound::Included(start), Bound::Unbounded))
-            .map_err(|e| err("read", e))?;
+            .map_err(|e| JournalError::backend("read", e))?;
         for entry in range {
-            let (at, _) = entry.map_err(|e| err("read", e))?;
+            let (at, _) = entry.map_err(|e| JournalError::backend("read", e))?;
             let (ms, key) = at.value();
             if filter.seen(ms, key) {
                 continue;
             }
-            let Some(found) = records.get(key).map_err(|e| err("read", e))? else {
+            let Some(found) = records
+                .get(key)
+                .map_err(|e| JournalError::backend("read", e))?
+            else {
                 continue;
             };
-            let record: JournalRecord =
-                serde_json::from_slice(found.value()).map_err(|e| err("decode", e))?;
+            let record: JournalRecord = serde_json::from_slice(found.value())
+                .map_err(|e| JournalError::backend("decode", e))?;
             if let Some(full) = page.push(record) {
                 return Ok(full);
             }
@@ -211,22 +236,33 @@ impl Db {
         let written: u64 = events.iter().map(|e| len(e.size())).sum();
         let since = self.since_durable.fetch_add(written, Ordering::Relaxed) + written;
         let durable = durable || since >= (self.max_size / 16).clamp(64 << 10, 64 << 20);
-        let mut tx = file.begin_write().map_err(|e| err("write", e))?;
+        let mut tx = file
+            .begin_write()
+            .map_err(|e| JournalError::backend("write", e))?;
         if durable {
             self.since_durable.store(0, Ordering::Relaxed);
         } else {
             tx.set_durability(Durability::Eventual);
         }
         let (pruned, bytes) = {
-            let mut records = tx.open_table(RECORDS).map_err(|e| err("write", e))?;
-            let mut by_time = tx.open_table(BY_TIME).map_err(|e| err("write", e))?;
-            let mut meta = tx.open_table(META).map_err(|e| err("write", e))?;
+            let mut records = tx
+                .open_table(RECORDS)
+                .map_err(|e| JournalError::backend("write", e))?;
+            let mut by_time = tx
+                .open_table(BY_TIME)
+                .map_err(|e| JournalError::backend("write", e))?;
+            let mut meta = tx
+                .open_table(META)
+                .map_err(|e| JournalError::backend("write", e))?;
             let mut bytes = bytes_of(&meta)?;
             let mut old_times = Vec::new();
             for event in events {
                 let key: &str = &event.key;
                 if !merged.contains_key(key) {
-                    let old = match records.get(key).map_err(|e| err("write", e))? {
+                    let old = match records
+                        .get(key)
+                        .map_err(|e| JournalError::backend("write", e))?
+                    {
                         Some(v) => {
                             bytes = bytes.saturating_sub(len(v.value().len()));
                             serde_json::from_slice::<JournalRecord>(v.value()).ok()
@@ -241,24 +277,28 @@ impl Db {
                 merged.get_mut(key).expect("inserted above").add(event);
             }
             for (at, key) in old_times {
-                by_time.remove((at, key)).map_err(|e| err("write", e))?;
+                by_time
+                    .remove((at, key))
+                    .map_err(|e| JournalError::backend("write", e))?;
             }
             for (key, record) in &merged {
-                let json = serde_json::to_vec(record).map_err(|e| err("encode", e))?;
+                let json =
+                    serde_json::to_vec(record).map_err(|e| JournalError::backend("encode", e))?;
                 bytes += len(json.len());
                 records
                     .insert(*key, json.as_slice())
-                    .map_err(|e| err("write", e))?;
+                    .map_err(|e| JournalError::backend("write", e))?;
                 by_time
                     .insert((record.last_seen_ms, *key), ())
-                    .map_err(|e| err("write", e))?;
+                    .map_err(|e| JournalError::backend("write", e))?;
             }
             let pruned = self.over_size(&mut records, &mut by_time, &mut bytes)?;
             meta.insert(RECORD_BYTES, bytes)
-                .map_err(|e| err("write", e))?;
+                .map_err(|e| JournalError::backend("write", e))?;
             (pruned, bytes)
         };
-        tx.commit().map_err(|e| err("commit", e))?;
+        tx.commit()
+            .map_err(|e| JournalError::backend("commit", e))?;
         count_pruned(Pruned::Size, pruned);
         set_bytes_gauge(bytes);
         Ok(())
@@ -274,11 +314,17 @@ impl Db {
     ) -> Result<usize, JournalError> {
         let mut removed = 0;
         while *bytes > self.max_size && removed < PRUNE_BATCH {
-            let key = match by_time.pop_first().map_err(|e| err("prune", e))? {
+            let key = match by_time
+                .pop_first()
+                .map_err(|e| JournalError::backend("prune", e))?
+            {
                 Some((at, _)) => at.value().1.to_owned(),
                 None => break,
             };
-            if let Some(v) = records.remove(key.as_str()).map_err(|e| err("prune", e))? {
+            if let Some(v) = records
+                .remove(key.as_str())
+                .map_err(|e| JournalError::backend("prune", e))?
+            {
                 *bytes = bytes.saturating_sub(len(v.value().len()));
             }
             removed += 1;
@@ -293,15 +339,23 @@ impl Db {
     }
 
     fn prune_in(&self, file: &Database, before_ms: u64) -> Result<usize, JournalError> {
-        let tx = file.begin_write().map_err(|e| err("prune", e))?;
+        let tx = file
+            .begin_write()
+            .map_err(|e| JournalError::backend("prune", e))?;
         let (removed, by_size, bytes) = {
-            let mut records = tx.open_table(RECORDS).map_err(|e| err("prune", e))?;
-            let mut by_time = tx.open_table(BY_TIME).map_err(|e| err("prune", e))?;
-            let mut meta = tx.open_table(META).map_err(|e| err("prune", e))?;
+            let mut records = tx
+                .open_table(RECORDS)
+                .map_err(|e| JournalError::backend("prune", e))?;
+            let mut by_time = tx
+                .open_table(BY_TIME)
+                .map_err(|e| JournalError::backend("prune", e))?;
+            let mut meta = tx
+                .open_table(META)
+                .map_err(|e| JournalError::backend("prune", e))?;
             let mut bytes = bytes_of(&meta)?;
             let old: Vec<(u64, String)> = by_time
                 .range(..(before_ms, ""))
-                .map_err(|e| err("prune", e))?
+                .map_err(|e| JournalError::backend("prune", e))?
                 .take(PRUNE_BATCH)
                 .filter_map(Result::ok)
                 .map(|(k, _)| {
@@ -312,17 +366,20 @@ impl Db {
             for (at, key) in &old {
                 by_time
                     .remove((*at, key.as_str()))
-                    .map_err(|e| err("prune", e))?;
-                if let Some(v) = records.remove(key.as_str()).map_err(|e| err("prune", e))? {
+                    .map_err(|e| JournalError::backend("prune", e))?;
+                if let Some(v) = records
+                    .remove(key.as_str())
+                    .map_err(|e| JournalError::backend("prune", e))?
+                {
                     bytes = bytes.saturating_sub(len(v.value().len()));
                 }
             }
             let by_size = self.over_size(&mut records, &mut by_time, &mut bytes)?;
             meta.insert(RECORD_BYTES, bytes)
-                .map_err(|e| err("prune", e))?;
+                .map_err(|e| JournalError::backend("prune", e))?;
             (old.len(), by_size, bytes)
         };
-        tx.commit().map_err(|e| err("prune", e))?;
+        tx.commit().map_err(|e| JournalError::backend("prune", e))?;
         count_pruned(Pruned::Retention, removed);
         count_pruned(Pruned::Size, by_size);
         set_bytes_gauge(bytes);
@@ -378,7 +435,7 @@ impl Db {
 fn bytes_of(meta: &Table<'_, &'static str, u64>) -> Result<u64, JournalError> {
     Ok(meta
         .get(RECORD_BYTES)
-        .map_err(|e| err("read", e))?
+        .map_err(|e| JournalError::backend("read", e))?
         .map_or(0, |v| v.value()))
 }
 

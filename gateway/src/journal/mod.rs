@@ -331,23 +331,64 @@ impl Default for JournalOptions {
     }
 }
 
-/// Why the journal could not be opened or read.
+/// Why the journal could not be opened or read: its [kind](Self::kind),
+/// a message, and the backend's own error as its
+/// [`source`](std::error::Error::source) where there was one.
 #[derive(Debug, Clone)]
-pub struct JournalError(Arc<str>);
+pub struct JournalError {
+    kind: JournalErrorKind,
+    message: Arc<str>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+/// The kind of a [`JournalError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JournalErrorKind {
+    /// The journal's backend (its file, Redis or the SQL database) failed
+    /// or could not be reached; trying again later can succeed.
+    Backend,
+    /// What the caller gave cannot be read (a cursor that is not one).
+    Invalid,
+}
 
 impl JournalError {
-    fn new(message: impl Into<Arc<str>>) -> Self {
-        Self(message.into())
+    pub(crate) fn new(kind: JournalErrorKind, message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The backend's error `e` while doing `what`, kept as the source.
+    pub(crate) fn backend(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let message = format!("journal {what}: {e}");
+        Self {
+            source: Some(Arc::new(e)),
+            ..Self::new(JournalErrorKind::Backend, message)
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> JournalErrorKind {
+        self.kind
     }
 }
 
 impl fmt::Display for JournalError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for JournalError {}
+impl std::error::Error for JournalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 enum Command {
     Event(JournalEvent),
@@ -587,8 +628,30 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
-    use super::JournalOutcome;
+    use super::{Journal, JournalCursor, JournalErrorKind, JournalOptions, JournalOutcome};
+    use std::error::Error as _;
     use tower_idempotency::Outcome;
+
+    /// A caller's mistake is told apart from a backend that failed, and a
+    /// backend's failure keeps the backend's own error as its source.
+    #[test]
+    fn errors_say_their_kind_and_keep_their_source() {
+        let bad = "x".parse::<JournalCursor>().unwrap_err();
+        assert_eq!(bad.kind(), JournalErrorKind::Invalid);
+        assert!(bad.source().is_none());
+
+        let dir = std::env::temp_dir().join(format!("journal-error-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A directory where the file should be: the backend (redb, the file
+        // system) refuses, and says why.
+        let e = match Journal::open(&dir, JournalOptions::new()) {
+            Ok(_) => panic!("a directory opened as a journal file"),
+            Err(e) => e,
+        };
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(e.kind(), JournalErrorKind::Backend, "{e}");
+        assert!(e.source().is_some(), "{e}");
+    }
 
     /// The words records count outcomes by: written to journals, read back
     /// by the admin API and by reconciliation, so they never change.

@@ -1,7 +1,7 @@
 //! Which records a query returns, and how its answer is paged: the filter,
 //! the cursor a page ends at, and the page each backend fills.
 
-use super::{JournalError, JournalRecord};
+use super::{JournalError, JournalErrorKind, JournalRecord};
 use std::fmt;
 
 /// Which records [`Journal::query`](super::Journal::query) returns: all of them by default, newest
@@ -63,7 +63,7 @@ impl std::str::FromStr for JournalCursor {
 
     fn from_str(s: &str) -> Result<Self, JournalError> {
         use base64::Engine as _;
-        let bad = || JournalError::new("not a journal cursor");
+        let bad = || JournalError::new(JournalErrorKind::Invalid, "not a journal cursor");
         let (ms, key) = s.split_once('.').ok_or_else(bad)?;
         let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(key)

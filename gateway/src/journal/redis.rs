@@ -21,10 +21,6 @@ const WRITE_TRIES: u32 = 8;
 /// Index entries read per round trip while filtering.
 const PAGE: isize = 1000;
 
-fn err(what: &str, e: impl std::fmt::Display) -> JournalError {
-    JournalError::new(format!("journal {what}: {e}"))
-}
-
 /// The time index's member of a record: ordered as (last copy, key).
 fn member(last_seen_ms: u64, key: &str) -> String {
     format!("{last_seen_ms:020}:{key}")
@@ -48,12 +44,12 @@ async fn manager(client: &redis::Client) -> Result<ConnectionManager, JournalErr
         .set_number_of_retries(3);
     ConnectionManager::new_with_config(client.clone(), config)
         .await
-        .map_err(|e| err("connect", e))
+        .map_err(|e| JournalError::backend("connect", e))
 }
 
 impl RedisDb {
     pub(super) async fn connect(url: &str) -> Result<Self, JournalError> {
-        let client = redis::Client::open(url).map_err(|e| err("connect", e))?;
+        let client = redis::Client::open(url).map_err(|e| JournalError::backend("connect", e))?;
         let reads = manager(&client).await?;
         Ok(Self { reads, client })
     }
@@ -63,8 +59,8 @@ impl RedisDb {
         let json: Option<Vec<u8>> = con
             .get(format!("{RECORD}{key}"))
             .await
-            .map_err(|e| err("read", e))?;
-        json.map(|j| serde_json::from_slice(&j).map_err(|e| err("decode", e)))
+            .map_err(|e| JournalError::backend("read", e))?;
+        json.map(|j| serde_json::from_slice(&j).map_err(|e| JournalError::backend("decode", e)))
             .transpose()
     }
 
@@ -86,7 +82,7 @@ impl RedisDb {
                 .arg(PAGE)
                 .query_async(&mut con)
                 .await
-                .map_err(|e| err("read", e))?;
+                .map_err(|e| JournalError::backend("read", e))?;
             let Some(last) = members.last() else {
                 return Ok(page.last());
             };
@@ -103,11 +99,11 @@ impl RedisDb {
                     .arg(&keys)
                     .query_async(&mut con)
                     .await
-                    .map_err(|e| err("read", e))?
+                    .map_err(|e| JournalError::backend("read", e))?
             };
             for json in found.into_iter().flatten() {
-                let record: JournalRecord =
-                    serde_json::from_slice(&json).map_err(|e| err("decode", e))?;
+                let record: JournalRecord = serde_json::from_slice(&json)
+                    .map_err(|e| JournalError::backend("decode", e))?;
                 if let Some(done) = page.push(record) {
                     return Ok(done);
                 }
@@ -133,12 +129,12 @@ impl RedisDb {
             .arg(&stored)
             .query_async::<()>(con)
             .await
-            .map_err(|e| err("write", e))?;
+            .map_err(|e| JournalError::backend("write", e))?;
         let old: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
             .arg(&stored)
             .query_async(con)
             .await
-            .map_err(|e| err("write", e))?;
+            .map_err(|e| JournalError::backend("write", e))?;
         let mut merged: HashMap<&str, (Option<u64>, JournalRecord)> = HashMap::new();
         for (key, json) in keys.iter().zip(old) {
             let record = json.and_then(|j| serde_json::from_slice::<JournalRecord>(&j).ok());
@@ -158,7 +154,8 @@ impl RedisDb {
         let mut tx = redis::pipe();
         tx.atomic();
         for (key, (old_seen, record)) in &merged {
-            let json = serde_json::to_vec(record).map_err(|e| err("encode", e))?;
+            let json =
+                serde_json::to_vec(record).map_err(|e| JournalError::backend("encode", e))?;
             tx.cmd("SET")
                 .arg(format!("{RECORD}{key}"))
                 .arg(json)
@@ -175,7 +172,10 @@ impl RedisDb {
                 .ignore();
         }
         // `EXEC` answers nil when a watched key changed: nothing was written.
-        let done: Option<()> = tx.query_async(con).await.map_err(|e| err("commit", e))?;
+        let done: Option<()> = tx
+            .query_async(con)
+            .await
+            .map_err(|e| JournalError::backend("commit", e))?;
         Ok(done.is_some())
     }
 
@@ -189,7 +189,7 @@ impl RedisDb {
             .arg(format!("({}", member(before_ms, "")))
             .query_async::<()>(&mut con)
             .await
-            .map_err(|e| err("prune", e))
+            .map_err(|e| JournalError::backend("prune", e))
     }
 
     /// The writer: batches of events on a connection of its own (for

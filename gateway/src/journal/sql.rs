@@ -3,7 +3,10 @@
 //! on the last copy's time for the time filters and the pruning.
 
 use super::page::PageBuilder;
-use super::{now_ms, Inbox, JournalError, JournalEvent, JournalFilter, JournalPage, JournalRecord};
+use super::{
+    now_ms, Inbox, JournalError, JournalErrorKind, JournalEvent, JournalFilter, JournalPage,
+    JournalRecord,
+};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -18,10 +21,6 @@ const PRUNE_BATCH: u64 = 1000;
 const WRITE_TRIES: u32 = 3;
 /// Rows read per query while filtering.
 const PAGE: i64 = 1000;
-
-fn err(what: &str, e: impl std::fmt::Display) -> JournalError {
-    JournalError::new(format!("journal {what}: {e}"))
-}
 
 #[derive(Clone, Debug)]
 pub(super) enum SqlDb {
@@ -119,7 +118,7 @@ fn ms(v: u64) -> i64 {
 }
 
 fn decode(json: &str) -> Result<JournalRecord, JournalError> {
-    serde_json::from_str(json).map_err(|e| err("decode", e))
+    serde_json::from_str(json).map_err(|e| JournalError::backend("decode", e))
 }
 
 /// Runs `$body` with `$pool`, `$sql` (the statements) bound per database.
@@ -149,13 +148,15 @@ macro_rules! merge_in {
             .bind($key.as_bytes())
             .execute(&mut *$tx)
             .await
-            .map_err(|e| err("write", e))?;
+            .map_err(|e| JournalError::backend("write", e))?;
         let row = sqlx::query($sql.lock)
             .bind($key.as_bytes())
             .fetch_one(&mut *$tx)
             .await
-            .map_err(|e| err("write", e))?;
-        let old: String = row.try_get(0).map_err(|e| err("read", e))?;
+            .map_err(|e| JournalError::backend("write", e))?;
+        let old: String = row
+            .try_get(0)
+            .map_err(|e| JournalError::backend("read", e))?;
         let mut record = match old.as_str() {
             "" => JournalRecord::first($events[0]),
             json => decode(json).unwrap_or_else(|_| JournalRecord::first($events[0])),
@@ -163,7 +164,8 @@ macro_rules! merge_in {
         for event in $events {
             record.add(event);
         }
-        let json = serde_json::to_string(&record).map_err(|e| err("encode", e))?;
+        let json =
+            serde_json::to_string(&record).map_err(|e| JournalError::backend("encode", e))?;
         let update = sqlx::query($sql.update)
             .bind(ms(record.last_seen_ms))
             .bind(json)
@@ -171,7 +173,7 @@ macro_rules! merge_in {
         update
             .execute(&mut *$tx)
             .await
-            .map_err(|e| err("write", e))?;
+            .map_err(|e| JournalError::backend("write", e))?;
     }};
 }
 
@@ -192,15 +194,23 @@ impl SqlDb {
             let pool = PgPoolOptions::new()
                 .acquire_timeout(timeout)
                 .max_connections(4);
-            Self::Postgres(pool.connect(url).await.map_err(|e| err("connect", e))?)
+            Self::Postgres(
+                pool.connect(url)
+                    .await
+                    .map_err(|e| JournalError::backend("connect", e))?,
+            )
         } else if url.starts_with("mysql://") {
             let pool = MySqlPoolOptions::new()
                 .acquire_timeout(timeout)
                 .max_connections(4);
-            Self::MySql(pool.connect(url).await.map_err(|e| err("connect", e))?)
+            Self::MySql(
+                pool.connect(url)
+                    .await
+                    .map_err(|e| JournalError::backend("connect", e))?,
+            )
         } else if url.starts_with("sqlite:") && !url.contains(":memory:") {
             let options = SqliteConnectOptions::from_str(url)
-                .map_err(|e| err("connect", e))?
+                .map_err(|e| JournalError::backend("connect", e))?
                 .create_if_missing(true)
                 .journal_mode(SqliteJournalMode::Wal)
                 .busy_timeout(Duration::from_secs(10));
@@ -210,12 +220,12 @@ impl SqlDb {
             Self::Sqlite(
                 pool.connect_with(options)
                     .await
-                    .map_err(|e| err("connect", e))?,
+                    .map_err(|e| JournalError::backend("connect", e))?,
             )
         } else {
-            return Err(err(
-                "connect",
-                "expected postgres://, mysql://, mariadb:// or sqlite:PATH (a file)",
+            return Err(JournalError::new(
+                JournalErrorKind::Invalid,
+                "journal connect: expected postgres://, mysql://, mariadb:// or sqlite:PATH (a file)",
             ));
         };
         let migrations = match &db {
@@ -228,7 +238,7 @@ impl SqlDb {
                 .execute(pool)
                 .await
                 .map(drop))
-            .map_err(|e| err("migrate", e))?;
+            .map_err(|e| JournalError::backend("migrate", e))?;
         }
         Ok(db)
     }
@@ -238,10 +248,10 @@ impl SqlDb {
             .bind(key.as_bytes())
             .fetch_optional(pool)
             .await
-            .map_err(|e| err("read", e))?
+            .map_err(|e| JournalError::backend("read", e))?
             .map(|row| row.try_get::<String, _>(0)));
         match row {
-            Some(json) => decode(&json.map_err(|e| err("read", e))?).map(Some),
+            Some(json) => decode(&json.map_err(|e| JournalError::backend("read", e))?).map(Some),
             None => Ok(None),
         }
     }
@@ -263,11 +273,11 @@ impl SqlDb {
                     .bind(PAGE)
                     .fetch_all(pool)
                     .await
-                    .map_err(|e| err("read", e))?;
+                    .map_err(|e| JournalError::backend("read", e))?;
                 rows.iter()
                     .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
                     .collect::<Result<_, sqlx::Error>>()
-                    .map_err(|e| err("read", e))?
+                    .map_err(|e| JournalError::backend("read", e))?
             });
             let full = rows.len() as i64 == PAGE;
             for (key, at, json) in rows {
@@ -292,28 +302,40 @@ impl SqlDb {
         }
         match self {
             Self::Postgres(pool) => {
-                let mut tx = pool.begin().await.map_err(|e| err("write", e))?;
+                let mut tx = pool
+                    .begin()
+                    .await
+                    .map_err(|e| JournalError::backend("write", e))?;
                 for (key, events) in &by_key {
                     merge_in!(tx, PG_SQL, key, events);
                 }
-                tx.commit().await.map_err(|e| err("commit", e))
+                tx.commit()
+                    .await
+                    .map_err(|e| JournalError::backend("commit", e))
             }
             Self::MySql(pool) => {
-                let mut tx = pool.begin().await.map_err(|e| err("write", e))?;
+                let mut tx = pool
+                    .begin()
+                    .await
+                    .map_err(|e| JournalError::backend("write", e))?;
                 for (key, events) in &by_key {
                     merge_in!(tx, MY_SQL, key, events);
                 }
-                tx.commit().await.map_err(|e| err("commit", e))
+                tx.commit()
+                    .await
+                    .map_err(|e| JournalError::backend("commit", e))
             }
             Self::Sqlite(pool) => {
                 let mut tx = pool
                     .begin_with("BEGIN IMMEDIATE")
                     .await
-                    .map_err(|e| err("write", e))?;
+                    .map_err(|e| JournalError::backend("write", e))?;
                 for (key, events) in &by_key {
                     merge_in!(tx, LITE_SQL, key, events);
                 }
-                tx.commit().await.map_err(|e| err("commit", e))
+                tx.commit()
+                    .await
+                    .map_err(|e| JournalError::backend("commit", e))
             }
         }
     }
@@ -325,7 +347,7 @@ impl SqlDb {
             .execute(pool)
             .await
             .map(|done| done.rows_affected())
-            .map_err(|e| err("prune", e)))
+            .map_err(|e| JournalError::backend("prune", e)))
     }
 
     /// The writer: batches of events, and every `prune_every` the pruning
