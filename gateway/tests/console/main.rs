@@ -374,6 +374,93 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
             .contains("duplicate ratio (")
     })
     .await;
+    // The charts: a swatch of its own colour per series, axes with units
+    // and times.
+    let series = c
+        .execute(
+            "return [...document.querySelectorAll('#chart-rate-legend li.series')].map((li) => [li.textContent, li.dataset.color, getComputedStyle(li.querySelector('.swatch')).backgroundColor]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let series = series.as_array().unwrap().clone();
+    assert!(!series.is_empty(), "no legend");
+    let colors: std::collections::HashSet<String> = series
+        .iter()
+        .map(|s| s[1].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        colors.len(),
+        series.len(),
+        "two series share a colour: {series:?}"
+    );
+    for s in &series {
+        let text = s[0].as_str().unwrap();
+        assert!(!text.contains('#'), "a colour printed as text: {text}");
+        let shown = s[2].as_str().unwrap();
+        assert!(
+            shown.starts_with("rgb(") && shown != "rgba(0, 0, 0, 0)",
+            "no swatch: {s:?}"
+        );
+    }
+    // Every outcome the layers count, and two this page does not know, each
+    // a colour of its own.
+    let all = c
+        .execute(
+            "const names = ['executed','failed','replayed','waited','in_flight_rejected','mismatch','key_missing','rejected_bad_input','store_error','lease_lost','passed_through','run_limit_exceeded','reply_deadline','completion_abandoned','unverified','panicked','shed','too_many_copies','stale','new_one','another']; const c = colorsFor(names); return names.map((n) => c[n]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let all: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let distinct: std::collections::HashSet<&str> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "{all:?}");
+    let axes = c
+        .execute(
+            "return ['chart-rate', 'chart-ratio'].map((id) => [document.getElementById(id).dataset.yAxis, document.getElementById(id).dataset.xAxis]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let (rate_y, rate_x) = (axes[0][0].as_str().unwrap(), axes[0][1].as_str().unwrap());
+    assert!(rate_y.starts_with("0.0 /s |"), "{axes}");
+    assert_eq!(rate_x.split(" | ").count(), 3, "{axes}");
+    assert!(
+        rate_x
+            .split(" | ")
+            .all(|t| t.len() == 5 && t.as_bytes()[2] == b':'),
+        "{axes}"
+    );
+    assert_eq!(axes[1][0], "0 % | 50 % | 100 %", "{axes}");
+    // The first screen: is everything fine? Here it is not: dead letters.
+    let health = c.find(Locator::Id("health")).await.unwrap();
+    wait_until("the health line", || async {
+        health
+            .text()
+            .await
+            .unwrap_or_default()
+            .starts_with("Needs attention")
+    })
+    .await;
+    let row = c
+        .find(Locator::Id("route-_wx"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(row.contains(&upstream) && row.contains("queued"), "{row}");
+    let shot = c.screenshot().await.unwrap();
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");
+    std::fs::write(&out, &shot).unwrap();
+    assert!(shot.starts_with(b"\x89PNG"), "not a PNG");
+    eprintln!("console screenshot: {}", out.display());
+
     // Nothing a sender wrote ran, and no element came of it; the token
     // never went into a URL.
     let ran = c
@@ -383,6 +470,67 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     assert_eq!(ran, serde_json::json!(["undefined", 0, 0]));
     let url = c.current_url().await.unwrap();
     assert!(!url.as_str().contains(TOKEN), "{url}");
+
+    // A gateway without a queue: no dead letters to show, and no error box.
+    let sync_metrics = free_addr();
+    let sync_metrics_arg = sync_metrics.to_string();
+    let sync = Proc::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream,
+            "--route",
+            "/wx=wechatpay-v3",
+            "--metrics-listen",
+            &sync_metrics_arg,
+            "--admin-token-file",
+            token.to_str().unwrap(),
+        ],
+        &[],
+        Stdio::inherit(),
+    );
+    c.goto(&format!("http://{sync_metrics}/console/"))
+        .await
+        .unwrap();
+    // Another origin (port): the token is asked again.
+    wait()
+        .for_element(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login-button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let health = wait().for_element(Locator::Id("health")).await.unwrap();
+    wait_until("the health line of the synchronous gateway", || async {
+        health
+            .text()
+            .await
+            .unwrap_or_default()
+            .starts_with("Everything is fine")
+    })
+    .await;
+    let shown = c
+        .execute(
+            "return [document.getElementById('dead-section').hidden, document.body.innerText];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(shown[0], true, "{shown}");
+    let text = shown[1].as_str().unwrap();
+    assert!(
+        !text.contains("409") && !text.contains("no queue"),
+        "{text}"
+    );
+    drop(sync);
+
     c.close().await.unwrap();
     drop(gw);
     eprintln!("console browser test took {:?}", started.elapsed());

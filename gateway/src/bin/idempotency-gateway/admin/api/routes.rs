@@ -61,7 +61,10 @@ pub(super) async fn routes_list(State(calls): State<Calls>) -> Answer {
         };
         let queued = match (&stats, r.acked) {
             (Some(s), true) => json!({
-                "depth": s.depth, "dead_letters": s.dead, "scope": "queue",
+                "depth": s.depth,
+                "oldest_s": s.oldest.map(|d| d.as_secs_f64()),
+                "dead_letters": s.dead,
+                "scope": "queue",
             }),
             _ => Value::Null,
         };
