@@ -108,6 +108,24 @@ where
     }
 }
 
+/// Opens the console at `page` and logs in with [`TOKEN`].
+async fn log_in(c: &fantoccini::Client, page: &str) {
+    c.goto(page).await.unwrap();
+    let wait = c.wait().at_most(Duration::from_secs(30));
+    wait.for_element(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login-button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_sender_wrote() {
     let Some(()) = browser() else { return };
@@ -227,20 +245,7 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
         }
     }
     let c = browser.expect("chromedriver did not start");
-    let page = format!("http://{metrics}/console/");
-    c.goto(&page).await.unwrap();
-    c.find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    c.find(Locator::Id("login-button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    log_in(&c, &format!("http://{metrics}/console/")).await;
     let wait = || c.wait().at_most(Duration::from_secs(30));
     // Pause, then resume, the route from its buttons.
     wait()
@@ -455,6 +460,11 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
         .await
         .unwrap();
     assert!(row.contains(&upstream) && row.contains("queued"), "{row}");
+    // The first screen, as a person sees it.
+    c.set_window_size(1280, 1000).await.unwrap();
+    c.execute("window.scrollTo(0, 0); return 0;", vec![])
+        .await
+        .unwrap();
     let shot = c.screenshot().await.unwrap();
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");
     std::fs::write(&out, &shot).unwrap();
@@ -490,23 +500,8 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
         &[],
         Stdio::inherit(),
     );
-    c.goto(&format!("http://{sync_metrics}/console/"))
-        .await
-        .unwrap();
     // Another origin (port): the token is asked again.
-    wait()
-        .for_element(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    c.find(Locator::Id("login-button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    log_in(&c, &format!("http://{sync_metrics}/console/")).await;
     let health = wait().for_element(Locator::Id("health")).await.unwrap();
     wait_until("the health line of the synchronous gateway", || async {
         health
