@@ -722,6 +722,7 @@ fn an_unreachable_admin_api_names_the_flags_that_find_it() {
             .env("IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE", &token_file)
             .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
             .env_remove("IDEMPOTENCY_GATEWAY_METRICS_LISTEN")
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN_LISTEN")
             .env_remove("IDEMPOTENCY_GATEWAY_CONFIG")
             .output()
             .unwrap();

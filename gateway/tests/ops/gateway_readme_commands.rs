@@ -148,6 +148,7 @@ async fn the_readme_admin_commands_work_as_printed() {
             .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
             .env_remove("IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE")
             .env_remove("IDEMPOTENCY_GATEWAY_METRICS_LISTEN")
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN_LISTEN")
             .output()
             .unwrap()
     };

@@ -1,4 +1,4 @@
-//! `/metrics`, `/healthz` and `/readyz` on `--metrics-listen`.
+//! `/metrics`, `/healthz` and `/readyz` on `--admin-listen`.
 //!
 //! The Prometheus exporter's own HTTP listener answers `/metrics` only, so
 //! this listener serves the three paths itself, `/metrics` with the

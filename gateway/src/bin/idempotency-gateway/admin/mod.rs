@@ -1,4 +1,4 @@
-//! The admin listener (`--metrics-listen`): `/metrics`, `/healthz` and
+//! The admin listener (`--admin-listen`): `/metrics`, `/healthz` and
 //! `/readyz` ([`listener`]); with an admin token, the admin API ([`api`]),
 //! the dead letters through it ([`dead`]), the console and the samples its
 //! charts read.

@@ -1,5 +1,5 @@
 //! `gateway inspect`, `gateway forget` and `gateway journal`: clients of a
-//! running gateway's admin API (`--metrics-listen` with
+//! running gateway's admin API (`--admin-listen` with
 //! `--admin-token-file`), so that they work on every store, the memory
 //! store included, while the gateway runs.
 
@@ -19,7 +19,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Target {
     /// http://HOST:PORT (or https://) of the running gateway's admin API (default: the
-    /// --metrics-listen of the flags or --config, over HTTPS with its --admin-tls-cert,
+    /// --admin-listen of the flags or --config, over HTTPS with its --admin-tls-cert,
     /// else http://127.0.0.1:9100)
     #[arg(long, value_name = "URL", env = "IDEMPOTENCY_GATEWAY_ADMIN")]
     admin: Option<String>,
@@ -142,9 +142,9 @@ pub(crate) async fn call(
 
 /// What a connect error adds: where the commands look for the admin API.
 const WHERE_IS_IT: &str =
-    "\n  the admin API listens on the running gateway's --metrics-listen (with \
+    "\n  the admin API listens on the running gateway's --admin-listen (with \
 --admin-token-file): give its URL with --admin URL (or IDEMPOTENCY_GATEWAY_ADMIN=URL), or the \
-gateway's own --metrics-listen ADDR or --config FILE";
+gateway's own --admin-listen ADDR or --config FILE";
 
 /// A stored key is `idem:PRESET:ROUTE:PRINCIPAL:KEY` (the gateway's keys
 /// all have the `idem` prefix); anything else is a channel's or client's id.

@@ -29,7 +29,7 @@ pub(crate) struct Ratios {
     by_preset: Vec<Counts>,
     /// Per built-in preset (indexed like `by_preset`, the last for the
     /// rest), the latency histogram and the ratio gauge, registered once;
-    /// `None` without a metrics recorder (no `--metrics-listen`): nothing
+    /// `None` without a metrics recorder (no `--admin-listen`): nothing
     /// to feed.
     series: Option<Vec<Series>>,
     /// Totals at every step, oldest first, at most one window's worth.

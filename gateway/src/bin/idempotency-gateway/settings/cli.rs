@@ -81,12 +81,18 @@ pub(crate) struct Args {
     /// Scope client-API keys to a hash of this cookie (a session id), else of Authorization
     #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::settings::parse::cookie_name)]
     pub(crate) principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
-    /// Serve /metrics, /healthz and /readyz (and the admin API) at http://ADDR, with
-    /// --header-timeout and at most 64 connections; the admin API off loopback needs
-    /// --admin-tls-cert
-    #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]
+    /// Serve /metrics, /healthz and /readyz (and the admin API and the console) at
+    /// http://ADDR, with --header-timeout and at most 64 connections; the admin API off
+    /// loopback needs --admin-tls-cert. --admin-listen is its older name
+    #[arg(
+        long = "admin-listen",
+        visible_alias = "metrics-listen",
+        value_name = "ADDR",
+        env = "IDEMPOTENCY_GATEWAY_ADMIN_LISTEN",
+        value_parser = parse::addr
+    )]
     pub(crate) metrics_listen: Option<SocketAddr>,
-    /// PEM certificate chain: serve --metrics-listen over HTTPS (reloaded on SIGHUP); the
+    /// PEM certificate chain: serve --admin-listen over HTTPS (reloaded on SIGHUP); the
     /// admin commands trust it to reach the admin API
     #[arg(
         long,
@@ -195,7 +201,7 @@ pub(crate) struct Args {
     /// `body_truncated` (default 64KiB)
     #[arg(long, value_name = "SIZE", env = "IDEMPOTENCY_GATEWAY_JOURNAL_BODY_MAX", value_parser = parse::body_size)]
     pub(crate) journal_body_max: Option<usize>,
-    /// File holding the bearer token of the admin API on --metrics-listen (off without it);
+    /// File holding the bearer token of the admin API on --admin-listen (off without it);
     /// also the token the admin commands send (inspect, forget, journal, reconcile, dlq, pause, resume)
     #[arg(
         long,

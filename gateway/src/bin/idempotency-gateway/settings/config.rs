@@ -53,7 +53,9 @@ struct File {
     on_store_error: Field,
     principal_header: Field,
     principal_cookie: Field,
-    metrics_listen: Field,
+    /// The admin listener (`metrics_listen` its older name).
+    #[serde(alias = "metrics_listen")]
+    admin_listen: Field,
     upstream_timeout: Field,
     max_memory: Option<Spanned<SizeValue>>,
     max_run: Field,

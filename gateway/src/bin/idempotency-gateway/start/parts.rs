@@ -116,7 +116,7 @@ impl Parts {
             }
             None if admin.is_some() => {
                 return Err(
-                    "--admin-token-file needs --metrics-listen (the admin API's listener)".into(),
+                    "--admin-token-file needs --admin-listen (the admin API's listener)".into(),
                 )
             }
             None => None,

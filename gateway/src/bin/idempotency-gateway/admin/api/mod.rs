@@ -1,4 +1,4 @@
-//! The admin API on `--metrics-listen`, on only with `--admin-token-file`:
+//! The admin API on `--admin-listen`, on only with `--admin-token-file`:
 //! inspect and forget a key, read the journal. Every call needs
 //! `Authorization: Bearer TOKEN`, checked in constant time. Described in
 //! `deploy/openapi/admin.json`.

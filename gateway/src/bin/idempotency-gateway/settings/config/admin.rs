@@ -1,4 +1,5 @@
-//! The metrics and admin listener's settings: `metrics_listen`,
+//! The admin listener's settings (metrics, health, the admin API and the
+//! console): `admin_listen` (`metrics_listen` its older name),
 //! `admin_tls_cert`, `admin_tls_key`, and the rule that the admin API's
 //! bearer token never crosses the network in clear.
 
@@ -26,17 +27,29 @@ pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<Listener
         _ => return Err("`--admin-tls-cert` and `--admin-tls-key` go together".into()),
     };
     if tls.is_some() && listen.is_none() {
-        return Err("`--admin-tls-cert` needs --metrics-listen (the listener it serves)".into());
+        return Err("`--admin-tls-cert` needs --admin-listen (the listener it serves)".into());
     }
     Ok(Listener { listen, tls })
 }
 
-/// `metrics_listen`.
+/// `admin_listen`: `--admin-listen` (or `--admin-listen`), its
+/// environment variable (`IDEMPOTENCY_GATEWAY_ADMIN_LISTEN`, or the older
+/// `IDEMPOTENCY_GATEWAY_METRICS_LISTEN`), or the file's `admin_listen` (or
+/// `metrics_listen`).
 pub(super) fn listen(args: &Args, file: &File, at: &At<'_>) -> Result<Option<SocketAddr>, String> {
-    Ok(args
-        .metrics_listen
-        .or(at.value(&file.metrics_listen, "metrics_listen", parse::addr)?))
+    let older = match std::env::var(OLDER_ENV) {
+        Ok(v) => Some(parse::addr(&v).map_err(|e| format!("{OLDER_ENV}: {e}"))?),
+        Err(_) => None,
+    };
+    Ok(args.metrics_listen.or(older).or(at.value(
+        &file.admin_listen,
+        "admin_listen",
+        parse::addr,
+    )?))
 }
+
+/// The environment variable of `--admin-listen` under its older name.
+const OLDER_ENV: &str = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN";
 
 /// `admin_tls_cert` (the admin commands trust it to speak HTTPS).
 pub(super) fn cert(args: &Args, file: &File) -> Option<PathBuf> {
@@ -59,5 +72,52 @@ pub(super) fn check(at: &Listener, admin: bool) -> Result<(), String> {
              --admin-tls-cert and --admin-tls-key"
         )),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::settings::cli::Args;
+    use crate::settings::config;
+    use clap::Parser as _;
+
+    fn listen(argv: &[&str]) -> Result<Option<std::net::SocketAddr>, String> {
+        let mut all = vec![
+            "idempotency-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ];
+        all.extend_from_slice(argv);
+        let args = Args::try_parse_from(all).map_err(|e| e.to_string())?;
+        config::settings(args).map(|s| s.metrics_listen)
+    }
+
+    /// `--admin-listen` and `admin_listen`, and their older names
+    /// `--metrics-listen` and `metrics_listen`, set the same listener.
+    #[test]
+    fn the_admin_listener_by_its_name_and_its_older_one() {
+        let want = Some("127.0.0.1:9101".parse().unwrap());
+        assert_eq!(listen(&["--admin-listen", "127.0.0.1:9101"]), Ok(want));
+        assert_eq!(listen(&["--metrics-listen", "127.0.0.1:9101"]), Ok(want));
+        assert_eq!(listen(&[]), Ok(None));
+        let dir = std::env::temp_dir();
+        for key in ["admin_listen", "metrics_listen"] {
+            let file = dir.join(format!("gateway-{key}-{}.toml", std::process::id()));
+            std::fs::write(&file, format!("{key} = \"127.0.0.1:9101\"\n")).unwrap();
+            let got = listen(&["--config", file.to_str().unwrap()]);
+            std::fs::remove_file(&file).unwrap();
+            assert_eq!(got, Ok(want), "{key}");
+        }
+        let both = dir.join(format!("gateway-both-{}.toml", std::process::id()));
+        std::fs::write(
+            &both,
+            "admin_listen = \"127.0.0.1:9101\"\nmetrics_listen = \"127.0.0.1:9102\"\n",
+        )
+        .unwrap();
+        let got = listen(&["--config", both.to_str().unwrap()]);
+        std::fs::remove_file(&both).unwrap();
+        assert!(got.is_err(), "both names at once: {got:?}");
     }
 }
