@@ -43,6 +43,12 @@ pub(crate) enum Command {
     Pause(crate::commands::pause::Pause),
     /// Let a paused route of the running gateway reach its upstream again
     Resume(crate::commands::pause::Resume),
+    /// Send a notification of a preset, signed as its channel signs it, and its copies;
+    /// print each reply and whether it was replayed
+    Send(crate::commands::send::Send),
+    /// Write a test key or secret for every channel the gateway verifies to DIR, and
+    /// print the routes whose `verify` lines check them
+    TestKeys(crate::commands::test_keys::TestKeys),
 }
 
 /// The filters of `dlq list` and of a bulk `dlq replay`.

@@ -7,8 +7,12 @@
 pub(crate) mod client;
 pub(crate) mod dlq;
 pub(crate) mod escape;
+pub(crate) mod notification;
 pub(crate) mod pause;
 pub(crate) mod reconcile;
+pub(crate) mod send;
+pub(crate) mod signing;
+pub(crate) mod test_keys;
 
 use crate::settings::cli::Args;
 use crate::settings::config;
@@ -32,6 +36,8 @@ pub(crate) fn run(cmd: &Command, args: &Args) -> ExitCode {
             admin(args, |at, token| pause::run(cmd, token, at))
         }
         Command::Dlq { offline, action } => dead_letters(args, *offline, action),
+        Command::Send(a) => failed_with(send::run(a, args.config.as_deref()), |msg| msg),
+        Command::TestKeys(a) => failed_with(test_keys::run(a), |msg| msg),
     }
 }
 
