@@ -307,7 +307,11 @@ pub(crate) fn build(
                 content += &format!("{k}={v}&");
             }
             content += &format!("key={key}");
-            let sign = hex(&hmac(ring_hmac::HMAC_SHA256, key.as_bytes(), content.as_bytes()));
+            let sign = hex(&hmac(
+                ring_hmac::HMAC_SHA256,
+                key.as_bytes(),
+                content.as_bytes(),
+            ));
             pairs.push(("sign".into(), sign.to_uppercase()));
             let mut xml = String::from("<xml>");
             for (k, v) in &pairs {
@@ -474,7 +478,12 @@ fn configured(
             "form" | "xml" => set_pair(&mut pairs, rest, &Value::String(id.to_owned())),
             "header" => headers.push((rest.to_ascii_lowercase(), id.to_owned())),
             "query" => query = Some((rest.to_owned(), id.to_owned())),
-            _ => return Err(format!("preset `{}`: key source `{s}` is not one `send` knows", c.name)),
+            _ => {
+                return Err(format!(
+                    "preset `{}`: key source `{s}` is not one `send` knows",
+                    c.name
+                ))
+            }
         }
     }
     let (content_type, body) = if kind("form:") {
@@ -485,7 +494,10 @@ fn configured(
         for (k, v) in &pairs {
             form.append_pair(k, v);
         }
-        ("application/x-www-form-urlencoded", form.finish().into_bytes())
+        (
+            "application/x-www-form-urlencoded",
+            form.finish().into_bytes(),
+        )
     } else if kind("xml:") {
         for f in fields {
             set_pair(&mut pairs, &f.name, &f.value);
@@ -722,9 +734,13 @@ fn hex_key(text: &str) -> Result<Vec<u8>, String> {
 /// WeChat Pay v3's `resource`: AES-GCM under the APIv3 key, `transaction`
 /// as associated data, base64 of the ciphertext and tag.
 fn encrypt(key: &[u8], nonce: &str, plain: &[u8]) -> Result<String, String> {
-    let algorithm = if key.len() == 16 { &AES_128_GCM } else { &AES_256_GCM };
-    let key = UnboundKey::new(algorithm, key)
-        .map_err(|_| "the APIv3 key must be 32 bytes".to_owned())?;
+    let algorithm = if key.len() == 16 {
+        &AES_128_GCM
+    } else {
+        &AES_256_GCM
+    };
+    let key =
+        UnboundKey::new(algorithm, key).map_err(|_| "the APIv3 key must be 32 bytes".to_owned())?;
     let nonce = Nonce::try_assume_unique_for_key(nonce.as_bytes())
         .map_err(|_| "the resource nonce must be 12 bytes".to_owned())?;
     let mut in_out = plain.to_vec();

@@ -106,7 +106,10 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
                 .await
                 .map_err(|_| format!("{url}: no answer within 30s"))?
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
-            let replayed = res.headers().get(REPLAYED_HEADER).is_some_and(|v| v == "true");
+            let replayed = res
+                .headers()
+                .get(REPLAYED_HEADER)
+                .is_some_and(|v| v == "true");
             let status = res.status();
             let body = res
                 .into_body()
@@ -127,11 +130,7 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
         } else {
             shown_bytes(&body)
         };
-        let _ = writeln!(
-            out,
-            "copy {copy}/{}: {status}, {what}: {shown}",
-            a.copies
-        );
+        let _ = writeln!(out, "copy {copy}/{}: {status}, {what}: {shown}", a.copies);
         if !status.is_success() {
             failed.push((copy, status));
         }
@@ -141,12 +140,10 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
         None => Ok(()),
         Some((_, s)) if *s == http::StatusCode::UNAUTHORIZED => Err(format!(
             "the gateway refused the signature ({s}): the route's `verify` keys do not match {}",
-            a.secret
-                .as_deref()
-                .map_or("the notification (it has no --secret)".to_owned(), |p| format!(
-                    "--secret {}",
-                    p.display()
-                ))
+            a.secret.as_deref().map_or(
+                "the notification (it has no --secret)".to_owned(),
+                |p| format!("--secret {}", p.display())
+            )
         )),
         Some(_) => Err(format!(
             "{} of {} copies were not answered with a success ({})",
