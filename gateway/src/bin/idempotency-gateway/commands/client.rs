@@ -143,8 +143,8 @@ pub(crate) async fn call(
 /// What a connect error adds: where the commands look for the admin API.
 const WHERE_IS_IT: &str =
     "\n  the admin API listens on the running gateway's --metrics-listen (with \
---admin-token-file): give its URL with --admin URL (or IDEMPOTENCY_GATEWAY_ADMIN=URL), or the \
-gateway's own --metrics-listen ADDR or --config FILE";
+--admin-token-file): give the gateway's config file with --config FILE, or its --metrics-listen \
+ADDR, or the API's URL with --admin URL (IDEMPOTENCY_GATEWAY_ADMIN=URL)";
 
 /// A stored key is `idem:PRESET:ROUTE:PRINCIPAL:KEY` (the gateway's keys
 /// all have the `idem` prefix); anything else is a channel's or client's id.
