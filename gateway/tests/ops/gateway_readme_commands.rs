@@ -29,7 +29,7 @@ const ADMIN: [&str; 7] = [
 
 /// The ``` block of `lang` that starts with `first`, on whichever page
 /// holds it (exactly one).
-fn block(lang: &str, first: &str) -> String {
+pub(crate) fn block(lang: &str, first: &str) -> String {
     let fence = format!("```{lang}\n{first}");
     let found: Vec<(&str, &str)> = PAGES
         .iter()
@@ -47,7 +47,7 @@ fn block(lang: &str, first: &str) -> String {
 
 /// A command line as a shell reads it: words, `'…'` quoted, `#` to the end
 /// of the line a comment.
-fn words(line: &str) -> Vec<String> {
+pub(crate) fn words(line: &str) -> Vec<String> {
     let (mut out, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
     for c in line.chars() {
         match c {

@@ -257,3 +257,79 @@ fn serial_of(printed: &str) -> String {
     let start = line.find("platform_keys = { \"").unwrap() + "platform_keys = { \"".len();
     line[start..].split('"').next().unwrap().to_owned()
 }
+
+/// The README's "try it" lines, run as printed in a folder of their own
+/// (the upstream and a free port in place of 127.0.0.1:9000 and :8080): a
+/// line ending in `&` starts the gateway, the others run in `sh`; each
+/// `#   copy …` line shown under a `send` is in what it prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_try_it_lines_run_as_printed() {
+    use crate::gateway_readme_commands::{block, words};
+    let up = Upstream::start().await;
+    let listen = common::free_addr();
+    let dir = temp_path("try-it");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = block("sh", "idempotency-gateway test-keys ./test-keys")
+        .replace("127.0.0.1:9000", &up.addr.to_string())
+        .replace("127.0.0.1:8080", &listen.to_string());
+    let bin_dir = gateway_bin().parent().unwrap().to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut gateway = None;
+    let lines: Vec<&str> = script.lines().collect();
+    let mut sent = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let w = words(line);
+        if w.last().map(String::as_str) == Some("&") {
+            let args: Vec<String> = w[1..w.len() - 1]
+                .iter()
+                .map(|a| match dir.join(a) {
+                    p if p.exists() => p.to_str().unwrap().to_owned(),
+                    _ => a.clone(),
+                })
+                .collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            gateway = Some(Proc::start(&args, &[], Stdio::inherit()));
+            continue;
+        }
+        let (run, cwd, path) = (line.to_string(), dir.clone(), path.clone());
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new("sh")
+                .args(["-c", &run])
+                .current_dir(&cwd)
+                .env("PATH", path)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{line}: {stdout}{stderr}");
+        if w[1] == "send" {
+            sent += 1;
+            let shown: Vec<&str> = lines[i + 1..]
+                .iter()
+                .take_while(|l| l.starts_with("#   "))
+                .filter_map(|l| l.strip_prefix("#   copy "))
+                .collect();
+            for copy in shown {
+                // Up to the reply's body.
+                let head = &copy[..copy.find(": {").unwrap_or(copy.len())];
+                assert!(stdout.contains(&format!("copy {head}")), "{line}: {stdout}");
+            }
+            assert!(stdout.contains("first run"), "{line}: {stdout}");
+        }
+    }
+    assert!(gateway.is_some(), "a line starts the gateway");
+    assert_eq!(sent, 2, "both send lines ran");
+    assert_eq!(up.calls("/notify/wechat"), 1);
+    assert_eq!(up.calls("/notify/stripe"), 1);
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -35,7 +35,7 @@ pub(crate) struct Send {
     /// ones
     #[arg(long, value_name = "FILE")]
     secret: Option<PathBuf>,
-    /// Send the notification this many times (default 1): the channel's retries, re-signed
+    /// Send the notification this many times: the channel's retries, each re-signed
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     copies: u32,
     /// Set a field of the body: NAME=TEXT, or NAME:=JSON for a number or an object; a
