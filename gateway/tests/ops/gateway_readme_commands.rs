@@ -275,7 +275,7 @@ fn admin_commands_without_a_gateway_name_the_flags() {
     ] {
         let (code, stderr) = run(args);
         let line = args.join(" ");
-        assert_ne!(code, Some(0), "{line}: {stderr}");
+        assert_eq!(code, Some(1), "{line}: {stderr}");
         assert!(
             stderr.contains("admin API") && stderr.contains("--config FILE"),
             "{line}: names the gateway's config: {stderr}"

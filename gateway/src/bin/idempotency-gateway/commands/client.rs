@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where the running gateway's admin API is, and how to print.
 #[derive(Args, Debug, Clone)]
@@ -341,14 +341,9 @@ pub(crate) enum Call<'a> {
 /// Runs an admin subcommand; `Err` is the message for exit status 1.
 pub(crate) fn run(
     what: Call<'_>,
-    token_file: Option<&PathBuf>,
+    token_file: &Path,
     metrics_listen: &AdminAt,
 ) -> Result<(), String> {
-    let Some(token_file) = token_file else {
-        return Err(
-            "the admin commands need --admin-token-file (the running gateway's token)".into(),
-        );
-    };
     let token = crate::admin::listener::read_token(token_file)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -20,27 +20,27 @@ use crate::settings::config;
 use crate::usage_error;
 use client::{AdminAt, Call};
 use dlq::{Command, Dlq};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Runs `cmd`: exit status 0, 1 when it failed, 2 for a bad flag or file.
 pub(crate) fn run(cmd: &Command, args: &Args) -> ExitCode {
     match cmd {
         Command::Reconcile(a) => match admin_at(args, "reconcile") {
-            Ok((at, token)) => reconcile::run(a, Some(&token), &at),
+            Ok((at, token)) => reconcile::run(a, &token, &at),
             Err(code) => code,
         },
         Command::Inspect(a) => admin(args, "inspect", |at, token| {
-            client::run(Call::Inspect(a), Some(token), at)
+            client::run(Call::Inspect(a), token, at)
         }),
         Command::Forget(a) => admin(args, "forget", |at, token| {
-            client::run(Call::Forget(a), Some(token), at)
+            client::run(Call::Forget(a), token, at)
         }),
         Command::Journal(a) => admin(args, "journal", |at, token| {
-            client::run(Call::Journal(a), Some(token), at)
+            client::run(Call::Journal(a), token, at)
         }),
-        Command::Pause(_) => admin(args, "pause", |at, token| pause::run(cmd, Some(token), at)),
-        Command::Resume(_) => admin(args, "resume", |at, token| pause::run(cmd, Some(token), at)),
+        Command::Pause(_) => admin(args, "pause", |at, token| pause::run(cmd, token, at)),
+        Command::Resume(_) => admin(args, "resume", |at, token| pause::run(cmd, token, at)),
         Command::Dlq { offline, action } => dead_letters(args, *offline, action),
         Command::Send(a) => failed_with(send::run(a, args.config.as_deref()), |msg| msg),
         Command::TestKeys(a) => failed_with(test_keys::run(a), |msg| msg),
@@ -49,23 +49,26 @@ pub(crate) fn run(cmd: &Command, args: &Args) -> ExitCode {
 
 /// Where the running gateway's admin API listens and the file of its
 /// token, from the flags and the config file (as the gateway reads them);
-/// `Err` is the exit status, the message printed: a bad file, or no token
-/// (the commands never guess one, nor fall back to anything else).
+/// `Err` is the exit status, the message printed: 2 for a bad file, 1 for
+/// no token (the commands never guess one, nor fall back to anything
+/// else).
 fn admin_at(args: &Args, command: &str) -> Result<(AdminAt, PathBuf), ExitCode> {
     let (at, token) = config::admin_only(args).map_err(|msg| usage_error(&msg))?;
-    token.map(|token| (at, token)).ok_or_else(|| {
+    let Some(token) = token else {
         let offline = if command == "dlq" {
             "; `dlq --offline` works on a stopped gateway's queue directly (--data-dir, --queue)"
         } else {
             ""
         };
-        usage_error(&format!(
-            "`{command}` asks the running gateway's admin API, and no admin token is configured: \
-             give the gateway's config file with --config FILE (its metrics_listen and \
-             admin_token_file are read; IDEMPOTENCY_GATEWAY_CONFIG=FILE for every command), or \
-             --admin-token-file FILE with --metrics-listen ADDR or --admin URL{offline}"
-        ))
-    })
+        eprintln!(
+            "gateway: `{command}` asks the running gateway's admin API, and no admin token is \
+             configured: give the gateway's config file with --config FILE (its metrics_listen \
+             and admin_token_file are read; IDEMPOTENCY_GATEWAY_CONFIG=FILE for every command), \
+             or --admin-token-file FILE with --metrics-listen ADDR or --admin URL{offline}"
+        );
+        return Err(ExitCode::FAILURE);
+    };
+    Ok((at, token))
 }
 
 /// A command of the admin API: where it listens and its token, from the
@@ -73,7 +76,7 @@ fn admin_at(args: &Args, command: &str) -> Result<(AdminAt, PathBuf), ExitCode> 
 fn admin(
     args: &Args,
     command: &str,
-    call: impl FnOnce(&AdminAt, &PathBuf) -> Result<(), String>,
+    call: impl FnOnce(&AdminAt, &Path) -> Result<(), String>,
 ) -> ExitCode {
     match admin_at(args, command) {
         Ok((at, token)) => failed_with(call(&at, &token), |msg| msg),

@@ -719,7 +719,7 @@ fn base64_key(text: &str) -> Result<Vec<u8>, String> {
 fn hex_key(text: &str) -> Result<Vec<u8>, String> {
     let text = text.trim();
     let digit = |b: u8| char::from(b).to_digit(16);
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err("the Adyen HMAC key is not hex digits".into());
     }
     text.as_bytes()
