@@ -749,3 +749,37 @@ fn encrypt(key: &[u8], nonce: &str, plain: &[u8]) -> Result<String, String> {
         .map_err(|_| "cannot encrypt the resource".to_owned())?;
     Ok(base64(&in_out))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_built_in_preset_is_one_send_builds() {
+        for name in tower_idempotency::Preset::builtin_names() {
+            assert!(Channel::builtin(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn fields_set_text_json_and_pointers() {
+        let f = |s: &str| field(s).unwrap();
+        let mut v = json!({ "data": { "object": {} } });
+        for arg in [
+            "note=a b",
+            "count:=3",
+            "/data/object/amount:=5000",
+            "/x/y=z",
+        ] {
+            let a = f(arg);
+            set_json(&mut v, &a.name, a.value).unwrap();
+        }
+        assert_eq!(
+            v,
+            json!({ "note": "a b", "count": 3, "data": { "object": { "amount": 5000 } }, "x": { "y": "z" } })
+        );
+        assert!(field("novalue").is_err());
+        assert!(field("=x").is_err());
+        assert!(field("n:={").is_err());
+    }
+}
