@@ -11,6 +11,8 @@ use bytes::Bytes;
 use clap::Args;
 use http::{header, HeaderName, HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
@@ -77,9 +79,10 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let client = Client::builder(TokioExecutor::new()).build(connector()?);
+    let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector()?);
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{} {} (id {id}) to {url}", a.preset, n.content_type);
+    let stdout_failed = |e: std::io::Error| format!("cannot write to stdout: {e}");
+    writeln!(out, "{} {} (id {id}) to {url}", a.preset, n.content_type).map_err(stdout_failed)?;
     let mut failed = Vec::new();
     let token = match channel {
         Channel::ClientToken => Some(rt.block_on(client_token(&client, &uri))?),
@@ -130,12 +133,13 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
         } else {
             shown_bytes(&body)
         };
-        let _ = writeln!(out, "copy {copy}/{}: {status}, {what}: {shown}", a.copies);
+        writeln!(out, "copy {copy}/{}: {status}, {what}: {shown}", a.copies)
+            .map_err(stdout_failed)?;
         if !status.is_success() {
             failed.push((copy, status));
         }
     }
-    let _ = out.flush();
+    out.flush().map_err(stdout_failed)?;
     match failed.first() {
         None => Ok(()),
         Some((_, s)) if *s == http::StatusCode::UNAUTHORIZED => Err(format!(
@@ -161,8 +165,6 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
 /// The preset named `name`: built in, or a `[[preset]]` of `config`.
 fn channel(name: &str, config: Option<&Path>) -> Result<Channel, String> {
     if let Some(c) = Channel::builtin(name) {
-        // Every built-in preset of the library is one `send` builds.
-        debug_assert!(Preset::from_name(name).is_some());
         return Ok(c);
     }
     let known = || {
@@ -233,15 +235,12 @@ fn keys(channel: &Channel, secret: Option<&Path>) -> Result<Keys, String> {
     })
 }
 
+/// The client `send` sends with: HTTP, or HTTPS trusting the Mozilla roots.
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// `GET URL/idempotency-token`: the one-time token a `client-token` route
 /// issues under its prefix (URL is the prefix).
-async fn client_token(
-    client: &Client<
-        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-        Full<Bytes>,
-    >,
-    uri: &http::Uri,
-) -> Result<String, String> {
+async fn client_token(client: &HttpsClient, uri: &http::Uri) -> Result<String, String> {
     let path = uri.path().trim_end_matches('/');
     let at = format!(
         "{}://{}{path}/idempotency-token",
@@ -280,9 +279,7 @@ fn header_value(v: &str) -> Result<HeaderValue, String> {
 }
 
 /// HTTP, or HTTPS trusting the Mozilla roots.
-fn connector(
-) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
-{
+fn connector() -> Result<HttpsConnector<HttpConnector>, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
