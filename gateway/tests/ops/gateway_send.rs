@@ -333,3 +333,53 @@ async fn the_readme_try_it_lines_run_as_printed() {
     drop(gateway);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// To a gateway serving HTTPS with a certificate of its own: `--ca` trusts
+/// it; without it the handshake fails and `send` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_over_https_trusts_the_ca_it_is_given() {
+    let (dir, _) = test_keys();
+    let up = Upstream::start().await;
+    let tls = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert = temp_path("send-tls-cert.pem");
+    let key = temp_path("send-tls-key.pem");
+    std::fs::write(&cert, tls.cert.pem()).unwrap();
+    std::fs::write(&key, tls.signing_key.serialize_pem()).unwrap();
+    let routes = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\n\n[[route]]\nprefix = \"/notify/stripe\"\npreset = \"stripe\"\n\
+         verify = {{ secrets = [{{ file = \"{}\" }}] }}\n",
+        cert.display(),
+        key.display(),
+        dir.join("stripe-secret").display()
+    );
+    let (gw, _file) = start(&up, &routes);
+    let url = format!("https://localhost:{}/notify/stripe", gw.addr.port());
+    let send = |ca: Option<&PathBuf>| {
+        let mut args = vec![
+            "send".to_owned(),
+            url.clone(),
+            "--preset".to_owned(),
+            "stripe".to_owned(),
+            "--secret".to_owned(),
+            dir.join("stripe-secret").to_str().unwrap().to_owned(),
+        ];
+        if let Some(ca) = ca {
+            args.extend(["--ca".to_owned(), ca.to_str().unwrap().to_owned()]);
+        }
+        gateway_cli(args)
+    };
+    let out = send(None).await;
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("cannot reach") && stderr.contains("certificate"),
+        "{stderr}"
+    );
+    assert_eq!(up.calls("/notify/stripe"), 0);
+    let out = send(Some(&cert)).await;
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("copy 1/1: 200 OK, first run"), "{stdout}");
+    assert_eq!(up.calls("/notify/stripe"), 1);
+    drop(gw);
+}

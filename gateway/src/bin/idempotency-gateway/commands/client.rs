@@ -158,23 +158,38 @@ fn connector(
     target: &Resolved,
 ) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
 {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
     let mut roots = rustls::RootCertStore::empty();
     match &target.trust {
-        Some(path) => {
-            for cert in CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?
-            {
-                let cert = cert
-                    .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("the certificate {}: {e}", path.display()))?;
-            }
-        }
+        Some(path) => add_certificates(&mut roots, path)?,
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
+    https_connector(roots)
+}
+
+/// Adds the PEM certificates of the file at `path` to `roots`.
+pub(crate) fn add_certificates(
+    roots: &mut rustls::RootCertStore,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    for cert in CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?
+    {
+        let cert =
+            cert.map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("the certificate {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// HTTP, or HTTPS (rustls with ring) trusting `roots`.
+pub(crate) fn https_connector(
+    roots: rustls::RootCertStore,
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
+{
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -45,6 +45,10 @@ pub(crate) struct Send {
     /// id, wherever the preset reads its key
     #[arg(long, value_name = "NAME=VALUE", value_parser = notification::field)]
     field: Vec<FieldArg>,
+    /// PEM CA certificates trusted for an https:// URL, besides the Mozilla roots (a test
+    /// gateway's own --tls-cert)
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
 }
 
 /// The `[[preset]]` tables of the config file.
@@ -79,7 +83,8 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector()?);
+    let client: HttpsClient =
+        Client::builder(TokioExecutor::new()).build(connector(a.ca.as_deref())?);
     let mut out = std::io::stdout().lock();
     let stdout_failed = |e: std::io::Error| format!("cannot write to stdout: {e}");
     writeln!(out, "{} {} (id {id}) to {url}", a.preset, n.content_type).map_err(stdout_failed)?;
@@ -108,7 +113,7 @@ pub(crate) fn run(a: &Send, config: Option<&Path>) -> Result<(), String> {
             let res = tokio::time::timeout(Duration::from_secs(30), client.request(req))
                 .await
                 .map_err(|_| format!("{url}: no answer within 30s"))?
-                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+                .map_err(|e| format!("cannot reach {url}: {}", chain(&e)))?;
             let replayed = res
                 .headers()
                 .get(REPLAYED_HEADER)
@@ -235,7 +240,7 @@ fn keys(channel: &Channel, secret: Option<&Path>) -> Result<Keys, String> {
     })
 }
 
-/// The client `send` sends with: HTTP, or HTTPS trusting the Mozilla roots.
+/// The client `send` sends with: HTTP, or HTTPS.
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// `GET URL/idempotency-token`: the one-time token a `client-token` route
@@ -270,6 +275,18 @@ async fn client_token(client: &HttpsClient, uri: &http::Uri) -> Result<String, S
     })
 }
 
+/// An error and its sources (`client error (Connect): invalid peer
+/// certificate: UnknownIssuer`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out += &format!(": {s}");
+        source = s.source();
+    }
+    out
+}
+
 fn header_name(k: &str) -> Result<HeaderName, String> {
     HeaderName::from_bytes(k.as_bytes()).map_err(|_| format!("`{k}` is not a header name"))
 }
@@ -278,19 +295,12 @@ fn header_value(v: &str) -> Result<HeaderValue, String> {
     HeaderValue::from_str(v).map_err(|_| format!("{v:?} is not a header value"))
 }
 
-/// HTTP, or HTTPS trusting the Mozilla roots.
-fn connector() -> Result<HttpsConnector<HttpConnector>, String> {
+/// HTTP, or HTTPS trusting the Mozilla roots and the certificates of `ca`.
+fn connector(ca: Option<&Path>) -> Result<HttpsConnector<HttpConnector>, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
-        .https_or_http()
-        .enable_http1()
-        .build())
+    if let Some(path) = ca {
+        crate::commands::client::add_certificates(&mut roots, path)?;
+    }
+    crate::commands::client::https_connector(roots)
 }
