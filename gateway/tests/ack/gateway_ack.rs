@@ -228,10 +228,10 @@ fn dlq(data_dir: &Path, args: &[&str]) -> (i32, String) {
     dlq_at(&["--data-dir", data_dir.to_str().unwrap()], args)
 }
 
-/// `gateway dlq ARGS QUEUE`: exit status and stdout.
+/// `gateway dlq --offline ARGS QUEUE`: exit status and stdout.
 fn dlq_at(queue: &[&str], args: &[&str]) -> (i32, String) {
     let out = Command::new(gateway_bin())
-        .arg("dlq")
+        .args(["dlq", "--offline"])
         .args(args)
         .args(queue)
         .stderr(Stdio::inherit())

@@ -88,10 +88,10 @@ fn gauge(metrics: SocketAddr, name: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// `gateway dlq ARGS --data-dir DIR`: exit status and stdout.
+/// `gateway dlq --offline ARGS --data-dir DIR`: exit status and stdout.
 fn dlq(queue: &[&str], args: &[&str]) -> (i32, String) {
     let out = Command::new(gateway_bin())
-        .arg("dlq")
+        .args(["dlq", "--offline"])
         .args(args)
         .args(queue)
         .output()

@@ -87,10 +87,10 @@ fn secret_file() -> PathBuf {
     path
 }
 
-/// `gateway dlq ARGS QUEUE`: exit status, stdout and stderr.
+/// `gateway dlq --offline ARGS QUEUE`: exit status, stdout and stderr.
 fn dlq(queue: &[&str], args: &[&str]) -> (i32, String, String) {
     let out = Command::new(gateway_bin())
-        .arg("dlq")
+        .args(["dlq", "--offline"])
         .args(args)
         .args(queue)
         .output()

@@ -322,8 +322,8 @@ async fn dead_letters_listed_shown_replayed_deleted_through_the_admin_api_jetstr
     dead_letters_through_the_admin_api(&["--queue", &nats.url()], "jetstream").await;
 }
 
-/// Without a token, or with `--offline`, `dlq` works on the queue
-/// directly, and says so.
+/// With `--offline` (a token or not), `dlq` works on the queue directly,
+/// and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_offline_says_it_works_on_the_queue_directly() {
     let dir = temp_path("dead-api-offline");

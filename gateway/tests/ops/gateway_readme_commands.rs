@@ -4,7 +4,8 @@
 //! the pages' id, then every `idempotency-gateway --config
 //! /etc/idempotency-gateway.toml …` admin line of the README and of every
 //! page of `docs/` (`gateway_support::docs::PAGES`), run as it is: it
-//! reaches the admin API and does what it says.
+//! reaches the admin API and does what it says (`dlq`, `pause` and `resume`
+//! too). Without a gateway to reach, a command says so and names the flags.
 
 use crate::gateway_support;
 use test_support::common;
@@ -16,11 +17,19 @@ use gateway_support::{gateway_bin, temp_path, Proc};
 use std::process::{Command, Stdio};
 
 const CONFIG: &str = "/etc/idempotency-gateway.toml";
-const ADMIN: [&str; 4] = ["inspect", "forget", "journal", "reconcile"];
+const ADMIN: [&str; 7] = [
+    "inspect",
+    "forget",
+    "journal",
+    "reconcile",
+    "dlq",
+    "pause",
+    "resume",
+];
 
 /// The ``` block of `lang` that starts with `first`, on whichever page
 /// holds it (exactly one).
-fn block(lang: &str, first: &str) -> String {
+pub(crate) fn block(lang: &str, first: &str) -> String {
     let fence = format!("```{lang}\n{first}");
     let found: Vec<(&str, &str)> = PAGES
         .iter()
@@ -38,7 +47,7 @@ fn block(lang: &str, first: &str) -> String {
 
 /// A command line as a shell reads it: words, `'…'` quoted, `#` to the end
 /// of the line a comment.
-fn words(line: &str) -> Vec<String> {
+pub(crate) fn words(line: &str) -> Vec<String> {
     let (mut out, mut word, mut quoted, mut any) = (Vec::new(), String::new(), false, false);
     for c in line.chars() {
         match c {
@@ -200,6 +209,23 @@ async fn the_readme_admin_commands_work_as_printed() {
                 assert!(matches!(out.status.code(), Some(0 | 1)), "{line}: {stderr}");
                 assert!(!stdout.is_empty(), "{line}");
             }
+            // Through the admin API (never the queue directly).
+            "dlq" => {
+                assert_eq!(out.status.code(), Some(0), "{line}: {stderr}");
+                assert!(!stderr.contains("working on the queue"), "{line}: {stderr}");
+            }
+            "pause" | "resume" => {
+                assert_eq!(out.status.code(), Some(0), "{line}: {stderr}");
+                let word = if words[3] == "pause" {
+                    "paused"
+                } else {
+                    "resumed"
+                };
+                assert!(
+                    stdout.contains(&format!("{word} /notify/wechat")),
+                    "{line}: {stdout}"
+                );
+            }
             other => panic!("a line of the pages runs {other}"),
         }
     }
@@ -216,5 +242,85 @@ async fn the_readme_admin_commands_work_as_printed() {
     assert_eq!(a.status, 200);
     assert_eq!(up.calls("/notify/wechat"), 2);
     drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An admin command that finds no gateway says so and names the flags that
+/// find one; `dlq` without `--offline` never works on a queue directly
+/// (here: no `./gateway-data` appears in the folder it ran in).
+#[test]
+fn admin_commands_without_a_gateway_name_the_flags() {
+    let dir = temp_path("no-gateway");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(gateway_bin())
+            .args(args)
+            .current_dir(&dir)
+            .env_remove("IDEMPOTENCY_GATEWAY_CONFIG")
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN")
+            .env_remove("IDEMPOTENCY_GATEWAY_ADMIN_TOKEN_FILE")
+            .env_remove("IDEMPOTENCY_GATEWAY_METRICS_LISTEN")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["dlq", "list"][..],
+        &["pause", "/notify/wechat", "--reason", "upstream deploy"],
+        &["resume", "/notify/wechat"],
+        &["inspect", "EV-2018022511"],
+        &["journal"],
+    ] {
+        let (code, stderr) = run(args);
+        let line = args.join(" ");
+        assert_eq!(code, Some(1), "{line}: {stderr}");
+        assert!(
+            stderr.contains("admin API") && stderr.contains("--config FILE"),
+            "{line}: names the gateway's config: {stderr}"
+        );
+        assert!(
+            stderr.contains("--admin-token-file") && stderr.contains("--admin URL"),
+            "{line}: names the flags: {stderr}"
+        );
+        assert!(!stderr.contains("working on the queue"), "{line}: {stderr}");
+    }
+    let (_, stderr) = run(&["dlq", "list"]);
+    assert!(stderr.contains("--offline"), "{stderr}");
+    assert!(
+        !dir.join("gateway-data").exists(),
+        "dlq without --offline opened no queue"
+    );
+    // A config whose admin API is not there: a connect error naming the flags.
+    let token = dir.join("admin-token");
+    std::fs::write(&token, "no-gateway-admin-token-0123456789\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "upstream = \"http://127.0.0.1:9000\"\nmetrics_listen = \"{}\"\nadmin_token_file = \"{}\"\n",
+            common::free_addr(),
+            token.display()
+        ),
+    )
+    .unwrap();
+    for args in [&["dlq", "list"][..], &["pause", "/notify/wechat"]] {
+        let mut all = vec!["--config", config.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let (code, stderr) = run(&all);
+        assert_eq!(code, Some(1), "{all:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot reach the gateway's admin API")
+                && stderr.contains("--config FILE"),
+            "{all:?}: {stderr}"
+        );
+    }
+    assert!(!dir.join("gateway-data").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,7 @@ mod gateway_fencing;
 mod gateway_ops;
 mod gateway_readme_commands;
 mod gateway_reconcile;
+mod gateway_send;
 mod gateway_sql_store;
 #[path = "../gateway_support/mod.rs"]
 mod gateway_support;

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where the running gateway's admin API is, and how to print.
 #[derive(Args, Debug, Clone)]
@@ -143,8 +143,8 @@ pub(crate) async fn call(
 /// What a connect error adds: where the commands look for the admin API.
 const WHERE_IS_IT: &str =
     "\n  the admin API listens on the running gateway's --admin-listen (with \
---admin-token-file): give its URL with --admin URL (or IDEMPOTENCY_GATEWAY_ADMIN=URL), or the \
-gateway's own --admin-listen ADDR or --config FILE";
+--admin-token-file): give the gateway's config file with --config FILE, or its --admin-listen \
+ADDR, or the API's URL with --admin URL (IDEMPOTENCY_GATEWAY_ADMIN=URL)";
 
 /// A stored key is `idem:PRESET:ROUTE:PRINCIPAL:KEY` (the gateway's keys
 /// all have the `idem` prefix); anything else is a channel's or client's id.
@@ -158,23 +158,38 @@ fn connector(
     target: &Resolved,
 ) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
 {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
     let mut roots = rustls::RootCertStore::empty();
     match &target.trust {
-        Some(path) => {
-            for cert in CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?
-            {
-                let cert = cert
-                    .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("the certificate {}: {e}", path.display()))?;
-            }
-        }
+        Some(path) => add_certificates(&mut roots, path)?,
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
+    https_connector(roots)
+}
+
+/// Adds the PEM certificates of the file at `path` to `roots`.
+pub(crate) fn add_certificates(
+    roots: &mut rustls::RootCertStore,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    for cert in CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?
+    {
+        let cert =
+            cert.map_err(|e| format!("cannot read the certificate {}: {e}", path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("the certificate {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// HTTP, or HTTPS (rustls with ring) trusting `roots`.
+pub(crate) fn https_connector(
+    roots: rustls::RootCertStore,
+) -> Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, String>
+{
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -341,14 +356,9 @@ pub(crate) enum Call<'a> {
 /// Runs an admin subcommand; `Err` is the message for exit status 1.
 pub(crate) fn run(
     what: Call<'_>,
-    token_file: Option<&PathBuf>,
+    token_file: &Path,
     metrics_listen: &AdminAt,
 ) -> Result<(), String> {
-    let Some(token_file) = token_file else {
-        return Err(
-            "the admin commands need --admin-token-file (the running gateway's token)".into(),
-        );
-    };
     let token = crate::admin::listener::read_token(token_file)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,9 +1,8 @@
 //! `gateway dlq list|show|replay|delete`: the dead letters, through the
-//! running gateway's admin API whenever an admin token is configured
-//! (`--admin-token-file`, its environment variable or the config file),
-//! found as `inspect` finds it; with `--offline` (or without a token)
-//! directly on the queue that `--queue`/`--data-dir` name, for a stopped
-//! gateway.
+//! running gateway's admin API (its token from `--admin-token-file`, its
+//! environment variable or the config file), found as `inspect` finds it;
+//! with `--offline` only, directly on the queue that `--queue`/`--data-dir`
+//! name, for a stopped gateway.
 
 use crate::admin::dead::{ms_of, DeadFilter};
 use crate::commands::client::{call, enc, failed, query, AdminAt, Format, Target};
@@ -19,8 +18,8 @@ use tower_idempotency_queue::{DeadLetter, EntryId, Queue};
 /// Subcommands.
 #[derive(Subcommand, Debug, Clone)]
 pub(crate) enum Command {
-    /// The dead letters: through the running gateway's admin API when an admin token is
-    /// configured, else (or with --offline) directly on the queue of a stopped gateway
+    /// The dead letters: through the running gateway's admin API (--config FILE, the
+    /// gateway's own), or with --offline directly on the queue of a stopped gateway
     Dlq {
         /// Read and change the queue directly (--data-dir, --queue), not through the
         /// running gateway's admin API: stop a gateway using the embedded queue first
@@ -43,6 +42,12 @@ pub(crate) enum Command {
     Pause(crate::commands::pause::Pause),
     /// Let a paused route of the running gateway reach its upstream again
     Resume(crate::commands::pause::Resume),
+    /// Send a notification of a preset, signed as its channel signs it, and its copies;
+    /// print each reply and whether it was replayed
+    Send(crate::commands::send::Send),
+    /// Write a test key or secret for every channel the gateway verifies to DIR, and
+    /// print the routes whose `verify` lines check them
+    TestKeys(crate::commands::test_keys::TestKeys),
 }
 
 /// The filters of `dlq list` and of a bulk `dlq replay`.

@@ -7,7 +7,7 @@ use crate::commands::escape::shown;
 use clap::Args;
 use http::Method;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 
 /// `gateway pause PREFIX`.
 #[derive(Args, Debug, Clone)]
@@ -36,14 +36,9 @@ pub(crate) struct Resume {
 /// Runs `pause` or `resume`; `Err` is the message for exit status 1.
 pub(crate) fn run(
     cmd: &crate::commands::dlq::Command,
-    token_file: Option<&PathBuf>,
+    token_file: &Path,
     at: &AdminAt,
 ) -> Result<(), String> {
-    let Some(token_file) = token_file else {
-        return Err(
-            "pause and resume need --admin-token-file (the running gateway's token)".into(),
-        );
-    };
     let token = crate::admin::listener::read_token(token_file)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -14,7 +14,7 @@ use idempotency_gateway::journal::{
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// `gateway reconcile`.
@@ -60,7 +60,7 @@ impl From<Channel> for BillChannel {
 /// Reads the bill and the journal, prints what does not match.
 pub(crate) fn run(
     a: &Reconcile,
-    token_file: Option<&PathBuf>,
+    token_file: &Path,
     metrics_listen: &crate::commands::client::AdminAt,
 ) -> ExitCode {
     let unreadable = |msg: String| {
@@ -104,12 +104,9 @@ fn read_bill(a: &Reconcile) -> Result<Bill, String> {
 
 fn journal(
     a: &Reconcile,
-    token_file: Option<&PathBuf>,
+    token_file: &Path,
     metrics_listen: &crate::commands::client::AdminAt,
 ) -> Result<Vec<JournalRecord>, String> {
-    let Some(token_file) = token_file else {
-        return Err("reconcile needs --admin-token-file (the running gateway's token)".into());
-    };
     let token = crate::admin::listener::read_token(token_file)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -28,7 +28,9 @@ pub(crate) enum Parsed {
     color = clap::ColorChoice::Never,
     override_usage = "idempotency-gateway --listen ADDR --upstream URL [--route PREFIX=PRESET]... [options]\n       \
                       idempotency-gateway --config FILE [options]\n       \
-                      idempotency-gateway dlq list|replay ID|replay --all [--queue QUEUE|--data-dir DIR]",
+                      idempotency-gateway dlq list|replay ID|replay --all [--queue QUEUE|--data-dir DIR]\n       \
+                      idempotency-gateway send URL --preset NAME [--secret FILE] [--copies N] [--field NAME=VALUE]...\n       \
+                      idempotency-gateway test-keys DIR",
     after_help = "DUR: 500ms, 30s, 5m, 25h, 2d (at most a year)    SIZE: 65536, 64KiB, 1MiB\n\
                   Every flag can also be set with IDEMPOTENCY_GATEWAY_<FLAG> (e.g. \
                   IDEMPOTENCY_GATEWAY_UPSTREAM, IDEMPOTENCY_GATEWAY_ROUTE=/a=stripe,/b=alipay)."
@@ -83,7 +85,7 @@ pub(crate) struct Args {
     pub(crate) principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
     /// Serve /metrics, /healthz and /readyz (and the admin API and the console) at
     /// http://ADDR, with --header-timeout and at most 64 connections; the admin API off
-    /// loopback needs --admin-tls-cert. --admin-listen is its older name
+    /// loopback needs --admin-tls-cert. --metrics-listen is its older name
     #[arg(
         long = "admin-listen",
         visible_alias = "metrics-listen",

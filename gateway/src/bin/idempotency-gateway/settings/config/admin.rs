@@ -32,7 +32,7 @@ pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<Listener
     Ok(Listener { listen, tls })
 }
 
-/// `admin_listen`: `--admin-listen` (or `--admin-listen`), its
+/// `admin_listen`: `--admin-listen` (or `--metrics-listen`), its
 /// environment variable (`IDEMPOTENCY_GATEWAY_ADMIN_LISTEN`, or the older
 /// `IDEMPOTENCY_GATEWAY_METRICS_LISTEN`), or the file's `admin_listen` (or
 /// `metrics_listen`).
