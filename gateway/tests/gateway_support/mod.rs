@@ -245,7 +245,10 @@ pub fn exits_2(mut cmd: Command, hint: &str) {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
-    assert!(stderr.starts_with("gateway: "), "{cmd:?}: {stderr}");
+    assert!(
+        stderr.starts_with("idempotency-gateway: "),
+        "{cmd:?}: {stderr}"
+    );
     assert!(stderr.contains(hint), "{cmd:?}: {stderr:?} lacks {hint:?}");
     assert!(out.stdout.is_empty(), "{cmd:?}");
 }

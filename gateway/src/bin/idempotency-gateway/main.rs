@@ -93,11 +93,11 @@ fn main() -> ExitCode {
 /// `--check-config`: the settings parsed; the files they name are read.
 fn check_config(settings: &Settings) -> ExitCode {
     for warning in &settings.warnings {
-        eprintln!("gateway: warning: {warning}");
+        eprintln!("idempotency-gateway: warning: {warning}");
     }
     match check_files(settings) {
         Ok(()) => {
-            eprintln!("gateway: the configuration is valid");
+            eprintln!("idempotency-gateway: the configuration is valid");
             ExitCode::SUCCESS
         }
         Err(msg) => usage_error(&msg),
@@ -115,7 +115,7 @@ fn serve(settings: Settings) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("gateway: cannot start the runtime: {e}");
+            eprintln!("idempotency-gateway: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -127,7 +127,7 @@ fn serve(settings: Settings) -> ExitCode {
     let mut logging = match logging {
         Ok(logging) => logging,
         Err(msg) => {
-            eprintln!("gateway: {msg}");
+            eprintln!("idempotency-gateway: {msg}");
             return ExitCode::FAILURE;
         }
     };
@@ -144,7 +144,7 @@ fn serve(settings: Settings) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("gateway: {}", redact::redact_text(&msg));
+            eprintln!("idempotency-gateway: {}", redact::redact_text(&msg));
             ExitCode::FAILURE
         }
     }
@@ -153,7 +153,7 @@ fn serve(settings: Settings) -> ExitCode {
 fn usage_error(msg: &str) -> ExitCode {
     // A store or queue URL in the message keeps its password out.
     let msg = redact::redact_text(msg);
-    eprintln!("gateway: {msg}\n(idempotency-gateway --help lists the flags)");
+    eprintln!("idempotency-gateway: {msg}\n(idempotency-gateway --help lists the flags)");
     ExitCode::from(2)
 }
 

@@ -1,4 +1,4 @@
-//! `gateway inspect`, `gateway forget` and `gateway journal`: clients of a
+//! `idempotency-gateway inspect`, `idempotency-gateway forget` and `idempotency-gateway journal`: clients of a
 //! running gateway's admin API (`--admin-listen` with
 //! `--admin-token-file`), so that they work on every store, the memory
 //! store included, while the gateway runs.
@@ -34,7 +34,7 @@ pub(crate) enum Format {
     Json,
 }
 
-/// `gateway inspect KEY`.
+/// `idempotency-gateway inspect KEY`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Inspect {
     /// The stored key (`idem:PRESET:ROUTE:PRINCIPAL:KEY`), or the channel's (or client's) own
@@ -51,7 +51,7 @@ pub(crate) struct Inspect {
     target: Target,
 }
 
-/// `gateway forget KEY`.
+/// `idempotency-gateway forget KEY`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Forget {
     /// The stored key of a completed record (from `inspect` or `journal`)
@@ -63,7 +63,7 @@ pub(crate) struct Forget {
     target: Target,
 }
 
-/// `gateway journal`.
+/// `idempotency-gateway journal`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Journal {
     /// Records whose last copy came at or after T (RFC 3339, or ms since the epoch)

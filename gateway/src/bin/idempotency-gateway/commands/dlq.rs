@@ -1,4 +1,4 @@
-//! `gateway dlq list|show|replay|delete`: the dead letters, through the
+//! `idempotency-gateway dlq list|show|replay|delete`: the dead letters, through the
 //! running gateway's admin API (its token from `--admin-token-file`, its
 //! environment variable or the config file), found as `inspect` finds it;
 //! with `--offline` only, directly on the queue that `--queue`/`--data-dir`

@@ -61,7 +61,7 @@ fn admin_at(args: &Args, command: &str) -> Result<(AdminAt, PathBuf), ExitCode> 
             ""
         };
         eprintln!(
-            "gateway: `{command}` asks the running gateway's admin API, and no admin token is \
+            "idempotency-gateway: `{command}` asks the running gateway's admin API, and no admin token is \
              configured: give the gateway's config file with --config FILE (its admin_listen \
              and admin_token_file are read; IDEMPOTENCY_GATEWAY_CONFIG=FILE for every command), \
              or --admin-token-file FILE with --admin-listen ADDR or --admin URL{offline}"
@@ -94,7 +94,7 @@ fn dead_letters(args: &Args, offline: bool, action: &Dlq) -> ExitCode {
         };
     }
     eprintln!(
-        "gateway: --offline: working on the queue directly (--data-dir, --queue); \
+        "idempotency-gateway: --offline: working on the queue directly (--data-dir, --queue); \
          stop a gateway using the embedded queue first"
     );
     let queue = match config::queue_only(args) {
@@ -112,7 +112,7 @@ fn failed_with(result: Result<(), String>, shown: impl FnOnce(String) -> String)
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("gateway: {}", shown(msg));
+            eprintln!("idempotency-gateway: {}", shown(msg));
             ExitCode::FAILURE
         }
     }

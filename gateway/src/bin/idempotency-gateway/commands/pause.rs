@@ -1,4 +1,4 @@
-//! `gateway pause PREFIX [--reason TEXT]` and `gateway resume PREFIX`:
+//! `idempotency-gateway pause PREFIX [--reason TEXT]` and `idempotency-gateway resume PREFIX`:
 //! clients of the running gateway's admin API (`POST
 //! /admin/routes/pause?prefix=…`, `…/resume?prefix=…`).
 
@@ -9,7 +9,7 @@ use http::Method;
 use std::io::Write;
 use std::path::Path;
 
-/// `gateway pause PREFIX`.
+/// `idempotency-gateway pause PREFIX`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Pause {
     /// The route's prefix, as configured (`/notify/wechat`)
@@ -24,7 +24,7 @@ pub(crate) struct Pause {
     target: Target,
 }
 
-/// `gateway resume PREFIX`.
+/// `idempotency-gateway resume PREFIX`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Resume {
     /// The route's prefix, as configured

@@ -1,6 +1,6 @@
-//! `gateway reconcile --bill FILE --channel wechatpay|alipay`: the channel's
+//! `idempotency-gateway reconcile --bill FILE --channel wechatpay|alipay`: the channel's
 //! downloaded trade bill against the running gateway's journal (read
-//! through its admin API, like `gateway journal`). Exit 0 when every paid
+//! through its admin API, like `idempotency-gateway journal`). Exit 0 when every paid
 //! transaction ran exactly once with the bill's amount, 1 when some did not
 //! (each printed), 2 when the bill or the journal cannot be read.
 
@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// `gateway reconcile`.
+/// `idempotency-gateway reconcile`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct Reconcile {
     /// The trade bill as downloaded from the channel (WeChat Pay 交易账单 CSV, Alipay
@@ -64,7 +64,7 @@ pub(crate) fn run(
     metrics_listen: &crate::commands::client::AdminAt,
 ) -> ExitCode {
     let unreadable = |msg: String| {
-        eprintln!("gateway: {msg}");
+        eprintln!("idempotency-gateway: {msg}");
         ExitCode::from(2)
     };
     let bill = match read_bill(a) {

@@ -419,7 +419,7 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
     })
 }
 
-/// The queue settings alone (for `gateway dlq`).
+/// The queue settings alone (for `idempotency-gateway dlq`).
 pub(crate) fn queue_only(args: &Args) -> Result<QueueSettings, String> {
     let (file, text, path) = load(args)?;
     queue_settings(
