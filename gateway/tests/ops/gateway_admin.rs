@@ -730,7 +730,7 @@ fn an_unreachable_admin_api_names_the_flags_that_find_it() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         for hint in [
             "--admin URL",
-            "--metrics-listen",
+            "--admin-listen",
             "IDEMPOTENCY_GATEWAY_ADMIN",
             "--config",
         ] {

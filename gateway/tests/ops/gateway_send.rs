@@ -383,3 +383,109 @@ async fn send_over_https_trusts_the_ca_it_is_given() {
     assert_eq!(up.calls("/notify/stripe"), 1);
     drop(gw);
 }
+
+/// The table "What a refused signature gets" of `docs/channels.md`: preset
+/// and the 401's body, one row each.
+fn refusal_table() -> Vec<(String, String)> {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/channels.md"),
+    )
+    .unwrap();
+    let section = page
+        .split("\n### What a refused signature gets\n")
+        .nth(1)
+        .expect("the section in docs/channels.md");
+    section
+        .lines()
+        .skip_while(|l| !l.starts_with("| preset "))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split(" | ").map(str::trim).collect();
+            let unquote = |c: &str| c.trim_matches('`').to_owned();
+            (unquote(cells[0]), unquote(cells[2]))
+        })
+        .collect()
+}
+
+/// Every channel route (the built-in presets `test-keys` prints, and a
+/// configured one) answers a notification whose signature does not verify
+/// with 401 and the body the channels page says, nothing reaches the
+/// upstream, and every channel preset has its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_signature_gets_the_body_the_channels_page_says() {
+    let (_, printed) = test_keys();
+    let table = refusal_table();
+    let up = Upstream::start().await;
+    let secret = temp_path("refusal-acme-secret");
+    std::fs::write(&secret, "acme-secret-0123456789\n").unwrap();
+    let routes = format!(
+        "[[preset]]\nname = \"acme\"\nkey = \"json:/id\"\n\
+         signature = {{ scheme = \"hmac-sha256\", header = \"X-Acme-Signature\", signed = \"{{body}}\" }}\n\n\
+         [[route]]\nprefix = \"/notify/acme\"\npreset = \"acme\"\nverify = {{ secrets = [{{ file = \"{}\" }}] }}\n\n{printed}",
+        secret.display()
+    );
+    let (gw, _file) = start(&up, &routes);
+    let mut routes: Vec<(String, String)> = printed
+        .lines()
+        .filter_map(|l| l.strip_prefix("# send URL"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].to_owned(), w[2].to_owned())
+        })
+        .collect();
+    routes.push(("/notify/acme".into(), "acme".into()));
+    for (path, preset) in &routes {
+        let want = table
+            .iter()
+            .find(|(p, _)| p == preset || (p == "a `[[preset]]` table" && preset == "acme"))
+            .unwrap_or_else(|| panic!("no row for {preset} in {table:?}"));
+        // A notification of the channel's shape whose signature headers
+        // are made up.
+        let (ct, body) = match preset.as_str() {
+            "wechatpay-v2" => (
+                "text/xml",
+                "<xml><transaction_id>T1</transaction_id><sign>00</sign></xml>",
+            ),
+            "alipay" => (
+                "application/x-www-form-urlencoded",
+                "notify_id=N1&trade_status=TRADE_SUCCESS&sign=AAAA&sign_type=RSA2",
+            ),
+            _ => (
+                "application/json",
+                r#"{"id":"EV-REFUSED-1","type":"x","event_type":"x"}"#,
+            ),
+        };
+        let headers = [
+            ("content-type", ct),
+            ("stripe-signature", "t=1,v1=00"),
+            ("x-acme-signature", "00"),
+            ("wechatpay-serial", "00"),
+            ("wechatpay-signature", "AAAA"),
+            ("wechatpay-timestamp", "1"),
+            ("wechatpay-nonce", "n"),
+            ("webhook-id", "msg_1"),
+            ("webhook-timestamp", "1"),
+            ("webhook-signature", "v1,AAAA"),
+        ];
+        let answer = common::post(&common::client(), gw.addr, path, &headers, body).await;
+        assert_eq!(answer.status, 401, "{preset}: {}", answer.text());
+        assert_eq!(
+            answer.text().trim(),
+            want.1,
+            "{preset}: the body docs/channels.md gives"
+        );
+    }
+    for name in Preset::builtin_names() {
+        let client_api = ["idempotency-key", "client-token"].contains(name);
+        assert!(
+            client_api || table.iter().any(|(p, _)| p == name),
+            "{name} has no row in docs/channels.md's refusals"
+        );
+    }
+    assert!(
+        up.seen().is_empty(),
+        "a refused notification reached the upstream"
+    );
+    drop(gw);
+}

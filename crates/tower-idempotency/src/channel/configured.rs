@@ -78,7 +78,8 @@ impl Preset {
     /// built-in preset's name). Defaults: no fingerprint (the key alone
     /// makes a copy the same notification: many senders re-sign or
     /// re-render a retry), the upstream's answer kept and replayed, the
-    /// failure reply 500 with an empty body, a request without the key
+    /// failure reply 500 with the layer's plain-text explanation as its body
+    /// (a refused signature: 401 `signature invalid`), a request without the key
     /// refused, window 25 h, wait 4 s, body limit 64 KiB.
     pub fn builder(name: impl Into<Arc<str>>) -> PresetBuilder {
         PresetBuilder {
@@ -163,11 +164,14 @@ impl PresetBuilder {
                 self.name
             )));
         }
+        // Without a failure form of the sender's own, a refusal keeps the
+        // layer's plain-text explanation (`signature invalid`, …), as the
+        // built-in channels without one do.
         let failure = self.failure.or_else(|| {
             Some(FixedReply::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 None,
-                Some(bytes::Bytes::new()),
+                None,
             ))
         });
         let spec = KeySpec::new(self.key, self.fingerprint).refuse_repeated();

@@ -53,8 +53,10 @@
 //!   fields is refused (form parameters, XML fields, members of one JSON
 //!   object); duplicate checks are linear (a hash set), so a 64 KiB body of
 //!   ten thousand fields costs about what a normal one does.
-//! - **Nothing leaked**: the refusal's body says only `signature invalid`;
-//!   the reason is logged with the request's `x-request-id`.
+//! - **Nothing leaked**: the refusal's body is `signature invalid`, or the
+//!   channel's own failure form once the preset's reply rewrites it (WeChat
+//!   Pay's `FAIL`, Alipay's `fail`); the reason is logged with the request's
+//!   `x-request-id`.
 //!
 //! The cryptography comes from [`ring`] (RSA PKCS#1 v1.5, HMAC, AES-256-GCM,
 //! Ed25519: audited, constant-time, no open RustSec advisory for these
