@@ -254,6 +254,67 @@ mod cases {
         assert!(queue.dead_letters(100).await.unwrap().is_empty());
     }
 
+    /// A replay and a delete of one dead letter, raced: exactly one of them
+    /// has it, and its notification is delivered if and only if the replay
+    /// had it (a deleted letter is never delivered; a replayed one is never
+    /// lost).
+    pub(super) async fn a_raced_replay_and_delete_have_the_letter_once<Q: Queue>(queue: Q) {
+        const N: usize = 40;
+        for i in 0..N {
+            queue.ingest(notification(i)).await.unwrap();
+        }
+        let upstream = Upstream::default();
+        upstream.down.store(true, Ordering::SeqCst);
+        let mut worker = Worker::new(queue.clone(), upstream.handler())
+            .max_attempts(1)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5));
+        drain(&mut worker).await;
+        let dead = queue.dead_letters(N + 1).await.unwrap();
+        assert_eq!(dead.len(), N);
+        let mut replayed = std::collections::HashSet::new();
+        for (n, letter) in dead.iter().enumerate() {
+            let start = Arc::new(tokio::sync::Barrier::new(2));
+            let (q, id, go) = (queue.clone(), letter.id.clone(), start.clone());
+            let replay = tokio::spawn(async move {
+                go.wait().await;
+                q.replay(&id).await.unwrap()
+            });
+            let (q, id, go) = (queue.clone(), letter.id.clone(), start.clone());
+            let delete = tokio::spawn(async move {
+                go.wait().await;
+                // Half of the rounds give the delete a head start of a
+                // moment, so that both orders are met.
+                if n % 2 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                q.delete_dead(&id).await.unwrap()
+            });
+            let (replay, delete) = (replay.await.unwrap(), delete.await.unwrap());
+            assert!(
+                replay != delete.is_some(),
+                "letter {n}: replayed {replay}, deleted {}",
+                delete.is_some()
+            );
+            if replay {
+                replayed.insert(letter.message.key.clone());
+            }
+        }
+        assert!(queue.dead_letters(N + 1).await.unwrap().is_empty());
+        upstream.down.store(false, Ordering::SeqCst);
+        drain(&mut worker).await;
+        let runs = upstream.runs();
+        for letter in &dead {
+            let key = &letter.message.key;
+            let want = usize::from(replayed.contains(key));
+            assert_eq!(
+                runs.get(key).copied().unwrap_or(0),
+                want,
+                "{key}: replayed {}",
+                want == 1
+            );
+        }
+    }
+
     /// Forget lets a delivered key be queued and delivered again; a key
     /// still queued or dead-lettered is refused, and stays a duplicate.
     pub(super) async fn forget_lets_a_delivered_key_run_again<Q: Queue>(queue: Q) {
@@ -323,6 +384,7 @@ queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 queue_tests!(redb_queue, {
@@ -333,6 +395,7 @@ queue_tests!(redb_queue, {
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on Redis Streams yet (see its docs).
@@ -340,6 +403,7 @@ queue_tests!(redis_streams_queue, redis_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on RabbitMQ either (see its docs).
@@ -347,6 +411,7 @@ queue_tests!(amqp_queue, amqp_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 
@@ -973,6 +1038,7 @@ queue_tests!(jetstream_queue, jetstream_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 
