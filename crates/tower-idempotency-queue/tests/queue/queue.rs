@@ -1526,3 +1526,84 @@ async fn redis_parked_entries_woken_from_two_instances_come_back_once() {
     assert_eq!(keys.len(), N);
     assert_eq!(a.stats().await.unwrap().depth, 0);
 }
+
+/// Redis Streams: a large parked backlog is woken in bounded steps, each
+/// entry once and in the order it was queued, and Redis answers other
+/// clients while it is woken (another client sees the stream grow part of
+/// the way, not all at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_parked_backlog_is_woken_in_steps_in_order() {
+    use tower_idempotency_queue::Park;
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    const N: usize = 4000;
+    let body = "x".repeat(1500);
+    for i in 0..N {
+        let key = format!("backlog-{i:05}");
+        let m = Message::new(&key, Fingerprint::of(key.as_bytes()), body.clone());
+        assert!(matches!(
+            queue.ingest(m).await.unwrap(),
+            Ingested::Queued(_)
+        ));
+    }
+    let lease = Duration::from_secs(30);
+    let mut parked = 0;
+    while parked < N {
+        let taken = queue.fetch(200, lease).await.unwrap();
+        assert!(!taken.is_empty());
+        for d in taken {
+            assert_eq!(queue.park(&d, "/wx").await.unwrap(), Some(true));
+            parked += 1;
+        }
+    }
+    // Another client watches the stream's length while the backlog wakes.
+    let stream = format!("{{{name}}}:s");
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let len: usize = redis::cmd("XLEN")
+                    .arg(&stream)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                seen.push(len);
+            }
+            seen
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let woken = queue.wake("/wx").await.unwrap();
+    done.store(true, Ordering::SeqCst);
+    let seen = watcher.await.unwrap();
+    assert_eq!(woken, N as u64);
+    assert!(
+        seen.iter().any(|&len| len > 0 && len < N),
+        "woken in one step: the watcher saw only {:?}",
+        seen.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(queue.parked().await.unwrap().is_empty());
+    assert_eq!(queue.wake("/wx").await.unwrap(), 0, "woken twice");
+    let mut keys = Vec::new();
+    while keys.len() < N {
+        let taken = queue.fetch(500, lease).await.unwrap();
+        assert!(!taken.is_empty(), "lost: {} of {N} came back", keys.len());
+        for d in taken {
+            assert_eq!(d.attempt, 1, "the parked attempt counted");
+            keys.push(d.message.key.clone());
+            assert!(queue.ack(&d).await.unwrap());
+        }
+    }
+    let want: Vec<String> = (0..N).map(|i| format!("backlog-{i:05}")).collect();
+    assert_eq!(keys, want, "out of order or twice");
+    assert_eq!(queue.stats().await.unwrap().depth, 0);
+}
