@@ -75,6 +75,10 @@ impl<C> fmt::Debug for RedisStreamsQueue<C> {
 
 const GROUP: &str = "workers";
 
+/// The most parked entries one script wakes: a few milliseconds of
+/// Redis's time.
+const WAKE_STEP: usize = 256;
+
 /// How long [`RedisStreamsQueue::replicas`] waits for the replicas (`WAIT`
 /// blocks the connection it runs on: kept short).
 const REPLICA_WAIT: Duration = Duration::from_millis(250);
@@ -172,6 +176,11 @@ where
     /// The hash of the entries parked under `prefix`.
     fn parked_under(&self, prefix: &str) -> String {
         format!("{{{}}}:park:{prefix}", self.name)
+    }
+
+    /// The order of the entries parked under `prefix` (a sorted set).
+    fn parked_order(&self, prefix: &str) -> String {
+        format!("{{{}}}:parko:{prefix}", self.name)
     }
 
     fn marker(&self, key: &str) -> String {
@@ -769,6 +778,7 @@ where
             .key(self.parked_under(prefix))
             .key(self.key("parked-prefixes"))
             .key(self.key("parked"))
+            .key(self.parked_order(prefix))
             .arg(GROUP)
             .arg(&*self.consumer)
             .arg(delivery.id.as_str())
@@ -783,17 +793,27 @@ where
         Ok(Some(got == 1))
     }
 
+    /// Wakes the entries parked under `prefix` in steps of at most
+    /// `WAKE_STEP`, so that Redis answers other clients in between.
     async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
-        let n: u64 = WAKE
-            .key(self.key("s"))
-            .key(self.parked_under(prefix))
-            .key(self.key("parked-prefixes"))
-            .key(self.key("parked"))
-            .arg(prefix)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(n)
+        let mut woken = 0;
+        loop {
+            let (n, more): (u64, u8) = WAKE
+                .key(self.key("s"))
+                .key(self.parked_under(prefix))
+                .key(self.key("parked-prefixes"))
+                .key(self.key("parked"))
+                .key(self.parked_order(prefix))
+                .arg(prefix)
+                .arg(WAKE_STEP)
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(err)?;
+            woken += n;
+            if more == 0 {
+                return Ok(woken);
+            }
+        }
     }
 
     async fn parked(&self) -> Result<Vec<String>, QueueError> {

@@ -1607,3 +1607,42 @@ async fn redis_a_parked_backlog_is_woken_in_steps_in_order() {
     assert_eq!(keys, want, "out of order or twice");
     assert_eq!(queue.stats().await.unwrap().depth, 0);
 }
+
+/// Redis Streams: entries parked by an earlier version (in the prefix's
+/// hash, with no order kept) are still woken, each once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_entries_parked_by_an_earlier_version_are_woken() {
+    use tower_idempotency_queue::Park;
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let key = format!("old-{i}");
+        let m = Message::new(&key, Fingerprint::of(key.as_bytes()), "{}");
+        queue.ingest(m).await.unwrap();
+    }
+    let lease = Duration::from_secs(30);
+    for d in queue.fetch(10, lease).await.unwrap() {
+        assert_eq!(queue.park(&d, "/old").await.unwrap(), Some(true));
+    }
+    // As an earlier version left them: no order.
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{{{name}}}:parko:/old"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queue.wake("/old").await.unwrap(), 5);
+    assert!(queue.parked().await.unwrap().is_empty());
+    assert_eq!(queue.wake("/old").await.unwrap(), 0, "woken twice");
+    let keys: Vec<String> = (queue.fetch(10, lease).await.unwrap().iter())
+        .map(|d| d.message.key.clone())
+        .collect();
+    let want: Vec<String> = (0..5).map(|i| format!("old-{i}")).collect();
+    assert_eq!(keys, want);
+}
