@@ -250,13 +250,19 @@ pub(super) static DELETE_DEAD: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Moves a dead letter back into the stream, its attempts reset. KEYS:
+/// the dead-letter stream, the stream; ARGV: the letter's id, now (ms),
+/// the message to queue in its place (empty: its own). 1, or 0 if there
+/// was none.
 pub(super) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
          if #e == 0 then return 0 end
          local f = {}
          for i = 1, #e[1][2], 2 do f[e[1][2][i]] = e[1][2][i + 1] end
-         redis.call('XADD', KEYS[2], '*', 'm', f['m'], 'a', '0', 't', ARGV[2])
+         local m = f['m']
+         if ARGV[3] ~= '' then m = ARGV[3] end
+         redis.call('XADD', KEYS[2], '*', 'm', m, 'a', '0', 't', ARGV[2])
          redis.call('XDEL', KEYS[1], ARGV[1])
          return 1",
     )

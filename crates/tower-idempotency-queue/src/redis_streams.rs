@@ -8,7 +8,7 @@ use super::redis_scripts::{
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueErrorKind, QueueStats, SharedPacing,
+    QueueErrorKind, QueueStats, Reseal, SharedPacing,
 };
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
@@ -473,28 +473,39 @@ where
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+        self.replay_with(id, &|_| None).await
+    }
+
+    async fn replay_all(&self) -> Result<usize, QueueError> {
+        crate::seal::replay_each(self, &|_| None).await
+    }
+
+    async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
+        if !is_stream_id(id.as_str()) {
+            return Ok(false);
+        }
+        // The letter's own bytes unless `reseal` gives others: a letter's
+        // row never changes, so what was read is what the script moves.
+        let mut resealed = Vec::new();
+        if let Some(letter) = self.find_dead(id).await? {
+            if let Some(m) = reseal(&letter.message) {
+                resealed = m.encode();
+            }
+        }
         let got: i64 = REPLAY
             .key(self.key("d"))
             .key(self.key("s"))
             .arg(id.as_str())
             .arg(now_ms())
+            .arg(resealed)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(err)?;
         Ok(got == 1)
     }
 
-    async fn replay_all(&self) -> Result<usize, QueueError> {
-        let mut n = 0;
-        loop {
-            let batch = self.dead_letters(256).await?;
-            if batch.is_empty() {
-                return Ok(n);
-            }
-            for letter in batch {
-                n += usize::from(self.replay(&letter.id).await?);
-            }
-        }
+    async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
+        crate::seal::replay_each(self, reseal).await
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {

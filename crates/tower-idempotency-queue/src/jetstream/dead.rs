@@ -3,7 +3,7 @@
 
 use super::markers::DEAD;
 use super::{err, hashed, header_text, header_u64, ms_of, now_ms, one_line, time_of};
-use super::{DeadLetter, Delivery, EntryId, JetStreamQueue, Message, QueueError};
+use super::{DeadLetter, Delivery, EntryId, JetStreamQueue, Message, QueueError, Reseal};
 use super::{H_BASE, H_DEAD_AT, H_ERROR, H_HISTORY, H_MARKER};
 use crate::attempts::{dead_letter, History};
 use async_nats::jetstream::message::StreamMessage;
@@ -147,7 +147,11 @@ impl JetStreamQueue {
 
     /// Publishes the dead letter `id` back into the queue, then deletes it.
     /// `false` when there is no such letter, or a delete has it.
-    pub(super) async fn replay_letter(&self, id: &EntryId) -> Result<bool, QueueError> {
+    pub(super) async fn replay_letter(
+        &self,
+        id: &EntryId,
+        reseal: &Reseal,
+    ) -> Result<bool, QueueError> {
         let Ok(seq) = id.as_str().parse::<u64>() else {
             return Ok(false);
         };
@@ -161,14 +165,14 @@ impl JetStreamQueue {
         // next replay of it finishes, under the same message id.
         let marker = header_text(Some(&m.headers), H_MARKER);
         let h = Self::entry_headers(&marker, now_ms(), 0);
-        self.publish(
-            &self.inner.subject,
-            &format!("r-{seq}"),
-            h,
-            m.payload.to_vec(),
-        )
-        .await?;
-        if let Some(message) = Message::decode(&m.payload) {
+        let message = Message::decode(&m.payload);
+        let payload = match message.as_ref().and_then(reseal) {
+            Some(resealed) => resealed.encode(),
+            None => m.payload.to_vec(),
+        };
+        self.publish(&self.inner.subject, &format!("r-{seq}"), h, payload)
+            .await?;
+        if let Some(message) = message {
             self.mark_replayed(&marker, &message).await?;
         }
         match self.inner.dead.delete_message(seq).await {
@@ -204,19 +208,6 @@ impl JetStreamQueue {
                 Ok(held.is_some_and(|v| v.first() == Some(&kind)))
             }
             Err(e) => Err(err(e)),
-        }
-    }
-
-    pub(super) async fn replay_every(&self) -> Result<usize, QueueError> {
-        let mut n = 0;
-        loop {
-            let batch = self.list_dead(256).await?;
-            if batch.is_empty() {
-                return Ok(n);
-            }
-            for letter in batch {
-                n += usize::from(self.replay_letter(&letter.id).await?);
-            }
         }
     }
 }

@@ -11,7 +11,7 @@ pub use connection::JetStreamQueueBuilder;
 use super::attempts::History;
 use super::{
     DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
-    QueueStats, SharedPacing,
+    QueueStats, Reseal, SharedPacing,
 };
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
@@ -454,11 +454,19 @@ impl Queue for JetStreamQueue {
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-        self.replay_letter(id).await
+        self.replay_letter(id, &|_| None).await
     }
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
-        self.replay_every().await
+        crate::seal::replay_each(self, &|_| None).await
+    }
+
+    async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
+        self.replay_letter(id, reseal).await
+    }
+
+    async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
+        crate::seal::replay_each(self, reseal).await
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {

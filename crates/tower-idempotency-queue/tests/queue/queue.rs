@@ -1646,3 +1646,72 @@ async fn redis_entries_parked_by_an_earlier_version_are_woken() {
     let want: Vec<String> = (0..5).map(|i| format!("old-{i}")).collect();
     assert_eq!(keys, want);
 }
+
+/// Redis Streams, sealed: a copy of a delivered entry written back into
+/// the stream once the queue's max age has passed reaches no upstream: it
+/// is dead-lettered as `expired`. Replayed, it is sealed afresh and
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_sealed_copy_written_back_late_is_expired_and_a_replay_delivers_it() {
+    use tower_idempotency_queue::{QueueKey, Sealed};
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let inner = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    let key = QueueKey::new(&[9; 32]).unwrap();
+    let queue = Sealed::new(inner, key, "q").max_age(Duration::from_secs(1));
+    assert!(matches!(
+        queue.ingest(notification(0)).await.unwrap(),
+        Ingested::Queued(_)
+    ));
+    // What anyone who can read the stream sees of the entry: its bytes.
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{{{name}}}:s");
+    let rows: Vec<(String, HashMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sealed = rows[0].1["m"].clone();
+    let upstream = Upstream::default();
+    let mut worker = Worker::new(queue.clone(), upstream.handler())
+        .max_attempts(3)
+        .backoff(Duration::from_millis(1), Duration::from_millis(5));
+    drain(&mut worker).await;
+    let key = notification(0).key;
+    assert_eq!(upstream.runs().get(&key), Some(&1));
+    // Past the max age, the copy is written back.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("m")
+        .arg(sealed)
+        .arg("a")
+        .arg("0")
+        .arg("t")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        upstream.runs().get(&key),
+        Some(&1),
+        "an old copy written back was delivered again"
+    );
+    let dead = queue.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error, tower_idempotency_queue::EXPIRED);
+    // An operator's replay seals it afresh: delivered.
+    assert!(queue.replay(&dead[0].id).await.unwrap());
+    drain(&mut worker).await;
+    assert_eq!(upstream.runs().get(&key), Some(&2));
+    assert!(queue.dead_letters(10).await.unwrap().is_empty());
+}
