@@ -632,6 +632,89 @@ mod tests {
     }
 
     #[test]
+    fn the_mac_covers_when_it_was_sealed() {
+        let key = QueueKey::new(&[1; 32]).unwrap();
+        let m = key.seal(message("paid 100"));
+        let back = Message::decode(&m.encode()).unwrap();
+        assert_eq!(back.sealed_at, m.sealed_at);
+        assert!(key.verify(&back, back.mac.as_ref().unwrap()));
+        let mut younger = back.clone();
+        younger.sealed_at = younger.sealed_at.map(|t| t + 3_600_000);
+        assert!(!key.verify(&younger, younger.mac.as_ref().unwrap()));
+        // Its MAC without a time (as an earlier version wrote) holds for
+        // no message with one, and the other way round.
+        let mut untimed = back.clone();
+        untimed.sealed_at = None;
+        assert!(!key.verify(&untimed, back.mac.as_ref().unwrap()));
+        untimed.mac = Some(key.sign(&untimed));
+        let mut timed = untimed.clone();
+        timed.sealed_at = Some(0);
+        assert!(!key.verify(&timed, untimed.mac.as_ref().unwrap()));
+    }
+
+    /// Expired (older than the max age) or sealed with no time: dead-lettered
+    /// as `expired`, never handed out; replayed, sealed afresh and handed
+    /// out. An unauthenticated letter replayed is still refused.
+    #[tokio::test]
+    async fn an_old_entry_is_expired_and_a_replay_seals_it_afresh() {
+        let inner = MemoryQueue::new();
+        let key = QueueKey::new(&[3; 32]).unwrap();
+        let queue = Sealed::new(inner.clone(), key.clone(), "q").max_age(Duration::from_secs(60));
+        let mut old = key.seal(Message::new("old", Fingerprint::of(b"o"), "o"));
+        old.sealed_at = Some(now_ms() - 61_000);
+        old.mac = Some(key.sign(&old));
+        inner.ingest(old).await.unwrap();
+        let mut untimed = Message::new("untimed", Fingerprint::of(b"t"), "t");
+        untimed.mac = Some(key.sign(&untimed));
+        inner.ingest(untimed).await.unwrap();
+        inner
+            .ingest(Message::new("unsigned", Fingerprint::of(b"u"), "u"))
+            .await
+            .unwrap();
+        queue.ingest(message("fresh")).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let got = queue.fetch(10, lease).await.unwrap();
+        let keys: Vec<&str> = got.iter().map(|d| d.message.key.as_str()).collect();
+        assert_eq!(keys, ["k"]);
+        let mut dead: Vec<(String, String)> = (queue.dead_letters(10).await.unwrap().into_iter())
+            .map(|d| (d.message.key, d.error))
+            .collect();
+        dead.sort_unstable();
+        let want = [
+            ("old", EXPIRED),
+            ("unsigned", UNAUTHENTICATED),
+            ("untimed", EXPIRED),
+        ];
+        assert_eq!(dead, want.map(|(k, e)| (k.to_owned(), e.to_owned())));
+        assert_eq!(queue.replay_all().await.unwrap(), 3);
+        let got = queue.fetch(10, lease).await.unwrap();
+        let mut keys: Vec<&str> = got.iter().map(|d| d.message.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["old", "untimed"]);
+        assert!(got.iter().all(|d| d.message.sealed_at.is_some()));
+        let dead = queue.dead_letters(10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            (dead[0].message.key.as_str(), dead[0].error.as_str()),
+            ("unsigned", UNAUTHENTICATED)
+        );
+    }
+
+    /// While unsigned entries are accepted (an upgrade draining), an entry
+    /// sealed with no time is handed out as before.
+    #[tokio::test]
+    async fn an_untimed_seal_is_handed_out_while_unsigned_ones_are_accepted() {
+        let inner = MemoryQueue::new();
+        let key = QueueKey::new(&[3; 32]).unwrap();
+        let queue = Sealed::new(inner.clone(), key.clone(), "q").accept_unsigned(true);
+        let mut untimed = Message::new("untimed", Fingerprint::of(b"t"), "t");
+        untimed.mac = Some(key.sign(&untimed));
+        inner.ingest(untimed).await.unwrap();
+        let got = queue.fetch(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(got.len(), 1);
+    }
+
+    #[test]
     fn a_short_secret_is_refused() {
         assert!(QueueKey::new(&[1; 31]).is_err());
     }
