@@ -74,7 +74,9 @@ impl Parts {
             admin.set_queue(queue.clone());
         }
         // Routes queue, and the worker delivers, sealed entries.
-        let sealed = queue.clone().map(|q| settings.queue.seal(q)).transpose()?;
+        let max_age = ack::max_age(&settings.routes);
+        let sealed = (queue.clone().map(|q| settings.queue.seal(q)).transpose()?)
+            .map(|q| q.map_left(|s| s.max_age(max_age)));
         // The worker's queue, by how it paces: one that must pace with the
         // other gateways on a queue that cannot is refused here.
         let delivering = (sealed.clone())
