@@ -149,8 +149,9 @@ impl QueueKey {
 
     /// `message` sealed afresh if its MAC holds (it was sealed under this
     /// key, perhaps long ago); `None` otherwise: it is replayed as it is,
-    /// and checked again when fetched.
-    fn reseal(&self, message: &Message) -> Option<Message> {
+    /// and checked again when fetched. What a replay of a sealed queue's
+    /// dead letter queues (see [`Queue::replay_with`]).
+    pub fn reseal(&self, message: &Message) -> Option<Message> {
         let mac = message.mac.as_ref()?;
         self.verify(message, mac)
             .then(|| self.seal(message.clone()))
@@ -270,6 +271,11 @@ impl<Q: Queue> Sealed<Q> {
     /// The queue underneath.
     pub fn inner(&self) -> &Q {
         &self.inner
+    }
+
+    /// The key it seals with.
+    pub fn key(&self) -> &QueueKey {
+        &self.key
     }
 
     /// Why `message` may not be delivered: `None` if it may.
