@@ -486,12 +486,10 @@ where
         }
         // The letter's own bytes unless `reseal` gives others: a letter's
         // row never changes, so what was read is what the script moves.
-        let mut resealed = Vec::new();
-        if let Some(letter) = self.find_dead(id).await? {
-            if let Some(m) = reseal(&letter.message) {
-                resealed = m.encode();
-            }
-        }
+        let letter = self.find_dead(id).await?;
+        let resealed = (letter.and_then(|l| reseal(&l.message)))
+            .map(|m| m.encode())
+            .unwrap_or_default();
         let got: i64 = REPLAY
             .key(self.key("d"))
             .key(self.key("s"))
