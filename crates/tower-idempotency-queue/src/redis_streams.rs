@@ -169,6 +169,21 @@ where
         self
     }
 
+    /// Moves the dead letter `id` back into the stream, as `message` (its
+    /// own bytes when empty).
+    async fn replay_as(&self, id: &EntryId, message: Vec<u8>) -> Result<bool, QueueError> {
+        let got: i64 = REPLAY
+            .key(self.key("d"))
+            .key(self.key("s"))
+            .arg(id.as_str())
+            .arg(now_ms())
+            .arg(message)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
     fn key(&self, part: &str) -> String {
         format!("{{{}}}:{part}", self.name)
     }
@@ -473,7 +488,7 @@ where
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-        self.replay_with(id, &|_| None).await
+        self.replay_as(id, Vec::new()).await
     }
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
@@ -484,22 +499,13 @@ where
         if !is_stream_id(id.as_str()) {
             return Ok(false);
         }
-        // The letter's own bytes unless `reseal` gives others: a letter's
-        // row never changes, so what was read is what the script moves.
+        // A letter's row never changes: what was read is what the script
+        // moves.
         let letter = self.find_dead(id).await?;
         let resealed = (letter.and_then(|l| reseal(&l.message)))
             .map(|m| m.encode())
             .unwrap_or_default();
-        let got: i64 = REPLAY
-            .key(self.key("d"))
-            .key(self.key("s"))
-            .arg(id.as_str())
-            .arg(now_ms())
-            .arg(resealed)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(got == 1)
+        self.replay_as(id, resealed).await
     }
 
     async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
