@@ -4,7 +4,7 @@
 use super::attempts::History;
 use super::embedded::{Embedded, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS};
 use super::records::{decode_dead, err, fail, queue_now, time_of, Marker};
-use super::{DeadLetter, Delivery, QueueError, QueueErrorKind};
+use super::{DeadLetter, Delivery, Message, QueueError, QueueErrorKind};
 use redb::{ReadableTable, WriteTransaction};
 
 impl Embedded {
@@ -132,7 +132,13 @@ impl Embedded {
         Ok(Some(letter))
     }
 
-    pub(super) fn replay(txn: &WriteTransaction, id: u64) -> Result<bool, QueueError> {
+    /// Queues the dead letter `id` again as a new entry: its message, or
+    /// `message` in its place.
+    pub(super) fn replay(
+        txn: &WriteTransaction,
+        id: u64,
+        message: Option<Message>,
+    ) -> Result<bool, QueueError> {
         let record = txn
             .open_table(DEAD)
             .map_err(err)?
@@ -144,7 +150,10 @@ impl Embedded {
         };
         // Queued again as a new entry: its attempts start afresh.
         Self::take_dead_history(txn, id)?;
-        let letter = decode_dead(id, &record, None)?;
+        let mut letter = decode_dead(id, &record, None)?;
+        if let Some(message) = message {
+            letter.message = message;
+        }
         let new_id = Self::next_id(txn)?;
         let marker = Marker {
             fingerprint: letter.message.fingerprint.to_bytes(),
@@ -177,7 +186,7 @@ impl Embedded {
             .collect();
         let mut n = 0;
         for id in ids {
-            n += usize::from(Self::replay(txn, id)?);
+            n += usize::from(Self::replay(txn, id, None)?);
         }
         Ok(n)
     }
@@ -388,7 +397,7 @@ mod tests {
             .unwrap();
         assert_eq!(gone.unwrap().message.key, "damaged");
         assert!(q
-            .grouped(move |txn| Embedded::replay(txn, old))
+            .grouped(move |txn| Embedded::replay(txn, old, None))
             .await
             .unwrap());
     }

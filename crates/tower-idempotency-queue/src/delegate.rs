@@ -117,12 +117,35 @@ macro_rules! embedded_queue {
                     return Ok(false);
                 };
                 self.inner
-                    .grouped(move |txn| Embedded::replay(txn, id))
+                    .grouped(move |txn| Embedded::replay(txn, id, None))
                     .await
             }
 
             async fn replay_all(&self) -> Result<usize, QueueError> {
                 self.inner.grouped(Embedded::replay_all).await
+            }
+
+            async fn replay_with(
+                &self,
+                id: &EntryId,
+                reseal: &$crate::Reseal,
+            ) -> Result<bool, QueueError> {
+                let Some(letter) = <Self as $crate::Queue>::find_dead(self, id).await? else {
+                    return Ok(false);
+                };
+                let Ok(id) = id.as_str().parse::<u64>() else {
+                    return Ok(false);
+                };
+                // A letter's record never changes: what was read is what
+                // the replay removes.
+                let message = reseal(&letter.message);
+                self.inner
+                    .grouped(move |txn| Embedded::replay(txn, id, message.clone()))
+                    .await
+            }
+
+            async fn replay_all_with(&self, reseal: &$crate::Reseal) -> Result<usize, QueueError> {
+                $crate::seal::replay_each(self, reseal).await
             }
 
             async fn stats(&self) -> Result<QueueStats, QueueError> {

@@ -17,7 +17,7 @@
 
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueStats, SharedPacing,
+    QueueStats, Reseal, SharedPacing,
 };
 use ::either::Either;
 use std::time::Duration;
@@ -96,6 +96,14 @@ impl<A: Queue, B: Queue> Queue for Either<A, B> {
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
         both!(self, q => q.replay_all())
+    }
+
+    async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
+        both!(self, q => q.replay_with(id, reseal))
+    }
+
+    async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
+        both!(self, q => q.replay_all_with(reseal))
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {

@@ -129,7 +129,9 @@ pub use park::Park;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_streams::RedisStreamsQueue;
-pub use seal::{QueueKey, Sealed, MIN_SECRET_LEN, UNAUTHENTICATED};
+pub use seal::{
+    QueueKey, Reseal, Sealed, DEFAULT_MAX_AGE, EXPIRED, MIN_SECRET_LEN, UNAUTHENTICATED,
+};
 pub use settle::WorkerRound;
 pub use worker::Worker;
 
@@ -469,6 +471,36 @@ pub trait Queue: Clone + Send + Sync + 'static {
 
     /// Replays every dead letter; returns how many.
     fn replay_all(&self) -> impl Future<Output = Result<usize, QueueError>> + Send;
+
+    /// [`replay`](Self::replay), the letter's message queued as `reseal`
+    /// makes it (`None`: as it is): a [`Sealed`] queue replays through it
+    /// with a fresh seal. Defaults to an error: a queue that cannot say
+    /// so.
+    fn replay_with(
+        &self,
+        id: &EntryId,
+        reseal: &Reseal,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        let _ = (id, reseal);
+        std::future::ready(Err(QueueError::new(
+            QueueErrorKind::Unsupported,
+            "this queue cannot replay a dead letter with a fresh seal",
+        )))
+    }
+
+    /// [`replay_all`](Self::replay_all), each message queued as `reseal`
+    /// makes it (see [`replay_with`](Self::replay_with)). Defaults to an
+    /// error.
+    fn replay_all_with(
+        &self,
+        reseal: &Reseal,
+    ) -> impl Future<Output = Result<usize, QueueError>> + Send {
+        let _ = reseal;
+        std::future::ready(Err(QueueError::new(
+            QueueErrorKind::Unsupported,
+            "this queue cannot replay dead letters with a fresh seal",
+        )))
+    }
 
     /// Depth, age of the oldest entry, dead letters.
     fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send;

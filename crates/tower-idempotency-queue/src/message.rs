@@ -64,6 +64,9 @@ pub struct Message {
     pub body: Bytes,
     /// The MAC a [`Sealed`](crate::Sealed) queue wrote, when it was sealed.
     pub(crate) mac: Option<[u8; 32]>,
+    /// When it was sealed (ms since the Unix epoch), covered by the MAC;
+    /// `None` in an entry sealed by an earlier version.
+    pub(crate) sealed_at: Option<u64>,
 }
 
 impl Message {
@@ -78,6 +81,7 @@ impl Message {
             headers: HeaderMap::new(),
             body: body.into(),
             mac: None,
+            sealed_at: None,
         }
     }
 
@@ -97,6 +101,7 @@ impl Message {
             headers: parts.headers,
             body,
             mac: None,
+            sealed_at: None,
         }
     }
 
@@ -127,19 +132,28 @@ impl Message {
     }
 
     /// The encoded form: unsealed, [`encode_plain`](Self::encode_plain)'s;
-    /// sealed, version 2, the MAC, then those bytes.
+    /// sealed, version 3, the MAC, when it was sealed (ms, little-endian
+    /// u64), then those bytes (version 2, written by earlier versions: the
+    /// MAC, then those bytes).
     pub(crate) fn encode(&self) -> Vec<u8> {
-        match &self.mac {
-            None => self.encode_plain(),
-            Some(mac) => {
-                let plain = self.encode_plain();
-                let mut out = Vec::with_capacity(1 + mac.len() + plain.len());
+        let Some(mac) = &self.mac else {
+            return self.encode_plain();
+        };
+        let plain = self.encode_plain();
+        let mut out = Vec::with_capacity(1 + mac.len() + 8 + plain.len());
+        match self.sealed_at {
+            Some(at) => {
+                out.push(3);
+                out.extend_from_slice(mac);
+                out.extend_from_slice(&at.to_le_bytes());
+            }
+            None => {
                 out.push(2);
                 out.extend_from_slice(mac);
-                out.extend_from_slice(&plain);
-                out
             }
         }
+        out.extend_from_slice(&plain);
+        out
     }
 
     /// The encoded form without a MAC (what the MAC covers): version 1,
@@ -170,13 +184,26 @@ impl Message {
     }
 
     /// Reads [`encode`](Self::encode)'s bytes; `None` if they are not that.
-    pub(crate) fn decode(mut b: &[u8]) -> Option<Self> {
+    pub(crate) fn decode(b: &[u8]) -> Option<Self> {
         if b.first() == Some(&2) {
             let mac: [u8; 32] = b.get(1..33)?.try_into().ok()?;
-            let mut message = Self::decode(&b[33..])?;
+            let mut message = Self::decode_plain(&b[33..])?;
             message.mac = Some(mac);
             return Some(message);
         }
+        if b.first() == Some(&3) {
+            let mac: [u8; 32] = b.get(1..33)?.try_into().ok()?;
+            let at = u64::from_le_bytes(b.get(33..41)?.try_into().ok()?);
+            let mut message = Self::decode_plain(&b[41..])?;
+            message.mac = Some(mac);
+            message.sealed_at = Some(at);
+            return Some(message);
+        }
+        Self::decode_plain(b)
+    }
+
+    /// Reads [`encode_plain`](Self::encode_plain)'s bytes.
+    fn decode_plain(mut b: &[u8]) -> Option<Self> {
         if take_u8(&mut b)? != 1 {
             return None;
         }
@@ -206,6 +233,7 @@ impl Message {
             headers,
             body,
             mac: None,
+            sealed_at: None,
         })
     }
 }

@@ -139,10 +139,13 @@ pub(super) static DEAD: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Parks an entry this consumer holds: out of the stream, into the hash of
-/// its prefix (fields `ID:m`, `ID:a`, `ID:t`, `ID:h`), the prefix in the set
-/// of parked prefixes, the parked count up by one. KEYS: the stream, the
-/// prefix's hash, the set, the count; ARGV: group, consumer, id, message,
-/// attempts, enqueued, history, prefix.
+/// its prefix (fields `ID:m`, `ID:a`, `ID:t`, `ID:h`) and the prefix's
+/// order (a sorted set: score the id's milliseconds, member the id's
+/// sequence zero-padded, `|`, the id, so that it sorts as the stream
+/// does), the prefix in the set of parked prefixes, the parked count up by
+/// one. KEYS: the stream, the prefix's hash, the set, the count, the
+/// prefix's order; ARGV: group, consumer, id, message, attempts, enqueued,
+/// history, prefix.
 pub(super) static PARK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{OWNED}
@@ -150,54 +153,76 @@ pub(super) static PARK: LazyLock<Script> = LazyLock::new(|| {
          redis.call('XDEL', KEYS[1], ARGV[3])
          local k = ARGV[3]
          redis.call('HSET', KEYS[2], k .. ':m', ARGV[4], k .. ':a', ARGV[5], k .. ':t', ARGV[6], k .. ':h', ARGV[7])
+         local ms, seq = string.match(k, '^(%d+)-(%d+)$')
+         redis.call('ZADD', KEYS[5], tonumber(ms or '0'), string.format('%020d', tonumber(seq or '0')) .. '|' .. k)
          redis.call('SADD', KEYS[3], ARGV[8])
          redis.call('INCR', KEYS[4])
          return 1"
     ))
 });
 
-/// Wakes every entry parked under a prefix: each back into the stream (in
-/// the order they were first added), the hash and the prefix gone, the
-/// count down. One script: two instances waking at once move each entry
-/// once. KEYS: the stream, the prefix's hash, the set, the count; ARGV: the
-/// prefix. How many.
+/// Wakes at most ARGV[2] of the entries parked under a prefix, the first in
+/// its order: each back into the stream, out of the hash and the order, the
+/// count down; the prefix leaves the set once nothing of it is parked. One
+/// script per step: two instances waking at once move each entry once, and
+/// Redis answers others between steps. Entries parked before the order was
+/// kept (none in it, some in the hash) are woken all in one step, sorted by
+/// id. KEYS: the stream, the prefix's hash, the set, the count, the
+/// prefix's order; ARGV: the prefix, the most to wake. How many woken, and
+/// 1 while some are left (else 0).
 pub(super) static WAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        "local all = redis.call('HGETALL', KEYS[2])
-         local by = {}
-         local ids = {}
-         for i = 1, #all, 2 do
-           local id, field = string.match(all[i], '^(.*):(%a)$')
-           if id then
-             if not by[id] then by[id] = {}; table.insert(ids, id) end
-             by[id][field] = all[i + 1]
-           end
-         end
-         local function parts(id)
-           local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-           return tonumber(ms or '0'), tonumber(seq or '0')
-         end
-         table.sort(ids, function(a, b)
-           local am, as = parts(a)
-           local bm, bs = parts(b)
-           if am == bm then return as < bs end
-           return am < bm
-         end)
-         local n = 0
-         for _, id in ipairs(ids) do
-           local e = by[id]
-           if e['m'] then
-             redis.call('XADD', KEYS[1], '*', 'm', e['m'], 'a', e['a'] or '0', 't', e['t'] or '0', 'h', e['h'] or '')
+        "local n = 0
+         local function back(id, e)
+           if e[1] then
+             redis.call('XADD', KEYS[1], '*', 'm', e[1], 'a', e[2] or '0', 't', e[3] or '0', 'h', e[4] or '')
              n = n + 1
            end
          end
-         redis.call('DEL', KEYS[2])
-         redis.call('SREM', KEYS[3], ARGV[1])
+         local members = redis.call('ZRANGE', KEYS[5], 0, tonumber(ARGV[2]) - 1)
+         if #members > 0 then
+           for _, member in ipairs(members) do
+             local id = string.match(member, '|(.*)$')
+             local f = {id .. ':m', id .. ':a', id .. ':t', id .. ':h'}
+             back(id, redis.call('HMGET', KEYS[2], f[1], f[2], f[3], f[4]))
+             redis.call('HDEL', KEYS[2], f[1], f[2], f[3], f[4])
+           end
+           redis.call('ZREM', KEYS[5], unpack(members))
+         else
+           local all = redis.call('HGETALL', KEYS[2])
+           local by, ids = {}, {}
+           for i = 1, #all, 2 do
+             local id, field = string.match(all[i], '^(.*):(%a)$')
+             if id then
+               if not by[id] then by[id] = {}; table.insert(ids, id) end
+               by[id][field] = all[i + 1]
+             end
+           end
+           local function parts(id)
+             local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+             return tonumber(ms or '0'), tonumber(seq or '0')
+           end
+           table.sort(ids, function(a, b)
+             local am, as = parts(a)
+             local bm, bs = parts(b)
+             if am == bm then return as < bs end
+             return am < bm
+           end)
+           for _, id in ipairs(ids) do
+             local e = by[id]
+             back(id, {e['m'], e['a'], e['t'], e['h']})
+           end
+           redis.call('DEL', KEYS[2])
+         end
          if n > 0 then
            local left = redis.call('DECRBY', KEYS[4], n)
            if left <= 0 then redis.call('DEL', KEYS[4]) end
          end
-         return n",
+         if redis.call('ZCARD', KEYS[5]) > 0 or redis.call('EXISTS', KEYS[2]) == 1 then
+           return {n, 1}
+         end
+         redis.call('SREM', KEYS[3], ARGV[1])
+         return {n, 0}",
     )
 });
 
@@ -225,13 +250,19 @@ pub(super) static DELETE_DEAD: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// Moves a dead letter back into the stream, its attempts reset. KEYS:
+/// the dead-letter stream, the stream; ARGV: the letter's id, now (ms),
+/// the message to queue in its place (empty: its own). 1, or 0 if there
+/// was none.
 pub(super) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
          if #e == 0 then return 0 end
          local f = {}
          for i = 1, #e[1][2], 2 do f[e[1][2][i]] = e[1][2][i + 1] end
-         redis.call('XADD', KEYS[2], '*', 'm', f['m'], 'a', '0', 't', ARGV[2])
+         local m = f['m']
+         if ARGV[3] ~= '' then m = ARGV[3] end
+         redis.call('XADD', KEYS[2], '*', 'm', m, 'a', '0', 't', ARGV[2])
          redis.call('XDEL', KEYS[1], ARGV[1])
          return 1",
     )

@@ -8,7 +8,7 @@ use super::redis_scripts::{
 };
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
-    QueueErrorKind, QueueStats, SharedPacing,
+    QueueErrorKind, QueueStats, Reseal, SharedPacing,
 };
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{IntoConnectionInfo, Value};
@@ -74,6 +74,10 @@ impl<C> fmt::Debug for RedisStreamsQueue<C> {
 }
 
 const GROUP: &str = "workers";
+
+/// The most parked entries one script wakes: a few milliseconds of
+/// Redis's time.
+const WAKE_STEP: usize = 256;
 
 /// How long [`RedisStreamsQueue::replicas`] waits for the replicas (`WAIT`
 /// blocks the connection it runs on: kept short).
@@ -165,6 +169,21 @@ where
         self
     }
 
+    /// Moves the dead letter `id` back into the stream, as `message` (its
+    /// own bytes when empty).
+    async fn replay_as(&self, id: &EntryId, message: Vec<u8>) -> Result<bool, QueueError> {
+        let got: i64 = REPLAY
+            .key(self.key("d"))
+            .key(self.key("s"))
+            .arg(id.as_str())
+            .arg(now_ms())
+            .arg(message)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(got == 1)
+    }
+
     fn key(&self, part: &str) -> String {
         format!("{{{}}}:{part}", self.name)
     }
@@ -172,6 +191,11 @@ where
     /// The hash of the entries parked under `prefix`.
     fn parked_under(&self, prefix: &str) -> String {
         format!("{{{}}}:park:{prefix}", self.name)
+    }
+
+    /// The order of the entries parked under `prefix` (a sorted set).
+    fn parked_order(&self, prefix: &str) -> String {
+        format!("{{{}}}:parko:{prefix}", self.name)
     }
 
     fn marker(&self, key: &str) -> String {
@@ -464,28 +488,28 @@ where
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-        let got: i64 = REPLAY
-            .key(self.key("d"))
-            .key(self.key("s"))
-            .arg(id.as_str())
-            .arg(now_ms())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(got == 1)
+        self.replay_as(id, Vec::new()).await
     }
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
-        let mut n = 0;
-        loop {
-            let batch = self.dead_letters(256).await?;
-            if batch.is_empty() {
-                return Ok(n);
-            }
-            for letter in batch {
-                n += usize::from(self.replay(&letter.id).await?);
-            }
+        crate::seal::replay_each(self, &|_| None).await
+    }
+
+    async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
+        if !is_stream_id(id.as_str()) {
+            return Ok(false);
         }
+        // A letter's row never changes: what was read is what the script
+        // moves.
+        let letter = self.find_dead(id).await?;
+        let resealed = (letter.and_then(|l| reseal(&l.message)))
+            .map(|m| m.encode())
+            .unwrap_or_default();
+        self.replay_as(id, resealed).await
+    }
+
+    async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
+        crate::seal::replay_each(self, reseal).await
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {
@@ -769,6 +793,7 @@ where
             .key(self.parked_under(prefix))
             .key(self.key("parked-prefixes"))
             .key(self.key("parked"))
+            .key(self.parked_order(prefix))
             .arg(GROUP)
             .arg(&*self.consumer)
             .arg(delivery.id.as_str())
@@ -783,17 +808,27 @@ where
         Ok(Some(got == 1))
     }
 
+    /// Wakes the entries parked under `prefix` in steps of at most
+    /// `WAKE_STEP`, so that Redis answers other clients in between.
     async fn wake(&self, prefix: &str) -> Result<u64, QueueError> {
-        let n: u64 = WAKE
-            .key(self.key("s"))
-            .key(self.parked_under(prefix))
-            .key(self.key("parked-prefixes"))
-            .key(self.key("parked"))
-            .arg(prefix)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(err)?;
-        Ok(n)
+        let mut woken = 0;
+        loop {
+            let (n, more): (u64, u8) = WAKE
+                .key(self.key("s"))
+                .key(self.parked_under(prefix))
+                .key(self.key("parked-prefixes"))
+                .key(self.key("parked"))
+                .key(self.parked_order(prefix))
+                .arg(prefix)
+                .arg(WAKE_STEP)
+                .invoke_async(&mut self.conn.clone())
+                .await
+                .map_err(err)?;
+            woken += n;
+            if more == 0 {
+                return Ok(woken);
+            }
+        }
     }
 
     async fn parked(&self) -> Result<Vec<String>, QueueError> {

@@ -9,7 +9,11 @@
 //! only entries whose MAC holds: any other is moved to the dead letters
 //! with the error [`UNAUTHENTICATED`], counted in
 //! `idempotency_queue_unauthenticated_total{queue}` (feature `metrics`),
-//! and never delivered.
+//! and never delivered. The MAC covers when the entry was sealed too: one
+//! sealed longer ago than the queue's [max age](Sealed::max_age) (a copy
+//! of a delivered entry written back into the queue, once its key is
+//! forgotten) is moved to the dead letters with the error [`EXPIRED`],
+//! and replaying it seals it afresh.
 
 use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
@@ -20,16 +24,33 @@ use std::fmt;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The error of a dead letter whose MAC did not hold (or that had none).
 pub const UNAUTHENTICATED: &str = "unauthenticated";
 
+/// The error of a dead letter sealed longer ago than the queue's
+/// [max age](Sealed::max_age) (or sealed by an earlier version, with no
+/// time): replay it to have it delivered.
+pub const EXPIRED: &str = "expired";
+
 /// The fewest bytes a shared secret may have.
 pub const MIN_SECRET_LEN: usize = 32;
 
-/// What the MAC covers first: entries of this format only.
+/// How long a sealed entry may wait for its delivery by default: the
+/// 25 hours a queue remembers a delivered key by default.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(25 * 3600);
+
+/// What a replay queues in place of a dead letter's message (`None`: the
+/// message as it is); see [`Queue::replay_with`].
+pub type Reseal = dyn Fn(&Message) -> Option<Message> + Send + Sync;
+
+/// What the MAC covers first: entries sealed by earlier versions (no
+/// time).
 const CONTEXT: &[u8] = b"tower-idempotency-queue entry\0";
+
+/// What the MAC covers first: entries with the time they were sealed.
+const CONTEXT_TIMED: &[u8] = b"tower-idempotency-queue entry sealed at\0";
 
 /// The key the instances of one queue share to seal its entries.
 #[derive(Clone)]
@@ -89,12 +110,25 @@ impl QueueKey {
         Self::from_file(path)
     }
 
-    /// The MAC of `message` as it stands.
+    /// What the MAC of `message` covers: its time, when it has one, and
+    /// its plain encoding.
+    fn signed(message: &Message) -> Vec<u8> {
+        let plain = message.encode_plain();
+        let mut signed = Vec::with_capacity(CONTEXT_TIMED.len() + 8 + plain.len());
+        match message.sealed_at {
+            Some(at) => {
+                signed.extend_from_slice(CONTEXT_TIMED);
+                signed.extend_from_slice(&at.to_le_bytes());
+            }
+            None => signed.extend_from_slice(CONTEXT),
+        }
+        signed.extend_from_slice(&plain);
+        signed
+    }
+
+    /// The MAC of `message` as it stands (with its time, if it has one).
     fn sign(&self, message: &Message) -> [u8; 32] {
-        let mut ctx = hmac::Context::with_key(&self.0);
-        ctx.update(CONTEXT);
-        ctx.update(&message.encode_plain());
-        let tag = ctx.sign();
+        let tag = hmac::sign(&self.0, &Self::signed(message));
         let mut out = [0u8; 32];
         out.copy_from_slice(tag.as_ref());
         out
@@ -102,10 +136,52 @@ impl QueueKey {
 
     /// Whether `mac` is the MAC of `message` (in constant time).
     fn verify(&self, message: &Message, mac: &[u8; 32]) -> bool {
-        let mut signed = CONTEXT.to_vec();
-        signed.extend_from_slice(&message.encode_plain());
-        hmac::verify(&self.0, &signed, mac).is_ok()
+        hmac::verify(&self.0, &Self::signed(message), mac).is_ok()
     }
+
+    /// `message` sealed now: the time, and the MAC over it and the rest.
+    fn seal(&self, mut message: Message) -> Message {
+        message.mac = None;
+        message.sealed_at = Some(now_ms());
+        message.mac = Some(self.sign(&message));
+        message
+    }
+
+    /// `message` sealed afresh if its MAC holds (it was sealed under this
+    /// key, perhaps long ago); `None` otherwise: it is replayed as it is,
+    /// and checked again when fetched. What a replay of a sealed queue's
+    /// dead letter queues (see [`Queue::replay_with`]).
+    pub fn reseal(&self, message: &Message) -> Option<Message> {
+        let mac = message.mac.as_ref()?;
+        self.verify(message, mac)
+            .then(|| self.seal(message.clone()))
+    }
+}
+
+/// Replays every dead letter of `queue` with
+/// [`replay_with`](Queue::replay_with), a page at a time after the last
+/// one read (a letter that stays, claimed by a delete, is passed over);
+/// how many.
+pub(crate) async fn replay_each<Q: Queue>(queue: &Q, reseal: &Reseal) -> Result<usize, QueueError> {
+    let mut n = 0;
+    let mut after: Option<EntryId> = None;
+    loop {
+        let page = queue.dead_page(after.as_ref(), 256).await?;
+        let Some(last) = page.last() else {
+            return Ok(n);
+        };
+        after = Some(last.id.clone());
+        for letter in &page {
+            n += usize::from(queue.replay_with(&letter.id, reseal).await?);
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Creates `path` with `bytes`, readable and writable by its owner only;
@@ -131,8 +207,12 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// A queue whose entries are sealed with a [`QueueKey`] at ingest and
 /// checked when fetched: an entry whose MAC does not hold (forged, altered,
 /// or sealed under another key) is dead-lettered as [`UNAUTHENTICATED`] and
-/// not handed out. An entry with no MAC (queued by an earlier version) is
-/// handed out only with [`accept_unsigned`](Self::accept_unsigned) on.
+/// not handed out; one sealed longer ago than [`max_age`](Self::max_age) is
+/// dead-lettered as [`EXPIRED`]. An entry with no MAC, or sealed with no
+/// time (both queued by an earlier version), is handed out only with
+/// [`accept_unsigned`](Self::accept_unsigned) on. A replay seals a dead
+/// letter afresh when its MAC holds (an expired one is then delivered);
+/// one whose MAC does not hold is replayed as it is.
 ///
 /// ```
 /// use tower_idempotency_queue::{Ingested, MemoryQueue, Message, Queue, QueueKey, Sealed};
@@ -152,6 +232,7 @@ pub struct Sealed<Q> {
     inner: Q,
     key: QueueKey,
     accept_unsigned: bool,
+    max_age: Duration,
     name: Arc<str>,
 }
 
@@ -162,14 +243,26 @@ impl<Q: Queue> Sealed<Q> {
             inner,
             key,
             accept_unsigned: false,
+            max_age: DEFAULT_MAX_AGE,
             name: Arc::from(name),
         }
     }
 
+    /// How long after it was sealed an entry may still be delivered.
+    /// Defaults to [`DEFAULT_MAX_AGE`]. Give it the time the consumer in
+    /// front of the handler remembers a delivered key (the route's
+    /// window): an older entry could be a copy of one delivered and
+    /// forgotten, so it is dead-lettered as [`EXPIRED`] instead.
+    pub fn max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = max_age;
+        self
+    }
+
     /// Hands out entries with no MAC (queued by a version that did not seal
-    /// them), as before, while an upgrade drains them. Defaults to `false`:
-    /// they are dead-lettered as [`UNAUTHENTICATED`] (replay them once this
-    /// is on).
+    /// them) and entries sealed with no time (by a version that did not
+    /// time its seals), as before, while an upgrade drains them. Defaults
+    /// to `false`: they are dead-lettered as [`UNAUTHENTICATED`] (replay
+    /// them once this is on) and [`EXPIRED`] (a replay seals them afresh).
     pub fn accept_unsigned(mut self, accept: bool) -> Self {
         self.accept_unsigned = accept;
         self
@@ -180,12 +273,35 @@ impl<Q: Queue> Sealed<Q> {
         &self.inner
     }
 
-    /// Whether `message` may be delivered.
-    fn holds(&self, message: &Message) -> bool {
-        match &message.mac {
-            Some(mac) => self.key.verify(message, mac),
-            None => self.accept_unsigned,
+    /// The key it seals with.
+    pub fn key(&self) -> &QueueKey {
+        &self.key
+    }
+
+    /// Why `message` may not be delivered: `None` if it may.
+    fn refusal(&self, message: &Message) -> Option<&'static str> {
+        let Some(mac) = &message.mac else {
+            return (!self.accept_unsigned).then_some(UNAUTHENTICATED);
+        };
+        if !self.key.verify(message, mac) {
+            return Some(UNAUTHENTICATED);
         }
+        match message.sealed_at {
+            None => (!self.accept_unsigned).then_some(EXPIRED),
+            Some(at) => {
+                let age = Duration::from_millis(now_ms().saturating_sub(at));
+                (age > self.max_age).then_some(EXPIRED)
+            }
+        }
+    }
+
+    fn expired(&self, delivery: &Delivery) {
+        crate::log_warn!(
+            queue = %self.name,
+            entry = %delivery.id,
+            path = %delivery.message.uri.path(),
+            "queue entry sealed longer ago than the queue's max age (or with no time, by an earlier version): dead-lettered as `expired`, not delivered; replay it to deliver it"
+        );
     }
 
     fn refused(&self, delivery: &Delivery) {
@@ -226,6 +342,7 @@ impl<A: Queue, B: Queue> Sealed<::either::Either<A, B>> {
             inner,
             key,
             accept_unsigned,
+            max_age,
             name,
         } = self;
         match inner {
@@ -233,12 +350,14 @@ impl<A: Queue, B: Queue> Sealed<::either::Either<A, B>> {
                 inner,
                 key,
                 accept_unsigned,
+                max_age,
                 name,
             }),
             ::either::Either::Right(inner) => ::either::Either::Right(Sealed {
                 inner,
                 key,
                 accept_unsigned,
+                max_age,
                 name,
             }),
         }
@@ -268,27 +387,29 @@ impl<Q: super::Park> super::Park for Sealed<Q> {
 }
 
 impl<Q: Queue> Queue for Sealed<Q> {
-    async fn ingest(&self, mut message: Message) -> Result<Ingested, QueueError> {
-        message.mac = None;
-        message.mac = Some(self.key.sign(&message));
-        self.inner.ingest(message).await
+    async fn ingest(&self, message: Message) -> Result<Ingested, QueueError> {
+        self.inner.ingest(self.key.seal(message)).await
     }
 
     async fn fetch(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
         let mut got = self.inner.fetch(max, lease).await?;
         let mut refused = Vec::new();
-        got.retain(|d| {
-            let holds = self.holds(&d.message);
-            if !holds {
-                refused.push(d.clone());
+        got.retain(|d| match self.refusal(&d.message) {
+            None => true,
+            Some(why) => {
+                refused.push((d.clone(), why));
+                false
             }
-            holds
         });
-        for d in refused {
-            self.refused(&d);
-            if let Err(_e) = self.inner.dead_letter(&d, UNAUTHENTICATED).await {
+        for (d, why) in refused {
+            if why == EXPIRED {
+                self.expired(&d);
+            } else {
+                self.refused(&d);
+            }
+            if let Err(_e) = self.inner.dead_letter(&d, why).await {
                 // Its lease runs out and it is fetched, and checked, again.
-                crate::log_warn!(queue = %self.name, entry = %d.id, error = %_e, "cannot dead-letter an unauthenticated entry; it is checked again after its lease");
+                crate::log_warn!(queue = %self.name, entry = %d.id, error = %_e, "cannot dead-letter a refused entry; it is checked again after its lease");
             }
         }
         Ok(got)
@@ -361,12 +482,31 @@ impl<Q: Queue> Queue for Sealed<Q> {
         self.inner.delete_dead(id)
     }
 
-    fn replay(&self, id: &EntryId) -> impl Future<Output = Result<bool, QueueError>> + Send {
-        self.inner.replay(id)
+    /// Replays the dead letter `id` sealed afresh (when its MAC holds).
+    async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
+        let key = self.key.clone();
+        self.inner.replay_with(id, &move |m| key.reseal(m)).await
     }
 
-    fn replay_all(&self) -> impl Future<Output = Result<usize, QueueError>> + Send {
-        self.inner.replay_all()
+    /// Replays every dead letter, each sealed afresh (when its MAC holds).
+    async fn replay_all(&self) -> Result<usize, QueueError> {
+        let key = self.key.clone();
+        self.inner.replay_all_with(&move |m| key.reseal(m)).await
+    }
+
+    fn replay_with(
+        &self,
+        id: &EntryId,
+        reseal: &Reseal,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send {
+        self.inner.replay_with(id, reseal)
+    }
+
+    fn replay_all_with(
+        &self,
+        reseal: &Reseal,
+    ) -> impl Future<Output = Result<usize, QueueError>> + Send {
+        self.inner.replay_all_with(reseal)
     }
 
     fn stats(&self) -> impl Future<Output = Result<QueueStats, QueueError>> + Send {
@@ -495,6 +635,89 @@ mod tests {
             change(&mut changed);
             assert!(!key.verify(&changed, changed.mac.as_ref().unwrap()));
         }
+    }
+
+    #[test]
+    fn the_mac_covers_when_it_was_sealed() {
+        let key = QueueKey::new(&[1; 32]).unwrap();
+        let m = key.seal(message("paid 100"));
+        let back = Message::decode(&m.encode()).unwrap();
+        assert_eq!(back.sealed_at, m.sealed_at);
+        assert!(key.verify(&back, back.mac.as_ref().unwrap()));
+        let mut younger = back.clone();
+        younger.sealed_at = younger.sealed_at.map(|t| t + 3_600_000);
+        assert!(!key.verify(&younger, younger.mac.as_ref().unwrap()));
+        // Its MAC without a time (as an earlier version wrote) holds for
+        // no message with one, and the other way round.
+        let mut untimed = back.clone();
+        untimed.sealed_at = None;
+        assert!(!key.verify(&untimed, back.mac.as_ref().unwrap()));
+        untimed.mac = Some(key.sign(&untimed));
+        let mut timed = untimed.clone();
+        timed.sealed_at = Some(0);
+        assert!(!key.verify(&timed, untimed.mac.as_ref().unwrap()));
+    }
+
+    /// Expired (older than the max age) or sealed with no time: dead-lettered
+    /// as `expired`, never handed out; replayed, sealed afresh and handed
+    /// out. An unauthenticated letter replayed is still refused.
+    #[tokio::test]
+    async fn an_old_entry_is_expired_and_a_replay_seals_it_afresh() {
+        let inner = MemoryQueue::new();
+        let key = QueueKey::new(&[3; 32]).unwrap();
+        let queue = Sealed::new(inner.clone(), key.clone(), "q").max_age(Duration::from_secs(60));
+        let mut old = key.seal(Message::new("old", Fingerprint::of(b"o"), "o"));
+        old.sealed_at = Some(now_ms() - 61_000);
+        old.mac = Some(key.sign(&old));
+        inner.ingest(old).await.unwrap();
+        let mut untimed = Message::new("untimed", Fingerprint::of(b"t"), "t");
+        untimed.mac = Some(key.sign(&untimed));
+        inner.ingest(untimed).await.unwrap();
+        inner
+            .ingest(Message::new("unsigned", Fingerprint::of(b"u"), "u"))
+            .await
+            .unwrap();
+        queue.ingest(message("fresh")).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let got = queue.fetch(10, lease).await.unwrap();
+        let keys: Vec<&str> = got.iter().map(|d| d.message.key.as_str()).collect();
+        assert_eq!(keys, ["k"]);
+        let mut dead: Vec<(String, String)> = (queue.dead_letters(10).await.unwrap().into_iter())
+            .map(|d| (d.message.key, d.error))
+            .collect();
+        dead.sort_unstable();
+        let want = [
+            ("old", EXPIRED),
+            ("unsigned", UNAUTHENTICATED),
+            ("untimed", EXPIRED),
+        ];
+        assert_eq!(dead, want.map(|(k, e)| (k.to_owned(), e.to_owned())));
+        assert_eq!(queue.replay_all().await.unwrap(), 3);
+        let got = queue.fetch(10, lease).await.unwrap();
+        let mut keys: Vec<&str> = got.iter().map(|d| d.message.key.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["old", "untimed"]);
+        assert!(got.iter().all(|d| d.message.sealed_at.is_some()));
+        let dead = queue.dead_letters(10).await.unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            (dead[0].message.key.as_str(), dead[0].error.as_str()),
+            ("unsigned", UNAUTHENTICATED)
+        );
+    }
+
+    /// While unsigned entries are accepted (an upgrade draining), an entry
+    /// sealed with no time is handed out as before.
+    #[tokio::test]
+    async fn an_untimed_seal_is_handed_out_while_unsigned_ones_are_accepted() {
+        let inner = MemoryQueue::new();
+        let key = QueueKey::new(&[3; 32]).unwrap();
+        let queue = Sealed::new(inner.clone(), key.clone(), "q").accept_unsigned(true);
+        let mut untimed = Message::new("untimed", Fingerprint::of(b"t"), "t");
+        untimed.mac = Some(key.sign(&untimed));
+        inner.ingest(untimed).await.unwrap();
+        let got = queue.fetch(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(got.len(), 1);
     }
 
     #[test]

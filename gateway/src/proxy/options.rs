@@ -81,6 +81,11 @@ impl RouteOptions {
         self
     }
 
+    /// The route's own window, if it has one.
+    pub fn get_window(&self) -> Option<Duration> {
+        self.window
+    }
+
     /// The claim's lease. Defaults to [`IdempotencyLayer`]'s (30 seconds).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);

@@ -558,3 +558,117 @@ async fn the_queue_secret_from_the_config_file_or_the_environment() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Redis Streams with a shared secret and a 3 s window: a copy of a
+/// delivered entry written back into the stream once the window has passed
+/// never reaches the upstream (dead-lettered as `expired`); replayed
+/// through the admin API, it is sealed afresh and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_written_back_after_the_window_is_expired_redis_streams() {
+    use common::upstream::Replies;
+    let _beside = crate::gateway_support::beside_storms().await;
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let url = redis.url();
+    // Slow: the entry stays in the stream while it is delivered.
+    let up = Upstream::with(Replies::default().delay(Duration::from_millis(1500))).await;
+    let secret = secret_file();
+    let metrics = free_addr().to_string();
+    let token = crate::gateway_dead_api::token_file("expired-admin-token");
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            "--queue",
+            &url,
+            "--admin-token-file",
+            token.to_str().unwrap(),
+            "--queue-secret-file",
+            secret.to_str().unwrap(),
+            "--route",
+            "/wx=wechatpay-v3",
+            "--ack-then-deliver",
+            "/wx",
+            "--window",
+            "3s",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    let m: SocketAddr = metrics.parse().unwrap();
+    let headers = [("content-type", "application/json")];
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &headers,
+        wechat("EV-LATE-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS, "acknowledged");
+    let queued = Instant::now();
+    // What anyone who can read the stream sees of the entry.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut sealed = None;
+    while sealed.is_none() {
+        assert!(queued.elapsed() < Duration::from_secs(10), "no entry seen");
+        let rows: Vec<(String, std::collections::HashMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
+            .arg("{gateway}:s")
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        sealed = rows.into_iter().next().map(|(_, f)| f["m"].clone());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_until("the delivery", Duration::from_secs(30), || {
+        up.calls("/wx/notify") == 1
+    })
+    .await;
+    // Past the window, the copy is written back.
+    tokio::time::sleep(Duration::from_millis(3500).saturating_sub(queued.elapsed())).await;
+    let _: String = redis::cmd("XADD")
+        .arg("{gateway}:s")
+        .arg("*")
+        .arg("m")
+        .arg(sealed.unwrap())
+        .arg("a")
+        .arg(0)
+        .arg("t")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let queue = ["--queue", url.as_str()];
+    let mut listed = String::new();
+    wait_until("an expired dead letter", Duration::from_secs(30), || {
+        listed = dlq(&queue, &["list"]).1;
+        listed.contains("error=expired")
+    })
+    .await;
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(up.calls("/wx/notify"), 1, "the copy was delivered");
+    assert!(
+        gw.log().contains("dead-lettered as `expired`"),
+        "{}",
+        gw.log()
+    );
+    // Replayed by an operator: sealed afresh, delivered.
+    let id = listed.split('\t').next().unwrap();
+    let (status, json) =
+        crate::gateway_dead_api::admin_call(m, "POST", &format!("/admin/dead/{id}/replay")).await;
+    assert_eq!(status, 200, "{json}");
+    wait_until("the replayed delivery", Duration::from_secs(30), || {
+        up.calls("/wx/notify") == 2
+    })
+    .await;
+    assert_eq!(dlq(&queue, &["list"]).1.trim(), "");
+    drop(gw);
+    let _ = std::fs::remove_file(secret);
+    let _ = std::fs::remove_file(token);
+}

@@ -2,7 +2,7 @@
 //! without taking them, and replay moving them back into the queue.
 
 use super::super::attempts::{dead_letter, History};
-use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError};
+use super::super::{DeadLetter, Delivery, EntryId, Message, QueueError, Reseal};
 use super::connection::string;
 use super::entry::{
     header_text, header_u64, Envelope, ATTEMPTS_HEADER, DEAD_AT_HEADER, HISTORY_HEADER,
@@ -74,10 +74,12 @@ impl<S: Store> AmqpQueue<S> {
         )
     }
 
-    /// Moves the dead letters `pick` chooses back into the queue; how many.
+    /// Moves the dead letters `pick` chooses back into the queue (each
+    /// message as `reseal` makes it); how many.
     pub(super) async fn replay_where(
         &self,
         pick: impl Fn(&DeadLetter) -> bool,
+        reseal: &Reseal,
     ) -> Result<usize, QueueError> {
         let peeked = self.peek_dead(usize::MAX).await?;
         let mut n = 0;
@@ -95,8 +97,9 @@ impl<S: Store> AmqpQueue<S> {
                     dead_at: None,
                     history: None,
                 };
-                self.publish("", &self.inner.name, &letter.message, env)
-                    .await?;
+                let message = reseal(&letter.message);
+                let message = message.as_ref().unwrap_or(&letter.message);
+                self.publish("", &self.inner.name, message, env).await?;
                 self.settled(peeked.generation, d.acker.ack(BasicAckOptions::default()))
                     .await?;
                 self.set_state(&letter.message.key, letter.message.fingerprint, QUEUED)

@@ -24,7 +24,7 @@ use self::records::DELIVERED;
 use super::attempts::History;
 use super::{
     DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
-    QueueStats, SharedPacing,
+    QueueStats, Reseal, SharedPacing,
 };
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
@@ -526,11 +526,19 @@ impl<S: Store> Queue for AmqpQueue<S> {
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-        Ok(self.replay_where(|d| &d.id == id).await? > 0)
+        Ok(self.replay_where(|d| &d.id == id, &|_| None).await? > 0)
     }
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
-        self.replay_where(|_| true).await
+        self.replay_where(|_| true, &|_| None).await
+    }
+
+    async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
+        Ok(self.replay_where(|d| &d.id == id, reseal).await? > 0)
+    }
+
+    async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
+        self.replay_where(|_| true, reseal).await
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {

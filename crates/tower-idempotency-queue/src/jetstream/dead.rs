@@ -3,10 +3,11 @@
 
 use super::markers::DEAD;
 use super::{err, hashed, header_text, header_u64, ms_of, now_ms, one_line, time_of};
-use super::{DeadLetter, Delivery, EntryId, JetStreamQueue, Message, QueueError};
+use super::{DeadLetter, Delivery, EntryId, JetStreamQueue, Message, QueueError, Reseal};
 use super::{H_BASE, H_DEAD_AT, H_ERROR, H_HISTORY, H_MARKER};
 use crate::attempts::{dead_letter, History};
-use async_nats::jetstream::{stream, AckKind};
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::{kv, stream, AckKind};
 use async_nats::HeaderValue;
 use std::time::SystemTime;
 
@@ -114,54 +115,64 @@ impl JetStreamQueue {
         let Ok(seq) = id.as_str().parse::<u64>() else {
             return Ok(None);
         };
-        match self.inner.dead.get_raw_message(seq).await {
-            Ok(m) => Ok(Some(letter_of(&m))),
-            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(err(e)),
-        }
+        Ok(self.dead_message(seq).await?.as_ref().map(letter_of))
     }
 
     /// Deletes the dead letter `id` and its key's marker (while it says
-    /// dead-lettered): a later copy is queued again.
+    /// dead-lettered): a later copy is queued again. `None` when there is
+    /// no such letter, or a replay has it.
     pub(super) async fn delete_letter(
         &self,
         id: &EntryId,
     ) -> Result<Option<DeadLetter>, QueueError> {
-        let Some(letter) = self.find_letter(id).await? else {
-            return Ok(None);
-        };
         let Ok(seq) = id.as_str().parse::<u64>() else {
             return Ok(None);
         };
+        let Some(m) = self.dead_message(seq).await? else {
+            return Ok(None);
+        };
+        if !self.claim(&m, CLAIM_DELETE).await? {
+            return Ok(None);
+        }
         match self.inner.dead.delete_message(seq).await {
             Ok(true) => {}
-            // Replayed or deleted meanwhile by another call.
+            // Deleted meanwhile by another delete.
             Ok(false) | Err(_) => return Ok(None),
         }
+        let letter = letter_of(&m);
         self.forget_dead_marker(&hashed(&letter.message.key))
             .await?;
         Ok(Some(letter))
     }
 
-    pub(super) async fn replay_letter(&self, id: &EntryId) -> Result<bool, QueueError> {
+    /// Publishes the dead letter `id` back into the queue, then deletes it.
+    /// `false` when there is no such letter, or a delete has it.
+    pub(super) async fn replay_letter(
+        &self,
+        id: &EntryId,
+        reseal: &Reseal,
+    ) -> Result<bool, QueueError> {
         let Ok(seq) = id.as_str().parse::<u64>() else {
             return Ok(false);
         };
-        let m = match self.inner.dead.get_raw_message(seq).await {
-            Ok(m) => m,
-            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => return Ok(false),
-            Err(e) => return Err(err(e)),
+        let Some(m) = self.dead_message(seq).await? else {
+            return Ok(false);
         };
+        if !self.claim(&m, CLAIM_REPLAY).await? {
+            return Ok(false);
+        }
+        // A failure from here on leaves the letter (and the claim): the
+        // next replay of it finishes, under the same message id.
         let marker = header_text(Some(&m.headers), H_MARKER);
         let h = Self::entry_headers(&marker, now_ms(), 0);
-        self.publish(
-            &self.inner.subject,
-            &format!("r-{seq}"),
-            h,
-            m.payload.to_vec(),
-        )
-        .await?;
-        if let Some(message) = Message::decode(&m.payload) {
+        let message = Message::decode(&m.payload);
+        let payload = match message.as_ref().and_then(reseal) {
+            Some(resealed) => resealed.encode(),
+            None => m.payload.to_vec(),
+        };
+        self.publish(&self.inner.subject, &format!("r-{seq}"), h, payload)
+            .await?;
+        if let Some(message) = message {
             self.mark_replayed(&marker, &message).await?;
         }
         match self.inner.dead.delete_message(seq).await {
@@ -172,22 +183,41 @@ impl JetStreamQueue {
         }
     }
 
-    pub(super) async fn replay_every(&self) -> Result<usize, QueueError> {
-        let mut n = 0;
-        loop {
-            let batch = self.list_dead(256).await?;
-            if batch.is_empty() {
-                return Ok(n);
+    /// The message of the dead-letter stream at `seq`, if there is one.
+    async fn dead_message(&self, seq: u64) -> Result<Option<StreamMessage>, QueueError> {
+        match self.inner.dead.get_raw_message(seq).await {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// Claims the dead letter `m` for a replay or a delete, with one
+    /// create-only write to the `KEYS` bucket: whichever comes first has it
+    /// for good, and the other is refused (`false`). A claim is never given
+    /// back: a call of the same kind that was cut short (a failed publish,
+    /// a process that died) is finished by the next one.
+    async fn claim(&self, m: &StreamMessage, kind: u8) -> Result<bool, QueueError> {
+        // The time it was stored too: the sequences of a dead-letter
+        // stream made again start over.
+        let key = format!("dead-{}-{}", m.sequence, m.time.unix_timestamp_nanos());
+        match self.inner.keys.create(&key, vec![kind].into()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                let held = self.inner.keys.get(&key).await.map_err(err)?;
+                Ok(held.is_some_and(|v| v.first() == Some(&kind)))
             }
-            for letter in batch {
-                n += usize::from(self.replay_letter(&letter.id).await?);
-            }
+            Err(e) => Err(err(e)),
         }
     }
 }
 
+/// What a dead letter's claim says has it.
+const CLAIM_REPLAY: u8 = b'r';
+const CLAIM_DELETE: u8 = b'd';
+
 /// A message of the dead-letter stream as a dead letter.
-fn letter_of(m: &async_nats::jetstream::message::StreamMessage) -> DeadLetter {
+fn letter_of(m: &StreamMessage) -> DeadLetter {
     let headers = Some(&m.headers);
     let id = m.sequence.to_string();
     let history = header_text(headers, H_HISTORY);

@@ -11,7 +11,7 @@ pub use connection::JetStreamQueueBuilder;
 use super::attempts::History;
 use super::{
     DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
-    QueueStats, SharedPacing,
+    QueueStats, Reseal, SharedPacing,
 };
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
@@ -70,6 +70,11 @@ const H_DEAD_AT: &str = "Idem-Dead-At";
 ///   headers;
 ///   [`replay`](Queue::replay) publishes one back into the queue and then
 ///   deletes it from the dead letters;
+///   [`replay`](Queue::replay) and [`delete_dead`](Queue::delete_dead)
+///   first claim the letter with a create-only write to the `KEYS`
+///   bucket (`dead-SEQ-TIME`), so that a letter is replayed or deleted,
+///   never both: whichever claims it first has it, the other finds no such
+///   letter;
 /// - the key-value bucket `IDEM_gw_KEYS` holds one marker per key (a hash
 ///   of it): its fingerprint and whether its entry is being queued, queued,
 ///   dead-lettered or delivered. Markers expire one window after their last
@@ -107,6 +112,9 @@ const H_DEAD_AT: &str = "Idem-Dead-At";
 /// terminated or deleted, each under a message id derived from the
 /// original's sequence, so a repeated move is one message. A replay is
 /// counted once: only the call that deleted the dead letter returns `true`.
+/// A replay or a delete that was cut short (a failed publish, a process that
+/// died) keeps its claim and leaves the letter: the next call of the same
+/// kind finishes it, and a call of the other kind finds no such letter.
 /// A replay marks its key queued with a compare-and-set over the
 /// dead-lettered marker only: a worker that delivered the replayed entry
 /// first (and marked the key delivered) is never written over.
@@ -446,11 +454,19 @@ impl Queue for JetStreamQueue {
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-        self.replay_letter(id).await
+        self.replay_letter(id, &|_| None).await
     }
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
-        self.replay_every().await
+        crate::seal::replay_each(self, &|_| None).await
+    }
+
+    async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
+        self.replay_letter(id, reseal).await
+    }
+
+    async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
+        crate::seal::replay_each(self, reseal).await
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {

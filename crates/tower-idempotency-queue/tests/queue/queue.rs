@@ -254,6 +254,67 @@ mod cases {
         assert!(queue.dead_letters(100).await.unwrap().is_empty());
     }
 
+    /// A replay and a delete of one dead letter, raced: exactly one of them
+    /// has it, and its notification is delivered if and only if the replay
+    /// had it (a deleted letter is never delivered; a replayed one is never
+    /// lost).
+    pub(super) async fn a_raced_replay_and_delete_have_the_letter_once<Q: Queue>(queue: Q) {
+        const N: usize = 40;
+        for i in 0..N {
+            queue.ingest(notification(i)).await.unwrap();
+        }
+        let upstream = Upstream::default();
+        upstream.down.store(true, Ordering::SeqCst);
+        let mut worker = Worker::new(queue.clone(), upstream.handler())
+            .max_attempts(1)
+            .backoff(Duration::from_millis(1), Duration::from_millis(5));
+        drain(&mut worker).await;
+        let dead = queue.dead_letters(N + 1).await.unwrap();
+        assert_eq!(dead.len(), N);
+        let mut replayed = std::collections::HashSet::new();
+        for (n, letter) in dead.iter().enumerate() {
+            let start = Arc::new(tokio::sync::Barrier::new(2));
+            let (q, id, go) = (queue.clone(), letter.id.clone(), start.clone());
+            let replay = tokio::spawn(async move {
+                go.wait().await;
+                q.replay(&id).await.unwrap()
+            });
+            let (q, id, go) = (queue.clone(), letter.id.clone(), start.clone());
+            let delete = tokio::spawn(async move {
+                go.wait().await;
+                // Half of the rounds give the delete a head start of a
+                // moment, so that both orders are met.
+                if n % 2 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                q.delete_dead(&id).await.unwrap()
+            });
+            let (replay, delete) = (replay.await.unwrap(), delete.await.unwrap());
+            assert!(
+                replay != delete.is_some(),
+                "letter {n}: replayed {replay}, deleted {}",
+                delete.is_some()
+            );
+            if replay {
+                replayed.insert(letter.message.key.clone());
+            }
+        }
+        assert!(queue.dead_letters(N + 1).await.unwrap().is_empty());
+        upstream.down.store(false, Ordering::SeqCst);
+        drain(&mut worker).await;
+        let runs = upstream.runs();
+        for letter in &dead {
+            let key = &letter.message.key;
+            let want = usize::from(replayed.contains(key));
+            assert_eq!(
+                runs.get(key).copied().unwrap_or(0),
+                want,
+                "{key}: replayed {}",
+                want == 1
+            );
+        }
+    }
+
     /// Forget lets a delivered key be queued and delivered again; a key
     /// still queued or dead-lettered is refused, and stays a duplicate.
     pub(super) async fn forget_lets_a_delivered_key_run_again<Q: Queue>(queue: Q) {
@@ -323,6 +384,7 @@ queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 queue_tests!(redb_queue, {
@@ -333,6 +395,7 @@ queue_tests!(redb_queue, {
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on Redis Streams yet (see its docs).
@@ -340,6 +403,7 @@ queue_tests!(redis_streams_queue, redis_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on RabbitMQ either (see its docs).
@@ -347,6 +411,7 @@ queue_tests!(amqp_queue, amqp_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 
@@ -973,6 +1038,7 @@ queue_tests!(jetstream_queue, jetstream_queue().await;
     seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
+    a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_run_again,
 );
 
@@ -1459,4 +1525,193 @@ async fn redis_parked_entries_woken_from_two_instances_come_back_once() {
     }
     assert_eq!(keys.len(), N);
     assert_eq!(a.stats().await.unwrap().depth, 0);
+}
+
+/// Redis Streams: a large parked backlog is woken in bounded steps, each
+/// entry once and in the order it was queued, and Redis answers other
+/// clients while it is woken (another client sees the stream grow part of
+/// the way, not all at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_parked_backlog_is_woken_in_steps_in_order() {
+    use tower_idempotency_queue::Park;
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    const N: usize = 4000;
+    let body = "x".repeat(1500);
+    for i in 0..N {
+        let key = format!("backlog-{i:05}");
+        let m = Message::new(&key, Fingerprint::of(key.as_bytes()), body.clone());
+        assert!(matches!(
+            queue.ingest(m).await.unwrap(),
+            Ingested::Queued(_)
+        ));
+    }
+    let lease = Duration::from_secs(30);
+    let mut parked = 0;
+    while parked < N {
+        let taken = queue.fetch(200, lease).await.unwrap();
+        assert!(!taken.is_empty());
+        for d in taken {
+            assert_eq!(queue.park(&d, "/wx").await.unwrap(), Some(true));
+            parked += 1;
+        }
+    }
+    // Another client watches the stream's length while the backlog wakes.
+    let stream = format!("{{{name}}}:s");
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let len: usize = redis::cmd("XLEN")
+                    .arg(&stream)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                seen.push(len);
+            }
+            seen
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let woken = queue.wake("/wx").await.unwrap();
+    done.store(true, Ordering::SeqCst);
+    let seen = watcher.await.unwrap();
+    assert_eq!(woken, N as u64);
+    assert!(
+        seen.iter().any(|&len| len > 0 && len < N),
+        "woken in one step: the watcher saw only {:?}",
+        seen.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(queue.parked().await.unwrap().is_empty());
+    assert_eq!(queue.wake("/wx").await.unwrap(), 0, "woken twice");
+    let mut keys = Vec::new();
+    while keys.len() < N {
+        let taken = queue.fetch(500, lease).await.unwrap();
+        assert!(!taken.is_empty(), "lost: {} of {N} came back", keys.len());
+        for d in taken {
+            assert_eq!(d.attempt, 1, "the parked attempt counted");
+            keys.push(d.message.key.clone());
+            assert!(queue.ack(&d).await.unwrap());
+        }
+    }
+    let want: Vec<String> = (0..N).map(|i| format!("backlog-{i:05}")).collect();
+    assert_eq!(keys, want, "out of order or twice");
+    assert_eq!(queue.stats().await.unwrap().depth, 0);
+}
+
+/// Redis Streams: entries parked by an earlier version (in the prefix's
+/// hash, with no order kept) are still woken, each once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_entries_parked_by_an_earlier_version_are_woken() {
+    use tower_idempotency_queue::Park;
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let key = format!("old-{i}");
+        let m = Message::new(&key, Fingerprint::of(key.as_bytes()), "{}");
+        queue.ingest(m).await.unwrap();
+    }
+    let lease = Duration::from_secs(30);
+    for d in queue.fetch(10, lease).await.unwrap() {
+        assert_eq!(queue.park(&d, "/old").await.unwrap(), Some(true));
+    }
+    // As an earlier version left them: no order.
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{{{name}}}:parko:/old"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queue.wake("/old").await.unwrap(), 5);
+    assert!(queue.parked().await.unwrap().is_empty());
+    assert_eq!(queue.wake("/old").await.unwrap(), 0, "woken twice");
+    let keys: Vec<String> = (queue.fetch(10, lease).await.unwrap().iter())
+        .map(|d| d.message.key.clone())
+        .collect();
+    let want: Vec<String> = (0..5).map(|i| format!("old-{i}")).collect();
+    assert_eq!(keys, want);
+}
+
+/// Redis Streams, sealed: a copy of a delivered entry written back into
+/// the stream once the queue's max age has passed reaches no upstream: it
+/// is dead-lettered as `expired`. Replayed, it is sealed afresh and
+/// delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_sealed_copy_written_back_late_is_expired_and_a_replay_delivers_it() {
+    use tower_idempotency_queue::{QueueKey, Sealed};
+    let Some((_, server)) = redis_queue().await else {
+        return;
+    };
+    let name = format!("case-{:x}", OwnerToken::new().as_u128());
+    let inner = RedisStreamsQueue::standalone(server.url().as_str(), &name)
+        .await
+        .unwrap();
+    let key = QueueKey::new(&[9; 32]).unwrap();
+    let queue = Sealed::new(inner, key, "q").max_age(Duration::from_secs(1));
+    assert!(matches!(
+        queue.ingest(notification(0)).await.unwrap(),
+        Ingested::Queued(_)
+    ));
+    // What anyone who can read the stream sees of the entry: its bytes.
+    let client = redis::Client::open(server.url().as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{{{name}}}:s");
+    let rows: Vec<(String, HashMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let sealed = rows[0].1["m"].clone();
+    let upstream = Upstream::default();
+    let mut worker = Worker::new(queue.clone(), upstream.handler())
+        .max_attempts(3)
+        .backoff(Duration::from_millis(1), Duration::from_millis(5));
+    drain(&mut worker).await;
+    let key = notification(0).key;
+    assert_eq!(upstream.runs().get(&key), Some(&1));
+    // Past the max age, the copy is written back.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("m")
+        .arg(sealed)
+        .arg("a")
+        .arg("0")
+        .arg("t")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    drain(&mut worker).await;
+    assert_eq!(
+        upstream.runs().get(&key),
+        Some(&1),
+        "an old copy written back was delivered again"
+    );
+    let dead = queue.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error, tower_idempotency_queue::EXPIRED);
+    // An operator's replay seals it afresh: delivered.
+    assert!(queue.replay(&dead[0].id).await.unwrap());
+    drain(&mut worker).await;
+    assert_eq!(upstream.runs().get(&key), Some(&2));
+    assert!(queue.dead_letters(10).await.unwrap().is_empty());
 }

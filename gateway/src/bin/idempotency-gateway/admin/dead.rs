@@ -9,7 +9,7 @@ use crate::start::ack::GatewayQueue;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tower_idempotency_queue::{original_key, DeadLetter, EntryId, Queue};
+use tower_idempotency_queue::{original_key, DeadLetter, EntryId, Queue, QueueError, QueueKey};
 
 /// Dead letters one page of `GET /admin/dead` looks at: past it the page
 /// ends with a cursor, so that a filtered list answers in bounded time.
@@ -207,6 +207,7 @@ pub(crate) fn unauthenticated(d: &DeadLetter) -> bool {
 /// authentication only when `force`d (else counted as `refused`).
 pub(crate) async fn replay_selected(
     queue: &GatewayQueue,
+    key: Option<&QueueKey>,
     filter: &DeadFilter,
     dry_run: bool,
     force: bool,
@@ -226,7 +227,7 @@ pub(crate) async fn replay_selected(
     }
     let mut replayed = 0;
     for d in &chosen {
-        replayed += usize::from(bounded(queue.replay(&d.id)).await?);
+        replayed += usize::from(bounded(replay(queue, key, &d.id)).await?);
     }
     tracing::info!(
         matched = chosen.len(),
@@ -262,6 +263,7 @@ pub(crate) enum ReplayOne {
 /// authentication is replayed only when `force`d.
 pub(crate) async fn replay_one(
     queue: &GatewayQueue,
+    key: Option<&QueueKey>,
     id: &str,
     force: bool,
 ) -> Result<ReplayOne, String> {
@@ -273,12 +275,29 @@ pub(crate) async fn replay_one(
             Some(_) => {}
         }
     }
-    let done = bounded(queue.replay(&id)).await?;
+    let done = bounded(replay(queue, key, &id)).await?;
     if !done {
         return Ok(ReplayOne::Absent);
     }
     tracing::info!(id = id.as_str(), force, "admin: dead letter replayed");
     Ok(ReplayOne::Replayed)
+}
+
+/// Replays the dead letter `id`, sealed afresh under `key` (the queue's,
+/// when it seals its entries) if its MAC holds: delivered however long it
+/// waited.
+pub(crate) async fn replay(
+    queue: &GatewayQueue,
+    key: Option<&QueueKey>,
+    id: &EntryId,
+) -> Result<bool, QueueError> {
+    match key {
+        Some(key) => {
+            let key = key.clone();
+            queue.replay_with(id, &move |m| key.reseal(m)).await
+        }
+        None => queue.replay(id).await,
+    }
 }
 
 /// The refusal of an unforced replay of a dead letter that failed

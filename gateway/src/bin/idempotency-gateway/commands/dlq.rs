@@ -371,6 +371,12 @@ pub(crate) fn run(action: &Dlq, settings: &QueueSettings) -> Result<(), String> 
         let records =
             tower_idempotency::store::Either::Left(tower_idempotency::store::MemoryStore::new());
         let queue = settings.open(&records).await?;
+        // A replay seals afresh under the queue's key (when it has one).
+        let key = match settings.seal(queue.clone())? {
+            either::Either::Left(sealed) => Some(sealed.key().clone()),
+            either::Either::Right(_) => None,
+        };
+        let key = key.as_ref();
         let mut out = std::io::stdout().lock();
         let q = |e: tower_idempotency_queue::QueueError| e.to_string();
         match action {
@@ -395,7 +401,7 @@ pub(crate) fn run(action: &Dlq, settings: &QueueSettings) -> Result<(), String> 
                 dry_run: false,
                 force,
                 ..
-            } => match crate::admin::dead::replay_one(&queue, id, *force).await? {
+            } => match crate::admin::dead::replay_one(&queue, key, id, *force).await? {
                 crate::admin::dead::ReplayOne::Replayed => {
                     writeln!(out, "replayed {}", shown(id)).map_err(write_err)?;
                 }
@@ -412,7 +418,14 @@ pub(crate) fn run(action: &Dlq, settings: &QueueSettings) -> Result<(), String> 
                 dry_run: false,
                 ..
             } => {
-                let n = queue.replay_all().await.map_err(q)?;
+                let n = match key {
+                    Some(key) => {
+                        let key = key.clone();
+                        queue.replay_all_with(&move |m| key.reseal(m)).await
+                    }
+                    None => queue.replay_all().await,
+                };
+                let n = n.map_err(q)?;
                 writeln!(out, "replayed {n}").map_err(write_err)?;
             }
             Dlq::Replay {
@@ -425,7 +438,8 @@ pub(crate) fn run(action: &Dlq, settings: &QueueSettings) -> Result<(), String> 
                 // run).
                 let filter = filters.filter()?;
                 let json =
-                    crate::admin::dead::replay_selected(&queue, &filter, *dry_run, *force).await?;
+                    crate::admin::dead::replay_selected(&queue, key, &filter, *dry_run, *force)
+                        .await?;
                 if *dry_run {
                     let (m, t) = (&json["matched"], &json["dead_letters"]);
                     writeln!(out, "would replay {m} of {t} dead letters").map_err(write_err)?;

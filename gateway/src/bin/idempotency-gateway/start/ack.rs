@@ -465,6 +465,21 @@ impl QueueSettings {
 /// Warns about every ack-then-deliver route that does not verify its
 /// sender: anyone can queue a notification there, and a copy with another
 /// payload is queued beside the first (the upstream must check them).
+/// How long after it was queued an entry may still be delivered: the
+/// shortest window of the ack-then-deliver routes (an older entry could be
+/// a copy of one delivered and forgotten, written back into the queue).
+pub(crate) fn max_age(routes: &[(String, Target, RouteOptions)]) -> Duration {
+    (routes.iter())
+        .filter(|(_, _, o)| o.is_ack_then_deliver())
+        .map(|(_, target, o)| match (o.get_window(), target) {
+            (Some(window), _) => window,
+            (None, Target::Preset(preset)) => preset.window(),
+            (None, Target::Auto) => tower_idempotency_queue::DEFAULT_MAX_AGE,
+        })
+        .min()
+        .unwrap_or(tower_idempotency_queue::DEFAULT_MAX_AGE)
+}
+
 pub(crate) fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
     for (prefix, _, options) in routes {
         if options.is_ack_then_deliver() && !options.verifies() {

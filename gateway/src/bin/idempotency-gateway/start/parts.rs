@@ -74,7 +74,13 @@ impl Parts {
             admin.set_queue(queue.clone());
         }
         // Routes queue, and the worker delivers, sealed entries.
-        let sealed = queue.clone().map(|q| settings.queue.seal(q)).transpose()?;
+        let max_age = ack::max_age(&settings.routes);
+        let sealed = (queue.clone().map(|q| settings.queue.seal(q)).transpose()?)
+            .map(|q| q.map_left(|s| s.max_age(max_age)));
+        // A replay through the admin API seals afresh.
+        if let (Some(admin), Some(either::Either::Left(s))) = (&admin, &sealed) {
+            admin.set_queue_key(s.key().clone());
+        }
         // The worker's queue, by how it paces: one that must pace with the
         // other gateways on a queue that cannot is refused here.
         let delivering = (sealed.clone())

@@ -91,7 +91,8 @@ pub(super) async fn dead_replay(
         Ok(f) => f,
         Err(res) => return *res,
     };
-    match dead::replay_one(queue, &id, force).await {
+    let key = calls.admin.queue_key.get();
+    match dead::replay_one(queue, key, &id, force).await {
         Ok(dead::ReplayOne::Replayed) => {
             json_answer(StatusCode::OK, &json!({ "id": id, "replayed": true }))
         }
@@ -132,7 +133,8 @@ pub(super) async fn dead_replay_all(State(calls): State<Calls>, Pairs(q): Pairs)
         (Ok(d), Ok(f)) => (d, f),
         (Err(res), _) | (_, Err(res)) => return *res,
     };
-    match dead::replay_selected(queue, &filter, dry_run, force).await {
+    let key = calls.admin.queue_key.get();
+    match dead::replay_selected(queue, key, &filter, dry_run, force).await {
         Ok(v) => json_answer(StatusCode::OK, &v),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e),
     }

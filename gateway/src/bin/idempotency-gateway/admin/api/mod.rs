@@ -110,6 +110,8 @@ pub(crate) struct Admin {
     journal: Arc<OnceLock<Journal>>,
     stores: Arc<OnceLock<Arc<PickStore>>>,
     queue: Arc<OnceLock<GatewayQueue>>,
+    /// The key the queue's entries are sealed with: a replay seals afresh.
+    pub(crate) queue_key: Arc<OnceLock<tower_idempotency_queue::QueueKey>>,
     routes: Arc<OnceLock<Routes>>,
     samples: Arc<OnceLock<crate::admin::samples::Samples>>,
 }
@@ -192,6 +194,7 @@ impl Admin {
             journal: Arc::default(),
             stores: Arc::default(),
             queue: Arc::default(),
+            queue_key: Arc::default(),
             routes: Arc::default(),
             samples: Arc::default(),
         }
@@ -214,6 +217,11 @@ impl Admin {
     /// The queue whose key markers `forget` clears too.
     pub(crate) fn set_queue(&self, queue: GatewayQueue) {
         let _ = self.queue.set(queue);
+    }
+
+    /// The key the queue's entries are sealed with.
+    pub(crate) fn set_queue_key(&self, key: tower_idempotency_queue::QueueKey) {
+        let _ = self.queue_key.set(key);
     }
 
     /// The routes' own stores: a key is looked up in its route's.
