@@ -1,9 +1,9 @@
 //! The [`Store`] operations of [`RedisStore`]: one script call each.
 
 use super::scripts::{
-    fence_key, in_flight_value, millis, owner_bytes, position_key, Undo, ADVANCE, CLAIM, COMPLETE, FENCE_MARGIN, FORGET,
-    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, REPLACE, TAKE_TOKEN, TOKEN_TAKEN,
-    TOKEN_VALUE,
+    fence_key, in_flight_value, millis, owner_bytes, position_key, Undo, ADVANCE, CLAIM, COMPLETE,
+    FENCE_MARGIN, FORGET, INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, REPLACE,
+    TAKE_TOKEN, TOKEN_TAKEN, TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
 use bytes::Bytes;
@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency_core::store::codec::{decode, encode};
 use tower_idempotency_core::store::{
-    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState, Store,
-    StoreError, Watch,
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState,
+    Store, StoreError, Watch,
 };
 use tower_idempotency_core::Fingerprint;
 

@@ -205,7 +205,8 @@ pub(super) const SWEEP: &str = concat!(
 /// judged once, on the old row, by the first assignment (the call's own
 /// token into `advanced_by`), and the others follow the token. Read the
 /// row back ([`ADVANCED`]) in the same transaction, which holds its lock.
-pub(super) const ADVANCE: &str = concat!(
+pub(super) const ADVANCE: &str =
+    concat!(
     "INSERT INTO idempotency_positions (object_key, version, state_rank, advanced_by, expires_at)
     VALUES (?, ?, ?, ?, ", now_ms!(), " + ?)
     ON DUPLICATE KEY UPDATE

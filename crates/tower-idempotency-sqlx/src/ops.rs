@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency_core::store::codec::{decode, encode};
 use tower_idempotency_core::store::{
-    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState, Store,
-    StoreError, StoreErrorKind, Watch,
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState,
+    Store, StoreError, StoreErrorKind, Watch,
 };
 use tower_idempotency_core::Fingerprint;
 

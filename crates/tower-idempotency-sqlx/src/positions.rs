@@ -30,11 +30,7 @@ async fn try_advance(
     position: Position,
     ttl: Duration,
 ) -> sqlx::Result<Result<(), Option<Position>>> {
-    let (version, rank, ttl) = (
-        position.version(),
-        i64::from(position.rank()),
-        millis(ttl),
-    );
+    let (version, rank, ttl) = (position.version(), i64::from(position.rank()), millis(ttl));
     let moved = match *pool {
         #[cfg(feature = "postgres")]
         Pool::Postgres(ref p) => sqlx::query(postgres::ADVANCE)

@@ -248,12 +248,16 @@ pub(super) const SWEEP: &str = concat!(
 /// upsert holds its lock.
 pub(super) const ADVANCE: &str = concat!(
     "INSERT INTO idempotency_positions AS p (object_key, version, state_rank, expires_at)
-    VALUES ($1, $2, $3, ", now_ms!(), " + $4)
+    VALUES ($1, $2, $3, ",
+    now_ms!(),
+    " + $4)
     ON CONFLICT (object_key) DO UPDATE SET
         version = EXCLUDED.version,
         state_rank = EXCLUDED.state_rank,
         expires_at = EXCLUDED.expires_at
-    WHERE p.expires_at <= ", now_ms!(), "
+    WHERE p.expires_at <= ",
+    now_ms!(),
+    "
         OR (p.version, p.state_rank) < (EXCLUDED.version, EXCLUDED.state_rank)
     RETURNING 1"
 );

@@ -201,12 +201,16 @@ pub(super) const SWEEP: &str = concat!(
 /// back when it moved.
 pub(super) const ADVANCE: &str = concat!(
     "INSERT INTO idempotency_positions AS p (object_key, version, state_rank, expires_at)
-    VALUES (?1, ?2, ?3, ", now_ms!(), " + ?4)
+    VALUES (?1, ?2, ?3, ",
+    now_ms!(),
+    " + ?4)
     ON CONFLICT (object_key) DO UPDATE SET
         version = excluded.version,
         state_rank = excluded.state_rank,
         expires_at = excluded.expires_at
-    WHERE p.expires_at <= ", now_ms!(), "
+    WHERE p.expires_at <= ",
+    now_ms!(),
+    "
         OR (p.version, p.state_rank) < (excluded.version, excluded.state_rank)
     RETURNING 1"
 );

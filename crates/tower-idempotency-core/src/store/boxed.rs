@@ -115,8 +115,12 @@ trait DynStore: Send + Sync + 'static {
         window: Duration,
     ) -> Call<'a, bool>;
     fn forget<'a>(&'a self, key: &'a str) -> Call<'a, Forgotten>;
-    fn advance<'a>(&'a self, object: &'a str, position: Position, ttl: Duration)
-        -> Call<'a, Advance>;
+    fn advance<'a>(
+        &'a self,
+        object: &'a str,
+        position: Position,
+        ttl: Duration,
+    ) -> Call<'a, Advance>;
     fn position<'a>(&'a self, object: &'a str) -> Call<'a, Option<Position>>;
     fn as_any(&self) -> &dyn Any;
     fn type_name(&self) -> &'static str;

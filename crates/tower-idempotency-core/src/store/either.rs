@@ -28,7 +28,10 @@
 //! side (`Either<MemoryStore, BoxStore>`): the memory store's calls then
 //! stay small, and each network call pays one allocation.
 
-use super::{Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Position, RecordState, Store, StoreError};
+use super::{
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Position, RecordState, Store,
+    StoreError,
+};
 use crate::Fingerprint;
 use ::either::Either;
 use std::sync::Arc;

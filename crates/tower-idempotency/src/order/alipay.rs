@@ -102,8 +102,9 @@ mod tests {
     use crate::store::Position;
     use bytes::Bytes;
 
-    const FIXTURE: &[u8] =
-        include_bytes!("../../tests/fixtures/alipay_notify_trade_status_sync_alipay-sdk-nodejs-all.form");
+    const FIXTURE: &[u8] = include_bytes!(
+        "../../tests/fixtures/alipay_notify_trade_status_sync_alipay-sdk-nodejs-all.form"
+    );
 
     fn place(body: &[u8]) -> Placement {
         let (parts, _) = http::Request::post("/").body(()).unwrap().into_parts();
@@ -114,7 +115,10 @@ mod tests {
     /// `extra` fields added.
     fn with_status(status: &str, extra: &str) -> Vec<u8> {
         let body = std::str::from_utf8(FIXTURE).unwrap();
-        let mut out = body.replace("trade_status=TRADE_SUCCESS", &format!("trade_status={status}"));
+        let mut out = body.replace(
+            "trade_status=TRADE_SUCCESS",
+            &format!("trade_status={status}"),
+        );
         out.push_str(extra);
         out.into_bytes()
     }

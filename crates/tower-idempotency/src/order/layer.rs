@@ -68,10 +68,11 @@ impl OrderConfig {
 ///
 /// The store must keep positions ([`Store::advance`]): the memory, tiered,
 /// Redis and SQL stores do. Add the layer *after* (inside) the
-/// idempotency layer:
+/// idempotency layer, over the same store or another:
 ///
 /// ```
 /// use axum::{routing::post, Router};
+/// use tower::ServiceBuilder;
 /// use tower_idempotency::order::{Order, OrderLayer};
 /// use tower_idempotency::store::MemoryStore;
 /// use tower_idempotency::IdempotencyLayer;
@@ -84,9 +85,11 @@ impl OrderConfig {
 /// let store = MemoryStore::new();
 /// let app: Router = Router::new().route(
 ///     "/stripe",
-///     post(on_event)
-///         .layer(OrderLayer::new(Order::stripe(), store.clone()))
-///         .layer(IdempotencyLayer::stripe().with_store(store)),
+///     post(on_event).layer(
+///         ServiceBuilder::new()
+///             .layer(IdempotencyLayer::stripe().with_store(store.clone()))
+///             .layer(OrderLayer::new(Order::stripe(), store)),
+///     ),
 /// );
 /// ```
 #[derive(Debug, Clone)]

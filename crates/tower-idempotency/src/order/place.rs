@@ -151,10 +151,12 @@ impl Order {
                 };
                 let rank = match ranks {
                     None => 0,
-                    Some(ranks) => match values.next().flatten().and_then(|s| ranks.get(&s).copied()) {
-                        Some(rank) => rank,
-                        None => return Placement::Unplaced(Unplaced::UnknownState),
-                    },
+                    Some(ranks) => {
+                        match values.next().flatten().and_then(|s| ranks.get(&s).copied()) {
+                            Some(rank) => rank,
+                            None => return Placement::Unplaced(Unplaced::UnknownState),
+                        }
+                    }
                 };
                 Placement::Placed {
                     object,
@@ -235,7 +237,14 @@ mod tests {
             version_of("2019-06-28T17:03:50Z")
         );
         assert!(version_of("2019-06-28T18:03:50+01:00").unwrap() > 1_561_000_000_000_000);
-        for bad in ["", "1.5", "soon", "2019-06-28", "2019-06-28T18:03:50+25:00", "2019-06-28T18:03:50"] {
+        for bad in [
+            "",
+            "1.5",
+            "soon",
+            "2019-06-28",
+            "2019-06-28T18:03:50+25:00",
+            "2019-06-28T18:03:50",
+        ] {
             assert_eq!(version_of(bad), None, "{bad}");
         }
     }

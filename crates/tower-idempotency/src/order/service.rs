@@ -194,7 +194,9 @@ where
     let key: Arc<str> = config.object_key(&object);
     let token = OwnerToken::new();
     let Some(held) = acquire(&store, &config, &key, token).await else {
-        return Ok(retry_later("another event of this object is being handled; retry\n"));
+        return Ok(retry_later(
+            "another event of this object is being handled; retry\n",
+        ));
     };
     let held = match held {
         Ok(held) => held,

@@ -13,10 +13,7 @@ const TTL: Duration = Duration::from_secs(3600);
 ///
 /// If the store answers an error.
 pub async fn advance<S: Store>(store: &S, object: &str, position: Position) -> Advance {
-    store
-        .advance(object, position, TTL)
-        .await
-        .expect("advance")
+    store.advance(object, position, TTL).await.expect("advance")
 }
 
 /// An object without a position takes any; a later one moves it forward,
@@ -57,7 +54,11 @@ pub async fn advance_refuses_equal_and_behind<S: Store>(store: S) {
         Position::new(1_699_999_999, 9),
         Position::new(i64::MIN, 0),
     ] {
-        assert_eq!(advance(&store, &object, p).await, Advance::Behind(at), "{p}");
+        assert_eq!(
+            advance(&store, &object, p).await,
+            Advance::Behind(at),
+            "{p}"
+        );
     }
     assert_eq!(store.position(&object).await.unwrap(), Some(at));
 }

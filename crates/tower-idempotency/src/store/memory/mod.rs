@@ -6,8 +6,8 @@ pub use builder::MemoryStoreBuilder;
 
 use super::CompletedCache as Completed;
 use super::{
-    fence_floor, Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState, Store,
-    StoreError, WatchSender,
+    fence_floor, Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position,
+    RecordState, Store, StoreError, WatchSender,
 };
 use crate::Fingerprint;
 use foldhash::fast::RandomState;
