@@ -87,9 +87,11 @@ mod positions;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod state;
 mod watch;
 
 pub use complete_in::{CompleteIn, SqlConnection};
+pub use state::{InvalidIdentifier, RowId, StateMachine, StateMove};
 
 use self::complete_in::CompleteInError;
 use self::watch::KeyPollers;
