@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn encoding_sorts_as_positions_do() {
-        let all = vec![
+        let all = [
             Position::new(i64::MIN, 0),
             Position::new(-1, u32::MAX),
             Position::new(0, 0),
