@@ -59,4 +59,4 @@ mod stripe;
 pub use builder::{OrderBuilder, OrderError};
 pub use layer::OrderLayer;
 pub use place::{Order, Placement, Unplaced};
-pub use service::{Ordered, Stale, STALE_HEADER};
+pub use service::{Ordered, OrderedEvent, Stale, STALE_HEADER};

@@ -38,6 +38,32 @@ pub struct Stale {
     pub event: Position,
 }
 
+/// What the [`OrderLayer`](super::OrderLayer) puts into the request's
+/// extensions for the inner service, when the order placed the event: the
+/// object, the event's position, and the fencing token of the object's
+/// claim (a number that grows per object), for a conditional write that
+/// refuses an owner whose lease ran out (`… WHERE fence < $1`).
+///
+/// ```
+/// use tower_idempotency::order::OrderedEvent;
+///
+/// fn handle(req: &http::Request<()>) -> Option<u64> {
+///     let event = req.extensions().get::<OrderedEvent>()?;
+///     Some(event.fence)
+/// }
+/// # let _ = handle;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OrderedEvent {
+    /// The object's id.
+    pub object: String,
+    /// Where the event stands.
+    pub position: Position,
+    /// The fencing token of the object's claim.
+    pub fence: u64,
+}
+
 /// Serves the events of each object one at a time, in order. See
 /// [`OrderLayer`](super::OrderLayer).
 pub struct Ordered<S, St> {
@@ -181,7 +207,7 @@ where
         }
     };
     let placement = config.order.place(&parts, &bytes);
-    let req = Request::from_parts(parts, ReqBody::from(bytes));
+    let mut req = Request::from_parts(parts, ReqBody::from(bytes));
     let (object, position) = match placement {
         Placement::Placed { object, position } => (object, position),
         Placement::Unplaced(why) => {
@@ -198,7 +224,7 @@ where
             "another event of this object is being handled; retry\n",
         ));
     };
-    let held = match held {
+    let (held, fence) = match held {
         Ok(held) => held,
         Err(_error) => {
             count(&config, Tally::StoreError);
@@ -228,9 +254,17 @@ where
         });
         return Ok(res);
     }
-    let (res, _lost) = held
+    req.extensions_mut().insert(OrderedEvent {
+        object,
+        position,
+        fence,
+    });
+    let (res, lost) = held
         .renewing(inner.call(req), config.lease, &config.name)
         .await;
+    if lost {
+        log_warn!(order = %config.name, "an object's claim was lost while its event ran");
+    }
     let res = match res {
         Ok(res) => res,
         Err(e) => {
@@ -266,14 +300,14 @@ where
     Ok(res)
 }
 
-/// The object's claim, waited for up to the configured wait: `None` when
-/// it stayed busy, `Err` when the store failed.
+/// The object's claim and its fencing token, waited for up to the
+/// configured wait: `None` when it stayed busy, `Err` when the store failed.
 async fn acquire<St: Store>(
     store: &St,
     config: &OrderConfig,
     key: &Arc<str>,
     token: OwnerToken,
-) -> Option<Result<Held<St>, StoreError>> {
+) -> Option<Result<(Held<St>, u64), StoreError>> {
     let deadline = Instant::now() + config.wait;
     // One fingerprint for every event: the claim is a lock, not a record.
     let fingerprint = Fingerprint::of(b"order");
@@ -285,13 +319,9 @@ async fn acquire<St: Store>(
         )
         .await;
         match claim {
-            Ok(Claim::Acquired(_)) => {
-                return Some(Ok(Held::new(
-                    store.clone(),
-                    key.clone(),
-                    token,
-                    config.store_timeout,
-                )))
+            Ok(Claim::Acquired(own)) => {
+                let held = Held::new(store.clone(), key.clone(), token, config.store_timeout);
+                return Some(Ok((held, own.fence)));
             }
             Ok(Claim::InFlight { watch, .. }) => {
                 if tokio::time::timeout_at(deadline, watch.changed())

@@ -5,6 +5,7 @@
 
 use axum::extract::State;
 use axum::routing::post;
+use axum::Extension;
 use axum::Router;
 use bytes::Bytes;
 use http::StatusCode;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use test_support::common::{self, all_at_once, client, Answer};
 use test_support::support_redis;
 use tower::ServiceBuilder;
-use tower_idempotency::order::{Order, OrderLayer};
+use tower_idempotency::order::{Order, OrderLayer, OrderedEvent};
 use tower_idempotency::store::{MemoryStore, OwnerToken, Store};
 use tower_idempotency::IdempotencyLayer;
 
@@ -29,6 +30,8 @@ struct Shop {
     /// Handler calls running now, and the most at once.
     running: Arc<AtomicUsize>,
     most: Arc<AtomicUsize>,
+    /// The fencing token of each placed event the handler ran, in order.
+    fences: Arc<Mutex<Vec<u64>>>,
     /// Fail the next this many calls.
     fail: Arc<AtomicUsize>,
     /// How long a call takes.
@@ -47,7 +50,14 @@ impl Shop {
     }
 }
 
-async fn on_event(State(shop): State<Shop>, body: Bytes) -> StatusCode {
+async fn on_event(
+    State(shop): State<Shop>,
+    event: Option<Extension<OrderedEvent>>,
+    body: Bytes,
+) -> StatusCode {
+    if let Some(Extension(event)) = event {
+        shop.fences.lock().unwrap().push(event.fence);
+    }
     let now = shop.running.fetch_add(1, Ordering::SeqCst) + 1;
     shop.most.fetch_max(now, Ordering::SeqCst);
     tokio::time::sleep(shop.delay).await;
@@ -199,6 +209,10 @@ async fn many_events_of_one_object_at_once<St: Store>(store: St) {
     );
     assert_eq!(seen.last().unwrap().0, 1_700_000_000 + N as i64 - 1);
     assert_eq!(shop.most.load(Ordering::SeqCst), 1, "one at a time");
+    // Each event ran under a claim of the object with a larger fence.
+    let fences = shop.fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), seen.len());
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
     let stale = answers
         .iter()
         .filter(|a| header(a, "idempotent-stale") == Some("true"))
@@ -271,6 +285,8 @@ async fn unplaced_events_are_forwarded<St: Store>(store: St) {
         assert_eq!(header(&a, "idempotent-stale"), None);
     }
     assert_eq!(shop.seen(&object).len(), 3);
+    // Unplaced: no claim of an object, no fence.
+    assert!(shop.fences.lock().unwrap().is_empty());
     // A body the order cannot read at all still reaches the key layer's
     // verdict (no key: refused before the order).
     let a = send(addr, Bytes::from_static(b"{}")).await;
