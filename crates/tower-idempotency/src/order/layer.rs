@@ -99,7 +99,7 @@ pub struct OrderLayer<St> {
 }
 
 impl<St: Store> OrderLayer<St> {
-    /// `order` over `store`. Defaults: lease 30 s, wait 10 s, positions kept
+    /// `order` over `store`. Defaults: lease 30 s, wait 4 s, positions kept
     /// 31 days, store calls limited to 5 s, key prefix `idem`.
     pub fn new(order: Order, store: St) -> Self {
         Self {
@@ -109,7 +109,7 @@ impl<St: Store> OrderLayer<St> {
                 order,
                 prefix: Cow::Borrowed("idem"),
                 lease: Duration::from_secs(30),
-                wait: Duration::from_secs(10),
+                wait: Duration::from_secs(4),
                 ttl: Duration::from_secs(31 * 24 * 3600),
                 store_timeout: Duration::from_secs(5),
             }),
@@ -138,7 +138,8 @@ impl<St: Store> OrderLayer<St> {
     }
 
     /// How long an event waits for the event of its object that runs
-    /// before it answering 503. Defaults to 10 s.
+    /// before it, then answers 503 (the channel sends it again). Defaults
+    /// to 4 s, as long as a copy waits for the first in the dedup layer.
     pub fn wait(self, wait: Duration) -> Self {
         self.with(|c| c.wait = wait)
     }

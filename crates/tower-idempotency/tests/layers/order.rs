@@ -348,3 +348,76 @@ order_tests!(order_redis: match support_redis::shared_standalone() {
     }
     None => None,
 });
+
+/// With the `metrics` feature every event is counted by order and result.
+#[cfg(feature = "metrics")]
+#[test]
+fn events_are_counted_by_order_and_result() {
+    use http_body_util::Full;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::collections::HashMap;
+    use tower::{service_fn, ServiceExt};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let store = MemoryStore::new();
+            let svc = ServiceBuilder::new()
+                .layer(IdempotencyLayer::stripe().with_store(store.clone()))
+                .layer(OrderLayer::new(Order::stripe(), store))
+                .service(service_fn(|req: http::Request<Full<Bytes>>| async move {
+                    let fail = req.headers().contains_key("x-fail");
+                    let mut res = http::Response::new(Full::new(Bytes::new()));
+                    if fail {
+                        *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    }
+                    Ok::<_, std::convert::Infallible>(res)
+                }));
+            let object = fresh("metrics");
+            for (kind, created, fail) in [
+                ("payment_intent.created", 1_700_000_000, false),
+                ("payment_intent.succeeded", 1_700_000_002, true),
+                ("payment_intent.succeeded", 1_700_000_003, false),
+                ("payment_intent.processing", 1_700_000_001, false),
+                ("customer.created", 1_700_000_004, false),
+            ] {
+                let headers: &[(&str, &str)] = if fail { &[("x-fail", "1")] } else { &[] };
+                svc.clone()
+                    .oneshot(common::request(
+                        "/stripe",
+                        headers,
+                        event(&object, kind, created),
+                    ))
+                    .await
+                    .unwrap();
+            }
+        })
+    });
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if let ("idempotency_order_events_total", DebugValue::Counter(n)) = (key.name(), value) {
+            let labels: HashMap<_, _> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            assert_eq!(labels["order"], "stripe");
+            *counts.entry(labels["result"].clone()).or_default() += n;
+        }
+    }
+    let want: HashMap<String, u64> = [
+        ("advanced", 2),
+        ("failed", 1),
+        ("stale", 1),
+        ("unplaced", 1),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(counts, want);
+}
