@@ -91,10 +91,33 @@ impl<S: fmt::Debug, St> fmt::Debug for Ordered<S, St> {
     }
 }
 
+impl<S, St: Store> Ordered<S, St> {
+    /// Wraps `inner` with `order` over `store` and the
+    /// [`OrderLayer`](super::OrderLayer)'s defaults.
+    pub fn new(inner: S, order: Order, store: St) -> Self {
+        tower_layer::Layer::layer(&super::OrderLayer::new(order, store), inner)
+    }
+
+    /// A layer of `order` over `store`: [`OrderLayer::new`](super::OrderLayer::new).
+    pub fn layer(order: Order, store: St) -> super::OrderLayer<St> {
+        super::OrderLayer::new(order, store)
+    }
+}
+
 impl<S, St> Ordered<S, St> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 
     /// The order.
