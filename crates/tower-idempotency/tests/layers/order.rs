@@ -1,5 +1,5 @@
 //! The order layer in axum, behind the Stripe preset's layers, on the
-//! memory store and on Redis: an object's events reach the handler one at
+//! memory store, Redis and PostgreSQL: an object's events reach the handler one at
 //! a time and only forward; stale ones are answered with the channel's
 //! success and replayed to their copies.
 
@@ -338,6 +338,16 @@ macro_rules! order_tests {
 }
 
 order_tests!(order_memory: Some((MemoryStore::new(), ())));
+
+order_tests!(order_postgres: match test_support::support_sql::shared_postgres() {
+    Some(server) => {
+        let store = tower_idempotency_sqlx::SqlStore::connect(server.url())
+            .await
+            .unwrap();
+        Some((store, server))
+    }
+    None => None,
+});
 
 order_tests!(order_redis: match support_redis::shared_standalone() {
     Some(server) => {
