@@ -43,8 +43,10 @@
 //! assert!(matches!(shipments.place(&parts, &body), Placement::Unplaced(_)));
 //! ```
 //!
-//! Built in, named as the presets: [`Order::stripe`], [`Order::alipay`]
-//! and [`Order::paypal`] ([`Order::builtin`] by name).
+//! Built in, named as the presets: [`Order::stripe`], [`Order::alipay`],
+//! [`Order::paypal`] and, with the `verify` feature, `Order::wechatpay_v3`
+//! (from the resource the verify layer decrypted); [`Order::builtin`] by
+//! name.
 //!
 //! [`Position`]: crate::store::Position
 
@@ -55,6 +57,8 @@ mod paypal;
 mod place;
 mod service;
 mod stripe;
+#[cfg(feature = "verify")]
+mod wechatpay_v3;
 
 pub use builder::{OrderBuilder, OrderError};
 pub use layer::OrderLayer;

@@ -21,6 +21,10 @@ pub(super) enum Rule {
     },
     /// A built-in order: the fields its reader names, in that order.
     Builtin(fn(&[Option<String>]) -> Placement),
+    /// A built-in order that reads more than the body (a resource an
+    /// earlier layer decrypted).
+    #[cfg_attr(not(feature = "verify"), allow(dead_code))]
+    Request(fn(&Parts, &Bytes) -> Placement),
 }
 
 /// An object's order: where each notification about it stands. See the
@@ -99,18 +103,37 @@ impl Order {
     /// Stripe (see [`Order::stripe`]), Alipay ([`Order::alipay`]) or
     /// PayPal ([`Order::paypal`]) by the name of its preset; `None` for
     /// any other name.
+    /// With the `verify` feature, `wechatpay-v3` too ([`Order::wechatpay_v3`]).
     pub fn builtin(name: &str) -> Option<Self> {
         match name {
             "stripe" => Some(Self::stripe()),
             "alipay" => Some(Self::alipay()),
             "paypal" => Some(Self::paypal()),
+            #[cfg(feature = "verify")]
+            "wechatpay-v3" => Some(Self::wechatpay_v3()),
             _ => None,
         }
     }
 
-    /// Whether `name` is a built-in order's.
+    /// Whether `name` is a built-in order's (whatever the features: a
+    /// configured order cannot take `wechatpay-v3` either).
     pub fn is_builtin_name(name: &str) -> bool {
-        matches!(name, "stripe" | "alipay" | "paypal")
+        matches!(name, "stripe" | "alipay" | "paypal" | "wechatpay-v3")
+    }
+
+    /// A built-in order of `name` that places a request with `place`.
+    #[cfg(feature = "verify")]
+    pub(super) fn built_in_request(
+        name: &'static str,
+        place: fn(&Parts, &Bytes) -> Placement,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                name: Arc::from(name),
+                reader: KeySpec::new([], FingerprintSpec::None),
+                rule: Rule::Request(place),
+            }),
+        }
     }
 
     /// A built-in order of `name`, reading `fields` and placing them with
@@ -131,11 +154,15 @@ impl Order {
 
     /// Where the request of `parts` and `body` stands.
     pub fn place(&self, parts: &Parts, body: &Bytes) -> Placement {
+        if let Rule::Request(place) = &self.inner.rule {
+            return place(parts, body);
+        }
         let Ok(values) = self.inner.reader.values(parts, body) else {
             return Placement::Unplaced(Unplaced::Unreadable);
         };
         match &self.inner.rule {
             Rule::Builtin(place) => place(&values),
+            Rule::Request(_) => unreachable!("placed above"),
             Rule::Configured { versioned, ranks } => {
                 let mut values = values.into_iter();
                 let Some(object) = values.next().flatten() else {
