@@ -293,6 +293,67 @@ async fn unplaced_events_are_forwarded<St: Store>(store: St) {
     assert_ne!(a.status, 200);
 }
 
+/// Alipay: a trade's late `TRADE_SUCCESS` after its `TRADE_FINISHED` is
+/// stale; a refund's notification (its `out_biz_no`) is an object of its
+/// own, never stale because of the trade, and moves nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alipay_refunds_are_never_stale_because_of_the_trade() {
+    let store = MemoryStore::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let app = Router::new().route(
+        "/alipay",
+        post(move |body: String| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push(body);
+                "ok"
+            }
+        })
+        .layer(
+            ServiceBuilder::new()
+                .layer(IdempotencyLayer::alipay().with_store(store.clone()))
+                .layer(OrderLayer::new(Order::alipay(), store)),
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let trade = fresh("alipay");
+    let form = |notify: &str, status: &str, refund: &str| {
+        format!("notify_id={notify}&out_trade_no={trade}&trade_status={status}&total_amount=0.10{refund}")
+    };
+    let send = |body: String| async move {
+        common::post(
+            &client(),
+            addr,
+            "/alipay",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            body,
+        )
+        .await
+    };
+    let finished = send(form("n1", "TRADE_FINISHED", "")).await;
+    let late = send(form("n2", "TRADE_SUCCESS", "")).await;
+    let refund = send(form(
+        "n3",
+        "TRADE_SUCCESS",
+        "&out_biz_no=R1&refund_fee=0.05",
+    ))
+    .await;
+    let closed = send(form("n4", "TRADE_CLOSED", "&out_biz_no=R2&refund_fee=0.10")).await;
+    for a in [&finished, &late, &refund, &closed] {
+        assert_eq!((a.status, a.text()), (200, "success".to_owned()));
+    }
+    assert_eq!(header(&late, "idempotent-stale"), Some("true"));
+    for a in [&finished, &refund, &closed] {
+        assert_eq!(header(a, "idempotent-stale"), None);
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.iter().all(|b| !b.contains("notify_id=n2")));
+}
+
 macro_rules! order_tests {
     ($name:ident: $setup:expr) => {
         mod $name {
