@@ -58,6 +58,7 @@ use tower_idempotency_core::store::{StoreError, StoreErrorKind};
 /// | in flight | `0xF1`, owner token (16 bytes), fingerprint (16 bytes), fencing token (decimal) | `PX lease` |
 /// | completed | version byte `0x01`, fingerprint, status, flags, headers, trailers, body | `PX window` |
 /// | fence counter (`{key}%fence`) | the last fencing token of the key (decimal) | `PX lease + 60 s` |
+/// | an object's position (`{object}%pos`) | 24 hex digits: the version (sign bit flipped), then the state's rank | `PX ttl` of its last advance |
 ///
 /// # Fencing tokens
 ///
@@ -79,6 +80,7 @@ use tower_idempotency_core::store::{StoreError, StoreErrorKind};
 /// | repeat of a completed record | none when this instance holds it in its [local tier](RedisStore::local_max_bytes) (it completed or replayed it before), else 1 `EVALSHA` (the claim returns the record and its remaining window) |
 /// | duplicate of a running request | 1 `EVALSHA` to claim, then 1 `EVALSHA` each time the record changes |
 /// | client token: issue / consume | 1 `SET … PX` / 1 `EVALSHA` (compare and delete) |
+/// | an object's position: advance / read | 1 `EVALSHA` (compare and set) / 1 `GET` |
 ///
 /// Waiting duplicates on one instance share **one poller per key**: it sends
 /// one `GETRANGE key 0 16` (17 bytes back) every

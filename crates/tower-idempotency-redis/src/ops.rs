@@ -1,9 +1,9 @@
 //! The [`Store`] operations of [`RedisStore`]: one script call each.
 
 use super::scripts::{
-    fence_key, in_flight_value, millis, owner_bytes, Undo, CLAIM, COMPLETE, FENCE_MARGIN, FORGET,
-    INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, REPLACE, TAKE_TOKEN, TOKEN_TAKEN,
-    TOKEN_VALUE,
+    fence_key, in_flight_value, millis, owner_bytes, position_key, Undo, ADVANCE, CLAIM, COMPLETE,
+    FENCE_MARGIN, FORGET, INSPECT, IN_FLIGHT, IN_FLIGHT_LEN, OWNER_LEN, RELEASE, RENEW, REPLACE,
+    TAKE_TOKEN, TOKEN_TAKEN, TOKEN_VALUE,
 };
 use super::{corrupt, map_err, RedisStore};
 use bytes::Bytes;
@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency_core::store::codec::{decode, encode};
 use tower_idempotency_core::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError, Watch,
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState,
+    Store, StoreError, Watch,
 };
 use tower_idempotency_core::Fingerprint;
 
@@ -206,6 +207,42 @@ where
         })
     }
 
+    /// One script: a compare-and-set of the object's position (its own key,
+    /// beside the records), never through the local tier.
+    async fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> Result<Advance, StoreError> {
+        let key = position_key(self.full_key(object));
+        let mut conn = self.conn.clone();
+        let done: redis::Value = ADVANCE
+            .key(&key)
+            .arg(position.encode())
+            .arg(millis(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_err("advance", e))?;
+        match done {
+            redis::Value::Int(1) => Ok(Advance::Moved),
+            redis::Value::BulkString(kept) => Ok(Advance::Behind(read_position(&kept)?)),
+            other => Err(corrupt(format_args!("advance answered {other:?}"))),
+        }
+    }
+
+    /// `GET`: one command.
+    async fn position(&self, object: &str) -> Result<Option<Position>, StoreError> {
+        let key = position_key(self.full_key(object));
+        let mut conn = self.conn.clone();
+        let kept: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_err("position", e))?;
+        kept.map(|k| read_position(&k)).transpose()
+    }
+
     /// One script: replaces a completed record, never a claim; this
     /// instance's local tier drops its copy (as for a forget), so that it
     /// reads the new one. Other instances' local tiers keep the old record
@@ -333,4 +370,12 @@ where
             _ => Ok(Claim::Completed(Arc::new(decode(&Bytes::from(found))?))),
         }
     }
+}
+
+/// A position as the store keeps it.
+fn read_position(kept: &[u8]) -> Result<Position, StoreError> {
+    std::str::from_utf8(kept)
+        .ok()
+        .and_then(Position::decode)
+        .ok_or_else(|| corrupt("unreadable position"))
 }

@@ -213,6 +213,49 @@ return 0
     )
 });
 
+/// An object's position (`ARGV[1]`, [`Position::encode`]'s 24 hex digits)
+/// → kept for `ARGV[2]` ms if it is ahead of the one kept (or none is):
+/// 1; else the position kept, unchanged. The three 8-digit parts are
+/// compared as numbers (each exact in Lua's doubles), not by the locale's
+/// collation.
+///
+/// [`Position::encode`]: tower_idempotency_core::store::Position::encode
+pub(super) static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.call('GET', KEYS[1])
+if v then
+  if string.len(v) ~= 24 then
+    return redis.error_reply('unreadable position')
+  end
+  local ahead = false
+  for i = 1, 17, 8 do
+    local kept = tonumber(string.sub(v, i, i + 7), 16)
+    local new = tonumber(string.sub(ARGV[1], i, i + 7), 16)
+    if kept == nil then
+      return redis.error_reply('unreadable position')
+    end
+    if new ~= kept then
+      ahead = new > kept
+      break
+    end
+  end
+  if not ahead then
+    return v
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+",
+    )
+});
+
+/// The key of an object's position: never a record's or a fence counter's
+/// (every `%` of a stored key is escaped).
+pub(super) fn position_key(full_key: String) -> String {
+    full_key + "%pos"
+}
+
 /// Releases a claim that may have been made by a call that did not return
 /// it. Safe whatever happened: the release compares the owner token, and it
 /// is queued behind the claim on the same connection.

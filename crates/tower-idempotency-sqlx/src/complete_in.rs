@@ -6,6 +6,7 @@ use super::mysql;
 use super::postgres;
 #[cfg(feature = "sqlite")]
 use super::sqlite;
+use super::state::{RowId, StateMachine};
 use super::{map_err, millis, owner_bytes, CompleteArgs};
 #[cfg(feature = "mysql")]
 use sqlx::mysql::MySqlConnection;
@@ -58,6 +59,61 @@ type Completed<'a> = BoxFuture<'a, Result<Option<bool>, CompleteInError>>;
 pub trait SqlConnection: sealed::Sealed + Send {
     #[doc(hidden)]
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a>;
+    #[doc(hidden)]
+    fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a>;
+    #[doc(hidden)]
+    fn move_state<'a>(
+        &'a mut self,
+        m: &'a StateMachine,
+        id: RowId<'a>,
+        from: &'a [&'a str],
+        to: &'a str,
+        version: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+}
+
+/// A row's state and version, if the row exists.
+type StateRead<'a> = BoxFuture<'a, sqlx::Result<Option<(String, i64)>>>;
+
+/// The two statements of a [`StateMachine`] move on one database:
+/// `$select` writes the read, `$p` the `i`-th placeholder.
+macro_rules! state_statements {
+    ($select:expr, $p:expr) => {
+        fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a> {
+            Box::pin(async move {
+                let sql = $select(m);
+                let q = sqlx::query_as::<_, (String, i64)>(&sql);
+                let q = match id {
+                    RowId::Text(s) => q.bind(s),
+                    RowId::Int(n) => q.bind(n),
+                };
+                q.fetch_optional(&mut *self).await
+            })
+        }
+
+        fn move_state<'a>(
+            &'a mut self,
+            m: &'a StateMachine,
+            id: RowId<'a>,
+            from: &'a [&'a str],
+            to: &'a str,
+            version: i64,
+        ) -> BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let sql = m.update(from.len(), $p);
+                let q = sqlx::query(&sql).bind(to);
+                let mut q = match id {
+                    RowId::Text(s) => q.bind(s),
+                    RowId::Int(n) => q.bind(n),
+                };
+                for state in from {
+                    q = q.bind(*state);
+                }
+                let done = q.bind(version).execute(&mut *self).await?;
+                Ok(done.rows_affected() == 1)
+            })
+        }
+    };
 }
 
 #[cfg(feature = "postgres")]
@@ -68,6 +124,10 @@ impl SqlConnection for PgConnection {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         Box::pin(postgres::complete_in(self, args))
     }
+    state_statements!(
+        |m: &StateMachine| m.select("TEXT", "BIGINT", "$1", " FOR UPDATE"),
+        |i| format!("${i}")
+    );
 }
 
 #[cfg(feature = "mysql")]
@@ -78,6 +138,10 @@ impl SqlConnection for MySqlConnection {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         Box::pin(mysql::complete_in(self, args))
     }
+    state_statements!(
+        |m: &StateMachine| m.select("CHAR", "SIGNED", "?", " FOR UPDATE"),
+        |_| "?".to_owned()
+    );
 }
 
 #[cfg(feature = "sqlite")]
@@ -88,6 +152,10 @@ impl SqlConnection for SqliteConnection {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         Box::pin(sqlite::complete_in(self, args))
     }
+    state_statements!(
+        |m: &StateMachine| m.select("TEXT", "INTEGER", "?1", ""),
+        |i| format!("?{i}")
+    );
 }
 
 impl<DB: Database> sealed::Sealed for Transaction<'_, DB> where DB::Connection: SqlConnection {}
@@ -98,6 +166,19 @@ where
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         (**self).complete_record(args)
     }
+    fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a> {
+        (**self).read_state(m, id)
+    }
+    fn move_state<'a>(
+        &'a mut self,
+        m: &'a StateMachine,
+        id: RowId<'a>,
+        from: &'a [&'a str],
+        to: &'a str,
+        version: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
+        (**self).move_state(m, id, from, to, version)
+    }
 }
 
 impl<DB: Database> sealed::Sealed for PoolConnection<DB> where DB::Connection: SqlConnection {}
@@ -107,6 +188,19 @@ where
 {
     fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
         (**self).complete_record(args)
+    }
+    fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a> {
+        (**self).read_state(m, id)
+    }
+    fn move_state<'a>(
+        &'a mut self,
+        m: &'a StateMachine,
+        id: RowId<'a>,
+        from: &'a [&'a str],
+        to: &'a str,
+        version: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
+        (**self).move_state(m, id, from, to, version)
     }
 }
 

@@ -82,13 +82,16 @@ mod complete_in;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod ops;
+mod positions;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod state;
 mod watch;
 
 pub use complete_in::{CompleteIn, SqlConnection};
+pub use state::{InvalidIdentifier, RowId, StateMachine, StateMove};
 
 use self::complete_in::CompleteInError;
 use self::watch::KeyPollers;
@@ -138,6 +141,7 @@ use tower_idempotency_core::store::{OwnerToken, StoreError, StoreErrorKind};
 /// | complete | 1 upsert that changes only the owner's claim (MySQL: an `UPDATE`, and an `INSERT … WHERE NOT EXISTS` if the row was swept) |
 /// | renew, release | 1 `UPDATE` checked against the owner token |
 /// | client token: issue / consume | 1 upsert / 1 `UPDATE` |
+/// | advance (an object's position, table `idempotency_positions`) | 1 upsert whose `WHERE` compares the kept `(version, state_rank)` (MySQL: an upsert whose assignments compare it and a read of the row it locked, in one transaction); when refused, 1 `SELECT` of the position |
 ///
 /// A duplicate that finds the key in flight waits on a watch that this
 /// instance shares per key; every [`poll_interval`](SqlStore::poll_interval)

@@ -13,7 +13,8 @@ use sqlx::Row as _;
 
 /// The migrations, applied in order by `migrate()`. Keys are binary (no
 /// collation folds two keys into one); a stored key is at most 644 bytes.
-pub(super) const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS idempotency_records (
+pub(super) const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idempotency_records (
         idem_key     VARBINARY(1024) NOT NULL PRIMARY KEY,
         state        INT NOT NULL,
         owner_token  VARBINARY(16) NULL,
@@ -24,7 +25,16 @@ pub(super) const MIGRATIONS: &[&str] = &["CREATE TABLE IF NOT EXISTS idempotency
         created_at   BIGINT NOT NULL,
         expires_at   BIGINT NOT NULL,
         INDEX idempotency_records_expires (expires_at)
-    ) ENGINE = InnoDB"];
+    ) ENGINE = InnoDB",
+    "CREATE TABLE IF NOT EXISTS idempotency_positions (
+        object_key   VARBINARY(1024) NOT NULL PRIMARY KEY,
+        version      BIGINT NOT NULL,
+        state_rank   BIGINT NOT NULL,
+        advanced_by  VARBINARY(16) NULL,
+        expires_at   BIGINT NOT NULL,
+        INDEX idempotency_positions_expires (expires_at)
+    ) ENGINE = InnoDB",
+];
 
 /// The database's clock, in milliseconds since the Unix epoch, whatever
 /// the session's time zone: `UTC_TIMESTAMP` is the UTC wall clock, and the
@@ -187,6 +197,43 @@ pub(super) const SWEEP: &str = concat!(
     " - ",
     fence_keep_ms!(),
     ") LIMIT ?"
+);
+
+/// Binds: object, version, rank, advance token, ttl ms. The object's
+/// position, if it is ahead of the one kept (or that one expired). MySQL
+/// has no `WHERE` here and reads assigned columns anew: the condition is
+/// judged once, on the old row, by the first assignment (the call's own
+/// token into `advanced_by`), and the others follow the token. Read the
+/// row back ([`ADVANCED`]) in the same transaction, which holds its lock.
+pub(super) const ADVANCE: &str =
+    concat!(
+    "INSERT INTO idempotency_positions (object_key, version, state_rank, advanced_by, expires_at)
+    VALUES (?, ?, ?, ?, ", now_ms!(), " + ?)
+    ON DUPLICATE KEY UPDATE
+        advanced_by = IF(expires_at <= ", now_ms!(), "
+            OR (version, state_rank) < (VALUES(version), VALUES(state_rank)),
+            VALUES(advanced_by), advanced_by),
+        version = IF(advanced_by <=> VALUES(advanced_by), VALUES(version), version),
+        state_rank = IF(advanced_by <=> VALUES(advanced_by), VALUES(state_rank), state_rank),
+        expires_at = IF(advanced_by <=> VALUES(advanced_by), VALUES(expires_at), expires_at)"
+);
+
+/// Binds: object. The row [`ADVANCE`] left, in its transaction.
+pub(super) const ADVANCED: &str =
+    "SELECT advanced_by, version, state_rank FROM idempotency_positions WHERE object_key = ?";
+
+/// Binds: object. Its live position.
+pub(super) const POSITION: &str = concat!(
+    "SELECT version, state_rank FROM idempotency_positions
+    WHERE object_key = ? AND expires_at > ",
+    now_ms!()
+);
+
+/// Binds: batch size. Deletes up to that many expired positions.
+pub(super) const SWEEP_POSITIONS: &str = concat!(
+    "DELETE FROM idempotency_positions WHERE expires_at <= ",
+    now_ms!(),
+    " LIMIT ?"
 );
 
 /// Completes the record on `conn` (the store's pool, or the caller's

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency_core::store::codec::{decode, encode};
 use tower_idempotency_core::store::{
-    Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store, StoreError,
-    StoreErrorKind, Watch,
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position, RecordState,
+    Store, StoreError, StoreErrorKind, Watch,
 };
 use tower_idempotency_core::Fingerprint;
 
@@ -90,6 +90,28 @@ fn owner_of(row: &Row) -> Result<[u8; 16], StoreError> {
 }
 
 impl Store for SqlStore {
+    /// One upsert whose `WHERE` compares the kept position (MySQL: an
+    /// upsert whose assignments compare it, and a read of the row it
+    /// locked, in one transaction); when refused, one read of the position
+    /// that refused it.
+    async fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> Result<Advance, StoreError> {
+        super::positions::advance(&self.pool, object.as_bytes(), position, ttl)
+            .await
+            .map_err(|e| map_err("advance", e))
+    }
+
+    /// One read; the time to live is the database's clock's.
+    async fn position(&self, object: &str) -> Result<Option<Position>, StoreError> {
+        super::positions::read(&self.pool, object.as_bytes())
+            .await
+            .map_err(|e| map_err("position", e))
+    }
+
     /// One read; the lease and the window are the database's clock's.
     async fn inspect(&self, key: &str) -> Result<RecordState, StoreError> {
         let row = self

@@ -22,6 +22,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     )",
     "CREATE INDEX IF NOT EXISTS idempotency_records_expires
         ON idempotency_records (expires_at)",
+    "CREATE TABLE IF NOT EXISTS idempotency_positions (
+        object_key   BYTEA PRIMARY KEY,
+        version      BIGINT NOT NULL,
+        state_rank   BIGINT NOT NULL,
+        advanced_by  BYTEA,
+        expires_at   BIGINT NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS idempotency_positions_expires
+        ON idempotency_positions (expires_at)",
 ];
 
 /// Serialises `migrate()` across instances (an arbitrary constant: "idem").
@@ -231,6 +240,43 @@ pub(super) const SWEEP: &str = concat!(
     " LIMIT $1 FOR UPDATE SKIP LOCKED
     ) AND ",
     sweepable!()
+);
+
+/// `$1` object, `$2` version, `$3` rank, `$4` ttl ms: the object's
+/// position, if it is ahead of the one kept (or that one expired); a row
+/// back when it moved. The `WHERE` is checked on the row as it is when the
+/// upsert holds its lock.
+pub(super) const ADVANCE: &str = concat!(
+    "INSERT INTO idempotency_positions AS p (object_key, version, state_rank, expires_at)
+    VALUES ($1, $2, $3, ",
+    now_ms!(),
+    " + $4)
+    ON CONFLICT (object_key) DO UPDATE SET
+        version = EXCLUDED.version,
+        state_rank = EXCLUDED.state_rank,
+        expires_at = EXCLUDED.expires_at
+    WHERE p.expires_at <= ",
+    now_ms!(),
+    "
+        OR (p.version, p.state_rank) < (EXCLUDED.version, EXCLUDED.state_rank)
+    RETURNING 1"
+);
+
+/// `$1` object: its live position.
+pub(super) const POSITION: &str = concat!(
+    "SELECT version, state_rank FROM idempotency_positions
+    WHERE object_key = $1 AND expires_at > ",
+    now_ms!()
+);
+
+/// `$1` batch size: deletes up to that many expired positions.
+pub(super) const SWEEP_POSITIONS: &str = concat!(
+    "DELETE FROM idempotency_positions WHERE object_key IN (
+        SELECT object_key FROM idempotency_positions WHERE expires_at <= ",
+    now_ms!(),
+    " LIMIT $1 FOR UPDATE SKIP LOCKED
+    ) AND expires_at <= ",
+    now_ms!()
 );
 
 /// Completes `op`'s record on `conn` (the store's pool, or the caller's

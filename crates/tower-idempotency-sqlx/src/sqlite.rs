@@ -21,6 +21,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     )",
     "CREATE INDEX IF NOT EXISTS idempotency_records_expires
         ON idempotency_records (expires_at)",
+    "CREATE TABLE IF NOT EXISTS idempotency_positions (
+        object_key   BLOB PRIMARY KEY,
+        version      INTEGER NOT NULL,
+        state_rank   INTEGER NOT NULL,
+        advanced_by  BLOB,
+        expires_at   INTEGER NOT NULL
+    )",
+    "CREATE INDEX IF NOT EXISTS idempotency_positions_expires
+        ON idempotency_positions (expires_at)",
 ];
 
 /// The database's clock, in milliseconds.
@@ -184,6 +193,41 @@ pub(super) const SWEEP: &str = concat!(
     " - ",
     fence_keep_ms!(),
     ") LIMIT ?1
+    )"
+);
+
+/// `?1` object, `?2` version, `?3` rank, `?4` ttl ms: the object's
+/// position, if it is ahead of the one kept (or that one expired); a row
+/// back when it moved.
+pub(super) const ADVANCE: &str = concat!(
+    "INSERT INTO idempotency_positions AS p (object_key, version, state_rank, expires_at)
+    VALUES (?1, ?2, ?3, ",
+    now_ms!(),
+    " + ?4)
+    ON CONFLICT (object_key) DO UPDATE SET
+        version = excluded.version,
+        state_rank = excluded.state_rank,
+        expires_at = excluded.expires_at
+    WHERE p.expires_at <= ",
+    now_ms!(),
+    "
+        OR (p.version, p.state_rank) < (excluded.version, excluded.state_rank)
+    RETURNING 1"
+);
+
+/// `?1` object: its live position.
+pub(super) const POSITION: &str = concat!(
+    "SELECT version, state_rank FROM idempotency_positions
+    WHERE object_key = ?1 AND expires_at > ",
+    now_ms!()
+);
+
+/// `?1` batch size: deletes up to that many expired positions.
+pub(super) const SWEEP_POSITIONS: &str = concat!(
+    "DELETE FROM idempotency_positions WHERE object_key IN (
+        SELECT object_key FROM idempotency_positions WHERE expires_at <= ",
+    now_ms!(),
+    " LIMIT ?1
     )"
 );
 

@@ -228,9 +228,18 @@ pub(super) async fn sweep_all(pool: &Pool, batch: u32) -> sqlx::Result<u64> {
         };
         total += n;
         if n < u64::from(batch) {
-            return Ok(total);
+            break;
         }
         // Let other writers in between two batches.
+        tokio::task::yield_now().await;
+    }
+    // Objects' positions, the same way.
+    loop {
+        let n = super::positions::sweep(pool, batch).await?;
+        total += n;
+        if n < u64::from(batch) {
+            return Ok(total);
+        }
         tokio::task::yield_now().await;
     }
 }

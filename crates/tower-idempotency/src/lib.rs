@@ -51,6 +51,9 @@
 //!   key is claimed; off unless keys are configured.
 //! - [`normalize`]: writes the channel's exact success and failure replies.
 //! - [`IdempotencyLayer`]: all three for one [`Preset`].
+//! - [`order`]: an object's events one at a time and in order, behind the
+//!   dedup layer (`OrderLayer`): an event older than the object's state is
+//!   answered as a success without reaching the handler.
 //! - [`consumer`]: the same once-per-key guarantee for any message handler
 //!   (`Consumer::once`, `ConsumerLayer`).
 //!
@@ -141,6 +144,7 @@ pub mod key;
 mod layer;
 pub mod limit;
 pub mod normalize;
+pub mod order;
 mod outcome;
 mod span;
 pub mod store;

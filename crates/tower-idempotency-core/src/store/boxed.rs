@@ -1,7 +1,10 @@
 //! [`BoxStore`]: any store behind one type, picked at run time, with its
 //! calls' futures on the heap.
 
-use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
+use super::{
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Position, RecordState, Store,
+    StoreError,
+};
 use crate::Fingerprint;
 use std::any::Any;
 use std::fmt;
@@ -112,6 +115,13 @@ trait DynStore: Send + Sync + 'static {
         window: Duration,
     ) -> Call<'a, bool>;
     fn forget<'a>(&'a self, key: &'a str) -> Call<'a, Forgotten>;
+    fn advance<'a>(
+        &'a self,
+        object: &'a str,
+        position: Position,
+        ttl: Duration,
+    ) -> Call<'a, Advance>;
+    fn position<'a>(&'a self, object: &'a str) -> Call<'a, Option<Position>>;
     fn as_any(&self) -> &dyn Any;
     fn type_name(&self) -> &'static str;
 }
@@ -169,6 +179,17 @@ impl<S: Store> DynStore for S {
     }
     fn forget<'a>(&'a self, key: &'a str) -> Call<'a, Forgotten> {
         Box::pin(Store::forget(self, key))
+    }
+    fn advance<'a>(
+        &'a self,
+        object: &'a str,
+        position: Position,
+        ttl: Duration,
+    ) -> Call<'a, Advance> {
+        Box::pin(Store::advance(self, object, position, ttl))
+    }
+    fn position<'a>(&'a self, object: &'a str) -> Call<'a, Option<Position>> {
+        Box::pin(Store::position(self, object))
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -245,5 +266,18 @@ impl Store for BoxStore {
 
     async fn forget(&self, key: &str) -> Result<Forgotten, StoreError> {
         self.0.forget(key).await
+    }
+
+    async fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> Result<Advance, StoreError> {
+        self.0.advance(object, position, ttl).await
+    }
+
+    async fn position(&self, object: &str) -> Result<Option<Position>, StoreError> {
+        self.0.position(object).await
     }
 }

@@ -28,7 +28,10 @@
 //! side (`Either<MemoryStore, BoxStore>`): the memory store's calls then
 //! stay small, and each network call pays one allocation.
 
-use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
+use super::{
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Position, RecordState, Store,
+    StoreError,
+};
 use crate::Fingerprint;
 use ::either::Either;
 use std::sync::Arc;
@@ -130,6 +133,25 @@ impl<A: Store, B: Store> Store for Either<A, B> {
         match self {
             Either::Left(a) => a.replace(key, record, window).await,
             Either::Right(b) => b.replace(key, record, window).await,
+        }
+    }
+
+    async fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> Result<Advance, StoreError> {
+        match self {
+            Either::Left(a) => a.advance(object, position, ttl).await,
+            Either::Right(b) => b.advance(object, position, ttl).await,
+        }
+    }
+
+    async fn position(&self, object: &str) -> Result<Option<Position>, StoreError> {
+        match self {
+            Either::Left(a) => a.position(object).await,
+            Either::Right(b) => b.position(object).await,
         }
     }
 }

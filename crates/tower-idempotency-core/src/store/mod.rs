@@ -12,6 +12,10 @@
 //! Every operation but `claim` is checked against the owner token, so an owner
 //! whose lease ran out can never overwrite or delete a newer owner's record.
 //!
+//! Beside the records, a store keeps the applied [`Position`] of an object
+//! (a payment, an order) for a layer that lets an object's state only move
+//! forward: [`Store::advance`] moves it in one compare-and-set, never back.
+//!
 //! The memory store of the layers crate
 //! ([`MemoryStore`](https://docs.rs/tower-idempotency/latest/tower_idempotency/store/struct.MemoryStore.html))
 //! shows the life cycle in its documentation; every store passes the
@@ -25,6 +29,7 @@ mod either;
 mod error;
 mod fence;
 mod pollers;
+mod position;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -39,6 +44,7 @@ pub use completed::Completed as CompletedCache;
 pub use error::{StoreError, StoreErrorKind};
 pub use fence::{fence_floor, Ownership};
 pub use pollers::{Poller, Pollers};
+pub use position::{Advance, Position};
 pub use watch::{Watch, WatchSender};
 
 use crate::Fingerprint;
@@ -391,6 +397,43 @@ pub trait Store: Clone + Send + Sync + 'static {
         std::future::ready(Err(StoreError::new(
             StoreErrorKind::Unsupported,
             "this store cannot forget records",
+        )))
+    }
+
+    /// Atomically: moves the applied position of `object` to `position` if
+    /// `position` is ahead of it (or the store keeps none for `object`), and
+    /// keeps it at least `ttl` from now; otherwise changes nothing and
+    /// answers [`Advance::Behind`] with the position kept. An equal
+    /// position is behind: of many concurrent advances of one object, only
+    /// strictly increasing ones are accepted.
+    ///
+    /// `object` names an object, not a record: positions live beside the
+    /// records, and an object's name never collides with a record's key.
+    /// The default answers [`StoreErrorKind::Unsupported`].
+    fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Advance, StoreError>> + Send {
+        let _ = (object, position, ttl);
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store does not keep positions",
+        )))
+    }
+
+    /// The applied position of `object`, if the store keeps one (none
+    /// after its time to live ended). The default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn position(
+        &self,
+        object: &str,
+    ) -> impl Future<Output = Result<Option<Position>, StoreError>> + Send {
+        let _ = object;
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store does not keep positions",
         )))
     }
 }

@@ -147,6 +147,41 @@ mod sql_only {
         }
     }
 
+    /// Expired positions are swept with the records; live ones stay.
+    #[tokio::test]
+    async fn expired_positions_are_swept() {
+        use tower_idempotency::store::{Advance, Position};
+        let file = SqliteFile::new();
+        let store = SqlStore::connect(&file.url()).await.unwrap().sweep(None, 2);
+        for i in 0..5 {
+            let object = unique_key(&format!("sweep-position-{i}"));
+            let got = store
+                .advance(&object, Position::new(1, 0), Duration::from_millis(50))
+                .await
+                .unwrap();
+            assert_eq!(got, Advance::Moved);
+        }
+        let live = unique_key("sweep-position-live");
+        store
+            .advance(&live, Position::new(7, 1), Duration::from_secs(60))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let positions = || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_positions")
+                .fetch_one(store.as_sqlite().unwrap())
+                .await
+                .unwrap()
+        };
+        assert_eq!(positions().await, 6);
+        assert_eq!(store.sweep_expired(2).await.unwrap(), 5);
+        assert_eq!(positions().await, 1);
+        assert_eq!(
+            store.position(&live).await.unwrap(),
+            Some(Position::new(7, 1))
+        );
+    }
+
     /// The fence outlives the row: a released claim stays (as a row of
     /// state 0) through a sweep, and a record swept after its window is
     /// followed by a larger token from the database's clock.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Runs one store call under `timeout`.
-pub(super) async fn timed<T>(
+pub(crate) async fn timed<T>(
     timeout: Duration,
     op: &'static str,
     fut: impl Future<Output = Result<T, StoreError>>,
@@ -23,7 +23,7 @@ pub(super) async fn timed<T>(
 /// Owns a claim until it is completed or released. Dropped while armed (the
 /// `once` future cancelled, a panic) it releases the claim in a spawned task;
 /// without a runtime the lease runs out by itself.
-pub(super) struct Held<St: Store> {
+pub(crate) struct Held<St: Store> {
     pub(super) store: St,
     pub(super) key: Arc<str>,
     pub(super) token: OwnerToken,
@@ -32,7 +32,7 @@ pub(super) struct Held<St: Store> {
 }
 
 impl<St: Store> Held<St> {
-    pub(super) fn new(store: St, key: Arc<str>, token: OwnerToken, timeout: Duration) -> Self {
+    pub(crate) fn new(store: St, key: Arc<str>, token: OwnerToken, timeout: Duration) -> Self {
         Self {
             store,
             key,
@@ -43,12 +43,12 @@ impl<St: Store> Held<St> {
     }
 
     /// Nothing to release: the claim was completed, or never made.
-    pub(super) fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 
     /// Releases the claim now (owner-checked: harmless if it was lost).
-    pub(super) async fn release(mut self) {
+    pub(crate) async fn release(mut self) {
         self.armed = false;
         let _ = timed(
             self.timeout,
@@ -63,7 +63,7 @@ impl<St: Store> Held<St> {
     /// finishes; `work` is polled while a renewal is under way. Returns the
     /// output and whether a renewal found the claim lost. A failed renewal is
     /// logged and counted under `scope`.
-    pub(super) async fn renewing<F: Future>(
+    pub(crate) async fn renewing<F: Future>(
         &self,
         work: F,
         lease: Duration,

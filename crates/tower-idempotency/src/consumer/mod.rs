@@ -66,6 +66,7 @@
 
 mod disposition;
 mod lease;
+pub(crate) use lease::{timed, Held};
 mod once;
 mod service;
 

@@ -162,6 +162,43 @@ impl fmt::Display for Field {
     }
 }
 
+/// Reads a source as a configured preset names it: `header:NAME`,
+/// `json:/POINTER`, `form:FIELD`, `xml:ELEMENT` or `query:NAME`.
+///
+/// ```
+/// use tower_idempotency::key::Field;
+/// let field: Field = "json:/data/object/id".parse().unwrap();
+/// assert_eq!(field, Field::json("/data/object/id"));
+/// assert_eq!("form:out_trade_no".parse::<Field>().unwrap(), Field::form("out_trade_no"));
+/// assert!("json:id".parse::<Field>().is_err());
+/// assert!("body:id".parse::<Field>().is_err());
+/// ```
+impl std::str::FromStr for Field {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
+        let empty = || KeyError::new(format!("`{s}`: the source names nothing after `{kind}:`"));
+        match kind {
+            "header" => HeaderName::from_bytes(rest.as_bytes())
+                .map(Field::header)
+                .map_err(|_| KeyError::new(format!("`{s}`: not a header name"))),
+            "json" if rest.starts_with('/') => Ok(Field::json(rest.to_owned())),
+            "json" => Err(KeyError::new(format!(
+                "`{s}`: a JSON pointer starts with `/` (json:/id)"
+            ))),
+            "form" | "xml" | "query" if rest.is_empty() => Err(empty()),
+            "form" => Ok(Field::form(rest.to_owned())),
+            "xml" => Ok(Field::xml(rest.to_owned())),
+            "query" => Ok(Field::query(rest.to_owned())),
+            _ => Err(KeyError::new(format!(
+                "unknown source `{s}`: expected header:NAME, json:/POINTER, form:FIELD, \
+                 xml:ELEMENT or query:NAME"
+            ))),
+        }
+    }
+}
+
 /// What the fingerprint of a request covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -295,6 +332,28 @@ impl ExtractKey for KeySpec {
             ),
         };
         Ok(Some(Extracted { key, fingerprint }))
+    }
+}
+
+impl KeySpec {
+    /// The text of each key field, read in one pass over the body (`None`
+    /// where a field is absent or empty), for readers other than the key's
+    /// (an order's object, version and state).
+    pub(crate) fn values(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Vec<Option<String>>, KeyError> {
+        let doc = Document::parse(self, body)?;
+        Ok(self
+            .key
+            .iter()
+            .map(|field| {
+                doc.get(parts, field)
+                    .filter(|v| !v.is_empty())
+                    .map(Cow::into_owned)
+            })
+            .collect())
     }
 }
 

@@ -18,7 +18,10 @@
 //! # }
 //! ```
 
-use super::{Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoreError};
+use super::{
+    Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Position, RecordState, Store,
+    StoreError,
+};
 use crate::Fingerprint;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +42,9 @@ use std::time::Duration;
 ///   Redis restarts without its data or is down.
 /// - **complete**: in the back first (durable), then in the front; the
 ///   back's answer counts. **renew**, **release**: both; the back's answer
-///   counts. Client tokens live in the back.
+///   counts. Client tokens and objects' positions
+///   ([`advance`](Store::advance)) live in the back, which decides every
+///   compare-and-set.
 /// - When the front fails (Redis down), every call goes to the back alone,
 ///   which stays correct: every claim that wins has won in the back.
 ///
@@ -230,5 +235,18 @@ impl<F: Store, B: Store> Store for TieredStore<F, B> {
         }
         self.front.replace(key, record, window).await?;
         Ok(true)
+    }
+
+    async fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> Result<Advance, StoreError> {
+        self.back.advance(object, position, ttl).await
+    }
+
+    async fn position(&self, object: &str) -> Result<Option<Position>, StoreError> {
+        self.back.position(object).await
     }
 }

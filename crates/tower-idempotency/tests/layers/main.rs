@@ -1,4 +1,4 @@
-//! The layers in axum, hyper and tonic stacks: channels, keys, verification, promises, pressure, tokens, metrics, the README's example; the memory store against the store conformance suite.
+//! The layers in axum, hyper and tonic stacks: channels, keys, verification, promises, pressure, tokens, metrics, the README's example; orders; the memory store against the store conformance suite.
 
 mod axum_example;
 mod channels;
@@ -8,6 +8,7 @@ mod fault_injection;
 mod key_proptest;
 mod keys;
 mod metrics;
+mod order;
 mod pressure;
 mod promises;
 mod readme;

@@ -1,6 +1,6 @@
 //! The conformance suite every [`Store`] passes: the record life cycle,
-//! owners, leases, windows, waiters, tokens, fencing tokens and races, one
-//! `async fn` per case, generic over the store. The memory, tiered, Redis
+//! owners, leases, windows, waiters, tokens, fencing tokens, positions and
+//! races, one `async fn` per case, generic over the store. The memory, tiered, Redis
 //! and SQL stores all run it, and so can a store of your own.
 //!
 //! [`store_tests!`] writes one `#[tokio::test]` per case for a store; a
@@ -37,11 +37,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod fences;
+mod positions;
 
 pub use fences::{
     concurrent_claimers_never_share_a_fence, fence, fences_grow_across_forget,
     fences_grow_across_lease_takeover, fences_grow_across_record_expiry,
     fences_grow_across_release,
+};
+pub use positions::{
+    advance, advance_moves_forward, advance_refuses_equal_and_behind,
+    concurrent_advances_only_move_forward, positions_are_kept_for_their_ttl,
 };
 
 /// A key no other test (or earlier run against the same server) uses,
@@ -697,6 +702,10 @@ macro_rules! __store_tests {
                 fences_grow_across_forget,
                 fences_grow_across_record_expiry,
                 concurrent_claimers_never_share_a_fence,
+                advance_moves_forward,
+                advance_refuses_equal_and_behind,
+                concurrent_advances_only_move_forward,
+                positions_are_kept_for_their_ttl,
             );
         }
     };

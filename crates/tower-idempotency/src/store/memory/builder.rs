@@ -13,6 +13,7 @@ use std::time::Duration;
 pub struct MemoryStoreBuilder {
     max_bytes: u64,
     max_tokens: u64,
+    max_positions: u64,
 }
 
 impl MemoryStoreBuilder {
@@ -31,6 +32,15 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// The most objects whose applied position to keep (see
+    /// [`Store::advance`](crate::store::Store::advance)): past it, the
+    /// least recently advanced go first, and an event of such an object is
+    /// judged as the object's first. Defaults to 1,000,000 (about 100 MiB).
+    pub const fn max_positions(mut self, positions: u64) -> Self {
+        self.max_positions = positions;
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let completed = Completed::new(self.max_bytes, true);
@@ -39,6 +49,11 @@ impl MemoryStoreBuilder {
             // Oldest first: a fresh token is never refused.
             .eviction_policy(moka::policy::EvictionPolicy::lru())
             .time_to_live(Duration::from_secs(24 * 3600))
+            .build_with_hasher(RandomState::default());
+        let positions = moka::sync::Cache::builder()
+            .max_capacity(self.max_positions)
+            // Oldest first: a fresh position is never refused.
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build_with_hasher(RandomState::default());
         let shards = (0..SHARDS)
             .map(|_| Mutex::new(HashMap::with_hasher(RandomState::default())))
@@ -49,6 +64,7 @@ impl MemoryStoreBuilder {
                 shards,
                 completed,
                 tokens,
+                positions,
                 fence: AtomicU64::new(0),
             }),
         }
@@ -60,6 +76,7 @@ impl Default for MemoryStoreBuilder {
         Self {
             max_bytes: 256 * 1024 * 1024,
             max_tokens: 1_000_000,
+            max_positions: 1_000_000,
         }
     }
 }

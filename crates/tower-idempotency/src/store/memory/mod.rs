@@ -6,8 +6,8 @@ pub use builder::MemoryStoreBuilder;
 
 use super::CompletedCache as Completed;
 use super::{
-    fence_floor, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, RecordState, Store,
-    StoreError, WatchSender,
+    fence_floor, Advance, Claim, CompletedRecord, Forgotten, OwnerToken, Ownership, Position,
+    RecordState, Store, StoreError, WatchSender,
 };
 use crate::Fingerprint;
 use foldhash::fast::RandomState;
@@ -91,8 +91,17 @@ struct Inner {
     completed: Completed,
     /// Client tokens: when each expires and which request took it.
     tokens: moka::sync::Cache<Arc<str>, ClientToken, RandomState>,
+    /// Objects' applied positions, and when each runs out.
+    positions: moka::sync::Cache<Arc<str>, Kept, RandomState>,
     /// The last fencing token handed out, for any key.
     fence: AtomicU64,
+}
+
+/// An object's applied position.
+#[derive(Clone, Copy)]
+struct Kept {
+    position: Position,
+    expires: Instant,
 }
 
 struct InFlight {
@@ -455,5 +464,45 @@ impl Store for MemoryStore {
                 }
             });
         std::future::ready(Ok(taken))
+    }
+
+    fn advance(
+        &self,
+        object: &str,
+        position: Position,
+        ttl: Duration,
+    ) -> impl std::future::Future<Output = Result<Advance, StoreError>> + Send {
+        use moka::ops::compute::Op;
+        let now = Instant::now();
+        let kept = Kept {
+            position,
+            expires: now + ttl,
+        };
+        // Calls on one object run one at a time: a compare-and-set.
+        let mut answer = Advance::Moved;
+        self.inner
+            .positions
+            .entry(Arc::from(object))
+            .and_compute_with(|found| match found.map(|f| *f.value()) {
+                Some(at) if at.expires > now && at.position >= position => {
+                    answer = Advance::Behind(at.position);
+                    Op::Nop
+                }
+                _ => Op::Put(kept),
+            });
+        std::future::ready(Ok(answer))
+    }
+
+    fn position(
+        &self,
+        object: &str,
+    ) -> impl std::future::Future<Output = Result<Option<Position>, StoreError>> + Send {
+        let at = self
+            .inner
+            .positions
+            .get(object)
+            .filter(|at| at.expires > Instant::now())
+            .map(|at| at.position);
+        std::future::ready(Ok(at))
     }
 }
