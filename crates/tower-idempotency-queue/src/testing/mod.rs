@@ -61,12 +61,12 @@ use tower_idempotency::store::OwnerToken;
 use tower_idempotency::Fingerprint;
 
 /// The lease of the cases' fetches and renewals.
-pub const LEASE: Duration = Duration::from_millis(400);
+pub const LEASE: Duration = Duration::from_millis(250);
 /// How long a case holds an entry by renewal (past the end of its first
 /// lease, and of a lease a queue sets when it is opened if it is shorter).
-pub const HOLD: Duration = Duration::from_millis(1500);
+pub const HOLD: Duration = Duration::from_millis(1200);
 /// How long the cases' retries and postponements wait.
-pub const AFTER: Duration = Duration::from_millis(400);
+pub const AFTER: Duration = Duration::from_millis(250);
 /// How long a case waits for an entry that is due (a lease run out, a
 /// retry due, a replay) before it fails.
 pub const WITHIN: Duration = Duration::from_secs(10);
