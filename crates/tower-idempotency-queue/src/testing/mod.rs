@@ -3,8 +3,10 @@
 //! postponements due later, dead letters listed page by page, replayed
 //! once, raced against a delete, and keys forgotten, one `async fn` per
 //! case, generic over the queue and calling the [`Queue`] trait alone. The
-//! memory, redb, Redis Streams, RabbitMQ, NATS JetStream and [`Sealed`]
-//! queues all run it, and so can a queue of your own.
+//! memory, redb, RabbitMQ, NATS JetStream and [`Sealed`] queues run every
+//! case, Redis Streams every case but [`a_lease_that_runs_out_is_lost`]
+//! (its lease is the instance's, not the delivery's: only another instance
+//! takes an entry whose lease ran out), and so can a queue of your own.
 //!
 //! [`queue_tests!`] writes one `#[tokio::test]` per case for a queue; a
 //! case can also be called on its own. Each case takes a queue of its own,
