@@ -73,6 +73,7 @@
 //! | `metrics` | the queue's `idempotency_queue_*` series through the `metrics` facade |
 //! | `tracing` | warnings and a `deliver` span per queued delivery (target `tower_idempotency`), carrying the route, the key's hash and the attempt |
 //! | `otel` | with `tracing`, each delivery's span linked to the span that queued it (its stored `traceparent`) |
+//! | `testing` | `testing`: the conformance suite every queue passes, for the tests of a backend of your own |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -110,6 +111,9 @@ mod settle;
 mod shared;
 mod span;
 mod stats;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod worker;
 
 #[cfg(feature = "amqp")]

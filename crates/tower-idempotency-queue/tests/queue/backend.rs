@@ -209,6 +209,15 @@ impl Queue for VecQueue {
     }
 }
 
+async fn vec_queue() -> Option<(VecQueue, ())> {
+    Some((VecQueue::default(), ()))
+}
+
+// The conformance suite, as a backend's own tests run it: `VecQueue`
+// keeps the trait's defaults for `delete_dead` and `forget` (unsupported),
+// so the cases of those calls end where the queue says so.
+tower_idempotency_queue::testing::queue_tests!(vec_queue_suite, vec_queue);
+
 #[tokio::test]
 async fn a_worker_delivers_over_a_backend_that_implements_queue_alone() {
     let queue = VecQueue::default();

@@ -1,6 +1,7 @@
 //! Acknowledge then deliver: the queues (embedded, Redis Streams, RabbitMQ, NATS JetStream), the worker, pacing and the consumers.
 
 mod backend;
+mod conformance;
 mod consumer;
 mod queue;
 mod queue_group_commit;

@@ -127,17 +127,6 @@ mod cases {
         queued
     }
 
-    pub(super) async fn seven_copies_make_one_entry<Q: Queue>(queue: Q) {
-        let queued = ingest_at_once(&queue, (0..20).flat_map(|i| (0..7).map(move |_| i))).await;
-        assert_eq!(queued, 20);
-        assert_eq!(queue.stats().await.unwrap().depth, 20);
-        // Same key, other payload: refused, nothing stored.
-        let mut forged = notification(3);
-        forged.fingerprint = Fingerprint::of(b"TRANSACTION.SUCCESS 3000");
-        assert_eq!(queue.ingest(forged).await.unwrap(), Ingested::Mismatch);
-        assert_eq!(queue.stats().await.unwrap().depth, 20);
-    }
-
     pub(super) async fn storm_while_upstream_down_delivers_each_once<Q: Queue>(queue: Q) {
         let upstream = Upstream::default();
         upstream.down.store(true, Ordering::SeqCst);
@@ -253,116 +242,9 @@ mod cases {
         assert!(runs.values().all(|&n| n == 1), "{runs:?}");
         assert!(queue.dead_letters(100).await.unwrap().is_empty());
     }
-
-    /// A replay and a delete of one dead letter, raced: exactly one of them
-    /// has it, and its notification is delivered if and only if the replay
-    /// had it (a deleted letter is never delivered; a replayed one is never
-    /// lost).
-    pub(super) async fn a_raced_replay_and_delete_have_the_letter_once<Q: Queue>(queue: Q) {
-        const N: usize = 40;
-        for i in 0..N {
-            queue.ingest(notification(i)).await.unwrap();
-        }
-        let upstream = Upstream::default();
-        upstream.down.store(true, Ordering::SeqCst);
-        let mut worker = Worker::new(queue.clone(), upstream.handler())
-            .max_attempts(1)
-            .backoff(Duration::from_millis(1), Duration::from_millis(5));
-        drain(&mut worker).await;
-        let dead = queue.dead_letters(N + 1).await.unwrap();
-        assert_eq!(dead.len(), N);
-        let mut replayed = std::collections::HashSet::new();
-        for (n, letter) in dead.iter().enumerate() {
-            let start = Arc::new(tokio::sync::Barrier::new(2));
-            let (q, id, go) = (queue.clone(), letter.id.clone(), start.clone());
-            let replay = tokio::spawn(async move {
-                go.wait().await;
-                q.replay(&id).await.unwrap()
-            });
-            let (q, id, go) = (queue.clone(), letter.id.clone(), start.clone());
-            let delete = tokio::spawn(async move {
-                go.wait().await;
-                // Half of the rounds give the delete a head start of a
-                // moment, so that both orders are met.
-                if n % 2 == 0 {
-                    tokio::task::yield_now().await;
-                }
-                q.delete_dead(&id).await.unwrap()
-            });
-            let (replay, delete) = (replay.await.unwrap(), delete.await.unwrap());
-            assert!(
-                replay != delete.is_some(),
-                "letter {n}: replayed {replay}, deleted {}",
-                delete.is_some()
-            );
-            if replay {
-                replayed.insert(letter.message.key.clone());
-            }
-        }
-        assert!(queue.dead_letters(N + 1).await.unwrap().is_empty());
-        upstream.down.store(false, Ordering::SeqCst);
-        drain(&mut worker).await;
-        let runs = upstream.runs();
-        for letter in &dead {
-            let key = &letter.message.key;
-            let want = usize::from(replayed.contains(key));
-            assert_eq!(
-                runs.get(key).copied().unwrap_or(0),
-                want,
-                "{key}: replayed {}",
-                want == 1
-            );
-        }
-    }
-
-    /// Forget lets a delivered key be queued and delivered again; a key
-    /// still queued or dead-lettered is refused, and stays a duplicate.
-    pub(super) async fn forget_lets_a_delivered_key_run_again<Q: Queue>(queue: Q) {
-        let key = notification(0).key;
-        assert!(!queue.forget(&key).await.unwrap(), "never seen");
-        assert!(matches!(
-            queue.ingest(notification(0)).await.unwrap(),
-            Ingested::Queued(_)
-        ));
-        let refused = queue.forget(&key).await.unwrap_err().to_string();
-        assert!(refused.contains("still queued"), "{refused}");
-        assert_eq!(
-            queue.ingest(notification(0)).await.unwrap(),
-            Ingested::Duplicate
-        );
-        let upstream = Upstream::default();
-        let mut worker = Worker::new(queue.clone(), upstream.handler())
-            .max_attempts(1)
-            .backoff(Duration::from_millis(1), Duration::from_millis(5));
-        drain(&mut worker).await;
-        assert_eq!(
-            queue.ingest(notification(0)).await.unwrap(),
-            Ingested::Duplicate
-        );
-        // Delivered: forgotten once; the next copy is queued and runs again.
-        assert!(queue.forget(&key).await.unwrap());
-        assert!(!queue.forget(&key).await.unwrap(), "forgotten already");
-        assert!(matches!(
-            queue.ingest(notification(0)).await.unwrap(),
-            Ingested::Queued(_)
-        ));
-        drain(&mut worker).await;
-        assert_eq!(upstream.runs().get(&key), Some(&2));
-        // Dead-lettered: refused, the copy stays a duplicate.
-        upstream.down.store(true, Ordering::SeqCst);
-        queue.ingest(notification(1)).await.unwrap();
-        drain(&mut worker).await;
-        assert_eq!(queue.stats().await.unwrap().dead, 1);
-        let refused = queue.forget(&notification(1).key).await.unwrap_err();
-        assert!(refused.to_string().contains("dead-lettered"), "{refused}");
-        assert_eq!(
-            queue.ingest(notification(1)).await.unwrap(),
-            Ingested::Duplicate
-        );
-    }
 }
 
-macro_rules! queue_tests {
+macro_rules! worker_cases {
     ($name:ident, $setup:expr; $($case:ident,)*) => {
         mod $name {
             use super::*;
@@ -379,40 +261,28 @@ macro_rules! queue_tests {
     };
 }
 
-queue_tests!(memory_queue, Some((MemoryQueue::new(), ()));
-    seven_copies_make_one_entry,
+worker_cases!(memory_queue, Some((MemoryQueue::new(), ()));
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
-    a_raced_replay_and_delete_have_the_letter_once,
-    forget_lets_a_delivered_key_run_again,
 );
-queue_tests!(redb_queue, {
+worker_cases!(redb_queue, {
     let dir = TempDir::new("queue-case");
     Some((RedbQueue::open(dir.file()).unwrap(), dir))
 };
-    seven_copies_make_one_entry,
     storm_while_upstream_down_delivers_each_once,
     an_order_group_is_delivered_in_order,
     dead_letters_are_kept_and_replayed_once,
-    a_raced_replay_and_delete_have_the_letter_once,
-    forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on Redis Streams yet (see its docs).
-queue_tests!(redis_streams_queue, redis_queue().await;
-    seven_copies_make_one_entry,
+worker_cases!(redis_streams_queue, redis_queue().await;
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
-    a_raced_replay_and_delete_have_the_letter_once,
-    forget_lets_a_delivered_key_run_again,
 );
 // Order groups are not enforced on RabbitMQ either (see its docs).
-queue_tests!(amqp_queue, amqp_queue().await;
-    seven_copies_make_one_entry,
+worker_cases!(amqp_queue, amqp_queue().await;
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
-    a_raced_replay_and_delete_have_the_letter_once,
-    forget_lets_a_delivered_key_run_again,
 );
 
 /// The environment variable that turns this test binary into a child
@@ -734,7 +604,8 @@ async fn amqp_redelivered_entry_does_not_run_the_handler_twice() {
 
 /// A queue of its own on the broker shared by this binary, its key
 /// records in a memory store.
-async fn amqp_queue() -> Option<(AmqpQueue<MemoryStore>, Arc<support_rabbitmq::RabbitServer>)> {
+pub(super) async fn amqp_queue(
+) -> Option<(AmqpQueue<MemoryStore>, Arc<support_rabbitmq::RabbitServer>)> {
     let broker = support_rabbitmq::shared_rabbitmq()?;
     let name = format!("case-{:x}", OwnerToken::new().as_u128());
     let queue = AmqpQueue::open(&broker.url(), &name, MemoryStore::new())
@@ -743,7 +614,7 @@ async fn amqp_queue() -> Option<(AmqpQueue<MemoryStore>, Arc<support_rabbitmq::R
     Some((queue, broker))
 }
 
-async fn redis_queue() -> Option<(RedisStreamsQueue, Arc<support_redis::RedisServer>)> {
+pub(super) async fn redis_queue() -> Option<(RedisStreamsQueue, Arc<support_redis::RedisServer>)> {
     let server = support_redis::shared_standalone()?;
     let name = format!("case-{:x}", OwnerToken::new().as_u128());
     let queue = RedisStreamsQueue::standalone(server.url().as_str(), &name)
@@ -1034,12 +905,9 @@ async fn redis_shared_breaker_judges_for_every_instance_and_leases_its_probes() 
 }
 
 // Order groups are not enforced on JetStream either (see its docs).
-queue_tests!(jetstream_queue, jetstream_queue().await;
-    seven_copies_make_one_entry,
+worker_cases!(jetstream_queue, jetstream_queue().await;
     storm_while_upstream_down_delivers_each_once,
     dead_letters_are_kept_and_replayed_once,
-    a_raced_replay_and_delete_have_the_letter_once,
-    forget_lets_a_delivered_key_run_again,
 );
 
 /// A queue of its own on the binary's shared `nats-server -js`.
@@ -1065,7 +933,7 @@ async fn jetstream_spec(tag: &str, url: &str) -> (Spec, JetStreamQueue, String) 
 }
 
 /// The lease of the child's: the consumer's ack wait is one setting.
-async fn jetstream_open(url: &str, name: &str) -> JetStreamQueue {
+pub(super) async fn jetstream_open(url: &str, name: &str) -> JetStreamQueue {
     JetStreamQueue::builder(name)
         .lease(Duration::from_secs(1))
         .connect(url)
