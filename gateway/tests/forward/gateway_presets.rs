@@ -517,3 +517,61 @@ fn check_config_names_the_line_of_a_bad_table() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// A preset whose signature does not sign what the key, the fingerprint or
+/// the timestamp is read from would call unsigned bytes signed: a genuine
+/// signature over a header would let anyone send any body, and a timestamp
+/// the template does not sign proves nothing about staleness. Refused,
+/// `FILE:LINE: reason` naming what is unsigned, exit 2.
+#[test]
+fn check_config_refuses_a_preset_that_calls_unsigned_bytes_signed() {
+    let preset = |body: &str| {
+        format!(
+            "[[preset]]\nname = \"acme\"\n{body}\n[[route]]\nprefix = \"/hooks/acme\"\n\
+             preset = \"acme\"\nverify = {{ secrets = [\"s\"] }}\n"
+        )
+    };
+    let cases: Vec<(String, usize, &str)> = vec![
+        (
+            preset("key = \"json:/id\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}.{timestamp}\", timestamp_header = \"x-ts\" }"),
+            6,
+            "preset `acme`: its key json:/id is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = [\"header:x-id\", \"form:trade_no\"]\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}\" }"),
+            6,
+            "its key form:trade_no is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = \"header:x-id\"\nfingerprint = \"body\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}\" }"),
+            7,
+            "its fingerprint (the body) is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = \"header:x-id\"\nfingerprint = [\"xml:amount\"]\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}\" }"),
+            7,
+            "its fingerprint xml:amount is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = \"json:/id\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", timestamp_header = \"x-ts\" }"),
+            6,
+            "its timestamp (header x-ts) is not signed",
+        ),
+        (
+            preset("key = \"json:/id\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signature_field = \"h1\", timestamp_field = \"ts\", signed = \"{body}\" }"),
+            6,
+            "its timestamp (pair ts) is not signed",
+        ),
+    ];
+    for (text, line, reason) in cases {
+        let dir = config_dir("http://127.0.0.1:9", &text);
+        let (code, err) = check(&dir, &[]);
+        assert_eq!(code, 2, "{text}\n{err}");
+        let at = format!("gateway.toml:{line}: ");
+        assert!(
+            err.contains(&at) && err.contains(reason),
+            "want {at}{reason}, got {err}\n{text}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

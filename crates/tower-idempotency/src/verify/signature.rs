@@ -208,6 +208,11 @@ impl SignedTemplate {
         self.parts.contains(&Part::Timestamp)
     }
 
+    /// Whether the template holds `{body}`.
+    pub fn uses_body(&self) -> bool {
+        self.parts.contains(&Part::Body)
+    }
+
     /// Whether the template holds `{url}`.
     pub fn uses_url(&self) -> bool {
         self.parts.contains(&Part::Url)
@@ -472,8 +477,9 @@ impl HmacSchemeBuilder {
 
     /// The scheme, or why it cannot check anything: no secret, an empty
     /// secret, a secret that is not base64 where it should be, a bad header
-    /// name, `{timestamp}` without a timestamp source, `{url}` without a
-    /// URL, a timestamp pair without a signature pair.
+    /// name, `{timestamp}` without a timestamp source, a timestamp source
+    /// whose value is not signed, `{url}` without a URL, a timestamp pair
+    /// without a signature pair.
     pub fn build(self) -> Result<HmacScheme, SigningKeyError> {
         let header = self.header.map_err(SigningKeyError::new)?;
         let timestamp_header = self
@@ -502,6 +508,13 @@ impl HmacSchemeBuilder {
         {
             return Err(SigningKeyError::new(
                 "`{timestamp}` is signed, but no timestamp_header or timestamp_field says where it comes from",
+            ));
+        }
+        if (self.timestamp_field.is_some() || timestamp_header.is_some())
+            && !self.signed.uses_timestamp()
+        {
+            return Err(SigningKeyError::new(
+                "a timestamp_header or timestamp_field is given, but `{timestamp}` is not signed: any timestamp would pass the tolerance",
             ));
         }
         if self.signed.uses_url() && self.url.is_none() {
@@ -727,6 +740,11 @@ mod tests {
         assert!(b().signed("{timestamp}.{body}".parse().unwrap()).build().is_err());
         assert!(b().signed("{url}{body}".parse().unwrap()).build().is_err());
         assert!(b().timestamp_field("ts").build().is_err());
+        // A timestamp the template does not sign proves nothing.
+        assert!(b().timestamp_header("x-ts").build().is_err());
+        assert!(b().signature_field("v1").timestamp_field("t").build().is_err());
+        let signed_ts = || b().signed("{timestamp}.{body}".parse().unwrap());
+        assert!(signed_ts().timestamp_header("x-ts").build().is_ok());
         assert!(HmacScheme::builder("x", HmacAlgorithm::Sha256, "x sig").secret("s").build().is_err());
         assert!(HmacScheme::builder("x", HmacAlgorithm::Sha256, "x-sig").secret("").build().is_err());
         assert!(b().secret_encoding(SecretEncoding::Base64).build().is_err());
