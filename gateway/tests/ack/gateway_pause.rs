@@ -480,7 +480,7 @@ async fn a_paused_routes_entries_are_parked_not_cycled_redis_streams() {
         return;
     };
     let url = redis.url();
-    parked_while_paused(&["--queue", &url], "redis").await;
+    parked_while_paused(&["--queue", &url, "--queue-secret-file", crate::gateway_support::queue_secret()], "redis").await;
 }
 
 /// Two gateways on one Redis (queue and store): `/wx` paused through A,
@@ -500,6 +500,8 @@ async fn parked_on_one_instance_woken_by_a_resume_on_another_delivered_once() {
     let extra = [
         "--queue",
         &url,
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
         "--store",
         &url,
         "--ack-then-deliver",

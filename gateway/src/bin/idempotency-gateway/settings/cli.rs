@@ -249,6 +249,10 @@ pub(crate) struct Args {
     /// upgrade drains them; off by default (they are dead-lettered as `unauthenticated`)
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_QUEUE_ACCEPT_UNSIGNED")]
     pub(crate) queue_accept_unsigned: bool,
+    /// Run a shared queue without --queue-secret-file: every writer of the queue is
+    /// trusted (an entry anyone writes there is delivered to the ack-then-deliver routes)
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_QUEUE_UNAUTHENTICATED")]
+    pub(crate) queue_unauthenticated: bool,
     /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
     pub(crate) retry_backoff: Option<Duration>,

@@ -148,6 +148,7 @@ impl PauseKeeper {
         }
         let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(all).map_err(|e| e.to_string())?;
+        crate::private::owner_only_file(&tmp)?;
         std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, path).map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
