@@ -747,3 +747,98 @@ async fn a_queued_path_that_is_not_canonical_is_dead_lettered() {
     let _ = std::fs::remove_file(secret);
     let _ = std::fs::remove_file(trusting);
 }
+
+/// One rule for the gateway's secret and data files: a queue secret file or
+/// an existing `queue.key` that its group or others may read is refused
+/// (exit 2, `chmod 600 FILE`), as the admin token file is; the files the
+/// gateway makes in an existing data directory that others may read are
+/// its owner's alone (0600).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secret_files_readable_by_others_are_refused_and_data_files_are_made_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let chmod = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    let route = ["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"];
+    // Its exit status (`None`: still running after 10 s, killed) and stderr.
+    let start = |extra: &[&str]| {
+        let log = temp_path("modes-log");
+        let mut child = Command::new(gateway_bin())
+            .args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
+            .args(route)
+            .args(extra)
+            .env_remove("IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let began = Instant::now();
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code();
+            }
+            if began.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(log);
+        (code, err)
+    };
+    // The secret file of the queue, readable by others.
+    let dir = temp_path("modes-data");
+    let secret = secret_file();
+    chmod(&secret, 0o644);
+    let (code, err) = start(&[
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--queue-secret-file",
+        secret.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("0644") && err.contains(&format!("chmod 600 {}", secret.display())),
+        "{err}"
+    );
+    // The embedded queue's key, made readable by others since.
+    std::fs::create_dir_all(&dir).unwrap();
+    chmod(&dir, 0o755);
+    let key = dir.join("queue.key");
+    std::fs::write(&key, "00".repeat(32)).unwrap();
+    chmod(&key, 0o644);
+    let (code, err) = start(&["--data-dir", dir.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("0644") && err.contains(&format!("chmod 600 {}", key.display())),
+        "{err}"
+    );
+    // In an existing directory others may read, what the gateway makes is
+    // its owner's alone.
+    std::fs::remove_file(&key).unwrap();
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &[&["--data-dir", dir.to_str().unwrap(), "--journal"][..], &route].concat(),
+    );
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &[("content-type", "application/json")],
+        wechat("EV-MODES-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS);
+    for file in ["queue.redb", "queue.key", "journal.redb"] {
+        let path = dir.join(file);
+        assert_eq!(mode(&path), 0o600, "{file}: {:o}", mode(&path));
+    }
+    drop(gw);
+    let _ = std::fs::remove_file(secret);
+    let _ = std::fs::remove_dir_all(dir);
+}
