@@ -1261,3 +1261,45 @@ fn unix_now() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// Slow clients cannot hold the `--metrics-listen` listener: with 70
+/// connections each holding half a request head open, `/healthz` still
+/// answers at once (a liveness probe must not restart a healthy gateway),
+/// and those connections are closed at the listener's header timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_clients_do_not_hold_the_admin_listener() {
+    use std::io::{Read, Write};
+    let up = Upstream::start().await;
+    let ops = start(&up.url(), "memory");
+    let mut slow = Vec::new();
+    for _ in 0..70 {
+        let mut s = std::net::TcpStream::connect(ops.metrics).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n").unwrap();
+        slow.push(s);
+    }
+    // The slow connections are accepted before the probe comes.
+    std::thread::sleep(Duration::from_millis(300));
+    let began = std::time::Instant::now();
+    let mut probe = std::net::TcpStream::connect(ops.metrics).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = probe.read_to_end(&mut answer);
+    let took = began.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        read.is_ok() && answer.starts_with("HTTP/1.1 200"),
+        "/healthz did not answer within 5 s beside 70 slow clients ({took:?}): {read:?} {answer:?}"
+    );
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    // The slow ones are closed once the header timeout passes.
+    let s = &mut slow[0];
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut rest = Vec::new();
+    let closed = s.read_to_end(&mut rest);
+    assert!(closed.is_ok(), "still open: {closed:?}");
+}

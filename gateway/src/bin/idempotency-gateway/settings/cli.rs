@@ -82,7 +82,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::settings::parse::cookie_name)]
     pub(crate) principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
     /// Serve /metrics, /healthz and /readyz (and the admin API) at http://ADDR, with
-    /// --header-timeout and at most 64 connections; the admin API off loopback needs
+    /// --header-timeout (at most 5s) and at most 1024 connections; the admin API off loopback needs
     /// --admin-tls-cert
     #[arg(long, value_name = "ADDR", env = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN", value_parser = parse::addr)]
     pub(crate) metrics_listen: Option<SocketAddr>,
