@@ -380,7 +380,7 @@ impl<S: Store> Gateway<S> {
         };
         // A paused route's entry is held before anything runs: no claim in
         // the store, no call; looked at again only after a long wait.
-        if route.pause.as_ref().is_some_and(|gate| gate.holds(&path)) {
+        if (route.pause.as_ref()).is_some_and(|gate| gate.holds_delivery(&path)) {
             return Err(DeliveryError::paused(&path));
         }
         // A panic below is caught as on a request (500, counted as

@@ -246,8 +246,11 @@ async fn paused_routes(
 ) -> pauses::PauseKeeper {
     let prefixes = settings.routes.iter().map(|(p, _, _)| p.clone()).collect();
     let keeper = pauses::PauseKeeper::new(store, memory, settings.data_dir.clone(), prefixes);
+    // A route paused where the pauses are kept must not be delivered to
+    // before they are read.
+    keeper.pauses().hold_deliveries_until_read();
     if let Err(e) = keeper.refresh().await {
-        tracing::warn!(error = %crate::redact::redact_text(&e), "cannot read the paused routes yet; none is held until they can be read");
+        tracing::warn!(error = %crate::redact::redact_text(&e), "cannot read the paused routes yet: every queued delivery is held, and no parked entry woken, until they can be read");
     }
     keeper.spawn_poller();
     keeper

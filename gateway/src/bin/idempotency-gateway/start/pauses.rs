@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::{
-    Claim, CompletedRecord, OwnerToken, RecordState, Store, StoredResponse,
+    Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoredResponse,
 };
 use tower_idempotency::Fingerprint;
 use tower_idempotency_queue::{Park, QueueError};
@@ -207,10 +207,18 @@ impl PauseKeeper {
                 self.write_file(path, &all).await?;
             }
             Place::Store(store) => {
-                tokio::time::timeout(TIMEOUT, store.forget(&store_key(prefix)))
+                let forgot = tokio::time::timeout(TIMEOUT, store.forget(&store_key(prefix)))
                     .await
                     .map_err(|_| "the store did not answer".to_owned())?
                     .map_err(|e| e.to_string())?;
+                // Another instance's pause of the route is being written:
+                // nothing was removed, and the route stays paused.
+                if matches!(forgot, Forgotten::InFlight) {
+                    self.refresh().await?;
+                    return Err(
+                        "another pause or resume of this route ran at once: try again".into(),
+                    );
+                }
             }
         }
         self.pauses.set(prefix, None);
@@ -249,8 +257,12 @@ pub(crate) fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
     });
 }
 
-/// Wakes every parked prefix that is not paused now.
+/// Wakes every parked prefix that is not paused now; nothing before the
+/// paused routes were first read (any of them may be paused).
 async fn wake_resumed<Q: Park>(pauses: &Pauses, queue: &Q) -> Result<(), QueueError> {
+    if !pauses.is_read() {
+        return Ok(());
+    }
     for prefix in queue.parked().await? {
         if pauses.get(&prefix).is_none() {
             let n = queue.wake(&prefix).await?;
