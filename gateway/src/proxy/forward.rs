@@ -500,10 +500,19 @@ impl ForwardBuilder {
 
     /// Trusts the PEM certificates in `pem` for `https://` upstreams, on top
     /// of the Mozilla roots (webpki-roots). Defaults to those roots only.
+    /// An error when `pem` holds no certificate, or a `CERTIFICATE` block
+    /// that is not one.
     pub fn add_root_certificates_pem(mut self, pem: &[u8]) -> Result<Self, BoxError> {
         let before = self.roots.len();
+        let mut check = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(pem) {
-            self.roots.push(cert?);
+            let cert = cert?;
+            // A block that webpki cannot read as a certificate would trust
+            // nothing, in silence.
+            check.add(cert.clone()).map_err(|e| {
+                format!("a CERTIFICATE block is not a certificate a root can be made of: {e}")
+            })?;
+            self.roots.push(cert);
         }
         if self.roots.len() == before {
             return Err("no PEM certificate found".into());

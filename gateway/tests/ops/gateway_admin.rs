@@ -1303,3 +1303,48 @@ async fn slow_clients_do_not_hold_the_admin_listener() {
     let closed = s.read_to_end(&mut rest);
     assert!(closed.is_ok(), "still open: {closed:?}");
 }
+
+/// `GET /admin/routes` shows each route's own upstream: the named one a
+/// route's `upstream` names, the default one for the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_routes_list_shows_each_routes_own_upstream() {
+    let metrics = free_addr();
+    let dir = temp_path("admin-upstreams");
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = temp_path("admin-token");
+    write_token(&token_file, &format!("{TOKEN}\n"));
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9001\"\n\
+             metrics_listen = \"{metrics}\"\nadmin_token_file = \"{}\"\n\
+             [[upstreams]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9002/base\"\n\
+             [[route]]\nprefix = \"/api/orders\"\npreset = \"idempotency-key\"\nupstream = \"orders\"\n\
+             [[route]]\nprefix = \"/api\"\npreset = \"idempotency-key\"\n",
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let gw = Proc::start(
+        &["--config", config.to_str().unwrap()],
+        &[],
+        Stdio::inherit(),
+    );
+    let ops = Ops {
+        gw,
+        metrics,
+        token_file,
+        dir,
+    };
+    let (status, v) = call(&ops, "GET", "/admin/routes", true);
+    assert_eq!(status, 200, "{v}");
+    let upstream_of = |prefix: &str| {
+        (v["routes"].as_array().into_iter().flatten())
+            .find(|r| r["prefix"] == prefix)
+            .map(|r| r["upstream"].clone())
+            .unwrap_or_else(|| panic!("no route {prefix}: {v}"))
+    };
+    assert_eq!(upstream_of("/api/orders"), "http://127.0.0.1:9002/base", "{v}");
+    assert_eq!(upstream_of("/api"), "http://127.0.0.1:9001", "{v}");
+}

@@ -137,7 +137,7 @@ impl Parts {
         if let Some(admin) = &admin {
             admin.set_routes(
                 keeper.clone(),
-                route_infos(&settings.routes),
+                route_infos(settings),
                 settings.upstream.to_string(),
             );
         }
@@ -257,8 +257,8 @@ async fn paused_routes(
 }
 
 /// The routes as the admin API lists them.
-fn route_infos(routes: &[(String, Target, RouteOptions)]) -> Vec<api::RouteInfo> {
-    (routes.iter())
+fn route_infos(settings: &Settings) -> Vec<api::RouteInfo> {
+    (settings.routes.iter())
         .map(|(p, t, o)| api::RouteInfo {
             prefix: p.clone(),
             preset: match t {
@@ -266,6 +266,10 @@ fn route_infos(routes: &[(String, Target, RouteOptions)]) -> Vec<api::RouteInfo>
                 Target::Auto => "auto".to_owned(),
             },
             acked: o.is_ack_then_deliver(),
+            upstream: (settings.route_upstreams.iter())
+                .find(|(prefix, _)| prefix == p)
+                .and_then(|(_, name)| settings.upstreams.iter().find(|u| u.name == *name))
+                .map(|u| u.upstream.to_string()),
         })
         .collect()
 }

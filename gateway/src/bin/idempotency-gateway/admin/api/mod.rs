@@ -110,6 +110,9 @@ pub(crate) struct RouteInfo {
     pub(crate) preset: String,
     /// Whether it acknowledges then delivers.
     pub(crate) acked: bool,
+    /// The named upstream it sends to (`[[upstreams]]`), if not the
+    /// default one.
+    pub(crate) upstream: Option<String>,
 }
 
 /// The routes and where their pauses are kept.
