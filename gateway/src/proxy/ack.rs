@@ -394,6 +394,7 @@ impl<S: Store> Gateway<S> {
         let status = res.status();
         let refused = res.extensions().get::<Outcome>().copied();
         let upstream = res.extensions().get::<UpstreamAnswer>().copied();
+        let failed = res.extensions().get::<super::forward::UpstreamFailed>().copied();
         let mismatched = res.extensions().get::<Mismatched>().copied();
         let paused = res.extensions().get::<super::RoutePaused>().is_some();
         // Read the whole answer: the dedup layer records it at its end.
@@ -449,6 +450,9 @@ impl<S: Store> Gateway<S> {
                     own.as_str()
                 ))
             })
+        } else if let (Some(failed), None) = (failed, upstream) {
+            // No answer: what happened to the call, not the route's reply.
+            Err(DeliveryError::new(format!("upstream {}", failed.0)))
         } else {
             // The upstream's own status when it answered (the route's reply
             // to the channel may be another: a preset's failure answer).

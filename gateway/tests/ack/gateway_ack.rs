@@ -1463,3 +1463,32 @@ async fn amqp_consumer_example_handles_each_notification_the_gateway_queued_once
     );
     assert!(up.counts().is_empty(), "the gateway delivered some");
 }
+
+/// A delivery whose upstream refuses the connection is recorded as what
+/// happened (`connect refused`), not as an answer the upstream never gave
+/// (the route's failure reply, `upstream answered 500`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_dead_lettered_as_refused() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let dir = temp_path("ack-refused");
+    let metrics = free_addr();
+    // Nothing listens there.
+    let nobody = free_addr();
+    let queue = ["--data-dir", dir.to_str().unwrap()];
+    let gw = gateway(nobody, &queue, metrics, &["--max-attempts", "1"]);
+    send_one(gw.addr, "EV-REFUSED-1").await;
+    wait_for("a dead letter", Duration::from_secs(60), move || {
+        gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+    })
+    .await;
+    // The embedded queue is one process's file: stop the gateway first.
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+    let (code, listed) = dlq(&dir, &["list"]);
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains("connect refused") && !listed.contains("answered"),
+        "{listed}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
