@@ -394,7 +394,10 @@ impl<S: Store> Gateway<S> {
         let status = res.status();
         let refused = res.extensions().get::<Outcome>().copied();
         let upstream = res.extensions().get::<UpstreamAnswer>().copied();
-        let failed = res.extensions().get::<super::forward::UpstreamFailed>().copied();
+        let failed = res
+            .extensions()
+            .get::<super::forward::UpstreamFailed>()
+            .copied();
         let mismatched = res.extensions().get::<Mismatched>().copied();
         let paused = res.extensions().get::<super::RoutePaused>().is_some();
         // Read the whole answer: the dedup layer records it at its end.

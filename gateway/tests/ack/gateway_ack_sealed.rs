@@ -584,10 +584,15 @@ async fn a_shared_queue_without_a_secret_refuses_to_start() {
     ] {
         for check in [true, false] {
             let mut cmd = Command::new(gateway_bin());
-            cmd.args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
-                .args(route)
-                .args(["--queue", queue])
-                .env_remove("IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE");
+            cmd.args([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ])
+            .args(route)
+            .args(["--queue", queue])
+            .env_remove("IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE");
             if check {
                 cmd.arg("--check-config");
             }
@@ -665,7 +670,11 @@ async fn a_queued_path_that_is_not_canonical_is_dead_lettered() {
     let secret = secret_file();
     let trusting = temp_path("trusting.toml");
     std::fs::write(&trusting, "queue_unauthenticated = true\n").unwrap();
-    let accepting = ["--queue-secret-file", secret.to_str().unwrap(), "--queue-accept-unsigned"];
+    let accepting = [
+        "--queue-secret-file",
+        secret.to_str().unwrap(),
+        "--queue-accept-unsigned",
+    ];
     let trusted = ["--config", trusting.to_str().unwrap()];
     for how in [&accepting[..], &trusted[..]] {
         let redis = support_redis::RedisServer::start();
@@ -766,7 +775,12 @@ async fn secret_files_readable_by_others_are_refused_and_data_files_are_made_060
     let start = |extra: &[&str]| {
         let log = temp_path("modes-log");
         let mut child = Command::new(gateway_bin())
-            .args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ])
             .args(route)
             .args(extra)
             .env_remove("IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE")
@@ -823,7 +837,11 @@ async fn secret_files_readable_by_others_are_refused_and_data_files_are_made_060
     let up = Upstream::start().await;
     let gw = Gateway::start(
         &up.url(),
-        &[&["--data-dir", dir.to_str().unwrap(), "--journal"][..], &route].concat(),
+        &[
+            &["--data-dir", dir.to_str().unwrap(), "--journal"][..],
+            &route,
+        ]
+        .concat(),
     );
     let a = post(
         &client(),

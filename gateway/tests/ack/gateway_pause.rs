@@ -480,7 +480,16 @@ async fn a_paused_routes_entries_are_parked_not_cycled_redis_streams() {
         return;
     };
     let url = redis.url();
-    parked_while_paused(&["--queue", &url, "--queue-secret-file", crate::gateway_support::queue_secret()], "redis").await;
+    parked_while_paused(
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        "redis",
+    )
+    .await;
 }
 
 /// Two gateways on one Redis (queue and store): `/wx` paused through A,
@@ -549,7 +558,12 @@ async fn a_pause_that_cannot_be_read_at_start_is_held() {
     let token = token_file("park-unread-token");
     let dir = temp_path("park-unread");
     let metrics = free_addr();
-    let extra = ["--data-dir", dir.to_str().unwrap(), "--ack-then-deliver", "/wx"];
+    let extra = [
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--ack-then-deliver",
+        "/wx",
+    ];
     let gw = start(up_addr, metrics, &token, &extra);
     let (code, _, err) = admin_cli(metrics, &token, &["pause", "/wx"]);
     assert_eq!(code, 0, "{err}");

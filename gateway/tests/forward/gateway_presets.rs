@@ -604,7 +604,10 @@ async fn square_url_is_the_url_the_request_was_sent_to() {
         assert_eq!(a.status, 401, "{path}: {}", a.text());
     }
     let seen = up.seen();
-    assert!(seen.is_empty(), "a signature for another URL was forwarded: {seen:?}");
+    assert!(
+        seen.is_empty(),
+        "a signature for another URL was forwarded: {seen:?}"
+    );
     // Signed for the path and query it is sent to: verified, forwarded there.
     let url = "https://example.com/hooks/square/refund?admin=1&amount=999";
     let a = &storm(

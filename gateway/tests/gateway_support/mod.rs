@@ -276,8 +276,8 @@ static STORMS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 pub fn queue_secret() -> &'static str {
     static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
-        use std::os::unix::fs::OpenOptionsExt;
         use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let path = temp_path("shared-queue-secret");
         let mut file = std::fs::OpenOptions::new()
             .write(true)

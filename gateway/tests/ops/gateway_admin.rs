@@ -1274,7 +1274,8 @@ async fn slow_clients_do_not_hold_the_admin_listener() {
     let mut slow = Vec::new();
     for _ in 0..70 {
         let mut s = std::net::TcpStream::connect(ops.metrics).unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n").unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n")
+            .unwrap();
         slow.push(s);
     }
     // The slow connections are accepted before the probe comes.
@@ -1345,6 +1346,10 @@ async fn the_routes_list_shows_each_routes_own_upstream() {
             .map(|r| r["upstream"].clone())
             .unwrap_or_else(|| panic!("no route {prefix}: {v}"))
     };
-    assert_eq!(upstream_of("/api/orders"), "http://127.0.0.1:9002/base", "{v}");
+    assert_eq!(
+        upstream_of("/api/orders"),
+        "http://127.0.0.1:9002/base",
+        "{v}"
+    );
     assert_eq!(upstream_of("/api"), "http://127.0.0.1:9001", "{v}");
 }
