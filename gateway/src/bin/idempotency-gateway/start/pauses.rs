@@ -273,3 +273,41 @@ async fn wake_resumed<Q: Park>(pauses: &Pauses, queue: &Q) -> Result<(), QueueEr
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_idempotency::store::{Either, MemoryStore};
+
+    /// A resume that meets another instance's pause of the route being
+    /// written (its key claimed, not completed yet) removes nothing: it
+    /// fails, rather than answering as if it resumed a route that ends up
+    /// paused.
+    #[tokio::test]
+    async fn a_resume_meeting_a_pause_in_flight_fails() {
+        let store: GatewayStore = Either::Left(MemoryStore::new());
+        let keeper = PauseKeeper::new(&store, false, PathBuf::new(), vec!["/wx".into()]);
+        let key = store_key("/wx");
+        let fp = Fingerprint::of(b"pause");
+        let other = OwnerToken::new();
+        let claim = store.claim(&key, fp, other, TIMEOUT).await.unwrap();
+        assert!(matches!(claim, Claim::Acquired(_)));
+        let resumed = keeper.resume("/wx").await;
+        assert!(
+            resumed.as_ref().is_err_and(|e| e.contains("try again")),
+            "{resumed:?}"
+        );
+        // The other instance's pause completes: the route is paused.
+        let info = PauseInfo::new(1, "ops", "deploy");
+        let body = Bytes::from(serde_json::to_vec(&info).unwrap());
+        let record = Arc::new(CompletedRecord::new(
+            fp,
+            StoredResponse::new(StatusCode::OK, HeaderMap::new(), body),
+        ));
+        store.complete(&key, other, record, KEPT).await.unwrap();
+        keeper.refresh().await.unwrap();
+        assert!(keeper.pauses().is_paused("/wx"));
+        assert_eq!(keeper.resume("/wx").await, Ok(true));
+        assert!(!keeper.pauses().is_paused("/wx"));
+    }
+}
