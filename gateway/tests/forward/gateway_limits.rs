@@ -536,9 +536,7 @@ fn the_metrics_listener_times_out_headers_and_caps_its_connections() {
     );
     let before = open_fds(gw.child.id());
     const CAP: usize = 1024;
-    let stalled: Vec<TcpStream> = (0..CAP + 100)
-        .map(|_| stall(metrics, half, b""))
-        .collect();
+    let stalled: Vec<TcpStream> = (0..CAP + 100).map(|_| stall(metrics, half, b"")).collect();
     std::thread::sleep(Duration::from_millis(500));
     let during = open_fds(gw.child.id());
     assert!(
