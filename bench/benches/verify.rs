@@ -156,7 +156,7 @@ fn configured(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let square = scheme("square", "x-square-hmacsha256-signature")
         .encoding(SignatureEncoding::Base64)
         .signed("{url}{body}".parse().unwrap())
-        .url(url);
+        .url(url, "/notify");
     let sig = b64.encode(hmac(secret, &[url.as_bytes(), &body]));
     let square_case = case(body.clone(), vec![("x-square-hmacsha256-signature", sig)]);
     let layer = VerifyLayer::new(square.build().unwrap());

@@ -230,6 +230,23 @@ impl<S> Deliver<S> {
     }
 }
 
+/// The path of a queued entry, read once: the entrance queues a path in
+/// its canonical form, so any other (`/wx/../alipay/notify`,
+/// `/wx/%2e%2e/alipay/notify`, a `;`) was written by someone else, and an
+/// upstream could read it as another route than the one it matches here:
+/// dead-lettered, never delivered.
+fn queued_path(message: &Message) -> Result<&str, DeliveryError> {
+    let path = message.uri.path();
+    let why = match super::path::strict(path) {
+        Ok(normal) if normal == path => return Ok(path),
+        Ok(normal) => format!("it reads as {normal}"),
+        Err(why) => why.to_string(),
+    };
+    Err(DeliveryError::permanent(format!(
+        "queued path {path} is not canonical ({why}): dead-lettered, never delivered"
+    )))
+}
+
 /// One lock per key being delivered: the copies of a key never run at the
 /// same time here. Another instance's copy can still be in flight when one
 /// of these runs: the dedup layer says so ([`Mismatched::InFlight`]), and
@@ -288,8 +305,11 @@ impl<S: Store> Service<Message> for Deliver<S> {
     }
 
     fn call(&mut self, message: Message) -> Self::Future {
+        let path = match queued_path(&message) {
+            Ok(path) => path,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         if self.ack_only {
-            let path = message.uri.path();
             let acked =
                 (self.gateway.shared.routes.find(path)).is_some_and(|(r, _)| r.ack.is_some());
             if !acked {
@@ -333,9 +353,11 @@ impl<S: Store> Gateway<S> {
     /// Delivers one queued notification through the dedup layer of the
     /// route its path matches now, without verifying it again. `Ok` once the
     /// upstream answered 2xx, or the dedup layer replayed such an answer of
-    /// an earlier delivery.
+    /// an earlier delivery. An entry whose path is not in its canonical form
+    /// (`/a/../b`, `/a/%2e%2e/b`) fails for good (dead-letter it): the
+    /// entrance queues no such path.
     pub async fn deliver(&self, message: Message) -> Result<Delivered, DeliveryError> {
-        let path = message.uri.path().to_owned();
+        let path = queued_path(&message)?.to_owned();
         let Some((route, _)) = self.shared.routes.find(&path) else {
             return Err(DeliveryError::kept(format!(
                 "no route for {path}: kept until one delivers it"
@@ -358,7 +380,7 @@ impl<S: Store> Gateway<S> {
         };
         // A paused route's entry is held before anything runs: no claim in
         // the store, no call; looked at again only after a long wait.
-        if route.pause.as_ref().is_some_and(|gate| gate.holds(&path)) {
+        if (route.pause.as_ref()).is_some_and(|gate| gate.holds_delivery(&path)) {
             return Err(DeliveryError::paused(&path));
         }
         // A panic below is caught as on a request (500, counted as
@@ -372,6 +394,10 @@ impl<S: Store> Gateway<S> {
         let status = res.status();
         let refused = res.extensions().get::<Outcome>().copied();
         let upstream = res.extensions().get::<UpstreamAnswer>().copied();
+        let failed = res
+            .extensions()
+            .get::<super::forward::UpstreamFailed>()
+            .copied();
         let mismatched = res.extensions().get::<Mismatched>().copied();
         let paused = res.extensions().get::<super::RoutePaused>().is_some();
         // Read the whole answer: the dedup layer records it at its end.
@@ -427,6 +453,9 @@ impl<S: Store> Gateway<S> {
                     own.as_str()
                 ))
             })
+        } else if let (Some(failed), None) = (failed, upstream) {
+            // No answer: what happened to the call, not the route's reply.
+            Err(DeliveryError::new(format!("upstream {}", failed.0)))
         } else {
             // The upstream's own status when it answered (the route's reply
             // to the channel may be another: a preset's failure answer).

@@ -352,16 +352,20 @@ impl Forward {
                 let _ = (&error, &request_id);
                 // The error chain goes to the log only: it names internal
                 // hosts and ports.
-                plain(StatusCode::BAD_GATEWAY, "bad gateway\n")
+                let mut res = plain(StatusCode::BAD_GATEWAY, "bad gateway\n");
+                res.extensions_mut().insert(UpstreamFailed(failure_of(&e)));
+                res
             }
             Err(_) => {
                 sample(&mut route_slot, Some(true));
                 upstream_error(&self.shared.name, "timeout");
                 tracing::warn!(upstream = %upstream, timeout = ?self.timeout, "upstream timed out");
-                plain(
+                let mut res = plain(
                     StatusCode::GATEWAY_TIMEOUT,
                     format!("upstream did not answer within {:?}\n", self.timeout),
-                )
+                );
+                res.extensions_mut().insert(UpstreamFailed("timed out"));
+                res
             }
         }
     }
@@ -423,6 +427,38 @@ pub struct UpstreamAnswer {
     pub status: StatusCode,
     /// From sending the request to the answer's head.
     pub took: Duration,
+}
+
+/// Why a call to the upstream got no answer (in the response's
+/// extensions): `connect refused`, `connect timed out`, `connect failed`,
+/// `reset`, `timed out` or `failed`, so that a queued delivery records
+/// what happened rather than the route's failure reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UpstreamFailed(pub(crate) &'static str);
+
+/// What `e` says of the call, from the I/O error under it.
+fn failure_of(e: &super::pool::CallError) -> &'static str {
+    use std::io::ErrorKind;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut kind = None;
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            kind = Some(io.kind());
+            break;
+        }
+        source = s.source();
+    }
+    match (e.is_connect(), kind) {
+        (_, Some(ErrorKind::ConnectionRefused)) => "connect refused",
+        (true, Some(ErrorKind::TimedOut)) => "connect timed out",
+        (false, Some(ErrorKind::TimedOut)) => "timed out",
+        (
+            _,
+            Some(ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe),
+        ) => "reset",
+        (true, _) => "connect failed",
+        (false, _) => "failed",
+    }
 }
 
 /// The name of a forwarder's upstream unless it is given one
@@ -500,10 +536,19 @@ impl ForwardBuilder {
 
     /// Trusts the PEM certificates in `pem` for `https://` upstreams, on top
     /// of the Mozilla roots (webpki-roots). Defaults to those roots only.
+    /// An error when `pem` holds no certificate, or a `CERTIFICATE` block
+    /// that is not one.
     pub fn add_root_certificates_pem(mut self, pem: &[u8]) -> Result<Self, BoxError> {
         let before = self.roots.len();
+        let mut check = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(pem) {
-            self.roots.push(cert?);
+            let cert = cert?;
+            // A block that webpki cannot read as a certificate would trust
+            // nothing, in silence.
+            check.add(cert.clone()).map_err(|e| {
+                format!("a CERTIFICATE block is not a certificate a root can be made of: {e}")
+            })?;
+            self.roots.push(cert);
         }
         if self.roots.len() == before {
             return Err("no PEM certificate found".into());

@@ -65,6 +65,9 @@ struct Inner {
     gates: RwLock<HashMap<String, Arc<AtomicBool>>>,
     /// The paused prefixes and why.
     paused: RwLock<HashMap<String, PauseInfo>>,
+    /// Set until the paused routes are first read (see
+    /// [`Pauses::hold_deliveries_until_read`]).
+    unread: AtomicBool,
 }
 
 /// A prefix in the form pauses are kept under: normal form, no trailing
@@ -96,6 +99,22 @@ impl Pauses {
         self.flag(&key).store(on, Ordering::SeqCst);
     }
 
+    /// Until the paused routes are first read ([`replace_all`](Self::replace_all)),
+    /// every queued delivery through a gateway of these pauses is held (its
+    /// entry waits, not counted as an attempt), and [`is_read`](Self::is_read)
+    /// says `false`: a route paused where pauses are kept, not read yet,
+    /// must not be delivered to (nor its parked entries woken).
+    pub fn hold_deliveries_until_read(&self) {
+        self.inner.unread.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the paused routes were read (always, unless
+    /// [`hold_deliveries_until_read`](Self::hold_deliveries_until_read) was
+    /// called and no read came since).
+    pub fn is_read(&self) -> bool {
+        !self.inner.unread.load(Ordering::SeqCst)
+    }
+
     /// Makes the paused routes exactly `all` (as read from where pauses
     /// are kept).
     pub fn replace_all(&self, all: HashMap<String, PauseInfo>) {
@@ -116,6 +135,7 @@ impl Pauses {
                 self.set(&k, Some(v));
             }
         }
+        self.inner.unread.store(false, Ordering::SeqCst);
     }
 
     /// Why `prefix` is paused, if it is.
@@ -184,7 +204,7 @@ impl Pauses {
         let key = pause_key(prefix);
         let flag = self.flag(&key);
         flag.store(self.is_paused(&key), Ordering::SeqCst);
-        PauseGate::Route(flag)
+        PauseGate::Route(flag, self.clone())
     }
 
     /// The gate of the unguarded requests: held under any paused prefix.
@@ -196,8 +216,8 @@ impl Pauses {
 /// What a forwarder asks before each call.
 #[derive(Debug, Clone)]
 pub(crate) enum PauseGate {
-    /// One route's flag.
-    Route(Arc<AtomicBool>),
+    /// One route's flag, and the registry it is of.
+    Route(Arc<AtomicBool>, Pauses),
     /// By path, for the unguarded requests.
     Paths(Pauses),
 }
@@ -205,8 +225,17 @@ pub(crate) enum PauseGate {
 impl PauseGate {
     pub(crate) fn holds(&self, path: &str) -> bool {
         match self {
-            Self::Route(flag) => flag.load(Ordering::Relaxed),
+            Self::Route(flag, _) => flag.load(Ordering::Relaxed),
             Self::Paths(pauses) => pauses.covers(path),
         }
+    }
+
+    /// Whether a queued delivery to `path` is held: paused, or the paused
+    /// routes not read yet.
+    pub(crate) fn holds_delivery(&self, path: &str) -> bool {
+        let read = match self {
+            Self::Route(_, pauses) | Self::Paths(pauses) => pauses.is_read(),
+        };
+        !read || self.holds(path)
     }
 }

@@ -297,7 +297,13 @@ async fn kill_9_after_ack_delivered_once_after_restart_redis_streams() {
     let Some(redis) = own_redis() else {
         return;
     };
-    killed_after_ack_delivered_once_after_restart(&["--queue", &redis.url()]).await;
+    killed_after_ack_delivered_once_after_restart(&[
+        "--queue",
+        &redis.url(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ])
+    .await;
 }
 
 /// A Redis server of the test's own; `None` when Redis is not installed.
@@ -320,7 +326,13 @@ async fn kill_9_after_ack_delivered_once_after_restart_rabbitmq() {
     let Some((_broker, url)) = rabbitmq_queue("kill") else {
         return;
     };
-    killed_after_ack_delivered_once_after_restart(&["--queue", &url]).await;
+    killed_after_ack_delivered_once_after_restart(&[
+        "--queue",
+        &url,
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ])
+    .await;
 }
 
 /// Copies of `ids` (`copies` of each) sent at once, each retried every
@@ -374,7 +386,17 @@ async fn rabbitmq_100_notifications_5_copies_acked_at_once_delivered_once_throug
         return;
     };
     let (up, up_addr) = Upstream::start(true).await;
-    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        free_addr(),
+        &[],
+    );
     let ids: Vec<String> = (0..100).map(|i| format!("EV-AMQP-{i:04}")).collect();
     let (longest, failures) = send_until_acked(gw.addr, &ids, 5, Duration::ZERO).await;
     assert_eq!(failures, 0, "copies answered with a failure");
@@ -408,7 +430,17 @@ async fn rabbitmq_killed_and_restarted_mid_storm_loses_nothing_and_runs_nothing_
     }
     let mut broker = support_rabbitmq::RabbitServer::start();
     let (up, up_addr) = Upstream::start(false).await;
-    let gw = gateway(up_addr, &["--queue", &broker.url()], free_addr(), &[]);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &broker.url(),
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        free_addr(),
+        &[],
+    );
     let ids: Vec<String> = (0..100)
         .map(|i| format!("EV-AMQP-RESTART-{i:04}"))
         .collect();
@@ -451,7 +483,17 @@ async fn rabbitmq_frozen_mid_storm_answers_failures_in_bounded_time_and_recovers
     }
     let broker = support_rabbitmq::RabbitServer::start();
     let (up, up_addr) = Upstream::start(false).await;
-    let gw = gateway(up_addr, &["--queue", &broker.url()], free_addr(), &[]);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &broker.url(),
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        free_addr(),
+        &[],
+    );
     let http = client();
     let json = [("content-type", "application/json")];
     // One notification through first: the connection is up and used.
@@ -569,7 +611,17 @@ async fn rabbitmq_dead_letter_replayed_once_with_dlq_subcommands() {
         return;
     };
     let ids = vec!["EV-AMQP-DEAD-1".to_owned()];
-    let line = dead_letter_replayed_once_while_running(&["--queue", &url], &ids, true).await;
+    let line = dead_letter_replayed_once_while_running(
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        &ids,
+        true,
+    )
+    .await;
     assert!(!line.ends_with("error="), "the last error: {line}");
 }
 
@@ -681,7 +733,13 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_redis_streams() {
     let Some(redis) = own_redis() else {
         return;
     };
-    forgotten_key_is_delivered_again(&["--queue", &redis.url()]).await;
+    forgotten_key_is_delivered_again(&[
+        "--queue",
+        &redis.url(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ])
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -690,7 +748,13 @@ async fn forget_on_an_ack_route_delivers_the_next_copy_again_rabbitmq() {
     let Some((_broker, url)) = rabbitmq_queue("forget") else {
         return;
     };
-    forgotten_key_is_delivered_again(&["--queue", &url]).await;
+    forgotten_key_is_delivered_again(&[
+        "--queue",
+        &url,
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ])
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1197,7 +1261,13 @@ async fn kill_9_after_ack_delivered_once_after_restart_jetstream() {
     let Some(nats) = support_nats::own() else {
         return;
     };
-    killed_after_ack_delivered_once_after_restart(&["--queue", &nats.url()]).await;
+    killed_after_ack_delivered_once_after_restart(&[
+        "--queue",
+        &nats.url(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ])
+    .await;
 }
 
 /// One copy, sent again every 200 ms until it gets the success reply (a
@@ -1238,7 +1308,17 @@ async fn upstream_down_100_notifications_5_copies_acked_within_1s_delivered_once
     let (up, up_addr) = Upstream::start(true).await;
     let metrics = free_addr();
     let url = nats.url();
-    let gw = gateway(up_addr, &["--queue", &url], metrics, &[]);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        metrics,
+        &[],
+    );
     let ids: Vec<String> = (0..100).map(|i| format!("EV-JS-{i:04}")).collect();
     let http = client();
     let mut tasks = Vec::new();
@@ -1279,7 +1359,17 @@ async fn jetstream_server_killed_mid_storm_loses_nothing_acknowledged_runs_nothi
     };
     let (up, up_addr) = Upstream::start(false).await;
     let url = nats.url();
-    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        free_addr(),
+        &[],
+    );
     let ids: Vec<String> = (0..60).map(|i| format!("EV-JS-KILL-{i:04}")).collect();
     let http = client();
     let mut tasks = Vec::new();
@@ -1345,6 +1435,8 @@ async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
             "/wx",
             "--queue",
             &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
         ],
         &[],
         Stdio::from(file),
@@ -1370,6 +1462,10 @@ async fn jetstream_credentials_in_the_url_work_and_are_never_printed() {
         .args(["--listen", "127.0.0.1:0", "--upstream", &upstream])
         .args(["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"])
         .args(["--queue", "nats://app:s3cret-pw@127.0.0.1:1"])
+        .args([
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ])
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .output()
@@ -1398,7 +1494,17 @@ async fn dead_letter_replayed_once_with_dlq_subcommands_jetstream() {
     };
     let url = nats.url();
     let ids = vec!["EV-JS-DEAD-1".to_owned()];
-    dead_letter_replayed_once_while_running(&["--queue", &url], &ids, false).await;
+    dead_letter_replayed_once_while_running(
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        &ids,
+        false,
+    )
+    .await;
 }
 
 #[path = "../../../crates/tower-idempotency-queue/examples/amqp_consumer.rs"]
@@ -1416,7 +1522,17 @@ async fn amqp_consumer_example_handles_each_notification_the_gateway_queued_once
         return;
     };
     let (up, up_addr) = Upstream::start(true).await;
-    let gw = gateway(up_addr, &["--queue", &url], free_addr(), &[]);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        free_addr(),
+        &[],
+    );
     let ids: Vec<String> = (0..20).map(|i| format!("EV-EXAMPLE-{i:04}")).collect();
     let (_, failures) = send_until_acked(gw.addr, &ids, 3, Duration::ZERO).await;
     assert_eq!(failures, 0, "copies answered with a failure");
@@ -1459,4 +1575,33 @@ async fn amqp_consumer_example_handles_each_notification_the_gateway_queued_once
         "handled more than once: {handled:?}"
     );
     assert!(up.counts().is_empty(), "the gateway delivered some");
+}
+
+/// A delivery whose upstream refuses the connection is recorded as what
+/// happened (`connect refused`), not as an answer the upstream never gave
+/// (the route's failure reply, `upstream answered 500`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_dead_lettered_as_refused() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let dir = temp_path("ack-refused");
+    let metrics = free_addr();
+    // Nothing listens there.
+    let nobody = free_addr();
+    let queue = ["--data-dir", dir.to_str().unwrap()];
+    let gw = gateway(nobody, &queue, metrics, &["--max-attempts", "1"]);
+    send_one(gw.addr, "EV-REFUSED-1").await;
+    wait_for("a dead letter", Duration::from_secs(60), move || {
+        gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+    })
+    .await;
+    // The embedded queue is one process's file: stop the gateway first.
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+    let (code, listed) = dlq(&dir, &["list"]);
+    assert_eq!(code, 0);
+    assert!(
+        listed.contains("connect refused") && !listed.contains("answered"),
+        "{listed}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

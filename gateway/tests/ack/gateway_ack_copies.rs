@@ -80,6 +80,8 @@ async fn genuine_copy_meeting_a_forged_one_in_flight_on_another_gateway_is_deliv
                 &url,
                 "--queue",
                 &url,
+                "--queue-secret-file",
+                crate::gateway_support::queue_secret(),
                 "--route",
                 "/ali=alipay",
                 "--ack-then-deliver",
@@ -156,7 +158,15 @@ async fn genuine_copy_meeting_a_forged_one_in_flight_on_another_gateway_is_deliv
     // Each dead letter is a forged copy: the first of its key (the genuine
     // ones were queued beside them, as `KEY~copy1`).
     let out = Command::new(gateway_bin())
-        .args(["dlq", "--offline", "list", "--queue", &url])
+        .args([
+            "dlq",
+            "--offline",
+            "list",
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ])
         .output()
         .unwrap();
     let listed = String::from_utf8(out.stdout).unwrap();

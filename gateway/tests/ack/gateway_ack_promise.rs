@@ -379,10 +379,19 @@ async fn undecodable_entry_is_dead_lettered_and_the_rest_delivered_redis_streams
     }
     let redis = support_redis::RedisServer::start();
     let (url, port) = (redis.url(), redis.port());
-    undecodable_entry_set_aside(&["--queue", &url], || {
-        let got = support_redis::raw_command(port, "XADD {gateway}:s * m not-a-message a 0 t 0");
-        assert!(got.unwrap().starts_with('$'), "the stray entry was added");
-    })
+    undecodable_entry_set_aside(
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        || {
+            let got =
+                support_redis::raw_command(port, "XADD {gateway}:s * m not-a-message a 0 t 0");
+            assert!(got.unwrap().starts_with('$'), "the stray entry was added");
+        },
+    )
     .await;
 }
 
@@ -427,7 +436,18 @@ async fn queue_replicas_hold_the_acknowledgement_and_memory_store_is_warned_abou
     let up = Upstream::start().await;
     let route = ["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"];
     // No replica: the notification is not acknowledged (the channel retries).
-    let args = [&route[..], &["--queue", &url, "--queue-replicas", "1"]].concat();
+    let args = [
+        &route[..],
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+            "--queue-replicas",
+            "1",
+        ],
+    ]
+    .concat();
     let gw = Gateway::start(&up.url(), &args);
     let headers = [("content-type", "application/json")];
     let a = post(

@@ -80,11 +80,21 @@ fn forged() -> Vec<Vec<u8>> {
     ]
 }
 
-/// A secret file of 48 bytes.
-fn secret_file() -> PathBuf {
+/// A secret file of 48 bytes, readable by its owner only.
+pub(crate) fn secret_file() -> PathBuf {
     let path = temp_path("queue-secret");
     std::fs::write(&path, "0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
+    owner_only(&path);
     path
+}
+
+/// `chmod 600 path`.
+pub(crate) fn owner_only(path: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
 }
 
 /// `gateway dlq --offline ARGS QUEUE`: exit status, stdout and stderr.
@@ -493,6 +503,7 @@ async fn the_queue_secret_from_the_config_file_or_the_environment() {
     let dir = temp_path("sealed-config");
     let short = temp_path("short-secret");
     std::fs::write(&short, "too short\n").unwrap();
+    owner_only(&short);
     let config = temp_path("sealed.toml");
     std::fs::write(
         &config,
@@ -556,6 +567,297 @@ async fn the_queue_secret_from_the_config_file_or_the_environment() {
     for f in [short, config, secret] {
         let _ = std::fs::remove_file(f);
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A gateway on a shared queue (Redis Streams, RabbitMQ, NATS) without a
+/// secret would deliver whatever anyone who can write to the queue wrote:
+/// it refuses to start, exit 2, saying how to make a secret, unless the
+/// configuration says it trusts every writer (`queue_unauthenticated`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_queue_without_a_secret_refuses_to_start() {
+    let route = ["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"];
+    for queue in [
+        "redis://127.0.0.1:1",
+        "amqp://gateway:pw@127.0.0.1:1/payments",
+        "nats://127.0.0.1:1",
+    ] {
+        for check in [true, false] {
+            let mut cmd = Command::new(gateway_bin());
+            cmd.args([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ])
+            .args(route)
+            .args(["--queue", queue])
+            .env_remove("IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE");
+            if check {
+                cmd.arg("--check-config");
+            }
+            let out = cmd.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{queue} check={check}: {err}");
+            assert!(
+                err.contains("has no secret")
+                    && err.contains("head -c 32 /dev/urandom > FILE")
+                    && err.contains("chmod 600 FILE")
+                    && err.contains("--queue-secret-file")
+                    && err.contains("queue_unauthenticated"),
+                "{queue}: {err}"
+            );
+        }
+    }
+    // Trusting every writer, said in the file (or with the flag): it starts.
+    if !support_redis::redis_available() {
+        eprintln!("skipped the rest: no redis-server");
+        return;
+    }
+    let redis = support_redis::RedisServer::start();
+    let config = temp_path("unauthenticated.toml");
+    std::fs::write(&config, "queue_unauthenticated = true\n").unwrap();
+    let up = Upstream::start().await;
+    let url = redis.url();
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            &["--config", config.to_str().unwrap(), "--queue", &url][..],
+            &route,
+        ]
+        .concat(),
+    );
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &[("content-type", "application/json")],
+        wechat("EV-TRUSTED-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS);
+    wait_until("the delivery", Duration::from_secs(30), || {
+        up.calls("/wx/notify") == 1
+    })
+    .await;
+    assert!(
+        gw.log().contains("NOT AUTHENTICATED"),
+        "the log says so: {}",
+        gw.log()
+    );
+    drop(gw);
+    let flagged = Gateway::start(
+        &up.url(),
+        &[&["--queue", &url, "--queue-unauthenticated"][..], &route].concat(),
+    );
+    drop(flagged);
+    let _ = std::fs::remove_file(config);
+}
+
+/// A queued entry's path is read once, in its canonical form, before
+/// anything decides on it: an entry whose path is not canonical
+/// (`/wx/../alipay/notify` prefix-matches the ack-then-deliver `/wx`, and
+/// an upstream resolves it to the synchronous `/alipay`) is dead-lettered,
+/// never forwarded, on a queue whose unsigned entries are accepted and on
+/// one that trusts every writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_path_that_is_not_canonical_is_dead_lettered() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    if !support_redis::redis_available() {
+        eprintln!("skipped: no redis-server");
+        return;
+    }
+    let secret = secret_file();
+    let trusting = temp_path("trusting.toml");
+    std::fs::write(&trusting, "queue_unauthenticated = true\n").unwrap();
+    let accepting = [
+        "--queue-secret-file",
+        secret.to_str().unwrap(),
+        "--queue-accept-unsigned",
+    ];
+    let trusted = ["--config", trusting.to_str().unwrap()];
+    for how in [&accepting[..], &trusted[..]] {
+        let redis = support_redis::RedisServer::start();
+        let url = redis.url();
+        let up = Upstream::start().await;
+        let args = [
+            &["--queue", &url][..],
+            how,
+            &[
+                "--route",
+                "/wx=wechatpay-v3",
+                "--ack-then-deliver",
+                "/wx",
+                "--route",
+                "/alipay=alipay",
+                "--max-attempts",
+                "1",
+            ],
+        ]
+        .concat();
+        let gw = Gateway::start(&up.url(), &args);
+        let json = [
+            ("content-type", "application/json"),
+            ("x-forwarded-for", "127.0.0.1"),
+            ("x-forwarded-proto", "http"),
+        ];
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for (i, path) in ["/wx/../alipay/notify", "/wx/%2e%2e/alipay/notify"]
+            .into_iter()
+            .enumerate()
+        {
+            let id = format!("EV-DOTS-{i}");
+            let key = format!("idem:wechatpay-v3:/wx::{id}");
+            let e = entry(&key, path, &json, wechat(&id).as_bytes());
+            let _: String = redis::cmd("XADD")
+                .arg("{gateway}:s")
+                .arg("*")
+                .arg("m")
+                .arg(e)
+                .arg("a")
+                .arg(0)
+                .arg("t")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let queue = ["--queue", url.as_str()];
+        let start = Instant::now();
+        let listed = loop {
+            let (code, listed, err) = dlq(&queue, &["list"]);
+            assert_eq!(code, 0, "{err}");
+            if listed.lines().count() >= 2 || !up.seen().is_empty() {
+                break listed;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not dead-lettered: {listed}\n{}",
+                gw.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(
+            up.seen().is_empty(),
+            "{how:?}: a path that is not canonical reached the upstream: {:?}",
+            up.seen()
+        );
+        assert_eq!(listed.lines().count(), 2, "{listed}");
+        assert!(
+            listed.lines().all(|l| l.contains("not canonical")),
+            "{how:?}: {listed}"
+        );
+        // Later, still nothing.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(up.seen().is_empty(), "{:?}", up.seen());
+        drop(gw);
+    }
+    let _ = std::fs::remove_file(secret);
+    let _ = std::fs::remove_file(trusting);
+}
+
+/// One rule for the gateway's secret and data files: a queue secret file or
+/// an existing `queue.key` that its group or others may read is refused
+/// (exit 2, `chmod 600 FILE`), as the admin token file is; the files the
+/// gateway makes in an existing data directory that others may read are
+/// its owner's alone (0600).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secret_files_readable_by_others_are_refused_and_data_files_are_made_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let chmod = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    let route = ["--route", "/wx=wechatpay-v3", "--ack-then-deliver", "/wx"];
+    // Its exit status (`None`: still running after 10 s, killed) and stderr.
+    let start = |extra: &[&str]| {
+        let log = temp_path("modes-log");
+        let mut child = Command::new(gateway_bin())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ])
+            .args(route)
+            .args(extra)
+            .env_remove("IDEMPOTENCY_GATEWAY_QUEUE_SECRET_FILE")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let began = Instant::now();
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code();
+            }
+            if began.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(log);
+        (code, err)
+    };
+    // The secret file of the queue, readable by others.
+    let dir = temp_path("modes-data");
+    let secret = secret_file();
+    chmod(&secret, 0o644);
+    let (code, err) = start(&[
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--queue-secret-file",
+        secret.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("0644") && err.contains(&format!("chmod 600 {}", secret.display())),
+        "{err}"
+    );
+    // The embedded queue's key, made readable by others since.
+    std::fs::create_dir_all(&dir).unwrap();
+    chmod(&dir, 0o755);
+    let key = dir.join("queue.key");
+    std::fs::write(&key, "00".repeat(32)).unwrap();
+    chmod(&key, 0o644);
+    let (code, err) = start(&["--data-dir", dir.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("0644") && err.contains(&format!("chmod 600 {}", key.display())),
+        "{err}"
+    );
+    // In an existing directory others may read, what the gateway makes is
+    // its owner's alone.
+    std::fs::remove_file(&key).unwrap();
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &up.url(),
+        &[
+            &["--data-dir", dir.to_str().unwrap(), "--journal"][..],
+            &route,
+        ]
+        .concat(),
+    );
+    let a = post(
+        &client(),
+        gw.addr,
+        "/wx/notify",
+        &[("content-type", "application/json")],
+        wechat("EV-MODES-1"),
+    )
+    .await;
+    assert_eq!(a.text(), WECHAT_SUCCESS);
+    for file in ["queue.redb", "queue.key", "journal.redb"] {
+        let path = dir.join(file);
+        assert_eq!(mode(&path), 0o600, "{file}: {:o}", mode(&path));
+    }
+    drop(gw);
+    let _ = std::fs::remove_file(secret);
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -301,7 +301,16 @@ async fn dead_letters_listed_shown_replayed_deleted_through_the_admin_api_redis_
     let Some(redis) = own_redis() else {
         return;
     };
-    dead_letters_through_the_admin_api(&["--queue", &redis.url()], "redis").await;
+    dead_letters_through_the_admin_api(
+        &[
+            "--queue",
+            &redis.url(),
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        "redis",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,7 +319,16 @@ async fn dead_letters_listed_shown_replayed_deleted_through_the_admin_api_rabbit
     let Some((_broker, url)) = rabbitmq_queue("dead-api") else {
         return;
     };
-    dead_letters_through_the_admin_api(&["--queue", &url], "amqp").await;
+    dead_letters_through_the_admin_api(
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        "amqp",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,7 +337,16 @@ async fn dead_letters_listed_shown_replayed_deleted_through_the_admin_api_jetstr
     let Some(nats) = support_nats::own() else {
         return;
     };
-    dead_letters_through_the_admin_api(&["--queue", &nats.url()], "jetstream").await;
+    dead_letters_through_the_admin_api(
+        &[
+            "--queue",
+            &nats.url(),
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        "jetstream",
+    )
+    .await;
 }
 
 /// With `--offline` (a token or not), `dlq` works on the queue directly,
@@ -365,7 +392,17 @@ async fn dead_letters_an_earlier_version_or_a_hostile_peer_wrote_still_read_redi
     let token = token_file("dead-api-hostile-token");
     let metrics = free_addr();
     let extra = ["--admin-token-file", token.to_str().unwrap()];
-    let gw = gateway(up_addr, &["--queue", &url], metrics, &extra);
+    let gw = gateway(
+        up_addr,
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        metrics,
+        &extra,
+    );
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let now_ms = std::time::SystemTime::now()

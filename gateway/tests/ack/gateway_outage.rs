@@ -363,7 +363,13 @@ async fn three_gateways_share_deliver_concurrency(queue: &str, store: &str, tag:
     )
     .unwrap();
     let config = config.display().to_string();
-    let args = ["--config", &config, "--queue", queue, "--store", store];
+    let secret = [
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    let args = [
+        "--config", &config, "--queue", queue, "--store", store, secret[0], secret[1],
+    ];
     let gateways: Vec<Gateway> = (0..3).map(|_| Gateway::start(&upstream, &args)).collect();
     let client = client();
     let barrier = Arc::new(tokio::sync::Barrier::new(NOTIFICATIONS * COPIES));
@@ -724,7 +730,13 @@ async fn three_gateways_on_one_redis_queue_share_the_breaker() {
     )
     .unwrap();
     let config = config.display().to_string();
-    let args = ["--config", &config, "--queue", &url, "--store", &url];
+    let secret = [
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    let args = [
+        "--config", &config, "--queue", &url, "--store", &url, secret[0], secret[1],
+    ];
     let gateways: Vec<Gateway> = (0..3).map(|_| Gateway::start(&upstream, &args)).collect();
     let logs = || {
         gateways

@@ -360,7 +360,11 @@ async fn two_gateways_on_a_shared_queue_share_a_routes_deliver_rate() {
         return;
     };
     let (up, url) = Upstream::start(false).await;
-    let top = format!("queue = {:?}", redis.url());
+    let top = format!(
+        "queue = {:?}\nqueue_secret_file = {:?}",
+        redis.url(),
+        crate::gateway_support::queue_secret()
+    );
     let rate = "deliver_rate = \"1/m\"";
     let (first, _) = gateway(&url, &top, rate);
     notify(&first, "shared-a", 1).await;

@@ -480,7 +480,16 @@ async fn a_paused_routes_entries_are_parked_not_cycled_redis_streams() {
         return;
     };
     let url = redis.url();
-    parked_while_paused(&["--queue", &url], "redis").await;
+    parked_while_paused(
+        &[
+            "--queue",
+            &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
+        ],
+        "redis",
+    )
+    .await;
 }
 
 /// Two gateways on one Redis (queue and store): `/wx` paused through A,
@@ -500,6 +509,8 @@ async fn parked_on_one_instance_woken_by_a_resume_on_another_delivered_once() {
     let extra = [
         "--queue",
         &url,
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
         "--store",
         &url,
         "--ack-then-deliver",
@@ -532,5 +543,61 @@ async fn parked_on_one_instance_woken_by_a_resume_on_another_delivered_once() {
     assert_eq!(code, 0, "{err}");
     delivered_once(&up, &held, "every parked entry after resume on A").await;
     drop((a, b));
+    let _ = std::fs::remove_file(token);
+}
+
+/// A gateway that cannot read the paused routes at start (here its
+/// `pauses.json` cannot be read) holds every queued delivery and wakes no
+/// parked entry until it can: the paused route's parked entries never reach
+/// its upstream before the pause is read, and once it is read they stay
+/// parked until `resume`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_cannot_be_read_at_start_is_held() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let (up, up_addr) = Upstream::start(false).await;
+    let token = token_file("park-unread-token");
+    let dir = temp_path("park-unread");
+    let metrics = free_addr();
+    let extra = [
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--ack-then-deliver",
+        "/wx",
+    ];
+    let gw = start(up_addr, metrics, &token, &extra);
+    let (code, _, err) = admin_cli(metrics, &token, &["pause", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    const HELD: usize = 50;
+    let held = send_many(gw.addr, "/wx/notify", "UNREAD", HELD).await;
+    wait_for("every entry parked", Duration::from_secs(60), move || {
+        attempts(metrics, "paused") >= HELD as f64
+    })
+    .await;
+    gw.signal(libc::SIGTERM);
+    drop(gw);
+    // The pauses cannot be read at the next start.
+    let kept = dir.join("pauses.json");
+    let pauses = std::fs::read(&kept).unwrap();
+    std::fs::write(&kept, b"{ not json").unwrap();
+    let gw = start(up_addr, metrics, &token, &extra);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        up.counts().is_empty(),
+        "delivered before the pause was read: {:?}",
+        up.counts()
+    );
+    // Readable again: read, and the route is still paused.
+    std::fs::write(&kept, &pauses).unwrap();
+    wait_for("the pause read", Duration::from_secs(10), move || {
+        paused_gauge(metrics) == Some(1.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(up.counts().is_empty(), "{:?}", up.counts());
+    let (code, _, err) = admin_cli(metrics, &token, &["resume", "/wx"]);
+    assert_eq!(code, 0, "{err}");
+    delivered_once(&up, &held, "every parked entry after resume").await;
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_file(token);
 }

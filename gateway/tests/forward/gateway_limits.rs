@@ -508,10 +508,10 @@ async fn a_hung_client_api_leaves_the_callbacks_their_share() {
 }
 
 /// The metrics and admin listener has the main listener's header timeout
-/// and a cap on its connections: a client that sends half its headers is
-/// closed once `--header-timeout` passes, and 200 such clients hold at most
-/// the cap of descriptors; health checks are answered again once they are
-/// gone.
+/// (at most 5 s) and a cap on its connections (1024): a client that sends
+/// half its headers is closed once `--header-timeout` passes, and 100 more
+/// such clients than the cap hold at most the cap of descriptors; health
+/// checks are answered again once they are gone.
 #[test]
 fn the_metrics_listener_times_out_headers_and_caps_its_connections() {
     let metrics = common::free_addr();
@@ -535,12 +535,14 @@ fn the_metrics_listener_times_out_headers_and_caps_its_connections() {
         "a connection with half its headers stayed open {took:?}: {answer:?}"
     );
     let before = open_fds(gw.child.id());
-    let stalled: Vec<TcpStream> = (0..200).map(|_| stall(metrics, half, b"")).collect();
+    const CAP: usize = 1024;
+    let stalled: Vec<TcpStream> = (0..CAP + 100).map(|_| stall(metrics, half, b"")).collect();
     std::thread::sleep(Duration::from_millis(500));
     let during = open_fds(gw.child.id());
     assert!(
-        during <= before + 64 + 4,
-        "descriptors grew from {before} to {during} with 200 stalled clients"
+        during <= before + CAP + 4,
+        "descriptors grew from {before} to {during} with {} stalled clients",
+        CAP + 100
     );
     drop(stalled);
     let deadline = Instant::now() + Duration::from_secs(20);

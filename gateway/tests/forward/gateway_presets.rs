@@ -517,3 +517,109 @@ fn check_config_names_the_line_of_a_bad_table() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// A preset whose signature does not sign what the key, the fingerprint or
+/// the timestamp is read from would call unsigned bytes signed: a genuine
+/// signature over a header would let anyone send any body, and a timestamp
+/// the template does not sign proves nothing about staleness. Refused,
+/// `FILE:LINE: reason` naming what is unsigned, exit 2.
+#[test]
+fn check_config_refuses_a_preset_that_calls_unsigned_bytes_signed() {
+    let preset = |body: &str| {
+        format!(
+            "[[preset]]\nname = \"acme\"\n{body}\n[[route]]\nprefix = \"/hooks/acme\"\n\
+             preset = \"acme\"\nverify = {{ secrets = [\"s\"] }}\n"
+        )
+    };
+    let cases: Vec<(String, usize, &str)> = vec![
+        (
+            preset("key = \"json:/id\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}.{timestamp}\", timestamp_header = \"x-ts\" }"),
+            6,
+            "preset `acme`: its key json:/id is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = [\"header:x-id\", \"form:trade_no\"]\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}\" }"),
+            6,
+            "its key form:trade_no is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = \"header:x-id\"\nfingerprint = \"body\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}\" }"),
+            7,
+            "its fingerprint (the body) is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = \"header:x-id\"\nfingerprint = [\"xml:amount\"]\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signed = \"{header:x-id}\" }"),
+            7,
+            "its fingerprint xml:amount is read from the body, which the signature does not sign",
+        ),
+        (
+            preset("key = \"json:/id\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", timestamp_header = \"x-ts\" }"),
+            6,
+            "its timestamp (header x-ts) is not signed",
+        ),
+        (
+            preset("key = \"json:/id\"\nsignature = { scheme = \"hmac-sha256\", header = \"x-sig\", signature_field = \"h1\", timestamp_field = \"ts\", signed = \"{body}\" }"),
+            6,
+            "its timestamp (pair ts) is not signed",
+        ),
+    ];
+    for (text, line, reason) in cases {
+        let dir = config_dir("http://127.0.0.1:9", &text);
+        let (code, err) = check(&dir, &[]);
+        assert_eq!(code, 2, "{text}\n{err}");
+        let at = format!("gateway.toml:{line}: ");
+        assert!(
+            err.contains(&at) && err.contains(reason),
+            "want {at}{reason}, got {err}\n{text}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Square's `{url}` is the URL the request was sent to: the route's
+/// `public_url` for its prefix, then the rest of the request's path and its
+/// query. A genuine signature made for the route's URL does not verify at
+/// another path or query under it (401, the upstream never called), and one
+/// made for that path and query does.
+#[tokio::test(flavor = "multi_thread")]
+async fn square_url_is_the_url_the_request_was_sent_to() {
+    let _storms = gateway_support::beside_storms().await;
+    let up = Upstream::start().await;
+    let dir = config_dir(&up.url(), RECIPES);
+    let env = [("GITHUB_SECRET", GITHUB), ("GITHUB_SECRET_OLD", GITHUB_OLD)];
+    let gw = Proc::start(
+        &["--config", dir.join("gateway.toml").to_str().unwrap()],
+        &env,
+        Stdio::null(),
+    );
+    let client = client();
+    let body = br#"{"merchant_id":"6SSW7HV8K2ST5","type":"refund.created","event_id":"0d3a2b4e-1f5c-4c9e-9a7b-3e1c2d4f5a6b"}"#;
+    let signed_for_route = square("square-secret", "https://example.com/hooks/square", body);
+    for path in [
+        "/hooks/square/refund?admin=1&amount=999",
+        "/hooks/square?admin=1",
+        "/hooks/square/refund",
+    ] {
+        let a = &storm(&client, gw.addr, path, &signed_for_route, body, 1).await[0];
+        assert_eq!(a.status, 401, "{path}: {}", a.text());
+    }
+    let seen = up.seen();
+    assert!(
+        seen.is_empty(),
+        "a signature for another URL was forwarded: {seen:?}"
+    );
+    // Signed for the path and query it is sent to: verified, forwarded there.
+    let url = "https://example.com/hooks/square/refund?admin=1&amount=999";
+    let a = &storm(
+        &client,
+        gw.addr,
+        "/hooks/square/refund?admin=1&amount=999",
+        &square("square-secret", url, body),
+        body,
+        1,
+    )
+    .await[0];
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(up.seen().len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}

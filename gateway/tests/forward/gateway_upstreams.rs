@@ -201,3 +201,51 @@ fn a_route_naming_an_unknown_upstream_is_refused_with_its_line() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A `ca` file (or `upstream_ca`) whose PEM block is not a certificate
+/// trusts nothing: `--check-config` refuses it, naming the file, exit 2.
+#[test]
+fn a_ca_whose_pem_block_is_not_a_certificate_fails_check_config() {
+    use base64::Engine;
+    let dir = temp_path("upstreams-ca");
+    std::fs::create_dir_all(&dir).unwrap();
+    let junk = base64::engine::general_purpose::STANDARD.encode(b"this is no certificate at all");
+    let files = [
+        (
+            "junk.pem",
+            format!("-----BEGIN CERTIFICATE-----\n{junk}\n-----END CERTIFICATE-----\n"),
+        ),
+        (
+            "key.pem",
+            format!("-----BEGIN PRIVATE KEY-----\n{junk}\n-----END PRIVATE KEY-----\n"),
+        ),
+    ];
+    for (name, pem) in files {
+        std::fs::write(dir.join(name), pem).unwrap();
+        for text in [
+            format!(
+                "listen = \"127.0.0.1:0\"\nupstream = \"https://127.0.0.1:9\"\n\
+                 [[upstreams]]\nname = \"orders\"\nurl = \"https://127.0.0.1:9001\"\nca = \"{name}\"\n\
+                 [[route]]\nprefix = \"/api\"\npreset = \"idempotency-key\"\nupstream = \"orders\"\n"
+            ),
+            format!(
+                "listen = \"127.0.0.1:0\"\nupstream = \"https://127.0.0.1:9\"\n\
+                 upstream_ca = \"{}\"\n",
+                dir.join(name).display()
+            ),
+        ] {
+            std::fs::write(dir.join("gateway.toml"), &text).unwrap();
+            let out = Command::new(gateway_bin())
+                .arg("--check-config")
+                .arg("--config")
+                .arg(dir.join("gateway.toml"))
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name}: {text}\n{err}");
+            assert!(err.contains(name), "{name}: {err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

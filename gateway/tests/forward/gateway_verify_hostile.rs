@@ -265,6 +265,8 @@ fn a_store_or_queue_password_is_never_echoed_in_a_start_error() {
         "/notify/stripe",
         "--queue",
         &format!("redis://user:s3cr3t-pw@127.0.0.1:{port}/0"),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
         "--data-dir",
         data.to_str().unwrap(),
     ]);
@@ -301,6 +303,8 @@ fn a_store_password_is_never_logged_when_the_gateway_starts() {
             "/notify/stripe",
             "--queue",
             &url,
+            "--queue-secret-file",
+            crate::gateway_support::queue_secret(),
             "--data-dir",
             data.to_str().unwrap(),
         ],

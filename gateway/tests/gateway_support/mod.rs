@@ -271,3 +271,25 @@ pub async fn beside_storms() -> tokio::sync::RwLockReadGuard<'static, ()> {
 }
 
 static STORMS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// `--queue-secret-file` of this test process's gateways on a shared queue
+/// (Redis Streams, RabbitMQ, NATS), which refuse to start without one: one
+/// file of 32 bytes, readable by its owner only, the same for every
+/// gateway (those of one queue must share it).
+pub fn queue_secret() -> &'static str {
+    static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = temp_path("shared-queue-secret");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        file.write_all(b"shared-queue-secret-of-the-gateway-tests-0123456789\n")
+            .unwrap();
+        path.display().to_string()
+    })
+}

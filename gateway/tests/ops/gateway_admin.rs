@@ -1262,3 +1262,95 @@ fn unix_now() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// Slow clients cannot hold the `--metrics-listen` listener: with 70
+/// connections each holding half a request head open, `/healthz` still
+/// answers at once (a liveness probe must not restart a healthy gateway),
+/// and those connections are closed at the listener's header timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_clients_do_not_hold_the_admin_listener() {
+    use std::io::{Read, Write};
+    let up = Upstream::start().await;
+    let ops = start(&up.url(), "memory");
+    let mut slow = Vec::new();
+    for _ in 0..70 {
+        let mut s = std::net::TcpStream::connect(ops.metrics).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n")
+            .unwrap();
+        slow.push(s);
+    }
+    // The slow connections are accepted before the probe comes.
+    std::thread::sleep(Duration::from_millis(300));
+    let began = std::time::Instant::now();
+    let mut probe = std::net::TcpStream::connect(ops.metrics).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = probe.read_to_end(&mut answer);
+    let took = began.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        read.is_ok() && answer.starts_with("HTTP/1.1 200"),
+        "/healthz did not answer within 5 s beside 70 slow clients ({took:?}): {read:?} {answer:?}"
+    );
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    // The slow ones are closed once the header timeout passes.
+    let s = &mut slow[0];
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut rest = Vec::new();
+    let closed = s.read_to_end(&mut rest);
+    assert!(closed.is_ok(), "still open: {closed:?}");
+}
+
+/// `GET /admin/routes` shows each route's own upstream: the named one a
+/// route's `upstream` names, the default one for the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_routes_list_shows_each_routes_own_upstream() {
+    let metrics = free_addr();
+    let dir = temp_path("admin-upstreams");
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = temp_path("admin-token");
+    write_token(&token_file, &format!("{TOKEN}\n"));
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9001\"\n\
+             metrics_listen = \"{metrics}\"\nadmin_token_file = \"{}\"\n\
+             [[upstreams]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9002/base\"\n\
+             [[route]]\nprefix = \"/api/orders\"\npreset = \"idempotency-key\"\nupstream = \"orders\"\n\
+             [[route]]\nprefix = \"/api\"\npreset = \"idempotency-key\"\n",
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let gw = Proc::start(
+        &["--config", config.to_str().unwrap()],
+        &[],
+        Stdio::inherit(),
+    );
+    let ops = Ops {
+        gw,
+        metrics,
+        token_file,
+        dir,
+    };
+    let (status, v) = call(&ops, "GET", "/admin/routes", true);
+    assert_eq!(status, 200, "{v}");
+    let upstream_of = |prefix: &str| {
+        (v["routes"].as_array().into_iter().flatten())
+            .find(|r| r["prefix"] == prefix)
+            .map(|r| r["upstream"].clone())
+            .unwrap_or_else(|| panic!("no route {prefix}: {v}"))
+    };
+    assert_eq!(
+        upstream_of("/api/orders"),
+        "http://127.0.0.1:9002/base",
+        "{v}"
+    );
+    assert_eq!(upstream_of("/api"), "http://127.0.0.1:9001", "{v}");
+}

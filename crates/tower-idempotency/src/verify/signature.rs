@@ -117,7 +117,8 @@ enum Part {
 
 /// What a sender signs: literal text and the placeholders `{body}` (the raw
 /// body), `{timestamp}` (the signed timestamp, as sent), `{header:NAME}` (a
-/// header's value) and `{url}` (the URL the sender called, as configured).
+/// header's value) and `{url}` (the URL the request was sent to: see
+/// [`HmacSchemeBuilder::url`]).
 ///
 /// ```
 /// use tower_idempotency::verify::SignedTemplate;
@@ -208,6 +209,11 @@ impl SignedTemplate {
         self.parts.contains(&Part::Timestamp)
     }
 
+    /// Whether the template holds `{body}`.
+    pub fn uses_body(&self) -> bool {
+        self.parts.contains(&Part::Body)
+    }
+
     /// Whether the template holds `{url}`.
     pub fn uses_url(&self) -> bool {
         self.parts.contains(&Part::Url)
@@ -277,10 +283,38 @@ pub struct HmacScheme {
     timestamp_header: Option<HeaderName>,
     signature_field: Option<String>,
     timestamp_field: Option<String>,
-    url: Option<String>,
+    url: Option<PublicUrl>,
     tolerance: Duration,
     shape: Option<BodyShape>,
     keys: Vec<hmac::Key>,
+}
+
+/// What `{url}` is made of: the public URL of the requests under `path`.
+#[derive(Debug, Clone)]
+struct PublicUrl {
+    url: String,
+    path: String,
+}
+
+impl PublicUrl {
+    /// The URL `parts` was sent to: the public URL, the rest of the
+    /// request's path after `path`, and its query; `None` for a request
+    /// outside `path`.
+    fn of(&self, parts: &Parts) -> Option<String> {
+        let mount = self.path.trim_end_matches('/');
+        let rest = parts.uri.path().strip_prefix(mount)?;
+        let rest = match rest {
+            "" | "/" => "",
+            rest if rest.starts_with('/') => rest,
+            _ => return None,
+        };
+        let mut out = format!("{}{rest}", self.url);
+        if let Some(query) = parts.uri.query() {
+            out.push('?');
+            out.push_str(query);
+        }
+        Some(out)
+    }
 }
 
 /// Builds an [`HmacScheme`]; from [`HmacScheme::builder`].
@@ -295,7 +329,7 @@ pub struct HmacSchemeBuilder {
     timestamp_header: Option<Result<HeaderName, String>>,
     signature_field: Option<String>,
     timestamp_field: Option<String>,
-    url: Option<String>,
+    url: Option<PublicUrl>,
     tolerance: Duration,
     shape: Option<BodyShape>,
     secret_encoding: SecretEncoding,
@@ -436,9 +470,21 @@ impl HmacSchemeBuilder {
         self
     }
 
-    /// The URL the sender calls, as it signs it (`{url}`).
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.url = Some(url.into());
+    /// What `{url}` is: the URL the request was sent to, as the sender
+    /// signs it. `url` is the public URL of the request path `path` (the
+    /// route's prefix, as this service sees it); `{url}` is `url`, then the
+    /// rest of the request's path after `path`, then its query (`?…`). So a
+    /// signature made for one URL verifies at that URL only, and a request
+    /// outside `path` does not verify.
+    ///
+    /// With `url("https://example.com/hooks/square", "/hooks/square")`, a
+    /// request to `/hooks/square/refund?id=1` verifies only a signature over
+    /// `https://example.com/hooks/square/refund?id=1`.
+    pub fn url(mut self, url: impl Into<String>, path: impl Into<String>) -> Self {
+        self.url = Some(PublicUrl {
+            url: url.into(),
+            path: path.into(),
+        });
         self
     }
 
@@ -472,8 +518,9 @@ impl HmacSchemeBuilder {
 
     /// The scheme, or why it cannot check anything: no secret, an empty
     /// secret, a secret that is not base64 where it should be, a bad header
-    /// name, `{timestamp}` without a timestamp source, `{url}` without a
-    /// URL, a timestamp pair without a signature pair.
+    /// name, `{timestamp}` without a timestamp source, a timestamp source
+    /// whose value is not signed, `{url}` without a URL, a timestamp pair
+    /// without a signature pair.
     pub fn build(self) -> Result<HmacScheme, SigningKeyError> {
         let header = self.header.map_err(SigningKeyError::new)?;
         let timestamp_header = self
@@ -502,6 +549,13 @@ impl HmacSchemeBuilder {
         {
             return Err(SigningKeyError::new(
                 "`{timestamp}` is signed, but no timestamp_header or timestamp_field says where it comes from",
+            ));
+        }
+        if (self.timestamp_field.is_some() || timestamp_header.is_some())
+            && !self.signed.uses_timestamp()
+        {
+            return Err(SigningKeyError::new(
+                "a timestamp_header or timestamp_field is given, but `{timestamp}` is not signed: any timestamp would pass the tolerance",
             ));
         }
         if self.signed.uses_url() && self.url.is_none() {
@@ -628,7 +682,12 @@ impl HmacScheme {
                 Part::Header(name) => {
                     out.extend_from_slice(single(parts, name, "signed header")?.as_bytes())
                 }
-                Part::Url => out.extend_from_slice(self.url.as_deref().unwrap_or("").as_bytes()),
+                Part::Url => {
+                    let url = self.url.as_ref().and_then(|u| u.of(parts)).ok_or(
+                        VerifyError::Malformed(Cow::Borrowed("path (outside the signed URL's)")),
+                    )?;
+                    out.extend_from_slice(url.as_bytes());
+                }
             }
         }
         Ok(out)
@@ -721,12 +780,45 @@ mod tests {
     }
 
     #[test]
+    fn url_is_the_url_the_request_was_sent_to() {
+        let square = PublicUrl {
+            url: "https://example.com/hooks/square".into(),
+            path: "/hooks/square".into(),
+        };
+        let at = |uri: &str| {
+            let (parts, ()) = http::Request::post(uri).body(()).unwrap().into_parts();
+            square.of(&parts)
+        };
+        let url = |s: &str| Some(s.to_owned());
+        assert_eq!(at("/hooks/square"), url("https://example.com/hooks/square"));
+        assert_eq!(at("/hooks/square/"), url("https://example.com/hooks/square"));
+        assert_eq!(
+            at("/hooks/square/refund?admin=1"),
+            url("https://example.com/hooks/square/refund?admin=1")
+        );
+        assert_eq!(at("/hooks/square?a=1"), url("https://example.com/hooks/square?a=1"));
+        assert_eq!(at("/hooks/squarex"), None);
+        assert_eq!(at("/other"), None);
+        let root = PublicUrl {
+            url: "https://example.com".into(),
+            path: "/".into(),
+        };
+        let (parts, ()) = http::Request::post("/a/b?c").body(()).unwrap().into_parts();
+        assert_eq!(root.of(&parts), url("https://example.com/a/b?c"));
+    }
+
+    #[test]
     fn a_scheme_without_what_it_signs_is_refused() {
         let b = || HmacScheme::builder("x", HmacAlgorithm::Sha256, "x-sig").secret("s");
         assert!(b().build().is_ok());
         assert!(b().signed("{timestamp}.{body}".parse().unwrap()).build().is_err());
         assert!(b().signed("{url}{body}".parse().unwrap()).build().is_err());
         assert!(b().timestamp_field("ts").build().is_err());
+        // A timestamp the template does not sign proves nothing.
+        assert!(b().timestamp_header("x-ts").build().is_err());
+        assert!(b().signature_field("v1").timestamp_field("t").build().is_err());
+        let signed_ts = || b().signed("{timestamp}.{body}".parse().unwrap());
+        assert!(signed_ts().timestamp_header("x-ts").build().is_ok());
         assert!(HmacScheme::builder("x", HmacAlgorithm::Sha256, "x sig").secret("s").build().is_err());
         assert!(HmacScheme::builder("x", HmacAlgorithm::Sha256, "x-sig").secret("").build().is_err());
         assert!(b().secret_encoding(SecretEncoding::Base64).build().is_err());

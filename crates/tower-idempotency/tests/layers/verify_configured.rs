@@ -292,7 +292,7 @@ async fn square_url_and_body() {
             )
             .encoding(SignatureEncoding::Base64)
             .signed("{url}{body}".parse().unwrap())
-            .url(url)
+            .url(url, "/notify")
             .secret(secret)
             .build()
             .unwrap(),

@@ -30,6 +30,7 @@
 
 mod admin;
 mod commands;
+mod private;
 mod redact;
 mod serve;
 mod settings;

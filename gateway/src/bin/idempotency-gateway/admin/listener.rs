@@ -2,10 +2,12 @@
 //!
 //! The Prometheus exporter's own HTTP listener answers `/metrics` only, so
 //! this listener serves the three paths itself, `/metrics` with the
-//! exporter's `PrometheusHandle::render`. It has the main listener's
-//! header timeout (also its TLS handshake's and idle connections' bound)
-//! and a cap of its own on connections, so that slow or idle clients
-//! cannot hold descriptors; with `--admin-tls-cert` it speaks HTTPS.
+//! exporter's `PrometheusHandle::render`. It is served as the main listener
+//! is (`serve::accept`): a header timeout, the main one's but at most
+//! [`HEADER_TIMEOUT`] (also its TLS handshake's and idle connections'
+//! bound), and a cap on connections that a few slow clients cannot fill,
+//! so that a liveness probe is answered beside them and idle clients cannot
+//! hold descriptors for long; with `--admin-tls-cert` it speaks HTTPS.
 
 pub(crate) use crate::admin::api::{read_token, Admin};
 use crate::serve::accept::{serve_stream, Watch};
@@ -33,8 +35,15 @@ use tracing::{debug, info};
 use tracing_appender::non_blocking::ErrorCounter;
 
 /// The most connections the listener serves at once; more wait to be
-/// accepted. Scrapers, probes and the admin commands need a few.
-pub(crate) const MAX_CONNECTIONS: usize = 64;
+/// accepted. Scrapers, probes and the admin commands need a few; the rest
+/// is room for slow clients, each closed at the header timeout, beside
+/// which a probe is still answered at once.
+pub(crate) const MAX_CONNECTIONS: usize = 1024;
+
+/// The longest the listener waits for a request's headers (or a TLS
+/// handshake, or on an idle connection): scrapers, probes and the admin
+/// commands send theirs at once.
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How the listener serves its connections.
 pub(crate) struct Listening {
@@ -79,6 +88,7 @@ pub(crate) async fn start(
         header_timeout,
         tls,
     } = listening;
+    let header_timeout = header_timeout.min(HEADER_TIMEOUT);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -84,8 +84,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NAME", env = "IDEMPOTENCY_GATEWAY_PRINCIPAL_COOKIE", value_parser = crate::settings::parse::cookie_name)]
     pub(crate) principal_cookie: Option<tower_idempotency::key::CookiePrincipal>,
     /// Serve /metrics, /healthz and /readyz (and the admin API and the console) at
-    /// http://ADDR, with --header-timeout and at most 64 connections; the admin API off
-    /// loopback needs --admin-tls-cert. --metrics-listen is its older name
+    /// http://ADDR, with --header-timeout (at most 5s) and at most 1024 connections; the
+    /// admin API off loopback needs --admin-tls-cert. --metrics-listen is its older name
     #[arg(
         long = "admin-listen",
         visible_alias = "metrics-listen",
@@ -257,6 +257,10 @@ pub(crate) struct Args {
     /// upgrade drains them; off by default (they are dead-lettered as `unauthenticated`)
     #[arg(long, env = "IDEMPOTENCY_GATEWAY_QUEUE_ACCEPT_UNSIGNED")]
     pub(crate) queue_accept_unsigned: bool,
+    /// Run a shared queue without --queue-secret-file: every writer of the queue is
+    /// trusted (an entry anyone writes there is delivered to the ack-then-deliver routes)
+    #[arg(long, env = "IDEMPOTENCY_GATEWAY_QUEUE_UNAUTHENTICATED")]
+    pub(crate) queue_unauthenticated: bool,
     /// Wait after the first failed delivery, doubled after each, up to 15m (default 1s)
     #[arg(long, value_name = "DUR", env = "IDEMPOTENCY_GATEWAY_RETRY_BACKOFF", value_parser = parse::positive_duration)]
     pub(crate) retry_backoff: Option<Duration>,

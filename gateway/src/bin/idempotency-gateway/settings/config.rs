@@ -90,6 +90,7 @@ struct File {
     queue_replicas: Option<Spanned<u64>>,
     queue_secret_file: Option<PathBuf>,
     queue_accept_unsigned: Option<bool>,
+    queue_unauthenticated: Option<bool>,
     retry_backoff: Field,
     log_format: Field,
     otlp_endpoint: Field,
@@ -192,6 +193,7 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
         text: &text,
     };
     let queue = queue_settings(&args, &file, &at)?;
+    queue.check_secret()?;
     let journal = journal::settings(&args, &file, &at)?;
     let journal_body = journal::body(&args, &file, &at, journal.is_some())?;
     let admin_token = match args
@@ -491,10 +493,11 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
             .clone()
             .or(file.queue_secret_file.clone()),
         args.queue_accept_unsigned || file.queue_accept_unsigned.unwrap_or(false),
+        args.queue_unauthenticated || file.queue_unauthenticated.unwrap_or(false),
     );
     settings
         .replicas(replicas)
-        .map(|s| s.reserve(reserve).sealing(sealing.0, sealing.1))
+        .map(|s| s.reserve(reserve).sealing(sealing.0, sealing.1, sealing.2))
 }
 
 /// The config file `args` names (empty if none), its text and its path.

@@ -140,7 +140,7 @@ fn one(t: &FilePreset, at: &At<'_>) -> Result<Configured, String> {
     };
     let mut builder = Preset::builder(name.clone())
         .key(key.clone())
-        .fingerprint(fingerprint);
+        .fingerprint(fingerprint.clone());
     if let Some(r) = &t.success {
         builder = builder.success(reply(r.get_ref()).map_err(|e| at.err(r.span(), e))?);
     }
@@ -174,6 +174,8 @@ fn one(t: &FilePreset, at: &At<'_>) -> Result<Configured, String> {
         Some(s) => {
             let (scheme, template) =
                 signature(name, s.get_ref(), shape).map_err(|e| at.err(s.span(), e))?;
+            unsigned_reads(s.get_ref(), &template, &key, &fingerprint)
+                .map_err(|e| at.err(s.span(), format!("preset `{name}`: {e}")))?;
             let unsigned: Vec<String> = key
                 .iter()
                 .filter(|f| match f {
@@ -201,6 +203,55 @@ fn one(t: &FilePreset, at: &At<'_>) -> Result<Configured, String> {
         unsigned_key,
         own,
     })
+}
+
+/// Why the signature would call unsigned bytes signed: a key or a
+/// fingerprint read from the body when `{body}` is not signed (anyone could
+/// send any body under a genuine signature), or a timestamp the template
+/// does not sign (any timestamp would pass the tolerance).
+fn unsigned_reads(
+    s: &FileSignature,
+    template: &SignedTemplate,
+    key: &[Field],
+    fingerprint: &FingerprintSpec,
+) -> Result<(), String> {
+    let from_body = |f: &&Field| matches!(f, Field::Json(_) | Field::Form(_) | Field::Xml(_));
+    if !template.uses_body() {
+        let unsigned = |what: &str, read: String| {
+            format!(
+                "its {what} {read} is read from the body, which the signature does not sign \
+                 (`signed` has no {{body}}): anyone could send any body under a genuine \
+                 signature; sign {{body}}, or read the {what} from a signed header"
+            )
+        };
+        if let Some(f) = key.iter().find(from_body) {
+            return Err(unsigned("key", f.to_string()));
+        }
+        match fingerprint {
+            FingerprintSpec::Body => return Err(unsigned("fingerprint", "(the body)".into())),
+            FingerprintSpec::Fields(fields) => {
+                if let Some(f) = fields.iter().find(from_body) {
+                    return Err(unsigned("fingerprint", f.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+    if !template.uses_timestamp() {
+        let source = match (&s.timestamp_header, &s.timestamp_field) {
+            (Some(h), _) => Some(format!("header {h}")),
+            (None, Some(f)) => Some(format!("pair {f}")),
+            (None, None) => None,
+        };
+        if let Some(source) = source {
+            return Err(format!(
+                "its timestamp ({source}) is not signed (`signed` has no {{timestamp}}): any \
+                 timestamp would pass the tolerance; sign {{timestamp}} as the sender does, or \
+                 drop the timestamp"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `header:NAME | json:/POINTER | form:FIELD | xml:ELEMENT | query:NAME`.

@@ -150,7 +150,9 @@ pub(crate) fn from_file(
                     (Some(scheme), Some(v)) => {
                         let mut scheme = scheme.clone();
                         if let Some(url) = &r.public_url {
-                            scheme = scheme.url(url.get_ref().clone());
+                            // `{url}`: the public URL of the prefix, then the
+                            // request's own path under it and its query.
+                            scheme = scheme.url(url.get_ref().clone(), prefix.clone());
                         }
                         let layer = v
                             .get_ref()

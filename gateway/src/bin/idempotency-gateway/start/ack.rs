@@ -182,6 +182,9 @@ pub(crate) struct QueueSettings {
     /// Whether entries with no MAC (queued by an earlier version) are
     /// delivered (`queue_accept_unsigned`).
     pub(crate) accept_unsigned: bool,
+    /// Whether a shared queue runs without a secret, trusting every writer
+    /// (`queue_unauthenticated`).
+    pub(crate) unauthenticated: bool,
 }
 
 impl QueueSettings {
@@ -201,22 +204,54 @@ impl QueueSettings {
             reserve: DEFAULT_DATA_DIR_RESERVE,
             secret_file: None,
             accept_unsigned: false,
+            unauthenticated: false,
         }
     }
 
-    /// `--queue-secret-file FILE` and `queue_accept_unsigned`.
-    pub(crate) fn sealing(mut self, secret_file: Option<PathBuf>, accept_unsigned: bool) -> Self {
+    /// `--queue-secret-file FILE`, `queue_accept_unsigned` and
+    /// `queue_unauthenticated`.
+    pub(crate) fn sealing(
+        mut self,
+        secret_file: Option<PathBuf>,
+        accept_unsigned: bool,
+        unauthenticated: bool,
+    ) -> Self {
         self.secret_file = secret_file;
         self.accept_unsigned = accept_unsigned;
+        self.unauthenticated = unauthenticated;
         self
+    }
+
+    /// Before the gateway starts: the secret file (or the embedded queue's
+    /// key, once made) is its owner's alone, and a shared queue has a
+    /// secret unless the configuration trusts every writer of the queue.
+    pub(crate) fn check_secret(&self) -> Result<(), String> {
+        match (&self.secret_file, &self.spec) {
+            (Some(file), _) => crate::private::check_secret_file(file, "queue secret file"),
+            (None, QueueSpec::Dir(dir)) if dir.join(EMBEDDED_KEY).exists() => {
+                crate::private::check_secret_file(&dir.join(EMBEDDED_KEY), "queue key file")
+            }
+            (None, QueueSpec::Dir(_)) => Ok(()),
+            (None, _) if self.unauthenticated => Ok(()),
+            (None, _) => Err(format!(
+                "the shared queue {} has no secret: anyone who can write to it could have this \
+                 gateway deliver any notification to an ack-then-deliver route. Make one, once, \
+                 for every gateway of the queue (`head -c 32 /dev/urandom > FILE && chmod 600 \
+                 FILE`) and give it as `--queue-secret-file FILE` (`queue_secret_file`); or, to \
+                 trust every writer of the queue, write `queue_unauthenticated = true` \
+                 (`--queue-unauthenticated`)",
+                self.describe()
+            )),
+        }
     }
 
     /// `queue` with its entries sealed and checked: under the secret of
     /// `--queue-secret-file`, or for the embedded queue under the key made
     /// at its first start in the data directory (`queue.key`, 0600). A
-    /// shared queue given no secret is delivered as it is, unauthenticated,
-    /// with an error in the log: a key of this instance's own would refuse
-    /// every other instance's entries.
+    /// shared queue given no secret (only with `queue_unauthenticated`, see
+    /// [`QueueSettings::check_secret`]) is delivered as it is, with an error
+    /// in the log: a key of this instance's own would refuse every other
+    /// instance's entries.
     pub(crate) fn seal(&self, queue: GatewayQueue) -> Result<DeliveryQueue, String> {
         let key = match (&self.secret_file, &self.spec) {
             (Some(file), _) => QueueKey::from_file(file).map_err(|e| e.to_string())?,
@@ -225,7 +260,8 @@ impl QueueSettings {
                 QueueKey::load_or_create(&dir.join(EMBEDDED_KEY)).map_err(|e| e.to_string())?
             }
             (None, _) => {
-                error!(queue = %self.describe(), "THE SHARED QUEUE'S ENTRIES ARE NOT AUTHENTICATED: anyone who can write to it can have this gateway deliver any notification to any ack-then-deliver route; give every gateway of this queue the same `--queue-secret-file`");
+                // Only with `queue_unauthenticated` (see `check_secret`).
+                error!(queue = %self.describe(), "THE SHARED QUEUE'S ENTRIES ARE NOT AUTHENTICATED (`queue_unauthenticated`): anyone who can write to it can have this gateway deliver any notification to any ack-then-deliver route; give every gateway of this queue the same `--queue-secret-file`");
                 return Ok(Either::Right(queue));
             }
         };
@@ -280,6 +316,7 @@ impl QueueSettings {
         match &self.spec {
             QueueSpec::Dir(dir) => {
                 create_private_dir(dir)?;
+                crate::private::owner_only_file(&dir.join("queue.redb"))?;
                 RedbQueue::open(dir.join("queue.redb"))
                     .map(|q| Either::Left(q.reserve(self.reserve)))
                     .map_err(|e| format!("cannot open the queue: {e}"))

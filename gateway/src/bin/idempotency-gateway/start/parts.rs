@@ -143,7 +143,7 @@ impl Parts {
         if let Some(admin) = &admin {
             admin.set_routes(
                 keeper.clone(),
-                route_infos(&settings.routes),
+                route_infos(settings),
                 settings.upstream.to_string(),
             );
         }
@@ -252,16 +252,19 @@ async fn paused_routes(
 ) -> pauses::PauseKeeper {
     let prefixes = settings.routes.iter().map(|(p, _, _)| p.clone()).collect();
     let keeper = pauses::PauseKeeper::new(store, memory, settings.data_dir.clone(), prefixes);
+    // A route paused where the pauses are kept must not be delivered to
+    // before they are read.
+    keeper.pauses().hold_deliveries_until_read();
     if let Err(e) = keeper.refresh().await {
-        tracing::warn!(error = %crate::redact::redact_text(&e), "cannot read the paused routes yet; none is held until they can be read");
+        tracing::warn!(error = %crate::redact::redact_text(&e), "cannot read the paused routes yet: every queued delivery is held, and no parked entry woken, until they can be read");
     }
     keeper.spawn_poller();
     keeper
 }
 
 /// The routes as the admin API lists them.
-fn route_infos(routes: &[(String, Target, RouteOptions)]) -> Vec<api::RouteInfo> {
-    (routes.iter())
+fn route_infos(settings: &Settings) -> Vec<api::RouteInfo> {
+    (settings.routes.iter())
         .map(|(p, t, o)| api::RouteInfo {
             prefix: p.clone(),
             preset: match t {
@@ -269,6 +272,10 @@ fn route_infos(routes: &[(String, Target, RouteOptions)]) -> Vec<api::RouteInfo>
                 Target::Auto => "auto".to_owned(),
             },
             acked: o.is_ack_then_deliver(),
+            upstream: (settings.route_upstreams.iter())
+                .find(|(prefix, _)| prefix == p)
+                .and_then(|(_, name)| settings.upstreams.iter().find(|u| u.name == *name))
+                .map(|u| u.upstream.to_string()),
         })
         .collect()
 }

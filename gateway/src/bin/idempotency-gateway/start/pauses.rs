@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::{
-    Claim, CompletedRecord, OwnerToken, RecordState, Store, StoredResponse,
+    Claim, CompletedRecord, Forgotten, OwnerToken, RecordState, Store, StoredResponse,
 };
 use tower_idempotency::Fingerprint;
 use tower_idempotency_queue::{Park, QueueError};
@@ -148,6 +148,7 @@ impl PauseKeeper {
         }
         let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(all).map_err(|e| e.to_string())?;
+        crate::private::owner_only_file(&tmp)?;
         std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, path).map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
@@ -206,10 +207,18 @@ impl PauseKeeper {
                 self.write_file(path, &all).await?;
             }
             Place::Store(store) => {
-                tokio::time::timeout(TIMEOUT, store.forget(&store_key(prefix)))
+                let forgot = tokio::time::timeout(TIMEOUT, store.forget(&store_key(prefix)))
                     .await
                     .map_err(|_| "the store did not answer".to_owned())?
                     .map_err(|e| e.to_string())?;
+                // Another instance's pause of the route is being written:
+                // nothing was removed, and the route stays paused.
+                if matches!(forgot, Forgotten::InFlight) {
+                    self.refresh().await?;
+                    return Err(
+                        "another pause or resume of this route ran at once: try again".into(),
+                    );
+                }
             }
         }
         self.pauses.set(prefix, None);
@@ -248,8 +257,12 @@ pub(crate) fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
     });
 }
 
-/// Wakes every parked prefix that is not paused now.
+/// Wakes every parked prefix that is not paused now; nothing before the
+/// paused routes were first read (any of them may be paused).
 async fn wake_resumed<Q: Park>(pauses: &Pauses, queue: &Q) -> Result<(), QueueError> {
+    if !pauses.is_read() {
+        return Ok(());
+    }
     for prefix in queue.parked().await? {
         if pauses.get(&prefix).is_none() {
             let n = queue.wake(&prefix).await?;
@@ -259,4 +272,42 @@ async fn wake_resumed<Q: Park>(pauses: &Pauses, queue: &Q) -> Result<(), QueueEr
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_idempotency::store::{Either, MemoryStore};
+
+    /// A resume that meets another instance's pause of the route being
+    /// written (its key claimed, not completed yet) removes nothing: it
+    /// fails, rather than answering as if it resumed a route that ends up
+    /// paused.
+    #[tokio::test]
+    async fn a_resume_meeting_a_pause_in_flight_fails() {
+        let store: GatewayStore = Either::Left(MemoryStore::new());
+        let keeper = PauseKeeper::new(&store, false, PathBuf::new(), vec!["/wx".into()]);
+        let key = store_key("/wx");
+        let fp = Fingerprint::of(b"pause");
+        let other = OwnerToken::new();
+        let claim = store.claim(&key, fp, other, TIMEOUT).await.unwrap();
+        assert!(matches!(claim, Claim::Acquired(_)));
+        let resumed = keeper.resume("/wx").await;
+        assert!(
+            resumed.as_ref().is_err_and(|e| e.contains("try again")),
+            "{resumed:?}"
+        );
+        // The other instance's pause completes: the route is paused.
+        let info = PauseInfo::new(1, "ops", "deploy");
+        let body = Bytes::from(serde_json::to_vec(&info).unwrap());
+        let record = Arc::new(CompletedRecord::new(
+            fp,
+            StoredResponse::new(StatusCode::OK, HeaderMap::new(), body),
+        ));
+        store.complete(&key, other, record, KEPT).await.unwrap();
+        keeper.refresh().await.unwrap();
+        assert!(keeper.pauses().is_paused("/wx"));
+        assert_eq!(keeper.resume("/wx").await, Ok(true));
+        assert!(!keeper.pauses().is_paused("/wx"));
+    }
 }

@@ -72,20 +72,7 @@ fn paging(q: &[(String, String)]) -> Result<(usize, Option<JournalCursor>), Stri
 /// empty; a file that its group or others can read is refused (as ssh
 /// refuses such a key).
 pub(crate) fn read_token(path: &FilePath) -> Result<String, String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        let meta = std::fs::metadata(path)
-            .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "permissions {mode:04o} for the admin token file {} are too open: \
-                 it must not be accessible by others (chmod 600 it)",
-                path.display()
-            ));
-        }
-    }
+    crate::private::check_secret_file(path, "admin token file")?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?;
     let token = text.lines().next().unwrap_or_default().trim().to_owned();
@@ -125,6 +112,9 @@ pub(crate) struct RouteInfo {
     pub(crate) preset: String,
     /// Whether it acknowledges then delivers.
     pub(crate) acked: bool,
+    /// The named upstream it sends to (`[[upstreams]]`), if not the
+    /// default one.
+    pub(crate) upstream: Option<String>,
 }
 
 /// The routes and where their pauses are kept.

@@ -71,7 +71,7 @@ pub(super) async fn routes_list(State(calls): State<Calls>) -> Answer {
         out.push(json!({
             "prefix": r.prefix,
             "preset": r.preset,
-            "upstream": routes.upstream,
+            "upstream": r.upstream.as_ref().unwrap_or(&routes.upstream),
             "mode": if r.acked { "ack_then_deliver" } else { "synchronous" },
             "paused": paused.as_ref().map(pause_json),
             "breaker": breaker,
