@@ -321,6 +321,45 @@ fn check_config_exits_0_or_2_with_the_line_and_the_reason() {
         assert!(stderr.contains(want), "{stderr:?} lacks {want:?}");
         assert!(stderr.contains(path.to_str().unwrap()), "{stderr}");
     }
+    // A file the config names that cannot be read: its line, its key.
+    let missing = "/nonexistent/idempotency-gateway-test/file.pem";
+    let file_cases: Vec<(String, &str)> = vec![
+        (
+            format!("admin_listen = \"127.0.0.1:0\"\nadmin_token_file = \"{missing}\"\n{good}"),
+            ":2: `admin_token_file`: cannot read",
+        ),
+        (
+            format!("tls_cert = \"{missing}\"\ntls_key = \"{missing}\"\n{good}"),
+            ":1: `tls_cert`: cannot read",
+        ),
+        (
+            format!("admin_listen = \"127.0.0.1:0\"\nadmin_tls_cert = \"{missing}\"\nadmin_tls_key = \"{missing}\"\n{good}"),
+            ":2: `admin_tls_cert`: cannot read",
+        ),
+        (
+            format!("upstream_ca = \"{missing}\"\n{good}"),
+            ":1: `upstream_ca`: cannot read",
+        ),
+        (
+            format!("queue = \"redis://127.0.0.1:1\"\nqueue_secret_file = \"{missing}\"\n{good}"),
+            ":2: `queue_secret_file`: cannot read",
+        ),
+        (
+            format!("{good}\n[[upstreams]]\nname = \"ledger\"\nurl = \"http://127.0.0.1:9\"\nca = \"{missing}\"\n"),
+            ":12: `ca`: cannot read",
+        ),
+    ];
+    for (text, want) in &file_cases {
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(&bin)
+            .args(["--config", path.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {stderr}");
+        let line = format!("{}{want}", path.display());
+        assert!(stderr.contains(&line), "{stderr:?} lacks {line:?}");
+    }
     // The OpenTelemetry variables are checked at start too.
     std::fs::write(&path, good).unwrap();
     for (env, want) in [

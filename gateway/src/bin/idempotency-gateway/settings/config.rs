@@ -29,7 +29,7 @@ use crate::commands::client::AdminAt;
 use crate::settings::cli::Args;
 use crate::settings::parse::{self, StoreSpec};
 use crate::settings::routes::{FileRoute, Global};
-use crate::settings::spanned::{At, Field, SizeValue};
+use crate::settings::spanned::{readable, At, Field, SizeValue};
 use crate::start::ack::{self, QueueSettings};
 use idempotency_gateway::proxy::{RouteOptions, RouteTable, Target, Upstream};
 use serde::Deserialize;
@@ -61,9 +61,9 @@ struct File {
     max_run: Field,
     local_max_memory: Option<Spanned<SizeValue>>,
     drain_timeout: Field,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    upstream_ca: Option<PathBuf>,
+    tls_cert: Option<Spanned<PathBuf>>,
+    tls_key: Option<Spanned<PathBuf>>,
+    upstream_ca: Option<Spanned<PathBuf>>,
     upstream_keepalive: Option<bool>,
     accept_traceparent: Option<bool>,
     max_connections: Option<Spanned<u64>>,
@@ -80,15 +80,15 @@ struct File {
     journal_max_size: Option<Spanned<SizeValue>>,
     journal_body: Option<bool>,
     journal_body_max: Option<Spanned<SizeValue>>,
-    admin_token_file: Option<PathBuf>,
-    admin_tls_cert: Option<PathBuf>,
-    admin_tls_key: Option<PathBuf>,
+    admin_token_file: Option<Spanned<PathBuf>>,
+    admin_tls_cert: Option<Spanned<PathBuf>>,
+    admin_tls_key: Option<Spanned<PathBuf>>,
     queue: Field,
     data_dir: Option<PathBuf>,
     data_dir_reserve: Option<Spanned<SizeValue>>,
     max_attempts: Option<Spanned<u64>>,
     queue_replicas: Option<Spanned<u64>>,
-    queue_secret_file: Option<PathBuf>,
+    queue_secret_file: Option<Spanned<PathBuf>>,
     queue_accept_unsigned: Option<bool>,
     queue_unauthenticated: Option<bool>,
     retry_backoff: Field,
@@ -196,14 +196,12 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
     queue.check_secret()?;
     let journal = journal::settings(&args, &file, &at)?;
     let journal_body = journal::body(&args, &file, &at, journal.is_some())?;
-    let admin_token = match args
-        .admin_token_file
-        .as_ref()
-        .or(file.admin_token_file.as_ref())
-    {
-        Some(path) => Some(crate::admin::listener::read_token(path)?),
-        None => None,
-    };
+    let admin_token = at.file(
+        args.admin_token_file.as_deref(),
+        &file.admin_token_file,
+        "admin_token_file",
+        crate::admin::listener::read_token,
+    )?;
     let admin_at = admin::settings(&args, &file, &at)?;
     admin::check(&admin_at, admin_token.is_some())?;
     let listen = args
@@ -288,8 +286,13 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
     }
     ack::flag_routes(&args.ack_then_deliver, &mut routes)?;
     let (tls_cert, tls_key) = (
-        args.tls_cert.or(file.tls_cert),
-        args.tls_key.or(file.tls_key),
+        at.file(
+            args.tls_cert.as_deref(),
+            &file.tls_cert,
+            "tls_cert",
+            readable,
+        )?,
+        at.file(args.tls_key.as_deref(), &file.tls_key, "tls_key", readable)?,
     );
     let tls = match (tls_cert, tls_key) {
         (Some(c), Some(k)) => Some((c, k)),
@@ -360,7 +363,12 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
             .or(at.value(&file.drain_timeout, "drain_timeout", parse::duration)?)
             .unwrap_or(Duration::from_secs(30)),
         tls,
-        upstream_ca: args.upstream_ca.or(file.upstream_ca),
+        upstream_ca: at.file(
+            args.upstream_ca.as_deref(),
+            &file.upstream_ca,
+            "upstream_ca",
+            readable,
+        )?,
         upstream_keepalive: args
             .upstream_keepalive
             .or(file.upstream_keepalive)
@@ -450,7 +458,7 @@ pub(crate) fn admin_only(args: &Args) -> Result<(AdminAt, Option<PathBuf>), Stri
     let token = args
         .admin_token_file
         .clone()
-        .or(file.admin_token_file.clone());
+        .or(file.admin_token_file.as_ref().map(|v| v.get_ref().clone()));
     Ok((listen, token))
 }
 
@@ -489,9 +497,15 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
         parse::size,
     )?);
     let sealing = (
-        args.queue_secret_file
-            .clone()
-            .or(file.queue_secret_file.clone()),
+        at.file(
+            args.queue_secret_file.as_deref(),
+            &file.queue_secret_file,
+            "queue_secret_file",
+            |path| {
+                crate::private::check_secret_file(path, "queue secret file")?;
+                readable(path)
+            },
+        )?,
         args.queue_accept_unsigned || file.queue_accept_unsigned.unwrap_or(false),
         args.queue_unauthenticated || file.queue_unauthenticated.unwrap_or(false),
     );

@@ -3,6 +3,7 @@
 
 use crate::settings::parse;
 use serde::Deserialize;
+use std::path::{Path, PathBuf};
 use toml::Spanned;
 
 pub(crate) type Field = Option<Spanned<String>>;
@@ -28,6 +29,25 @@ impl At<'_> {
             .count()
             + 1;
         format!("{}:{line}: {why}", self.path)
+    }
+
+    /// A file named by a flag (`flag`) or by the config file's `key`
+    /// (`field`), checked by `check` (which reads it): an error about a file
+    /// the config file named says that line.
+    pub(crate) fn file<T>(
+        &self,
+        flag: Option<&Path>,
+        field: &Option<Spanned<PathBuf>>,
+        key: &str,
+        check: impl Fn(&Path) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
+        match (flag, field) {
+            (Some(path), _) => check(path).map(Some),
+            (None, Some(v)) => check(v.get_ref())
+                .map(Some)
+                .map_err(|e| self.err(v.span(), format!("`{key}`: {e}"))),
+            (None, None) => Ok(None),
+        }
     }
 
     /// A value from the file checked by `f`; an error names its line.
@@ -82,4 +102,12 @@ impl At<'_> {
             SizeValue::Text(s) => f(s),
         })
     }
+}
+
+/// `path`, if it can be opened for reading: a file the gateway reads later
+/// (a certificate, a key, a secret) is checked where it is named.
+pub(crate) fn readable(path: &Path) -> Result<PathBuf, String> {
+    std::fs::File::open(path)
+        .map(|_| path.to_owned())
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }

@@ -3,7 +3,7 @@
 //! names one with `upstream = "NAME"`.
 
 use crate::settings::parse;
-use crate::settings::spanned::{At, Field};
+use crate::settings::spanned::{readable, At, Field};
 use idempotency_gateway::proxy::{CallLimit, Forward, Upstream};
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -47,7 +47,7 @@ pub(crate) struct FileUpstream {
     url: Spanned<String>,
     timeout: Field,
     max_calls: Option<Spanned<u64>>,
-    ca: Option<PathBuf>,
+    ca: Option<Spanned<PathBuf>>,
     pool_idle_timeout: Field,
     /// Whether connections are kept between calls (`upstream_keepalive`
     /// for this upstream alone).
@@ -103,7 +103,13 @@ pub(crate) fn from_file(
             upstream,
             timeout: at.value(&t.timeout, "timeout", parse::positive_duration)?,
             max_calls: at.number(&t.max_calls, "max_calls", parse::count)?,
-            ca: t.ca.as_ref().map(|ca| base.join(ca)),
+            ca: match &t.ca {
+                Some(ca) => Some(
+                    readable(&base.join(ca.get_ref()))
+                        .map_err(|e| at.err(ca.span(), format!("`ca`: {e}")))?,
+                ),
+                None => None,
+            },
             pool_idle_timeout: at.value(
                 &t.pool_idle_timeout,
                 "pool_idle_timeout",

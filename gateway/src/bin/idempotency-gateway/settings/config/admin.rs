@@ -6,7 +6,7 @@
 use super::File;
 use crate::settings::cli::Args;
 use crate::settings::parse;
-use crate::settings::spanned::At;
+use crate::settings::spanned::{readable, At};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -21,7 +21,20 @@ pub(super) struct Listener {
 /// The listener's address and TLS pair from the flags and the config file.
 pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<Listener, String> {
     let listen = listen(args, file, at)?;
-    let tls = match (cert(args, file), key(args, file)) {
+    let tls = match (
+        at.file(
+            args.admin_tls_cert.as_deref(),
+            &file.admin_tls_cert,
+            "admin_tls_cert",
+            readable,
+        )?,
+        at.file(
+            args.admin_tls_key.as_deref(),
+            &file.admin_tls_key,
+            "admin_tls_key",
+            readable,
+        )?,
+    ) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
         _ => return Err("`--admin-tls-cert` and `--admin-tls-key` go together".into()),
@@ -53,11 +66,7 @@ const OLDER_ENV: &str = "IDEMPOTENCY_GATEWAY_METRICS_LISTEN";
 
 /// `admin_tls_cert` (the admin commands trust it to speak HTTPS).
 pub(super) fn cert(args: &Args, file: &File) -> Option<PathBuf> {
-    args.admin_tls_cert.clone().or(file.admin_tls_cert.clone())
-}
-
-fn key(args: &Args, file: &File) -> Option<PathBuf> {
-    args.admin_tls_key.clone().or(file.admin_tls_key.clone())
+    (args.admin_tls_cert.clone()).or(file.admin_tls_cert.as_ref().map(|v| v.get_ref().clone()))
 }
 
 /// Refuses to serve the admin API (`admin`: a token is set) in clear on an
