@@ -1,9 +1,8 @@
 //! PayPal's order: a capture's, a sale's, an authorization's and a
 //! checkout order's life.
 
-use super::place::{version_of, Order, Placement, Unplaced};
+use super::place::{Order, Placement};
 use crate::key::Field;
-use crate::store::Position;
 
 /// The rank of an `event_type` in its resource's life; `None` outside it.
 ///
@@ -35,22 +34,7 @@ fn rank(event_type: &str) -> Option<u32> {
 }
 
 fn place(values: &[Option<String>]) -> Placement {
-    let [object, created, event_type] = values else {
-        return Placement::Unplaced(Unplaced::Unreadable);
-    };
-    let Some(rank) = event_type.as_deref().and_then(rank) else {
-        return Placement::Unplaced(Unplaced::UnknownState);
-    };
-    let Some(object) = object.clone() else {
-        return Placement::Unplaced(Unplaced::NoObject);
-    };
-    let Some(version) = created.as_deref().and_then(version_of) else {
-        return Placement::Unplaced(Unplaced::NoVersion);
-    };
-    Placement::Placed {
-        object,
-        position: Position::new(version, rank),
-    }
+    super::place::object_version_state(values, rank)
 }
 
 impl Order {

@@ -245,6 +245,31 @@ fn rfc3339_micros(text: &str) -> Option<i64> {
     micros.checked_sub(offset_secs * 1_000_000)
 }
 
+/// An event read as `[object, version, state]` (the fields of a built-in
+/// order, in that order): placed when all three are there, the state ranked
+/// by `rank` (`None`: a state outside the object's life).
+pub(super) fn object_version_state(
+    values: &[Option<String>],
+    rank: fn(&str) -> Option<u32>,
+) -> Placement {
+    let [object, created, event_type] = values else {
+        return Placement::Unplaced(Unplaced::Unreadable);
+    };
+    let Some(rank) = event_type.as_deref().and_then(rank) else {
+        return Placement::Unplaced(Unplaced::UnknownState);
+    };
+    let Some(object) = object.clone() else {
+        return Placement::Unplaced(Unplaced::NoObject);
+    };
+    let Some(version) = created.as_deref().and_then(version_of) else {
+        return Placement::Unplaced(Unplaced::NoVersion);
+    };
+    Placement::Placed {
+        object,
+        position: Position::new(version, rank),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
