@@ -30,6 +30,11 @@ use crate::settings::cli::Args;
 use crate::settings::parse::{self, StoreSpec};
 use crate::settings::routes::{FileRoute, Global};
 use crate::settings::spanned::{readable, At, Field, SizeValue};
+
+/// How messages name the files of a TLS pair and of trusted CAs.
+pub(crate) const CERT: &str = "certificate chain";
+pub(crate) const KEY: &str = "private key";
+pub(crate) const CA: &str = "CA certificate file";
 use crate::start::ack::{self, QueueSettings};
 use idempotency_gateway::proxy::{RouteOptions, RouteTable, Target, Upstream};
 use serde::Deserialize;
@@ -290,9 +295,14 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
             args.tls_cert.as_deref(),
             &file.tls_cert,
             "tls_cert",
-            readable,
+            readable(CERT),
         )?,
-        at.file(args.tls_key.as_deref(), &file.tls_key, "tls_key", readable)?,
+        at.file(
+            args.tls_key.as_deref(),
+            &file.tls_key,
+            "tls_key",
+            readable(KEY),
+        )?,
     );
     let tls = match (tls_cert, tls_key) {
         (Some(c), Some(k)) => Some((c, k)),
@@ -367,7 +377,7 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
             args.upstream_ca.as_deref(),
             &file.upstream_ca,
             "upstream_ca",
-            readable,
+            readable(CA),
         )?,
         upstream_keepalive: args
             .upstream_keepalive
@@ -503,7 +513,7 @@ fn queue_settings(args: &Args, file: &File, at: &At<'_>) -> Result<QueueSettings
             "queue_secret_file",
             |path| {
                 crate::private::check_secret_file(path, "queue secret file")?;
-                readable(path)
+                readable("queue secret file")(path)
             },
         )?,
         args.queue_accept_unsigned || file.queue_accept_unsigned.unwrap_or(false),

@@ -104,10 +104,13 @@ impl At<'_> {
     }
 }
 
-/// `path`, if it can be opened for reading: a file the gateway reads later
-/// (a certificate, a key, a secret) is checked where it is named.
-pub(crate) fn readable(path: &Path) -> Result<PathBuf, String> {
-    std::fs::File::open(path)
-        .map(|_| path.to_owned())
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+/// A check that a file (`what`: how a message names it) can be opened for
+/// reading: a file the gateway reads later (a certificate, a key, a
+/// secret) is checked where it is named.
+pub(crate) fn readable(what: &'static str) -> impl Fn(&Path) -> Result<PathBuf, String> {
+    move |path| {
+        std::fs::File::open(path)
+            .map(|_| path.to_owned())
+            .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+    }
 }

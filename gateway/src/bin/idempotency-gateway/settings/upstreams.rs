@@ -105,7 +105,7 @@ pub(crate) fn from_file(
             max_calls: at.number(&t.max_calls, "max_calls", parse::count)?,
             ca: match &t.ca {
                 Some(ca) => Some(
-                    readable(&base.join(ca.get_ref()))
+                    readable(crate::settings::config::CA)(&base.join(ca.get_ref()))
                         .map_err(|e| at.err(ca.span(), format!("`ca`: {e}")))?,
                 ),
                 None => None,

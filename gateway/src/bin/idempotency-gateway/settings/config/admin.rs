@@ -26,13 +26,13 @@ pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<Listener
             args.admin_tls_cert.as_deref(),
             &file.admin_tls_cert,
             "admin_tls_cert",
-            readable,
+            readable(super::CERT),
         )?,
         at.file(
             args.admin_tls_key.as_deref(),
             &file.admin_tls_key,
             "admin_tls_key",
-            readable,
+            readable(super::KEY),
         )?,
     ) {
         (Some(c), Some(k)) => Some((c, k)),
