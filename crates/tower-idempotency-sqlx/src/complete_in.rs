@@ -158,51 +158,36 @@ impl SqlConnection for SqliteConnection {
     );
 }
 
-impl<DB: Database> sealed::Sealed for Transaction<'_, DB> where DB::Connection: SqlConnection {}
-impl<DB: Database> SqlConnection for Transaction<'_, DB>
-where
-    DB::Connection: SqlConnection,
-{
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
-        (**self).complete_record(args)
-    }
-    fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a> {
-        (**self).read_state(m, id)
-    }
-    fn move_state<'a>(
-        &'a mut self,
-        m: &'a StateMachine,
-        id: RowId<'a>,
-        from: &'a [&'a str],
-        to: &'a str,
-        version: i64,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
-        (**self).move_state(m, id, from, to, version)
-    }
+/// A transaction or a pooled connection does what the connection under it
+/// does.
+macro_rules! through_the_connection {
+    ($($ty:ty),*) => {$(
+        impl<DB: Database> sealed::Sealed for $ty where DB::Connection: SqlConnection {}
+        impl<DB: Database> SqlConnection for $ty
+        where
+            DB::Connection: SqlConnection,
+        {
+            fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
+                (**self).complete_record(args)
+            }
+            fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a> {
+                (**self).read_state(m, id)
+            }
+            fn move_state<'a>(
+                &'a mut self,
+                m: &'a StateMachine,
+                id: RowId<'a>,
+                from: &'a [&'a str],
+                to: &'a str,
+                version: i64,
+            ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                (**self).move_state(m, id, from, to, version)
+            }
+        }
+    )*};
 }
 
-impl<DB: Database> sealed::Sealed for PoolConnection<DB> where DB::Connection: SqlConnection {}
-impl<DB: Database> SqlConnection for PoolConnection<DB>
-where
-    DB::Connection: SqlConnection,
-{
-    fn complete_record<'a>(&'a mut self, args: &'a CompleteArgs<'a>) -> Completed<'a> {
-        (**self).complete_record(args)
-    }
-    fn read_state<'a>(&'a mut self, m: &'a StateMachine, id: RowId<'a>) -> StateRead<'a> {
-        (**self).read_state(m, id)
-    }
-    fn move_state<'a>(
-        &'a mut self,
-        m: &'a StateMachine,
-        id: RowId<'a>,
-        from: &'a [&'a str],
-        to: &'a str,
-        version: i64,
-    ) -> BoxFuture<'a, sqlx::Result<bool>> {
-        (**self).move_state(m, id, from, to, version)
-    }
-}
+through_the_connection!(Transaction<'_, DB>, PoolConnection<DB>);
 
 /// Completing a claim's record inside the handler's own transaction, on
 /// the database of a [`SqlStore`](crate::SqlStore): a method of
