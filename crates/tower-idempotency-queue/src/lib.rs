@@ -127,7 +127,7 @@ pub use error::{QueueError, QueueErrorKind};
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
 pub use memory::MemoryQueue;
-pub use message::{copy_key, original_key, Message};
+pub use message::{copy_key, destination_key, original_key, Message};
 pub use pace::{Pace, Rate};
 pub use park::Park;
 #[cfg(feature = "redis")]
@@ -353,6 +353,60 @@ pub trait Queue: Clone + Send + Sync + 'static {
     /// the window, or dead-lettered). Returns once the entry is durable.
     fn ingest(&self, message: Message)
         -> impl Future<Output = Result<Ingested, QueueError>> + Send;
+
+    /// Stores `message` once per destination: an entry of its own for each
+    /// ([`Message::destination`]: its key scoped by the destination), so
+    /// that each destination is delivered, retried and dead-lettered on its
+    /// own, exactly once. The worker's service reads the entry's
+    /// [`destination`](Message::destination) to know where to deliver it.
+    ///
+    /// Answers `Queued` (the first entry stored) when some destination's
+    /// entry is new, `Duplicate` when every one was seen (or there is no
+    /// destination: nothing to store), `Mismatch` when a destination's
+    /// entry was seen with another fingerprint; all but `Mismatch` mean
+    /// every destination's entry is durable. An error may leave some
+    /// entries stored: ingesting the message again stores the others (the
+    /// stored ones answer `Duplicate`), so answer the sender a failure and
+    /// let it retry.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency_queue::{Ingested, MemoryQueue, Message, Queue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let queue = MemoryQueue::new();
+    /// let m = Message::new("evt_1", Fingerprint::of(b"paid"), "{}");
+    /// let got = queue.ingest_each(m.clone(), ["orders", "ledger"]).await.unwrap();
+    /// assert!(matches!(got, Ingested::Queued(_)));
+    /// assert_eq!(queue.stats().await.unwrap().depth, 2);
+    /// let again = queue.ingest_each(m, ["orders", "ledger"]).await.unwrap();
+    /// assert_eq!(again, Ingested::Duplicate);
+    /// # }
+    /// ```
+    fn ingest_each<D: Into<String>>(
+        &self,
+        message: Message,
+        destinations: impl IntoIterator<Item = D>,
+    ) -> impl Future<Output = Result<Ingested, QueueError>> + Send {
+        let entries: Vec<Message> = destinations
+            .into_iter()
+            .map(|d| message.clone().destination(d))
+            .collect();
+        let queue = self.clone();
+        async move {
+            let stored =
+                futures_util::future::join_all(entries.into_iter().map(|m| queue.ingest(m))).await;
+            let mut answer = Ingested::Duplicate;
+            for got in stored {
+                answer = match (got?, answer) {
+                    (_, Ingested::Mismatch) | (Ingested::Mismatch, _) => Ingested::Mismatch,
+                    (_, queued @ Ingested::Queued(_)) => queued,
+                    (got, _) => got,
+                };
+            }
+            Ok(answer)
+        }
+    }
 
     /// Leases up to `max` entries that are due (new, past their backoff, or
     /// whose previous lease ran out) for `lease`.

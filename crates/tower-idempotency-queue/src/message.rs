@@ -39,8 +39,28 @@ pub fn original_key(queued: &str) -> &str {
     }
 }
 
-/// One queued notification: its key, the request it came in as, and an
-/// optional order group.
+/// What separates a notification's key from the destination an entry of it
+/// is for: a notification for several destinations is queued as one entry
+/// per destination, `KEY~to:DESTINATION`.
+const DESTINATION: &str = "~to:";
+
+/// The queue key of the entry of notification `key` for `destination`: each
+/// destination's entry is deduplicated, delivered, retried and
+/// dead-lettered on its own.
+///
+/// ```
+/// use tower_idempotency_queue::destination_key;
+/// assert_eq!(
+///     destination_key("idem:stripe:/n::evt_1", "ledger"),
+///     "idem:stripe:/n::evt_1~to:ledger"
+/// );
+/// ```
+pub fn destination_key(key: &str, destination: &str) -> String {
+    format!("{key}{DESTINATION}{destination}")
+}
+
+/// One queued notification: its key, the request it came in as, an
+/// optional order group, and the destination it is for.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Message {
@@ -54,6 +74,11 @@ pub struct Message {
     /// the order they were queued (several events of one transaction).
     /// `None`: no order with other messages.
     pub order: Option<String>,
+    /// The destination this entry is for, when a notification is delivered
+    /// to several ([`destination`](Self::destination)): the service that
+    /// delivers it reads it to know where to. `None`: the one destination
+    /// of its queue.
+    pub destination: Option<String>,
     /// The request method. Defaults to `POST`.
     pub method: Method,
     /// The request target (path and query). Defaults to `/`.
@@ -76,6 +101,7 @@ impl Message {
             key: key.into(),
             fingerprint,
             order: None,
+            destination: None,
             method: Method::POST,
             uri: Uri::from_static("/"),
             headers: HeaderMap::new(),
@@ -96,6 +122,7 @@ impl Message {
             key: key.into(),
             fingerprint,
             order: None,
+            destination: None,
             method: parts.method,
             uri: parts.uri,
             headers: parts.headers,
@@ -109,6 +136,41 @@ impl Message {
     pub fn order(mut self, group: impl Into<String>) -> Self {
         self.order = Some(group.into());
         self
+    }
+
+    /// The entry of this message for `destination`: its key scoped by the
+    /// destination ([`destination_key`]), so that each destination's entry
+    /// is deduplicated and delivered on its own. The destination is part of
+    /// the entry's bytes (and of its MAC on a [`Sealed`](crate::Sealed)
+    /// queue). [`Queue::ingest_each`](crate::Queue::ingest_each) queues one
+    /// per destination.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    /// use tower_idempotency_queue::Message;
+    ///
+    /// let m = Message::new("evt_1", Fingerprint::of(b"paid"), "{}").destination("ledger");
+    /// assert_eq!(m.key, "evt_1~to:ledger");
+    /// assert_eq!(m.destination.as_deref(), Some("ledger"));
+    /// assert_eq!(m.notification_key(), "evt_1");
+    /// ```
+    pub fn destination(mut self, destination: impl Into<String>) -> Self {
+        let destination = destination.into();
+        self.key = destination_key(&self.key, &destination);
+        self.destination = Some(destination);
+        self
+    }
+
+    /// The key of the notification this entry delivers: its queue key
+    /// without the copy number ([`original_key`]) and without its
+    /// destination. The same for every destination of one notification.
+    pub fn notification_key(&self) -> &str {
+        let key = original_key(&self.key);
+        self.destination
+            .as_deref()
+            .and_then(|d| key.strip_suffix(d))
+            .and_then(|k| k.strip_suffix(DESTINATION))
+            .unwrap_or(key)
     }
 
     /// The request again, to deliver it.
@@ -158,11 +220,15 @@ impl Message {
 
     /// The encoded form without a MAC (what the MAC covers): version 1,
     /// key, fingerprint, order, method, uri, headers, body; lengths as
-    /// little-endian u32.
+    /// little-endian u32. An entry for a destination is version 4, its
+    /// destination after the order.
     pub(crate) fn encode_plain(&self) -> Vec<u8> {
         let uri = self.uri.to_string();
         let mut out = BytesMut::with_capacity(64 + self.key.len() + uri.len() + self.body.len());
-        out.put_u8(1);
+        out.put_u8(match self.destination {
+            None => 1,
+            Some(_) => 4,
+        });
         put(&mut out, self.key.as_bytes());
         out.put_slice(&self.fingerprint.to_bytes());
         match &self.order {
@@ -171,6 +237,9 @@ impl Message {
                 put(&mut out, o.as_bytes());
             }
             None => out.put_u8(0),
+        }
+        if let Some(d) = &self.destination {
+            put(&mut out, d.as_bytes());
         }
         put(&mut out, self.method.as_str().as_bytes());
         put(&mut out, uri.as_bytes());
@@ -204,7 +273,8 @@ impl Message {
 
     /// Reads [`encode_plain`](Self::encode_plain)'s bytes.
     fn decode_plain(mut b: &[u8]) -> Option<Self> {
-        if take_u8(&mut b)? != 1 {
+        let version = take_u8(&mut b)?;
+        if version != 1 && version != 4 {
             return None;
         }
         let key = String::from_utf8(take(&mut b)?.to_vec()).ok()?;
@@ -213,6 +283,10 @@ impl Message {
         let order = match take_u8(&mut b)? {
             0 => None,
             _ => Some(String::from_utf8(take(&mut b)?.to_vec()).ok()?),
+        };
+        let destination = match version {
+            4 => Some(String::from_utf8(take(&mut b)?.to_vec()).ok()?),
+            _ => None,
         };
         let method = Method::from_bytes(take(&mut b)?).ok()?;
         let uri = Uri::try_from(take(&mut b)?).ok()?;
@@ -228,6 +302,7 @@ impl Message {
             key,
             fingerprint: Fingerprint::from_bytes(fp),
             order,
+            destination,
             method,
             uri,
             headers,
@@ -285,5 +360,42 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(Message::decode(&bytes[..cut]).is_none(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_destination_round_trips_and_leaves_other_entries_as_they_were() {
+        let plain = Message::new("k", Fingerprint::of(b"x"), "body").order("k");
+        let bytes = plain.encode();
+        // An entry for no destination is written as before: version 1.
+        assert_eq!(bytes[0], 1);
+        assert!(Message::decode(&bytes).unwrap().destination.is_none());
+
+        let m = plain.clone().destination("ledger");
+        let bytes = m.encode();
+        assert_eq!(bytes[0], 4);
+        let back = Message::decode(&bytes).unwrap();
+        assert_eq!(back.destination.as_deref(), Some("ledger"));
+        assert_eq!(back.key, "k~to:ledger");
+        assert_eq!(back.order.as_deref(), Some("k"));
+        assert_eq!(back.body, m.body);
+        for cut in 0..bytes.len() {
+            assert!(Message::decode(&bytes[..cut]).is_none(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn the_notification_key_of_an_entry() {
+        let fp = Fingerprint::of(b"x");
+        let m = Message::new("idem:s:/n::evt", fp, "").destination("orders");
+        assert_eq!(m.notification_key(), "idem:s:/n::evt");
+        let mut copy = m.clone();
+        copy.key = copy_key(&m.key, 2);
+        assert_eq!(copy.notification_key(), "idem:s:/n::evt");
+        assert_eq!(original_key(&copy.key), "idem:s:/n::evt~to:orders");
+        let plain = Message::new(copy_key("evt", 1), fp, "");
+        assert_eq!(plain.notification_key(), "evt");
+        // A key that merely ends like a destination's, for none, is its own.
+        let odd = Message::new("evt~to:orders", fp, "");
+        assert_eq!(odd.notification_key(), "evt~to:orders");
     }
 }

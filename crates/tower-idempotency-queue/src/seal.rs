@@ -630,11 +630,47 @@ mod tests {
                 m.headers.insert("x-a", "2".parse().unwrap());
             },
             |m: &mut Message| m.order = Some("g".into()),
+            |m: &mut Message| m.destination = Some("ledger".into()),
         ] {
             let mut changed = back.clone();
             change(&mut changed);
             assert!(!key.verify(&changed, changed.mac.as_ref().unwrap()));
         }
+    }
+
+    #[test]
+    fn an_entry_sealed_for_one_destination_fails_its_check_for_another() {
+        let key = QueueKey::new(&[1; 32]).unwrap();
+        let sealed = key.seal(message("paid 100").destination("ledger"));
+        let bytes = sealed.encode();
+        let back = Message::decode(&bytes).unwrap();
+        assert!(key.verify(&back, back.mac.as_ref().unwrap()));
+        // The same bytes, the destination (and its key) rewritten in place:
+        // `ledger` and `orders` are as long as each other.
+        let moved = replace_all(&bytes, b"ledger", b"orders");
+        assert_ne!(moved, bytes);
+        let moved = Message::decode(&moved).unwrap();
+        assert_eq!(moved.destination.as_deref(), Some("orders"));
+        assert!(!key.verify(&moved, moved.mac.as_ref().unwrap()));
+        // Without its destination (an entry of the notification as such).
+        let mut bare = back.clone();
+        bare.destination = None;
+        bare.key = "k".into();
+        assert!(!key.verify(&bare, bare.mac.as_ref().unwrap()));
+    }
+
+    fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+        let mut out = bytes.to_vec();
+        let mut i = 0;
+        while i + from.len() <= out.len() {
+            if &out[i..i + from.len()] == from {
+                out[i..i + from.len()].copy_from_slice(to);
+                i += from.len();
+            } else {
+                i += 1;
+            }
+        }
+        out
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The conformance suite every [`Queue`] passes: deduplication at ingest,
 //! leases that run out and leases kept by renewal, retries and
 //! postponements due later, dead letters listed page by page, replayed
-//! once, raced against a delete, and keys forgotten, one `async fn` per
+//! once, raced against a delete, keys forgotten, and a notification for
+//! several destinations queued as an entry for each, one `async fn` per
 //! case, generic over the queue and calling the [`Queue`] trait alone. The
 //! memory, redb, RabbitMQ, NATS JetStream and [`Sealed`] queues run every
 //! case, Redis Streams every case but [`a_lease_that_runs_out_is_lost`]
@@ -499,6 +500,70 @@ pub async fn forget_lets_a_delivered_key_be_queued_again<Q: Queue>(queue: Q) {
     assert_eq!(queue.stats().await.unwrap().dead, 1);
 }
 
+/// A notification for two destinations ([`Queue::ingest_each`]) is an
+/// entry for each: a copy is a duplicate for both; each is handed out,
+/// acknowledged or dead-lettered on its own, carries its destination and
+/// the notification's key; a dead letter names its destination and its
+/// replay queues that destination's entry alone; forgetting one
+/// destination's key queues the next copy for that destination alone.
+pub async fn each_destination_is_an_entry_of_its_own<Q: Queue>(queue: Q) {
+    use crate::destination_key;
+    let key = unique_key("destinations");
+    let both = ["orders", "ledger"];
+    let got = queue.ingest_each(message(&key), both).await.unwrap();
+    assert!(matches!(got, Ingested::Queued(_)), "{got:?}");
+    let again = queue.ingest_each(message(&key), both).await.unwrap();
+    assert_eq!(again, Ingested::Duplicate, "a copy, for both");
+    let mut forged = message(&key);
+    forged.fingerprint = Fingerprint::of(b"another payload");
+    let forged = queue.ingest_each(forged, both).await.unwrap();
+    assert_eq!(forged, Ingested::Mismatch);
+    assert_eq!(queue.stats().await.unwrap().depth, 2);
+    let mut handed = fetch_n(&queue, 2).await;
+    assert_eq!(handed.len(), 2);
+    handed.sort_by(|a, b| a.message.destination.cmp(&b.message.destination));
+    let [ledger, orders] = [&handed[0], &handed[1]];
+    assert_eq!(ledger.message.destination.as_deref(), Some("ledger"));
+    assert_eq!(orders.message.destination.as_deref(), Some("orders"));
+    for d in &handed {
+        assert_eq!(d.message.notification_key(), key);
+        assert_eq!(d.message.body, message(&key).body);
+        assert_eq!(d.message.headers, message(&key).headers);
+        assert_eq!(d.attempt, 1);
+    }
+    assert_eq!(orders.message.key, destination_key(&key, "orders"));
+    assert!(queue.ack(orders).await.unwrap());
+    assert!(queue.dead_letter(ledger, "ledger down").await.unwrap());
+    let dead = queue.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "the ledger's entry alone");
+    assert_eq!(dead[0].message.destination.as_deref(), Some("ledger"));
+    assert_eq!(dead[0].message.notification_key(), key);
+    let again = queue.ingest_each(message(&key), both).await.unwrap();
+    assert_eq!(
+        again,
+        Ingested::Duplicate,
+        "delivered to one, dead for the other"
+    );
+    assert!(queue.replay(&dead[0].id).await.unwrap());
+    let back = fetch_one(&queue).await;
+    assert_eq!(back.message.destination.as_deref(), Some("ledger"));
+    assert_eq!(back.attempt, 1);
+    assert!(queue.ack(&back).await.unwrap());
+    assert_nothing_due(&queue, LEASE).await;
+    match queue.forget(&destination_key(&key, "orders")).await {
+        Err(e) if e.kind() == QueueErrorKind::Unsupported => return,
+        got => assert!(got.expect("forget"), "a delivered destination"),
+    }
+    let got = queue.ingest_each(message(&key), both).await.unwrap();
+    assert!(matches!(got, Ingested::Queued(_)), "{got:?}");
+    let d = fetch_one(&queue).await;
+    assert_eq!(d.message.destination.as_deref(), Some("orders"));
+    assert!(queue.ack(&d).await.unwrap());
+    assert_nothing_due(&queue, LEASE).await;
+    let stats = queue.stats().await.unwrap();
+    assert_eq!((stats.depth, stats.dead), (0, 0), "{stats:?}");
+}
+
 /// Writes one `#[tokio::test]` per case of the suite for a queue, in a
 /// module `$name`: `queue_tests!(name, setup)` for every case, or
 /// `queue_tests!(name, setup; case, case,)` for those listed. `setup` is an
@@ -522,6 +587,7 @@ macro_rules! __queue_tests {
             a_dead_letter_is_replayed_once,
             a_raced_replay_and_delete_have_the_letter_once,
             forget_lets_a_delivered_key_be_queued_again,
+            each_destination_is_an_entry_of_its_own,
         );
     };
     ($name:ident, $setup:path; $($case:ident),+ $(,)?) => {

@@ -64,4 +64,5 @@ queue_tests!(redis_streams_queue_suite, redis;
     a_dead_letter_is_replayed_once,
     a_raced_replay_and_delete_have_the_letter_once,
     forget_lets_a_delivered_key_be_queued_again,
+    each_destination_is_an_entry_of_its_own,
 );

@@ -7,6 +7,7 @@ mod queue;
 mod queue_group_commit;
 mod queue_headers;
 mod queue_redis_promise;
+mod worker_destinations;
 mod worker_pace;
 mod worker_pace_cost;
 mod worker_pace_stall;
