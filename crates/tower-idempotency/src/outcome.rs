@@ -63,6 +63,10 @@ pub enum Outcome {
     /// the sender got the retryable failure, so that a genuine copy is
     /// retried once they are delivered.
     TooManyCopies,
+    /// On an acknowledge-then-deliver route with several destinations, each
+    /// filtered by what the notification says: it matched none of them. It
+    /// was acknowledged and is delivered nowhere.
+    Filtered,
 }
 
 impl Outcome {
@@ -87,6 +91,7 @@ impl Outcome {
             Self::Panicked => "panicked",
             Self::Shed => "shed",
             Self::TooManyCopies => "too_many_copies",
+            Self::Filtered => "filtered",
         }
     }
 
@@ -162,7 +167,7 @@ mod series {
     use std::sync::OnceLock;
 
     /// Every outcome, in declaration order (`ALL[o as usize] == o`).
-    const ALL: [Outcome; 18] = [
+    const ALL: [Outcome; 19] = [
         Outcome::Executed,
         Outcome::Failed,
         Outcome::Replayed,
@@ -181,6 +186,7 @@ mod series {
         Outcome::Panicked,
         Outcome::Shed,
         Outcome::TooManyCopies,
+        Outcome::Filtered,
     ];
 
     /// The store calls that are timed.

@@ -363,12 +363,22 @@ impl<S: Store> Gateway<S> {
                 "no route for {path}: kept until one delivers it"
             )));
         };
-        let stack: Option<&Stack<S>> = match route.auto_limit {
-            None => route
+        let stack: Option<&Stack<S>> = match (&message.destination, route.auto_limit) {
+            // An entry for one of the route's destinations: that
+            // destination's stack, its own claim and upstream.
+            (Some(d), _) => match route.destinations.iter().find(|(name, _)| **name == **d) {
+                Some((_, stack)) => Some(stack),
+                None => {
+                    return Err(DeliveryError::kept(format!(
+                        "the route of {path} has no destination `{d}` now: kept until it has"
+                    )))
+                }
+            },
+            (None, None) => route
                 .deliver
                 .as_ref()
                 .or_else(|| route.stacks.first().map(|g| &g.stack)),
-            Some(_) => detect(&message.headers, &message.body).and_then(|name| {
+            (None, Some(_)) => detect(&message.headers, &message.body).and_then(|name| {
                 let guard = route.stacks.iter().find(|g| &*g.name == name);
                 guard.map(|g| &g.stack)
             }),
@@ -388,6 +398,10 @@ impl<S: Store> Gateway<S> {
         let mut req = message.to_request();
         if let Some(conn) = sender(req.headers_mut()) {
             req.extensions_mut().insert(conn);
+        }
+        if message.destination.is_some() {
+            let key = super::destination::NotificationKey(message.notification_key().into());
+            req.extensions_mut().insert(key);
         }
         let run = run_stack(stack.clone(), req.map(Full::new));
         let res = super::panic::catching("queue", run).await;

@@ -202,6 +202,11 @@ impl<S: Store> GatewayBuilder<S> {
         }
         for (prefix, (target, options)) in self.routes.iter() {
             if !options.is_ack_then_deliver() {
+                if !options.get_destinations().is_empty() {
+                    return Err(RouteError::AckThenDeliver(format!(
+                        "{prefix}: destinations are delivered from the queue: the route must acknowledge, then deliver"
+                    )));
+                }
                 continue;
             }
             let why = match target {
@@ -291,6 +296,7 @@ impl<S: Store> GatewayBuilder<S> {
             let mut route_reply = None;
             let mut channel = false;
             let mut deliver = None;
+            let mut destinations = Vec::new();
             match target {
                 Target::Preset(preset) => {
                     route_reply = Some(preset.reply().clone());
@@ -307,6 +313,7 @@ impl<S: Store> GatewayBuilder<S> {
                             queue: queue.clone(),
                             verified: options.verifies(),
                             accept_traceparent: forward.accepts_traceparent(),
+                            destinations: options.get_destinations().into(),
                         };
                         let layer = options
                             .layer(preset.clone(), store_for(&preset))
@@ -316,6 +323,44 @@ impl<S: Store> GatewayBuilder<S> {
                     }
                     if options.verifies() {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
+                    }
+                    if options.is_ack_then_deliver() {
+                        for d in options.get_destinations() {
+                            let f = match self.accept_traceparent {
+                                Some(accept) => d.forward.clone().with_accept_traceparent(accept),
+                                None => d.forward.clone(),
+                            };
+                            let lane = format!("{prefix}@{}", d.name);
+                            let slots = f.call_limit().share(&lane);
+                            slots.name(&lane);
+                            let guarded = f
+                                .with_answer_extension(true)
+                                .with_timeout(max_run.max(f.timeout()))
+                                .with_route_limit(RouteLimit {
+                                    slots,
+                                    queue_wait: options
+                                        .get_queue_wait()
+                                        .unwrap_or(f.call_limit().get_queue_wait()),
+                                    gauge: Gauge::route(prefix),
+                                });
+                            let guarded = match &pauses {
+                                Some(p) => guarded.with_pause(p.gate(prefix)),
+                                None => guarded,
+                            };
+                            // Each destination's delivery is a claim of its
+                            // own: its own record and fencing token.
+                            let stack = options
+                                .without_verify()
+                                .layer(preset.clone(), store_for(&preset))
+                                .prefix(super::destination::store_prefix(&d.name))
+                                .capture_request(capture)
+                                .key_in_response(extensions)
+                                .route(prefix)
+                                .reply_timeout(options.get_reply_timeout().unwrap_or(f.timeout()))
+                                .task_tracker(tasks.clone())
+                                .layer(guarded);
+                            destinations.push((d.name.clone(), stack));
+                        }
                     }
                     stacks.push(guard(preset, &options));
                 }
@@ -361,6 +406,7 @@ impl<S: Store> GatewayBuilder<S> {
                 issuer,
                 ack,
                 deliver,
+                destinations,
                 pause: pauses.as_ref().map(|p| p.gate(prefix)),
             }
         });

@@ -253,7 +253,11 @@ impl Forward {
         let claim = parts
             .extensions
             .get::<tower_idempotency::store::ActiveClaim>();
-        set_idempotency(&mut parts.headers, claim);
+        // A destination's delivery: the notification's key, not the claim's.
+        let shared = parts
+            .extensions
+            .get::<super::destination::NotificationKey>();
+        set_idempotency(&mut parts.headers, claim, shared.map(|k| &*k.0));
         tower_idempotency::trace::pass_on(&mut parts.headers, self.accept_traceparent);
         parts.headers.insert(header::HOST, upstream.host().clone());
         parts.uri = uri;

@@ -109,6 +109,10 @@ pub(super) struct Route<S> {
     /// the one in `stacks`: the same without verification (a notification
     /// is verified once, when it is queued).
     pub(super) deliver: Option<Stack<S>>,
+    /// The stacks that deliver to each destination of an
+    /// acknowledge-then-deliver route with several (by name): its
+    /// notifications' entries name theirs.
+    pub(super) destinations: Vec<(Arc<str>, Stack<S>)>,
     /// The route's pause, asked before a queued delivery runs.
     pub(super) pause: Option<super::pause::PauseGate>,
 }

@@ -203,10 +203,13 @@ pub(crate) const CLIENT_KEY: &str = "idempotency-client-key";
 /// scoped by route and principal: two tenants' `order-1001` are two
 /// hashes). The client's own were dropped by [`strip_request`] (its
 /// `Idempotency-Key` goes upstream as `idempotency-client-key`, claim or
-/// not).
+/// not). `shared`: the key whose hash is `idempotency-key` when it is not
+/// the claim's (the notification's key, for a delivery to one of several
+/// destinations, each claimed under a key of its own).
 pub(crate) fn set_idempotency(
     headers: &mut HeaderMap,
     claim: Option<&tower_idempotency::store::ActiveClaim>,
+    shared: Option<&str>,
 ) {
     let Some(claim) = claim else {
         return;
@@ -214,7 +217,7 @@ pub(crate) fn set_idempotency(
     headers.insert(FENCING_TOKEN_NAME, HeaderValue::from(claim.fence()));
     use sha2::{Digest, Sha256};
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(claim.key().as_bytes());
+    let digest = Sha256::digest(shared.unwrap_or(claim.key()).as_bytes());
     // By table: `write!("{b:02x}")` per byte cost about 6,000 instructions
     // per request (callgrind).
     let mut hex = [0u8; 64];
@@ -282,7 +285,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(FENCING_TOKEN, HeaderValue::from_static("999999999999"));
         strip_request(&mut h);
-        set_idempotency(&mut h, Some(&claim(42)));
+        set_idempotency(&mut h, Some(&claim(42)), None);
         assert_eq!(h[FENCING_TOKEN], "42");
         let key = h[KEY].to_str().unwrap().to_owned();
         assert_eq!(key.len(), 64);
@@ -295,7 +298,7 @@ mod tests {
         h.insert(KEY, HeaderValue::from_static("client-1"));
         h.insert(CLIENT_KEY, HeaderValue::from_static("forged"));
         strip_request(&mut h);
-        set_idempotency(&mut h, Some(&claim(7)));
+        set_idempotency(&mut h, Some(&claim(7)), None);
         assert_eq!(h[KEY], key.as_str());
         assert_eq!(h.get_all(KEY).iter().count(), 1);
         assert_eq!(h[CLIENT_KEY], "client-1");
@@ -306,7 +309,7 @@ mod tests {
         h.insert(FENCING_TOKEN, HeaderValue::from_static("5"));
         h.insert(KEY, HeaderValue::from_static("client-2"));
         strip_request(&mut h);
-        set_idempotency(&mut h, None);
+        set_idempotency(&mut h, None, None);
         assert!(!h.contains_key(FENCING_TOKEN));
         assert!(!h.contains_key(KEY));
         assert_eq!(h[CLIENT_KEY], "client-2");

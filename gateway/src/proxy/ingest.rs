@@ -4,6 +4,7 @@
 
 use super::headers::{set_forwarded, ClientConn};
 use super::{plain, GatewayResponse};
+use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use std::convert::Infallible;
@@ -83,6 +84,9 @@ pub(crate) struct Ingest {
     /// Whether the client's `traceparent` is kept when no span's context
     /// replaces it.
     pub(crate) accept_traceparent: bool,
+    /// The route's destinations: each notification is queued once for
+    /// each it matches (none: once, for the route's upstream).
+    pub(crate) destinations: Arc<[super::Destination]>,
 }
 
 impl Service<Request<KeyBody>> for Ingest {
@@ -114,6 +118,28 @@ impl Ingest {
             Ok(collected) => collected.to_bytes(),
             Err(never) => match never {},
         };
+        // Which destinations want it, from what the sender wrote.
+        let mut wanted = Vec::new();
+        for d in self.destinations.iter() {
+            match d.wants(&parts, &body) {
+                Ok(true) => wanted.push(d.name.clone()),
+                Ok(false) => {}
+                Err(e) => {
+                    Outcome::StoreError.count(key.preset_arc());
+                    tracing::warn!(key = %key.redacted(), destination = %d.name, error = %e, "cannot read the notification for a destination's filter; answering a failure");
+                    return reply(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "cannot read the notification for its destinations\n",
+                        Outcome::StoreError,
+                        key,
+                    );
+                }
+            }
+        }
+        if !self.destinations.is_empty() && wanted.is_empty() {
+            Outcome::Filtered.count(key.preset_arc());
+            return reply(StatusCode::OK, "filtered\n", Outcome::Filtered, key);
+        }
         // Who sent it is known now, not at delivery.
         let conn = parts.extensions.get::<ClientConn>().copied();
         let authority = parts.uri.authority().map(|a| a.to_string());
@@ -123,24 +149,30 @@ impl Ingest {
         tower_idempotency::trace::pass_on(&mut parts.headers, self.accept_traceparent);
         parts.extensions = http::Extensions::new();
         let req = Request::from_parts(parts, body);
-        let copies = if self.verified {
-            1
-        } else {
-            MAX_UNVERIFIED_COPIES
-        };
-        let mut got = Ok(Ingested::Mismatch);
-        for n in 0..copies {
-            let queued = copy_key(key.as_str(), n);
-            let message = Message::from_request(queued.as_str(), key.fingerprint(), req.clone())
-                .order(queued.as_str());
-            got = (self.queue.0)(message).await;
-            if !matches!(got, Ok(Ingested::Mismatch)) {
-                if n > 0 && matches!(got, Ok(Ingested::Queued(_))) {
-                    tracing::warn!(key = %key.redacted(), copy = n, "a copy with another payload on a route that does not verify its sender: queued as its own entry (delivery runs the key once)");
+        let got = match wanted.as_slice() {
+            [] => self.queue_copies(&key, &req, None).await,
+            // Durable for every destination before the answer: a failure
+            // answers the channel's failure, and its retry finds the
+            // destinations already queued `Duplicate`.
+            destinations => {
+                let mut all = Ok(Ingested::Duplicate);
+                for d in destinations {
+                    let got = self.queue_copies(&key, &req, Some(d)).await;
+                    all = match (all, got) {
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                        (Ok(Ingested::Mismatch), _) | (_, Ok(Ingested::Mismatch)) => {
+                            Ok(Ingested::Mismatch)
+                        }
+                        (Ok(Ingested::Duplicate), Ok(got)) => Ok(got),
+                        (Ok(queued), _) => Ok(queued),
+                    };
+                    if all.is_err() {
+                        break;
+                    }
                 }
-                break;
+                all
             }
-        }
+        };
         match got {
             Ok(Ingested::Queued(_)) => {
                 Outcome::Executed.count(key.preset_arc());
@@ -200,6 +232,41 @@ impl Ingest {
                 )
             }
         }
+    }
+}
+
+impl Ingest {
+    /// Queues `req` under `key` (for `destination`, when the route has
+    /// several): the key's entry, or on a route that does not verify its
+    /// sender the first of its copies that takes it.
+    async fn queue_copies(
+        &self,
+        key: &IdempotencyKey,
+        req: &Request<Bytes>,
+        destination: Option<&str>,
+    ) -> Result<Ingested, QueueError> {
+        let copies = if self.verified {
+            1
+        } else {
+            MAX_UNVERIFIED_COPIES
+        };
+        let mut got = Ok(Ingested::Mismatch);
+        for n in 0..copies {
+            let mut message = Message::from_request(key.as_str(), key.fingerprint(), req.clone());
+            if let Some(d) = destination {
+                message = message.destination(d);
+            }
+            message.key = copy_key(&message.key, n);
+            let queued = message.key.clone();
+            got = (self.queue.0)(message.order(queued)).await;
+            if !matches!(got, Ok(Ingested::Mismatch)) {
+                if n > 0 && matches!(got, Ok(Ingested::Queued(_))) {
+                    tracing::warn!(key = %key.redacted(), copy = n, "a copy with another payload on a route that does not verify its sender: queued as its own entry (delivery runs the key once)");
+                }
+                break;
+            }
+        }
+        got
     }
 }
 

@@ -55,6 +55,7 @@
 mod ack;
 mod builder;
 mod deadline;
+mod destination;
 mod detect;
 mod entrance;
 mod forward;
@@ -72,6 +73,7 @@ mod upstream;
 
 pub use ack::{Deliver, Delivered, DeliveryError};
 pub use builder::GatewayBuilder;
+pub use destination::Destination;
 pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder, RoutePaused, UpstreamAnswer, DEFAULT_UPSTREAM_NAME};
 pub use gateway::{Gateway, GatewayResponse, MatchedRoute, RoutedPreset, Target};

@@ -37,6 +37,7 @@ pub struct RouteOptions {
     in_flight: Option<Slots>,
     queue_wait: Option<Duration>,
     upstream: Option<super::Forward>,
+    destinations: Vec<super::Destination>,
 }
 
 /// The run limit of a route that sets none (the layer's default).
@@ -58,6 +59,7 @@ impl RouteOptions {
             in_flight: None,
             queue_wait: None,
             upstream: None,
+            destinations: Vec::new(),
         }
     }
 
@@ -68,6 +70,24 @@ impl RouteOptions {
     pub fn upstream(mut self, forward: super::Forward) -> Self {
         self.upstream = Some(forward);
         self
+    }
+
+    /// Delivers the route's notifications to `destination` (with those
+    /// given before): an acknowledge-then-deliver route alone. Each
+    /// notification is queued once for every destination it matches, is
+    /// acknowledged once all of those are durable (one matching none is
+    /// acknowledged, counted as `filtered`, and delivered nowhere), and each
+    /// destination's delivery is its own: attempts, dead letters, pause and
+    /// fencing token. The route's [`upstream`](Self::upstream) is then not
+    /// delivered to.
+    pub fn deliver_to(mut self, destination: super::Destination) -> Self {
+        self.destinations.push(destination);
+        self
+    }
+
+    /// The destinations of [`deliver_to`](Self::deliver_to), in order.
+    pub fn get_destinations(&self) -> &[super::Destination] {
+        &self.destinations
     }
 
     /// The route's own upstream, if it has one.

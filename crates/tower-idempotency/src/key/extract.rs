@@ -338,12 +338,8 @@ impl ExtractKey for KeySpec {
 impl KeySpec {
     /// The text of each key field, read in one pass over the body (`None`
     /// where a field is absent or empty), for readers other than the key's
-    /// (an order's object, version and state).
-    pub(crate) fn values(
-        &self,
-        parts: &Parts,
-        body: &Bytes,
-    ) -> Result<Vec<Option<String>>, KeyError> {
+    /// (an order's object, version and state; a destination's filter).
+    pub fn values(&self, parts: &Parts, body: &Bytes) -> Result<Vec<Option<String>>, KeyError> {
         let doc = Document::parse(self, body)?;
         Ok(self
             .key
