@@ -2,6 +2,7 @@
 
 mod gateway_ack;
 mod gateway_ack_copies;
+mod gateway_ack_destinations;
 mod gateway_ack_promise;
 mod gateway_ack_sealed;
 mod gateway_ack_upstreams;

@@ -170,6 +170,8 @@ pub(crate) struct Settings {
     pub(crate) upstreams: Vec<crate::settings::upstreams::Named>,
     /// The routes with a named upstream: prefix, upstream name.
     pub(crate) route_upstreams: Vec<(String, String)>,
+    /// The destinations of each route that delivers to several, by prefix.
+    pub(crate) route_destinations: Vec<(String, Vec<crate::settings::routes::RouteDestination>)>,
     pub(crate) log_format: crate::serve::logging::LogFormat,
     /// Where and how traces are exported, when they are.
     pub(crate) traces: Option<crate::serve::otel::Traces>,
@@ -251,6 +253,7 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
     let mut paces = Vec::new();
     let upstreams = crate::settings::upstreams::from_file(&file.upstreams, &at, &base)?;
     let mut route_upstreams = Vec::new();
+    let mut route_destinations = Vec::new();
     if !args.route.is_empty() {
         if let Some(w) = crate::settings::routes::dropped(&file.route, &at)? {
             warnings.push(w);
@@ -281,6 +284,21 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
             }
             route_upstreams.push((prefix.clone(), name.clone()));
         }
+        for (prefix, list) in &parsed.destinations {
+            for d in list {
+                if !known.contains(&d.upstream.as_str()) {
+                    return Err(at.err(
+                        d.span.clone(),
+                        format!(
+                            "route `{prefix}`: `deliver` names unknown upstream `{}`; the file's [[upstreams]] are: {}",
+                            d.upstream,
+                            if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                        ),
+                    ));
+                }
+            }
+        }
+        route_destinations = parsed.destinations;
         warnings.extend(parsed.warnings);
         routes = parsed.routes;
         own_memory = parsed.own_memory;
@@ -434,6 +452,7 @@ pub(crate) fn settings(args: Args) -> Result<Settings, String> {
         warnings,
         upstreams,
         route_upstreams,
+        route_destinations,
         log_format,
         traces,
     })

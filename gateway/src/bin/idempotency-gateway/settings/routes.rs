@@ -47,6 +47,37 @@ pub(crate) struct FileRoute {
     retry_schedule: Option<Spanned<toml::Value>>,
     breaker_failures: Option<Spanned<toml::Value>>,
     breaker_cooldown: Option<Spanned<toml::Value>>,
+    /// The named upstreams an ack-then-deliver route delivers to, each on
+    /// its own (`deliver = [{ upstream = "NAME", only = {...} }]`).
+    deliver: Option<Spanned<Vec<Spanned<FileDestination>>>>,
+}
+
+/// One destination of a route's `deliver` list: a named upstream, which
+/// notifications it wants (`only`: a source as a preset's key names it,
+/// and the values it accepts), and its own pace over the route's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileDestination {
+    upstream: Spanned<String>,
+    only: Option<Spanned<std::collections::BTreeMap<String, Spanned<Vec<String>>>>>,
+    deliver_concurrency: Option<Spanned<toml::Value>>,
+    deliver_rate: Option<Spanned<toml::Value>>,
+    retry_schedule: Option<Spanned<toml::Value>>,
+    breaker_failures: Option<Spanned<toml::Value>>,
+    breaker_cooldown: Option<Spanned<toml::Value>>,
+}
+
+/// A destination of a route, as the gateway runs it.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteDestination {
+    /// The named upstream.
+    pub(crate) upstream: String,
+    /// Where it is written (for an unknown name).
+    pub(crate) span: std::ops::Range<usize>,
+    /// The fields it filters on and the values each accepts.
+    pub(crate) only: Vec<(tower_idempotency::key::Field, Vec<String>)>,
+    /// Its deliveries' pace: its own keys over the route's.
+    pub(crate) pace: Pace,
 }
 
 /// What the file's routes give the settings.
@@ -61,6 +92,8 @@ pub(crate) struct FileRoutes {
     pub(crate) warnings: Vec<String>,
     /// The routes that name an upstream: prefix, name, where it is written.
     pub(crate) upstreams: Vec<(String, String, std::ops::Range<usize>)>,
+    /// The destinations of each route that delivers to several, by prefix.
+    pub(crate) destinations: Vec<(String, Vec<RouteDestination>)>,
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
@@ -75,6 +108,7 @@ pub(crate) fn from_file(
     let (mut routes, mut own_memory, mut paces) = (Vec::new(), Vec::new(), Vec::new());
     let mut warnings = Vec::new();
     let mut upstreams = Vec::new();
+    let mut destinations = Vec::new();
     let mut seen = idempotency_gateway::proxy::RouteTable::new();
     for r in file_routes {
         let r = r.get_ref();
@@ -143,6 +177,81 @@ pub(crate) fn from_file(
             breaker_cooldown: &r.breaker_cooldown,
         };
         paces.push((prefix.clone(), crate::settings::pace::route(at, &keys)?));
+        if let Some(deliver) = &r.deliver {
+            if !acked {
+                return Err(at.err(
+                    deliver.span(),
+                    format!(
+                        "`deliver`: route `{prefix}` answers synchronously, from its one upstream; only an ack-then-deliver route (mode = \"ack-then-deliver\") delivers to several destinations, each from the queue"
+                    ),
+                ));
+            }
+            if let Some(u) = &r.upstream {
+                return Err(at.err(
+                    u.span(),
+                    format!("route `{prefix}`: `upstream` and `deliver` both say where it delivers; list every destination in `deliver`"),
+                ));
+            }
+            if deliver.get_ref().is_empty() {
+                return Err(at.err(deliver.span(), "`deliver`: give at least one destination"));
+            }
+            let mut list: Vec<RouteDestination> = Vec::new();
+            for d in deliver.get_ref() {
+                let d = d.get_ref();
+                let name = d.upstream.get_ref();
+                if list.iter().any(|l| &l.upstream == name) {
+                    return Err(at.err(
+                        d.upstream.span(),
+                        format!("`deliver`: upstream `{name}` is listed twice"),
+                    ));
+                }
+                let own = crate::settings::pace::Keys {
+                    deliver_concurrency: d
+                        .deliver_concurrency
+                        .as_ref()
+                        .map_or(&r.deliver_concurrency, |_| &d.deliver_concurrency),
+                    deliver_rate: d
+                        .deliver_rate
+                        .as_ref()
+                        .map_or(&r.deliver_rate, |_| &d.deliver_rate),
+                    retry_schedule: d
+                        .retry_schedule
+                        .as_ref()
+                        .map_or(&r.retry_schedule, |_| &d.retry_schedule),
+                    breaker_failures: d
+                        .breaker_failures
+                        .as_ref()
+                        .map_or(&r.breaker_failures, |_| &d.breaker_failures),
+                    breaker_cooldown: d
+                        .breaker_cooldown
+                        .as_ref()
+                        .map_or(&r.breaker_cooldown, |_| &d.breaker_cooldown),
+                };
+                let mut only = Vec::new();
+                for (source, values) in d.only.iter().flat_map(|o| o.get_ref()) {
+                    let span = d.only.as_ref().map_or(d.upstream.span(), |o| o.span());
+                    let field = source
+                        .parse::<tower_idempotency::key::Field>()
+                        .map_err(|e| at.err(span.clone(), format!("`only`: {}", e.message())))?;
+                    if values.get_ref().is_empty() {
+                        return Err(at.err(
+                            values.span(),
+                            format!(
+                                "`only`: `{source}` accepts no value: list the values it accepts"
+                            ),
+                        ));
+                    }
+                    only.push((field, values.get_ref().clone()));
+                }
+                list.push(RouteDestination {
+                    upstream: name.clone(),
+                    span: d.upstream.span(),
+                    only,
+                    pace: crate::settings::pace::route(at, &own)?,
+                });
+            }
+            destinations.push((prefix.clone(), list));
+        }
         match (configured, &r.verify) {
             (Some(c), verify) => {
                 let name = c.preset.name();
@@ -206,6 +315,7 @@ pub(crate) fn from_file(
         paces,
         warnings,
         upstreams,
+        destinations,
     })
 }
 

@@ -402,7 +402,7 @@ impl QueueSettings {
         queue: WorkerQueue,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
-        lanes: &[(String, Option<Pace>)],
+        lanes: (&[(String, Option<Pace>)], &[DestinationLane]),
         pauses: &Pauses,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
@@ -435,7 +435,7 @@ impl QueueSettings {
         queue: Q,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
-        lanes: &[(String, Option<Pace>)],
+        (lanes, destinations): (&[(String, Option<Pace>)], &[DestinationLane]),
         pauses: &Pauses,
         unauthenticated: bool,
     ) -> Worker<
@@ -493,10 +493,36 @@ impl QueueSettings {
                 worker = worker.lane(prefix.as_str(), pace.clone());
             }
         }
-        worker
-            .batch(held.max(32))
-            .lanes(move |m: &Message| table.find(m.uri.path())?.0.clone())
+        // A destination's entries in a lane of their own: its pace and
+        // breaker alone.
+        let mut own = std::collections::HashMap::new();
+        for DestinationLane {
+            prefix,
+            destination,
+            pace,
+        } in destinations
+        {
+            let lane = Arc::<str>::from(format!("{prefix}@{destination}"));
+            info!(route = %prefix, destination = %destination, pace = %crate::settings::pace::describe(pace), "destination's pace");
+            held = held.saturating_add(pace.get_concurrency().unwrap_or(0));
+            worker = worker.lane(lane.clone(), pace.clone());
+            own.insert((prefix.clone(), destination.clone()), lane);
+        }
+        worker.batch(held.max(32)).lanes(move |m: &Message| {
+            let route = table.find(m.uri.path())?.0.clone()?;
+            match &m.destination {
+                None => Some(route),
+                Some(d) => own.get(&(route.to_string(), d.clone())).cloned(),
+            }
+        })
     }
+}
+
+/// The lane of one destination of a route: its entries' own pace.
+pub(crate) struct DestinationLane {
+    pub(crate) prefix: String,
+    pub(crate) destination: String,
+    pub(crate) pace: Pace,
 }
 
 /// Warns about every ack-then-deliver route that does not verify its

@@ -14,7 +14,7 @@ use crate::start::ack::{self, DeliveryQueue, WorkerQueue};
 use crate::start::pauses;
 use crate::start::store;
 use idempotency_gateway::journal::{Journal, JournalOptions};
-use idempotency_gateway::proxy::{CallLimit, Forward, Gateway, RouteOptions, Target};
+use idempotency_gateway::proxy::{CallLimit, Destination, Forward, Gateway, RouteOptions, Target};
 use std::sync::Arc;
 use store::GatewayStore;
 use tower_idempotency::limit::{BodyBudget, BodyLimitsLayer};
@@ -208,6 +208,17 @@ impl Parts {
             if let Some((_, f)) = name.and_then(|n| named.iter().find(|(m, _)| *m == n)) {
                 options = options.upstream(f.clone());
             }
+            let destinations = (settings.route_destinations.iter()).find(|(p, _)| p == prefix);
+            for d in destinations.into_iter().flat_map(|(_, list)| list) {
+                // The names were checked with the settings.
+                if let Some((_, f)) = named.iter().find(|(m, _)| *m == d.upstream) {
+                    let mut destination = Destination::new(d.upstream.as_str(), f.clone());
+                    for (field, values) in &d.only {
+                        destination = destination.only(field.clone(), values.iter().cloned());
+                    }
+                    options = options.deliver_to(destination);
+                }
+            }
             builder = builder.route_with(prefix, target.clone(), options);
         }
         if let Some(queue) = &self.sealed {
@@ -235,10 +246,25 @@ impl Parts {
     ) -> Option<tokio::task::JoinHandle<()>> {
         let (sealed, delivering) = (self.sealed.clone()?, self.delivering.take()?);
         let lanes = pace::lanes(&settings.routes, &settings.paces);
+        let destinations: Vec<ack::DestinationLane> = (settings.route_destinations.iter())
+            .flat_map(|(prefix, list)| {
+                list.iter().map(|d| ack::DestinationLane {
+                    prefix: prefix.clone(),
+                    destination: d.upstream.clone(),
+                    pace: d.pace.clone(),
+                })
+            })
+            .collect();
         pauses::spawn_waker(self.keeper.pauses().clone(), sealed);
         let paused = self.keeper.pauses();
-        let worker =
-            (settings.queue).spawn_worker(delivering, control, journal, &lanes, paused, stop);
+        let worker = (settings.queue).spawn_worker(
+            delivering,
+            control,
+            journal,
+            (&lanes, &destinations),
+            paused,
+            stop,
+        );
         Some(worker)
     }
 }

@@ -1,0 +1,198 @@
+//! A route that delivers each notification to several named upstreams
+//! (`deliver = [...]`): acknowledged once it is queued for every destination
+//! it matches, each destination delivered on its own and exactly once (one
+//! that is down never holds another), filtered by what the notification
+//! says; `--check-config` refuses `deliver` where it cannot hold.
+
+use crate::gateway_support;
+use test_support::common;
+
+use common::upstream::{Replies, Upstream};
+use common::{client, post};
+use gateway_support::{exits_2, gateway_bin, stripe_signature, temp_path, Proc};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const SECRET: &str = "whsec_destinations";
+
+/// A Stripe event of `id` and `kind`.
+fn event(id: &str, kind: &str) -> Vec<u8> {
+    format!(r#"{{"id":"{id}","object":"event","type":"{kind}"}}"#).into_bytes()
+}
+
+/// Posts a signed Stripe event; answers the status and body.
+async fn send(addr: std::net::SocketAddr, body: Vec<u8>) -> (u16, String) {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let sig = stripe_signature(SECRET, t, &body);
+    let headers = [
+        ("content-type", "application/json"),
+        ("stripe-signature", sig.as_str()),
+    ];
+    let a = post(&client(), addr, "/stripe/hook", &headers, body).await;
+    (a.status, a.text())
+}
+
+/// The config: the upstreams `orders` and `ledger`, and a Stripe
+/// ack-then-deliver route with `deliver` as given.
+fn config(dir: &Path, orders: &Upstream, ledger: &Upstream, deliver: &str) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nupstream = \"{}\"\ndata_dir = \"{}\"\nretry_backoff = \"200ms\"\n\
+         [[upstreams]]\nname = \"orders\"\nurl = \"{}\"\n\
+         [[upstreams]]\nname = \"ledger\"\nurl = \"{}\"\n\
+         [[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\nmode = \"ack-then-deliver\"\n\
+         verify = {{ secrets = [\"{SECRET}\"] }}\n{deliver}\n",
+        orders.url(),
+        dir.join("data").display(),
+        orders.url(),
+        ledger.url(),
+    );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn answered(up: &Upstream, status: u16) -> usize {
+    up.seen().iter().filter(|s| s.status == status).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_is_down_never_holds_another_and_each_gets_it_once() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let orders = Upstream::start().await;
+    let down = Arc::new(AtomicBool::new(true));
+    let d = down.clone();
+    let ledger =
+        Upstream::with(
+            Replies::default().status(move |_| if d.load(Ordering::SeqCst) { 503 } else { 200 }),
+        )
+        .await;
+    let dir = temp_path("ack-destinations");
+    let file = config(
+        &dir,
+        &orders,
+        &ledger,
+        "deliver = [\n  { upstream = \"orders\", only = { \"json:/type\" = [\"payment_intent.succeeded\", \"charge.refunded\"] } },\n  { upstream = \"ledger\", retry_schedule = [\"300ms\"] },\n]",
+    );
+    let gw = Proc::start(&["--config", &file], &[], Stdio::null());
+    for _ in 0..3 {
+        let (status, text) = send(gw.addr, event("evt_both", "payment_intent.succeeded")).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    // The orders get it promptly while the ledger fails.
+    wait_until("the orders' delivery", Duration::from_secs(10), || {
+        answered(&orders, 200) == 1
+    })
+    .await;
+    wait_until(
+        "the ledger's failed attempts",
+        Duration::from_secs(10),
+        || answered(&ledger, 503) >= 2,
+    )
+    .await;
+    assert_eq!(answered(&ledger, 200), 0);
+    // The ledger back: it gets the notification once, the orders never again.
+    down.store(false, Ordering::SeqCst);
+    wait_until("the ledger's delivery", Duration::from_secs(10), || {
+        answered(&ledger, 200) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(orders.total(), 1, "the orders were called again");
+    assert_eq!(answered(&ledger, 200), 1);
+    // One idempotency key for both; a fencing token for each.
+    let (o, l) = (orders.last("/stripe/hook"), ledger.last("/stripe/hook"));
+    assert_eq!(o.headers["idempotency-key"], l.headers["idempotency-key"]);
+    assert!(o.headers.contains_key("idempotency-fencing-token"));
+    assert!(l.headers.contains_key("idempotency-fencing-token"));
+    assert_eq!(o.body, l.body);
+
+    // Filtered: an event only the ledger wants goes to the ledger alone.
+    let (status, text) = send(gw.addr, event("evt_ledger", "customer.created")).await;
+    assert_eq!(status, 200, "{text}");
+    wait_until(
+        "the ledger's second delivery",
+        Duration::from_secs(10),
+        || answered(&ledger, 200) == 2,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(orders.total(), 1, "filtered out for the orders");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_no_destination_wants_is_acknowledged_and_delivered_nowhere() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let (orders, ledger) = (Upstream::start().await, Upstream::start().await);
+    let dir = temp_path("ack-filtered");
+    let file = config(
+        &dir,
+        &orders,
+        &ledger,
+        "deliver = [\n  { upstream = \"orders\", only = { \"json:/type\" = [\"charge.refunded\"] } },\n  { upstream = \"ledger\", only = { \"json:/type\" = [\"charge.refunded\"], \"header:x-mode\" = [\"live\"] } },\n]",
+    );
+    let gw = Proc::start(&["--config", &file], &[], Stdio::null());
+    let (status, text) = send(gw.addr, event("evt_none", "customer.created")).await;
+    assert_eq!(status, 200, "acknowledged: {text}");
+    // Both filters on the ledger must hold: the header is missing.
+    let (status, _) = send(gw.addr, event("evt_orders", "charge.refunded")).await;
+    assert_eq!(status, 200);
+    wait_until("the orders' delivery", Duration::from_secs(10), || {
+        answered(&orders, 200) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(orders.total(), 1);
+    assert_eq!(ledger.total(), 0, "no notification the ledger wants");
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn check_config_refuses_deliver_where_it_cannot_hold() {
+    let dir = temp_path("deliver-check");
+    std::fs::create_dir_all(&dir).unwrap();
+    let upstreams = "[[upstreams]]\nname = \"orders\"\nurl = \"http://127.0.0.1:9\"\n";
+    for (route, hint) in [
+        (
+            "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\ndeliver = [{ upstream = \"orders\" }]\n",
+            "gateway.toml:9: `deliver`: route `/stripe` answers synchronously",
+        ),
+        (
+            "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\nmode = \"ack-then-deliver\"\ndeliver = [{ upstream = \"nope\" }]\n",
+            "unknown upstream `nope`",
+        ),
+        (
+            "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\nmode = \"ack-then-deliver\"\ndeliver = [{ upstream = \"orders\", only = { \"body:/type\" = [\"x\"] } }]\n",
+            "`only`: unknown source `body:/type`",
+        ),
+        (
+            "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\nmode = \"ack-then-deliver\"\ndeliver = [{ upstream = \"orders\" }, { upstream = \"orders\" }]\n",
+            "upstream `orders` is listed twice",
+        ),
+    ] {
+        let file = dir.join("gateway.toml");
+        std::fs::write(&file, format!("data_dir = \"{}\"\n{upstreams}\n{route}", dir.join("data").display())).unwrap();
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(["--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9", "--check-config", "--config"])
+            .arg(&file);
+        exits_2(cmd, hint);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
