@@ -366,8 +366,17 @@ impl<S: Store> Gateway<S> {
         let stack: Option<&Stack<S>> = match (&message.destination, route.auto_limit) {
             // An entry for one of the route's destinations: that
             // destination's stack, its own claim and upstream.
-            (Some(d), _) => match route.destinations.iter().find(|(name, _)| **name == **d) {
-                Some((_, stack)) => Some(stack),
+            (Some(d), _) => match route.destinations.iter().find(|(name, ..)| **name == **d) {
+                // A paused destination's entry is held, as a paused route's.
+                Some((_, _, Some(gate))) if gate.holds_delivery(&path) => {
+                    return Err(DeliveryError {
+                        kind: Kind::Paused,
+                        ..DeliveryError::new(format!(
+                            "the destination {d} of {path} is paused: held until it resumes"
+                        ))
+                    });
+                }
+                Some((_, stack, _)) => Some(stack),
                 None => {
                     return Err(DeliveryError::kept(format!(
                         "the route of {path} has no destination `{d}` now: kept until it has"

@@ -330,7 +330,7 @@ impl<S: Store> GatewayBuilder<S> {
                                 Some(accept) => d.forward.clone().with_accept_traceparent(accept),
                                 None => d.forward.clone(),
                             };
-                            let lane = format!("{prefix}@{}", d.name);
+                            let lane = super::destination_scope(prefix, &d.name);
                             let slots = f.call_limit().share(&lane);
                             slots.name(&lane);
                             let guarded = f
@@ -359,7 +359,8 @@ impl<S: Store> GatewayBuilder<S> {
                                 .reply_timeout(options.get_reply_timeout().unwrap_or(f.timeout()))
                                 .task_tracker(tasks.clone())
                                 .layer(guarded);
-                            destinations.push((d.name.clone(), stack));
+                            let gate = pauses.as_ref().map(|p| p.gate(&lane));
+                            destinations.push((d.name.clone(), stack, gate));
                         }
                     }
                     stacks.push(guard(preset, &options));

@@ -98,6 +98,18 @@ impl fmt::Debug for Destination {
     }
 }
 
+/// The name of the destination `destination` of the route `prefix`
+/// (`/stripe@ledger`): its pause (see [`Pauses`](super::Pauses)), its
+/// worker lane and its share of its upstream's calls.
+///
+/// ```
+/// use idempotency_gateway::proxy::destination_scope;
+/// assert_eq!(destination_scope("/stripe", "ledger"), "/stripe@ledger");
+/// ```
+pub fn destination_scope(prefix: &str, destination: &str) -> String {
+    format!("{}@{destination}", prefix.trim_end_matches('/'))
+}
+
 /// The prefix of the stored keys of a destination's deliveries: the
 /// layers' `idem` with the destination, so that each destination's
 /// delivery of one notification is a claim of its own.

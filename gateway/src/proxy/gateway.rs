@@ -111,8 +111,8 @@ pub(super) struct Route<S> {
     pub(super) deliver: Option<Stack<S>>,
     /// The stacks that deliver to each destination of an
     /// acknowledge-then-deliver route with several (by name): its
-    /// notifications' entries name theirs.
-    pub(super) destinations: Vec<(Arc<str>, Stack<S>)>,
+    /// notifications' entries name theirs; and its own pause.
+    pub(super) destinations: Vec<(Arc<str>, Stack<S>, Option<super::pause::PauseGate>)>,
     /// The route's pause, asked before a queued delivery runs.
     pub(super) pause: Option<super::pause::PauseGate>,
 }

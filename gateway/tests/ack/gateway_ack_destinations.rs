@@ -196,3 +196,160 @@ fn check_config_refuses_deliver_where_it_cannot_hold() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The gateway on `file`, its admin API on `metrics` with the test token,
+/// `extra` flags after.
+fn start_admin(file: &str, metrics: std::net::SocketAddr, token: &Path, extra: &[&str]) -> Proc {
+    let metrics = metrics.to_string();
+    let mut args = vec![
+        "--config",
+        file,
+        "--metrics-listen",
+        &metrics,
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Proc::start(&args, &[], Stdio::null())
+}
+
+/// A dead letter names its destination; `dlq list --destination` and
+/// `/admin/dead?destination=` select by it; its replay calls that
+/// destination alone.
+async fn dead_letters_by_destination(queue: &[&str], tag: &str) {
+    use super::gateway_ack::{admin_cli, gauge};
+    use super::gateway_dead_api::{admin_call, token_file};
+    let orders = Upstream::start().await;
+    let down = Arc::new(AtomicBool::new(true));
+    let d = down.clone();
+    let ledger =
+        Upstream::with(
+            Replies::default().status(move |_| if d.load(Ordering::SeqCst) { 503 } else { 200 }),
+        )
+        .await;
+    let dir = temp_path(&format!("dest-dead-{tag}"));
+    let file = config(
+        &dir,
+        &orders,
+        &ledger,
+        "deliver = [{ upstream = \"orders\" }, { upstream = \"ledger\", retry_schedule = [\"100ms\"] }]",
+    );
+    let token = token_file(&format!("dest-dead-token-{tag}"));
+    let metrics = common::free_addr();
+    let mut extra = vec!["--max-attempts", "2"];
+    extra.extend_from_slice(queue);
+    let gw = start_admin(&file, metrics, &token, &extra);
+    let id = format!("evt_dead_{tag}_{}", std::process::id());
+    let (status, text) = send(gw.addr, event(&id, "payment_intent.succeeded")).await;
+    assert_eq!(status, 200, "{text}");
+    wait_until("the ledger's dead letter", Duration::from_secs(30), || {
+        gauge(metrics, "idempotency_queue_dead_letters") == Some(1.0)
+    })
+    .await;
+    assert_eq!(answered(&orders, 200), 1, "the orders delivered");
+
+    let (code, listed, err) =
+        admin_cli(metrics, &token, &["dlq", "list", "--destination", "ledger"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 1, "{listed}");
+    assert!(lines[0].contains("\tdestination=ledger\t"), "{listed}");
+    let letter = lines[0].split('\t').next().unwrap().to_owned();
+    let (code, none, err) = admin_cli(metrics, &token, &["dlq", "list", "--destination", "orders"]);
+    assert_eq!((code, none.as_str()), (0, ""), "{err}");
+    let (status, page) = admin_call(metrics, "GET", "/admin/dead?destination=ledger").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["dead_letters"][0]["destination"], "ledger", "{page}");
+
+    // Replayed with the ledger back: the ledger alone is called.
+    down.store(false, Ordering::SeqCst);
+    let (code, _, err) = admin_cli(metrics, &token, &["dlq", "replay", &letter]);
+    assert_eq!(code, 0, "{err}");
+    wait_until("the replayed delivery", Duration::from_secs(20), || {
+        answered(&ledger, 200) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        orders.total(),
+        1,
+        "a replay of the ledger's letter called the orders"
+    );
+    assert_eq!(answered(&ledger, 200), 1);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_name_their_destination_and_a_replay_calls_it_alone_embedded() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    dead_letters_by_destination(&[], "embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_name_their_destination_and_a_replay_calls_it_alone_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = super::gateway_ack::own_redis() else {
+        return;
+    };
+    let url = redis.url();
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    dead_letters_by_destination(&queue, "redis").await;
+}
+
+/// `pause PREFIX --upstream NAME` holds that destination's deliveries
+/// alone; `resume` delivers them, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_one_destination_holds_it_alone() {
+    use super::gateway_ack::admin_cli;
+    use super::gateway_dead_api::token_file;
+    let _beside = crate::gateway_support::beside_storms().await;
+    let (orders, ledger) = (Upstream::start().await, Upstream::start().await);
+    let dir = temp_path("dest-pause");
+    let file = config(
+        &dir,
+        &orders,
+        &ledger,
+        "deliver = [{ upstream = \"orders\" }, { upstream = \"ledger\" }]",
+    );
+    let token = token_file("dest-pause-token");
+    let metrics = common::free_addr();
+    let gw = start_admin(&file, metrics, &token, &[]);
+    let (code, out, err) = admin_cli(
+        metrics,
+        &token,
+        &["pause", "/stripe", "--upstream", "ledger"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = admin_cli(metrics, &token, &["pause", "/stripe", "--upstream", "nope"]);
+    assert_eq!(code, 1, "an upstream the route does not deliver to: {err}");
+    let (status, text) = send(gw.addr, event("evt_paused", "payment_intent.succeeded")).await;
+    assert_eq!(status, 200, "{text}");
+    wait_until("the orders' delivery", Duration::from_secs(10), || {
+        answered(&orders, 200) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(ledger.total(), 0, "a paused destination was called");
+    let (code, out, err) = admin_cli(
+        metrics,
+        &token,
+        &["resume", "/stripe", "--upstream", "ledger"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    wait_until(
+        "the ledger's delivery after resume",
+        Duration::from_secs(40),
+        || answered(&ledger, 200) == 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((orders.total(), ledger.total()), (1, 1));
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -27,11 +27,13 @@ pub(crate) struct DeadFilter {
     since_ms: Option<u64>,
     until_ms: Option<u64>,
     route: Option<String>,
+    destination: Option<String>,
     error: Option<String>,
 }
 
 impl DeadFilter {
-    /// The filters of the query `q` (`since`, `until`, `route`, `error`);
+    /// The filters of the query `q` (`since`, `until`, `route`,
+    /// `destination`, `error`);
     /// `extra` are the other parameters the call takes. An unknown
     /// parameter is an error.
     pub(crate) fn parse(q: &[(String, String)], extra: &[&str]) -> Result<Self, String> {
@@ -41,6 +43,7 @@ impl DeadFilter {
                 "since" => f.since_ms = Some(crate::admin::api::parse_time(value)?),
                 "until" => f.until_ms = Some(crate::admin::api::parse_time(value)?),
                 "route" => f.route = Some(value.clone()),
+                "destination" => f.destination = Some(value.clone()),
                 "error" => f.error = Some(value.clone()),
                 other if extra.contains(&other) => {}
                 other => return Err(format!("unknown parameter `{other}`")),
@@ -54,6 +57,8 @@ impl DeadFilter {
         self.since_ms.is_none_or(|s| at >= s)
             && self.until_ms.is_none_or(|u| at <= u)
             && (self.route.as_deref()).is_none_or(|r| under(d.message.uri.path(), r))
+            && (self.destination.as_deref())
+                .is_none_or(|w| d.message.destination.as_deref() == Some(w))
             && (self.error.as_deref()).is_none_or(|e| d.error.contains(e))
     }
 }
@@ -95,6 +100,7 @@ pub(crate) fn summary(d: &DeadLetter) -> Value {
         "dead_at": rfc3339(d.dead_at),
         "dead_at_ms": ms_of(d.dead_at),
         "body_bytes": d.message.body.len(),
+        "destination": d.message.destination,
     })
 }
 

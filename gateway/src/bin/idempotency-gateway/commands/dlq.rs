@@ -62,6 +62,9 @@ pub(crate) struct Filters {
     /// Only notifications whose path is under this route prefix
     #[arg(long, value_name = "PREFIX")]
     route: Option<String>,
+    /// Only the letters of this destination (an upstream a route's `deliver` names)
+    #[arg(long, value_name = "NAME")]
+    destination: Option<String>,
     /// Only those whose last error contains TEXT
     #[arg(long, value_name = "TEXT")]
     error: Option<String>,
@@ -73,6 +76,7 @@ impl Filters {
             ("since", self.since.as_deref()),
             ("until", self.until.as_deref()),
             ("route", self.route.as_deref()),
+            ("destination", self.destination.as_deref()),
             ("error", self.error.as_deref()),
         ]
     }
@@ -111,12 +115,12 @@ pub(crate) enum Dlq {
         /// The dead letter's ID (from `dlq list`)
         #[arg(
             value_name = "ID",
-            required_unless_present_any = ["all", "since", "until", "route", "error"],
-            conflicts_with_all = ["all", "since", "until", "route", "error"]
+            required_unless_present_any = ["all", "since", "until", "route", "destination", "error"],
+            conflicts_with_all = ["all", "since", "until", "route", "destination", "error"]
         )]
         id: Option<String>,
         /// Every dead letter
-        #[arg(long, conflicts_with_all = ["since", "until", "route", "error"])]
+        #[arg(long, conflicts_with_all = ["since", "until", "route", "destination", "error"])]
         all: bool,
         #[command(flatten)]
         filters: Filters,
@@ -161,13 +165,22 @@ fn refused_note(refused: u64) {
     }
 }
 
-/// A dead letter's line of `dlq list`.
-fn line(id: &str, attempts: u64, dead_at_ms: u64, key: &str, path: &str, error: &str) -> String {
+/// A dead letter's line of `dlq list` (`destination=` after the path, for
+/// the letter of one of a route's destinations).
+fn line(
+    id: &str,
+    attempts: u64,
+    dead_at_ms: u64,
+    (key, path, destination): (&str, &str, Option<&str>),
+    error: &str,
+) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(dead_at_ms);
     let when = humantime::format_rfc3339_seconds(at);
     let error = error.replace(['\n', '\t'], " ");
+    let destination =
+        destination.map_or_else(String::new, |d| format!("\tdestination={}", shown(d)));
     format!(
-        "{}\tattempts={attempts}\tdead_at={when}\tkey={}\tpath={}\terror={}",
+        "{}\tattempts={attempts}\tdead_at={when}\tkey={}\tpath={}{destination}\terror={}",
         shown(id),
         shown(key),
         shown(path),
@@ -260,8 +273,7 @@ async fn admin(action: &Dlq, token: &str, at: &AdminAt) -> Result<(), String> {
                     s("id"),
                     d["attempts"].as_u64().unwrap_or(0),
                     d["dead_at_ms"].as_u64().unwrap_or(0),
-                    s("key"),
-                    s("path"),
+                    (s("key"), s("path"), d["destination"].as_str()),
                     s("error"),
                 );
                 writeln!(out, "{l}").map_err(write_err)?;
@@ -479,8 +491,11 @@ fn letter_line(d: &DeadLetter) -> String {
         d.id.as_str(),
         u64::from(d.attempts),
         ms_of(d.dead_at),
-        &d.message.key,
-        d.message.uri.path(),
+        (
+            &d.message.key,
+            d.message.uri.path(),
+            d.message.destination.as_deref(),
+        ),
         &d.error,
     )
 }

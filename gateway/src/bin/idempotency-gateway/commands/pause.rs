@@ -14,6 +14,10 @@ use std::path::Path;
 pub(crate) struct Pause {
     /// The route's prefix, as configured (`/notify/wechat`)
     prefix: String,
+    /// Only this destination of the route (an upstream its `deliver` names):
+    /// its deliveries wait, the route's others go on
+    #[arg(long, value_name = "NAME")]
+    upstream: Option<String>,
     /// Why, shown by `GET /admin/routes` and the console
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
@@ -29,6 +33,9 @@ pub(crate) struct Pause {
 pub(crate) struct Resume {
     /// The route's prefix, as configured
     prefix: String,
+    /// Only this destination of the route
+    #[arg(long, value_name = "NAME")]
+    upstream: Option<String>,
     #[command(flatten)]
     target: Target,
 }
@@ -51,6 +58,7 @@ pub(crate) fn run(
                     .unwrap_or_else(crate::commands::client::default_by);
             let pairs = [
                 ("prefix", Some(p.prefix.as_str())),
+                ("upstream", p.upstream.as_deref()),
                 ("by", Some(by.as_str())),
                 ("reason", p.reason.as_deref()),
             ];
@@ -60,7 +68,10 @@ pub(crate) fn run(
         crate::commands::dlq::Command::Resume(r) => {
             let path = format!(
                 "/admin/routes/resume?{}",
-                query(&[("prefix", Some(&r.prefix))])
+                query(&[
+                    ("prefix", Some(r.prefix.as_str())),
+                    ("upstream", r.upstream.as_deref())
+                ])
             );
             (path, &r.target, "resumed", &r.prefix)
         }

@@ -5,7 +5,9 @@
 use crate::start::store::GatewayStore;
 use either::Either;
 use idempotency_gateway::journal::{Journal, JournalEvent, JournalOutcome};
-use idempotency_gateway::proxy::{Gateway, Pauses, RouteOptions, RouteTable, Target};
+use idempotency_gateway::proxy::{
+    destination_scope, pause_key, Gateway, Pauses, RouteOptions, RouteTable, Target,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -473,8 +475,20 @@ impl QueueSettings {
         // A paused route's entries are parked until it resumes (see
         // `pauses::spawn_waker`), where the queue can park them.
         let paused = pauses.clone();
+        let mut routes = RouteTable::new();
+        for DestinationLane { prefix, .. } in destinations {
+            let _ = routes.insert(prefix, prefix.clone());
+        }
         let mut worker = Worker::new(queue, deliver)
-            .park_paused(move |m: &Message| paused.covering(m.uri.path()))
+            .park_paused(move |m: &Message| {
+                let path = m.uri.path();
+                paused.covering(path).or_else(|| {
+                    // A paused destination's entries, under its own name.
+                    let (route, _) = routes.find(path)?;
+                    let scope = destination_scope(route, m.destination.as_deref()?);
+                    paused.is_paused(&scope).then(|| pause_key(&scope))
+                })
+            })
             .name(NAME)
             .max_attempts(self.max_attempts)
             .backoff(self.backoff, Duration::from_secs(15 * 60))
@@ -502,7 +516,7 @@ impl QueueSettings {
             pace,
         } in destinations
         {
-            let lane = Arc::<str>::from(format!("{prefix}@{destination}"));
+            let lane = Arc::<str>::from(destination_scope(prefix, destination));
             info!(route = %prefix, destination = %destination, pace = %crate::settings::pace::describe(pace), "destination's pace");
             held = held.saturating_add(pace.get_concurrency().unwrap_or(0));
             worker = worker.lane(lane.clone(), pace.clone());

@@ -276,7 +276,13 @@ async fn paused_routes(
     store: &GatewayStore,
     memory: bool,
 ) -> pauses::PauseKeeper {
-    let prefixes = settings.routes.iter().map(|(p, _, _)| p.clone()).collect();
+    // A route's destinations pause on their own (`pause PREFIX --upstream NAME`).
+    let destinations = (settings.route_destinations.iter()).flat_map(|(prefix, list)| {
+        (list.iter()).map(|d| idempotency_gateway::proxy::destination_scope(prefix, &d.upstream))
+    });
+    let prefixes = (settings.routes.iter().map(|(p, _, _)| p.clone()))
+        .chain(destinations)
+        .collect();
     let keeper = pauses::PauseKeeper::new(store, memory, settings.data_dir.clone(), prefixes);
     // A route paused where the pauses are kept must not be delivered to
     // before they are read.
@@ -302,6 +308,10 @@ fn route_infos(settings: &Settings) -> Vec<api::RouteInfo> {
                 .find(|(prefix, _)| prefix == p)
                 .and_then(|(_, name)| settings.upstreams.iter().find(|u| u.name == *name))
                 .map(|u| u.upstream.to_string()),
+            destinations: (settings.route_destinations.iter())
+                .find(|(prefix, _)| prefix == p)
+                .map(|(_, list)| list.iter().map(|d| d.upstream.clone()).collect())
+                .unwrap_or_default(),
         })
         .collect()
 }

@@ -115,6 +115,8 @@ pub(crate) struct RouteInfo {
     /// The named upstream it sends to (`[[upstreams]]`), if not the
     /// default one.
     pub(crate) upstream: Option<String>,
+    /// The named upstreams it delivers each notification to (`deliver`).
+    pub(crate) destinations: Vec<String>,
 }
 
 /// The routes and where their pauses are kept.

@@ -77,11 +77,15 @@ pub(super) async fn routes_list(State(calls): State<Calls>) -> Answer {
             "breaker": breaker,
             "queue": queued,
         }));
+        if !r.destinations.is_empty() {
+            out.last_mut().expect("pushed")["destinations"] = json!(r.destinations);
+        }
     }
     json_answer(StatusCode::OK, &json!({ "routes": out }))
 }
 
-/// The configured route `?prefix=` names, or 400/404.
+/// The configured route `?prefix=` names (with `&upstream=NAME`: that
+/// destination of the route), or 400/404.
 fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str, Box<Answer>> {
     let Some(prefix) = param(q, "prefix") else {
         return Err(Box::new(error(
@@ -89,6 +93,15 @@ fn named_route<'a>(routes: &'a Routes, q: &[(String, String)]) -> Result<&'a str
             "`prefix` is needed",
         )));
     };
+    if let Some(upstream) = param(q, "upstream") {
+        let scope = idempotency_gateway::proxy::destination_scope(prefix, upstream);
+        return routes.keeper.route(&scope).ok_or_else(|| {
+            Box::new(error(
+                StatusCode::NOT_FOUND,
+                "this route delivers to no such upstream (its `deliver` list names its destinations)",
+            ))
+        });
+    }
     routes.keeper.route(prefix).ok_or_else(|| {
         Box::new(error(
             StatusCode::NOT_FOUND,

@@ -99,7 +99,7 @@ async function routes() {
   return queued;
 }
 
-function deadFilters() { return [["route", $("dead-route").value], ["error", $("dead-error").value]]; }
+function deadFilters() { return [["route", $("dead-route").value], ["destination", $("dead-destination").value], ["error", $("dead-error").value]]; }
 
 async function dead() {
   const body = await api("GET", "/admin/dead?" + q(deadFilters().concat([["limit", "100"]])));
@@ -110,7 +110,7 @@ async function dead() {
     tr.id = "dead-" + slug(d.id);
     const id = cell(tr, d.id);
     id.addEventListener("click", () => showDead(d.id).catch((e) => say(e.message)));
-    cell(tr, d.key); cell(tr, d.path); cell(tr, d.attempts); cell(tr, d.error);
+    cell(tr, d.key); cell(tr, d.destination ? d.path + " → " + d.destination : d.path); cell(tr, d.attempts); cell(tr, d.error);
     button(tr, "Replay", "replay-" + slug(d.id), async () => {
       await api("POST", "/admin/dead/" + encodeURIComponent(d.id) + "/replay");
       say("replayed " + d.id);
