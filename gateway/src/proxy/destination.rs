@@ -117,6 +117,23 @@ pub(crate) fn store_prefix(destination: &str) -> String {
     format!("idem~{destination}")
 }
 
+/// The stored key of the delivery of notification `key` (a stored key, as
+/// the journal and `inspect` show it) to `destination`: each destination's
+/// delivery is a claim of its own. `None` for a key the gateway's routes do
+/// not store.
+///
+/// ```
+/// use idempotency_gateway::proxy::destination_stored_key;
+/// assert_eq!(
+///     destination_stored_key("idem:stripe:/stripe::evt_1", "ledger").as_deref(),
+///     Some("idem~ledger:stripe:/stripe::evt_1")
+/// );
+/// ```
+pub fn destination_stored_key(key: &str, destination: &str) -> Option<String> {
+    let rest = key.strip_prefix("idem:")?;
+    Some(format!("{}:{rest}", store_prefix(destination)))
+}
+
 /// The notification's stored key, put in a destination's delivery: its
 /// `idempotency-key` header is this key's hash, the same for every
 /// destination (the claim's own key names the destination).

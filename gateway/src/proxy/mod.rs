@@ -73,7 +73,7 @@ mod upstream;
 
 pub use ack::{Deliver, Delivered, DeliveryError};
 pub use builder::GatewayBuilder;
-pub use destination::{destination_scope, Destination};
+pub use destination::{destination_scope, destination_stored_key, Destination};
 pub use detect::detect;
 pub use forward::{Forward, ForwardBuilder, RoutePaused, UpstreamAnswer, DEFAULT_UPSTREAM_NAME};
 pub use gateway::{Gateway, GatewayResponse, MatchedRoute, RoutedPreset, Target};

@@ -353,3 +353,62 @@ async fn pausing_one_destination_holds_it_alone() {
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `inspect KEY` shows each destination's delivery; `forget KEY` makes the
+/// next copy deliver again, to every destination, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_delivers_the_next_copy_again_to_every_destination() {
+    use super::gateway_ack::admin_cli;
+    use super::gateway_dead_api::token_file;
+    let _beside = crate::gateway_support::beside_storms().await;
+    let (orders, ledger) = (Upstream::start().await, Upstream::start().await);
+    let dir = temp_path("dest-forget");
+    let file = config(
+        &dir,
+        &orders,
+        &ledger,
+        "deliver = [{ upstream = \"orders\" }, { upstream = \"ledger\" }]",
+    );
+    let token = token_file("dest-forget-token");
+    let metrics = common::free_addr();
+    let gw = start_admin(&file, metrics, &token, &[]);
+    let id = "evt_forget";
+    let (status, _) = send(gw.addr, event(id, "payment_intent.succeeded")).await;
+    assert_eq!(status, 200);
+    wait_until("both deliveries", Duration::from_secs(10), || {
+        answered(&orders, 200) == 1 && answered(&ledger, 200) == 1
+    })
+    .await;
+    let key = format!("idem:stripe:/stripe::{id}");
+    let (code, out, err) = admin_cli(metrics, &token, &["inspect", &key, "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let inspected: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let each = inspected["destinations"]
+        .as_array()
+        .expect("each destination");
+    let names: Vec<&str> = each
+        .iter()
+        .map(|d| d["destination"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["orders", "ledger"], "{out}");
+    for d in each {
+        assert_eq!(d["record"]["state"], "completed", "{out}");
+    }
+    // A copy now is a duplicate for both.
+    let (status, _) = send(gw.addr, event(id, "payment_intent.succeeded")).await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!((orders.total(), ledger.total()), (1, 1));
+    let (code, out, err) = admin_cli(metrics, &token, &["forget", &key]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (status, _) = send(gw.addr, event(id, "payment_intent.succeeded")).await;
+    assert_eq!(status, 200);
+    wait_until("both deliveries again", Duration::from_secs(10), || {
+        answered(&orders, 200) == 2 && answered(&ledger, 200) == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((orders.total(), ledger.total()), (2, 2));
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}

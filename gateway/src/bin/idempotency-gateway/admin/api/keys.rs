@@ -10,11 +10,12 @@ use axum::extract::{FromRequestParts, Path, State};
 use http::request::Parts;
 use http::{Method, StatusCode};
 use idempotency_gateway::journal::{JournalEvent, JournalFilter, JournalOutcome};
-use idempotency_gateway::proxy::queued_keys;
+use idempotency_gateway::proxy::{destination_stored_key, queued_keys};
 use serde_json::{json, Value};
 use std::time::SystemTime;
 use tower_idempotency::store::{Forgotten, RecordState, Store};
 use tower_idempotency::Preset;
+use tower_idempotency_queue::destination_key;
 use tower_idempotency_queue::Queue;
 use tracing::{info, warn};
 
@@ -94,7 +95,9 @@ impl Admin {
             return Ok(false);
         };
         let mut forgot = false;
-        for queued in queued_keys(key) {
+        let scoped = (self.destinations_of(key).into_iter()).map(|d| destination_key(key, &d));
+        let all: Vec<String> = std::iter::once(key.to_owned()).chain(scoped).collect();
+        for queued in all.iter().flat_map(|k| queued_keys(k).collect::<Vec<_>>()) {
             match tokio::time::timeout(STORE_TIMEOUT, queue.forget(&queued)).await {
                 Ok(Ok(done)) => forgot |= done,
                 Ok(Err(e)) => return Err(e.to_string()),
@@ -102,6 +105,31 @@ impl Admin {
             }
         }
         Ok(forgot)
+    }
+
+    /// The destinations of the route `key` was stored for (its third part,
+    /// the route's prefix): none for a route with one upstream.
+    fn destinations_of(&self, key: &str) -> Vec<String> {
+        let Some(routes) = self.routes.get() else {
+            return Vec::new();
+        };
+        let Some(route) = key.splitn(4, ':').nth(2) else {
+            return Vec::new();
+        };
+        let Ok(route) = percent_encoding::percent_decode_str(route).decode_utf8() else {
+            return Vec::new();
+        };
+        (routes.list.iter())
+            .find(|r| r.prefix == route)
+            .map(|r| r.destinations.clone())
+            .unwrap_or_default()
+    }
+
+    /// Each destination of `key`'s route and the stored key of its delivery.
+    fn delivery_keys(&self, key: &str) -> Vec<(String, String)> {
+        (self.destinations_of(key).into_iter())
+            .filter_map(|d| destination_stored_key(key, &d).map(|k| (d, k)))
+            .collect()
     }
 
     /// The store that holds `key`: its route's (the route and the preset
@@ -159,10 +187,20 @@ impl Admin {
             Err(res) => return res,
         };
         let journal = self.journal_of(key).await;
-        json_answer(
-            StatusCode::OK,
-            &json!({ "key": key, "record": record, "journal": journal }),
-        )
+        let mut answer = json!({ "key": key, "record": record, "journal": journal });
+        // A route with several destinations: each one's delivery.
+        let mut destinations = Vec::new();
+        for (destination, stored) in self.delivery_keys(key) {
+            let record = match self.state(&stored, store).await {
+                Ok(v) => v,
+                Err(res) => return res,
+            };
+            destinations.push(json!({ "destination": destination, "record": record }));
+        }
+        if !destinations.is_empty() {
+            answer["destinations"] = Value::Array(destinations);
+        }
+        json_answer(StatusCode::OK, &answer)
     }
 
     /// `?id=ID[&preset=P][&route=R][&limit=N][&cursor=C]`: the keys the
@@ -227,14 +265,27 @@ impl Admin {
             }
         };
         let store = self.store_of(key, store);
-        let done = match tokio::time::timeout(STORE_TIMEOUT, store.forget(key)).await {
-            Ok(Ok(done)) => done,
-            Ok(Err(e)) => {
-                warn!(error = %e, "admin: forget failed");
-                return error(StatusCode::SERVICE_UNAVAILABLE, "the store failed");
-            }
-            Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "the store did not answer"),
-        };
+        // The notification's record, then each destination's delivery's:
+        // its next copy is delivered to every destination again.
+        let mut done = Forgotten::Absent;
+        let stored = (self.delivery_keys(key).into_iter()).map(|(_, k)| k);
+        for stored in std::iter::once(key.to_owned()).chain(stored) {
+            let one = match tokio::time::timeout(STORE_TIMEOUT, store.forget(&stored)).await {
+                Ok(Ok(one)) => one,
+                Ok(Err(e)) => {
+                    warn!(error = %e, "admin: forget failed");
+                    return error(StatusCode::SERVICE_UNAVAILABLE, "the store failed");
+                }
+                Err(_) => {
+                    return error(StatusCode::SERVICE_UNAVAILABLE, "the store did not answer")
+                }
+            };
+            done = match (done, one) {
+                (Forgotten::InFlight, _) | (_, Forgotten::InFlight) => Forgotten::InFlight,
+                (Forgotten::Deleted, _) | (_, Forgotten::Deleted) => Forgotten::Deleted,
+                (_, one) => one,
+            };
+        }
         // The record had gone (its window ended) but the queue remembered
         // the key: forgotten there, the next copy runs again too.
         let done = match done {
