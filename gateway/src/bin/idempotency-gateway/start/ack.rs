@@ -449,7 +449,13 @@ impl QueueSettings {
         let deliver = tower::service_fn(move |message: Message| {
             let (mut deliver, journal) = (deliver.clone(), journal.clone());
             async move {
-                let key = original_key(&message.key).to_owned();
+                // A destination's entry: under the notification's key, each
+                // destination's delivery noted on its record.
+                let key = match &message.destination {
+                    None => original_key(&message.key).to_owned(),
+                    Some(_) => message.notification_key().to_owned(),
+                };
+                let destination = message.destination.clone();
                 let route = message.uri.path().to_owned();
                 let trace_id = crate::serve::otel::delivery_trace_id(&message.headers);
                 let done = deliver.call(message).await;
@@ -459,6 +465,18 @@ impl QueueSettings {
                         Err(e) => (JournalOutcome::DeliveryFailed, e.upstream()),
                     };
                     let preset = key.split(':').nth(1).unwrap_or_default().to_owned();
+                    let note = match (&destination, &done) {
+                        (Some(d), Ok(_)) => Some(
+                            JournalEvent::new(
+                                key.clone(),
+                                preset.clone(),
+                                route.clone(),
+                                JournalOutcome::Delivered,
+                            )
+                            .note(format!("delivered to {d}")),
+                        ),
+                        _ => None,
+                    };
                     let mut event = JournalEvent::new(key, preset, route, outcome).attempt();
                     // What the upstream answered this attempt, when it was called.
                     if let Some(answer) = upstream {
@@ -468,6 +486,9 @@ impl QueueSettings {
                         event = event.trace_id(trace_id);
                     }
                     journal.record(event);
+                    if let Some(note) = note {
+                        journal.record(note);
+                    }
                 }
                 done
             }
