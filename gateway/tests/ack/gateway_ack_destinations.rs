@@ -412,3 +412,143 @@ async fn forget_delivers_the_next_copy_again_to_every_destination() {
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The calls each event id got from an upstream, answered 200.
+fn delivered_ids(up: &Upstream) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for seen in up.seen().iter().filter(|s| s.status == 200) {
+        let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+        *out.entry(body["id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    out
+}
+
+/// Killed (-9) while the ledger's delivery hangs, the orders' done: after
+/// a restart the ledger gets the notification, the orders never again.
+async fn killed_mid_delivery(queue: &[&str], tag: &str) {
+    let orders = Upstream::start().await;
+    let hung = Upstream::with(Replies::default().delay(Duration::from_secs(60))).await;
+    let dir = temp_path(&format!("dest-kill-{tag}"));
+    let deliver = "deliver = [{ upstream = \"orders\" }, { upstream = \"ledger\" }]";
+    let file = config(&dir, &orders, &hung, deliver);
+    let mut args = vec!["--config", file.as_str()];
+    args.extend_from_slice(queue);
+    let mut gw = Proc::start(&args, &[], Stdio::null());
+    let id = format!("evt_kill_{tag}_{}", std::process::id());
+    let (status, text) = send(gw.addr, event(&id, "payment_intent.succeeded")).await;
+    assert_eq!(status, 200, "{text}");
+    wait_until("the orders' delivery", Duration::from_secs(10), || {
+        answered(&orders, 200) == 1
+    })
+    .await;
+    // The ledger's call hangs meanwhile.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    gw.child.kill().unwrap();
+    let _ = gw.child.wait();
+    drop(gw);
+    // The ledger answers at once now.
+    let ledger = Upstream::start().await;
+    let file = config(&dir, &orders, &ledger, deliver);
+    let mut args = vec!["--config", file.as_str()];
+    args.extend_from_slice(queue);
+    let gw = Proc::start(&args, &[], Stdio::null());
+    wait_until(
+        "the ledger's delivery after the restart",
+        Duration::from_secs(60),
+        || answered(&ledger, 200) == 1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(orders.total(), 1, "the orders' delivery ran again");
+    assert_eq!(ledger.total(), 1);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_delivery_the_done_destination_is_never_called_again_embedded() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    killed_mid_delivery(&[], "embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_delivery_the_done_destination_is_never_called_again_redis_streams() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = super::gateway_ack::own_redis() else {
+        return;
+    };
+    let url = redis.url();
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    killed_mid_delivery(&queue, "redis").await;
+}
+
+/// Two gateways on one Redis Streams queue, the ledger down at first:
+/// every notification reaches each destination exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_redis_deliver_each_destination_once() {
+    const N: usize = 20;
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(redis) = super::gateway_ack::own_redis() else {
+        return;
+    };
+    let orders = Upstream::start().await;
+    let down = Arc::new(AtomicBool::new(true));
+    let d = down.clone();
+    let ledger =
+        Upstream::with(
+            Replies::default().status(move |_| if d.load(Ordering::SeqCst) { 503 } else { 200 }),
+        )
+        .await;
+    let (one, two) = (temp_path("dest-two-a"), temp_path("dest-two-b"));
+    let deliver = "deliver = [{ upstream = \"orders\" }, { upstream = \"ledger\", retry_schedule = [\"200ms\"] }]";
+    let (file_a, file_b) = (
+        config(&one, &orders, &ledger, deliver),
+        config(&two, &orders, &ledger, deliver),
+    );
+    let url = redis.url();
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+        "--max-attempts",
+        "100",
+    ];
+    let start = |file: &str| {
+        let mut args = vec!["--config", file];
+        args.extend_from_slice(&queue);
+        Proc::start(&args, &[], Stdio::null())
+    };
+    let (a, b) = (start(&file_a), start(&file_b));
+    for n in 0..N {
+        let id = format!("evt_two_{n}");
+        for gw in [&a, &b] {
+            let (status, text) = send(gw.addr, event(&id, "payment_intent.succeeded")).await;
+            assert_eq!(status, 200, "{text}");
+        }
+    }
+    wait_until("the orders' deliveries", Duration::from_secs(30), || {
+        delivered_ids(&orders).len() == N
+    })
+    .await;
+    down.store(false, Ordering::SeqCst);
+    wait_until("the ledger's deliveries", Duration::from_secs(60), || {
+        delivered_ids(&ledger).len() == N
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (name, up) in [("orders", &orders), ("ledger", &ledger)] {
+        let ids = delivered_ids(up);
+        assert!(ids.values().all(|n| *n == 1), "{name}: {ids:?}");
+        assert_eq!(ids.len(), N, "{name}");
+    }
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(one);
+    let _ = std::fs::remove_dir_all(two);
+}
