@@ -3,16 +3,31 @@
 #[cfg(feature = "metrics")]
 use super::QueueStats;
 
-/// Counts one delivery attempt: `idempotency_queue_attempts_total{queue, result}`.
+/// Counts one delivery attempt: `idempotency_queue_attempts_total{queue,
+/// result}`, and `destination` for an entry of one of a notification's
+/// destinations.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(super) fn attempt(queue: &std::sync::Arc<str>, result: &'static str) {
+pub(super) fn attempt(
+    queue: &std::sync::Arc<str>,
+    result: &'static str,
+    destination: Option<&str>,
+) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "idempotency_queue_attempts_total",
-        "queue" => metrics::SharedString::from(queue.clone()),
-        "result" => result
-    )
-    .increment(1);
+    match destination {
+        None => metrics::counter!(
+            "idempotency_queue_attempts_total",
+            "queue" => metrics::SharedString::from(queue.clone()),
+            "result" => result
+        )
+        .increment(1),
+        Some(d) => metrics::counter!(
+            "idempotency_queue_attempts_total",
+            "queue" => metrics::SharedString::from(queue.clone()),
+            "result" => result,
+            "destination" => d.to_owned()
+        )
+        .increment(1),
+    }
 }
 
 /// Sets the gauges: `idempotency_queue_depth`,

@@ -137,7 +137,11 @@ pub(super) async fn unsettled<Q: Queue>(
         "handed out {} times without settling (each delivery died with its process or outlived its lease)",
         delivery.attempt
     );
-    super::metrics::attempt(name, "dead_lettered");
+    super::metrics::attempt(
+        name,
+        "dead_lettered",
+        delivery.message.destination.as_deref(),
+    );
     crate::log_warn!(queue = %name, entry = %delivery.id, "{why}; dead-lettered");
     Ok(Settled::DeadLettered(
         queue.dead_letter(delivery, &why).await?.into(),
@@ -157,7 +161,7 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
 ) -> Result<Settled, QueueError> {
     let e = match result {
         Ok(()) => {
-            super::metrics::attempt(name, "delivered");
+            super::metrics::attempt(name, "delivered", delivery.message.destination.as_deref());
             return Ok(Settled::Delivered(queue.ack(delivery).await?.into()));
         }
         Err(e) => e,
@@ -167,11 +171,11 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
     let text = crate::attempts::cut(&text);
     Ok(match e.disposition() {
         Disposition::Keep => {
-            super::metrics::attempt(name, "kept");
+            super::metrics::attempt(name, "kept", delivery.message.destination.as_deref());
             Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?.into())
         }
         Disposition::Pause => {
-            super::metrics::attempt(name, "paused");
+            super::metrics::attempt(name, "paused", delivery.message.destination.as_deref());
             if let Some(parker) = parker
                 && let Some(parked) = parker.park(delivery).await
             {
@@ -180,21 +184,29 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
             Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?.into())
         }
         Disposition::Hold => {
-            super::metrics::attempt(name, "postponed");
+            super::metrics::attempt(name, "postponed", delivery.message.destination.as_deref());
             Settled::Paused(queue.postpone(delivery, backoff, text).await?.into())
         }
         Disposition::Permanent => {
-            super::metrics::attempt(name, "dead_lettered");
+            super::metrics::attempt(
+                name,
+                "dead_lettered",
+                delivery.message.destination.as_deref(),
+            );
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
             Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry if last => {
-            super::metrics::attempt(name, "dead_lettered");
+            super::metrics::attempt(
+                name,
+                "dead_lettered",
+                delivery.message.destination.as_deref(),
+            );
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
             Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry => {
-            super::metrics::attempt(name, "retried");
+            super::metrics::attempt(name, "retried", delivery.message.destination.as_deref());
             Settled::Retried(queue.retry(delivery, backoff, text).await?.into())
         }
     })
