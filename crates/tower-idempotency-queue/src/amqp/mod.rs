@@ -44,7 +44,7 @@ fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
     QueueError::new(kind, format!("amqp queue: {why}"))
 }
 
-use super::records::now_ms;
+use crate::embedded::records::now_ms;
 
 fn ms_of(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -578,7 +578,7 @@ impl<S: Store> SharedPacing for AmqpQueue<S> {
         self.turn_take(lane, interval).await
     }
 
-    crate::shared::no_shared_breaker!();
+    crate::worker::shared::no_shared_breaker!();
 }
 
 /// Parks nothing: a delay set on the broker cannot be shortened, so a

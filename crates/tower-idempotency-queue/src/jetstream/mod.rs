@@ -221,7 +221,7 @@ fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
     QueueError::new(kind, format!("jetstream queue: {why}"))
 }
 
-use super::records::now_ms;
+use crate::embedded::records::now_ms;
 
 fn time_of(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
@@ -514,7 +514,7 @@ impl SharedPacing for JetStreamQueue {
         self.take_pace_turn(lane, interval).await
     }
 
-    crate::shared::no_shared_breaker!();
+    crate::worker::shared::no_shared_breaker!();
 }
 
 /// Parks nothing: a delay set on the broker cannot be shortened, so a

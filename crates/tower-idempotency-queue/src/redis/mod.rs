@@ -1,12 +1,17 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
+//!
+//! The queue itself is here; each change it makes is one Lua script
+//! (`scripts`), atomic on the server.
 
-use super::attempts::{dead_letter, History};
-use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
-use super::redis_scripts::{
+mod scripts;
+
+use self::scripts::{
     ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PARK, PRUNE, RENEW,
     RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN, WAKE,
 };
-use super::{
+use crate::attempts::{dead_letter, History};
+use crate::worker::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
+use crate::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
     QueueErrorKind, QueueStats, Reseal, SharedPacing,
 };
@@ -33,7 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// deletes it. Every key of a queue shares the
 /// hash tag `{name}`, so the queue works on a Redis Cluster too (one slot).
 ///
-/// Give every worker of a queue the same [lease](super::Worker::lease): an
+/// Give every worker of a queue the same [lease](crate::Worker::lease): an
 /// entry is reclaimed once it has been idle for the lease of the worker that
 /// reclaims it (Redis keeps the idle time, not the lease it was fetched with).
 ///
@@ -96,7 +101,7 @@ fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
     QueueError::new(kind, format!("redis queue: {why}"))
 }
 
-use super::records::now_ms;
+use crate::embedded::records::now_ms;
 
 impl RedisStreamsQueue<ConnectionManager> {
     /// Connects to a standalone Redis and opens (or creates) the queue `name`.
@@ -536,7 +541,7 @@ where
         // older still, but only counted.
         let oldest = first.first().and_then(|(_, f)| f.get("t")).map(number);
         let parked = u64::try_from(parked.unwrap_or(0)).unwrap_or(0);
-        Ok(super::stats::counted(live + delayed + parked, dead, oldest))
+        Ok(crate::stats::counted(live + delayed + parked, dead, oldest))
     }
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
@@ -774,7 +779,7 @@ where
     }
 }
 
-impl<C> super::Park for RedisStreamsQueue<C>
+impl<C> crate::Park for RedisStreamsQueue<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

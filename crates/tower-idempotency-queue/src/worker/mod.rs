@@ -1,12 +1,25 @@
 //! [`Worker`]: delivers queue entries to a tower service.
+//!
+//! Everything a worker does beside the queue lives here: its builder and
+//! delivery loop, its pacing per lane ([`Pace`], [`Rate`]), its circuit
+//! breaker, the pacing it shares with other instances through a
+//! [`SharedPacing`] queue, how it settles a delivery ([`WorkerRound`]), and
+//! how it parks a paused route's entries ([`Park`]).
 
-use super::breaker::{entry_of, BreakerState};
-use super::pace::{Called, Lane, Pace, Role};
-use super::settle::{settle, unsettled, verdict, Attempted, Settled, WorkerRound};
-use super::shared::{
+pub(crate) mod breaker;
+mod lanes;
+pub(crate) mod pace;
+pub(crate) mod park;
+pub(crate) mod settle;
+pub(crate) mod shared;
+
+use self::breaker::{entry_of, BreakerState};
+use self::pace::{Called, Lane, Pace, Role};
+use self::settle::{settle, unsettled, verdict, Attempted, Settled, WorkerRound};
+use self::shared::{
     bounded, judged, probe_wait, shared_gate, shared_turn, Judging, Ops, ProbeResult, SharedGate,
 };
-use super::{Delivery, Message, Queue, QueueError, SharedPacing};
+use crate::{Delivery, Message, Queue, QueueError, SharedPacing};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashSet;
 use std::fmt;
@@ -25,7 +38,7 @@ pub(super) struct Config {
     pub(super) backoff: Duration,
     pub(super) max_backoff: Duration,
     /// Parks a paused route's deliveries (see [`Worker::park_paused`]).
-    pub(super) parker: Option<super::park::Parker>,
+    pub(super) parker: Option<self::park::Parker>,
 }
 
 impl Config {
@@ -116,20 +129,20 @@ impl<Q: fmt::Debug, S: fmt::Debug> fmt::Debug for Worker<Q, S> {
     }
 }
 
-impl<Q: super::Park, S> Worker<Q, S> {
+impl<Q: crate::Park, S> Worker<Q, S> {
     /// Parks the entries of a paused route instead of postponing them: a
     /// delivery whose error says
     /// [`Disposition::Pause`](tower_idempotency::consumer::Disposition::Pause)
-    /// is [parked](super::Park::park) under `prefix_of(message)` (the paused
+    /// is [parked](crate::Park::park) under `prefix_of(message)` (the paused
     /// prefix it is under; `None`: postponed as before), and nothing of it
-    /// is fetched again until that prefix is [woken](super::Park::wake). On
-    /// a queue that does not [park](super::Park::parks) the entry is
+    /// is fetched again until that prefix is [woken](crate::Park::wake). On
+    /// a queue that does not [park](crate::Park::parks) the entry is
     /// postponed (30 s) as without this.
     pub fn park_paused(
         mut self,
         prefix_of: impl Fn(&Message) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        let parker = super::park::Parker::new(self.queue.clone(), prefix_of);
+        let parker = self::park::Parker::new(self.queue.clone(), prefix_of);
         self.config().parker = Some(parker);
         self
     }
@@ -324,7 +337,7 @@ where
         self.report_stranded();
         #[cfg(feature = "metrics")]
         if let Ok(stats) = self.queue.stats().await {
-            super::metrics::stats(&self.config.name, &stats);
+            crate::metrics::stats(&self.config.name, &stats);
         }
         match failed {
             Some(e) => Err(e),
@@ -515,7 +528,7 @@ where
             _ => self.stranded.remove(key),
         };
         if changed {
-            super::metrics::stranded(&self.config.name, self.stranded.len());
+            crate::metrics::stranded(&self.config.name, self.stranded.len());
         }
     }
 
@@ -649,7 +662,7 @@ where
                     }
                     #[cfg(feature = "metrics")]
                     if let Ok(stats) = self.queue.stats().await {
-                        super::metrics::stats(&self.config.name, &stats);
+                        crate::metrics::stats(&self.config.name, &stats);
                     }
                 }
                 () = sleep_until(fetch_at), if fetch_at.is_some() => {}

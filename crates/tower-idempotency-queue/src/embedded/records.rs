@@ -1,7 +1,7 @@
 //! The byte layouts of the embedded queue's records.
 
-use super::attempts::dead_letter;
-use super::{DeadLetter, EntryId, Message, QueueError, QueueErrorKind};
+use crate::attempts::dead_letter;
+use crate::{DeadLetter, EntryId, Message, QueueError, QueueErrorKind};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A redb failure as a queue error, kept as the source.
@@ -16,7 +16,7 @@ pub(super) fn fail(kind: QueueErrorKind, why: impl std::fmt::Display) -> QueueEr
 }
 
 /// Now, in milliseconds since the Unix epoch (the unit of every stored time).
-pub(super) fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -30,7 +30,7 @@ pub(super) fn now_ms() -> u64 {
 /// (a step forward only makes entries due early).
 pub(super) fn queue_now(txn: &redb::WriteTransaction) -> Result<u64, QueueError> {
     use redb::ReadableTable;
-    let mut meta = txn.open_table(super::embedded::META).map_err(err)?;
+    let mut meta = txn.open_table(super::store::META).map_err(err)?;
     let read = |k: &str| -> Result<u64, QueueError> {
         Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
     };
@@ -47,7 +47,7 @@ pub(super) fn queue_now(txn: &redb::WriteTransaction) -> Result<u64, QueueError>
 
 /// The queue's clock (see [`queue_now`]) in a read transaction.
 pub(super) fn queue_now_read(txn: &redb::ReadTransaction) -> Result<u64, QueueError> {
-    let meta = txn.open_table(super::embedded::META).map_err(err)?;
+    let meta = txn.open_table(super::store::META).map_err(err)?;
     let get = |k: &str| -> Result<u64, QueueError> {
         Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
     };

@@ -2,8 +2,8 @@
 //! deliveries waiting for their turn.
 
 use super::pace::{Admit, Lane, Pace, Rate, Role};
-use super::worker::Act;
-use super::{Delivery, Message, Queue, Worker};
+use super::Act;
+use crate::{Delivery, Message, Queue, Worker};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
