@@ -81,6 +81,7 @@
 #[cfg(feature = "amqp")]
 mod amqp;
 mod attempts;
+mod common;
 pub mod consumer;
 mod either;
 mod embedded;

@@ -2,7 +2,7 @@
 //! entries waiting, of dead letters, and the age of the oldest entry.
 
 use super::QueueStats;
-use crate::embedded::records::now_ms;
+use crate::common::now_ms;
 use std::time::Duration;
 
 /// The stats of a queue that counts its entries and dead letters and knows

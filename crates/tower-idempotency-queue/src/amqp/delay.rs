@@ -8,7 +8,7 @@ use super::entry::{
     LAST_ERROR_HEADER,
 };
 use super::{ms_of, AmqpQueue};
-use crate::embedded::records::now_ms;
+use crate::common::now_ms;
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use std::time::{Duration, Instant};

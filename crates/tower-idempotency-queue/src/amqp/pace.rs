@@ -3,7 +3,7 @@
 
 use super::super::QueueError;
 use super::{err, AmqpQueue};
-use crate::embedded::records::now_ms;
+use crate::common::now_ms;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tower_idempotency::store::{Claim, OwnerToken, Store};

@@ -1,9 +1,10 @@
 //! Dead letters in the embedded queue: moving a delivery that failed for
 //! good to the `dead` table, listing it, and replaying it as a new entry.
 
-use super::records::{decode_dead, err, fail, queue_now, time_of, Marker};
+use super::records::{decode_dead, err, fail, queue_now, Marker};
 use super::store::{Embedded, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS};
 use crate::attempts::History;
+use crate::common::time_of;
 use crate::{DeadLetter, Delivery, Message, QueueError, QueueErrorKind};
 use redb::{ReadableTable, WriteTransaction};
 

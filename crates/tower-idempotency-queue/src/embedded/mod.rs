@@ -8,7 +8,7 @@ mod delegate;
 mod group;
 mod health;
 mod memory;
-pub(crate) mod records;
+mod records;
 mod redb;
 mod reopen;
 mod room;

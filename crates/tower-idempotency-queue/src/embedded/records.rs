@@ -1,27 +1,10 @@
 //! The byte layouts of the embedded queue's records.
 
 use crate::attempts::dead_letter;
+use crate::common::{now_ms, time_of};
 use crate::{DeadLetter, EntryId, Message, QueueError, QueueErrorKind};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A redb failure as a queue error, kept as the source.
-pub(super) fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
-    QueueError::backend("embedded queue", e)
-}
-
-/// A failure of the embedded queue's own (a record that does not decode:
-/// [`Corrupt`](QueueErrorKind::Corrupt)), of `kind`.
-pub(super) fn fail(kind: QueueErrorKind, why: impl std::fmt::Display) -> QueueError {
-    QueueError::new(kind, format!("embedded queue: {why}"))
-}
-
-/// Now, in milliseconds since the Unix epoch (the unit of every stored time).
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+crate::common::backend_errors!("embedded queue", pub(super));
 
 /// The queue's clock in a write transaction: the wall clock plus the sum of
 /// every step back it was seen to take (kept in `meta`), so that it never
@@ -52,11 +35,6 @@ pub(super) fn queue_now_read(txn: &redb::ReadTransaction) -> Result<u64, QueueEr
         Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
     };
     Ok(now_ms().saturating_add(get("skew")?).max(get("clock")?))
-}
-
-/// A stored time as a `SystemTime`.
-pub(super) fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// The scheduling state of one entry.

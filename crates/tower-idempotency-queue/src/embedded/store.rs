@@ -13,10 +13,11 @@
 
 use super::group::{Committer, Kind};
 use super::health::Health;
-use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
+use super::records::{err, queue_now, queue_now_read, Marker, State};
 use super::reopen::Db;
 use super::room::Room;
 use crate::attempts::History;
+use crate::common::time_of;
 use crate::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;

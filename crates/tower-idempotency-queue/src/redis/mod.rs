@@ -20,7 +20,7 @@ use ::redis::{IntoConnectionInfo, Value};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// A queue on Redis Streams, shared by every instance that names it.
 ///
@@ -91,17 +91,9 @@ const REPLICA_WAIT: Duration = Duration::from_millis(250);
 /// One stream entry as `XRANGE` answers it: its id and its fields.
 type StreamEntry = (String, HashMap<String, Value>);
 
-/// A Redis error, kept as the source.
-fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
-    QueueError::backend("redis queue", e)
-}
+crate::common::backend_errors!("redis queue");
 
-/// A failure of this queue's own, of `kind`.
-fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
-    QueueError::new(kind, format!("redis queue: {why}"))
-}
-
-use crate::embedded::records::now_ms;
+use crate::common::{ms_of, now_ms, time_of};
 
 impl RedisStreamsQueue<ConnectionManager> {
     /// Connects to a standalone Redis and opens (or creates) the queue `name`.
@@ -257,10 +249,6 @@ fn text(v: &Value) -> String {
     bytes(v)
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default()
-}
-
-fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 impl<C> Queue for RedisStreamsQueue<C>
@@ -755,11 +743,7 @@ where
         attempts: u32,
         history: &str,
     ) -> Result<bool, QueueError> {
-        let enqueued = delivery
-            .enqueued_at
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let enqueued = ms_of(delivery.enqueued_at);
         let got: i64 = RETRY
             .key(self.key("s"))
             .key(self.key("r"))
@@ -788,11 +772,7 @@ where
     }
 
     async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
-        let enqueued = delivery
-            .enqueued_at
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let enqueued = ms_of(delivery.enqueued_at);
         let got: i64 = PARK
             .key(self.key("s"))
             .key(self.parked_under(prefix))
