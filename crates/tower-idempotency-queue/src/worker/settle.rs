@@ -1,12 +1,12 @@
-//! How a [`Worker`](super::Worker)'s deliveries are settled in the queue,
+//! How a [`Worker`](crate::Worker)'s deliveries are settled in the queue,
 //! and what one round did.
 
-use super::{Delivery, Queue, QueueError};
+use crate::{Delivery, Queue, QueueError};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::consumer::{Disposition, Failure};
 
-/// What one [`Worker::run_once`](super::Worker::run_once) did.
+/// What one [`Worker::run_once`](crate::Worker::run_once) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WorkerRound {
@@ -137,7 +137,7 @@ pub(super) async fn unsettled<Q: Queue>(
         "handed out {} times without settling (each delivery died with its process or outlived its lease)",
         delivery.attempt
     );
-    super::metrics::attempt(name, "dead_lettered");
+    crate::metrics::attempt(name, "dead_lettered");
     crate::log_warn!(queue = %name, entry = %delivery.id, "{why}; dead-lettered");
     Ok(Settled::DeadLettered(
         queue.dead_letter(delivery, &why).await?.into(),
@@ -157,7 +157,7 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
 ) -> Result<Settled, QueueError> {
     let e = match result {
         Ok(()) => {
-            super::metrics::attempt(name, "delivered");
+            crate::metrics::attempt(name, "delivered");
             return Ok(Settled::Delivered(queue.ack(delivery).await?.into()));
         }
         Err(e) => e,
@@ -167,11 +167,11 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
     let text = crate::attempts::cut(&text);
     Ok(match e.disposition() {
         Disposition::Keep => {
-            super::metrics::attempt(name, "kept");
+            crate::metrics::attempt(name, "kept");
             Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?.into())
         }
         Disposition::Pause => {
-            super::metrics::attempt(name, "paused");
+            crate::metrics::attempt(name, "paused");
             if let Some(parker) = parker
                 && let Some(parked) = parker.park(delivery).await
             {
@@ -180,21 +180,21 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
             Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?.into())
         }
         Disposition::Hold => {
-            super::metrics::attempt(name, "postponed");
+            crate::metrics::attempt(name, "postponed");
             Settled::Paused(queue.postpone(delivery, backoff, text).await?.into())
         }
         Disposition::Permanent => {
-            super::metrics::attempt(name, "dead_lettered");
+            crate::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery cannot succeed; dead-lettered at once");
             Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry if last => {
-            super::metrics::attempt(name, "dead_lettered");
+            crate::metrics::attempt(name, "dead_lettered");
             crate::log_warn!(queue = %name, entry = %delivery.id, error = %e, "delivery failed for the last time; dead-lettered");
             Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry => {
-            super::metrics::attempt(name, "retried");
+            crate::metrics::attempt(name, "retried");
             Settled::Retried(queue.retry(delivery, backoff, text).await?.into())
         }
     })
