@@ -14,3 +14,6 @@ pub(crate) mod routes;
 pub(crate) mod spanned;
 pub(crate) mod upstreams;
 pub(crate) mod verify;
+
+#[cfg(test)]
+mod tests;

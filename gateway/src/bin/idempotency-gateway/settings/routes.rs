@@ -49,32 +49,59 @@ pub(crate) struct FileRoute {
     breaker_cooldown: Option<Spanned<toml::Value>>,
 }
 
+/// One route as the gateway runs it: everything about it in one place.
+#[derive(Debug)]
+pub(crate) struct RouteSettings {
+    pub(crate) prefix: String,
+    pub(crate) target: Target,
+    /// The route's options, the global values applied.
+    pub(crate) options: RouteOptions,
+    /// How its queued deliveries are paced (its own keys; none: the
+    /// defaults, for a route of the flags).
+    pub(crate) pace: Option<Pace>,
+    /// The memory store's budget of its records (a memory store only).
+    pub(crate) budget: Option<crate::start::store::RouteBudget>,
+    /// The `[[upstreams]]` table it forwards to, by name.
+    pub(crate) upstream: Option<String>,
+}
+
+impl RouteSettings {
+    /// A route of the flags (or the default `/=auto`): the global values.
+    pub(crate) fn new(prefix: String, target: Target, options: RouteOptions) -> Self {
+        Self {
+            prefix,
+            target,
+            options,
+            pace: None,
+            budget: None,
+            upstream: None,
+        }
+    }
+}
+
 /// What the file's routes give the settings.
 pub(crate) struct FileRoutes {
-    /// Prefix, target and options of each route, in the file's order.
-    pub(crate) routes: Vec<(String, Target, RouteOptions)>,
+    /// Each route, in the file's order.
+    pub(crate) routes: Vec<RouteSettings>,
     /// The routes with a memory budget of their own.
     pub(crate) own_memory: Vec<(String, usize)>,
-    /// How each route paces its queued deliveries.
-    pub(crate) paces: Vec<(String, Pace)>,
     /// Warnings to log at start (and print with `--check-config`).
     pub(crate) warnings: Vec<String>,
-    /// The routes that name an upstream: prefix, name, where it is written.
-    pub(crate) upstreams: Vec<(String, String, std::ops::Range<usize>)>,
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
-/// directory `verify` files are relative to).
+/// directory `verify` files are relative to; `upstreams`: the file's
+/// named upstreams, which a route's `upstream` must name).
 pub(crate) fn from_file(
     file_routes: &[Spanned<FileRoute>],
     global: &Global,
     at: &At<'_>,
     base: &Path,
     presets: &crate::settings::presets::Presets,
+    upstreams: &[crate::settings::upstreams::Named],
 ) -> Result<FileRoutes, String> {
-    let (mut routes, mut own_memory, mut paces) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut routes, mut own_memory) = (Vec::new(), Vec::new());
     let mut warnings = Vec::new();
-    let mut upstreams = Vec::new();
     let mut seen = idempotency_gateway::proxy::RouteTable::new();
     for r in file_routes {
         let r = r.get_ref();
@@ -97,7 +124,7 @@ pub(crate) fn from_file(
             lease: at.value(&r.lease, "lease", parse::lease)?,
             wait: at.value(&r.wait, "wait", parse::duration)?,
             max_run: at.value(&r.max_run, "max_run", parse::positive_duration)?,
-            max_body: at.size(&r.max_body, "max_body")?,
+            max_body: at.value(&r.max_body, "max_body", parse::body_size)?,
             principal_header: at.value(
                 &r.principal_header,
                 "principal_header",
@@ -116,7 +143,7 @@ pub(crate) fn from_file(
         }
         seen.insert(&prefix, ())
             .map_err(|e| at.err(r.prefix.span(), e))?;
-        if let Some(n) = at.size(&r.max_memory, "max_memory")? {
+        if let Some(n) = at.value(&r.max_memory, "max_memory", parse::body_size)? {
             own_memory.push((prefix.clone(), n));
         }
         let acked = match &r.mode {
@@ -142,7 +169,7 @@ pub(crate) fn from_file(
             breaker_failures: &r.breaker_failures,
             breaker_cooldown: &r.breaker_cooldown,
         };
-        paces.push((prefix.clone(), crate::settings::pace::route(at, &keys)?));
+        let pace = crate::settings::pace::route(at, &keys)?;
         match (configured, &r.verify) {
             (Some(c), verify) => {
                 let name = c.preset.name();
@@ -195,18 +222,46 @@ pub(crate) fn from_file(
                 "`public_url` is read by a configured preset's `{url}` signature only",
             ));
         }
-        if let Some(u) = &r.upstream {
-            upstreams.push((prefix.clone(), u.get_ref().clone(), u.span()));
-        }
-        routes.push((prefix, target, options));
+        let upstream = match &r.upstream {
+            Some(u) => Some(named(&prefix, u, upstreams, at)?),
+            None => None,
+        };
+        routes.push(RouteSettings {
+            pace: Some(pace),
+            upstream,
+            ..RouteSettings::new(prefix, target, options)
+        });
     }
     Ok(FileRoutes {
         routes,
         own_memory,
-        paces,
         warnings,
-        upstreams,
     })
+}
+
+/// A route's `upstream`: the name of one of the file's `[[upstreams]]`.
+fn named(
+    prefix: &str,
+    name: &Spanned<String>,
+    upstreams: &[crate::settings::upstreams::Named],
+    at: &At<'_>,
+) -> Result<String, String> {
+    let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+    if !known.contains(&name.get_ref().as_str()) {
+        return Err(at.err(
+            name.span(),
+            format!(
+                "route `{prefix}`: unknown upstream `{}`; the file's [[upstreams]] are: {}",
+                name.get_ref(),
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        ));
+    }
+    Ok(name.get_ref().clone())
 }
 
 /// `--route` flags replace the file's routes: refused when one of those
