@@ -54,7 +54,9 @@
 //! - [`shed`]: keeping the upstream standing under a backlog (a cap on the
 //!   calls in flight, fixed or adaptive);
 //! - [`journal`]: one record per notification key (its copies, what each
-//!   got, what the upstream answered), written off the request path.
+//!   got, what the upstream answered), written off the request path;
+//! - [`reconcile`]: a channel's bill against the journal (never ran, ran
+//!   more than once, another amount);
 //! - [`config`]: the parts of the configuration file a program embedding
 //!   the gateway can read the same way (a route's `verify` table).
 //!
@@ -66,6 +68,7 @@
 pub mod config;
 pub mod journal;
 pub mod proxy;
+pub mod reconcile;
 pub mod shed;
 
 // Every Rust block of the README and of the pages of `docs/` is a doctest.

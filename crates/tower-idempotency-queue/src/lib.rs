@@ -81,34 +81,18 @@
 #[cfg(feature = "amqp")]
 mod amqp;
 mod attempts;
-mod breaker;
+mod common;
 pub mod consumer;
-mod dead;
-mod delegate;
 mod either;
 mod embedded;
 mod error;
-mod group;
-mod health;
 #[cfg(feature = "nats")]
 mod jetstream;
-mod lanes;
-mod memory;
 mod message;
 mod metrics;
-mod pace;
-mod park;
-mod records;
-mod redb;
 #[cfg(feature = "redis")]
-mod redis_scripts;
-#[cfg(feature = "redis")]
-mod redis_streams;
-mod reopen;
-mod room;
+mod redis;
 mod seal;
-mod settle;
-mod shared;
 mod span;
 mod stats;
 #[cfg(feature = "testing")]
@@ -119,24 +103,23 @@ mod worker;
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use self::amqp::AmqpQueue;
-pub use self::redb::RedbQueue;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::RedisStreamsQueue;
 pub use attempts::{Attempt, MAX_ATTEMPTS_KEPT, MAX_ERROR_LEN};
-pub use breaker::{BreakerRule, BreakerState};
+pub use embedded::{MemoryQueue, RedbQueue};
 pub use error::{QueueError, QueueErrorKind};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use jetstream::{JetStreamQueue, JetStreamQueueBuilder};
-pub use memory::MemoryQueue;
 pub use message::{copy_key, destination_key, original_key, Message};
-pub use pace::{Pace, Rate};
-pub use park::Park;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis_streams::RedisStreamsQueue;
 pub use seal::{
     QueueKey, Reseal, Sealed, DEFAULT_MAX_AGE, EXPIRED, MIN_SECRET_LEN, UNAUTHENTICATED,
 };
-pub use settle::WorkerRound;
+pub use worker::breaker::{BreakerRule, BreakerState};
+pub use worker::pace::{Pace, Rate};
+pub use worker::park::Park;
+pub use worker::settle::WorkerRound;
 pub use worker::Worker;
 
 use std::fmt;

@@ -19,12 +19,13 @@ use super::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
     QueueErrorKind, QueueStats, SharedPacing,
 };
+use crate::common::now_ms;
 use ring::hmac;
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The error of a dead letter whose MAC did not hold (or that had none).
 pub const UNAUTHENTICATED: &str = "unauthenticated";
@@ -175,13 +176,6 @@ pub(crate) async fn replay_each<Q: Queue>(queue: &Q, reseal: &Reseal) -> Result<
             n += usize::from(queue.replay_with(&letter.id, reseal).await?);
         }
     }
-}
-
-/// Milliseconds since the Unix epoch, now.
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Creates `path` with `bytes`, readable and writable by its owner only;

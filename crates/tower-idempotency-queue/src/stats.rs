@@ -1,8 +1,8 @@
 //! What a broker-backed queue reports as its [`QueueStats`]: the count of
 //! entries waiting, of dead letters, and the age of the oldest entry.
 
-use super::records::now_ms;
 use super::QueueStats;
+use crate::common::now_ms;
 use std::time::Duration;
 
 /// The stats of a queue that counts its entries and dead letters and knows

@@ -139,7 +139,7 @@ mod body;
 pub mod channel;
 pub mod consumer;
 pub mod dedup;
-pub mod headers;
+mod headers;
 pub mod key;
 mod layer;
 pub mod limit;
@@ -155,6 +155,18 @@ pub mod trace;
 pub mod verify;
 
 pub use body::ResponseBody;
+
+/// Not part of the API, and not covered by semver: what the
+/// `idempotency-gateway` crate of this workspace shares with the layers
+/// (one header, form and XML rule for both). Use the layers instead.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::body::{text_response, text_response_owned};
+    pub use crate::headers::{connection_named, is_hop_by_hop};
+    pub use crate::key::form::parse_form;
+    pub use crate::key::service::is_guarded_method;
+    pub use crate::key::xml::flat_fields;
+}
 pub use channel::{Preset, PresetBuilder, PresetError, WithoutKey};
 pub use dedup::OnStoreError;
 pub use key::IdempotencyKey;

@@ -56,7 +56,7 @@ fn non_empty(s: &str) -> Option<String> {
 }
 
 fn wechatpay_v2(body: &[u8]) -> Option<Business> {
-    let fields = tower_idempotency::key::flat_fields(body).ok()?;
+    let fields = tower_idempotency::__private::flat_fields(body).ok()?;
     let get = |name: &str| {
         fields
             .iter()
@@ -80,7 +80,7 @@ fn alipay(body: &[u8]) -> Option<Business> {
         "refund_fee",
         "gmt_refund",
     ];
-    let fields = tower_idempotency::key::parse_form(body, &wanted);
+    let fields = tower_idempotency::__private::parse_form(body, &wanted);
     let get = |name: &str| {
         fields
             .iter()

@@ -35,22 +35,17 @@
 //! # }
 //! ```
 
-mod bill;
 mod business;
 mod db;
 mod page;
-mod reconcile;
 mod record;
 mod redis;
 mod reopen;
 mod sql;
 
-pub use self::bill::{parse_alipay_bill, parse_wechatpay_bill, Bill, BillError, BillLine};
+pub(crate) use self::business::parse_yuan;
 pub use self::business::{format_yuan, Business};
 pub use self::page::{JournalCursor, JournalFilter, JournalPage};
-pub use self::reconcile::{
-    channel_presets, reconcile, BillChannel, Finding, FindingKind, UnknownChannel,
-};
 pub use self::record::JournalRecord;
 
 use self::db::Db;

@@ -17,7 +17,7 @@ pub struct JournalRecord {
     pub route: String,
     /// Whether its copies' sender was verified (a verify layer checked the
     /// signature). A record on an unverified or `auto` route says only what
-    /// somebody sent: [`reconcile`](super::reconcile) does not take it as
+    /// somebody sent: [`reconcile`](crate::reconcile::reconcile) does not take it as
     /// proof that a payment ran.
     #[serde(default)]
     pub verified: bool,

@@ -1,7 +1,7 @@
 //! `auto` detection: which channel sent a request.
 
 use http::HeaderMap;
-use tower_idempotency::key::parse_form;
+use tower_idempotency::__private::parse_form;
 use tower_idempotency::Preset;
 
 /// The preset (its name in [`Preset::builtin_names`]) that `headers` and `body`

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderValue, StatusCode, Uri};
 use std::sync::Arc;
+use tower_idempotency::__private::{text_response, text_response_owned};
 use tower_idempotency::normalize::Reply;
-use tower_idempotency::normalize::{text_response, text_response_owned};
 use tower_idempotency::Outcome;
 use tower_idempotency::Preset;
 

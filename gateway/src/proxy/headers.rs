@@ -3,7 +3,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::net::SocketAddr;
 
-use tower_idempotency::headers::{connection_named, is_hop_by_hop};
+use tower_idempotency::__private::{connection_named, is_hop_by_hop};
 
 /// How the client reached the gateway, for `x-forwarded-*`.
 ///

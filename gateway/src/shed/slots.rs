@@ -176,7 +176,7 @@ impl fmt::Debug for Slots {
 /// the normalize layer turns it into the channel's failure reply.
 pub(crate) fn shed_response<B: From<Bytes>>(what: &'static str) -> http::Response<B> {
     let mut res =
-        tower_idempotency::normalize::text_response(http::StatusCode::SERVICE_UNAVAILABLE, what);
+        tower_idempotency::__private::text_response(http::StatusCode::SERVICE_UNAVAILABLE, what);
     res.headers_mut().insert(
         http::header::RETRY_AFTER,
         http::HeaderValue::from_static("1"),

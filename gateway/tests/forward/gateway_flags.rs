@@ -12,30 +12,12 @@ use gateway_support::{get, Gateway};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// A bad flag exits 2 with the gateway's message; the whole table of bad
+/// flags and their messages is the binary's unit tests (`settings/tests.rs`).
 #[test]
 fn bad_flags_exit_2_with_a_message() {
     let cases: &[(&[&str], &str)] = &[
-        (&[], "--listen"),
-        (&["--listen", "127.0.0.1:0"], "--upstream"),
-        (&["--upstream", "http://127.0.0.1:1"], "--listen"),
-        (
-            &["--listen", "localhost", "--upstream", "http://127.0.0.1:1"],
-            "IP:PORT",
-        ),
-        (
-            &["--listen", "127.0.0.1:0", "--upstream", "ftp://x"],
-            "http://",
-        ),
-        (
-            // https upstreams work; one with a query does not.
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "https://x/base?q=1",
-            ],
-            "query",
-        ),
+        (&[], "`--listen ADDR` is required"),
         (
             &[
                 "--listen",
@@ -44,17 +26,7 @@ fn bad_flags_exit_2_with_a_message() {
                 "http://127.0.0.1:1",
                 "--frobnicate",
             ],
-            "unknown flag",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--window",
-            ],
-            "needs a value",
+            "unknown flag `--frobnicate`",
         ),
         (
             &[
@@ -65,141 +37,7 @@ fn bad_flags_exit_2_with_a_message() {
                 "--window",
                 "25x",
             ],
-            "unit",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--lease",
-                "0s",
-            ],
-            "more than 0",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--wait",
-                "soon",
-            ],
-            "--wait",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--max-body",
-                "64KB",
-            ],
-            "KiB",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--route",
-                "/x",
-            ],
-            "PREFIX=PRESET",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--route",
-                "x=stripe",
-            ],
-            "start with",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--route",
-                "/x=bitcoin",
-            ],
-            "unknown preset",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--route",
-                "/x=stripe",
-                "--route",
-                "/x/=alipay",
-            ],
-            "twice",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--store",
-                "mongodb://x:1",
-            ],
-            "redis://",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--store",
-                "redis+cluster://a:1,b",
-            ],
-            "HOST:PORT",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--on-store-error",
-                "maybe",
-            ],
-            "closed",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--principal-header",
-                "bad header",
-            ],
-            "header",
-        ),
-        (
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-                "--metrics-listen",
-                "9100",
-            ],
-            "IP:PORT",
+            "invalid value '25x' for '--window <DUR>'",
         ),
         (
             &[
@@ -209,7 +47,7 @@ fn bad_flags_exit_2_with_a_message() {
                 "http://127.0.0.1:1",
                 "stray",
             ],
-            "unexpected",
+            "unexpected argument `stray`",
         ),
     ];
     let bin = gateway_bin();

@@ -2,8 +2,9 @@
 //! (fixtures in `tests/fixtures/`, sources in its README), malformed copies
 //! of them, and the comparison with journal records.
 
-use idempotency_gateway::journal::{
-    parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill, BillLine, FindingKind, JournalRecord,
+use idempotency_gateway::journal::JournalRecord;
+use idempotency_gateway::reconcile::{
+    parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill, BillLine, FindingKind,
 };
 
 use test_support::verify_support::fixture;

@@ -1,7 +1,6 @@
 //! Retries waiting out their backoff: the delay queues, which hand an
 //! entry back into the queue once due.
 
-use super::super::records::now_ms;
 use super::super::Message;
 use super::super::{Delivery, QueueError};
 use super::entry::{
@@ -9,6 +8,7 @@ use super::entry::{
     LAST_ERROR_HEADER,
 };
 use super::{ms_of, AmqpQueue};
+use crate::common::now_ms;
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use std::time::{Duration, Instant};

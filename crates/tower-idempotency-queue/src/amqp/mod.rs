@@ -23,34 +23,20 @@ use self::entry::{
 use self::records::DELIVERED;
 use super::attempts::History;
 use super::{
-    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
-    QueueStats, Reseal, SharedPacing,
+    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats, Reseal,
+    SharedPacing,
 };
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 use tower_idempotency::store::{OwnerToken, Store};
 
-/// A RabbitMQ (or store) error, kept as the source.
-fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
-    QueueError::backend("amqp queue", e)
-}
+crate::common::backend_errors!("amqp queue");
 
-/// A failure of this queue's own, of `kind`.
-fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
-    QueueError::new(kind, format!("amqp queue: {why}"))
-}
-
-use super::records::now_ms;
-
-fn ms_of(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use crate::common::{ms_of, now_ms, time_of};
 
 /// A delivery this instance holds unacknowledged.
 struct Held {
@@ -373,8 +359,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
                 .unwrap_or(0)
                 .saturating_add(1)
                 .saturating_add(handed);
-            let enqueued = UNIX_EPOCH
-                + Duration::from_millis(header_u64(p, ENQUEUED_HEADER).unwrap_or_else(now_ms));
+            let enqueued = time_of(header_u64(p, ENQUEUED_HEADER).unwrap_or_else(now_ms));
             let Some(message) = Message::decode(&got.data) else {
                 // Not a message this version wrote: set aside with its
                 // reason, and the others delivered.
@@ -578,7 +563,7 @@ impl<S: Store> SharedPacing for AmqpQueue<S> {
         self.turn_take(lane, interval).await
     }
 
-    crate::shared::no_shared_breaker!();
+    crate::worker::shared::no_shared_breaker!();
 }
 
 /// Parks nothing: a delay set on the broker cannot be shortened, so a

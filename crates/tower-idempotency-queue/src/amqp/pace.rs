@@ -1,9 +1,9 @@
 //! Pacing across gateways: a lane's delivery slots and turns are claims in
 //! the store every gateway on the broker shares.
 
-use super::super::records::now_ms;
 use super::super::QueueError;
 use super::{err, AmqpQueue};
+use crate::common::now_ms;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tower_idempotency::store::{Claim, OwnerToken, Store};

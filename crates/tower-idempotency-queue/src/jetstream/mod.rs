@@ -10,8 +10,8 @@ pub use connection::JetStreamQueueBuilder;
 
 use super::attempts::History;
 use super::{
-    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueErrorKind,
-    QueueStats, Reseal, SharedPacing,
+    DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError, QueueStats, Reseal,
+    SharedPacing,
 };
 use async_nats::jetstream::{self, consumer, kv, stream, AckKind};
 use async_nats::{HeaderMap, HeaderValue};
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Headers of an entry.
 const H_MARKER: &str = "Idem-Marker";
@@ -198,10 +198,7 @@ impl fmt::Debug for JetStreamQueue {
     }
 }
 
-/// A NATS error, kept as the source.
-fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
-    QueueError::backend("jetstream queue", e)
-}
+crate::common::backend_errors!("jetstream queue");
 
 /// A NATS error met doing `what`, kept as the source.
 fn err_in(
@@ -216,28 +213,13 @@ fn err_boxed(e: Box<dyn std::error::Error + Send + Sync + 'static>) -> QueueErro
     QueueError::backend_boxed("jetstream queue", e)
 }
 
-/// A failure of this queue's own, of `kind`.
-fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
-    QueueError::new(kind, format!("jetstream queue: {why}"))
-}
-
-use super::records::now_ms;
-
-fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
+use crate::common::{ms_of, now_ms, time_of};
 
 fn unique() -> String {
     format!(
         "{:032x}",
         tower_idempotency::store::OwnerToken::new().as_u128()
     )
-}
-
-fn ms_of(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn header_u64(headers: Option<&HeaderMap>, name: &str) -> Option<u64> {
@@ -514,7 +496,7 @@ impl SharedPacing for JetStreamQueue {
         self.take_pace_turn(lane, interval).await
     }
 
-    crate::shared::no_shared_breaker!();
+    crate::worker::shared::no_shared_breaker!();
 }
 
 /// Parks nothing: a delay set on the broker cannot be shortened, so a

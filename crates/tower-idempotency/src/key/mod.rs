@@ -64,19 +64,18 @@ macro_rules! skip_scalars {
 }
 
 mod extract;
-mod form;
+pub(crate) mod form;
 mod json;
 mod layer;
 mod principal;
 mod scope;
-mod service;
+pub(crate) mod service;
 #[cfg(feature = "verify")]
 mod unique;
-mod xml;
+pub(crate) mod xml;
 
 pub use crate::Fingerprint;
 pub use extract::{ExtractKey, Extracted, Field, FingerprintSpec, KeyError, KeySpec};
-pub use form::parse_form;
 #[cfg(feature = "verify")]
 pub(crate) use form::{parse_form_strict, FormField};
 pub use layer::KeyLayer;
@@ -86,11 +85,11 @@ pub use principal::{
 };
 pub(crate) use scope::route_of;
 pub use scope::{MAX_PART_LEN, MAX_STORED_KEY_LEN};
-pub use service::is_guarded_method;
+pub(crate) use service::is_guarded_method;
 pub use service::{Key, ResponseFuture};
 #[cfg(feature = "verify")]
 pub(crate) use unique::unique_members;
-pub use xml::flat_fields;
+pub(crate) use xml::flat_fields;
 
 use bytes::Bytes;
 use std::fmt;

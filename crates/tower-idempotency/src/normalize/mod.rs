@@ -35,8 +35,8 @@
 
 mod problem;
 
+pub(crate) use crate::body::text_response;
 use crate::body::Rejection;
-pub use crate::body::{text_response, text_response_owned};
 use crate::headers::is_grpc;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};

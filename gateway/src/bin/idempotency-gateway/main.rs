@@ -120,7 +120,7 @@ fn serve(settings: Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    otel::accept_traceparent(settings.accept_traceparent);
+    otel::accept_traceparent(settings.upstream.accept_traceparent);
     let logging = {
         let _in = rt.enter();
         logging::init(settings.log_format, settings.traces.as_ref())
@@ -160,11 +160,11 @@ fn usage_error(msg: &str) -> ExitCode {
 
 /// What `--check-config` checks beyond parsing: the files it names.
 fn check_files(settings: &Settings) -> Result<(), String> {
-    for (cert, key) in settings.tls.iter().chain(&settings.admin_tls) {
+    for (cert, key) in settings.serve.tls.iter().chain(&settings.admin.tls) {
         tls::Tls::load(cert, key)?;
     }
-    for u in &settings.upstreams {
-        u.forward(settings.upstream_timeout, true, false, None)
+    for u in &settings.upstream.named {
+        u.forward(settings.upstream.timeout, true, false, None)
             .map_err(|e| format!("upstream `{}`: {e}", u.name))?;
     }
     parts::forward(settings, None).map(drop)
@@ -172,8 +172,9 @@ fn check_files(settings: &Settings) -> Result<(), String> {
 
 /// Once at start, per channel route that does not verify the sender.
 fn warn_unverified(settings: &Settings) {
-    for (prefix, target, options) in &settings.routes {
-        match target {
+    for route in &settings.routes {
+        let (prefix, options) = (&route.prefix, &route.options);
+        match &route.target {
             Target::Auto => warn!(
                 route = %prefix,
                 preset = "auto",
@@ -204,12 +205,12 @@ async fn run(settings: Settings, dropped: ErrorCounter) -> Result<(), String> {
     // The queue's deliveries run here, through a gateway (and upstream
     // connections) of their own.
     let control = parts.gateway(&settings)?;
-    let bound = workers::bind(settings.listen, settings.workers)?;
+    let bound = workers::bind(settings.serve.listen, settings.serve.workers)?;
     let local = bound.local;
     let journal = match &settings.journal {
         Some(js) => {
-            let backstop = settings.backstop.as_deref();
-            Some(parts::open_journal(&settings.store, backstop, js).await?)
+            let backstop = settings.store.backstop.as_deref();
+            Some(parts::open_journal(&settings.store.spec, backstop, js).await?)
         }
         None => None,
     };
@@ -221,11 +222,11 @@ async fn run(settings: Settings, dropped: ErrorCounter) -> Result<(), String> {
     let journaling = (journal.clone()).map(|j| access::Journaling::new(j, settings.journal_body));
     let ratios = access::Ratios::new(settings.ratio_window, journaling, parts.metrics.is_some());
     let limits = accept::Limits {
-        permits: Arc::new(Semaphore::new(settings.max_connections)),
-        header_timeout: settings.header_timeout,
+        permits: Arc::new(Semaphore::new(settings.serve.max_connections)),
+        header_timeout: settings.serve.header_timeout,
         tls: tls.clone(),
         ratios: ratios.install()?,
-        h2_max_streams: settings.h2_max_streams,
+        h2_max_streams: settings.serve.h2_max_streams,
     };
     let mut workers = workers::Workers::start(bound, || parts.gateway(&settings), &limits)?;
     warn_unverified(&settings);
@@ -242,7 +243,7 @@ async fn run(settings: Settings, dropped: ErrorCounter) -> Result<(), String> {
     if let Some(worker) = worker {
         // A delivery cut here is delivered again after its lease, and the
         // dedup layer keeps it from running twice.
-        if tokio::time::timeout(settings.upstream_timeout, worker)
+        if tokio::time::timeout(settings.upstream.timeout, worker)
             .await
             .is_err()
         {
@@ -267,7 +268,7 @@ fn certificates(settings: &Settings) -> Result<(Option<tls::Tls>, Option<tls::Tl
         Some((cert, key)) => tls::Tls::load(cert, key).map(Some),
         None => Ok(None),
     };
-    let (tls, admin_tls) = (load(&settings.tls)?, load(&settings.admin_tls)?);
+    let (tls, admin_tls) = (load(&settings.serve.tls)?, load(&settings.admin.tls)?);
     let reloaded = tls.iter().chain(&admin_tls).cloned().collect();
     tls::reload_on_sighup(reloaded).map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
     Ok((tls, admin_tls))
@@ -287,12 +288,12 @@ fn announce(
         .collect();
     info!(
         listen = %local,
-        upstream = %settings.upstream,
+        upstream = %settings.upstream.url,
         store = store::describe(&parts.store),
-        backstop = %settings.backstop.as_deref().map_or("none".into(), redact::redact),
+        backstop = %settings.store.backstop.as_deref().map_or("none".into(), redact::redact),
         routes = %routes.join(" "),
         tls,
-        workers = settings.workers,
+        workers = settings.serve.workers,
         "gateway started"
     );
     let mut stdout = std::io::stdout().lock();
@@ -310,7 +311,7 @@ async fn drain(
     workers: &mut workers::Workers,
     tasks: &TaskTracker,
 ) -> Result<(), String> {
-    let grace = settings.drain_timeout;
+    let grace = settings.serve.drain_timeout;
     let drained = async {
         workers.drained().await;
         // No request is in flight: nothing spawns on the tracker any more

@@ -7,9 +7,9 @@
 use crate::commands::client::{call_ok, Format, Target};
 use clap::{Args, ValueEnum};
 use http::Method;
-use idempotency_gateway::journal::{
-    channel_presets, format_yuan, parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill,
-    BillChannel, Finding, JournalRecord,
+use idempotency_gateway::journal::{format_yuan, JournalRecord};
+use idempotency_gateway::reconcile::{
+    channel_presets, parse_alipay_bill, parse_wechatpay_bill, reconcile, Bill, BillChannel, Finding,
 };
 use serde_json::{json, Value};
 use std::collections::HashMap;

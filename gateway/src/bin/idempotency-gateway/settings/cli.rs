@@ -284,7 +284,17 @@ pub(crate) struct Args {
 impl Args {
     /// The process's flags; `Err` is the message for a bad flag (exit 2).
     pub(crate) fn from_env() -> Result<Parsed, String> {
-        match Args::try_parse() {
+        Self::from_argv(std::env::args_os())
+    }
+
+    /// These flags (`argv[0]` the program); `Err` is the message for a bad
+    /// flag (exit 2).
+    pub(crate) fn from_argv<I, T>(argv: I) -> Result<Parsed, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        match Args::try_parse_from(argv) {
             Ok(args) => Ok(Parsed::Run(Box::new(args))),
             Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
                 print!("{e}");

@@ -6,6 +6,7 @@
 
 pub(crate) mod cli;
 pub(crate) mod config;
+pub(crate) mod deliver;
 pub(crate) mod limit;
 pub(crate) mod pace;
 pub(crate) mod parse;
@@ -14,3 +15,6 @@ pub(crate) mod routes;
 pub(crate) mod spanned;
 pub(crate) mod upstreams;
 pub(crate) mod verify;
+
+#[cfg(test)]
+mod tests;

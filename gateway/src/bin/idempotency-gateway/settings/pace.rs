@@ -156,24 +156,16 @@ fn clamped(prefix: &str, pace: Pace, options: &idempotency_gateway::proxy::Route
 /// The pace of every ack-then-deliver route (its own keys, or the
 /// defaults for a route of the flags), by prefix; `None` for the others.
 pub(crate) fn lanes(
-    routes: &[(
-        String,
-        idempotency_gateway::proxy::Target,
-        idempotency_gateway::proxy::RouteOptions,
-    )],
-    paces: &[(String, Pace)],
+    routes: &[crate::settings::routes::RouteSettings],
 ) -> Vec<(String, Option<Pace>)> {
     routes
         .iter()
-        .map(|(prefix, _, options)| {
-            let pace = options.is_ack_then_deliver().then(|| {
-                let pace = paces
-                    .iter()
-                    .find(|(p, _)| p == prefix)
-                    .map_or_else(default_pace, |(_, pace)| pace.clone());
-                clamped(prefix, pace, options)
+        .map(|r| {
+            let pace = r.options.is_ack_then_deliver().then(|| {
+                let pace = r.pace.clone().unwrap_or_else(default_pace);
+                clamped(&r.prefix, pace, &r.options)
             });
-            (prefix.clone(), pace)
+            (r.prefix.clone(), pace)
         })
         .collect()
 }

@@ -135,7 +135,7 @@ fn one(t: &FilePreset, at: &At<'_>) -> Result<Configured, String> {
         lease: at.value(&t.lease, "lease", parse::lease)?,
         wait: at.value(&t.wait, "wait", parse::duration)?,
         max_run: at.value(&t.max_run, "max_run", parse::positive_duration)?,
-        max_body: at.size(&t.max_body, "max_body")?,
+        max_body: at.value(&t.max_body, "max_body", parse::body_size)?,
         ..crate::settings::routes::Global::NONE
     };
     let mut builder = Preset::builder(name.clone())

@@ -48,67 +48,67 @@ pub(crate) struct FileRoute {
     breaker_failures: Option<Spanned<toml::Value>>,
     breaker_cooldown: Option<Spanned<toml::Value>>,
     /// The named upstreams an ack-then-deliver route delivers to, each on
-    /// its own (`deliver = [{ upstream = "NAME", only = {...} }]`).
-    deliver: Option<Spanned<Vec<Spanned<FileDestination>>>>,
+    /// its own (`deliver.rs`).
+    deliver: Option<Spanned<Vec<Spanned<crate::settings::deliver::FileDestination>>>>,
 }
 
-/// One destination of a route's `deliver` list: a named upstream, which
-/// notifications it wants (`only`: a source as a preset's key names it,
-/// and the values it accepts), and its own pace over the route's.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct FileDestination {
-    upstream: Spanned<String>,
-    only: Option<Spanned<std::collections::BTreeMap<String, Spanned<Vec<String>>>>>,
-    deliver_concurrency: Option<Spanned<toml::Value>>,
-    deliver_rate: Option<Spanned<toml::Value>>,
-    retry_schedule: Option<Spanned<toml::Value>>,
-    breaker_failures: Option<Spanned<toml::Value>>,
-    breaker_cooldown: Option<Spanned<toml::Value>>,
+/// One route as the gateway runs it: everything about it in one place.
+#[derive(Debug)]
+pub(crate) struct RouteSettings {
+    pub(crate) prefix: String,
+    pub(crate) target: Target,
+    /// The route's options, the global values applied.
+    pub(crate) options: RouteOptions,
+    /// How its queued deliveries are paced (its own keys; none: the
+    /// defaults, for a route of the flags).
+    pub(crate) pace: Option<Pace>,
+    /// The memory store's budget of its records (a memory store only).
+    pub(crate) budget: Option<crate::start::store::RouteBudget>,
+    /// The `[[upstreams]]` table it forwards to, by name.
+    pub(crate) upstream: Option<String>,
+    /// The named upstreams it delivers each notification to (`deliver`),
+    /// each on its own; none: its one upstream.
+    pub(crate) destinations: Vec<crate::settings::deliver::RouteDestination>,
 }
 
-/// A destination of a route, as the gateway runs it.
-#[derive(Debug, Clone)]
-pub(crate) struct RouteDestination {
-    /// The named upstream.
-    pub(crate) upstream: String,
-    /// Where it is written (for an unknown name).
-    pub(crate) span: std::ops::Range<usize>,
-    /// The fields it filters on and the values each accepts.
-    pub(crate) only: Vec<(tower_idempotency::key::Field, Vec<String>)>,
-    /// Its deliveries' pace: its own keys over the route's.
-    pub(crate) pace: Pace,
+impl RouteSettings {
+    /// A route of the flags (or the default `/=auto`): the global values.
+    pub(crate) fn new(prefix: String, target: Target, options: RouteOptions) -> Self {
+        Self {
+            prefix,
+            target,
+            options,
+            pace: None,
+            budget: None,
+            upstream: None,
+            destinations: Vec::new(),
+        }
+    }
 }
 
 /// What the file's routes give the settings.
 pub(crate) struct FileRoutes {
-    /// Prefix, target and options of each route, in the file's order.
-    pub(crate) routes: Vec<(String, Target, RouteOptions)>,
+    /// Each route, in the file's order.
+    pub(crate) routes: Vec<RouteSettings>,
     /// The routes with a memory budget of their own.
     pub(crate) own_memory: Vec<(String, usize)>,
-    /// How each route paces its queued deliveries.
-    pub(crate) paces: Vec<(String, Pace)>,
     /// Warnings to log at start (and print with `--check-config`).
     pub(crate) warnings: Vec<String>,
-    /// The routes that name an upstream: prefix, name, where it is written.
-    pub(crate) upstreams: Vec<(String, String, std::ops::Range<usize>)>,
-    /// The destinations of each route that delivers to several, by prefix.
-    pub(crate) destinations: Vec<(String, Vec<RouteDestination>)>,
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
-/// directory `verify` files are relative to).
+/// directory `verify` files are relative to; `upstreams`: the file's
+/// named upstreams, which a route's `upstream` must name).
 pub(crate) fn from_file(
     file_routes: &[Spanned<FileRoute>],
     global: &Global,
     at: &At<'_>,
     base: &Path,
     presets: &crate::settings::presets::Presets,
+    upstreams: &[crate::settings::upstreams::Named],
 ) -> Result<FileRoutes, String> {
-    let (mut routes, mut own_memory, mut paces) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut routes, mut own_memory) = (Vec::new(), Vec::new());
     let mut warnings = Vec::new();
-    let mut upstreams = Vec::new();
-    let mut destinations = Vec::new();
     let mut seen = idempotency_gateway::proxy::RouteTable::new();
     for r in file_routes {
         let r = r.get_ref();
@@ -131,7 +131,7 @@ pub(crate) fn from_file(
             lease: at.value(&r.lease, "lease", parse::lease)?,
             wait: at.value(&r.wait, "wait", parse::duration)?,
             max_run: at.value(&r.max_run, "max_run", parse::positive_duration)?,
-            max_body: at.size(&r.max_body, "max_body")?,
+            max_body: at.value(&r.max_body, "max_body", parse::body_size)?,
             principal_header: at.value(
                 &r.principal_header,
                 "principal_header",
@@ -150,7 +150,7 @@ pub(crate) fn from_file(
         }
         seen.insert(&prefix, ())
             .map_err(|e| at.err(r.prefix.span(), e))?;
-        if let Some(n) = at.size(&r.max_memory, "max_memory")? {
+        if let Some(n) = at.value(&r.max_memory, "max_memory", parse::body_size)? {
             own_memory.push((prefix.clone(), n));
         }
         let acked = match &r.mode {
@@ -176,82 +176,21 @@ pub(crate) fn from_file(
             breaker_failures: &r.breaker_failures,
             breaker_cooldown: &r.breaker_cooldown,
         };
-        paces.push((prefix.clone(), crate::settings::pace::route(at, &keys)?));
-        if let Some(deliver) = &r.deliver {
-            if !acked {
-                return Err(at.err(
-                    deliver.span(),
-                    format!(
-                        "`deliver`: route `{prefix}` answers synchronously, from its one upstream; only an ack-then-deliver route (mode = \"ack-then-deliver\") delivers to several destinations, each from the queue"
-                    ),
-                ));
-            }
-            if let Some(u) = &r.upstream {
-                return Err(at.err(
-                    u.span(),
-                    format!("route `{prefix}`: `upstream` and `deliver` both say where it delivers; list every destination in `deliver`"),
-                ));
-            }
-            if deliver.get_ref().is_empty() {
-                return Err(at.err(deliver.span(), "`deliver`: give at least one destination"));
-            }
-            let mut list: Vec<RouteDestination> = Vec::new();
-            for d in deliver.get_ref() {
-                let d = d.get_ref();
-                let name = d.upstream.get_ref();
-                if list.iter().any(|l| &l.upstream == name) {
-                    return Err(at.err(
-                        d.upstream.span(),
-                        format!("`deliver`: upstream `{name}` is listed twice"),
-                    ));
-                }
-                let own = crate::settings::pace::Keys {
-                    deliver_concurrency: d
-                        .deliver_concurrency
-                        .as_ref()
-                        .map_or(&r.deliver_concurrency, |_| &d.deliver_concurrency),
-                    deliver_rate: d
-                        .deliver_rate
-                        .as_ref()
-                        .map_or(&r.deliver_rate, |_| &d.deliver_rate),
-                    retry_schedule: d
-                        .retry_schedule
-                        .as_ref()
-                        .map_or(&r.retry_schedule, |_| &d.retry_schedule),
-                    breaker_failures: d
-                        .breaker_failures
-                        .as_ref()
-                        .map_or(&r.breaker_failures, |_| &d.breaker_failures),
-                    breaker_cooldown: d
-                        .breaker_cooldown
-                        .as_ref()
-                        .map_or(&r.breaker_cooldown, |_| &d.breaker_cooldown),
+        let pace = crate::settings::pace::route(at, &keys)?;
+        let destinations = match &r.deliver {
+            Some(deliver) => {
+                let route = crate::settings::deliver::RouteKeys {
+                    prefix: &prefix,
+                    acked,
+                    upstream: r.upstream.as_ref(),
+                    pace: keys,
                 };
-                let mut only = Vec::new();
-                for (source, values) in d.only.iter().flat_map(|o| o.get_ref()) {
-                    let span = d.only.as_ref().map_or(d.upstream.span(), |o| o.span());
-                    let field = source
-                        .parse::<tower_idempotency::key::Field>()
-                        .map_err(|e| at.err(span.clone(), format!("`only`: {}", e.message())))?;
-                    if values.get_ref().is_empty() {
-                        return Err(at.err(
-                            values.span(),
-                            format!(
-                                "`only`: `{source}` accepts no value: list the values it accepts"
-                            ),
-                        ));
-                    }
-                    only.push((field, values.get_ref().clone()));
-                }
-                list.push(RouteDestination {
-                    upstream: name.clone(),
-                    span: d.upstream.span(),
-                    only,
-                    pace: crate::settings::pace::route(at, &own)?,
-                });
+                crate::settings::deliver::from_file(deliver, &route, at, |name| {
+                    named(&prefix, name, upstreams, at)
+                })?
             }
-            destinations.push((prefix.clone(), list));
-        }
+            None => Vec::new(),
+        };
         match (configured, &r.verify) {
             (Some(c), verify) => {
                 let name = c.preset.name();
@@ -304,19 +243,47 @@ pub(crate) fn from_file(
                 "`public_url` is read by a configured preset's `{url}` signature only",
             ));
         }
-        if let Some(u) = &r.upstream {
-            upstreams.push((prefix.clone(), u.get_ref().clone(), u.span()));
-        }
-        routes.push((prefix, target, options));
+        let upstream = match &r.upstream {
+            Some(u) => Some(named(&prefix, u, upstreams, at)?),
+            None => None,
+        };
+        routes.push(RouteSettings {
+            pace: Some(pace),
+            upstream,
+            destinations,
+            ..RouteSettings::new(prefix, target, options)
+        });
     }
     Ok(FileRoutes {
         routes,
         own_memory,
-        paces,
         warnings,
-        upstreams,
-        destinations,
     })
+}
+
+/// A route's `upstream`: the name of one of the file's `[[upstreams]]`.
+fn named(
+    prefix: &str,
+    name: &Spanned<String>,
+    upstreams: &[crate::settings::upstreams::Named],
+    at: &At<'_>,
+) -> Result<String, String> {
+    let known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+    if !known.contains(&name.get_ref().as_str()) {
+        return Err(at.err(
+            name.span(),
+            format!(
+                "route `{prefix}`: unknown upstream `{}`; the file's [[upstreams]] are: {}",
+                name.get_ref(),
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        ));
+    }
+    Ok(name.get_ref().clone())
 }
 
 /// `--route` flags replace the file's routes: refused when one of those

@@ -1,8 +1,8 @@
 //! Values of the config file with where they were written: an error names
 //! the file and the line.
 
-use crate::settings::parse;
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
 
@@ -63,44 +63,62 @@ impl At<'_> {
             .transpose()
     }
 
-    pub(crate) fn value<T>(
+    /// A value from the file read by the flag's own parser `f` (a number
+    /// or a size as the text a flag would give); an error names its line.
+    pub(crate) fn value<V: FileValue, T>(
         &self,
-        field: &Field,
+        field: &Option<Spanned<V>>,
         key: &str,
         f: fn(&str) -> Result<T, String>,
     ) -> Result<Option<T>, String> {
-        self.checked(field, key, |s| f(s))
+        self.checked(field, key, |v| f(&v.text()))
     }
 
-    /// A number from the file, checked by the flag's parser `f`.
-    pub(crate) fn number(
+    /// The flag's value, else the file's `key` (read by the flag's parser
+    /// `f`), else `None` for the caller's default. A bad file value is an
+    /// error naming its line even when the flag overrides it.
+    pub(crate) fn pick<V: FileValue, T>(
         &self,
-        field: &Option<Spanned<u64>>,
+        flag: Option<T>,
+        field: &Option<Spanned<V>>,
         key: &str,
-        f: fn(&str) -> Result<usize, String>,
-    ) -> Result<Option<usize>, String> {
-        self.checked(field, key, |n| f(&n.to_string()))
+        f: fn(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, String> {
+        let file = self.value(field, key, f)?;
+        Ok(flag.or(file))
     }
+}
 
-    pub(crate) fn size(
-        &self,
-        field: &Option<Spanned<SizeValue>>,
-        key: &str,
-    ) -> Result<Option<usize>, String> {
-        self.size_by(field, key, parse::body_size)
+/// A config-file value as the text a flag would give, for the flag's parser.
+pub(crate) trait FileValue {
+    fn text(&self) -> Cow<'_, str>;
+}
+
+impl FileValue for String {
+    fn text(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
     }
+}
 
-    pub(crate) fn size_by(
-        &self,
-        field: &Option<Spanned<SizeValue>>,
-        key: &str,
-        f: fn(&str) -> Result<usize, String>,
-    ) -> Result<Option<usize>, String> {
-        self.checked(field, key, |v| match v {
-            // Bytes pass the same checks as text (`0` included).
-            SizeValue::Bytes(n) => f(&n.to_string()),
-            SizeValue::Text(s) => f(s),
-        })
+impl FileValue for u64 {
+    fn text(&self) -> Cow<'_, str> {
+        Cow::Owned(self.to_string())
+    }
+}
+
+impl FileValue for f64 {
+    fn text(&self) -> Cow<'_, str> {
+        Cow::Owned(self.to_string())
+    }
+}
+
+/// Bytes pass the same checks as text (`0` included).
+impl FileValue for SizeValue {
+    fn text(&self) -> Cow<'_, str> {
+        match self {
+            SizeValue::Bytes(n) => Cow::Owned(n.to_string()),
+            SizeValue::Text(s) => Cow::Borrowed(s),
+        }
     }
 }
 

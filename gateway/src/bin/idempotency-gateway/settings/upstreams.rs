@@ -102,7 +102,7 @@ pub(crate) fn from_file(
             name: name.clone(),
             upstream,
             timeout: at.value(&t.timeout, "timeout", parse::positive_duration)?,
-            max_calls: at.number(&t.max_calls, "max_calls", parse::count)?,
+            max_calls: at.value(&t.max_calls, "max_calls", parse::count)?,
             ca: match &t.ca {
                 Some(ca) => Some(
                     readable(crate::settings::config::CA)(&base.join(ca.get_ref()))

@@ -2,11 +2,12 @@
 //! one in `--data-dir`), and the worker that delivers its entries through
 //! the routes' dedup layers.
 
+use crate::settings::routes::RouteSettings;
 use crate::start::store::GatewayStore;
 use either::Either;
 use idempotency_gateway::journal::{Journal, JournalEvent, JournalOutcome};
 use idempotency_gateway::proxy::{
-    destination_scope, pause_key, Gateway, Pauses, RouteOptions, RouteTable, Target,
+    destination_scope, pause_key, Gateway, Pauses, RouteTable, Target,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -566,10 +567,10 @@ pub(crate) struct DestinationLane {
 /// How long after it was queued an entry may still be delivered: the
 /// shortest window of the ack-then-deliver routes (an older entry could be
 /// a copy of one delivered and forgotten, written back into the queue).
-pub(crate) fn max_age(routes: &[(String, Target, RouteOptions)]) -> Duration {
+pub(crate) fn max_age(routes: &[RouteSettings]) -> Duration {
     (routes.iter())
-        .filter(|(_, _, o)| o.is_ack_then_deliver())
-        .map(|(_, target, o)| match (o.get_window(), target) {
+        .filter(|r| r.options.is_ack_then_deliver())
+        .map(|r| match (r.options.get_window(), &r.target) {
             (Some(window), _) => window,
             (None, Target::Preset(preset)) => preset.window(),
             (None, Target::Auto) => tower_idempotency_queue::DEFAULT_MAX_AGE,
@@ -578,8 +579,11 @@ pub(crate) fn max_age(routes: &[(String, Target, RouteOptions)]) -> Duration {
         .unwrap_or(tower_idempotency_queue::DEFAULT_MAX_AGE)
 }
 
-pub(crate) fn warn_unverified(routes: &[(String, Target, RouteOptions)]) {
-    for (prefix, _, options) in routes {
+pub(crate) fn warn_unverified(routes: &[RouteSettings]) {
+    for RouteSettings {
+        prefix, options, ..
+    } in routes
+    {
         if options.is_ack_then_deliver() && !options.verifies() {
             warn!(route = %prefix, "ack-then-deliver route without `verify`: its notifications are acknowledged before anyone checked their sender; copies with another payload are queued beside the first (up to 4) and the upstream decides; configure the channel's keys in the route's `verify` table");
         }
@@ -623,20 +627,17 @@ fn ackable(target: &Target) -> Result<(), String> {
 }
 
 /// Applies `--ack-then-deliver PREFIX` flags to the routes with that prefix.
-pub(crate) fn flag_routes(
-    prefixes: &[String],
-    routes: &mut [(String, Target, RouteOptions)],
-) -> Result<(), String> {
+pub(crate) fn flag_routes(prefixes: &[String], routes: &mut [RouteSettings]) -> Result<(), String> {
     for prefix in prefixes {
         let norm = |p: &str| p.trim_end_matches('/').to_owned();
         let route = routes
             .iter_mut()
-            .find(|(p, _, _)| norm(p) == norm(prefix))
+            .find(|r| norm(&r.prefix) == norm(prefix))
             .ok_or_else(|| {
                 format!("`--ack-then-deliver {prefix}`: no route has this prefix (add `--route {prefix}=PRESET`)")
             })?;
-        ackable(&route.1).map_err(|e| format!("`--ack-then-deliver {prefix}`: {e}"))?;
-        route.2 = route.2.clone().ack_then_deliver(true);
+        ackable(&route.target).map_err(|e| format!("`--ack-then-deliver {prefix}`: {e}"))?;
+        route.options = route.options.clone().ack_then_deliver(true);
     }
     Ok(())
 }

@@ -9,12 +9,13 @@ use crate::admin::listener;
 use crate::settings::config::{self, Settings};
 use crate::settings::pace;
 use crate::settings::parse;
+use crate::settings::routes::RouteSettings;
 use crate::settings::upstreams;
 use crate::start::ack::{self, DeliveryQueue, WorkerQueue};
 use crate::start::pauses;
 use crate::start::store;
 use idempotency_gateway::journal::{Journal, JournalOptions};
-use idempotency_gateway::proxy::{CallLimit, Destination, Forward, Gateway, RouteOptions, Target};
+use idempotency_gateway::proxy::{CallLimit, Destination, Forward, Gateway, Target};
 use std::sync::Arc;
 use store::GatewayStore;
 use tower_idempotency::limit::{BodyBudget, BodyLimitsLayer};
@@ -57,15 +58,20 @@ impl Parts {
         admin_tls: Option<crate::serve::tls::Tls>,
     ) -> Result<Self, String> {
         let budgets = store::Budgets {
-            max_memory: settings.max_memory as u64,
-            local_max_memory: settings.local_max_memory as u64,
+            max_memory: settings.store.max_memory as u64,
+            local_max_memory: settings.store.local_max_memory as u64,
         };
-        let store = store::connect(&settings.store, settings.backstop.as_deref(), &budgets).await?;
-        let admin = settings.admin_token.clone().map(listener::Admin::new);
+        let store = store::connect(
+            &settings.store.spec,
+            settings.store.backstop.as_deref(),
+            &budgets,
+        )
+        .await?;
+        let admin = settings.admin.token.clone().map(listener::Admin::new);
         let acked = settings
             .routes
             .iter()
-            .any(|(_, _, o)| o.is_ack_then_deliver());
+            .any(|r| r.options.is_ack_then_deliver());
         ack::warn_unverified(&settings.routes);
         let memory = matches!(store, tower_idempotency::store::Either::Left(_));
         ack::warn_memory_store(&settings.queue, memory);
@@ -94,19 +100,19 @@ impl Parts {
             (Some(either::Either::Left(q)), true) => Some(q.clone()),
             _ => None,
         };
-        let metrics = match settings.metrics_listen {
+        let metrics = match settings.admin.listen {
             Some(addr) => {
                 let presets = route_presets(&settings.routes);
                 let acked: Vec<&str> = (settings.routes.iter())
-                    .filter(|(_, _, o)| o.is_ack_then_deliver())
-                    .map(|(p, _, _)| p.as_str())
+                    .filter(|r| r.options.is_ack_then_deliver())
+                    .map(|r| r.prefix.as_str())
                     .collect();
                 let series = listener::Series {
                     presets: &presets,
                     acked: &acked,
                 };
                 let listening = listener::Listening {
-                    header_timeout: settings.header_timeout,
+                    header_timeout: settings.serve.header_timeout,
                     tls: admin_tls,
                 };
                 let started = listener::start(
@@ -144,21 +150,22 @@ impl Parts {
             admin.set_routes(
                 keeper.clone(),
                 route_infos(settings),
-                settings.upstream.to_string(),
+                settings.upstream.url.to_string(),
             );
         }
         // Built once the metrics recorder is in, for their gauges.
-        let calls = CallLimit::new(settings.max_upstream_calls).queue_wait(settings.queue_wait);
-        let named_calls: Vec<CallLimit> = (settings.upstreams.iter())
-            .map(|u| u.calls(settings.max_upstream_calls, settings.queue_wait))
+        let up = &settings.upstream;
+        let calls = CallLimit::new(up.max_calls).queue_wait(up.queue_wait);
+        let named_calls: Vec<CallLimit> = (up.named.iter())
+            .map(|u| u.calls(up.max_calls, up.queue_wait))
             .collect();
-        upstreams::running(&settings.upstreams, &named_calls);
+        upstreams::running(&up.named, &named_calls);
         let bodies = BodyLimitsLayer::new()
-            .timeout(settings.body_timeout)
-            .budget(BodyBudget::new(settings.max_buffered));
+            .timeout(settings.serve.body_timeout)
+            .budget(BodyBudget::new(settings.serve.max_buffered));
         // Each route's records in a memory store of its own (shared by
         // every serving thread), so that no route pushes another's out.
-        let stores = store::per_route(&settings.store, &settings.budgets)
+        let stores = store::per_route(&settings.store.spec, &settings.routes)
             .map(|pick| Arc::new(pick) as Arc<PickStore>);
         if let (Some(admin), Some(stores)) = (&admin, &stores) {
             admin.set_stores(stores.clone());
@@ -189,27 +196,20 @@ impl Parts {
             let stores = stores.clone();
             builder = builder.stores(move |prefix, preset| stores(prefix, preset));
         }
-        let named = (settings.upstreams.iter().zip(&self.named_calls))
+        let up = &settings.upstream;
+        let named = (up.named.iter().zip(&self.named_calls))
             .map(|(u, calls)| {
-                let f = u.forward(
-                    settings.upstream_timeout,
-                    settings.upstream_keepalive,
-                    settings.accept_traceparent,
-                    Some(calls),
-                )?;
+                let f = u.forward(up.timeout, up.keepalive, up.accept_traceparent, Some(calls))?;
                 Ok((u.name.as_str(), f))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        for (prefix, target, options) in &settings.routes {
-            let mut options = options.clone();
-            let name = (settings.route_upstreams.iter())
-                .find(|(p, _)| p == prefix)
-                .map(|(_, n)| n.as_str());
+        for route in &settings.routes {
+            let mut options = route.options.clone();
+            let name = route.upstream.as_deref();
             if let Some((_, f)) = name.and_then(|n| named.iter().find(|(m, _)| *m == n)) {
                 options = options.upstream(f.clone());
             }
-            let destinations = (settings.route_destinations.iter()).find(|(p, _)| p == prefix);
-            for d in destinations.into_iter().flat_map(|(_, list)| list) {
+            for d in &route.destinations {
                 // The names were checked with the settings.
                 if let Some((_, f)) = named.iter().find(|(m, _)| *m == d.upstream) {
                     let mut destination = Destination::new(d.upstream.as_str(), f.clone());
@@ -219,7 +219,7 @@ impl Parts {
                     options = options.deliver_to(destination);
                 }
             }
-            builder = builder.route_with(prefix, target.clone(), options);
+            builder = builder.route_with(&route.prefix, route.target.clone(), options);
         }
         if let Some(queue) = &self.sealed {
             builder = builder.queue(queue.clone());
@@ -245,11 +245,11 @@ impl Parts {
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let (sealed, delivering) = (self.sealed.clone()?, self.delivering.take()?);
-        let lanes = pace::lanes(&settings.routes, &settings.paces);
-        let destinations: Vec<ack::DestinationLane> = (settings.route_destinations.iter())
-            .flat_map(|(prefix, list)| {
-                list.iter().map(|d| ack::DestinationLane {
-                    prefix: prefix.clone(),
+        let lanes = pace::lanes(&settings.routes);
+        let destinations: Vec<ack::DestinationLane> = (settings.routes.iter())
+            .flat_map(|route| {
+                (route.destinations.iter()).map(|d| ack::DestinationLane {
+                    prefix: route.prefix.clone(),
                     destination: d.upstream.clone(),
                     pace: d.pace.clone(),
                 })
@@ -277,10 +277,11 @@ async fn paused_routes(
     memory: bool,
 ) -> pauses::PauseKeeper {
     // A route's destinations pause on their own (`pause PREFIX --upstream NAME`).
-    let destinations = (settings.route_destinations.iter()).flat_map(|(prefix, list)| {
-        (list.iter()).map(|d| idempotency_gateway::proxy::destination_scope(prefix, &d.upstream))
+    let destinations = (settings.routes.iter()).flat_map(|r| {
+        (r.destinations.iter())
+            .map(|d| idempotency_gateway::proxy::destination_scope(&r.prefix, &d.upstream))
     });
-    let prefixes = (settings.routes.iter().map(|(p, _, _)| p.clone()))
+    let prefixes = (settings.routes.iter().map(|r| r.prefix.clone()))
         .chain(destinations)
         .collect();
     let keeper = pauses::PauseKeeper::new(store, memory, settings.data_dir.clone(), prefixes);
@@ -297,30 +298,28 @@ async fn paused_routes(
 /// The routes as the admin API lists them.
 fn route_infos(settings: &Settings) -> Vec<api::RouteInfo> {
     (settings.routes.iter())
-        .map(|(p, t, o)| api::RouteInfo {
-            prefix: p.clone(),
-            preset: match t {
+        .map(|r| api::RouteInfo {
+            prefix: r.prefix.clone(),
+            preset: match &r.target {
                 Target::Preset(preset) => preset.name().to_owned(),
                 Target::Auto => "auto".to_owned(),
             },
-            acked: o.is_ack_then_deliver(),
-            upstream: (settings.route_upstreams.iter())
-                .find(|(prefix, _)| prefix == p)
-                .and_then(|(_, name)| settings.upstreams.iter().find(|u| u.name == *name))
+            acked: r.options.is_ack_then_deliver(),
+            upstream: (r.upstream.as_ref())
+                .and_then(|name| settings.upstream.named.iter().find(|u| u.name == *name))
                 .map(|u| u.upstream.to_string()),
-            destinations: (settings.route_destinations.iter())
-                .find(|(prefix, _)| prefix == p)
-                .map(|(_, list)| list.iter().map(|d| d.upstream.clone()).collect())
-                .unwrap_or_default(),
+            destinations: (r.destinations.iter())
+                .map(|d| d.upstream.clone())
+                .collect(),
         })
         .collect()
 }
 
 /// The presets the routes guard with: every built-in one on an `auto` route.
-fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
+fn route_presets(routes: &[RouteSettings]) -> Vec<&str> {
     let mut presets = Vec::new();
-    for (_, target, _) in routes {
-        match target {
+    for route in routes {
+        match &route.target {
             Target::Preset(p) => presets.push(p.name()),
             Target::Auto => presets.extend_from_slice(Preset::builtin_names()),
         }
@@ -333,14 +332,15 @@ fn route_presets(routes: &[(String, Target, RouteOptions)]) -> Vec<&str> {
 /// A forwarder to the upstream; every one shares the cap on upstream calls
 /// `calls` (none: a cap of its own, for `--check-config`).
 pub(crate) fn forward(settings: &Settings, calls: Option<&CallLimit>) -> Result<Forward, String> {
-    let mut builder = Forward::builder(settings.upstream.clone())
-        .timeout(settings.upstream_timeout)
-        .upstream_keepalive(settings.upstream_keepalive)
-        .accept_traceparent(settings.accept_traceparent);
+    let up = &settings.upstream;
+    let mut builder = Forward::builder(up.url.clone())
+        .timeout(up.timeout)
+        .upstream_keepalive(up.keepalive)
+        .accept_traceparent(up.accept_traceparent);
     if let Some(calls) = calls {
         builder = builder.call_limit(calls.clone());
     }
-    if let Some(ca) = &settings.upstream_ca {
+    if let Some(ca) = &up.ca {
         let pem = std::fs::read(ca).map_err(|e| format!("cannot read {}: {e}", ca.display()))?;
         builder = builder
             .add_root_certificates_pem(&pem)

@@ -7,7 +7,8 @@
 
 use crate::redact::{redact, scrub};
 use crate::settings::parse::StoreSpec;
-use idempotency_gateway::proxy::{RouteOptions, Target};
+use crate::settings::routes::RouteSettings;
+use idempotency_gateway::proxy::Target;
 use std::collections::HashMap;
 use tower_idempotency::store::{BoxStore, Either, MemoryStore, OwnerToken, Store, TieredStore};
 use tower_idempotency::Preset;
@@ -175,17 +176,17 @@ pub(crate) struct RouteBudget {
 /// never push a channel's records out. `Err` is the reason to exit 2.
 pub(crate) fn split(
     total: usize,
-    routes: &[(String, Target, RouteOptions)],
+    routes: &[RouteSettings],
     own: &[(String, usize)],
 ) -> Result<Vec<RouteBudget>, String> {
     let own: HashMap<&str, usize> = own.iter().map(|(p, n)| (p.as_str(), *n)).collect();
     let given: usize = routes
         .iter()
-        .filter_map(|(p, _, _)| own.get(p.as_str()))
+        .filter_map(|r| own.get(r.prefix.as_str()))
         .fold(0usize, |sum, n| sum.saturating_add(*n));
     let rest: Vec<&str> = routes
         .iter()
-        .map(|(p, _, _)| p.as_str())
+        .map(|r| r.prefix.as_str())
         .filter(|p| !own.contains_key(p))
         .collect();
     if given > total || (given == total && !rest.is_empty()) {
@@ -205,7 +206,7 @@ pub(crate) fn split(
     };
     routes
         .iter()
-        .map(|(prefix, target, _)| {
+        .map(|RouteSettings { prefix, target, .. }| {
             let (budget, whose) = match own.get(prefix.as_str()) {
                 Some(n) => (*n, "its `max_memory`"),
                 None => (share, "its share of `--max-memory`"),
@@ -241,14 +242,14 @@ pub(crate) fn split(
 /// Redis stores, which keep every route's records in Redis.
 pub(crate) fn per_route(
     spec: &StoreSpec,
-    budgets: &[RouteBudget],
+    routes: &[RouteSettings],
 ) -> Option<impl Fn(&str, &Preset) -> GatewayStore + Send + Sync + 'static> {
     if !matches!(spec, StoreSpec::Memory) {
         return None;
     }
     let memory = |n: usize| Either::Left(MemoryStore::builder().max_bytes(n as u64).build());
-    let stores: HashMap<String, (GatewayStore, Option<GatewayStore>)> = budgets
-        .iter()
+    let stores: HashMap<String, (GatewayStore, Option<GatewayStore>)> = (routes.iter())
+        .filter_map(|r| r.budget.as_ref())
         .map(|b| {
             let stores = (memory(b.channels), b.clients.map(memory));
             (same_prefix(&b.prefix).to_owned(), stores)

@@ -10,16 +10,25 @@ use crate::settings::spanned::{readable, At};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Where the metrics (and admin) listener is, and its certificate pair.
+/// The admin listener: metrics, health, the admin API and the console.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Listener {
-    pub(super) listen: Option<SocketAddr>,
+pub(crate) struct AdminSettings {
+    pub(crate) listen: Option<SocketAddr>,
     /// `--admin-tls-cert` and `--admin-tls-key`: the listener speaks HTTPS.
-    pub(super) tls: Option<(PathBuf, PathBuf)>,
+    pub(crate) tls: Option<(PathBuf, PathBuf)>,
+    /// The admin API's bearer token, when it is on.
+    pub(crate) token: Option<String>,
 }
 
-/// The listener's address and TLS pair from the flags and the config file.
-pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<Listener, String> {
+/// The listener's address, TLS pair and token from the flags and the
+/// config file.
+pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<AdminSettings, String> {
+    let token = at.file(
+        args.admin_token_file.as_deref(),
+        &file.admin_token_file,
+        "admin_token_file",
+        crate::admin::listener::read_token,
+    )?;
     let listen = listen(args, file, at)?;
     let tls = match (
         at.file(
@@ -42,7 +51,9 @@ pub(super) fn settings(args: &Args, file: &File, at: &At<'_>) -> Result<Listener
     if tls.is_some() && listen.is_none() {
         return Err("`--admin-tls-cert` needs --admin-listen (the listener it serves)".into());
     }
-    Ok(Listener { listen, tls })
+    let admin = AdminSettings { listen, tls, token };
+    check(&admin)?;
+    Ok(admin)
 }
 
 /// `admin_listen`: `--admin-listen` (or `--metrics-listen`), its
@@ -54,11 +65,8 @@ pub(super) fn listen(args: &Args, file: &File, at: &At<'_>) -> Result<Option<Soc
         Ok(v) => Some(parse::addr(&v).map_err(|e| format!("{OLDER_ENV}: {e}"))?),
         Err(_) => None,
     };
-    Ok(args.metrics_listen.or(older).or(at.value(
-        &file.admin_listen,
-        "admin_listen",
-        parse::addr,
-    )?))
+    let flag = args.metrics_listen.or(older);
+    at.pick(flag, &file.admin_listen, "admin_listen", parse::addr)
 }
 
 /// The environment variable of `--admin-listen` under its older name.
@@ -69,17 +77,19 @@ pub(super) fn cert(args: &Args, file: &File) -> Option<PathBuf> {
     (args.admin_tls_cert.clone()).or(file.admin_tls_cert.as_ref().map(|v| v.get_ref().clone()))
 }
 
-/// Refuses to serve the admin API (`admin`: a token is set) in clear on an
+/// Refuses to serve the admin API (a token is set) in clear on an
 /// address other than loopback: its bearer token would cross the network
 /// readable by anyone on the path. Metrics and health checks alone stay
 /// plain (Prometheus and probes scrape them; they hold no secret).
-pub(super) fn check(at: &Listener, admin: bool) -> Result<(), String> {
+fn check(at: &AdminSettings) -> Result<(), String> {
     match at.listen {
-        Some(addr) if admin && at.tls.is_none() && !addr.ip().is_loopback() => Err(format!(
-            "the admin API (--admin-token-file) would take its bearer token in clear on \
+        Some(addr) if at.token.is_some() && at.tls.is_none() && !addr.ip().is_loopback() => {
+            Err(format!(
+                "the admin API (--admin-token-file) would take its bearer token in clear on \
              {addr}: listen on a loopback address (127.0.0.1), or serve it over HTTPS with \
              --admin-tls-cert and --admin-tls-key"
-        )),
+            ))
+        }
         _ => Ok(()),
     }
 }
@@ -100,7 +110,7 @@ mod tests {
         ];
         all.extend_from_slice(argv);
         let args = Args::try_parse_from(all).map_err(|e| e.to_string())?;
-        config::settings(args).map(|s| s.metrics_listen)
+        config::settings(args).map(|s| s.admin.listen)
     }
 
     /// `--admin-listen` and `admin_listen`, and their older names

@@ -16,9 +16,12 @@ pub(super) fn body(
     at: &At<'_>,
     journal: bool,
 ) -> Result<Option<usize>, String> {
-    let max = args
-        .journal_body_max
-        .or(at.size(&file.journal_body_max, "journal_body_max")?);
+    let max = at.pick(
+        args.journal_body_max,
+        &file.journal_body_max,
+        "journal_body_max",
+        parse::body_size,
+    )?;
     if !(args.journal_body || file.journal_body == Some(true)) {
         return Ok(None);
     }
@@ -49,19 +52,23 @@ pub(super) fn settings(
     file: &File,
     at: &At<'_>,
 ) -> Result<Option<JournalSettings>, String> {
-    let max_size = args
-        .journal_max_size
-        .or(at.size(&file.journal_max_size, "journal_max_size")?);
+    let max_size = at.pick(
+        args.journal_max_size,
+        &file.journal_max_size,
+        "journal_max_size",
+        parse::body_size,
+    )?;
     if !(args.journal || file.journal == Some(true)) {
         return Ok(None);
     }
     let dir = args.data_dir.clone().or(file.data_dir.clone());
     let dir = dir.unwrap_or_else(|| PathBuf::from(ack::DEFAULT_DATA_DIR));
-    let retention = args.journal_retention.or(at.value(
+    let retention = at.pick(
+        args.journal_retention,
         &file.journal_retention,
         "journal_retention",
         parse::positive_duration,
-    )?);
+    )?;
     Ok(Some(JournalSettings {
         path: dir.join("journal.redb"),
         retention: retention.unwrap_or(Duration::from_secs(7 * 24 * 3600)),

@@ -1,12 +1,17 @@
 //! [`RedisStreamsQueue`]: a queue shared by many instances, on Redis Streams.
+//!
+//! The queue itself is here; each change it makes is one Lua script
+//! (`scripts`), atomic on the server.
 
-use super::attempts::{dead_letter, History};
-use super::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
-use super::redis_scripts::{
+mod scripts;
+
+use self::scripts::{
     ACK, BREAKER_STATE, BREAKER_VOTE, DEAD, DELETE_DEAD, FETCH, FORGET, INGEST, PARK, PRUNE, RENEW,
     RENEW_SLOT, REPLAY, RETRY, SETTLE_PROBE, TAKE_PROBE, TAKE_SLOT, TAKE_TURN, WAKE,
 };
-use super::{
+use crate::attempts::{dead_letter, History};
+use crate::worker::breaker::{FAILURE_PER_MILLE, MAX_SHARED_VOTES, WINDOW};
+use crate::{
     BreakerRule, BreakerState, DeadLetter, Delivery, EntryId, Ingested, Message, Queue, QueueError,
     QueueErrorKind, QueueStats, Reseal, SharedPacing,
 };
@@ -15,7 +20,7 @@ use ::redis::{IntoConnectionInfo, Value};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// A queue on Redis Streams, shared by every instance that names it.
 ///
@@ -33,7 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// deletes it. Every key of a queue shares the
 /// hash tag `{name}`, so the queue works on a Redis Cluster too (one slot).
 ///
-/// Give every worker of a queue the same [lease](super::Worker::lease): an
+/// Give every worker of a queue the same [lease](crate::Worker::lease): an
 /// entry is reclaimed once it has been idle for the lease of the worker that
 /// reclaims it (Redis keeps the idle time, not the lease it was fetched with).
 ///
@@ -86,17 +91,9 @@ const REPLICA_WAIT: Duration = Duration::from_millis(250);
 /// One stream entry as `XRANGE` answers it: its id and its fields.
 type StreamEntry = (String, HashMap<String, Value>);
 
-/// A Redis error, kept as the source.
-fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
-    QueueError::backend("redis queue", e)
-}
+crate::common::backend_errors!("redis queue");
 
-/// A failure of this queue's own, of `kind`.
-fn fail(kind: QueueErrorKind, why: impl fmt::Display) -> QueueError {
-    QueueError::new(kind, format!("redis queue: {why}"))
-}
-
-use super::records::now_ms;
+use crate::common::{ms_of, now_ms, time_of};
 
 impl RedisStreamsQueue<ConnectionManager> {
     /// Connects to a standalone Redis and opens (or creates) the queue `name`.
@@ -252,10 +249,6 @@ fn text(v: &Value) -> String {
     bytes(v)
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default()
-}
-
-fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 impl<C> Queue for RedisStreamsQueue<C>
@@ -536,7 +529,7 @@ where
         // older still, but only counted.
         let oldest = first.first().and_then(|(_, f)| f.get("t")).map(number);
         let parked = u64::try_from(parked.unwrap_or(0)).unwrap_or(0);
-        Ok(super::stats::counted(live + delayed + parked, dead, oldest))
+        Ok(crate::stats::counted(live + delayed + parked, dead, oldest))
     }
 
     async fn forget(&self, key: &str) -> Result<bool, QueueError> {
@@ -750,11 +743,7 @@ where
         attempts: u32,
         history: &str,
     ) -> Result<bool, QueueError> {
-        let enqueued = delivery
-            .enqueued_at
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let enqueued = ms_of(delivery.enqueued_at);
         let got: i64 = RETRY
             .key(self.key("s"))
             .key(self.key("r"))
@@ -774,7 +763,7 @@ where
     }
 }
 
-impl<C> super::Park for RedisStreamsQueue<C>
+impl<C> crate::Park for RedisStreamsQueue<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -783,11 +772,7 @@ where
     }
 
     async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
-        let enqueued = delivery
-            .enqueued_at
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let enqueued = ms_of(delivery.enqueued_at);
         let got: i64 = PARK
             .key(self.key("s"))
             .key(self.parked_under(prefix))

@@ -11,13 +11,14 @@
 //! change runs in a write transaction of the group commit: atomic, and
 //! durable before its caller hears back.
 
-use super::attempts::History;
 use super::group::{Committer, Kind};
 use super::health::Health;
-use super::records::{err, queue_now, queue_now_read, time_of, Marker, State};
+use super::records::{err, queue_now, queue_now_read, Marker, State};
 use super::reopen::Db;
 use super::room::Room;
-use super::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
+use crate::attempts::History;
+use crate::common::time_of;
+use crate::{Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, WriteTransaction};
 use std::collections::HashSet;
 use std::hash::BuildHasher;
@@ -442,7 +443,7 @@ impl Embedded {
     }
 
     /// Forgets the marker of a delivered `key` (see
-    /// [`Queue::forget`](super::Queue::forget)): `Ok(true)` if it was
+    /// [`Queue::forget`](crate::Queue::forget)): `Ok(true)` if it was
     /// forgotten, `Ok(false)` if there was none, `Err` (the refusal, nothing
     /// changed) while an entry of `key` is live or dead-lettered.
     pub(super) fn forget(
@@ -506,7 +507,7 @@ impl Embedded {
     }
 
     /// Parks the leased `delivery` under `prefix` (see
-    /// [`Park::park`](super::Park::park)): its state leaves `state` (so no
+    /// [`Park::park`](crate::Park::park)): its state leaves `state` (so no
     /// fetch scans it) for `parked`, its attempt uncounted.
     pub(super) fn park(
         txn: &WriteTransaction,
@@ -610,7 +611,7 @@ impl Embedded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::Health;
+    use crate::embedded::health::Health;
     use redb::StorageBackend;
     use std::io;
     use std::sync::atomic::{AtomicBool, Ordering};

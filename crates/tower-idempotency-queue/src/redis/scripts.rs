@@ -1,4 +1,4 @@
-//! The Lua scripts of [`RedisStreamsQueue`](super::RedisStreamsQueue): each
+//! The Lua scripts of [`RedisStreamsQueue`](crate::RedisStreamsQueue): each
 //! change of the queue is one script, atomic on the server.
 
 use ::redis::Script;

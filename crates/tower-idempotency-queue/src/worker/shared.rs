@@ -1,16 +1,16 @@
 //! What the workers on one queue share, per lane: delivery slots (the
 //! concurrency), turns (the rate) and the circuit breaker, each kept by a
 //! queue that shares them ([`SharedPacing`]) and asked, before and after a
-//! delivery, by every [`Worker`](super::Worker) built with
-//! [`shared_pacing`](super::Worker::shared_pacing). A worker built without
+//! delivery, by every [`Worker`](crate::Worker) built with
+//! [`shared_pacing`](crate::Worker::shared_pacing). A worker built without
 //! holds no [`Ops`] and asks nothing. A queue that shares no breaker
 //! answers `None`, and one that cannot answer stops nothing: the worker's
 //! own limits and breaker hold meanwhile.
 
 use super::breaker::{BreakerRule, BreakerState};
 use super::pace::Role;
-use super::worker::Config;
-use super::{QueueError, QueueErrorKind, SharedPacing};
+use super::Config;
+use crate::{QueueError, QueueErrorKind, SharedPacing};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -75,7 +75,7 @@ pub(crate) use no_shared_breaker;
 pub(super) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, QueueError>> + Send + 'a>>;
 
 /// The [`SharedPacing`] methods of a worker's queue `Q`, captured when the
-/// worker was built with [`shared_pacing`](super::Worker::shared_pacing)
+/// worker was built with [`shared_pacing`](crate::Worker::shared_pacing)
 /// (where `Q: SharedPacing` is known), so that the worker itself needs only
 /// `Q: Queue`: a worker that paces alone holds none (`None`) and asks the
 /// queue nothing. Function pointers, so a worker holding them is no bigger
@@ -149,7 +149,7 @@ pub(super) async fn bounded<T>(
     what: &str,
     call: impl std::future::Future<Output = Result<T, QueueError>>,
 ) -> Result<T, QueueError> {
-    let bound = super::worker::renew_every(config.lease) / 2;
+    let bound = super::renew_every(config.lease) / 2;
     tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
         Err(QueueError::new(
             QueueErrorKind::Timeout,
@@ -166,7 +166,7 @@ pub(super) async fn shared_turn<Q>(
     (queue, ops): (Q, Ops<Q>),
     config: Arc<Config>,
     lane: Arc<str>,
-    (concurrency, rate): (Option<usize>, Option<super::Rate>),
+    (concurrency, rate): (Option<usize>, Option<crate::Rate>),
 ) -> Result<Option<u64>, Duration> {
     let mut slot = None;
     if let Some(n) = concurrency {
@@ -337,7 +337,7 @@ pub(super) async fn judged<Q>(
 fn shared_failed(_config: &Config, lane: &Arc<str>, _e: &QueueError) {
     use std::sync::atomic::{AtomicU64, Ordering};
     static WARNED: AtomicU64 = AtomicU64::new(0);
-    super::metrics::breaker_shared_error(lane);
+    crate::metrics::breaker_shared_error(lane);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

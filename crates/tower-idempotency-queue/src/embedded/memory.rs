@@ -1,13 +1,13 @@
 //! [`MemoryQueue`]: the same queue in memory, for tests only.
 
 use super::delegate::embedded_queue;
-use super::embedded::Embedded;
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
+use super::store::Embedded;
+use crate::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use std::time::Duration;
 
 /// A queue that lives in memory: **for tests only**. It is lost with the
 /// process, so an acknowledgement given after its `ingest` would be a false
-/// one; acknowledge after a [`RedbQueue`](super::RedbQueue) (or a shared
+/// one; acknowledge after a [`RedbQueue`](crate::RedbQueue) (or a shared
 /// queue) instead. Same logic as `RedbQueue`, over memory.
 #[derive(Debug, Clone)]
 pub struct MemoryQueue {

@@ -18,7 +18,7 @@
 
 use super::health::Health;
 use super::records::{err, fail};
-use super::{QueueError, QueueErrorKind};
+use crate::{QueueError, QueueErrorKind};
 use redb::{Database, StorageError, TransactionError, WriteTransaction};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,15 +185,13 @@ fn tables(db: &Database) -> Result<(), QueueError> {
 }
 
 fn open_tables(txn: &WriteTransaction) -> Result<(), QueueError> {
-    use super::embedded::{ATTEMPTS, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS, MESSAGES, META, STATE};
+    use super::store::{ATTEMPTS, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS, MESSAGES, META, STATE};
     txn.open_table(STATE).map_err(err)?;
     txn.open_table(ATTEMPTS).map_err(err)?;
     txn.open_table(DEAD_ATTEMPTS).map_err(err)?;
-    txn.open_table(super::embedded::PARKED).map_err(err)?;
-    txn.open_table(super::embedded::PARKED_PREFIXES)
-        .map_err(err)?;
-    txn.open_table(super::embedded::PARKED_ORDERS)
-        .map_err(err)?;
+    txn.open_table(super::store::PARKED).map_err(err)?;
+    txn.open_table(super::store::PARKED_PREFIXES).map_err(err)?;
+    txn.open_table(super::store::PARKED_ORDERS).map_err(err)?;
     txn.open_table(MESSAGES).map_err(err)?;
     txn.open_table(KEYS).map_err(err)?;
     txn.open_table(EXPIRY).map_err(err)?;

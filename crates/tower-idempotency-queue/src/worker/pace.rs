@@ -1,4 +1,4 @@
-//! [`Pace`]: how fast a [`Worker`](super::Worker) delivers (concurrency, a
+//! [`Pace`]: how fast a [`Worker`](crate::Worker) delivers (concurrency, a
 //! rate, a retry schedule and a circuit breaker), and the state of one lane
 //! of its deliveries.
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How a worker paces the deliveries of one lane (all of them, or those
-/// [`Worker::lanes`](super::Worker::lanes) sends to it).
+/// [`Worker::lanes`](crate::Worker::lanes) sends to it).
 ///
 /// ```
 /// use std::time::Duration;
@@ -203,14 +203,14 @@ impl FromStr for Rate {
 
 /// One lane of a worker's deliveries: its pace and where it stands.
 #[derive(Debug)]
-pub(super) struct Lane {
+pub(crate) struct Lane {
     pub(super) name: Arc<str>,
     pub(super) pace: Pace,
     /// Deliveries calling the service now.
     pub(super) running: usize,
     /// Fetched, not started yet (over the concurrency or the rate, or
     /// waiting for the probe's result).
-    pub(super) waiting: VecDeque<super::Delivery>,
+    pub(super) waiting: VecDeque<crate::Delivery>,
     /// When the rate lets the next delivery start.
     next_start: Option<Instant>,
     pub(super) breaker: Option<Breaker>,
@@ -244,7 +244,7 @@ const KEEP_HORIZON: Duration = Duration::from_millis(100);
 
 /// Whether a call is the breaker's probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
+pub(crate) enum Role {
     /// A delivery as usual.
     Plain,
     /// The breaker's probe (half-open): its result closes the breaker or
@@ -331,7 +331,7 @@ impl Lane {
     /// Takes the waiting delivery that goes next: the first in line, or
     /// for a probe the first that has not failed before (fewest attempts),
     /// which then starts as the probe.
-    pub(super) fn take(&mut self, role: Role) -> Option<super::Delivery> {
+    pub(super) fn take(&mut self, role: Role) -> Option<crate::Delivery> {
         let Some(breaker) = self.breaker.as_mut().filter(|_| role.is_probe()) else {
             return self.waiting.pop_front();
         };
@@ -348,14 +348,14 @@ impl Lane {
         let entry = entry_of(&delivery.message.key);
         let fresh = !breaker.failed_before(entry) && delivery.attempt <= 1;
         breaker.start_probe(entry, fresh);
-        super::metrics::breaker(&self.name, 2);
+        crate::metrics::breaker(&self.name, 2);
         Some(delivery)
     }
 
     /// A delivery admitted but not started (the shared slots or turns were
     /// all taken): back to the front of the line, no start before `until`;
     /// a probe gives its place back.
-    pub(super) fn put_back(&mut self, delivery: super::Delivery, role: Role, until: Instant) {
+    pub(super) fn put_back(&mut self, delivery: crate::Delivery, role: Role, until: Instant) {
         self.running = self.running.saturating_sub(1);
         if let (Some(breaker), Role::Probe) = (self.breaker.as_mut(), role) {
             let entry = entry_of(&delivery.message.key);
@@ -431,7 +431,7 @@ impl Lane {
     /// [quick](Self::quick)), taken from the back of its line once it is
     /// not, to be given back; else when to look again (when it stops being
     /// quick if no call ends before).
-    pub(super) fn excess(&mut self, now: Instant) -> (Vec<super::Delivery>, Option<Instant>) {
+    pub(super) fn excess(&mut self, now: Instant) -> (Vec<crate::Delivery>, Option<Instant>) {
         let Some(over) = self.limit().and_then(|l| self.held().checked_sub(l)) else {
             return (Vec::new(), None);
         };
@@ -485,7 +485,7 @@ impl Lane {
         &mut self,
         key: &str,
         call: Called,
-        shared: Option<super::BreakerState>,
+        shared: Option<crate::BreakerState>,
         now: Instant,
     ) {
         let Called { took, role, up } = call;
@@ -514,7 +514,7 @@ impl Lane {
         self.running += 1;
         self.busy_since.get_or_insert_with(Instant::now);
         if self.reported {
-            super::metrics::deliveries_in_flight(&self.name, self.running);
+            crate::metrics::deliveries_in_flight(&self.name, self.running);
         }
     }
 
@@ -522,9 +522,9 @@ impl Lane {
         if !self.reported {
             return;
         }
-        super::metrics::deliveries_in_flight(&self.name, self.running);
+        crate::metrics::deliveries_in_flight(&self.name, self.running);
         if let Some(b) = &self.breaker {
-            super::metrics::breaker(&self.name, b.gauge());
+            crate::metrics::breaker(&self.name, b.gauge());
         }
     }
 }
@@ -572,8 +572,8 @@ mod tests {
         assert_eq!(Pace::new().retry_schedule([]).get_retry_schedule(), None);
     }
 
-    fn delivery() -> super::super::Delivery {
-        use super::super::{Delivery, EntryId, Message};
+    fn delivery() -> crate::Delivery {
+        use crate::{Delivery, EntryId, Message};
         Delivery {
             id: EntryId::new("1"),
             message: Message::new("k", tower_idempotency::Fingerprint::of(b"x"), "body"),

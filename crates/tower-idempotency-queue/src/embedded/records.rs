@@ -1,27 +1,10 @@
 //! The byte layouts of the embedded queue's records.
 
-use super::attempts::dead_letter;
-use super::{DeadLetter, EntryId, Message, QueueError, QueueErrorKind};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use crate::attempts::dead_letter;
+use crate::common::{now_ms, time_of};
+use crate::{DeadLetter, EntryId, Message, QueueError, QueueErrorKind};
 
-/// A redb failure as a queue error, kept as the source.
-pub(super) fn err(e: impl std::error::Error + Send + Sync + 'static) -> QueueError {
-    QueueError::backend("embedded queue", e)
-}
-
-/// A failure of the embedded queue's own (a record that does not decode:
-/// [`Corrupt`](QueueErrorKind::Corrupt)), of `kind`.
-pub(super) fn fail(kind: QueueErrorKind, why: impl std::fmt::Display) -> QueueError {
-    QueueError::new(kind, format!("embedded queue: {why}"))
-}
-
-/// Now, in milliseconds since the Unix epoch (the unit of every stored time).
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+crate::common::backend_errors!("embedded queue", pub(super));
 
 /// The queue's clock in a write transaction: the wall clock plus the sum of
 /// every step back it was seen to take (kept in `meta`), so that it never
@@ -30,7 +13,7 @@ pub(super) fn now_ms() -> u64 {
 /// (a step forward only makes entries due early).
 pub(super) fn queue_now(txn: &redb::WriteTransaction) -> Result<u64, QueueError> {
     use redb::ReadableTable;
-    let mut meta = txn.open_table(super::embedded::META).map_err(err)?;
+    let mut meta = txn.open_table(super::store::META).map_err(err)?;
     let read = |k: &str| -> Result<u64, QueueError> {
         Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
     };
@@ -47,16 +30,11 @@ pub(super) fn queue_now(txn: &redb::WriteTransaction) -> Result<u64, QueueError>
 
 /// The queue's clock (see [`queue_now`]) in a read transaction.
 pub(super) fn queue_now_read(txn: &redb::ReadTransaction) -> Result<u64, QueueError> {
-    let meta = txn.open_table(super::embedded::META).map_err(err)?;
+    let meta = txn.open_table(super::store::META).map_err(err)?;
     let get = |k: &str| -> Result<u64, QueueError> {
         Ok(meta.get(k).map_err(err)?.map(|v| v.value()).unwrap_or(0))
     };
     Ok(now_ms().saturating_add(get("skew")?).max(get("clock")?))
-}
-
-/// A stored time as a `SystemTime`.
-pub(super) fn time_of(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// The scheduling state of one entry.

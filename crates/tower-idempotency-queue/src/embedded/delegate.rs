@@ -1,8 +1,8 @@
-//! The [`Queue`](super::Queue) impl shared by the queues over
-//! [`Embedded`](super::embedded::Embedded): every change goes through its
+//! The [`Queue`](crate::Queue) impl shared by the queues over
+//! [`Embedded`](super::store::Embedded): every change goes through its
 //! group commit.
 
-/// Implements [`Queue`](super::Queue) for a newtype over [`Embedded`].
+/// Implements [`Queue`](crate::Queue) for a newtype over [`Embedded`].
 macro_rules! embedded_queue {
     ($ty:ty) => {
         impl $crate::Queue for $ty {

@@ -35,7 +35,7 @@ pub(crate) const FAILURE_PER_MILLE: u32 = (FAILURE_RATE * 1000.0) as u32;
 pub(crate) const MAX_SHARED_VOTES: usize = MAX_VOTES;
 
 /// Where a lane's breaker shared by every instance on a queue stands, as
-/// the queue answers it (see [`SharedPacing::breaker_vote`](super::SharedPacing::breaker_vote)).
+/// the queue answers it (see [`SharedPacing::breaker_vote`](crate::SharedPacing::breaker_vote)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BreakerState {

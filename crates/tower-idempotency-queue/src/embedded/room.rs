@@ -9,9 +9,9 @@
 //! than was then (whatever the reserve), so that a queue with no reserve
 //! does not fill its disk again at once.
 //!
-//! [`unwritable`]: super::QueueError::unwritable
+//! [`unwritable`]: crate::QueueError::unwritable
 
-use super::QueueError;
+use crate::QueueError;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,12 +1,25 @@
 //! [`Worker`]: delivers queue entries to a tower service.
+//!
+//! Everything a worker does beside the queue lives here: its builder and
+//! delivery loop, its pacing per lane ([`Pace`], [`Rate`]), its circuit
+//! breaker, the pacing it shares with other instances through a
+//! [`SharedPacing`] queue, how it settles a delivery ([`WorkerRound`]), and
+//! how it parks a paused route's entries ([`Park`]).
 
-use super::breaker::{entry_of, BreakerState};
-use super::pace::{Called, Lane, Pace, Role};
-use super::settle::{settle, unsettled, verdict, Attempted, Settled, WorkerRound};
-use super::shared::{
+pub(crate) mod breaker;
+mod lanes;
+pub(crate) mod pace;
+pub(crate) mod park;
+pub(crate) mod settle;
+pub(crate) mod shared;
+
+use self::breaker::{entry_of, BreakerState};
+use self::pace::{Called, Lane, Pace, Rate, Role};
+use self::settle::{settle, unsettled, verdict, Attempted, Settled, WorkerRound};
+use self::shared::{
     bounded, judged, probe_wait, shared_gate, shared_turn, Judging, Ops, ProbeResult, SharedGate,
 };
-use super::{Delivery, Message, Queue, QueueError, SharedPacing};
+use crate::{Delivery, Message, Queue, QueueError, SharedPacing};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashSet;
 use std::fmt;
@@ -25,7 +38,7 @@ pub(super) struct Config {
     pub(super) backoff: Duration,
     pub(super) max_backoff: Duration,
     /// Parks a paused route's deliveries (see [`Worker::park_paused`]).
-    pub(super) parker: Option<super::park::Parker>,
+    pub(super) parker: Option<self::park::Parker>,
 }
 
 impl Config {
@@ -116,20 +129,20 @@ impl<Q: fmt::Debug, S: fmt::Debug> fmt::Debug for Worker<Q, S> {
     }
 }
 
-impl<Q: super::Park, S> Worker<Q, S> {
+impl<Q: crate::Park, S> Worker<Q, S> {
     /// Parks the entries of a paused route instead of postponing them: a
     /// delivery whose error says
     /// [`Disposition::Pause`](tower_idempotency::consumer::Disposition::Pause)
-    /// is [parked](super::Park::park) under `prefix_of(message)` (the paused
+    /// is [parked](crate::Park::park) under `prefix_of(message)` (the paused
     /// prefix it is under; `None`: postponed as before), and nothing of it
-    /// is fetched again until that prefix is [woken](super::Park::wake). On
-    /// a queue that does not [park](super::Park::parks) the entry is
+    /// is fetched again until that prefix is [woken](crate::Park::wake). On
+    /// a queue that does not [park](crate::Park::parks) the entry is
     /// postponed (30 s) as without this.
     pub fn park_paused(
         mut self,
         prefix_of: impl Fn(&Message) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        let parker = super::park::Parker::new(self.queue.clone(), prefix_of);
+        let parker = self::park::Parker::new(self.queue.clone(), prefix_of);
         self.config().parker = Some(parker);
         self
     }
@@ -254,6 +267,80 @@ impl<Q: Queue, S> Worker<Q, S> {
         self
     }
 
+    fn pace_with(mut self, f: impl FnOnce(Pace) -> Pace) -> Self {
+        let lane = &mut self.lanes[0];
+        *lane = Lane::new(lane.name.clone(), f(lane.pace.clone()));
+        self
+    }
+
+    /// At most `n` deliveries of the default lane in flight at once.
+    /// Defaults to the batch size. See [`Pace::concurrency`].
+    pub fn concurrency(self, n: usize) -> Self {
+        self.pace_with(|p| p.concurrency(n))
+    }
+
+    /// At most `rate` deliveries of the default lane started. Defaults to
+    /// no limit. See [`Pace::rate`].
+    pub fn rate(self, rate: Rate) -> Self {
+        self.pace_with(|p| p.rate(rate))
+    }
+
+    /// The waits after failures instead of the exponential backoff, with
+    /// full jitter (uniform in `[0, delay]`; past the end the last delay
+    /// repeats). See [`Pace::retry_schedule`].
+    pub fn retry_schedule(self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        self.pace_with(|p| p.retry_schedule(delays))
+    }
+
+    /// A circuit breaker on the default lane: opened when at least
+    /// `failures` of the notifications delivered lately failed and they are
+    /// at least half; no delivery for `cooldown`, then a few probes. See
+    /// [`Pace::breaker`].
+    pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
+        self.pace_with(|p| p.breaker(failures, cooldown))
+    }
+
+    /// The default lane's whole pace at once.
+    pub fn pace(self, pace: Pace) -> Self {
+        self.pace_with(|_| pace)
+    }
+
+    /// Paces the messages `lane_of` names `name` on their own (its own
+    /// concurrency, rate, retry schedule and breaker). Messages it names
+    /// no lane for go to the default lane.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use tower_idempotency_queue::{MemoryQueue, Message, Pace, Worker};
+    ///
+    /// let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
+    /// let worker = Worker::new(MemoryQueue::new(), deliver)
+    ///     .lane("/notify/wx", Pace::new().concurrency(20).breaker(10, Duration::from_secs(30)))
+    ///     .lanes(|m: &Message| m.uri.path().starts_with("/notify/wx").then(|| Arc::from("/notify/wx")));
+    /// # drop(worker);
+    /// ```
+    pub fn lane(mut self, name: impl Into<Arc<str>>, pace: Pace) -> Self {
+        let name = name.into();
+        match self.lanes.iter_mut().skip(1).find(|l| l.name == name) {
+            Some(lane) => *lane = Lane::new(name, pace),
+            None => self.lanes.push(Lane::new(name, pace)),
+        }
+        for lane in &mut self.lanes[1..] {
+            lane.reported = true;
+        }
+        self
+    }
+
+    /// Names the lane of each message (see [`lane`](Self::lane)).
+    pub fn lanes(
+        mut self,
+        lane_of: impl Fn(&Message) -> Option<Arc<str>> + Send + Sync + 'static,
+    ) -> Self {
+        self.lane_of = Some(Arc::new(lane_of));
+        self
+    }
+
     /// The queue.
     pub fn queue(&self) -> &Q {
         &self.queue
@@ -324,7 +411,7 @@ where
         self.report_stranded();
         #[cfg(feature = "metrics")]
         if let Ok(stats) = self.queue.stats().await {
-            super::metrics::stats(&self.config.name, &stats);
+            crate::metrics::stats(&self.config.name, &stats);
         }
         match failed {
             Some(e) => Err(e),
@@ -515,7 +602,7 @@ where
             _ => self.stranded.remove(key),
         };
         if changed {
-            super::metrics::stranded(&self.config.name, self.stranded.len());
+            crate::metrics::stranded(&self.config.name, self.stranded.len());
         }
     }
 
@@ -649,7 +736,7 @@ where
                     }
                     #[cfg(feature = "metrics")]
                     if let Ok(stats) = self.queue.stats().await {
-                        super::metrics::stats(&self.config.name, &stats);
+                        crate::metrics::stats(&self.config.name, &stats);
                     }
                 }
                 () = sleep_until(fetch_at), if fetch_at.is_some() => {}

@@ -1,12 +1,12 @@
-//! How a [`Worker`](super::Worker)'s deliveries are settled in the queue,
+//! How a [`Worker`](crate::Worker)'s deliveries are settled in the queue,
 //! and what one round did.
 
-use super::{Delivery, Queue, QueueError};
+use crate::{Delivery, Queue, QueueError};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::consumer::{Disposition, Failure};
 
-/// What one [`Worker::run_once`](super::Worker::run_once) did.
+/// What one [`Worker::run_once`](crate::Worker::run_once) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WorkerRound {
@@ -137,7 +137,7 @@ pub(super) async fn unsettled<Q: Queue>(
         "handed out {} times without settling (each delivery died with its process or outlived its lease)",
         delivery.attempt
     );
-    super::metrics::attempt(
+    crate::metrics::attempt(
         name,
         "dead_lettered",
         delivery.message.destination.as_deref(),
@@ -161,7 +161,7 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
 ) -> Result<Settled, QueueError> {
     let e = match result {
         Ok(()) => {
-            super::metrics::attempt(name, "delivered", delivery.message.destination.as_deref());
+            crate::metrics::attempt(name, "delivered", delivery.message.destination.as_deref());
             return Ok(Settled::Delivered(queue.ack(delivery).await?.into()));
         }
         Err(e) => e,
@@ -171,11 +171,11 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
     let text = crate::attempts::cut(&text);
     Ok(match e.disposition() {
         Disposition::Keep => {
-            super::metrics::attempt(name, "kept", delivery.message.destination.as_deref());
+            crate::metrics::attempt(name, "kept", delivery.message.destination.as_deref());
             Settled::Kept(queue.postpone(delivery, KEPT_FOR, text).await?.into())
         }
         Disposition::Pause => {
-            super::metrics::attempt(name, "paused", delivery.message.destination.as_deref());
+            crate::metrics::attempt(name, "paused", delivery.message.destination.as_deref());
             if let Some(parker) = parker
                 && let Some(parked) = parker.park(delivery).await
             {
@@ -184,11 +184,11 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
             Settled::Paused(queue.postpone(delivery, PAUSED_FOR, text).await?.into())
         }
         Disposition::Hold => {
-            super::metrics::attempt(name, "postponed", delivery.message.destination.as_deref());
+            crate::metrics::attempt(name, "postponed", delivery.message.destination.as_deref());
             Settled::Paused(queue.postpone(delivery, backoff, text).await?.into())
         }
         Disposition::Permanent => {
-            super::metrics::attempt(
+            crate::metrics::attempt(
                 name,
                 "dead_lettered",
                 delivery.message.destination.as_deref(),
@@ -197,7 +197,7 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
             Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry if last => {
-            super::metrics::attempt(
+            crate::metrics::attempt(
                 name,
                 "dead_lettered",
                 delivery.message.destination.as_deref(),
@@ -206,7 +206,7 @@ pub(super) async fn settle<Q: Queue, E: Failure>(
             Settled::DeadLettered(queue.dead_letter(delivery, text).await?.into())
         }
         Disposition::Retry => {
-            super::metrics::attempt(name, "retried", delivery.message.destination.as_deref());
+            crate::metrics::attempt(name, "retried", delivery.message.destination.as_deref());
             Settled::Retried(queue.retry(delivery, backoff, text).await?.into())
         }
     })

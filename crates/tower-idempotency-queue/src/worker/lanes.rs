@@ -1,87 +1,12 @@
-//! [`Worker`]'s pacing: its builder methods, and the lanes' lines of
-//! deliveries waiting for their turn.
+//! [`Worker`]'s lanes: the lines of deliveries waiting for their turn, and
+//! what each lane lets start.
 
-use super::pace::{Admit, Lane, Pace, Rate, Role};
-use super::worker::Act;
-use super::{Delivery, Message, Queue, Worker};
-use std::sync::Arc;
+use super::pace::{Admit, Lane, Role};
+use super::Act;
+use crate::{Delivery, Message, Queue, Worker};
 use std::time::{Duration, Instant};
 
 impl<Q: Queue, S> Worker<Q, S> {
-    fn pace_with(mut self, f: impl FnOnce(Pace) -> Pace) -> Self {
-        let lane = &mut self.lanes[0];
-        *lane = Lane::new(lane.name.clone(), f(lane.pace.clone()));
-        self
-    }
-
-    /// At most `n` deliveries of the default lane in flight at once.
-    /// Defaults to the batch size. See [`Pace::concurrency`].
-    pub fn concurrency(self, n: usize) -> Self {
-        self.pace_with(|p| p.concurrency(n))
-    }
-
-    /// At most `rate` deliveries of the default lane started. Defaults to
-    /// no limit. See [`Pace::rate`].
-    pub fn rate(self, rate: Rate) -> Self {
-        self.pace_with(|p| p.rate(rate))
-    }
-
-    /// The waits after failures instead of the exponential backoff, with
-    /// full jitter (uniform in `[0, delay]`; past the end the last delay
-    /// repeats). See [`Pace::retry_schedule`].
-    pub fn retry_schedule(self, delays: impl IntoIterator<Item = Duration>) -> Self {
-        self.pace_with(|p| p.retry_schedule(delays))
-    }
-
-    /// A circuit breaker on the default lane: opened when at least
-    /// `failures` of the notifications delivered lately failed and they are
-    /// at least half; no delivery for `cooldown`, then a few probes. See
-    /// [`Pace::breaker`].
-    pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
-        self.pace_with(|p| p.breaker(failures, cooldown))
-    }
-
-    /// The default lane's whole pace at once.
-    pub fn pace(self, pace: Pace) -> Self {
-        self.pace_with(|_| pace)
-    }
-
-    /// Paces the messages `lane_of` names `name` on their own (its own
-    /// concurrency, rate, retry schedule and breaker). Messages it names
-    /// no lane for go to the default lane.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::time::Duration;
-    /// use tower_idempotency_queue::{MemoryQueue, Message, Pace, Worker};
-    ///
-    /// let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
-    /// let worker = Worker::new(MemoryQueue::new(), deliver)
-    ///     .lane("/notify/wx", Pace::new().concurrency(20).breaker(10, Duration::from_secs(30)))
-    ///     .lanes(|m: &Message| m.uri.path().starts_with("/notify/wx").then(|| Arc::from("/notify/wx")));
-    /// # drop(worker);
-    /// ```
-    pub fn lane(mut self, name: impl Into<Arc<str>>, pace: Pace) -> Self {
-        let name = name.into();
-        match self.lanes.iter_mut().skip(1).find(|l| l.name == name) {
-            Some(lane) => *lane = Lane::new(name, pace),
-            None => self.lanes.push(Lane::new(name, pace)),
-        }
-        for lane in &mut self.lanes[1..] {
-            lane.reported = true;
-        }
-        self
-    }
-
-    /// Names the lane of each message (see [`lane`](Self::lane)).
-    pub fn lanes(
-        mut self,
-        lane_of: impl Fn(&Message) -> Option<Arc<str>> + Send + Sync + 'static,
-    ) -> Self {
-        self.lane_of = Some(Arc::new(lane_of));
-        self
-    }
-
     pub(super) fn lane_index(&self, message: &Message) -> usize {
         let Some(name) = self.lane_of.as_ref().and_then(|f| f(message)) else {
             return 0;

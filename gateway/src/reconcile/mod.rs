@@ -1,7 +1,12 @@
-//! Reconciliation: a channel's bill against the journal.
+//! Reconciliation: a channel's bill (WeChat Pay's trade bill, Alipay's
+//! business detail) read by [`parse_wechatpay_bill`] or
+//! [`parse_alipay_bill`], against the [journal](crate::journal)'s records.
 
-use super::bill::{Bill, BillLine};
-use super::{JournalOutcome, JournalRecord};
+mod bill;
+
+pub use self::bill::{parse_alipay_bill, parse_wechatpay_bill, Bill, BillError, BillLine};
+
+use crate::journal::{JournalOutcome, JournalRecord};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -82,10 +87,10 @@ pub struct Finding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum BillChannel {
-    /// WeChat Pay: its trade bill (交易账单, [`parse_wechatpay_bill`](super::parse_wechatpay_bill)),
+    /// WeChat Pay: its trade bill (交易账单, [`parse_wechatpay_bill`]),
     /// for the `wechatpay-v2` and `wechatpay-v3` presets.
     Wechatpay,
-    /// Alipay: its business detail (业务明细, [`parse_alipay_bill`](super::parse_alipay_bill)),
+    /// Alipay: its business detail (业务明细, [`parse_alipay_bill`]),
     /// for the `alipay` preset.
     Alipay,
 }

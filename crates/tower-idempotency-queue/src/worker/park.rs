@@ -1,15 +1,15 @@
 //! [`Park`]: a paused route's entries held out of the due set until its
 //! pause ends, instead of being fetched and put back again and again.
 
-use super::{Delivery, Queue, QueueError};
+use crate::{Delivery, Queue, QueueError};
 use std::future::Future;
 
 /// A queue that can park entries: take a leased entry out of the due set,
 /// under the prefix of the paused route it belongs to, and put every entry
 /// parked under a prefix back, due at once, when that route resumes.
 ///
-/// A [`Worker`](super::Worker) given one with
-/// [`park_paused`](super::Worker::park_paused) parks the entries of a paused
+/// A [`Worker`](crate::Worker) given one with
+/// [`park_paused`](crate::Worker::park_paused) parks the entries of a paused
 /// route (a delivery whose error says
 /// [`Disposition::Pause`](tower_idempotency::consumer::Disposition::Pause))
 /// instead of postponing them: nothing of that route is fetched again until
@@ -17,7 +17,7 @@ use std::future::Future;
 /// at start, wakes every [`parked`](Self::parked) prefix that is not paused
 /// any more).
 ///
-/// [`RedbQueue`](super::RedbQueue), [`MemoryQueue`](super::MemoryQueue) and
+/// [`RedbQueue`](crate::RedbQueue), [`MemoryQueue`](crate::MemoryQueue) and
 /// `RedisStreamsQueue` park. `AmqpQueue` and `JetStreamQueue` do not
 /// ([`parks`](Self::parks) is `false`): their delays cannot be shortened
 /// once set, so a paused route's entries there keep being postponed (for
@@ -50,10 +50,10 @@ pub trait Park: Queue {
 /// A parking call ready to run.
 type Parking = std::pin::Pin<Box<dyn Future<Output = Option<Result<bool, QueueError>>> + Send>>;
 
-/// How a [`Worker`](super::Worker) parks a paused route's delivery: the
+/// How a [`Worker`](crate::Worker) parks a paused route's delivery: the
 /// queue (one that parks) and which paused prefix a message is under.
 #[derive(Clone)]
-pub(super) struct Parker(std::sync::Arc<ParkFn>);
+pub(crate) struct Parker(std::sync::Arc<ParkFn>);
 
 /// Starts parking a delivery, or says it is not to be parked.
 type ParkFn = dyn Fn(&Delivery) -> Option<Parking> + Send + Sync;
@@ -67,7 +67,7 @@ impl std::fmt::Debug for Parker {
 impl Parker {
     pub(super) fn new<P: Park>(
         queue: P,
-        prefix_of: impl Fn(&super::Message) -> Option<String> + Send + Sync + 'static,
+        prefix_of: impl Fn(&crate::Message) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         Self(std::sync::Arc::new(move |d: &Delivery| {
             if !queue.parks() {
@@ -88,7 +88,7 @@ impl Parker {
 
 #[cfg(test)]
 mod tests {
-    use super::Park;
+    use crate::Park;
     use crate::{Ingested, MemoryQueue, Message, Queue};
     use std::time::Duration;
     use tower_idempotency::Fingerprint;

@@ -1,8 +1,8 @@
 //! [`RedbQueue`]: the embedded durable queue, one file on one node.
 
 use super::delegate::embedded_queue;
-use super::embedded::Embedded;
-use super::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
+use super::store::Embedded;
+use crate::{DeadLetter, Delivery, EntryId, Ingested, Message, QueueError, QueueStats};
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,13 +14,13 @@ use std::time::Duration;
 /// a process killed with `kill -9` (or a power cut) reopens at the last
 /// committed transaction with no recovery step to run, and it locks its file
 /// so that a second process cannot open it by mistake. Every
-/// [`ingest`](super::Queue::ingest) is committed and fsynced before it
+/// [`ingest`](crate::Queue::ingest) is committed and fsynced before it
 /// returns, so an acknowledgement given after it is true; so is every
-/// [`ack`](super::Queue::ack), retry and dead letter, so a crash redelivers
+/// [`ack`](crate::Queue::ack), retry and dead letter, so a crash redelivers
 /// at most the entries whose `ack` had not returned. Concurrent changes
 /// share one commit (group commit), so a storm costs one disk flush per
 /// group, not one per notification, and so do the acknowledgements of a
-/// [`Worker`](super::Worker)'s round.
+/// [`Worker`](crate::Worker)'s round.
 ///
 /// For many instances, use a shared queue (Redis Streams) instead.
 ///
@@ -64,7 +64,7 @@ impl RedbQueue {
     }
 
     /// Keeps `bytes` free on the file system holding the queue: while less
-    /// is free, [`ingest`](super::Queue::ingest) is refused with an
+    /// is free, [`ingest`](crate::Queue::ingest) is refused with an
     /// [unwritable](QueueError::is_unwritable) error (acknowledge nothing:
     /// answer the channel's failure reply, it sends the notification again),
     /// checked before each group of ingests. redb is copy-on-write, so even

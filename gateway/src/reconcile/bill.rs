@@ -4,7 +4,7 @@
 //! `…_业务明细.csv` of `alipay.data.dataservice.bill.downloadurl.query`
 //! with `bill_type=trade`).
 
-use super::business::parse_yuan;
+use crate::journal::parse_yuan;
 use encoding_rs::GBK;
 use std::borrow::Cow;
 use std::fmt;

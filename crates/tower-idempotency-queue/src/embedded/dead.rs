@@ -1,10 +1,11 @@
 //! Dead letters in the embedded queue: moving a delivery that failed for
 //! good to the `dead` table, listing it, and replaying it as a new entry.
 
-use super::attempts::History;
-use super::embedded::{Embedded, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS};
-use super::records::{decode_dead, err, fail, queue_now, time_of, Marker};
-use super::{DeadLetter, Delivery, Message, QueueError, QueueErrorKind};
+use super::records::{decode_dead, err, fail, queue_now, Marker};
+use super::store::{Embedded, DEAD, DEAD_ATTEMPTS, EXPIRY, KEYS};
+use crate::attempts::History;
+use crate::common::time_of;
+use crate::{DeadLetter, Delivery, Message, QueueError, QueueErrorKind};
 use redb::{ReadableTable, WriteTransaction};
 
 impl Embedded {
@@ -339,8 +340,8 @@ mod tests {
     /// none, and the letter is still listed, replayed and deleted.
     #[tokio::test(flavor = "current_thread")]
     async fn an_old_or_damaged_dead_letter_still_reads() {
-        use crate::embedded::{Embedded, DEAD_ATTEMPTS};
-        use crate::records::err;
+        use crate::embedded::records::err;
+        use crate::embedded::store::{Embedded, DEAD_ATTEMPTS};
         let db = redb::Database::builder()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .unwrap();

@@ -8,7 +8,7 @@
 use super::records::{self, err};
 use super::reopen::{poisoned, Db};
 use super::room::is_full;
-use super::{QueueError, QueueErrorKind};
+use crate::{QueueError, QueueErrorKind};
 use redb::{CommitError, Database, StorageError, WriteTransaction};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;

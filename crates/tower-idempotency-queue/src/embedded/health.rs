@@ -3,7 +3,7 @@
 //! `writable` in its [`QueueStats`] (the gauge `idempotency_queue_writable`).
 
 use super::room::Room;
-use super::{QueueError, QueueStats};
+use crate::{QueueError, QueueStats};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
