@@ -80,7 +80,7 @@ impl Destination {
             .only
             .iter()
             .zip(values)
-            .all(|((_, accepted), got)| got.is_some_and(|got| accepted.iter().any(|a| *a == got))))
+            .all(|((_, accepted), got)| got.is_some_and(|got| accepted.contains(&got))))
     }
 }
 

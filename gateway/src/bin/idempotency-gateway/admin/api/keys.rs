@@ -113,7 +113,7 @@ impl Admin {
         let Some(routes) = self.routes.get() else {
             return Vec::new();
         };
-        let Some(route) = key.splitn(4, ':').nth(2) else {
+        let Some(route) = key.split(':').nth(2) else {
             return Vec::new();
         };
         let Ok(route) = percent_encoding::percent_decode_str(route).decode_utf8() else {
