@@ -302,6 +302,37 @@ async fn dead_letters_name_their_destination_and_a_replay_calls_it_alone_redis_s
     dead_letters_by_destination(&queue, "redis").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_name_their_destination_and_a_replay_calls_it_alone_rabbitmq() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some((_broker, url)) = super::gateway_ack::rabbitmq_queue("dest-dead") else {
+        return;
+    };
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    dead_letters_by_destination(&queue, "amqp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_name_their_destination_and_a_replay_calls_it_alone_jetstream() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(nats) = test_support::support_nats::own() else {
+        return;
+    };
+    let url = nats.url();
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    dead_letters_by_destination(&queue, "jetstream").await;
+}
+
 /// `pause PREFIX --upstream NAME` holds that destination's deliveries
 /// alone; `resume` delivers them, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,6 +517,37 @@ async fn killed_mid_delivery_the_done_destination_is_never_called_again_redis_st
         crate::gateway_support::queue_secret(),
     ];
     killed_mid_delivery(&queue, "redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_delivery_the_done_destination_is_never_called_again_rabbitmq() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some((_broker, url)) = super::gateway_ack::rabbitmq_queue("dest-kill") else {
+        return;
+    };
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    killed_mid_delivery(&queue, "amqp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_delivery_the_done_destination_is_never_called_again_jetstream() {
+    let _beside = crate::gateway_support::beside_storms().await;
+    let Some(nats) = test_support::support_nats::own() else {
+        return;
+    };
+    let url = nats.url();
+    let queue = [
+        "--queue",
+        url.as_str(),
+        "--queue-secret-file",
+        crate::gateway_support::queue_secret(),
+    ];
+    killed_mid_delivery(&queue, "jetstream").await;
 }
 
 /// Two gateways on one Redis Streams queue, the ledger down at first:
