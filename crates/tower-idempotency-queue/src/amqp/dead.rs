@@ -183,14 +183,17 @@ impl<S: Store> AmqpQueue<S> {
     }
 
     /// Replays every dead letter there was when it was called (on any
-    /// instance), each as `reseal` makes it; how many.
+    /// instance), each as `reseal` makes it; how many. A letter that dies
+    /// again meanwhile (a new letter) waits for the next call.
     pub(super) async fn replay_every(&self, reseal: &Reseal) -> Result<usize, QueueError> {
         self.catch_up().await?;
+        let end = self.read_up_to();
         let (mut n, mut after) = (0, None);
         loop {
             // A page at a time: the index is not held over a publish.
             let page: Vec<u64> = (self.indexed_after(after, 100).iter())
                 .filter_map(|l| offset_of(&l.id))
+                .filter(|o| *o < end)
                 .collect();
             let Some(&last) = page.last() else {
                 return Ok(n);
@@ -246,7 +249,12 @@ impl<S: Store> AmqpQueue<S> {
             return Ok(None);
         };
         // When it died too: the offsets of a log made again start over.
-        let key = self.record_key(&format!("dead:{offset}:{}", ms_of(letter.dead_at)));
+        // Beside the key records (`amqp:NAME:KEY`), never one of them.
+        let key = format!(
+            "amqp-dead:{}:{offset}:{}",
+            self.inner.name,
+            ms_of(letter.dead_at)
+        );
         let token = OwnerToken::new();
         let fp = Fingerprint::of(match what {
             Settle::Replay => b"replay".as_slice(),

@@ -62,8 +62,8 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(20);
 /// The letters not settled, as read from the log so far.
 #[derive(Default)]
 struct Index {
-    /// By offset.
-    letters: BTreeMap<u64, DeadLetter>,
+    /// By offset, with its message id.
+    letters: BTreeMap<u64, (String, DeadLetter)>,
     /// The message id of each letter in `letters`: a letter moved from an
     /// earlier version's queue twice (a move cut short) is kept once.
     message_ids: HashMap<String, u64>,
@@ -103,8 +103,10 @@ impl Index {
                         self.moved.insert(id.clone());
                     }
                     let letter = super::dead::letter_at(offset, d);
-                    self.letters.insert(offset, letter);
-                    self.message_ids.insert(id, offset);
+                    if !id.is_empty() {
+                        self.message_ids.insert(id.clone(), offset);
+                    }
+                    self.letters.insert(offset, (id, letter));
                 }
             }
         }
@@ -118,8 +120,10 @@ impl Index {
     }
 
     fn settle(&mut self, offset: u64) -> Option<DeadLetter> {
-        let letter = self.letters.remove(&offset)?;
-        self.message_ids.retain(|_, o| *o != offset);
+        let (id, letter) = self.letters.remove(&offset)?;
+        if self.message_ids.get(&id) == Some(&offset) {
+            self.message_ids.remove(&id);
+        }
         Some(letter)
     }
 }
@@ -319,7 +323,8 @@ impl<S: Store> AmqpQueue<S> {
 
     /// The letter at `offset`, if it is in the index and not settled.
     pub(super) fn indexed(&self, offset: u64) -> Option<DeadLetter> {
-        self.inner.dead_log.index().letters.get(&offset).cloned()
+        let index = self.inner.dead_log.index();
+        index.letters.get(&offset).map(|(_, l)| l.clone())
     }
 
     /// At most `limit` letters of the index after offset `after` (from
@@ -332,8 +337,14 @@ impl<S: Store> AmqpQueue<S> {
         };
         (index.letters.range((start, std::ops::Bound::Unbounded)))
             .take(limit)
-            .map(|(_, l)| l.clone())
+            .map(|(_, (_, l))| l.clone())
             .collect()
+    }
+
+    /// The offset the reader reads next: every letter read so far is
+    /// before it.
+    pub(super) fn read_up_to(&self) -> u64 {
+        self.inner.dead_log.index().next
     }
 
     /// How many letters are not settled, once the log was read to where
