@@ -94,16 +94,16 @@ impl<S: Store> AmqpQueue<S> {
             self.give_back_one(held.generation, &held.acker).await;
             return Err(e);
         }
-        self.settled(held.generation, held.acker.ack(BasicAckOptions::default()))
-            .await?;
-        let limit = if reading {
+        let acked =
+            (self.settled(held.generation, held.acker.ack(BasicAckOptions::default()))).await;
+        let limit = if reading && acked.is_ok() {
             EXCHANGE_LIMIT
         } else {
             Duration::ZERO
         };
         // Buried whatever the reader does: it reads the letter later.
         let _ = self.read_back(awaited, limit).await;
-        Ok(true)
+        acked.map(|()| true)
     }
 
     pub(super) async fn dead_letters_now(
