@@ -2,7 +2,9 @@
 //! the upstream only moving forward, in every order they arrive; a stale
 //! event gets the channel's success, is journaled `stale`, and its copies
 //! replay; an event the order cannot place is forwarded; two gateways on
-//! one Redis store keep one object's events in order; `--check-config`
+//! one Redis store keep one object's events in order; on an
+//! ack-then-deliver route a queued event its object has moved past is
+//! settled as stale, never delivered; `--check-config`
 //! names a bad `order` or `[[order]]` at its line.
 
 use crate::gateway_support;
@@ -402,5 +404,77 @@ fn check_config_names_a_bad_order_at_its_line() {
     refused(
         "[[route]]\nprefix = \"/\"\npreset = \"auto\"\norder = \"stripe\"\n",
         "4: `order` needs the route's preset, not `auto`",
+    );
+}
+
+/// The value of the `/metrics` series `name` whose labels hold each of `labels`.
+fn metric(admin: SocketAddr, name: &str, labels: &[&str]) -> Option<f64> {
+    let (_, body) = gateway_support::get(admin, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Every order of three events of one object on an ack-then-deliver route:
+/// each is acknowledged; at delivery the upstream gets only the forward
+/// moves, and each event its object had moved past is settled as stale:
+/// journaled `stale`, acked (the queue empties), never delivered, not a
+/// dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_then_deliver_route_delivers_only_forward_moves() {
+    let up = Upstream::start().await;
+    let config = "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\norder = \"stripe\"\n\
+                  mode = \"ack-then-deliver\"\ndeliver_concurrency = 1\n";
+    let gw = Ordered::start(&up.url(), config, &[]);
+    let run = std::process::id();
+    let (mut stale_ids, mut delivered_ids) = (Vec::new(), Vec::new());
+    for (n, order) in ORDERS.iter().enumerate() {
+        let object = format!("pi_ack_{run}_{n}");
+        let id = |i: usize| format!("evt_ack_{run}_{n}_{i}");
+        for &i in order {
+            let (kind, created) = LIFE[i];
+            let answer = send(gw.gw.addr, "/stripe", event(&id(i), &object, kind, created)).await;
+            assert_eq!(answer.status, 200, "{order:?} event {i}: {}", answer.text());
+        }
+        for i in 0..3 {
+            match forward_moves(order).contains(&i) {
+                true => delivered_ids.push(id(i)),
+                false => stale_ids.push(id(i)),
+            }
+        }
+    }
+    gw.journaled("stale", &stale_ids).await;
+    gw.journaled("delivered", &delivered_ids).await;
+    for (n, order) in ORDERS.iter().enumerate() {
+        let want: Vec<u64> = forward_moves(order).iter().map(|&i| LIFE[i].1).collect();
+        let object = format!("pi_ack_{run}_{n}");
+        assert_eq!(seen_created(&up, &object), want, "order {order:?}");
+    }
+    // Stale ones were never delivered, nor failed, nor dead-lettered.
+    for r in gw.journal("stale") {
+        assert!(r["outcomes"].get("delivered").is_none(), "{r:#}");
+        assert!(r["outcomes"].get("delivery_failed").is_none(), "{r:#}");
+    }
+    let settled = Instant::now();
+    while metric(gw.admin, "idempotency_queue_depth", &[]) != Some(0.0) {
+        assert!(
+            settled.elapsed() < Duration::from_secs(10),
+            "the queue did not empty"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric(gw.admin, "idempotency_queue_dead_letters", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(
+            gw.admin,
+            "idempotency_order_events_total",
+            &["order=\"stripe\"", "result=\"stale\""]
+        ),
+        Some(stale_ids.len() as f64)
     );
 }
