@@ -364,6 +364,13 @@ fn check_config_names_a_bad_order_at_its_line() {
         assert!(said.contains(&warning), "{said}");
     }
     assert!(!accepted(&route("stripe")).contains("warning: route `/p`: order"));
+    let wechat =
+        "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\norder = \"wechatpay-v3\"\n";
+    let said = accepted(wechat);
+    assert!(
+        said.contains("order `wechatpay-v3` reads the resource the route's `verify` decrypts"),
+        "{said}"
+    );
     refused(
         &route("nope"),
         "4: `order`: unknown order `nope`; expected a built-in order (stripe, alipay, paypal, wechatpay-v3)",
