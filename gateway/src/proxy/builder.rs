@@ -5,6 +5,7 @@ use super::entrance::verified_presets;
 use super::forward::RouteLimit;
 use super::gateway::{Gateway, Guard, Route, Shared, Target};
 use super::ingest::{Ingest, IngestFn};
+use super::order::{Answer, ToUpstream};
 use super::route::{RouteError, RouteTable};
 use super::{Forward, RouteOptions};
 use crate::shed::Gauge;
@@ -271,6 +272,12 @@ impl<S: Store> GatewayBuilder<S> {
             // Every spelling of the route shares its records.
             let stack = |preset: Preset, options: &RouteOptions| {
                 let store = store_for(&preset);
+                // Behind the dedup layer: copies are replays before the
+                // order sees them.
+                let upstream = match options.order_layer(&preset, store.clone()) {
+                    Some(order) => ToUpstream::Ordered(order.layer(Answer(guarded.clone()))),
+                    None => ToUpstream::Forward(guarded.clone()),
+                };
                 options
                     .layer(preset, store)
                     .capture_request(capture)
@@ -278,7 +285,7 @@ impl<S: Store> GatewayBuilder<S> {
                     .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
-                    .layer(guarded.clone())
+                    .layer(upstream)
             };
             let mut stacks: Vec<Guard<S>> = Vec::new();
             let guard = |preset: Preset, options: &RouteOptions| Guard {

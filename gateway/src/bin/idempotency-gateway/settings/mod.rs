@@ -7,6 +7,7 @@
 pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod limit;
+pub(crate) mod orders;
 pub(crate) mod pace;
 pub(crate) mod parse;
 pub(crate) mod presets;
