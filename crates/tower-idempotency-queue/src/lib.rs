@@ -107,7 +107,7 @@ pub use self::amqp::AmqpQueue;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStreamsQueue;
 pub use attempts::{Attempt, MAX_ATTEMPTS_KEPT, MAX_ERROR_LEN};
-pub use embedded::{MemoryQueue, RedbQueue};
+pub use embedded::{InMemory, MemoryQueue, OnDisk, RedbQueue};
 pub use error::{QueueError, QueueErrorKind};
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]

@@ -87,20 +87,25 @@ pub enum JournalOutcome {
     DeliveryFailed,
     /// An operator forgot the key (it runs again on its next copy).
     Forgotten,
+    /// The route's order answered the copy, or settled the delivery,
+    /// itself: its object had moved past it, and the upstream was not
+    /// called.
+    Stale,
 }
 
 impl JournalOutcome {
     /// The outcome as records count it (their `outcomes`) and filters
     /// select it ([`JournalFilter::outcome`]): a layer's outcome as
     /// [`Outcome::as_str`](tower_idempotency::Outcome::as_str) writes it
-    /// (`executed`, `replayed`, ...), else `delivered`, `delivery_failed`
-    /// or `forgotten`.
+    /// (`executed`, `replayed`, ...), else `delivered`, `delivery_failed`,
+    /// `forgotten` or `stale`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Layer(outcome) => outcome.as_str(),
             Self::Delivered => "delivered",
             Self::DeliveryFailed => "delivery_failed",
             Self::Forgotten => "forgotten",
+            Self::Stale => "stale",
         }
     }
 }
@@ -661,6 +666,7 @@ mod tests {
             (JournalOutcome::Delivered, "delivered"),
             (JournalOutcome::DeliveryFailed, "delivery_failed"),
             (JournalOutcome::Forgotten, "forgotten"),
+            (JournalOutcome::Stale, "stale"),
         ] {
             assert_eq!(outcome.as_str(), word);
             assert_eq!(outcome.to_string(), word);

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tower_idempotency::consumer::{Disposition, Failure};
 use tower_idempotency::dedup::Mismatched;
+use tower_idempotency::order::Stale;
 use tower_idempotency::store::Store;
 use tower_idempotency::Outcome;
 use tower_idempotency_queue::original_key;
@@ -48,6 +49,7 @@ pub struct DeliveryError {
 pub struct Delivered {
     status: http::StatusCode,
     upstream: Option<UpstreamAnswer>,
+    stale: bool,
 }
 
 impl Delivered {
@@ -60,6 +62,13 @@ impl Delivered {
     /// when the answer was an earlier delivery's, replayed.
     pub fn upstream(&self) -> Option<UpstreamAnswer> {
         self.upstream
+    }
+
+    /// Whether the route's order settled it as stale: its object had moved
+    /// past it, and the upstream was not called (see
+    /// [`RouteOptions::order`](super::RouteOptions::order)).
+    pub fn is_stale(&self) -> bool {
+        self.stale
     }
 }
 
@@ -423,6 +432,7 @@ impl<S: Store> Gateway<S> {
             .copied();
         let mismatched = res.extensions().get::<Mismatched>().copied();
         let paused = res.extensions().get::<super::RoutePaused>().is_some();
+        let stale = res.extensions().get::<Stale>().is_some();
         // Read the whole answer: the dedup layer records it at its end.
         let mut body = std::pin::pin!(res.into_body());
         while let Some(frame) = body.frame().await {
@@ -459,7 +469,11 @@ impl<S: Store> Gateway<S> {
             // Paused since the check above: held as there.
             Err(DeliveryError::paused(&path))
         } else if status.is_success() {
-            Ok(Delivered { status, upstream })
+            Ok(Delivered {
+                status,
+                upstream,
+                stale,
+            })
         } else if let Some(
             own @ (Outcome::Shed
             | Outcome::InFlightRejected

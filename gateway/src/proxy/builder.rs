@@ -5,6 +5,7 @@ use super::entrance::verified_presets;
 use super::forward::RouteLimit;
 use super::gateway::{Gateway, Guard, Route, Shared, Target};
 use super::ingest::{Ingest, IngestFn};
+use super::order::{Answer, ToUpstream};
 use super::route::{RouteError, RouteTable};
 use super::{Forward, RouteOptions};
 use crate::shed::Gauge;
@@ -276,6 +277,12 @@ impl<S: Store> GatewayBuilder<S> {
             // Every spelling of the route shares its records.
             let stack = |preset: Preset, options: &RouteOptions| {
                 let store = store_for(&preset);
+                // Behind the dedup layer: copies are replays before the
+                // order sees them.
+                let upstream = match options.order_layer(&preset, store.clone()) {
+                    Some(order) => ToUpstream::Ordered(order.layer(Answer(guarded.clone()))),
+                    None => ToUpstream::Forward(guarded.clone()),
+                };
                 options
                     .layer(preset, store)
                     .capture_request(capture)
@@ -283,7 +290,7 @@ impl<S: Store> GatewayBuilder<S> {
                     .route(prefix)
                     .reply_timeout(reply)
                     .task_tracker(tasks.clone())
-                    .layer(guarded.clone())
+                    .layer(upstream)
             };
             let mut stacks: Vec<Guard<S>> = Vec::new();
             let guard = |preset: Preset, options: &RouteOptions| Guard {
@@ -348,17 +355,26 @@ impl<S: Store> GatewayBuilder<S> {
                                 None => guarded,
                             };
                             // Each destination's delivery is a claim of its
-                            // own: its own record and fencing token.
+                            // own: its own record and fencing token; and, on
+                            // a route with an order, its own positions.
+                            let store = store_for(&preset);
+                            let own = super::destination::store_prefix(&d.name);
+                            let upstream = match options.order_layer(&preset, store.clone()) {
+                                Some(order) => ToUpstream::Ordered(
+                                    order.prefix(own.clone()).layer(Answer(guarded.clone())),
+                                ),
+                                None => ToUpstream::Forward(guarded),
+                            };
                             let stack = options
                                 .without_verify()
-                                .layer(preset.clone(), store_for(&preset))
-                                .prefix(super::destination::store_prefix(&d.name))
+                                .layer(preset.clone(), store)
+                                .prefix(own)
                                 .capture_request(capture)
                                 .key_in_response(extensions)
                                 .route(prefix)
                                 .reply_timeout(options.get_reply_timeout().unwrap_or(f.timeout()))
                                 .task_tracker(tasks.clone())
-                                .layer(guarded);
+                                .layer(upstream);
                             let gate = pauses.as_ref().map(|p| p.gate(&lane));
                             destinations.push((d.name.clone(), stack, gate));
                         }

@@ -64,7 +64,7 @@ pub type GatewayResponse = Response<ResponseBody<ProxyBody>>;
 /// Under a `client-token` route, the path that issues tokens.
 const TOKEN_PATH: &str = "/idempotency-token";
 
-pub(super) type Stack<S> = Idempotency<Forward, S>;
+pub(super) type Stack<S> = Idempotency<super::order::ToUpstream<S>, S>;
 
 /// An acknowledge-then-deliver route's pipeline: the same layers in front
 /// of the queue as a synchronous route has in front of its dedup layer.

@@ -63,6 +63,7 @@ mod gateway;
 mod headers;
 mod ingest;
 mod options;
+mod order;
 mod panic;
 mod path;
 mod pause;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::dedup::OnStoreError;
 use tower_idempotency::key::{AuthorizationHash, CookiePrincipal, HeaderPrincipal, Principal};
+use tower_idempotency::order::{Order, OrderLayer};
 use tower_idempotency::store::Store;
 use tower_idempotency::verify::VerifyLayer;
 use tower_idempotency::{IdempotencyLayer, Preset};
@@ -38,6 +39,7 @@ pub struct RouteOptions {
     queue_wait: Option<Duration>,
     upstream: Option<super::Forward>,
     destinations: Vec<super::Destination>,
+    order: Option<Order>,
 }
 
 /// The run limit of a route that sets none (the layer's default).
@@ -60,7 +62,26 @@ impl RouteOptions {
             queue_wait: None,
             upstream: None,
             destinations: Vec::new(),
+            order: None,
         }
+    }
+
+    /// The order of the objects the route's notifications are about (see
+    /// [`OrderLayer`](tower_idempotency::order::OrderLayer)): behind the
+    /// dedup layer, per object one event at a time reaches the upstream, an
+    /// event at or behind its object's position is answered with the
+    /// channel's success without reaching it (and its copies replay that
+    /// answer), and a success moves the position. Queued deliveries of an
+    /// acknowledge-then-deliver route go through it too. Kept in the route's
+    /// store, for the route's window (or the preset's). Defaults to none.
+    pub fn order(mut self, order: Order) -> Self {
+        self.order = Some(order);
+        self
+    }
+
+    /// The route's order, if it has one.
+    pub fn get_order(&self) -> Option<&Order> {
+        self.order.as_ref()
     }
 
     /// The route's own upstream: its requests (guarded, and its queued
@@ -377,6 +398,18 @@ impl RouteOptions {
             layer = layer.verify(verify.clone());
         }
         layer
+    }
+
+    /// The order layer of these settings for `preset`'s events, over `store`.
+    pub(crate) fn order_layer<S: Store>(&self, preset: &Preset, store: S) -> Option<OrderLayer<S>> {
+        let order = self.order.clone()?;
+        let mut layer = OrderLayer::new(order, store)
+            .ttl(self.window.unwrap_or_else(|| preset.window()))
+            .wait(self.wait.unwrap_or_else(|| preset.wait()));
+        if let Some(lease) = self.lease {
+            layer = layer.lease(lease);
+        }
+        Some(layer)
     }
 
     /// The principal of `preset`'s keys when these options set one: only

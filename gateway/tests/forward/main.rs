@@ -6,6 +6,7 @@ mod gateway_client_api;
 mod gateway_deadline;
 mod gateway_flags;
 mod gateway_limits;
+mod gateway_order;
 mod gateway_paths;
 mod gateway_pool_hygiene;
 mod gateway_presets;

@@ -3,7 +3,8 @@
 //! preset's notification sent to its route with `--copies 3`: it verifies,
 //! the upstream is called once, the first copy runs and the others are
 //! replayed. A configured preset's signature verifies the same way; a wrong
-//! secret gets the 401, and `send` says so and exits 1.
+//! secret gets the 401, and `send` says so and exits 1. The built-in orders
+//! place what `send` sends for their channel.
 
 use crate::gateway_support;
 use test_support::common;
@@ -488,4 +489,74 @@ async fn a_refused_signature_gets_the_body_the_channels_page_says() {
         "a refused notification reached the upstream"
     );
     drop(gw);
+}
+
+/// The built-in orders place what each channel really sends: a route of
+/// test-keys with `order` set to its preset, one notification each by
+/// `send`, and each is placed (forwarded, its object's position advanced),
+/// WeChat Pay v3's from the resource its `verify` decrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_orders_place_what_send_sends() {
+    let (_, printed) = test_keys();
+    let orders = ["wechatpay-v3", "alipay", "paypal", "stripe"];
+    let mut routes = String::new();
+    for line in printed.lines() {
+        routes.push_str(line);
+        routes.push('\n');
+        if let Some(name) = orders.iter().find(|o| line == format!("preset = \"{o}\"")) {
+            routes.push_str(&format!("order = \"{name}\"\n"));
+        }
+    }
+    let up = Upstream::start().await;
+    let admin = common::free_addr();
+    let file = temp_path("send-order.toml");
+    std::fs::write(&file, format!("upstream = \"{}\"\n\n{routes}", up.url())).unwrap();
+    let gw = Proc::start(
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            &admin.to_string(),
+        ],
+        &[],
+        Stdio::inherit(),
+    );
+    let sends: Vec<(String, String, String)> = printed
+        .lines()
+        .filter_map(|l| l.strip_prefix("# send URL"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[0].to_owned(), w[2].to_owned(), w[4].to_owned())
+        })
+        .filter(|(_, preset, _)| orders.contains(&preset.as_str()))
+        .collect();
+    assert_eq!(sends.len(), orders.len(), "{printed}");
+    for (path, preset, secret) in &sends {
+        let out = gateway_cli(vec![
+            "send".into(),
+            format!("http://{}{path}", gw.addr),
+            "--preset".into(),
+            preset.clone(),
+            "--secret".into(),
+            secret.clone(),
+        ])
+        .await;
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{preset}: {stdout}{stderr}");
+        assert_eq!(up.calls(path), 1, "{preset}: forwarded");
+    }
+    let (_, metrics) = gateway_support::get(admin, "/metrics");
+    for order in orders {
+        let advanced = metrics.lines().any(|l| {
+            l.starts_with("idempotency_order_events_total{")
+                && l.contains(&format!("order=\"{order}\""))
+                && l.contains("result=\"advanced\"")
+                && l.ends_with(" 1")
+        });
+        assert!(advanced, "{order} placed nothing:\n{metrics}");
+    }
+    drop(gw);
+    let _ = std::fs::remove_file(file);
 }

@@ -95,6 +95,17 @@ pub(super) fn quorum() -> FieldTable {
     args
 }
 
+/// The arguments of a stream: an append-only log, read from an offset
+/// without taking what is read.
+pub(super) fn stream() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("stream")),
+    );
+    args
+}
+
 pub(super) fn durable() -> QueueDeclareOptions {
     QueueDeclareOptions {
         durable: true,
@@ -256,11 +267,11 @@ impl<S: Store> AmqpQueue<S> {
         )
         .await
         .map_err(err)?;
-        ch.queue_declare(string(self.dead_queue()), durable(), quorum())
+        ch.queue_declare(string(self.dead_log()), durable(), stream())
             .await
             .map_err(err)?;
         ch.queue_bind(
-            string(self.dead_queue()),
+            string(self.dead_log()),
             string(self.dlx()),
             string(name.clone()),
             QueueBindOptions::default(),
@@ -359,6 +370,19 @@ impl<S: Store> AmqpQueue<S> {
         headers: FieldTable,
     ) -> Result<(), QueueError> {
         let props = super::entry::properties(message, env, headers);
+        self.publish_raw(exchange, routing_key, &message.encode(), props)
+            .await
+    }
+
+    /// Publishes `body` with `props` as they are to `exchange`/`routing_key`
+    /// and waits for the broker's confirm.
+    pub(super) async fn publish_raw(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: lapin::BasicProperties,
+    ) -> Result<(), QueueError> {
         let link = self.link().await?;
         let sent = async {
             link.publish
@@ -369,7 +393,7 @@ impl<S: Store> AmqpQueue<S> {
                         mandatory: true,
                         ..BasicPublishOptions::default()
                     },
-                    &message.encode(),
+                    body,
                     props,
                 )
                 .await?

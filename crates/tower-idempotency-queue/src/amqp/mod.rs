@@ -5,17 +5,21 @@
 //! publishing with confirms), `entry` (what an entry carries besides its
 //! message), `feed` (the consumer entries are pushed to), `records` (the
 //! key records that say "already queued"), `delay` (retries waiting out
-//! their backoff), `dead` (dead letters and replay), `pace` (pacing across
-//! gateways), `stats` (what the broker counts).
+//! their backoff), `dead` (dead letters, replay and delete), `dead_log`
+//! (the stream of dead letters and the index read from it), `upgrade` (the
+//! dead letters of an earlier version), `pace` (pacing across gateways),
+//! `stats` (what the broker counts).
 
 mod connection;
 mod dead;
+mod dead_log;
 mod delay;
 mod entry;
 mod feed;
 mod pace;
 mod records;
 mod stats;
+mod upgrade;
 
 use self::entry::{
     header_text, header_u64, Envelope, ATTEMPTS_HEADER, ENQUEUED_HEADER, HISTORY_HEADER,
@@ -73,6 +77,8 @@ struct Inner<S> {
     backing_off: Mutex<HashMap<String, Instant>>,
     /// The consumer entries are pushed to.
     feed: tokio::sync::Mutex<Option<feed::Feed>>,
+    /// The dead letters not settled, read from the dead-letter log.
+    dead_log: dead_log::DeadLog,
 }
 
 /// A queue on RabbitMQ: quorum queues, persistent messages, publisher
@@ -92,8 +98,31 @@ struct Inner<S> {
 ///   whose messages wait out a retry's backoff (`x-message-ttl`) and are
 ///   dead-lettered back into `NAME` at-least-once. A backoff is rounded up
 ///   to the next of these (never due earlier than asked).
-/// - `NAME.dlx`, a durable direct exchange, and `NAME.dead`, the quorum
-///   queue of dead letters bound to it.
+/// - `NAME.dlx`, a durable direct exchange, and `NAME.dead-log`, the
+///   **stream** of dead letters bound to it.
+///
+/// # Dead letters
+///
+/// A dead letter, and each replay or delete of one, is a record appended
+/// to the stream `NAME.dead-log` (RabbitMQ 3.9 or later, no plugin: an
+/// append-only log read by offset with `basic.consume`); a letter's id is
+/// its offset. Each instance reads the stream once, then follows it, and
+/// keeps the letters not replayed or deleted in memory (bodies included):
+/// a page ([`dead_page`](Queue::dead_page)), a letter shown, replayed or
+/// deleted costs one small mark written and read back (the call then sees
+/// every record any instance appended before it began) and what it
+/// returns, never every letter, and calls at once never hide a letter from
+/// each other. A queue read by taking its messages (as a quorum queue is)
+/// could offer neither; a stream keeps the letters durable and replicated
+/// as the quorum queues do. A replay or a delete first claims the letter in
+/// the [`Store`] (one atomic claim, kept for the window): of a replay and a
+/// delete, or two replays, at once on any instances, one has it. A replay
+/// queues the entry before it records the replay, so one cut short
+/// between the two leaves the letter for the next replay (a duplicate in
+/// the broker at worst, never a lost letter). Set no retention on the
+/// stream: it would drop letters still dead. Letters an earlier version
+/// kept in the quorum queue `NAME.dead` are moved into the stream when the
+/// queue is opened, each once.
 ///
 /// Every message is persistent (delivery mode 2) and published with
 /// **publisher confirms**: a write has happened only once the broker
@@ -253,9 +282,11 @@ impl<S: Store> AmqpQueue<S> {
                 slot_scans: Mutex::new(HashMap::new()),
                 backing_off: Mutex::new(HashMap::new()),
                 feed: tokio::sync::Mutex::new(None),
+                dead_log: dead_log::DeadLog::default(),
             }),
         };
         queue.link().await?;
+        queue.move_old_dead_letters().await?;
         Ok(queue)
     }
 
@@ -499,11 +530,7 @@ impl<S: Store> Queue for AmqpQueue<S> {
     }
 
     async fn find_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
-        Ok(self
-            .dead_page_now(None, usize::MAX)
-            .await?
-            .into_iter()
-            .find(|d| &d.id == id))
+        self.find_dead_now(id).await
     }
 
     async fn delete_dead(&self, id: &EntryId) -> Result<Option<DeadLetter>, QueueError> {
@@ -511,19 +538,19 @@ impl<S: Store> Queue for AmqpQueue<S> {
     }
 
     async fn replay(&self, id: &EntryId) -> Result<bool, QueueError> {
-        Ok(self.replay_where(|d| &d.id == id, &|_| None).await? > 0)
+        self.replay_one(id, &|_| None).await
     }
 
     async fn replay_all(&self) -> Result<usize, QueueError> {
-        self.replay_where(|_| true, &|_| None).await
+        self.replay_every(&|_| None).await
     }
 
     async fn replay_with(&self, id: &EntryId, reseal: &Reseal) -> Result<bool, QueueError> {
-        Ok(self.replay_where(|d| &d.id == id, reseal).await? > 0)
+        self.replay_one(id, reseal).await
     }
 
     async fn replay_all_with(&self, reseal: &Reseal) -> Result<usize, QueueError> {
-        self.replay_where(|_| true, reseal).await
+        self.replay_every(reseal).await
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {

@@ -42,14 +42,14 @@ impl<S: Store> AmqpQueue<S> {
             for exp in MIN_DELAY..=MAX_DELAY {
                 depth += count(self.delay_queue(1 << exp)).await?;
             }
-            let dead = count(self.dead_queue()).await?;
-            Ok::<_, lapin::Error>((depth, dead))
+            Ok::<_, lapin::Error>(depth)
         };
         let counted = self.bounded(link.generation, "the counts", result).await;
         if counted.is_err() {
             self.broken(link.generation);
         }
-        let (ready, dead) = counted?;
+        let ready = counted?;
+        let dead = self.dead_count().await?;
         // This instance's retries not fetched again yet: in a delay queue,
         // in the queue, or moving between the two, where the broker counts
         // them in neither. The broker's count is at least theirs unless

@@ -4,7 +4,6 @@
 //! how it reopens its file after a failed write live here.
 
 mod dead;
-mod delegate;
 mod group;
 mod health;
 mod memory;
@@ -15,4 +14,4 @@ mod room;
 mod store;
 
 pub use self::memory::MemoryQueue;
-pub use self::redb::RedbQueue;
+pub use self::redb::{InMemory, OnDisk, RedbQueue};

@@ -4,7 +4,7 @@
 //! delivery loop, its pacing per lane ([`Pace`], [`Rate`]), its circuit
 //! breaker, the pacing it shares with other instances through a
 //! [`SharedPacing`] queue, how it settles a delivery ([`WorkerRound`]), and
-//! how it parks a paused route's entries ([`Park`]).
+//! how it parks a paused route's entries ([`Park`](crate::Park)).
 
 pub(crate) mod breaker;
 mod lanes;

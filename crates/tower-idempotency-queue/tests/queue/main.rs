@@ -1,5 +1,6 @@
 //! Acknowledge then deliver: the queues (embedded, Redis Streams, RabbitMQ, NATS JetStream), the worker, pacing and the consumers.
 
+mod amqp_dead;
 mod backend;
 mod conformance;
 mod consumer;

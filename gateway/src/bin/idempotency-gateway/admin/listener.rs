@@ -285,6 +285,10 @@ fn install() -> Result<PrometheusHandle, String> {
         "idempotency_store_data_loss_total",
         "Times the Redis store was found to have lost its data (restart without persistence, failover)"
     );
+    metrics::describe_counter!(
+        "idempotency_order_events_total",
+        "Events of routes with an order: advanced, stale, unplaced, failed, busy, store_error"
+    );
     metrics::describe_gauge!(
         "idempotency_queue_depth",
         "Acknowledged notifications waiting for delivery"

@@ -1,13 +1,14 @@
 //! The access log line and the duplicate-ratio gauge, read from what the
 //! library put in each response's extensions.
 
-use idempotency_gateway::journal::{Business, Journal, JournalEvent};
+use idempotency_gateway::journal::{Business, Journal, JournalEvent, JournalOutcome};
 use idempotency_gateway::proxy::{GatewayResponse, MatchedRoute, RoutedPreset, UpstreamAnswer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tower_idempotency::key::CapturedRequest;
+use tower_idempotency::order::Stale;
 use tower_idempotency::Preset;
 use tower_idempotency::{IdempotencyKey, Outcome};
 use tracing::info;
@@ -266,6 +267,11 @@ fn journal_event(
         return;
     };
     let route = res.extensions().get::<MatchedRoute>().map_or("", |r| &r.0);
+    // The route's order answered it: the upstream was not called.
+    let outcome = match res.extensions().get::<Stale>() {
+        Some(_) => JournalOutcome::Stale,
+        None => JournalOutcome::Layer(outcome),
+    };
     let mut event =
         JournalEvent::new(key.as_str(), key.preset(), route, outcome).status(res.status().as_u16());
     if let Some(up) = res.extensions().get::<UpstreamAnswer>() {

@@ -114,6 +114,9 @@ struct File {
     /// Named upstreams (`upstreams.rs`).
     #[serde(default)]
     upstreams: Vec<Spanned<crate::settings::upstreams::FileUpstream>>,
+    /// Orders of objects by name (`orders.rs`).
+    #[serde(default)]
+    order: Vec<Spanned<crate::settings::orders::FileOrder>>,
 }
 
 /// Everything the gateway runs with, by concern.
@@ -296,8 +299,16 @@ fn routes(
         }
     } else {
         let presets = crate::settings::presets::from_file(&file.preset, at)?;
-        let parsed =
-            crate::settings::routes::from_file(&file.route, &global, at, base, &presets, named)?;
+        let orders = crate::settings::orders::from_file(&file.order, at)?;
+        let parsed = crate::settings::routes::from_file(
+            &file.route,
+            &global,
+            at,
+            base,
+            &presets,
+            named,
+            &orders,
+        )?;
         warnings.extend(parsed.warnings);
         routes = parsed.routes;
         own_memory = parsed.own_memory;

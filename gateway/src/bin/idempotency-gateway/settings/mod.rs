@@ -8,6 +8,7 @@ pub(crate) mod cli;
 pub(crate) mod config;
 pub(crate) mod deliver;
 pub(crate) mod limit;
+pub(crate) mod orders;
 pub(crate) mod pace;
 pub(crate) mod parse;
 pub(crate) mod presets;

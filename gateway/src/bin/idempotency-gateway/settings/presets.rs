@@ -255,7 +255,7 @@ fn unsigned_reads(
 }
 
 /// `header:NAME | json:/POINTER | form:FIELD | xml:ELEMENT | query:NAME`.
-fn source(s: &str) -> Result<Field, String> {
+pub(crate) fn source(s: &str) -> Result<Field, String> {
     let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
     let empty = || format!("`{s}`: the source names nothing after `{kind}:`");
     match kind {

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 use toml::Spanned;
 use tower_idempotency::key::CookiePrincipal;
+use tower_idempotency::order::Order;
 use tower_idempotency::OnStoreError;
 use tower_idempotency_queue::Pace;
 
@@ -50,6 +51,8 @@ pub(crate) struct FileRoute {
     /// The named upstreams an ack-then-deliver route delivers to, each on
     /// its own (`deliver.rs`).
     deliver: Option<Spanned<Vec<Spanned<crate::settings::deliver::FileDestination>>>>,
+    /// The order of the objects its events are about (`orders.rs`).
+    order: Field,
 }
 
 /// One route as the gateway runs it: everything about it in one place.
@@ -97,8 +100,8 @@ pub(crate) struct FileRoutes {
 }
 
 /// Reads the file's `routes` over the `global` values (`base`: the
-/// directory `verify` files are relative to; `upstreams`: the file's
-/// named upstreams, which a route's `upstream` must name).
+/// directory `verify` files are relative to; `upstreams` and `orders`:
+/// the file's named upstreams and orders, which a route may name).
 pub(crate) fn from_file(
     file_routes: &[Spanned<FileRoute>],
     global: &Global,
@@ -106,6 +109,7 @@ pub(crate) fn from_file(
     base: &Path,
     presets: &crate::settings::presets::Presets,
     upstreams: &[crate::settings::upstreams::Named],
+    orders: &crate::settings::orders::Orders,
 ) -> Result<FileRoutes, String> {
     let (mut routes, mut own_memory) = (Vec::new(), Vec::new());
     let mut warnings = Vec::new();
@@ -168,6 +172,43 @@ pub(crate) fn from_file(
             .map_err(|e| at.err(auto.map_or(r.prefix.span(), |a| a.span()), e))?;
         if let Some(wait) = at.value(&r.queue_wait, "queue_wait", parse::duration)? {
             options = options.queue_wait(wait);
+        }
+        if let Some(name) = &r.order {
+            if matches!(target, Target::Auto) {
+                return Err(at.err(
+                    name.span(),
+                    "`order` needs the route's preset, not `auto`: give each channel a route",
+                ));
+            }
+            let order = crate::settings::orders::named(name, orders, at)?;
+            match &target {
+                Target::Preset(p)
+                    if Order::is_builtin_name(order.name()) && order.name() != p.name() =>
+                {
+                    warnings.push(format!(
+                        "route `{prefix}`: order `{}` is another channel's: `{}` notifications \
+                         are unplaced by it, and forwarded as if there were no order",
+                        order.name(),
+                        p.name()
+                    ));
+                }
+                _ => {}
+            }
+            // It reads the resource the verify layer decrypts; a queued
+            // delivery is not verified (nor decrypted) again.
+            if order.name() == "wechatpay-v3" && (r.verify.is_none() || acked) {
+                warnings.push(format!(
+                    "route `{prefix}`: order `wechatpay-v3` reads the resource the route's \
+                     `verify` decrypts{}: its notifications are unplaced, and forwarded as if \
+                     there were no order",
+                    if acked {
+                        ", which a queued delivery is not"
+                    } else {
+                        ", and the route has no `verify` table"
+                    }
+                ));
+            }
+            options = options.order(order);
         }
         let keys = crate::settings::pace::Keys {
             deliver_concurrency: &r.deliver_concurrency,

@@ -462,6 +462,8 @@ impl QueueSettings {
                 let done = deliver.call(message).await;
                 if let Some(journal) = journal {
                     let (outcome, upstream) = match &done {
+                        // Settled by the route's order: acked, never delivered.
+                        Ok(d) if d.is_stale() => (JournalOutcome::Stale, None),
                         Ok(d) => (JournalOutcome::Delivered, d.upstream()),
                         Err(e) => (JournalOutcome::DeliveryFailed, e.upstream()),
                     };
