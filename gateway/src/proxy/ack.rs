@@ -204,7 +204,9 @@ fn sender(headers: &mut HeaderMap) -> Option<ClientConn> {
 /// `Err` otherwise (see [`DeliveryError`]). The copies of one key (on a
 /// route that does not verify its sender, see
 /// [`RouteOptions::ack_then_deliver`](super::RouteOptions::ack_then_deliver))
-/// are delivered one at a time. Give it to a
+/// are delivered one at a time. An entry for one of a route's
+/// destinations ([`RouteOptions::deliver_to`](super::RouteOptions::deliver_to))
+/// goes to that destination alone, through a claim of its own. Give it to a
 /// [`Worker`](tower_idempotency_queue::Worker); from [`Gateway::deliverer`].
 pub struct Deliver<S> {
     pub(crate) gateway: Gateway<S>,
