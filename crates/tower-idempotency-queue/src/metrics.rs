@@ -62,28 +62,47 @@ pub(super) fn stranded(queue: &std::sync::Arc<str>, n: usize) {
     .set(n as f64);
 }
 
-/// Sets `idempotency_deliveries_in_flight{route}`: a lane's deliveries
-/// calling the service now.
+/// A lane's labels: its route, and the destination of a destination's lane.
+type Labels = (std::sync::Arc<str>, Option<std::sync::Arc<str>>);
+
+/// Sets `idempotency_deliveries_in_flight{route}` (and `destination`, for
+/// the lane of one destination of a route): a lane's deliveries calling
+/// the service now.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(super) fn deliveries_in_flight(lane: &std::sync::Arc<str>, n: usize) {
+pub(super) fn deliveries_in_flight((route, destination): &Labels, n: usize) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!(
+    gauge(
         "idempotency_deliveries_in_flight",
-        "route" => metrics::SharedString::from(lane.clone())
+        route,
+        destination.as_ref(),
     )
     .set(n as f64);
 }
 
-/// Sets `idempotency_upstream_breaker{route}`: 0 closed, 1 open, 2
-/// half-open (the probe under way).
+/// Sets `idempotency_upstream_breaker{route}` (and `destination`): 0
+/// closed, 1 open, 2 half-open (the probe under way).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(super) fn breaker(lane: &std::sync::Arc<str>, state: u8) {
+pub(super) fn breaker((route, destination): &Labels, state: u8) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!(
-        "idempotency_upstream_breaker",
-        "route" => metrics::SharedString::from(lane.clone())
-    )
-    .set(f64::from(state));
+    gauge("idempotency_upstream_breaker", route, destination.as_ref()).set(f64::from(state));
+}
+
+/// The gauge `name` of a lane.
+#[cfg(feature = "metrics")]
+fn gauge(
+    name: &'static str,
+    route: &std::sync::Arc<str>,
+    destination: Option<&std::sync::Arc<str>>,
+) -> metrics::Gauge {
+    let route = metrics::SharedString::from(route.clone());
+    match destination {
+        None => metrics::gauge!(name, "route" => route),
+        Some(d) => metrics::gauge!(
+            name,
+            "route" => route,
+            "destination" => metrics::SharedString::from(d.clone())
+        ),
+    }
 }
 
 /// Counts `idempotency_breaker_shared_errors_total{route}`: the breaker

@@ -367,6 +367,26 @@ async fn pausing_one_destination_holds_it_alone() {
     .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(ledger.total(), 0, "a paused destination was called");
+    // Deliveries are counted, and lanes gauged, by destination.
+    let (_, metrics_text) = gateway_support::get(metrics, "/metrics");
+    let line = |name: &str, destination: &str| {
+        metrics_text.lines().any(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && l.contains(&format!("destination=\"{destination}\""))
+        })
+    };
+    assert!(
+        line("idempotency_queue_attempts_total", "orders"),
+        "{metrics_text}"
+    );
+    assert!(
+        line("idempotency_deliveries_in_flight", "ledger"),
+        "{metrics_text}"
+    );
+    assert!(
+        line("idempotency_upstream_breaker", "orders"),
+        "{metrics_text}"
+    );
     let (code, out, err) = admin_cli(
         metrics,
         &token,

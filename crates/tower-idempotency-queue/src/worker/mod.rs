@@ -332,6 +332,38 @@ impl<Q: Queue, S> Worker<Q, S> {
         self
     }
 
+    /// Paces the messages of `destination` of `route` on their own, as
+    /// [`lane`](Self::lane) does: the lane named `ROUTE@DESTINATION` (what
+    /// [`lanes`](Self::lanes) names for them), whose gauges carry the
+    /// labels `route` and `destination`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_idempotency_queue::{MemoryQueue, Message, Pace, Worker};
+    ///
+    /// let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
+    /// let worker = Worker::new(MemoryQueue::new(), deliver)
+    ///     .destination_lane("/stripe", "ledger", Pace::new().concurrency(4))
+    ///     .lanes(|m: &Message| Some(Arc::from(format!("/stripe@{}", m.destination.as_deref()?))));
+    /// # drop(worker);
+    /// ```
+    pub fn destination_lane(
+        mut self,
+        route: impl Into<Arc<str>>,
+        destination: impl Into<Arc<str>>,
+        pace: Pace,
+    ) -> Self {
+        let lane = Lane::destination(route.into(), destination.into(), pace);
+        match self.lanes.iter_mut().skip(1).find(|l| l.name == lane.name) {
+            Some(old) => *old = lane,
+            None => self.lanes.push(lane),
+        }
+        for lane in &mut self.lanes[1..] {
+            lane.reported = true;
+        }
+        self
+    }
+
     /// Names the lane of each message (see [`lane`](Self::lane)).
     pub fn lanes(
         mut self,

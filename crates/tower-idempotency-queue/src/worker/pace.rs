@@ -205,6 +205,9 @@ impl FromStr for Rate {
 #[derive(Debug)]
 pub(crate) struct Lane {
     pub(super) name: Arc<str>,
+    /// The labels of its gauges: its route (its name) and, for the lane of
+    /// one destination of a route, the destination.
+    labels: (Arc<str>, Option<Arc<str>>),
     pub(super) pace: Pace,
     /// Deliveries calling the service now.
     pub(super) running: usize,
@@ -283,12 +286,23 @@ pub(super) enum Admit {
 
 impl Lane {
     pub(super) fn new(name: Arc<str>, pace: Pace) -> Self {
+        Self::labelled(name.clone(), (name, None), pace)
+    }
+
+    /// The lane of `destination` of `route`, named `ROUTE@DESTINATION`.
+    pub(super) fn destination(route: Arc<str>, destination: Arc<str>, pace: Pace) -> Self {
+        let name = Arc::from(format!("{route}@{destination}"));
+        Self::labelled(name, (route, Some(destination)), pace)
+    }
+
+    fn labelled(name: Arc<str>, labels: (Arc<str>, Option<Arc<str>>), pace: Pace) -> Self {
         let reported = pace != Pace::default();
         let breaker = pace
             .breaker
             .map(|(failures, cooldown)| Breaker::new(failures, cooldown));
         Self {
             name,
+            labels,
             pace,
             running: 0,
             waiting: VecDeque::new(),
@@ -348,7 +362,7 @@ impl Lane {
         let entry = entry_of(&delivery.message.key);
         let fresh = !breaker.failed_before(entry) && delivery.attempt <= 1;
         breaker.start_probe(entry, fresh);
-        crate::metrics::breaker(&self.name, 2);
+        crate::metrics::breaker(&self.labels, 2);
         Some(delivery)
     }
 
@@ -514,7 +528,7 @@ impl Lane {
         self.running += 1;
         self.busy_since.get_or_insert_with(Instant::now);
         if self.reported {
-            crate::metrics::deliveries_in_flight(&self.name, self.running);
+            crate::metrics::deliveries_in_flight(&self.labels, self.running);
         }
     }
 
@@ -522,9 +536,9 @@ impl Lane {
         if !self.reported {
             return;
         }
-        crate::metrics::deliveries_in_flight(&self.name, self.running);
+        crate::metrics::deliveries_in_flight(&self.labels, self.running);
         if let Some(b) = &self.breaker {
-            crate::metrics::breaker(&self.name, b.gauge());
+            crate::metrics::breaker(&self.labels, b.gauge());
         }
     }
 }

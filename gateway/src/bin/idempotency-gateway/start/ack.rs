@@ -540,10 +540,11 @@ impl QueueSettings {
             pace,
         } in destinations
         {
-            let lane = Arc::<str>::from(destination_scope(prefix, destination));
+            // The worker names a destination's lane `PREFIX@NAME`.
+            let lane = Arc::<str>::from(format!("{prefix}@{destination}"));
             info!(route = %prefix, destination = %destination, pace = %crate::settings::pace::describe(pace), "destination's pace");
             held = held.saturating_add(pace.get_concurrency().unwrap_or(0));
-            worker = worker.lane(lane.clone(), pace.clone());
+            worker = worker.destination_lane(prefix.as_str(), destination.as_str(), pace.clone());
             own.insert((prefix.clone(), destination.clone()), lane);
         }
         worker.batch(held.max(32)).lanes(move |m: &Message| {
