@@ -147,7 +147,9 @@ async fn a_notification_no_destination_wants_is_acknowledged_and_delivered_nowhe
         &ledger,
         "deliver = [\n  { upstream = \"orders\", only = { \"json:/type\" = [\"charge.refunded\"] } },\n  { upstream = \"ledger\", only = { \"json:/type\" = [\"charge.refunded\"], \"header:x-mode\" = [\"live\"] } },\n]",
     );
-    let gw = Proc::start(&["--config", &file], &[], Stdio::null());
+    let token = super::gateway_dead_api::token_file("dest-filtered-token");
+    let metrics = common::free_addr();
+    let gw = start_admin(&file, metrics, &token, &["--journal"]);
     let (status, text) = send(gw.addr, event("evt_none", "customer.created")).await;
     assert_eq!(status, 200, "acknowledged: {text}");
     // Both filters on the ledger must hold: the header is missing.
@@ -160,6 +162,29 @@ async fn a_notification_no_destination_wants_is_acknowledged_and_delivered_nowhe
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(orders.total(), 1);
     assert_eq!(ledger.total(), 0, "no notification the ledger wants");
+    // Journaled as `filtered`.
+    let start = Instant::now();
+    loop {
+        let (code, out, err) = super::gateway_ack::admin_cli(
+            metrics,
+            &token,
+            &["journal", "--outcome", "filtered", "--format", "json"],
+        );
+        assert_eq!(code, 0, "{err}");
+        let json: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let keys: Vec<&str> = (json["records"].as_array().unwrap().iter())
+            .filter_map(|r| r["key"].as_str())
+            .collect();
+        if keys.iter().any(|k| k.ends_with(":evt_none")) {
+            assert!(!keys.iter().any(|k| k.ends_with(":evt_orders")), "{keys:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "not journaled: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     drop(gw);
     let _ = std::fs::remove_dir_all(dir);
 }
