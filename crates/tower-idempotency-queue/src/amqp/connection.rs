@@ -31,7 +31,8 @@ use tower_idempotency::store::Store;
 pub(super) const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);
 
 /// The longest connecting may take: TCP (or TLS), the AMQP handshake, the
-/// two channels and every declare, two dozen round trips.
+/// two channels, every declare and the dead-letter log's on a channel of
+/// its own, two dozen round trips.
 const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long after a failed connect callers get its error without trying
