@@ -234,9 +234,8 @@ impl Parts {
         journal: Option<Journal>,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let (sealed, delivering) = (self.sealed.clone()?, self.delivering.take()?);
+        let delivering = self.delivering.take()?;
         let lanes = pace::lanes(&settings.routes);
-        pauses::spawn_waker(self.keeper.pauses().clone(), sealed);
         let paused = self.keeper.pauses();
         let worker =
             (settings.queue).spawn_worker(delivering, control, journal, &lanes, paused, stop);
