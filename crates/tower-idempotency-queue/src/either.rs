@@ -181,13 +181,6 @@ impl<A: SharedPacing, B: SharedPacing> SharedPacing for Either<A, B> {
 }
 
 impl<A: super::Park, B: super::Park> super::Park for Either<A, B> {
-    fn parks(&self) -> bool {
-        match self {
-            Either::Left(q) => q.parks(),
-            Either::Right(q) => q.parks(),
-        }
-    }
-
     async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
         both!(self, q => q.park(delivery, prefix))
     }

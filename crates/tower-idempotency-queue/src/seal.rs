@@ -359,10 +359,6 @@ impl<A: Queue, B: Queue> Sealed<::either::Either<A, B>> {
 }
 
 impl<Q: super::Park> super::Park for Sealed<Q> {
-    fn parks(&self) -> bool {
-        self.inner.parks()
-    }
-
     fn park(
         &self,
         delivery: &Delivery,

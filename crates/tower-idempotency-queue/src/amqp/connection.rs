@@ -31,7 +31,8 @@ use tower_idempotency::store::Store;
 pub(super) const EXCHANGE_LIMIT: Duration = Duration::from_secs(5);
 
 /// The longest connecting may take: TCP (or TLS), the AMQP handshake, the
-/// two channels and every declare, two dozen round trips.
+/// two channels, every declare and the dead-letter log's on a channel of
+/// its own, two dozen round trips.
 const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long after a failed connect callers get its error without trying
@@ -176,6 +177,7 @@ impl<S: Store> AmqpQueue<S> {
                 .map_err(err)?;
             let take = conn.create_channel().await.map_err(err)?;
             self.declare(&publish).await?;
+            self.declare_dead_log(&conn).await;
             Ok::<_, QueueError>((conn, publish, take))
         };
         let connected = tokio::time::timeout(CONNECT_LIMIT, connecting)
@@ -267,18 +269,6 @@ impl<S: Store> AmqpQueue<S> {
         )
         .await
         .map_err(err)?;
-        ch.queue_declare(string(self.dead_log()), durable(), stream())
-            .await
-            .map_err(err)?;
-        ch.queue_bind(
-            string(self.dead_log()),
-            string(self.dlx()),
-            string(name.clone()),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(err)?;
         let mut main = quorum();
         main.insert(
             "x-dead-letter-exchange".into(),
@@ -314,6 +304,33 @@ impl<S: Store> AmqpQueue<S> {
                 .map_err(err)?;
         }
         Ok(())
+    }
+
+    /// Declares the dead-letter log and binds it to the dead-letter
+    /// exchange, on a channel of its own. A failure is logged, not the
+    /// connect's: entries are queued and delivered while the log cannot be
+    /// reached (a stream the broker has not started again), and what needs
+    /// the log (burying an entry, which then goes back to the queue;
+    /// listing, replaying) answers the broker's error meanwhile.
+    async fn declare_dead_log(&self, conn: &Connection) {
+        let declared = async {
+            let ch = conn.create_channel().await?;
+            ch.queue_declare(string(self.dead_log()), durable(), stream())
+                .await?;
+            ch.queue_bind(
+                string(self.dead_log()),
+                string(self.dlx()),
+                string(self.inner.name.clone()),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+            ch.close(200, "declared".into()).await
+        }
+        .await;
+        if let Err(_e) = declared {
+            crate::log_warn!(queue = %self.inner.name, error = %_e, "amqp queue: the dead-letter log could not be declared");
+        }
     }
 
     /// An acknowledgement (`ack`) on the connection `generation`, bounded

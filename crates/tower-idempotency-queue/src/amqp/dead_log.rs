@@ -95,7 +95,9 @@ impl Index {
             MARK => self.caught_up = true,
             _ => {
                 let id = message_id(p);
-                let moved = header_u64(p, MOVED_HEADER).is_some();
+                // Without a message id, a letter cannot be told from
+                // another: each is kept.
+                let moved = header_u64(p, MOVED_HEADER).is_some() && !id.is_empty();
                 if moved && (self.moved.contains(&id) || self.message_ids.contains_key(&id)) {
                     // Moved twice: kept once.
                 } else {

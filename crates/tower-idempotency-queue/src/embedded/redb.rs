@@ -287,10 +287,6 @@ impl<S: 'static> Queue for RedbQueue<S> {
 }
 
 impl<S: 'static> Park for RedbQueue<S> {
-    fn parks(&self) -> bool {
-        true
-    }
-
     async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
         let (d, prefix) = (delivery.clone(), prefix.to_owned());
         self.inner

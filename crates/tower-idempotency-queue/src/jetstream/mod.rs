@@ -499,26 +499,6 @@ impl SharedPacing for JetStreamQueue {
     crate::worker::shared::no_shared_breaker!();
 }
 
-/// Parks nothing: a delay set on the broker cannot be shortened, so a
-/// paused route's entries are postponed 30 s at a time instead.
-impl super::Park for JetStreamQueue {
-    fn parks(&self) -> bool {
-        false
-    }
-
-    async fn park(&self, _delivery: &Delivery, _prefix: &str) -> Result<Option<bool>, QueueError> {
-        Ok(None)
-    }
-
-    async fn wake(&self, _prefix: &str) -> Result<u64, QueueError> {
-        Ok(0)
-    }
-
-    async fn parked(&self) -> Result<Vec<String>, QueueError> {
-        Ok(Vec::new())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::connection::{sanitize, unescape};

@@ -767,10 +767,6 @@ impl<C> crate::Park for RedisStreamsQueue<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn parks(&self) -> bool {
-        true
-    }
-
     async fn park(&self, delivery: &Delivery, prefix: &str) -> Result<Option<bool>, QueueError> {
         let enqueued = ms_of(delivery.enqueued_at);
         let got: i64 = PARK

@@ -135,9 +135,20 @@ impl<Q: crate::Park, S> Worker<Q, S> {
     /// [`Disposition::Pause`](tower_idempotency::consumer::Disposition::Pause)
     /// is [parked](crate::Park::park) under `prefix_of(message)` (the paused
     /// prefix it is under; `None`: postponed as before), and nothing of it
-    /// is fetched again until that prefix is [woken](crate::Park::wake). On
-    /// a queue that does not [park](crate::Park::parks) the entry is
-    /// postponed (30 s) as without this.
+    /// is fetched again until that prefix is [woken](crate::Park::wake).
+    ///
+    /// Only for a queue that implements [`Park`](crate::Park); a worker
+    /// over one that does not (RabbitMQ, JetStream) postpones a paused
+    /// route's entries (30 s at a time):
+    ///
+    /// ```compile_fail
+    /// use tower_idempotency_queue::{Message, Queue, Worker};
+    ///
+    /// fn parking<Q: Queue>(queue: Q) {
+    ///     let deliver = tower::service_fn(|_m: Message| async { Ok::<_, std::io::Error>(()) });
+    ///     let _worker = Worker::new(queue, deliver).park_paused(|_m: &Message| None);
+    /// }
+    /// ```
     pub fn park_paused(
         mut self,
         prefix_of: impl Fn(&Message) -> Option<String> + Send + Sync + 'static,

@@ -19,19 +19,16 @@ use std::future::Future;
 ///
 /// [`RedbQueue`](crate::RedbQueue), [`MemoryQueue`](crate::MemoryQueue) and
 /// `RedisStreamsQueue` park. `AmqpQueue` and `JetStreamQueue` do not
-/// ([`parks`](Self::parks) is `false`): their delays cannot be shortened
-/// once set, so a paused route's entries there keep being postponed (for
-/// 30 s at a time) and are delivered within 30 s of a resume.
+/// implement it: their delays cannot be shortened once set, so a paused
+/// route's entries there keep being postponed (for 30 s at a time) and are
+/// delivered within 30 s of a resume; a worker over them has no
+/// [`park_paused`](crate::Worker::park_paused).
 pub trait Park: Queue {
-    /// Whether this queue parks entries; `false`: [`park`](Self::park)
-    /// parks nothing (the worker postpones instead).
-    fn parks(&self) -> bool;
-
     /// Takes the leased `delivery` out of the due set, parked under
     /// `prefix`, in one durable write; the attempt does not count.
     /// A parked entry of an order group still holds its group's later
     /// entries back. `Some(true)` parked, `Some(false)` the lease was lost,
-    /// `None` not parked (a queue that does not park): postpone it instead.
+    /// `None` not parked: postpone it instead.
     fn park(
         &self,
         delivery: &Delivery,
@@ -70,9 +67,6 @@ impl Parker {
         prefix_of: impl Fn(&crate::Message) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         Self(std::sync::Arc::new(move |d: &Delivery| {
-            if !queue.parks() {
-                return None;
-            }
             let prefix = prefix_of(&d.message)?;
             let (q, d) = (queue.clone(), d.clone());
             Some(Box::pin(async move { q.park(&d, &prefix).await.transpose() }) as Parking)

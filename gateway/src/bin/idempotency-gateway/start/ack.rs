@@ -3,6 +3,7 @@
 //! the routes' dedup layers.
 
 use crate::settings::routes::RouteSettings;
+use crate::start::pauses;
 use crate::start::store::GatewayStore;
 use either::Either;
 use idempotency_gateway::journal::{Journal, JournalEvent, JournalOutcome};
@@ -94,6 +95,52 @@ impl WorkerQueue {
         }
     }
 }
+
+/// `worker`, parking a paused route's entries under its prefix until the
+/// route resumes (see `pauses::spawn_waker`).
+/// A paused destination's entries (`pause PREFIX --upstream NAME`) are
+/// parked under its own name (`destinations`: the routes' destinations).
+fn parking<Q: Park, S>(
+    worker: Worker<Q, S>,
+    pauses: &Pauses,
+    destinations: &[DestinationLane],
+) -> Worker<Q, S> {
+    let paused = pauses.clone();
+    let mut routes = RouteTable::new();
+    for DestinationLane { prefix, .. } in destinations {
+        let _ = routes.insert(prefix, prefix.clone());
+    }
+    worker.park_paused(move |m: &Message| {
+        let path = m.uri.path();
+        paused.covering(path).or_else(|| {
+            let (route, _) = routes.find(path)?;
+            let scope = destination_scope(route, m.destination.as_deref()?);
+            paused.is_paused(&scope).then(|| pause_key(&scope))
+        })
+    })
+}
+
+/// A shared queue the worker delivers from, by whether it parks a paused
+/// route's entries: Redis Streams does (left); RabbitMQ and JetStream,
+/// whose delays cannot be shortened once set, do not (right).
+fn by_parking(
+    queue: Either<Sealed<SharedQueue>, SharedQueue>,
+) -> Either<
+    Either<Sealed<RedisStreamsQueue>, RedisStreamsQueue>,
+    Either<Sealed<Postponing>, Postponing>,
+> {
+    match queue {
+        Either::Left(sealed) => match sealed.factor() {
+            Either::Left(redis) => Either::Left(Either::Left(redis)),
+            Either::Right(other) => Either::Right(Either::Left(other)),
+        },
+        Either::Right(Either::Left(redis)) => Either::Left(Either::Right(redis)),
+        Either::Right(Either::Right(other)) => Either::Right(Either::Right(other)),
+    }
+}
+
+/// The shared queues that cannot park a paused route's entries.
+type Postponing = Either<AmqpQueue<GatewayStore>, JetStreamQueue>;
 
 /// The embedded queue's key, made at its first start: `DIR/queue.key`.
 const EMBEDDED_KEY: &str = "queue.key";
@@ -405,7 +452,7 @@ impl QueueSettings {
         queue: WorkerQueue,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
-        lanes: (&[(String, Option<Pace>)], &[DestinationLane]),
+        (lanes, destinations): (&[(String, Option<Pace>)], &[DestinationLane]),
         pauses: &Pauses,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> tokio::task::JoinHandle<()> {
@@ -420,26 +467,59 @@ impl QueueSettings {
         let stop = async move {
             let _ = stop.await;
         };
+        // A paused route's entries are parked until it resumes (see
+        // `pauses::spawn_waker`), where the queue can park them: the
+        // embedded queue and Redis Streams. RabbitMQ and JetStream postpone
+        // them.
         match queue {
             WorkerQueue::Alone(queue) => {
-                let worker = self.worker(queue, gateway, journal, lanes, pauses, unauthenticated);
-                tokio::spawn(worker.run(stop))
+                pauses::spawn_waker(pauses.clone(), queue.clone());
+                let worker = self.worker(
+                    queue,
+                    gateway,
+                    journal,
+                    (lanes, destinations),
+                    unauthenticated,
+                );
+                tokio::spawn(parking(worker, pauses, destinations).run(stop))
             }
-            WorkerQueue::Shared(queue) => {
-                let worker = self.worker(queue, gateway, journal, lanes, pauses, unauthenticated);
-                tokio::spawn(worker.shared_pacing().run(stop))
-            }
+            WorkerQueue::Shared(queue) => match by_parking(queue) {
+                Either::Left(queue) => {
+                    pauses::spawn_waker(pauses.clone(), queue.clone());
+                    let worker = self.worker(
+                        queue,
+                        gateway,
+                        journal,
+                        (lanes, destinations),
+                        unauthenticated,
+                    );
+                    tokio::spawn(
+                        parking(worker, pauses, destinations)
+                            .shared_pacing()
+                            .run(stop),
+                    )
+                }
+                Either::Right(queue) => {
+                    let worker = self.worker(
+                        queue,
+                        gateway,
+                        journal,
+                        (lanes, destinations),
+                        unauthenticated,
+                    );
+                    tokio::spawn(worker.shared_pacing().run(stop))
+                }
+            },
         }
     }
 
     /// The worker over `queue`, its lanes one per ack-then-deliver route.
-    fn worker<Q: Queue + Park>(
+    fn worker<Q: Queue>(
         &self,
         queue: Q,
         gateway: &Gateway<GatewayStore>,
         journal: Option<Journal>,
         (lanes, destinations): (&[(String, Option<Pace>)], &[DestinationLane]),
-        pauses: &Pauses,
         unauthenticated: bool,
     ) -> Worker<
         Q,
@@ -496,23 +576,7 @@ impl QueueSettings {
                 done
             }
         });
-        // A paused route's entries are parked until it resumes (see
-        // `pauses::spawn_waker`), where the queue can park them.
-        let paused = pauses.clone();
-        let mut routes = RouteTable::new();
-        for DestinationLane { prefix, .. } in destinations {
-            let _ = routes.insert(prefix, prefix.clone());
-        }
         let mut worker = Worker::new(queue, deliver)
-            .park_paused(move |m: &Message| {
-                let path = m.uri.path();
-                paused.covering(path).or_else(|| {
-                    // A paused destination's entries, under its own name.
-                    let (route, _) = routes.find(path)?;
-                    let scope = destination_scope(route, m.destination.as_deref()?);
-                    paused.is_paused(&scope).then(|| pause_key(&scope))
-                })
-            })
             .name(NAME)
             .max_attempts(self.max_attempts)
             .backoff(self.backoff, Duration::from_secs(15 * 60))

@@ -244,7 +244,7 @@ impl Parts {
         journal: Option<Journal>,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let (sealed, delivering) = (self.sealed.clone()?, self.delivering.take()?);
+        let delivering = self.delivering.take()?;
         let lanes = pace::lanes(&settings.routes);
         let destinations: Vec<ack::DestinationLane> = (settings.routes.iter())
             .flat_map(|route| {
@@ -255,7 +255,6 @@ impl Parts {
                 })
             })
             .collect();
-        pauses::spawn_waker(self.keeper.pauses().clone(), sealed);
         let paused = self.keeper.pauses();
         let worker = (settings.queue).spawn_worker(
             delivering,

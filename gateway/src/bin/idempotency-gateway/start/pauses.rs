@@ -234,9 +234,6 @@ impl PauseKeeper {
 /// A wake is one change of the queue, so two instances waking one prefix at
 /// once put each entry back once.
 pub(crate) fn spawn_waker<Q: Park>(pauses: Pauses, queue: Q) {
-    if !queue.parks() {
-        return;
-    }
     tokio::spawn(async move {
         let mut failing = false;
         loop {
