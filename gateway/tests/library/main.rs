@@ -3,6 +3,7 @@
 mod journal_dropped;
 mod journal_sql;
 mod proxy_ack;
+mod proxy_destinations;
 mod reconcile_bills;
 mod shed_adaptive;
 mod traces;
