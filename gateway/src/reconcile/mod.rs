@@ -73,7 +73,7 @@ pub struct Finding {
 /// it:
 ///
 /// ```
-/// use idempotency_gateway::journal::{channel_presets, BillChannel};
+/// use idempotency_gateway::reconcile::{channel_presets, BillChannel};
 ///
 /// let channel: BillChannel = "wechatpay".parse().unwrap();
 /// assert_eq!(channel, BillChannel::Wechatpay);
