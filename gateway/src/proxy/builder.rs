@@ -298,6 +298,7 @@ impl<S: Store> GatewayBuilder<S> {
             let mut route_reply = None;
             let mut channel = false;
             let mut deliver = None;
+            let mut reopen = None;
             match target {
                 Target::Preset(preset) => {
                     route_reply = Some(preset.reply().clone());
@@ -323,6 +324,7 @@ impl<S: Store> GatewayBuilder<S> {
                     }
                     if options.verifies() {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
+                        reopen = options.reopener().cloned();
                     }
                     stacks.push(guard(preset, &options));
                 }
@@ -368,6 +370,7 @@ impl<S: Store> GatewayBuilder<S> {
                 issuer,
                 ack,
                 deliver,
+                reopen,
                 pause: pauses.as_ref().map(|p| p.gate(prefix)),
             }
         });

@@ -110,6 +110,10 @@ pub(super) struct Route<S> {
     /// the one in `stacks`: the same without verification (a notification
     /// is verified once, when it is queued).
     pub(super) deliver: Option<Stack<S>>,
+    /// What a queued delivery reads again before the order places it (the
+    /// decrypted WeChat Pay v3 resource), on a route that verifies and has
+    /// an order: the signature is not checked again.
+    pub(super) reopen: Option<tower_idempotency::verify::VerifyLayer>,
     /// The route's pause, asked before a queued delivery runs.
     pub(super) pause: Option<super::pause::PauseGate>,
 }

@@ -485,3 +485,94 @@ async fn an_ack_then_deliver_route_delivers_only_forward_moves() {
         Some(stale_ids.len() as f64)
     );
 }
+
+/// The ids of the events the upstream saw whose id starts with `prefix`,
+/// in the order it saw them.
+fn seen_ids(up: &Upstream, prefix: &str) -> Vec<String> {
+    up.seen()
+        .iter()
+        .filter_map(|s| {
+            let v: serde_json::Value = serde_json::from_slice(&s.body).ok()?;
+            let id = v["id"].as_str()?;
+            id.starts_with(prefix).then(|| id.to_owned())
+        })
+        .collect()
+}
+
+/// Every order of three WeChat Pay v3 notifications of one `out_trade_no`
+/// (`NOTPAY`, `USERPAYING`, `SUCCESS`) on an ack-then-deliver route: each
+/// is acknowledged, and at delivery the route decrypts the resource again
+/// (the order reads `trade_state` there): the upstream gets only the
+/// forward moves, and the others are settled as stale, never delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechatpay_v3_on_an_ack_then_deliver_route_delivers_only_forward_moves() {
+    use test_support::verify_support::{self, signed};
+    let up = Upstream::start().await;
+    let pem = temp_path("order-wx.pem");
+    std::fs::write(
+        &pem,
+        verify_support::fixture("alipay_gbk_test_public_key.pem"),
+    )
+    .unwrap();
+    let config = format!(
+        "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\norder = \"wechatpay-v3\"\n\
+         mode = \"ack-then-deliver\"\ndeliver_concurrency = 1\n\
+         verify = {{ platform_keys = {{ \"{}\" = \"{}\" }}, api_v3_key = \"{}\" }}\n",
+        signed::WECHAT_V3_SERIAL,
+        pem.display(),
+        signed::WECHAT_V3_KEY
+    );
+    let gw = Ordered::start(&up.url(), &config, &[]);
+    const STATES: [&str; 3] = ["NOTPAY", "USERPAYING", "SUCCESS"];
+    let run = std::process::id();
+    let (mut stale_ids, mut delivered_ids) = (Vec::new(), Vec::new());
+    for (n, order) in ORDERS.iter().enumerate() {
+        let trade = format!("wx_ack_{run}_{n}");
+        let id = |i: usize| format!("EV-wx-{run}-{n}-{i}");
+        for &i in order {
+            let resource = format!(
+                r#"{{"mchid":"1230000109","out_trade_no":"{trade}","transaction_id":"42000{run}{n}","trade_state":"{}","amount":{{"total":100}}}}"#,
+                STATES[i]
+            );
+            let (headers, body) = signed::wechat_v3(&id(i), &resource);
+            let h: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let answer = post(&client(), gw.gw.addr, "/wx", &h, body).await;
+            assert_eq!(answer.status, 200, "{order:?} event {i}: {}", answer.text());
+        }
+        for i in 0..3 {
+            match forward_moves(order).contains(&i) {
+                true => delivered_ids.push(id(i)),
+                false => stale_ids.push(id(i)),
+            }
+        }
+    }
+    gw.journaled("stale", &stale_ids).await;
+    gw.journaled("delivered", &delivered_ids).await;
+    for (n, order) in ORDERS.iter().enumerate() {
+        let want: Vec<String> = forward_moves(order)
+            .iter()
+            .map(|i| format!("EV-wx-{run}-{n}-{i}"))
+            .collect();
+        let seen = seen_ids(&up, &format!("EV-wx-{run}-{n}-"));
+        assert_eq!(seen, want, "order {order:?}");
+    }
+    for r in gw.journal("stale") {
+        assert!(r["outcomes"].get("delivered").is_none(), "{r:#}");
+    }
+    assert_eq!(
+        metric(
+            gw.admin,
+            "idempotency_order_events_total",
+            &["order=\"wechatpay-v3\"", "result=\"stale\""]
+        ),
+        Some(stale_ids.len() as f64)
+    );
+    assert_eq!(
+        metric(gw.admin, "idempotency_queue_dead_letters", &[]),
+        Some(0.0)
+    );
+    let _ = std::fs::remove_file(pem);
+}

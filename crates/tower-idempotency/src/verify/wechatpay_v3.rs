@@ -190,7 +190,8 @@ struct Amount {
 }
 
 impl WechatPayV3Keys {
-    fn decrypt(&self, key: &LessSafeKeyBytes, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+    /// The plaintext of the notification's `resource`.
+    fn open(key: &LessSafeKeyBytes, body: &Bytes) -> Result<Bytes, VerifyError> {
         let malformed = |what| VerifyError::Malformed(Cow::Borrowed(what));
         let note: Notification<'_> =
             serde_json::from_slice(body).map_err(|_| malformed("notification JSON"))?;
@@ -207,7 +208,12 @@ impl WechatPayV3Keys {
         let plain = key
             .open_in_place(nonce, Aad::from(resource.associated_data.as_bytes()), &mut in_out)
             .map_err(|_| VerifyError::Decrypt)?;
-        let plain = Bytes::copy_from_slice(plain);
+        Ok(Bytes::copy_from_slice(plain))
+    }
+
+    fn decrypt(&self, key: &LessSafeKeyBytes, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        let malformed = |what| VerifyError::Malformed(Cow::Borrowed(what));
+        let plain = Self::open(key, body)?;
         let tx: Transaction<'_> =
             serde_json::from_slice(&plain).map_err(|_| malformed("decrypted resource"))?;
         let mut extra = Vec::with_capacity(64);
@@ -253,5 +259,14 @@ impl Verifier for WechatPayV3Keys {
 
     fn channel(&self) -> &str {
         "wechatpay-v3"
+    }
+
+    /// Decrypts the resource again with the APIv3 key, if one is set.
+    fn reopen(&self, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        if let Some(api_v3_key) = &self.api_v3_key {
+            let plain = Self::open(api_v3_key, body)?;
+            parts.extensions.insert(DecryptedResource(plain));
+        }
+        Ok(())
     }
 }
