@@ -254,6 +254,21 @@ async fn a_synchronous_route_forwards_only_forward_moves() {
     assert_eq!(fresh.headers["idempotent-stale"], "true");
     assert!(!fresh.replayed());
     assert_eq!(up.total(), calls);
+    // The access log says so: each stale event's line (not its copy's,
+    // a replay) is `outcome="stale"`, and no other line is (a line is
+    // written once the answer is sent).
+    let stale_lines = |log: &str| {
+        (log.lines())
+            .filter(|l| l.contains("gateway::access") && l.contains("outcome=\"stale\""))
+            .count()
+    };
+    let logged = Instant::now();
+    while stale_lines(&gw.gw.log()) < stale_ids.len() + 1 && logged.elapsed().as_secs() < 5 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = gw.gw.log();
+    assert_eq!(stale_lines(&log), stale_ids.len() + 1, "{log}");
 }
 
 /// An event the order cannot place (a type outside the object's life, no
