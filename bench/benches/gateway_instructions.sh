@@ -9,6 +9,16 @@
 #
 #   STORE=redis://127.0.0.1:6399/ bench/benches/gateway_instructions.sh target/release/idempotency-gateway
 #
+#   PRESET=stripe bench/benches/gateway_instructions.sh target/release/idempotency-gateway
+#   PRESET=stripe ORDER=stripe bench/benches/gateway_instructions.sh target/release/idempotency-gateway
+#
+# With PRESET (wechatpay-v3 or stripe) the route is a config file's
+# `[[route]]` of that preset (`prefix = "/"`), with `order = "ORDER"` when
+# ORDER is set, and the client sends that channel's notifications (a
+# Stripe event's payment intent is the event's own: every first delivery is
+# a new object, placed and its position advanced). Without either, the
+# route is `--route /=wechatpay-v3`, as for every figure before.
+#
 # With OTLP=1 the gateway exports its traces (--otlp-endpoint) to the same
 # nginx (`/v1/traces` answers 200, empty: an OTLP success), sampled at
 # RATIO (default 1), batches every 200 ms: the export's own work (encoding,
@@ -20,7 +30,7 @@
 # the same client; its "first" and "replay" are the same work.
 #
 # Each binary runs on one serving thread (`--workers 1`, `--route
-# /=wechatpay-v3`) under callgrind in front of nginx answering `return
+# /=wechatpay-v3` or PRESET's route) under callgrind in front of nginx answering `return
 # 200`, and gets 50 warm-up requests, then 100 or 100 + N requests over one
 # keep-alive connection; the difference of the two runs' totals over N is
 # the cost of one request (start-up and shutdown cancel out).
@@ -58,18 +68,23 @@ EOF
 
 cat >"$TMP/client.py" <<'EOF'
 import http.client, sys
-port, mode, n, prefix = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+port, mode, n, prefix, preset = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 c = http.client.HTTPConnection("127.0.0.1", port)
-headers = {"content-type": "application/json", "wechatpay-signature": "x",
-           "wechatpay-timestamp": "1764460800", "wechatpay-nonce": "fdasflkja484w",
-           "wechatpay-serial": "5157F09EFDC096DE15EBE81A47057A7232F1B8E1"}
-body = ('{"id":"%s","create_time":"2026-11-30T08:00:00+08:00","resource_type":"encrypt-resource",'
-        '"event_type":"TRANSACTION.SUCCESS","summary":"ok","resource":{"original_type":"transaction",'
-        '"algorithm":"AEAD_AES_256_GCM","ciphertext":"sRvt4YOGXeWyk3qNrYBlQX0YTr1MrJLm1w6R3ExSlXY0mAEOWX2qHSGgmAjtmg8=",'
-        '"associated_data":"transaction","nonce":"fdasflkja484w"}}')
+if preset == "stripe":
+    headers = {"content-type": "application/json"}
+    body = ('{"id":"evt_%(i)s","object":"event","type":"payment_intent.succeeded","created":1764460800,'
+            '"data":{"object":{"id":"pi_%(i)s","object":"payment_intent"}}}')
+else:
+    headers = {"content-type": "application/json", "wechatpay-signature": "x",
+               "wechatpay-timestamp": "1764460800", "wechatpay-nonce": "fdasflkja484w",
+               "wechatpay-serial": "5157F09EFDC096DE15EBE81A47057A7232F1B8E1"}
+    body = ('{"id":"%(i)s","create_time":"2026-11-30T08:00:00+08:00","resource_type":"encrypt-resource",'
+            '"event_type":"TRANSACTION.SUCCESS","summary":"ok","resource":{"original_type":"transaction",'
+            '"algorithm":"AEAD_AES_256_GCM","ciphertext":"sRvt4YOGXeWyk3qNrYBlQX0YTr1MrJLm1w6R3ExSlXY0mAEOWX2qHSGgmAjtmg8=",'
+            '"associated_data":"transaction","nonce":"fdasflkja484w"}}')
 for k in range(n):
     i = "%s-%d" % (prefix, k) if mode == "first" else "rep-%d" % (k % 8)
-    c.request("POST", "/notify", body=(body % i).encode(), headers=headers)
+    c.request("POST", "/notify", body=(body % {"i": i}).encode(), headers=headers)
     r = c.getresponse()
     r.read()
     if r.status != 200:
@@ -81,6 +96,14 @@ EOF
 # front of it: a replay it holds does not ask Redis).
 STORE_ARGS=()
 [ -n "${STORE:-}" ] && STORE_ARGS=(--store "$STORE")
+ROUTE_ARGS=(--route /=wechatpay-v3)
+if [ -n "${PRESET:-}${ORDER:-}" ]; then
+    {
+        printf '[[route]]\nprefix = "/"\npreset = "%s"\n' "${PRESET:-wechatpay-v3}"
+        if [ -n "${ORDER:-}" ]; then printf 'order = "%s"\n' "$ORDER"; fi
+    } >"$TMP/route.toml"
+    ROUTE_ARGS=(--config "$TMP/route.toml")
+fi
 TRACING=()
 if [ "${OTLP:-0}" = 1 ]; then
     TRACING=(--otlp-endpoint "http://127.0.0.1:$UP_PORT" --trace-sample-ratio "${RATIO:-1}")
@@ -96,7 +119,7 @@ total() {
     # The bare hyper server (examples/hyper_200) takes only those two.
     case $(basename "$1") in
         hyper_200) ;;
-        *) args+=(--upstream "http://127.0.0.1:$UP_PORT" --route /=wechatpay-v3 "${TRACING[@]}" "${STORE_ARGS[@]}") ;;
+        *) args+=(--upstream "http://127.0.0.1:$UP_PORT" "${ROUTE_ARGS[@]}" "${TRACING[@]}" "${STORE_ARGS[@]}") ;;
     esac
     RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$1" "${args[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
     vg=$!
@@ -105,8 +128,8 @@ total() {
     for tries in 1 2 3 4 5 6; do
         wait_line "$TMP/gw.out" "listening on " >/dev/null 2>&1 && break
     done
-    python3 "$TMP/client.py" "$port" "$2" 50 "warm$RANDOM"
-    python3 "$TMP/client.py" "$port" "$2" "$3" "m$RANDOM"
+    python3 "$TMP/client.py" "$port" "$2" 50 "warm$RANDOM" "${PRESET:-wechatpay-v3}"
+    python3 "$TMP/client.py" "$port" "$2" "$3" "m$RANDOM" "${PRESET:-wechatpay-v3}"
     kill -INT "$vg"
     wait "$vg" 2>/dev/null || true
     sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$out"

@@ -423,6 +423,15 @@ impl<S: Store> Gateway<S> {
             let key = super::destination::NotificationKey(message.notification_key().into());
             req.extensions_mut().insert(key);
         }
+        if let Some(reopen) = &route.reopen {
+            let (mut parts, body) = req.into_parts();
+            // It was read at ingest: a key changed since leaves it unplaced
+            // (forwarded as if there were no order).
+            if let Err(e) = reopen.reopen(&mut parts, &body) {
+                tracing::warn!(path = %path, error = %e, "a queued notification cannot be read again for the route's order (its key changed since it was queued?): delivered unplaced");
+            }
+            req = http::Request::from_parts(parts, body);
+        }
         let run = run_stack(stack.clone(), req.map(Full::new));
         let res = super::panic::catching("queue", run).await;
         let status = res.status();

@@ -304,6 +304,7 @@ impl<S: Store> GatewayBuilder<S> {
             let mut channel = false;
             let mut deliver = None;
             let mut destinations = Vec::new();
+            let mut reopen = None;
             match target {
                 Target::Preset(preset) => {
                     route_reply = Some(preset.reply().clone());
@@ -330,6 +331,7 @@ impl<S: Store> GatewayBuilder<S> {
                     }
                     if options.verifies() {
                         deliver = Some(stack(preset.clone(), &options.without_verify()));
+                        reopen = options.reopener().cloned();
                     }
                     if options.is_ack_then_deliver() {
                         for d in options.get_destinations() {
@@ -424,6 +426,7 @@ impl<S: Store> GatewayBuilder<S> {
                 ack,
                 deliver,
                 destinations,
+                reopen,
                 pause: pauses.as_ref().map(|p| p.gate(prefix)),
             }
         });

@@ -114,6 +114,10 @@ pub(super) struct Route<S> {
     /// acknowledge-then-deliver route with several (by name): its
     /// notifications' entries name theirs; and its own pause.
     pub(super) destinations: Vec<(Arc<str>, Stack<S>, Option<super::pause::PauseGate>)>,
+    /// What a queued delivery reads again before the order places it (the
+    /// decrypted WeChat Pay v3 resource), on a route that verifies and has
+    /// an order: the signature is not checked again.
+    pub(super) reopen: Option<tower_idempotency::verify::VerifyLayer>,
     /// The route's pause, asked before a queued delivery runs.
     pub(super) pause: Option<super::pause::PauseGate>,
 }

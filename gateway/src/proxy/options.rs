@@ -346,6 +346,14 @@ impl RouteOptions {
         self.verify.as_ref().is_some_and(VerifyLayer::is_on)
     }
 
+    /// What reads a queued notification of a route with an order again at
+    /// delivery (see [`VerifyLayer::reopen`]): its verifier, when it
+    /// verifies and has an order.
+    pub(crate) fn reopener(&self) -> Option<&VerifyLayer> {
+        self.order.as_ref()?;
+        self.verify.as_ref().filter(|v| v.is_on())
+    }
+
     /// The same settings without verification: the stack that delivers a
     /// queued notification, verified once when it was queued.
     pub(crate) fn without_verify(&self) -> Self {

@@ -1,7 +1,8 @@
 //! The console at `/console/` in a real browser: headless Chromium driven
 //! over WebDriver (Debian's `chromium` and `chromium-driver`). It logs in
 //! with the token, pauses and resumes a route, replays a dead letter,
-//! finds a journal record by id, and runs nothing a sender wrote (a body
+//! finds a journal record by id (a stale event's shown as `stale`), and
+//! runs nothing a sender wrote (a body
 //! holding `<script>` and `<img onerror>`, and an attempt's error holding
 //! markup, show as text).
 
@@ -151,16 +152,23 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     seed_hostile_dead_letter(&dir).await;
     let metrics = free_addr();
     let (upstream, metrics_arg) = (up.url(), metrics.to_string());
+    // The WeChat Pay route acknowledges, then delivers; the Stripe route
+    // keeps its payment intents in order (a stale event for the journal).
+    let config = temp_path("console.toml");
+    std::fs::write(
+        &config,
+        "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\nmode = \"ack-then-deliver\"\n\
+         [[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\norder = \"stripe\"\n",
+    )
+    .unwrap();
     let gw = Proc::start(
         &[
             "--listen",
             "127.0.0.1:0",
             "--upstream",
             &upstream,
-            "--route",
-            "/wx=wechatpay-v3",
-            "--ack-then-deliver",
-            "/wx",
+            "--config",
+            config.to_str().unwrap(),
             "--max-attempts",
             "1",
             "--journal",
@@ -361,6 +369,46 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
         .unwrap();
     assert!(detail.contains("\"route\": \"/wx\""), "{detail}");
 
+    // A stale event (its payment intent had moved past it) is shown as such.
+    let stale = format!("evt_console_stale_{}", std::process::id());
+    let intent = format!("pi_console_{}", std::process::id());
+    for (event, kind, created) in [
+        (
+            format!("evt_console_ahead_{}", std::process::id()),
+            "payment_intent.succeeded",
+            2,
+        ),
+        (stale.clone(), "payment_intent.created", 1),
+    ] {
+        let body = format!(
+            r#"{{"id":"{event}","object":"event","type":"{kind}","created":{created},"data":{{"object":{{"id":"{intent}","object":"payment_intent"}}}}}}"#
+        );
+        let answer = post(&client(), gw.addr, "/stripe", &headers, body).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    wait_until("the stale record", || async {
+        admin_get(metrics, "/admin/journal?outcome=stale").await["records"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    })
+    .await;
+    let field = c.find(Locator::Id("journal-id")).await.unwrap();
+    field.clear().await.unwrap();
+    field.send_keys(&stale).await.unwrap();
+    c.find(Locator::Id("journal-search"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let shown = wait()
+        .for_element(Locator::XPath(&format!(
+            "//tr[@class='journal-record'][td[1][contains(., '{stale}')]]/td[@class='journal-outcomes']"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(shown.text().await.unwrap(), "stale");
+
     // The charts read the instance's samples (one every 5 s).
     wait_until("two samples", || async {
         admin_get(metrics, "/admin/stats").await["samples"]
@@ -532,4 +580,5 @@ async fn console_in_headless_chromium_pauses_replays_finds_and_runs_nothing_a_se
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(profile);
     let _ = std::fs::remove_file(token);
+    let _ = std::fs::remove_file(config);
 }

@@ -2,20 +2,23 @@
 //! the upstream only moving forward, in every order they arrive; a stale
 //! event gets the channel's success, is journaled `stale`, and its copies
 //! replay; an event the order cannot place is forwarded; two gateways on
-//! one Redis store keep one object's events in order; on an
+//! one Redis or PostgreSQL store keep one object's events in order; on an
 //! ack-then-deliver route a queued event its object has moved past is
-//! settled as stale, never delivered; `--check-config`
-//! names a bad `order` or `[[order]]` at its line.
+//! settled as stale, never delivered (WeChat Pay v3's too, its resource
+//! decrypted again at delivery), across an upstream outage and a `kill -9`
+//! mid-delivery; `--check-config` names a bad `order` or `[[order]]` at its
+//! line.
 
 use crate::gateway_support;
 use test_support::common;
 use test_support::support_redis;
+use test_support::support_sql;
 
 use common::upstream::{Replies, Upstream};
 use common::{client, free_addr, post, Answer};
 use gateway_support::{exits_2, gateway_bin, temp_path, Gateway};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -35,11 +38,12 @@ pub(crate) fn event(id: &str, object: &str, kind: &str, created: u64) -> String 
     )
 }
 
-/// The `created` of each event the upstream saw about `object`, in the
-/// order it saw them.
+/// The `created` of each event the upstream accepted (200) about
+/// `object`, in the order it saw them.
 pub(crate) fn seen_created(up: &Upstream, object: &str) -> Vec<u64> {
     up.seen()
         .iter()
+        .filter(|s| s.status == 200)
         .filter_map(|s| {
             let v: serde_json::Value = serde_json::from_slice(&s.body).ok()?;
             (v["data"]["object"]["id"] == object).then(|| v["created"].as_u64().unwrap())
@@ -87,6 +91,32 @@ impl Drop for Ordered {
     }
 }
 
+/// The gateway with the config file `file`, the journal in `dir`, the
+/// admin API on `admin`.
+fn launch(
+    upstream: &str,
+    file: &Path,
+    dir: &Path,
+    token: &Path,
+    admin: SocketAddr,
+    extra: &[&str],
+) -> Gateway {
+    let admin_arg = admin.to_string();
+    let mut args = vec![
+        "--config",
+        file.to_str().unwrap(),
+        "--journal",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--admin-listen",
+        &admin_arg,
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Gateway::start(upstream, &args)
+}
+
 impl Ordered {
     pub(crate) fn start(upstream: &str, config: &str, extra: &[&str]) -> Self {
         use std::os::unix::fs::PermissionsExt as _;
@@ -99,20 +129,7 @@ impl Ordered {
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&file, config).unwrap();
         let admin = free_addr();
-        let admin_arg = admin.to_string();
-        let mut args = vec![
-            "--config",
-            file.to_str().unwrap(),
-            "--journal",
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--admin-listen",
-            &admin_arg,
-            "--admin-token-file",
-            token.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let gw = Gateway::start(upstream, &args);
+        let gw = launch(upstream, &file, &dir, &token, admin, extra);
         Self {
             gw,
             admin,
@@ -120,6 +137,16 @@ impl Ordered {
             dir,
             config: file,
         }
+    }
+
+    /// `kill -9`, then the same gateway again (its config, data dir and
+    /// `extra`).
+    pub(crate) fn kill_and_restart(&mut self, upstream: &str, extra: &[&str]) {
+        self.gw.signal(libc::SIGKILL);
+        self.gw.wait_exit(Duration::from_secs(10));
+        self.admin = free_addr();
+        let (file, dir, token) = (&self.config, &self.dir, &self.token);
+        self.gw = launch(upstream, file, dir, token, self.admin, extra);
     }
 
     /// The journal's records with `outcome`, as JSON.
@@ -147,7 +174,7 @@ impl Ordered {
     /// Waits (up to 10 s) until the journal's `outcome` records hold the
     /// key of each of `ids`; their records.
     pub(crate) async fn journaled(&self, outcome: &str, ids: &[String]) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let records = self.journal(outcome);
             let has = |id: &String| {
@@ -227,6 +254,21 @@ async fn a_synchronous_route_forwards_only_forward_moves() {
     assert_eq!(fresh.headers["idempotent-stale"], "true");
     assert!(!fresh.replayed());
     assert_eq!(up.total(), calls);
+    // The access log says so: each stale event's line (not its copy's,
+    // a replay) is `outcome="stale"`, and no other line is (a line is
+    // written once the answer is sent).
+    let stale_lines = |log: &str| {
+        (log.lines())
+            .filter(|l| l.contains("gateway::access") && l.contains("outcome=\"stale\""))
+            .count()
+    };
+    let logged = Instant::now();
+    while stale_lines(&gw.gw.log()) < stale_ids.len() + 1 && logged.elapsed().as_secs() < 5 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = gw.gw.log();
+    assert_eq!(stale_lines(&log), stale_ids.len() + 1, "{log}");
 }
 
 /// An event the order cannot place (a type outside the object's life, no
@@ -262,18 +304,37 @@ async fn two_gateways_on_one_redis_keep_an_object_in_order() {
         return;
     }
     let redis = support_redis::RedisServer::start();
+    two_gateways_keep_an_object_in_order(&redis.url()).await;
+}
+
+/// The same on one PostgreSQL store (the SQL store's position upsert).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_postgres_keep_an_object_in_order() {
+    let Some(pg) = support_sql::shared_postgres() else {
+        eprintln!("skipped: no postgres");
+        return;
+    };
+    two_gateways_keep_an_object_in_order(pg.url()).await;
+}
+
+/// Two gateways on `store`, 24 events of one object at once through both.
+async fn two_gateways_keep_an_object_in_order(store: &str) {
     let up = Upstream::with(Replies::default().delay(Duration::from_millis(5))).await;
-    let store = ["--store", &redis.url()];
+    let store = ["--store", store];
     let (a, b) = (
         Ordered::start(&up.url(), STRIPE_ROUTE, &store),
         Ordered::start(&up.url(), STRIPE_ROUTE, &store),
     );
-    let run = std::process::id();
+    // An object of its own: a shared server keeps the objects of earlier runs.
+    let run = format!(
+        "{:x}",
+        tower_idempotency::store::OwnerToken::new().as_u128()
+    );
     let object = format!("pi_storm_{run}");
     let n = 24;
     let gws = [a.gw.addr, b.gw.addr];
     let answers = common::all_at_once(n, |i| {
-        let (gw, object) = (gws[i % 2], object.clone());
+        let (gw, object, run) = (gws[i % 2], object.clone(), run.clone());
         // Every other one in reverse: the newest and the oldest race.
         let created = if i % 2 == 0 { 1000 + i } else { 1000 + n - i };
         async move {
@@ -483,5 +544,241 @@ async fn an_ack_then_deliver_route_delivers_only_forward_moves() {
             &["order=\"stripe\"", "result=\"stale\""]
         ),
         Some(stale_ids.len() as f64)
+    );
+}
+
+/// The ids of the events the upstream saw whose id starts with `prefix`,
+/// in the order it saw them.
+fn seen_ids(up: &Upstream, prefix: &str) -> Vec<String> {
+    up.seen()
+        .iter()
+        .filter_map(|s| {
+            let v: serde_json::Value = serde_json::from_slice(&s.body).ok()?;
+            let id = v["id"].as_str()?;
+            id.starts_with(prefix).then(|| id.to_owned())
+        })
+        .collect()
+}
+
+/// Every order of three WeChat Pay v3 notifications of one `out_trade_no`
+/// (`NOTPAY`, `USERPAYING`, `SUCCESS`) on an ack-then-deliver route: each
+/// is acknowledged, and at delivery the route decrypts the resource again
+/// (the order reads `trade_state` there): the upstream gets only the
+/// forward moves, and the others are settled as stale, never delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wechatpay_v3_on_an_ack_then_deliver_route_delivers_only_forward_moves() {
+    use test_support::verify_support::{self, signed};
+    let up = Upstream::start().await;
+    let pem = temp_path("order-wx.pem");
+    std::fs::write(
+        &pem,
+        verify_support::fixture("alipay_gbk_test_public_key.pem"),
+    )
+    .unwrap();
+    let config = format!(
+        "[[route]]\nprefix = \"/wx\"\npreset = \"wechatpay-v3\"\norder = \"wechatpay-v3\"\n\
+         mode = \"ack-then-deliver\"\ndeliver_concurrency = 1\n\
+         verify = {{ platform_keys = {{ \"{}\" = \"{}\" }}, api_v3_key = \"{}\" }}\n",
+        signed::WECHAT_V3_SERIAL,
+        pem.display(),
+        signed::WECHAT_V3_KEY
+    );
+    let gw = Ordered::start(&up.url(), &config, &[]);
+    const STATES: [&str; 3] = ["NOTPAY", "USERPAYING", "SUCCESS"];
+    let run = std::process::id();
+    let (mut stale_ids, mut delivered_ids) = (Vec::new(), Vec::new());
+    for (n, order) in ORDERS.iter().enumerate() {
+        let trade = format!("wx_ack_{run}_{n}");
+        let id = |i: usize| format!("EV-wx-{run}-{n}-{i}");
+        for &i in order {
+            let resource = format!(
+                r#"{{"mchid":"1230000109","out_trade_no":"{trade}","transaction_id":"42000{run}{n}","trade_state":"{}","amount":{{"total":100}}}}"#,
+                STATES[i]
+            );
+            let (headers, body) = signed::wechat_v3(&id(i), &resource);
+            let h: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let answer = post(&client(), gw.gw.addr, "/wx", &h, body).await;
+            assert_eq!(answer.status, 200, "{order:?} event {i}: {}", answer.text());
+        }
+        for i in 0..3 {
+            match forward_moves(order).contains(&i) {
+                true => delivered_ids.push(id(i)),
+                false => stale_ids.push(id(i)),
+            }
+        }
+    }
+    gw.journaled("stale", &stale_ids).await;
+    gw.journaled("delivered", &delivered_ids).await;
+    for (n, order) in ORDERS.iter().enumerate() {
+        let want: Vec<String> = forward_moves(order)
+            .iter()
+            .map(|i| format!("EV-wx-{run}-{n}-{i}"))
+            .collect();
+        let seen = seen_ids(&up, &format!("EV-wx-{run}-{n}-"));
+        assert_eq!(seen, want, "order {order:?}");
+    }
+    for r in gw.journal("stale") {
+        assert!(r["outcomes"].get("delivered").is_none(), "{r:#}");
+    }
+    assert_eq!(
+        metric(
+            gw.admin,
+            "idempotency_order_events_total",
+            &["order=\"wechatpay-v3\"", "result=\"stale\""]
+        ),
+        Some(stale_ids.len() as f64)
+    );
+    assert_eq!(
+        metric(gw.admin, "idempotency_queue_dead_letters", &[]),
+        Some(0.0)
+    );
+    let _ = std::fs::remove_file(pem);
+}
+
+/// An ack-then-deliver Stripe route with an order, delivering one at a
+/// time and retrying every 100 ms, and `extra` keys.
+fn ack_route(extra: &str) -> String {
+    format!(
+        "[[route]]\nprefix = \"/stripe\"\npreset = \"stripe\"\norder = \"stripe\"\n\
+         mode = \"ack-then-deliver\"\ndeliver_concurrency = 1\nretry_schedule = [\"100ms\"]\n{extra}"
+    )
+}
+
+/// Sends the three events of object `pi_{tag}_{n}` in each of [`ORDERS`]
+/// (event `i` of order `n` is `evt_{tag}_{n}_{i}`); each is acknowledged.
+async fn send_every_order(gw: SocketAddr, tag: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for (n, order) in ORDERS.iter().enumerate() {
+        let object = format!("pi_{tag}_{n}");
+        for &i in order {
+            let (kind, created) = LIFE[i];
+            let id = format!("evt_{tag}_{n}_{i}");
+            let answer = send(gw, "/stripe", event(&id, &object, kind, created)).await;
+            assert_eq!(answer.status, 200, "{order:?} event {i}: {}", answer.text());
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// Waits (up to `limit`) until the queue is empty and every one of `ids`
+/// is journaled `delivered` or `stale`; the ids delivered.
+async fn settled(gw: &Ordered, ids: &[String], limit: Duration) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (delivered, stale) = (gw.journal("delivered"), gw.journal("stale"));
+        let has = |records: &[serde_json::Value], outcome: &str, id: &String| {
+            records.iter().any(|r| {
+                r["key"].as_str().unwrap().ends_with(&format!(":{id}"))
+                    && r["outcomes"][outcome].as_u64().unwrap_or(0) > 0
+            })
+        };
+        let done = ids
+            .iter()
+            .all(|id| has(&delivered, "delivered", id) || has(&stale, "stale", id));
+        if done && metric(gw.admin, "idempotency_queue_depth", &[]) == Some(0.0) {
+            return (ids.iter())
+                .filter(|id| has(&delivered, "delivered", id))
+                .cloned()
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not settled: {ids:?} in {delivered:#?} {stale:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the upstream accepted of each object of [`send_every_order`]: never
+/// a move back (an event again, after a crash, is the same event), the
+/// last event always (nothing is ahead of it), and each id it accepted is
+/// one `settled` found delivered.
+fn only_forward_moves(up: &Upstream, tag: &str, delivered: &[String]) {
+    for n in 0..ORDERS.len() {
+        let object = format!("pi_{tag}_{n}");
+        let seen = seen_created(up, &object);
+        assert!(
+            seen.windows(2).all(|w| w[0] <= w[1]),
+            "the upstream saw {object} move back: {seen:?}"
+        );
+        assert_eq!(seen.last().copied(), Some(LIFE[2].1), "{object}: {seen:?}");
+        for (i, (_, created)) in LIFE.iter().enumerate() {
+            let id = format!("evt_{tag}_{n}_{i}");
+            assert_eq!(
+                seen.contains(created),
+                delivered.contains(&id),
+                "{id}: accepted by the upstream {seen:?}, journaled delivered {delivered:?}"
+            );
+        }
+    }
+}
+
+/// An upstream outage while the events of one object queue, out of order,
+/// on an ack-then-deliver route: every attempt fails (500) for a while,
+/// then the upstream is back; each event is delivered or settled stale,
+/// the upstream accepts only forward moves, nothing is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_outage_while_events_queue_loses_nothing_and_moves_only_forward() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let down = Arc::new(AtomicBool::new(true));
+    let flag = down.clone();
+    let up = Upstream::with(Replies::default().status(move |_| {
+        if flag.load(Ordering::SeqCst) {
+            500
+        } else {
+            200
+        }
+    }))
+    .await;
+    let gw = Ordered::start(&up.url(), &ack_route("breaker_cooldown = \"200ms\"\n"), &[]);
+    let tag = format!("outage_{}", std::process::id());
+    let ids = send_every_order(gw.gw.addr, &tag).await;
+    let failing = Instant::now();
+    while up.seen().iter().filter(|s| s.status == 500).count() < 20 {
+        assert!(failing.elapsed() < Duration::from_secs(30), "no attempts");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    down.store(false, Ordering::SeqCst);
+    let delivered = settled(&gw, &ids, Duration::from_secs(60)).await;
+    only_forward_moves(&up, &tag, &delivered);
+    assert_eq!(
+        metric(gw.admin, "idempotency_queue_dead_letters", &[]),
+        Some(0.0)
+    );
+}
+
+/// `kill -9` of a gateway while it delivers (the upstream answers slowly),
+/// on an ack-then-deliver route with the embedded queue and a SQLite store,
+/// then the same gateway again: each event is delivered or settled stale,
+/// the upstream accepts only forward moves (the event it was given when the
+/// gateway died may come again, never one behind it), nothing is
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_delivery_moves_only_forward_after_restart() {
+    let up = Upstream::with(Replies::default().delay(Duration::from_millis(300))).await;
+    let file = support_sql::SqliteFile::new();
+    let url = file.url();
+    let store = ["--store", url.as_str()];
+    let mut gw = Ordered::start(&up.url(), &ack_route("lease = \"1s\"\n"), &store);
+    let tag = format!("kill_{}", std::process::id());
+    let ids = send_every_order(gw.gw.addr, &tag).await;
+    let started = Instant::now();
+    while up.total() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no delivery");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Mid-delivery: the upstream is answering one now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.kill_and_restart(&up.url(), &store);
+    let delivered = settled(&gw, &ids, Duration::from_secs(90)).await;
+    only_forward_moves(&up, &tag, &delivered);
+    assert_eq!(
+        metric(gw.admin, "idempotency_queue_dead_letters", &[]),
+        Some(0.0)
     );
 }

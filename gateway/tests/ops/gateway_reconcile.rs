@@ -162,8 +162,8 @@ fn alipay(notify_id: &str, trade_no: &str, order: &str, yuan: &str) -> String {
 
 /// The serial and APIv3 key of the WeChat Pay v3 routes; their "platform
 /// key" is the public half of the Alipay test key, which signs here.
-const V3_SERIAL: &str = "PUB_KEY_ID_0114232134912410000000000000";
-const V3_KEY: &str = "0123456789abcdef0123456789abcdef";
+const V3_SERIAL: &str = verify_support::signed::WECHAT_V3_SERIAL;
+const V3_KEY: &str = verify_support::signed::WECHAT_V3_KEY;
 
 /// A WeChat Pay v3 payment notification: the transaction encrypted with
 /// AES-256-GCM under the APIv3 key, the body signed (RSA-SHA256 over
@@ -174,49 +174,10 @@ fn wechat_v3(
     order: &str,
     fen: u32,
 ) -> (Vec<(String, String)>, String) {
-    use base64::Engine;
-    use ring::{aead, rand, signature};
-    let b64 = base64::engine::general_purpose::STANDARD;
     let plain = format!(
         r#"{{"mchid":"1230000109","appid":"wxd678efh567hg6787","out_trade_no":"{order}","transaction_id":"{transaction}","trade_type":"JSAPI","trade_state":"SUCCESS","trade_state_desc":"支付成功","success_time":"2018-06-08T10:34:56+08:00","payer":{{"openid":"oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"}},"amount":{{"total":{fen},"payer_total":{fen},"currency":"CNY","payer_currency":"CNY"}}}}"#
     );
-    let nonce = "fdasflkja484";
-    let key = aead::LessSafeKey::new(
-        aead::UnboundKey::new(&aead::AES_256_GCM, V3_KEY.as_bytes()).unwrap(),
-    );
-    let mut sealed = plain.into_bytes();
-    let n = aead::Nonce::try_assume_unique_for_key(nonce.as_bytes()).unwrap();
-    key.seal_in_place_append_tag(n, aead::Aad::from(b"transaction"), &mut sealed)
-        .unwrap();
-    let body = format!(
-        r#"{{"id":"{event}","create_time":"2015-05-20T13:29:35+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"{}","associated_data":"transaction","nonce":"{nonce}"}}}}"#,
-        b64.encode(&sealed)
-    );
-    let timestamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        .to_string();
-    let header_nonce = "5K8264ILTKCH16CQ2502SI8ZNMTM67VS";
-    let message = format!("{timestamp}\n{header_nonce}\n{body}\n");
-    let signer = verify_support::signed::alipay_key();
-    let mut sig = vec![0; signer.public().modulus_len()];
-    signer
-        .sign(
-            &signature::RSA_PKCS1_SHA256,
-            &rand::SystemRandom::new(),
-            message.as_bytes(),
-            &mut sig,
-        )
-        .unwrap();
-    let headers = vec![
-        ("content-type".to_owned(), "application/json".to_owned()),
-        ("wechatpay-serial".to_owned(), V3_SERIAL.to_owned()),
-        ("wechatpay-timestamp".to_owned(), timestamp),
-        ("wechatpay-nonce".to_owned(), header_nonce.to_owned()),
-        ("wechatpay-signature".to_owned(), b64.encode(&sig)),
-    ];
-    (headers, body)
+    verify_support::signed::wechat_v3(event, &plain)
 }
 
 async fn send_v3(ops: &Ops, path: &str, (headers, body): (Vec<(String, String)>, String)) {

@@ -171,3 +171,55 @@ pub fn adyen_item(psp: &str, value: i64, event: &str) -> String {
         r#"{{"NotificationRequestItem":{{"additionalData":{{"hmacSignature":"{sig}"}},"amount":{{"currency":"EUR","value":{value}}},"eventCode":"{event}","merchantAccountCode":"TestMerchant","merchantReference":"ref-{psp}","pspReference":"{psp}","success":"true"}}}}"#
     )
 }
+
+/// The serial of a test WeChat Pay v3 route whose platform key is the
+/// public half of [`alipay_key`] (`alipay_gbk_test_public_key.pem`).
+pub const WECHAT_V3_SERIAL: &str = "PUB_KEY_ID_0114232134912410000000000000";
+/// The APIv3 key of that route.
+pub const WECHAT_V3_KEY: &str = "0123456789abcdef0123456789abcdef";
+
+/// A WeChat Pay v3 notification `event` of a transaction: `resource` (its
+/// plaintext JSON) encrypted with AES-256-GCM under [`WECHAT_V3_KEY`], the
+/// body signed by [`alipay_key`] (RSA-SHA256 over
+/// `timestamp\nnonce\nbody\n`) now. The headers and the body.
+pub fn wechat_v3(event: &str, resource: &str) -> (Vec<(String, String)>, String) {
+    use ring::aead;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let nonce = "fdasflkja484";
+    let key = aead::LessSafeKey::new(
+        aead::UnboundKey::new(&aead::AES_256_GCM, WECHAT_V3_KEY.as_bytes()).unwrap(),
+    );
+    let mut sealed = resource.as_bytes().to_vec();
+    let n = aead::Nonce::try_assume_unique_for_key(nonce.as_bytes()).unwrap();
+    key.seal_in_place_append_tag(n, aead::Aad::from(b"transaction"), &mut sealed)
+        .unwrap();
+    let body = format!(
+        r#"{{"id":"{event}","create_time":"2015-05-20T13:29:35+08:00","resource_type":"encrypt-resource","event_type":"TRANSACTION.SUCCESS","summary":"支付成功","resource":{{"original_type":"transaction","algorithm":"AEAD_AES_256_GCM","ciphertext":"{}","associated_data":"transaction","nonce":"{nonce}"}}}}"#,
+        b64.encode(&sealed)
+    );
+    let timestamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let header_nonce = "5K8264ILTKCH16CQ2502SI8ZNMTM67VS";
+    let message = format!("{timestamp}\n{header_nonce}\n{body}\n");
+    let signer = alipay_key();
+    let mut sig = vec![0; signer.public().modulus_len()];
+    signer
+        .sign(
+            &signature::RSA_PKCS1_SHA256,
+            &rand::SystemRandom::new(),
+            message.as_bytes(),
+            &mut sig,
+        )
+        .unwrap();
+    let headers = vec![
+        ("content-type".to_owned(), "application/json".to_owned()),
+        ("wechatpay-serial".to_owned(), WECHAT_V3_SERIAL.to_owned()),
+        ("wechatpay-timestamp".to_owned(), timestamp),
+        ("wechatpay-nonce".to_owned(), header_nonce.to_owned()),
+        ("wechatpay-signature".to_owned(), b64.encode(&sig)),
+    ];
+    (headers, body)
+}

@@ -1,6 +1,8 @@
 //! [`VerifyLayer`]: the verifier, its clock and limits.
 
-use super::{Verifier, Verify};
+use super::{Verifier, Verify, VerifyError};
+use bytes::Bytes;
+use http::request::Parts;
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -40,6 +42,16 @@ impl VerifyLayer {
             clock: Arc::new(SystemTime::now),
             preset: Arc::from("custom"),
             max_body: 64 * 1024,
+        }
+    }
+
+    /// Reads again what the verifier reads from a request it accepted
+    /// earlier, without checking it again (see [`Verifier::reopen`]); a
+    /// layer that verifies nothing does nothing.
+    pub fn reopen(&self, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        match &self.verifier {
+            Some(verifier) => verifier.reopen(parts, body),
+            None => Ok(()),
         }
     }
 

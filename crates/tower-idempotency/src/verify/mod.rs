@@ -187,6 +187,18 @@ pub trait Verifier: Send + Sync + 'static {
     /// The channel name used in logs: a built-in channel's name, or a
     /// configured preset's (any name).
     fn channel(&self) -> &str;
+
+    /// Puts again into `parts` what [`verify`](Self::verify) read from a
+    /// request it accepted earlier, when that request is handled again
+    /// later (a queued notification delivered): its signature and
+    /// timestamp are not checked again. WeChat Pay v3 with an APIv3 key
+    /// decrypts its resource into a
+    /// [`DecryptedResource`](crate::verify::DecryptedResource) (not the
+    /// fingerprint's extra fields). Nothing by default.
+    fn reopen(&self, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        let _ = (parts, body);
+        Ok(())
+    }
 }
 
 /// The marker a verified request carries in its extensions.

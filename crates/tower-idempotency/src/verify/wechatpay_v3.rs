@@ -190,7 +190,8 @@ struct Amount {
 }
 
 impl WechatPayV3Keys {
-    fn decrypt(&self, key: &LessSafeKeyBytes, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+    /// The plaintext of the notification's `resource`.
+    fn open(key: &LessSafeKeyBytes, body: &Bytes) -> Result<Bytes, VerifyError> {
         let malformed = |what| VerifyError::Malformed(Cow::Borrowed(what));
         let note: Notification<'_> =
             serde_json::from_slice(body).map_err(|_| malformed("notification JSON"))?;
@@ -207,7 +208,12 @@ impl WechatPayV3Keys {
         let plain = key
             .open_in_place(nonce, Aad::from(resource.associated_data.as_bytes()), &mut in_out)
             .map_err(|_| VerifyError::Decrypt)?;
-        let plain = Bytes::copy_from_slice(plain);
+        Ok(Bytes::copy_from_slice(plain))
+    }
+
+    fn decrypt(&self, key: &LessSafeKeyBytes, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        let malformed = |what| VerifyError::Malformed(Cow::Borrowed(what));
+        let plain = Self::open(key, body)?;
         let tx: Transaction<'_> =
             serde_json::from_slice(&plain).map_err(|_| malformed("decrypted resource"))?;
         let mut extra = Vec::with_capacity(64);
@@ -253,5 +259,63 @@ impl Verifier for WechatPayV3Keys {
 
     fn channel(&self) -> &str {
         "wechatpay-v3"
+    }
+
+    /// Decrypts the resource again with the APIv3 key, if one is set.
+    fn reopen(&self, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
+        if let Some(api_v3_key) = &self.api_v3_key {
+            let plain = Self::open(api_v3_key, body)?;
+            parts.extensions.insert(DecryptedResource(plain));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DecryptedResource, WechatPayV3Keys};
+    use crate::verify::{Verifier, VerifyError};
+    use base64::Engine as _;
+    use bytes::Bytes;
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+
+    const KEY: &[u8; 32] = b"0123456789abcdef0123456789abcdef";
+
+    fn notification(plain: &str) -> Bytes {
+        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, KEY).unwrap());
+        let mut sealed = plain.as_bytes().to_vec();
+        let nonce = Nonce::try_assume_unique_for_key(b"fdasflkja484").unwrap();
+        key.seal_in_place_append_tag(nonce, Aad::from(b"transaction"), &mut sealed)
+            .unwrap();
+        let ciphertext = base64::engine::general_purpose::STANDARD.encode(&sealed);
+        Bytes::from(format!(
+            r#"{{"id":"EV-1","resource":{{"ciphertext":"{ciphertext}","associated_data":"transaction","nonce":"fdasflkja484"}}}}"#
+        ))
+    }
+
+    /// A notification accepted earlier: its resource is decrypted again,
+    /// with no signature header and no timestamp to check.
+    #[test]
+    fn reopen_decrypts_without_checking_again() {
+        let keys = WechatPayV3Keys::new().api_v3_key(KEY).unwrap();
+        let plain = r#"{"out_trade_no":"1","trade_state":"SUCCESS"}"#;
+        let (mut parts, _) = http::Request::post("/").body(()).unwrap().into_parts();
+        keys.reopen(&mut parts, &notification(plain)).unwrap();
+        let DecryptedResource(got) = parts.extensions.get::<DecryptedResource>().unwrap();
+        assert_eq!(got, plain.as_bytes());
+
+        // Another key: not decrypted, and nothing inserted.
+        let other = WechatPayV3Keys::new().api_v3_key([7u8; 32]).unwrap();
+        let (mut parts, _) = http::Request::post("/").body(()).unwrap().into_parts();
+        let err = other.reopen(&mut parts, &notification(plain)).unwrap_err();
+        assert!(matches!(err, VerifyError::Decrypt), "{err}");
+        assert!(parts.extensions.get::<DecryptedResource>().is_none());
+
+        // No APIv3 key: nothing to read again.
+        let (mut parts, _) = http::Request::post("/").body(()).unwrap().into_parts();
+        WechatPayV3Keys::new()
+            .reopen(&mut parts, &notification(plain))
+            .unwrap();
+        assert!(parts.extensions.get::<DecryptedResource>().is_none());
     }
 }

@@ -163,12 +163,18 @@ impl Ratios {
         let Some((method, path)) = line else {
             return;
         };
+        // An event the route's order answered itself: looked for only in
+        // an executed answer (a route without an order has none).
+        let outcome = match outcome {
+            Some(Outcome::Executed) if res.extensions().get::<Stale>().is_some() => "stale",
+            outcome => outcome.map_or("-", Outcome::as_str),
+        };
         info!(
             target: "gateway::access",
             %method,
             path = %path,
             preset = preset.unwrap_or("-"),
-            outcome = outcome.map_or("-", Outcome::as_str),
+            outcome,
             status = res.status().as_u16(),
             ms = elapsed.as_millis() as u64,
         );

@@ -194,18 +194,13 @@ pub(crate) fn from_file(
                 }
                 _ => {}
             }
-            // It reads the resource the verify layer decrypts; a queued
-            // delivery is not verified (nor decrypted) again.
-            if order.name() == "wechatpay-v3" && (r.verify.is_none() || acked) {
+            // It reads the resource the verify layer decrypts (again at a
+            // queued delivery).
+            if order.name() == "wechatpay-v3" && r.verify.is_none() {
                 warnings.push(format!(
                     "route `{prefix}`: order `wechatpay-v3` reads the resource the route's \
-                     `verify` decrypts{}: its notifications are unplaced, and forwarded as if \
-                     there were no order",
-                    if acked {
-                        ", which a queued delivery is not"
-                    } else {
-                        ", and the route has no `verify` table"
-                    }
+                     `verify` decrypts, and the route has no `verify` table: its \
+                     notifications are unplaced, and forwarded as if there were no order"
                 ));
             }
             options = options.order(order);

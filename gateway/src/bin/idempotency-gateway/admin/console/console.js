@@ -150,7 +150,11 @@ async function journal() {
     tr.className = "journal-record";
     const k = cell(tr, r.key);
     k.addEventListener("click", () => { $("journal-detail").textContent = JSON.stringify(r, null, 2); $("key").value = r.key; });
-    cell(tr, r.route); cell(tr, r.copies); cell(tr, r.last_seen);
+    cell(tr, r.route);
+    // What became of it, as the journal says: `stale`, `executed`, `replayed ×2`.
+    const outcomes = Object.entries(r.outcomes || {}).map(([o, n]) => (n > 1 ? o + " ×" + n : o));
+    cell(tr, outcomes.join(", ")).className = "journal-outcomes";
+    cell(tr, r.copies); cell(tr, r.last_seen);
     tbody.appendChild(tr);
   }
 }
