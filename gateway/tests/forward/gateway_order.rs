@@ -171,7 +171,7 @@ impl Ordered {
         json["records"].as_array().unwrap().clone()
     }
 
-    /// Waits (up to 10 s) until the journal's `outcome` records hold the
+    /// Waits (up to 30 s) until the journal's `outcome` records hold the
     /// key of each of `ids`; their records.
     pub(crate) async fn journaled(&self, outcome: &str, ids: &[String]) -> Vec<serde_json::Value> {
         let deadline = Instant::now() + Duration::from_secs(30);
