@@ -192,8 +192,7 @@ pub trait Verifier: Send + Sync + 'static {
     /// request it accepted earlier, when that request is handled again
     /// later (a queued notification delivered): its signature and
     /// timestamp are not checked again. WeChat Pay v3 with an APIv3 key
-    /// decrypts its resource into a
-    /// [`DecryptedResource`](crate::verify::DecryptedResource) (not the
+    /// decrypts its resource into a [`DecryptedResource`] (not the
     /// fingerprint's extra fields). Nothing by default.
     fn reopen(&self, parts: &mut Parts, body: &Bytes) -> Result<(), VerifyError> {
         let _ = (parts, body);
