@@ -16,10 +16,10 @@ use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGua
 use tracing_subscriber::filter::{FilterExt as _, LevelFilter, Targets};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
-use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::layer::{Filter, SubscriberExt as _};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
-use tracing_subscriber::{EnvFilter, Layer as _};
+use tracing_subscriber::{EnvFilter, Layer as _, Registry};
 
 /// Lines kept in memory while stderr is slow, before new ones are dropped.
 const BUFFERED_LINES: usize = 16_384;
@@ -49,6 +49,26 @@ pub(crate) struct Logging {
     pub(crate) export: Option<Export>,
 }
 
+/// The log's filter: `env` (`RUST_LOG`), less the library's spans (one per
+/// step of every request), which are for the trace export, not the log:
+/// kept out of it, a request whose spans nobody exports pays nothing for
+/// them (a span no layer wants is never built).
+///
+/// Its most verbose level is `env`'s, so that `LevelFilter::current()`
+/// tells what the log can take (without the hint, a filter function
+/// leaves it at `TRACE` whatever `RUST_LOG` says): at `warn`, the `info!`
+/// calls of every request stop at the level check, and the responses carry
+/// none of the extensions kept only for the spans.
+fn log_filter(env: EnvFilter) -> impl Filter<Registry> + Send + Sync + 'static {
+    env.and(
+        tracing_subscriber::filter::filter_fn(|m| {
+            !m.is_span() || !m.target().starts_with("tower_idempotency")
+        })
+        // It only takes away: it lets through nothing `env` does not.
+        .with_max_level_hint(LevelFilter::TRACE),
+    )
+}
+
 /// Installs the subscriber, in the runtime the OTLP export runs on (its
 /// context entered). `Err`: the exporter cannot start.
 pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging, String> {
@@ -58,13 +78,8 @@ pub(crate) fn init(format: LogFormat, traces: Option<&Traces>) -> Result<Logging
         .thread_name("gateway-log")
         .finish(std::io::stderr());
     let dropped = writer.error_counter();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // The library's spans (one per step of every request) are for the trace
-    // export, not the log: kept out of it, a request whose spans nobody
-    // exports pays nothing for them (a span no layer wants is never built).
-    let filter = filter.and(tracing_subscriber::filter::filter_fn(|m| {
-        !m.is_span() || !m.target().starts_with("tower_idempotency")
-    }));
+    let filter =
+        log_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
     let log = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -187,5 +202,22 @@ impl Visit for Fields<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.0
             .insert(field.name().into(), format!("{value:?}").into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_filter_keeps_rust_log_s_level() {
+        for (env, level) in [
+            ("warn", LevelFilter::WARN),
+            ("info", LevelFilter::INFO),
+            ("warn,idempotency_gateway=debug", LevelFilter::DEBUG),
+        ] {
+            let filter = log_filter(EnvFilter::new(env));
+            assert_eq!(filter.max_level_hint(), Some(level), "RUST_LOG={env}");
+        }
     }
 }
